@@ -1,0 +1,1 @@
+"""Generated code (proto stubs). Committed; CI regenerates and fails on drift."""

@@ -1,0 +1,1 @@
+"""gRPC stubs generated from proto/splitserve/v1 (committed)."""

@@ -1,0 +1,83 @@
+"""Analytical (roofline) latency model in the DistServe appendix form.
+
+DistServe (Appendix A; spec in research/seed-distserve-vidur-aladdin.md §A.4) prices a prefill as
+`C1·(4th² + 2thm) + C2·(3h·Σl²/b) + C3` and a decode iteration as `C4·(4h² + 2hm) + C5·(3h·t)`:
+GEMMs proportional to FLOPs (prefill) or to weight bytes (decode), attention proportional to the
+squared prompt lengths (prefill) or to the context tokens read (decode). The paper fits C1..C5 by
+regression; here they are derived from the hardware figures instead (C1 = 2·layers/(F·MFU),
+C4 = dtype·layers/(B·MBU), ...), so a model shape plus a `HardwareSpec` give usable numbers with
+no profile. The `4h²+2hm` term is generalised to the shape's real parameter count (GQA, gated
+MLPs). A mixed (chunked-prefill) step takes the roofline max of compute and weight-read time for
+its GEMMs and adds both attention terms. Fitted and profiled models live beside this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitserve.core.perf.protocol import BatchShape
+from splitserve.core.perf.shapes import HardwareSpec, ModelShape
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineModel:
+    shape: ModelShape
+    hardware: HardwareSpec
+    tp: int = 1
+    time_scale: float = 1.0
+    """Multiplies every step time; < 1 runs a simulated engine faster than the real one."""
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    @property
+    def _flops(self) -> float:
+        return self.hardware.peak_flops * self.hardware.compute_efficiency * self.tp
+
+    @property
+    def _bw(self) -> float:
+        return self.hardware.memory_bw_bytes_s * self.hardware.memory_efficiency * self.tp
+
+    def step_s(self, batch: BatchShape) -> float:
+        if batch.is_empty:
+            return 0.0
+        s = self.shape
+        new_tokens = batch.num_new_tokens
+        num_seqs = len(batch.prefill_chunks) + len(batch.decode_contexts)
+        # GEMMs: compute-bound for big batches, weight-read-bound for small ones (the roofline).
+        gemm_flops = 2.0 * new_tokens * s.params_per_layer * s.num_layers
+        head_flops = 2.0 * num_seqs * s.hidden_size * s.vocab_size
+        gemm_s = max((gemm_flops + head_flops) / self._flops, s.weight_bytes / self._bw)
+        # Prefill attention (causal, FlashAttention): QK^T and PV over context + half the chunk.
+        attn_flops = sum(
+            4.0 * s.hidden_size * n * (ctx + (n + 1) / 2.0) for n, ctx in batch.prefill_chunks
+        )
+        prefill_attn_s = s.num_layers * attn_flops / self._flops
+        # Decode attention reads every context token's KV once per step: memory-bound.
+        kv_read = sum(batch.decode_contexts) * s.kv_layout.bytes_per_token
+        decode_attn_s = kv_read / self._bw
+        tp_s = 0.0
+        if self.tp > 1:
+            # Two all-reduces of the activations per layer.
+            tp_bytes = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
+            tp_s = tp_bytes / self.hardware.tp_link_bw_bytes_s
+        total = self.hardware.step_overhead_s + gemm_s + prefill_attn_s + decode_attn_s + tp_s
+        return total * self.time_scale
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        hw = self.hardware
+        return (hw.kv_link_latency_s + num_bytes / hw.kv_link_bw_bytes_s) * self.time_scale
+
+    def kv_capacity_tokens(self, memory_utilization: float = 0.9) -> int:
+        """Tokens of KV cache that fit beside the weights on the TP group."""
+        free = self.hardware.memory_bytes * self.tp * memory_utilization - self.shape.weight_bytes
+        return max(0, int(free // self.shape.kv_layout.bytes_per_token))

@@ -1,0 +1,76 @@
+"""Request and SLO types as plain frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from splitserve.core.ids import RequestId, SloClassName
+
+
+class FinishReason(StrEnum):
+    LENGTH = "length"
+    """max_tokens reached."""
+    STOP = "stop"
+    """A stop token or stop string."""
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSpec:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    """Latency targets for a class of requests.
+
+    TTFT and TPOT targets hold at `percentile` over requests of the class; `attainment` is the
+    fraction of requests that must meet both.
+    """
+
+    name: SloClassName
+    ttft_ms: float
+    tpot_ms: float
+    percentile: float = 0.9
+    priority: int = 0
+    sheddable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms <= 0 or self.tpot_ms <= 0:
+            raise ValueError("SLO targets must be positive")
+        if not 0 < self.percentile <= 1:
+            raise ValueError(f"percentile must be in (0, 1], got {self.percentile}")
+
+
+DEFAULT_SLO_CLASS = SloClass(name=SloClassName("default"), ttft_ms=2000.0, tpot_ms=200.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation request as the serving path sees it (token ids, not text)."""
+
+    id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    arrival_s: float
+    slo_class: SloClassName = DEFAULT_SLO_CLASS.name
+    tags: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

@@ -1,0 +1,1 @@
+"""Observability: metric names (all under `splitserve_`), logging setup."""

@@ -1,0 +1,129 @@
+"""Every metric splitserve exports, in one place, all under the `splitserve_` prefix.
+
+Metric sets are classes bound to a `CollectorRegistry`, so several components can live in one
+process (tests, `splitserve up` in-process modes) without name clashes. Other projects' metrics
+(vLLM's `vllm:*`) are read through mapping tables in the adapters and never re-exported.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX: Final = "splitserve_"
+
+# Latency buckets in seconds: sub-10 ms decode steps up to multi-minute end-to-end requests.
+_TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+_TPOT_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+_E2E_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "splitserve_router_requests",
+            "Requests finished by the router, by outcome and serving path.",
+            ["outcome", "path"],
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "splitserve_router_inflight_requests", "Requests in flight.", registry=registry
+        )
+        self.ttft = Histogram(
+            "splitserve_router_ttft_seconds",
+            "Time to first token seen by the router.",
+            ["path"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "splitserve_router_tpot_seconds",
+            "Mean time per output token after the first, per request.",
+            ["path"],
+            buckets=_TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "splitserve_router_e2e_seconds",
+            "End-to-end request latency.",
+            ["path"],
+            buckets=_E2E_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "splitserve_router_prompt_tokens", "Prompt tokens of served requests.", registry=registry
+        )
+        self.completion_tokens = Counter(
+            "splitserve_router_completion_tokens", "Tokens generated.", registry=registry
+        )
+        self.fallbacks = Counter(
+            "splitserve_router_fallbacks",
+            "Times the router retried or changed path after a worker failure, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.endpoints = Gauge(
+            "splitserve_router_endpoints",
+            "Known worker endpoints by role and state.",
+            ["role", "state"],
+            registry=registry,
+        )
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "splitserve_worker_requests",
+            "Requests finished by this worker, by kind (prefill/decode/generate) and outcome.",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.queue = Gauge(
+            "splitserve_worker_queue_requests", "Requests waiting to be scheduled.", registry=registry
+        )
+        self.running = Gauge(
+            "splitserve_worker_running_requests", "Requests being computed.", registry=registry
+        )
+        self.kv_blocks_free = Gauge(
+            "splitserve_worker_kv_blocks_free", "Free KV-cache blocks.", registry=registry
+        )
+        self.kv_blocks_total = Gauge(
+            "splitserve_worker_kv_blocks_total", "KV-cache blocks in total.", registry=registry
+        )
+        self.kv_held = Gauge(
+            "splitserve_worker_kv_held_requests",
+            "Prefilled requests holding KV for a decode worker to pull.",
+            registry=registry,
+        )
+        self.role = Gauge(
+            "splitserve_worker_role", "1 for the worker's current role.", ["role"], registry=registry
+        )
+        self.draining = Gauge(
+            "splitserve_worker_draining", "1 while the worker accepts no new work.", registry=registry
+        )
+        self.tokens = Counter(
+            "splitserve_worker_generated_tokens", "Tokens sampled by this worker.", registry=registry
+        )
+        self.prefill_tokens = Counter(
+            "splitserve_worker_prefill_tokens", "Prompt tokens computed by this worker.", registry=registry
+        )
+        self.steps = Counter("splitserve_worker_steps", "Engine steps run.", registry=registry)
+        self.preemptions = Counter(
+            "splitserve_worker_preemptions", "Sequences preempted (KV dropped, recomputed).", registry=registry
+        )
+        self.kv_transfer_bytes = Counter(
+            "splitserve_worker_kv_transfer_bytes",
+            "KV-cache bytes pulled from prefill workers.",
+            registry=registry,
+        )
+        self.role_changes = Counter(
+            "splitserve_worker_role_changes", "Run-time role changes (SetRole).", registry=registry
+        )
+
+
+def metric_names(registry: CollectorRegistry) -> set[str]:
+    """Every sample name a registry exposes (for checks that dashboards name real series)."""
+    return {s.name for m in registry.collect() for s in m.samples}

@@ -1,0 +1,80 @@
+"""What a step policy sees and what it decides.
+
+Sequences are modelled the way chunked-prefill engines (vLLM V1, Sarathi) see them: a sequence
+knows `num_known` tokens (prompt + outputs so far) and has KV for `num_computed` of them. A step
+runs a chunk of `n <= num_known - num_computed` tokens; when the chunk reaches `num_known` the
+engine samples one new token. A decode step is simply a chunk of 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from splitserve.core.ids import RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class SeqView:
+    id: RequestId
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    max_tokens: int
+    blocks_held: int
+    remote_kv: bool = False
+    """Waiting for admission with its KV coming from a prefill worker (needs blocks, no compute)."""
+    priority: int = 0
+    """Larger runs earlier for policies that use priorities; FCFS ignores it."""
+    deadline_s: float | None = None
+
+    @property
+    def num_known_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_known_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    now_s: float
+    waiting: tuple[SeqView, ...]
+    """Not yet admitted (or preempted), in arrival order."""
+    running: tuple[SeqView, ...]
+    """Admitted and computing, in admission order."""
+    free_blocks: int
+    total_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepDecision:
+    chunks: tuple[tuple[RequestId, int], ...] = ()
+    """(sequence, new tokens) to run this step, in order. 0 tokens admits a remote-KV sequence
+    (allocates its blocks so the transfer can start)."""
+    preempt: tuple[RequestId, ...] = ()
+    """Running sequences to evict before the chunks run (their KV is dropped; recomputed later)."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks and not self.preempt
+
+
+class BatchingPolicy(Protocol):
+    """Decides one engine step. Pure and deterministic for a given view.
+
+    The engine validates every decision: chunks must not exceed a sequence's uncomputed tokens and
+    must fit the free blocks (after preemptions). An invalid decision raises, so a policy bug is
+    caught at once rather than corrupting the block ledger.
+    """
+
+    name: str
+
+    def decide(self, view: StepView) -> StepDecision: ...

@@ -1,0 +1,23 @@
+"""The built-in step policies, listed in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from splitserve.policy.batching.base import BatchingPolicy
+from splitserve.policy.registry import PluginRegistry
+
+BATCHING: PluginRegistry[Callable[..., BatchingPolicy]] = PluginRegistry("batching policy")
+BATCHING.add("fcfs", "splitserve.policy.batching.builtin:_make_fcfs")
+
+
+def _make_fcfs(**params: Any) -> BatchingPolicy:
+    from splitserve.policy.batching.fcfs import FcfsParams, FcfsPolicy
+
+    return FcfsPolicy(FcfsParams(**params))
+
+
+def make_batching_policy(name: str, **params: Any) -> BatchingPolicy:
+    """Build a registered step policy by name with its parameters."""
+    return BATCHING.get(name)(**params)

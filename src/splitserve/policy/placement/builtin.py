@@ -1,0 +1,19 @@
+"""The built-in placement plugins, listed in one greppable place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitserve.policy.registry import PluginRegistry
+
+FILTERS: PluginRegistry[Any] = PluginRegistry("placement filter")
+SCORERS: PluginRegistry[Any] = PluginRegistry("placement scorer")
+PICKERS: PluginRegistry[Any] = PluginRegistry("placement picker")
+
+FILTERS.add("accepts-work", "splitserve.policy.placement.filters:AcceptsWork")
+FILTERS.add("role", "splitserve.policy.placement.filters:RoleIn")
+FILTERS.add("kv-fits", "splitserve.policy.placement.filters:KvCanHoldPrompt")
+SCORERS.add("least-loaded", "splitserve.policy.placement.scorers:LeastLoaded")
+SCORERS.add("kv-headroom", "splitserve.policy.placement.scorers:KvHeadroom")
+SCORERS.add("pending-prefill-tokens", "splitserve.policy.placement.scorers:FewestPendingPrefillTokens")
+PICKERS.add("max-score", "splitserve.policy.placement.pickers:MaxScore")
