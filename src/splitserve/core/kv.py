@@ -78,3 +78,18 @@ class BlockManager:
         n = self._held.pop(rid, 0)
         self._free += n
         return n
+
+
+@dataclass(frozen=True, slots=True)
+class KvHandle:
+    """Where a prefilled request's KV cache lives, for the decode worker to pull.
+
+    `params` carries engine-specific data as JSON-able values (vLLM's `kv_transfer_params`).
+    """
+
+    transport: str
+    source_address: str
+    source_request_id: RequestId
+    num_tokens: int
+    num_bytes: int = 0
+    params: Mapping[str, object] | None = None

@@ -1,0 +1,1 @@
+"""The worker edge: a gRPC server over one `Engine` (simulated or vLLM)."""
