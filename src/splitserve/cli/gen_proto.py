@@ -21,15 +21,16 @@ def render(proto_root: Path) -> dict[str, str]:
     """Run protoc into a temp dir; return {file name: rewritten content}."""
     from grpc_tools import protoc  # the dev extra; only code generation needs it
 
-    sources = sorted(str(p.relative_to(proto_root)) for p in (proto_root / "splitserve/v1").glob("*.proto"))
+    protos = (proto_root / "splitserve/v1").glob("*.proto")
+    sources = sorted(str(p.relative_to(proto_root)) for p in protos)
     if not sources:
         raise FileNotFoundError(f"no .proto files under {proto_root / 'splitserve/v1'}")
     include = Path(protoc.__file__).parent / "_proto"
     bindir = Path(sys.executable).parent
-    plugins = [
-        f"--plugin=protoc-gen-{name}={shutil.which('protoc-gen-' + name) or bindir / ('protoc-gen-' + name)}"
-        for name in ("mypy", "mypy_grpc")
-    ]
+    plugins = []
+    for name in ("mypy", "mypy_grpc"):
+        exe = shutil.which(f"protoc-gen-{name}") or str(bindir / f"protoc-gen-{name}")
+        plugins.append(f"--plugin=protoc-gen-{name}={exe}")
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "protoc",
@@ -66,5 +67,7 @@ def drift(proto_root: Path, dest: Path) -> list[str]:
     """Names of generated files that differ from (or are missing in) `dest`."""
     files = render(proto_root)
     have = {p.name for p in dest.glob("*") if p.is_file()} if dest.exists() else set()
-    changed = [n for n, t in files.items() if not (dest / n).exists() or (dest / n).read_text() != t]
+    changed = [
+        n for n, t in files.items() if not (dest / n).exists() or (dest / n).read_text() != t
+    ]
     return sorted(set(changed) | (have - set(files)))

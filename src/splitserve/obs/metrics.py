@@ -53,7 +53,9 @@ class RouterMetrics:
             registry=registry,
         )
         self.prompt_tokens = Counter(
-            "splitserve_router_prompt_tokens", "Prompt tokens of served requests.", registry=registry
+            "splitserve_router_prompt_tokens",
+            "Prompt tokens of served requests.",
+            registry=registry,
         )
         self.completion_tokens = Counter(
             "splitserve_router_completion_tokens", "Tokens generated.", registry=registry
@@ -82,7 +84,9 @@ class WorkerMetrics:
             registry=registry,
         )
         self.queue = Gauge(
-            "splitserve_worker_queue_requests", "Requests waiting to be scheduled.", registry=registry
+            "splitserve_worker_queue_requests",
+            "Requests waiting to be scheduled.",
+            registry=registry,
         )
         self.running = Gauge(
             "splitserve_worker_running_requests", "Requests being computed.", registry=registry
@@ -99,20 +103,31 @@ class WorkerMetrics:
             registry=registry,
         )
         self.role = Gauge(
-            "splitserve_worker_role", "1 for the worker's current role.", ["role"], registry=registry
+            "splitserve_worker_role",
+            "1 for the worker's current role.",
+            ["role"],
+            registry=registry,
         )
         self.draining = Gauge(
-            "splitserve_worker_draining", "1 while the worker accepts no new work.", registry=registry
+            "splitserve_worker_draining",
+            "1 while the worker accepts no new work.",
+            registry=registry,
         )
         self.tokens = Counter(
-            "splitserve_worker_generated_tokens", "Tokens sampled by this worker.", registry=registry
+            "splitserve_worker_generated_tokens",
+            "Tokens sampled by this worker.",
+            registry=registry,
         )
         self.prefill_tokens = Counter(
-            "splitserve_worker_prefill_tokens", "Prompt tokens computed by this worker.", registry=registry
+            "splitserve_worker_prefill_tokens",
+            "Prompt tokens computed by this worker.",
+            registry=registry,
         )
         self.steps = Counter("splitserve_worker_steps", "Engine steps run.", registry=registry)
         self.preemptions = Counter(
-            "splitserve_worker_preemptions", "Sequences preempted (KV dropped, recomputed).", registry=registry
+            "splitserve_worker_preemptions",
+            "Sequences preempted (KV dropped, recomputed).",
+            registry=registry,
         )
         self.kv_transfer_bytes = Counter(
             "splitserve_worker_kv_transfer_bytes",

@@ -65,7 +65,9 @@ class Engine(Protocol):
         """
         ...
 
-    def decode(self, request: Request, first_token_id: int, kv: KvHandle) -> AsyncIterator[TokenDelta]:
+    def decode(
+        self, request: Request, first_token_id: int, kv: KvHandle
+    ) -> AsyncIterator[TokenDelta]:
         """Pull the KV named by `kv` and stream tokens after the first.
 
         Raises:

@@ -117,9 +117,11 @@ class EngineModel:
         self,
         policy: BatchingPolicy,
         blocks: BlockManager,
-        tokens: SyntheticTokens,
+        tokens: SyntheticTokens | None,
         kv_hold_timeout_s: float = 30.0,
     ) -> None:
+        """`tokens=None` counts tokens without choosing ids (every id is 0, stop ids never match):
+        the simulator's mode, which skips hashing every prompt."""
         self.policy = policy
         self.blocks = blocks
         self.tokens = tokens
@@ -136,13 +138,20 @@ class EngineModel:
             raise ValueError(f"request {request.id!r} is already on this engine")
         if request.num_prompt_tokens == 0:
             raise ValueError("prompt must have at least one token")
-        peak = request.num_prompt_tokens + (1 if mode is RequestMode.PREFILL else request.sampling.max_tokens)
+        peak = request.num_prompt_tokens + (
+            1 if mode is RequestMode.PREFILL else request.sampling.max_tokens
+        )
         if blocks_for(peak, self.blocks.block_size) > self.blocks.num_blocks:
             raise CapacityError(
                 f"request needs KV for {peak} tokens; this engine holds at most "
                 f"{self.blocks.num_blocks * self.blocks.block_size}"
             )
-        seq = _Seq(request, mode, self.tokens.key(request.prompt_token_ids, request.sampling.seed))
+        key = (
+            0
+            if self.tokens is None
+            else self.tokens.key(request.prompt_token_ids, request.sampling.seed)
+        )
+        seq = _Seq(request, mode, key)
         if mode is RequestMode.DECODE:
             if first_token_id is None:
                 raise ValueError("a decode request needs the first token from its prefill")
@@ -258,7 +267,9 @@ class EngineModel:
     def expire_holds(self, now_s: float) -> list[RequestId]:
         """Free KV held past its timeout (the decode side never pulled it)."""
         expired = [
-            s.id for s in self._seqs.values() if s.phase is SeqPhase.HOLDING and s.hold_until_s <= now_s
+            s.id
+            for s in self._seqs.values()
+            if s.phase is SeqPhase.HOLDING and s.hold_until_s <= now_s
         ]
         for rid in expired:
             self._drop(self._seqs[rid])
@@ -342,11 +353,11 @@ class EngineModel:
 
     def _sample(self, seq: _Seq) -> TokenEvent:
         index = len(seq.output_ids)
-        token = self.tokens.token(seq.key, index)
+        token = 0 if self.tokens is None else self.tokens.token(seq.key, index)
         seq.output_ids.append(token)
         sampling = seq.request.sampling
         reason: FinishReason | None = None
-        if token in sampling.stop_token_ids:
+        if self.tokens is not None and token in sampling.stop_token_ids:
             reason = FinishReason.STOP
         elif len(seq.output_ids) >= sampling.max_tokens:
             reason = FinishReason.LENGTH

@@ -29,7 +29,9 @@ class SyntheticTokens:
 
     def __post_init__(self) -> None:
         if not 0 <= self.first_id < self.vocab_size:
-            raise ValueError(f"need 0 <= first_id < vocab_size, got {self.first_id}, {self.vocab_size}")
+            raise ValueError(
+                f"need 0 <= first_id < vocab_size, got {self.first_id}, {self.vocab_size}"
+            )
 
     def key(self, prompt_token_ids: Sequence[int], seed: int | None) -> int:
         h = _mix(len(prompt_token_ids) ^ ((seed or 0) << 1))

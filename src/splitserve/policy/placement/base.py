@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import ClassVar, Protocol
 
 from splitserve.core.ids import EndpointId, RequestId, SloClassName
+from splitserve.core.request import DEFAULT_SLO_CLASS
 from splitserve.core.roles import Role
 
 
@@ -40,7 +41,7 @@ class RequestView:
     id: RequestId
     num_prompt_tokens: int
     max_tokens: int
-    slo_class: SloClassName = SloClassName("default")
+    slo_class: SloClassName = DEFAULT_SLO_CLASS.name
     predicted_output_tokens: int | None = None
 
 
@@ -60,7 +61,9 @@ class Scorer(Protocol):
 
     kind: ClassVar[str]
 
-    def score(self, req: RequestView, eps: Sequence[EndpointView]) -> Mapping[EndpointId, float]: ...
+    def score(
+        self, req: RequestView, eps: Sequence[EndpointView]
+    ) -> Mapping[EndpointId, float]: ...
 
 
 class Picker(Protocol):

@@ -15,5 +15,7 @@ FILTERS.add("role", "splitserve.policy.placement.filters:RoleIn")
 FILTERS.add("kv-fits", "splitserve.policy.placement.filters:KvCanHoldPrompt")
 SCORERS.add("least-loaded", "splitserve.policy.placement.scorers:LeastLoaded")
 SCORERS.add("kv-headroom", "splitserve.policy.placement.scorers:KvHeadroom")
-SCORERS.add("pending-prefill-tokens", "splitserve.policy.placement.scorers:FewestPendingPrefillTokens")
+SCORERS.add(
+    "pending-prefill-tokens", "splitserve.policy.placement.scorers:FewestPendingPrefillTokens"
+)
 PICKERS.add("max-score", "splitserve.policy.placement.pickers:MaxScore")

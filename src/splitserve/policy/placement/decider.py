@@ -22,7 +22,9 @@ class PdDeciderParams:
 
 
 class PdDecider:
-    def __init__(self, decode: Profile, prefill: Profile, params: PdDeciderParams | None = None) -> None:
+    def __init__(
+        self, decode: Profile, prefill: Profile, params: PdDeciderParams | None = None
+    ) -> None:
         self.decode = decode
         self.prefill = prefill
         self.params = params or PdDeciderParams()

@@ -37,7 +37,9 @@ class KvHeadroom:
     kind: ClassVar[str] = "kv-headroom"
 
     def score(self, req: RequestView, eps: Sequence[EndpointView]) -> Mapping[EndpointId, float]:
-        return {e.id: e.kv_free_blocks / e.kv_total_blocks if e.kv_total_blocks else 0.0 for e in eps}
+        return {
+            e.id: e.kv_free_blocks / e.kv_total_blocks if e.kv_total_blocks else 0.0 for e in eps
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,60 @@
+# splitserve: `make run` starts the local stack, `make test` runs every gate and test.
+# Component-specific targets live in mk/*.mk and add themselves to CHECKS / TEST_DEPS.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+EXTRAS ?= dev,sim,operator
+PYTEST_ARGS ?=
+
+CHECKS :=
+TEST_DEPS :=
+
+.PHONY: all venv run test lint typecheck layers gen gen-check pytest bench clean
+all: test
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q -c constraints/cpu.txt -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/splitserve up
+
+-include mk/*.mk
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	@if find operator router worker -name '*.py' | grep -q .; then \
+	  echo "component folders operator/ router/ worker/ must not hold Python"; exit 1; fi
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+layers: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+gen: $(STAMP)
+	$(VENV)/bin/splitserve gen proto
+
+gen-check: $(STAMP)
+	$(VENV)/bin/splitserve gen proto --check
+
+pytest: $(STAMP) $(TEST_DEPS)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: $(STAMP)
+	$(MAKE) lint typecheck layers gen-check $(CHECKS)
+	$(MAKE) pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/splitserve bench all --out docs/benchmarks.json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

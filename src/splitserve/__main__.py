@@ -1,0 +1,5 @@
+"""`python -m splitserve` == the `splitserve` command."""
+
+from splitserve.cli.main import main
+
+main()

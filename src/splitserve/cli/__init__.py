@@ -1,0 +1,1 @@
+"""The `splitserve` command. The only layer that reads `SPLITSERVE_*` environment variables."""

@@ -1,0 +1,50 @@
+"""The `splitserve` command: up | router | worker | gen (| sim | operator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from splitserve import __version__
+from splitserve.cli.up import up
+from splitserve.cli.worker import worker
+
+
+@click.group()
+@click.version_option(__version__, prog_name="splitserve")
+def cli() -> None:
+    """splitserve: disaggregated prefill/decode LLM serving."""
+
+
+@cli.group()
+def gen() -> None:
+    """Generate committed artefacts (proto stubs, CRDs, schemas) and local assets."""
+
+
+@gen.command("proto")
+@click.option("--check", is_flag=True, help="Fail if the committed stubs differ.")
+@click.option("--proto-root", type=click.Path(path_type=Path), default=Path("proto"))
+@click.option("--dest", type=click.Path(path_type=Path), default=Path("src/splitserve/_gen/v1"))
+def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
+    """gRPC stubs from proto/splitserve/v1 into src/splitserve/_gen/v1."""
+    from splitserve.cli import gen_proto
+
+    if check:
+        changed = gen_proto.drift(proto_root, dest)
+        if changed:
+            raise click.ClickException(
+                "generated stubs drifted from proto/ (run `make gen`): " + ", ".join(changed)
+            )
+        click.echo("proto stubs are up to date")
+        return
+    for name in gen_proto.write(proto_root, dest):
+        click.echo(f"wrote {dest / name}")
+
+
+cli.add_command(up)
+cli.add_command(worker)
+
+
+def main() -> None:
+    cli(prog_name="splitserve")

@@ -1,0 +1,262 @@
+"""`splitserve up`: the whole serving stack on this machine, as separate processes.
+
+Starts N prefill + M decode (+ K mixed) workers and one router, waits until every one is ready
+(each writes a ready file with its bound ports, so there is no port racing), prints the endpoint,
+and on Ctrl-C / SIGTERM stops everything it started. Children also die with `up` if it is killed
+outright (PR_SET_PDEATHSIG), so no orphans are left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from splitserve.cli.process import die_with_parent
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    ready_file: Path
+    proc: subprocess.Popen[bytes] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def start(self, env: dict[str, str]) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+        )
+        log.close()
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Stack:
+    """The processes `up` owns, started in order and stopped in reverse."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.children: list[Child] = []
+        self.env = dict(os.environ)
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+
+    def spawn(self, name: str, args: list[str]) -> Child:
+        ready = self.run_dir / f"{name}.ready.json"
+        ready.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "splitserve", *args, "--ready-file", str(ready)]
+        child = Child(name, argv, self.run_dir / f"{name}.log", ready)
+        child.start(self.env)
+        self.children.append(child)
+        return child
+
+    def wait_ready(self, children: list[Child], timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(children)
+        while pending:
+            for child in list(pending):
+                code = child.exited()
+                if code is not None:
+                    raise click.ClickException(
+                        f"{child.name} exited with code {code} before it was ready; "
+                        f"log {child.log_path}:\n{child.log_tail()}"
+                    )
+                if child.ready_file.exists():
+                    child.info = json.loads(child.ready_file.read_text())
+                    pending.remove(child)
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(c.name for c in pending)
+                raise click.ClickException(f"not ready after {timeout_s:.0f} s: {names}")
+            time.sleep(0.05)
+
+    def first_exited(self) -> Child | None:
+        return next((c for c in self.children if c.exited() is not None), None)
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in self.children:
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+
+def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
+    return [
+        "worker",
+        "serve",
+        "--role",
+        role,
+        "--engine",
+        opts["engine"],
+        "--model",
+        opts["model"],
+        "--worker-id",
+        name,
+        "--sim-shape",
+        opts["sim_shape"],
+        "--sim-hardware",
+        opts["sim_hardware"],
+        "--sim-time-scale",
+        str(opts["sim_time_scale"]),
+        "--vocab-size",
+        str(opts["vocab_size"]),
+        "--first-token-id",
+        str(opts["first_token_id"]),
+        "--log-level",
+        opts["log_level"],
+        *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
+    ]
+
+
+def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Stack:
+    """Start workers, then the router; return once all are ready (stopping all on failure)."""
+    stack = Stack(run_dir)
+    try:
+        workers = [
+            stack.spawn(f"{role}-{i}", worker_args(role, f"{role}-{i}", opts))
+            for role, count in (
+                ("prefill", opts["prefill"]),
+                ("decode", opts["decode"]),
+                ("mixed", opts["mixed"]),
+            )
+            for i in range(count)
+        ]
+        stack.wait_ready(workers)
+        router_args = [
+            "router",
+            "serve",
+            "--host",
+            opts["host"],
+            "--port",
+            str(opts["port"]),
+            "--grpc-port",
+            str(opts["grpc_port"]),
+            "--model",
+            opts["model"],
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--log-level",
+            opts["log_level"],
+        ]
+        for w in workers:
+            router_args += ["--worker", w.info["address"]]
+        router = stack.spawn("router", router_args)
+        stack.wait_ready([router])
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+@click.command("up")
+@click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
+@click.option("--prefill", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--decode", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--mixed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True, help="OpenAI HTTP port.")
+@click.option("--grpc-port", type=int, default=0, show_default=True, help="Router gRPC port.")
+@click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Hugging Face tokenizer directory. Default: a small local byte-level BPE.",
+)
+@click.option("--sim-shape", default="llama-2-7b", show_default=True)
+@click.option("--sim-hardware", default="a100-80g", show_default=True)
+@click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
+@click.option("--sim-kv-blocks", type=int, default=None)
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where logs and ready files go. Default: a new temp dir.",
+)
+@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+def up(**opts: Any) -> None:
+    """Run the router and workers locally until Ctrl-C."""
+    if opts["decode"] + opts["mixed"] == 0:
+        raise click.UsageError("need at least one decode or mixed worker to serve requests")
+    run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir = opts["tokenizer"] or default_tokenizer_path()
+    opts["vocab_size"], opts["first_token_id"] = tokenizer_vocab(tokenizer_dir)
+    click.echo(
+        f"starting {opts['prefill']} prefill, {opts['decode']} decode, {opts['mixed']} mixed "
+        f"workers and a router (logs in {run_dir})"
+    )
+    stack = start_stack(opts, run_dir, tokenizer_dir)
+    router = stack.children[-1].info
+    click.echo(
+        f"splitserve is up: OpenAI API at http://{router['host']}:{router['port']}/v1 "
+        f"(model {opts['model']!r}), gRPC router at {router['host']}:{router['grpc_port']}"
+    )
+    click.echo("press Ctrl-C to stop")
+    stopping = {"signal": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = 0
+    try:
+        while not stopping["signal"]:
+            dead = stack.first_exited()
+            if dead is not None:
+                click.echo(
+                    f"{dead.name} exited ({dead.exited()}); stopping. Log tail:\n{dead.log_tail()}",
+                    err=True,
+                )
+                code = 1
+                break
+            time.sleep(0.2)
+    finally:
+        click.echo("stopping...")
+        stack.stop()
+    click.echo("stopped")
+    sys.exit(code)
+
+
+def default_tokenizer_path() -> Path:
+    """The default tokenizer, built once into the user cache."""
+    from splitserve.router.tokenizer import ensure_default_tokenizer
+
+    cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", Path.home() / ".cache" / "splitserve"))
+    return ensure_default_tokenizer(cache)
+
+
+def tokenizer_vocab(path: Path) -> tuple[int, int]:
+    """(vocab size, first id after the special tokens) so simulated tokens decode to text."""
+    from splitserve.router.tokenizer import vocab_range
+
+    return vocab_range(path)

@@ -1,0 +1,83 @@
+"""`splitserve worker serve`: one worker process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from splitserve.cli import logs
+from splitserve.cli.process import run_until_signalled
+from splitserve.core.roles import Role, parse_role
+from splitserve.worker.runtime import WorkerConfig, serve
+
+
+@click.group()
+def worker() -> None:
+    """Run a worker."""
+
+
+@worker.command("serve")
+@click.option("--role", default="mixed", show_default=True, help="prefill | decode | mixed")
+@click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
+@click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: any free).")
+@click.option("--metrics-port", type=int, default=0, show_default=True, help="0: any free.")
+@click.option("--worker-id", default="", help="Defaults to host:port.")
+@click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
+@click.option("--sim-hardware", default="a100-80g", show_default=True)
+@click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
+@click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
+@click.option("--vocab-size", type=int, default=4096, show_default=True)
+@click.option("--first-token-id", type=int, default=16, show_default=True)
+@click.option("--batching", default="fcfs", show_default=True, help="Step policy name.")
+@click.option("--batching-params", default="{}", help="JSON object of step-policy params.")
+@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+def serve_cmd(
+    role: str,
+    engine: str,
+    model: str,
+    host: str,
+    port: int,
+    metrics_port: int,
+    worker_id: str,
+    ready_file: Path | None,
+    sim_shape: str,
+    sim_hardware: str,
+    sim_time_scale: float,
+    sim_kv_blocks: int | None,
+    vocab_size: int,
+    first_token_id: int,
+    batching: str,
+    batching_params: str,
+    log_level: str,
+) -> None:
+    """Serve the Worker gRPC API over one engine."""
+    logs.setup(log_level, "worker")
+    try:
+        parsed_role: Role = parse_role(role)
+        params = json.loads(batching_params)
+    except (ValueError, json.JSONDecodeError) as err:
+        raise click.BadParameter(str(err)) from err
+    cfg = WorkerConfig(
+        role=parsed_role,
+        engine=engine,
+        model=model,
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        worker_id=worker_id,
+        ready_file=ready_file,
+        sim_model_shape=sim_shape,
+        sim_hardware=sim_hardware,
+        sim_time_scale=sim_time_scale,
+        sim_num_kv_blocks=sim_kv_blocks,
+        vocab_size=vocab_size,
+        first_token_id=first_token_id,
+        batching_policy=batching,
+        batching_params=params,
+    )
+    run_until_signalled(lambda stop: serve(cfg, stop))

@@ -1,0 +1,177 @@
+"""Assemble and run one worker process: engine + gRPC service + health + metrics endpoint.
+
+`serve()` is what `splitserve worker serve` calls. When it is up it writes a ready file (JSON
+with the bound ports) so a supervisor (`splitserve up`, a test) can wait without racing on ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, start_http_server
+
+from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+from splitserve.core.clock import SystemClock
+from splitserve.core.errors import ConfigError
+from splitserve.core.kv import KvHandle
+from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+from splitserve.core.roles import Role
+from splitserve.obs.metrics import WorkerMetrics
+from splitserve.policy.batching.builtin import make_batching_policy
+from splitserve.policy.batching.tokens import SyntheticTokens
+from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
+from splitserve.worker.sim_engine import SimEngine, SimEngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    role: Role = Role.MIXED
+    engine: str = "sim"
+    model: str = "splitserve-sim"
+    """Name the engine reports (and, for vLLM, the model directory)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """gRPC port; 0 picks a free one (reported in the ready file)."""
+    metrics_port: int | None = 0
+    """Prometheus port; 0 picks a free one; None disables the endpoint."""
+    worker_id: str = ""
+    ready_file: Path | None = None
+    # Simulated engine:
+    sim_model_shape: str = "llama-2-7b"
+    sim_hardware: str = "a100-80g"
+    sim_time_scale: float = 1.0
+    sim_num_kv_blocks: int | None = None
+    """None sizes the KV cache from the hardware's memory beside the weights."""
+    block_size: int = 16
+    vocab_size: int = 4096
+    first_token_id: int = 16
+    """Synthetic tokens are drawn from [first_token_id, vocab_size): skips special tokens."""
+    batching_policy: str = "fcfs"
+    batching_params: dict[str, Any] = field(default_factory=dict)
+    kv_hold_timeout_s: float = 30.0
+
+
+class _ReleaseClient:
+    """Tells prefill workers their KV was pulled (ReleaseKv), one channel per source."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def __call__(self, kv: KvHandle) -> None:
+        if not kv.source_address:
+            return
+        channel = self._channels.get(kv.source_address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(kv.source_address)
+            self._channels[kv.source_address] = channel
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        await stub.ReleaseKv(
+            worker_pb2.ReleaseKvRequest(request_id=kv.source_request_id), timeout=5.0
+        )
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+
+def build_sim_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) -> SimEngine:
+    try:
+        shape = MODELS[cfg.sim_model_shape]
+        hw = HARDWARE[cfg.sim_hardware]
+    except KeyError as err:
+        raise ConfigError(
+            f"unknown sim model shape or hardware {err}; shapes: {sorted(MODELS)}, "
+            f"hardware: {sorted(HARDWARE)}"
+        ) from None
+    latency = RooflineModel(shape, hw, time_scale=cfg.sim_time_scale)
+    num_blocks = cfg.sim_num_kv_blocks or max(1, latency.kv_capacity_tokens() // cfg.block_size)
+    policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
+    return SimEngine(
+        SimEngineConfig(
+            model=cfg.model,
+            num_kv_blocks=num_blocks,
+            block_size=cfg.block_size,
+            kv_bytes_per_token=shape.kv_layout.bytes_per_token,
+            kv_hold_timeout_s=cfg.kv_hold_timeout_s,
+            address=address,
+        ),
+        policy,
+        latency,
+        SyntheticTokens(cfg.vocab_size, cfg.first_token_id),
+        SystemClock(),
+        release_remote=release,
+    )
+
+
+async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a worker until `stop` is set (or the task is cancelled)."""
+    if cfg.engine != "sim":
+        raise ConfigError(f"engine {cfg.engine!r} is not available in this build; use 'sim'")
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    release = _ReleaseClient()
+    server, port = bind(cfg.host, cfg.port)
+    address = f"{cfg.host}:{port}"
+    engine = build_sim_engine(cfg, address, release)
+    service = WorkerService(
+        engine=engine,
+        role=cfg.role,
+        identity=WorkerIdentity(cfg.worker_id or address, address),
+        metrics=metrics,
+        clock=SystemClock(),
+    )
+    await engine.start()
+    await start(server, service)
+    metrics_port = None
+    http_server = None
+    if cfg.metrics_port is not None:
+        http_server, _thread = start_http_server(cfg.metrics_port, cfg.host, registry)
+        metrics_port = http_server.server_port
+    log.info(
+        "worker %s (%s) serving on %s, metrics on %s",
+        service.identity.worker_id,
+        cfg.role,
+        address,
+        metrics_port,
+    )
+    if cfg.ready_file is not None:
+        _write_ready(
+            cfg.ready_file,
+            {
+                "address": address,
+                "port": port,
+                "metrics_port": metrics_port,
+                "pid": os.getpid(),
+                "role": cfg.role.value,
+            },
+        )
+    try:
+        if stop is None:
+            await asyncio.Event().wait()
+        else:
+            await stop.wait()
+    finally:
+        await server.stop(grace=1.0)
+        await engine.stop()
+        await release.close()
+        if http_server is not None:
+            http_server.shutdown()
+
+
+def _write_ready(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o644)

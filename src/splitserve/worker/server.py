@@ -1,0 +1,335 @@
+"""The worker's gRPC edge: the `splitserve.v1.Worker` service over one `Engine`.
+
+It owns what is the worker's rather than the engine's: the current role (changed at run time by
+`SetRole`, never by a restart), draining, the load stream, health, metrics, and the translation
+between proto messages and core types. Errors map to gRPC codes here and nowhere else:
+a request that can never fit -> OUT_OF_RANGE; bad input -> INVALID_ARGUMENT; the wrong role ->
+FAILED_PRECONDITION; draining -> UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.core.clock import Clock
+from splitserve.core.errors import CapacityError, KvTransferError
+from splitserve.core.ids import RequestId, SloClassName
+from splitserve.core.kv import KvHandle
+from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.core.roles import Role
+from splitserve.obs.metrics import WorkerMetrics
+from splitserve.worker.engine import Engine, TokenDelta
+
+log = logging.getLogger(__name__)
+
+ROLE_TO_PB = {
+    Role.PREFILL: common_pb2.ROLE_PREFILL,
+    Role.DECODE: common_pb2.ROLE_DECODE,
+    Role.MIXED: common_pb2.ROLE_MIXED,
+}
+PB_TO_ROLE = {v: k for k, v in ROLE_TO_PB.items()}
+FINISH_TO_PB = {
+    None: common_pb2.FINISH_REASON_UNSPECIFIED,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+DEFAULT_LOAD_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    worker_id: str
+    address: str
+
+
+def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
+    return SamplingSpec(
+        max_tokens=pb.max_tokens or 16,
+        temperature=pb.temperature,
+        top_p=pb.top_p or 1.0,
+        seed=pb.seed or None,
+        stop_token_ids=tuple(pb.stop_token_ids),
+        ignore_eos=pb.ignore_eos,
+    )
+
+
+def kv_to_pb(kv: KvHandle) -> common_pb2.KvHandle:
+    return common_pb2.KvHandle(
+        transport=kv.transport,
+        source_address=kv.source_address,
+        source_request_id=kv.source_request_id,
+        num_tokens=kv.num_tokens,
+        num_bytes=kv.num_bytes,
+        params_json=json.dumps(dict(kv.params)) if kv.params else "",
+    )
+
+
+def kv_from_pb(pb: common_pb2.KvHandle) -> KvHandle:
+    return KvHandle(
+        transport=pb.transport,
+        source_address=pb.source_address,
+        source_request_id=RequestId(pb.source_request_id),
+        num_tokens=pb.num_tokens,
+        num_bytes=pb.num_bytes,
+        params=json.loads(pb.params_json) if pb.params_json else None,
+    )
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    def __init__(
+        self,
+        engine: Engine,
+        role: Role,
+        identity: WorkerIdentity,
+        metrics: WorkerMetrics,
+        clock: Clock,
+    ) -> None:
+        self.engine = engine
+        self.role = role
+        self.identity = identity
+        self.metrics = metrics
+        self.clock = clock
+        self.draining = False
+        self._load_seq = 0
+        self._set_role_gauge()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _request(
+        self, rid: str, prompt: list[int], sampling: common_pb2.SamplingParams, slo: str
+    ) -> Request:
+        return Request(
+            id=RequestId(rid),
+            prompt_token_ids=tuple(prompt),
+            sampling=sampling_from_pb(sampling),
+            arrival_s=self.clock.now_s(),
+            slo_class=SloClassName(slo or "default"),
+        )
+
+    async def _admit(
+        self, context: grpc.aio.ServicerContext, rid: str, allowed: bool, what: str
+    ) -> None:
+        if not rid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+        if not allowed:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"worker role is {self.role}; cannot {what}"
+            )
+
+    async def _abort_for(self, context: grpc.aio.ServicerContext, err: Exception) -> None:
+        if isinstance(err, CapacityError):
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(err))
+        if isinstance(err, KvTransferError):
+            await context.abort(grpc.StatusCode.ABORTED, f"KV transfer failed: {err}")
+        if isinstance(err, ValueError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        raise err
+
+    async def Prefill(  # noqa: N802 - gRPC method names
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        await self._admit(context, request.request_id, self.role.can_prefill, "prefill")
+        req = self._request(
+            request.request_id, list(request.prompt_token_ids), request.sampling, request.slo_class
+        )
+        try:
+            out = await self.engine.prefill(req)
+        except (CapacityError, KvTransferError, ValueError) as err:
+            self.metrics.requests.labels("prefill", "rejected").inc()
+            await self._abort_for(context, err)
+            raise
+        except asyncio.CancelledError:
+            self.metrics.requests.labels("prefill", "cancelled").inc()
+            raise
+        self.metrics.requests.labels("prefill", "ok").inc()
+        self.metrics.prefill_tokens.inc(req.num_prompt_tokens)
+        self.metrics.tokens.inc()
+        return worker_pb2.PrefillResponse(
+            request_id=request.request_id,
+            first_token_id=out.first_token_id,
+            kv=kv_to_pb(out.kv) if out.kv is not None else None,
+            finish_reason=FINISH_TO_PB[out.finish_reason],
+            num_prompt_tokens=req.num_prompt_tokens,
+            queue_s=out.queue_s,
+            prefill_s=out.prefill_s,
+        )
+
+    async def Decode(  # noqa: N802
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        await self._admit(context, request.request_id, self.role.can_decode, "decode")
+        if not request.HasField("kv"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
+        req = self._request(
+            request.request_id, list(request.prompt_token_ids), request.sampling, request.slo_class
+        )
+        kv = kv_from_pb(request.kv)
+        self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
+        stream = self.engine.decode(req, request.first_token_id, kv)
+        async for chunk in self._relay("decode", req, stream, context):
+            yield chunk
+
+    async def Generate(  # noqa: N802
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        await self._admit(context, request.request_id, self.role.can_generate, "generate")
+        req = self._request(
+            request.request_id, list(request.prompt_token_ids), request.sampling, request.slo_class
+        )
+        self.metrics.prefill_tokens.inc(req.num_prompt_tokens)
+        async for chunk in self._relay("generate", req, self.engine.generate(req), context):
+            yield chunk
+
+    async def _relay(
+        self,
+        kind: str,
+        req: Request,
+        stream: AsyncIterator[TokenDelta],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        """Forward engine deltas as chunks; count the outcome; cancel if the caller goes away."""
+        outcome = "cancelled"
+        try:
+            try:
+                async for delta in stream:
+                    self.metrics.tokens.inc(len(delta.token_ids))
+                    if delta.finish_reason is not None:
+                        outcome = _outcome(delta.finish_reason)
+                    yield common_pb2.TokenChunk(
+                        request_id=req.id,
+                        token_ids=list(delta.token_ids),
+                        finish_reason=FINISH_TO_PB[delta.finish_reason],
+                        num_prompt_tokens=req.num_prompt_tokens,
+                        error=delta.error or "",
+                    )
+            except (CapacityError, KvTransferError, ValueError) as err:
+                outcome = "rejected"
+                await self._abort_for(context, err)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            self.metrics.requests.labels(kind, outcome).inc()
+
+    async def Cancel(  # noqa: N802
+        self, request: worker_pb2.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CancelResponse:
+        found = await self.engine.cancel(RequestId(request.request_id))
+        if found:
+            log.info("cancelled %s", request.request_id)
+        return worker_pb2.CancelResponse(found=found)
+
+    async def ReleaseKv(  # noqa: N802
+        self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ReleaseKvResponse:
+        found = await self.engine.release_kv(RequestId(request.request_id))
+        return worker_pb2.ReleaseKvResponse(found=found)
+
+    # -- control --------------------------------------------------------------------------------
+
+    def load_report(self) -> common_pb2.LoadReport:
+        s = self.engine.load()
+        self._load_seq += 1
+        m = self.metrics
+        m.queue.set(s.num_waiting)
+        m.running.set(s.num_running)
+        m.kv_blocks_free.set(s.kv_blocks_free)
+        m.kv_blocks_total.set(s.kv_blocks_total)
+        m.kv_held.set(s.num_kv_held)
+        return common_pb2.LoadReport(
+            worker_id=self.identity.worker_id,
+            role=ROLE_TO_PB[self.role],
+            num_waiting=s.num_waiting,
+            num_running=s.num_running,
+            kv_blocks_free=s.kv_blocks_free,
+            kv_blocks_total=s.kv_blocks_total,
+            kv_block_size=s.kv_block_size,
+            draining=self.draining,
+            num_pending_prefill_tokens=s.num_pending_prefill_tokens,
+            num_kv_held=s.num_kv_held,
+            seq=self._load_seq,
+            engine=self.engine.kind,
+            model=self.engine.model,
+        )
+
+    async def WatchLoad(  # noqa: N802
+        self, request: worker_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.LoadReport]:
+        interval_s = request.interval_s if request.interval_s > 0 else DEFAULT_LOAD_INTERVAL_S
+        while True:
+            yield self.load_report()
+            await asyncio.sleep(interval_s)
+
+    async def Drain(  # noqa: N802
+        self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DrainResponse:
+        self.draining = not request.resume
+        self.metrics.draining.set(1 if self.draining else 0)
+        log.info("drain=%s (in flight: %d)", self.draining, self.engine.in_flight)
+        if self.draining and request.wait:
+            await self._wait_idle(request.timeout_s if request.timeout_s > 0 else None)
+        return worker_pb2.DrainResponse(draining=self.draining, in_flight=self.engine.in_flight)
+
+    async def SetRole(  # noqa: N802
+        self, request: worker_pb2.SetRoleRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.SetRoleResponse:
+        new = PB_TO_ROLE.get(request.role)
+        if new is None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "role must be prefill, decode or mixed"
+            )
+            raise AssertionError("unreachable")
+        previous = self.role
+        if new != previous:
+            self.role = new
+            self.metrics.role_changes.inc()
+            self._set_role_gauge()
+            log.info("role %s -> %s", previous, new)
+        return worker_pb2.SetRoleResponse(previous=ROLE_TO_PB[previous], current=ROLE_TO_PB[new])
+
+    def _set_role_gauge(self) -> None:
+        for r in Role:
+            self.metrics.role.labels(r.value).set(1 if r is self.role else 0)
+
+    async def _wait_idle(self, timeout_s: float | None) -> None:
+        """Until no request is in flight (polled: drains are rare and short), or the timeout."""
+        deadline = None if timeout_s is None else self.clock.now_s() + timeout_s
+        while self.engine.in_flight > 0:
+            if deadline is not None and self.clock.now_s() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+
+
+def _outcome(reason: FinishReason) -> str:
+    return "ok" if reason in (FinishReason.LENGTH, FinishReason.STOP) else reason.value
+
+
+def bind(host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Create a server and bind its port (0 picks one); nothing is served until `start`."""
+    server = grpc.aio.server()
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind gRPC to {host}:{port}")
+    return server, bound
+
+
+async def start(server: grpc.aio.Server, service: WorkerService) -> None:
+    """Attach the Worker and health services and start serving."""
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("splitserve.v1.Worker", health_pb2.HealthCheckResponse.SERVING)

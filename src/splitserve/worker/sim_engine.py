@@ -1,0 +1,279 @@
+"""The simulated engine: the simulator's engine model driven by a real clock.
+
+`SimEngine` runs `policy.batching.EngineModel` (the same step policy, block ledger and synthetic
+tokens the simulator uses) in an asyncio task: schedule a step, sleep for the latency model's
+price of that step, complete it, hand tokens to the waiting callers. KV "transfers" between
+simulated workers cost `LatencyModel.kv_transfer_s(bytes)`; the decode side then tells the
+prefill side to free its blocks through `ReleaseKv` (what NIXL's notification does for vLLM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from splitserve.core.clock import Clock
+from splitserve.core.errors import EngineError
+from splitserve.core.ids import RequestId
+from splitserve.core.kv import BlockManager, KvHandle
+from splitserve.core.perf.protocol import LatencyModel
+from splitserve.core.request import FinishReason, Request
+from splitserve.policy.batching.base import BatchingPolicy
+from splitserve.policy.batching.engine import EngineModel, RequestMode, Step, StepResult
+from splitserve.policy.batching.tokens import SyntheticTokens
+from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
+
+log = logging.getLogger(__name__)
+
+ReleaseFn = Callable[[KvHandle], Awaitable[None]]
+"""Tells a prefill worker its KV was pulled (the server wires this to ReleaseKv over gRPC)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    """Per-request channel between the step loop and the caller awaiting results."""
+
+    request: Request
+    added_s: float
+    queue: asyncio.Queue[TokenDelta] = field(default_factory=asyncio.Queue)
+    prefilled: asyncio.Future[PrefillOutcome] | None = None
+    kv_source: KvHandle | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimEngineConfig:
+    model: str
+    num_kv_blocks: int
+    block_size: int = 16
+    kv_bytes_per_token: int = 0
+    kv_hold_timeout_s: float = 30.0
+    address: str = ""
+    """This worker's gRPC address, put into KV handles for ReleaseKv."""
+
+
+class SimEngine:
+    kind = "sim"
+
+    def __init__(
+        self,
+        config: SimEngineConfig,
+        policy: BatchingPolicy,
+        latency: LatencyModel,
+        tokens: SyntheticTokens,
+        clock: Clock,
+        release_remote: ReleaseFn | None = None,
+        on_step: Callable[[Step, StepResult], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.model = config.model
+        self.latency = latency
+        self.clock = clock
+        self._release_remote = release_remote
+        self._on_step = on_step
+        self._core = EngineModel(
+            policy,
+            BlockManager(config.num_kv_blocks, config.block_size),
+            tokens,
+            config.kv_hold_timeout_s,
+        )
+        self._pending: dict[RequestId, _Pending] = {}
+        self._transfers: dict[RequestId, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name="sim-engine-loop")
+
+    async def stop(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for t in list(self._transfers.values()):
+            t.cancel()
+        for rid in list(self._pending):
+            self._core.abort(rid)
+            self._finish(rid, TokenDelta((), FinishReason.CANCELLED))
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def prefill(self, request: Request) -> PrefillOutcome:
+        pending = self._admit(request, RequestMode.PREFILL)
+        pending.prefilled = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.shield(pending.prefilled)
+        except asyncio.CancelledError:
+            await self.cancel(request.id)
+            raise
+
+    async def decode(
+        self, request: Request, first_token_id: int, kv: KvHandle
+    ) -> AsyncIterator[TokenDelta]:
+        self._admit(request, RequestMode.DECODE, first_token_id, kv)
+        async for delta in self._stream(request.id):
+            yield delta
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenDelta]:
+        self._admit(request, RequestMode.GENERATE)
+        async for delta in self._stream(request.id):
+            yield delta
+
+    async def cancel(self, request_id: RequestId) -> bool:
+        found = self._core.abort(request_id)
+        transfer = self._transfers.pop(request_id, None)
+        if transfer is not None:
+            transfer.cancel()
+        if request_id in self._pending:
+            self._finish(request_id, TokenDelta((), FinishReason.CANCELLED))
+            found = True
+        self._wake.set()
+        return found
+
+    async def release_kv(self, request_id: RequestId) -> bool:
+        released = self._core.release(request_id)
+        self._wake.set()
+        return released
+
+    # -- observation ----------------------------------------------------------------------------
+
+    def load(self) -> LoadSnapshot:
+        s = self._core.load()
+        return LoadSnapshot(
+            num_waiting=s.num_waiting,
+            num_running=s.num_running + s.num_transferring,
+            kv_blocks_free=s.free_blocks,
+            kv_blocks_total=s.total_blocks,
+            kv_block_size=s.block_size,
+            num_pending_prefill_tokens=s.pending_prefill_tokens,
+            num_kv_held=s.num_holding,
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(list(self._core.request_ids))
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._core.num_preemptions
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _admit(
+        self,
+        request: Request,
+        mode: RequestMode,
+        first_token_id: int | None = None,
+        kv: KvHandle | None = None,
+    ) -> _Pending:
+        if self._loop_task is None:
+            raise EngineError("engine is not started")
+        self._core.add(request, mode, first_token_id)  # raises CapacityError / ValueError
+        pending = _Pending(request, self.clock.now_s(), kv_source=kv)
+        self._pending[request.id] = pending
+        self._wake.set()
+        return pending
+
+    async def _stream(self, rid: RequestId) -> AsyncIterator[TokenDelta]:
+        pending = self._pending.get(rid)
+        if pending is None:
+            return
+        try:
+            while True:
+                delta = await pending.queue.get()
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            if rid in self._pending:  # the caller went away early
+                await self.cancel(rid)
+
+    def _finish(self, rid: RequestId, delta: TokenDelta) -> None:
+        pending = self._pending.pop(rid, None)
+        if pending is None:
+            return
+        if pending.prefilled is not None and not pending.prefilled.done():
+            pending.prefilled.set_exception(
+                EngineError(delta.error or f"request {delta.finish_reason}")
+            )
+            return
+        pending.queue.put_nowait(delta)
+
+    async def _run(self) -> None:
+        while True:
+            for rid in self._core.expire_holds(self.clock.now_s()):
+                log.info("KV held for %s expired before a decode worker pulled it", rid)
+            step = self._core.schedule(self.clock.now_s())
+            if step is None:
+                self._wake.clear()
+                await self._idle_wait()
+                continue
+            for rid in step.transfers:
+                self._transfers[rid] = asyncio.create_task(self._transfer(rid))
+            await asyncio.sleep(self.latency.step_s(step.batch))
+            result = self._core.complete(step, self.clock.now_s())
+            self._deliver(step, result)
+
+    async def _idle_wait(self) -> None:
+        """Sleep until new work arrives, or until the next held KV could expire."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+
+    def _deliver(self, step: Step, result: StepResult) -> None:
+        if self._on_step is not None:
+            self._on_step(step, result)
+        prefilled = set(result.prefilled)
+        for ev in result.tokens:
+            pending = self._pending.get(ev.request_id)
+            if pending is None:
+                continue
+            if pending.prefilled is not None:
+                held = ev.request_id in prefilled
+                outcome = PrefillOutcome(
+                    first_token_id=ev.token_id,
+                    kv=self._handle(pending.request) if held else None,
+                    finish_reason=ev.finish_reason,
+                    queue_s=max(0.0, step.started_s - pending.added_s),
+                    prefill_s=self.clock.now_s() - step.started_s,
+                )
+                if not pending.prefilled.done():
+                    pending.prefilled.set_result(outcome)
+                del self._pending[ev.request_id]
+                continue
+            pending.queue.put_nowait(TokenDelta((ev.token_id,), ev.finish_reason))
+            if ev.finish_reason is not None:
+                del self._pending[ev.request_id]
+
+    def _handle(self, request: Request) -> KvHandle:
+        """The KV a prefill holds covers the prompt (the first token's KV is the decoder's job)."""
+        num_tokens = request.num_prompt_tokens
+        return KvHandle(
+            transport="sim",
+            source_address=self.config.address,
+            source_request_id=request.id,
+            num_tokens=num_tokens,
+            num_bytes=num_tokens * self.config.kv_bytes_per_token,
+        )
+
+    async def _transfer(self, rid: RequestId) -> None:
+        """Pull a prefilled request's KV: wait the modelled time, then tell the source."""
+        pending = self._pending.get(rid)
+        kv = pending.kv_source if pending is not None else None
+        try:
+            if kv is not None:
+                await asyncio.sleep(self.latency.kv_transfer_s(kv.num_bytes))
+            if self._core.finish_transfer(rid):
+                self._wake.set()
+            if kv is not None and self._release_remote is not None:
+                try:
+                    await self._release_remote(kv)
+                except Exception:  # the source frees on its own timeout anyway
+                    log.warning("could not release KV of %s at %s", rid, kv.source_address)
+        finally:
+            self._transfers.pop(rid, None)
