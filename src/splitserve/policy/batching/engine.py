@@ -155,6 +155,9 @@ class EngineModel:
         if mode is RequestMode.DECODE:
             if first_token_id is None:
                 raise ValueError("a decode request needs the first token from its prefill")
+            s = request.sampling
+            if s.max_tokens <= 1 or first_token_id in s.stop_token_ids:
+                raise ValueError("nothing to decode: the request finished at its first token")
             seq.output_ids.append(first_token_id)
         self._seqs[request.id] = seq
 

@@ -38,7 +38,9 @@ class KvHeadroom:
 
     def score(self, req: RequestView, eps: Sequence[EndpointView]) -> Mapping[EndpointId, float]:
         return {
-            e.id: e.kv_free_blocks / e.kv_total_blocks if e.kv_total_blocks else 0.0 for e in eps
+            # Clamped: a report can be inconsistent for an instant (free read as total changed).
+            e.id: min(1.0, e.kv_free_blocks / e.kv_total_blocks) if e.kv_total_blocks > 0 else 0.0
+            for e in eps
         }
 
 
