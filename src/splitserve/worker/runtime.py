@@ -26,6 +26,7 @@ from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
+from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
 from splitserve.worker.sim_engine import SimEngine, SimEngineConfig
@@ -85,7 +86,12 @@ class _ReleaseClient:
         self._channels.clear()
 
 
-def build_sim_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) -> SimEngine:
+def build_sim_engine(
+    cfg: WorkerConfig,
+    address: str,
+    release: _ReleaseClient,
+    metrics: WorkerMetrics | None = None,
+) -> SimEngine:
     try:
         shape = MODELS[cfg.sim_model_shape]
         hw = HARDWARE[cfg.sim_hardware]
@@ -97,6 +103,14 @@ def build_sim_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) -
     latency = RooflineModel(shape, hw, time_scale=cfg.sim_time_scale)
     num_blocks = cfg.sim_num_kv_blocks or max(1, latency.kv_capacity_tokens() // cfg.block_size)
     policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
+    on_step = None
+    if metrics is not None:
+
+        def on_step(step: Step, _result: StepResult) -> None:
+            metrics.steps.inc()
+            if step.decision.preempt:
+                metrics.preemptions.inc(len(step.decision.preempt))
+
     return SimEngine(
         SimEngineConfig(
             model=cfg.model,
@@ -111,6 +125,7 @@ def build_sim_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) -
         SyntheticTokens(cfg.vocab_size, cfg.first_token_id),
         SystemClock(),
         release_remote=release,
+        on_step=on_step,
     )
 
 
@@ -123,7 +138,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     release = _ReleaseClient()
     server, port = bind(cfg.host, cfg.port)
     address = f"{cfg.host}:{port}"
-    engine = build_sim_engine(cfg, address, release)
+    engine = build_sim_engine(cfg, address, release, metrics)
     service = WorkerService(
         engine=engine,
         role=cfg.role,

@@ -48,10 +48,11 @@ async def make_worker() -> AsyncIterator[WorkerFactory]:
         server, port = bind("127.0.0.1", 0)
         address = f"127.0.0.1:{port}"
         release = _ReleaseClient()
-        engine = build_sim_engine(cfg, address, release)
         registry = CollectorRegistry()
+        metrics = WorkerMetrics(registry)
+        engine = build_sim_engine(cfg, address, release, metrics)
         service = WorkerService(
-            engine, role, WorkerIdentity(address, address), WorkerMetrics(registry), SystemClock()
+            engine, role, WorkerIdentity(address, address), metrics, SystemClock()
         )
         await engine.start()
         await start(server, service)

@@ -64,6 +64,7 @@ async def test_pd_handoff_matches_aggregated_and_releases_kv(make_worker: Worker
     assert after.kv_blocks_free == after.kv_blocks_total
     assert p.sample("splitserve_worker_requests_total", kind="prefill", outcome="ok") == 1
     assert d.sample("splitserve_worker_requests_total", kind="decode", outcome="ok") == 1
+    assert d.sample("splitserve_worker_steps_total") >= 5  # one per decoded token at least
 
 
 @pytest.mark.parametrize(
