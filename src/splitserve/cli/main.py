@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from splitserve import __version__
+from splitserve.cli.router import router
 from splitserve.cli.up import up
 from splitserve.cli.worker import worker
 
@@ -43,6 +44,7 @@ def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
 
 
 cli.add_command(up)
+cli.add_command(router)
 cli.add_command(worker)
 
 

@@ -249,14 +249,25 @@ def up(**opts: Any) -> None:
 
 def default_tokenizer_path() -> Path:
     """The default tokenizer, built once into the user cache."""
-    from splitserve.router.tokenizer import ensure_default_tokenizer
+    from splitserve.router.tokenizer import default_tokenizer_dir
 
     cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", Path.home() / ".cache" / "splitserve"))
-    return ensure_default_tokenizer(cache)
+    return default_tokenizer_dir(cache)
 
 
 def tokenizer_vocab(path: Path) -> tuple[int, int]:
-    """(vocab size, first id after the special tokens) so simulated tokens decode to text."""
-    from splitserve.router.tokenizer import vocab_range
+    """The id range [first, end) simulated engines draw from, so every token decodes to text.
 
-    return vocab_range(path)
+    Special tokens sit at the bottom of some vocabularies (ours) and at the top of others
+    (Llama 3); the range lies between them.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    size = len(tok)
+    specials = sorted(int(i) for i in tok.all_special_ids)
+    low = [i for i in specials if i < size // 2]
+    high = [i for i in specials if i >= size // 2]
+    first = max(low) + 1 if low else 0
+    end = min(high) if high else size
+    return end, first
