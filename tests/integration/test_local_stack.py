@@ -48,7 +48,7 @@ class Stack:
             url = f"{self.base_url.removesuffix('/v1')}/metrics"
         else:
             url = f"http://127.0.0.1:{self.workers[name]['metrics_port']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
@@ -278,7 +278,7 @@ def test_role_change_at_run_time_reroutes_to_aggregated(
     """Turn both prefill workers into decode workers: requests now run aggregated."""
     prefill = [w for name, w in stack.workers.items() if name.startswith("prefill")]
 
-    async def set_roles(role: int) -> None:
+    async def set_roles(role: common_pb2.Role.ValueType) -> None:
         for w in prefill:
             async with grpc.aio.insecure_channel(str(w["address"])) as ch:
                 await worker_pb2_grpc.WorkerStub(ch).SetRole(worker_pb2.SetRoleRequest(role=role))
