@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -299,3 +300,73 @@ def test_role_change_at_run_time_reroutes_to_aggregated(
     finally:
         asyncio.run(set_roles(common_pb2.ROLE_PREFILL))
         time.sleep(0.5)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_real_prometheus_scrapes_the_stack_and_evaluates_our_rules(
+    stack: Stack, client: openai.OpenAI, tmp_path: Path
+) -> None:
+    """Prometheus (Debian's, installed by `make test`) scrapes router and workers, and the shipped
+    recording rules produce series from what it scraped."""
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.fail("prometheus is not installed (make rules-check installs it)")
+    rules = Path(__file__).resolve().parents[2] / "deploy/prometheus/splitserve-rules.yaml"
+    targets = [f"127.0.0.1:{w['metrics_port']}" for w in stack.workers.values()]
+    router_port = stack.router["port"]
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            {"job_name": "router", "static_configs": [{"targets": [f"127.0.0.1:{router_port}"]}]},
+            {"job_name": "workers", "static_configs": [{"targets": targets}]},
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    api = f"http://127.0.0.1:{port}/api/v1"
+
+    def query(expr: str) -> list[dict[str, object]]:
+        r = httpx.get(f"{api}/query", params={"query": expr}, timeout=5)
+        r.raise_for_status()
+        return list(r.json()["data"]["result"])
+
+    try:
+        client.completions.create(model=MODEL, prompt="for prometheus", max_tokens=3)
+        deadline = time.monotonic() + 60
+        up: list[dict[str, object]] = []
+        util: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            try:
+                up = query("up == 1")
+                util = query("splitserve:worker_kv_utilization:ratio")
+                served = query('sum(splitserve_router_requests_total{outcome="ok"})')
+            except httpx.HTTPError:
+                time.sleep(0.5)
+                continue
+            if len(up) == 5 and len(util) == 4 and served:
+                break
+            time.sleep(0.5)
+        assert len(up) == 5, up  # the router and four workers
+        assert len(util) == 4
+        assert float(served[0]["value"][1]) >= 1  # type: ignore[index]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

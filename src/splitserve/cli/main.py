@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# transformers announces at import that PyTorch is absent; the router only needs its tokenizers.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import click
 
