@@ -133,6 +133,7 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         "--log-level",
         opts["log_level"],
         *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
+        *(["--token-ids-file", str(opts["token_ids_file"])] if opts.get("token_ids_file") else []),
     ]
 
 
@@ -209,7 +210,10 @@ def up(**opts: Any) -> None:
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = opts["tokenizer"] or default_tokenizer_path()
-    opts["vocab_size"], opts["first_token_id"] = tokenizer_vocab(tokenizer_dir)
+    opts["vocab_size"], opts["first_token_id"], clean_ids = tokenizer_vocab(tokenizer_dir)
+    if clean_ids:
+        opts["token_ids_file"] = run_dir / "token_ids.json"
+        opts["token_ids_file"].write_text(json.dumps(clean_ids))
     click.echo(
         f"starting {opts['prefill']} prefill, {opts['decode']} decode, {opts['mixed']} mixed "
         f"workers and a router (logs in {run_dir})"
@@ -255,11 +259,13 @@ def default_tokenizer_path() -> Path:
     return default_tokenizer_dir(cache)
 
 
-def tokenizer_vocab(path: Path) -> tuple[int, int]:
-    """The id range [first, end) simulated engines draw from, so every token decodes to text.
+def tokenizer_vocab(path: Path) -> tuple[int, int, list[int]]:
+    """What simulated engines may emit so every token decodes to text.
 
-    Special tokens sit at the bottom of some vocabularies (ours) and at the top of others
-    (Llama 3); the range lies between them.
+    Returns (end, first, clean ids): the id range [first, end) between the special tokens (they
+    sit at the bottom of some vocabularies, ours, and at the top of others, Llama 3), and the ids
+    in it that decode on their own to printable text. Byte-level BPE vocabularies hold tokens for
+    lone UTF-8 bytes; drawn at random they would show as U+FFFD.
     """
     from transformers import AutoTokenizer
 
@@ -270,4 +276,9 @@ def tokenizer_vocab(path: Path) -> tuple[int, int]:
     high = [i for i in specials if i >= size // 2]
     first = max(low) + 1 if low else 0
     end = min(high) if high else size
-    return end, first
+    clean = []
+    for i in range(first, end):
+        text = str(tok.decode([i]))
+        if text.strip() and "\ufffd" not in text and text.isprintable():
+            clean.append(i)
+    return end, first, clean

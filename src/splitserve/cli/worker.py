@@ -33,6 +33,12 @@ def worker() -> None:
 @click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
 @click.option("--vocab-size", type=int, default=4096, show_default=True)
 @click.option("--first-token-id", type=int, default=16, show_default=True)
+@click.option(
+    "--token-ids-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON list of token ids simulated engines may emit (default: the id range).",
+)
 @click.option("--batching", default="fcfs", show_default=True, help="Step policy name.")
 @click.option("--batching-params", default="{}", help="JSON object of step-policy params.")
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
@@ -51,6 +57,7 @@ def serve_cmd(
     sim_kv_blocks: int | None,
     vocab_size: int,
     first_token_id: int,
+    token_ids_file: Path | None,
     batching: str,
     batching_params: str,
     log_level: str,
@@ -60,6 +67,8 @@ def serve_cmd(
     try:
         parsed_role: Role = parse_role(role)
         params = json.loads(batching_params)
+        ids = json.loads(token_ids_file.read_text()) if token_ids_file else []
+        token_ids = tuple(int(i) for i in ids)
     except (ValueError, json.JSONDecodeError) as err:
         raise click.BadParameter(str(err)) from err
     cfg = WorkerConfig(
@@ -77,6 +86,7 @@ def serve_cmd(
         sim_num_kv_blocks=sim_kv_blocks,
         vocab_size=vocab_size,
         first_token_id=first_token_id,
+        token_ids=token_ids,
         batching_policy=batching,
         batching_params=params,
     )

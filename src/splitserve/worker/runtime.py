@@ -57,6 +57,8 @@ class WorkerConfig:
     vocab_size: int = 4096
     first_token_id: int = 16
     """Synthetic tokens are drawn from [first_token_id, vocab_size): skips special tokens."""
+    token_ids: tuple[int, ...] = ()
+    """When given, synthetic tokens are drawn from these ids only."""
     batching_policy: str = "fcfs"
     batching_params: dict[str, Any] = field(default_factory=dict)
     kv_hold_timeout_s: float = 30.0
@@ -122,7 +124,7 @@ def build_sim_engine(
         ),
         policy,
         latency,
-        SyntheticTokens(cfg.vocab_size, cfg.first_token_id),
+        SyntheticTokens(cfg.vocab_size, cfg.first_token_id, cfg.token_ids),
         SystemClock(),
         release_remote=release,
         on_step=on_step,

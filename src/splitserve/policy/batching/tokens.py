@@ -26,12 +26,17 @@ class SyntheticTokens:
     vocab_size: int
     first_id: int = 0
     """Lowest id produced (skip special tokens that sit at the bottom of a vocabulary)."""
+    allowed_ids: tuple[int, ...] = ()
+    """When given, tokens are drawn from these ids only (e.g. ids that decode to whole
+    characters, so simulated text never shows U+FFFD); `first_id` is then unused."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.first_id < self.vocab_size:
             raise ValueError(
                 f"need 0 <= first_id < vocab_size, got {self.first_id}, {self.vocab_size}"
             )
+        if any(not 0 <= i < self.vocab_size for i in self.allowed_ids):
+            raise ValueError(f"allowed_ids must lie in [0, {self.vocab_size})")
 
     def key(self, prompt_token_ids: Sequence[int], seed: int | None) -> int:
         h = _mix(len(prompt_token_ids) ^ ((seed or 0) << 1))
@@ -40,6 +45,7 @@ class SyntheticTokens:
         return h
 
     def token(self, key: int, index: int) -> int:
-        return self.first_id + _mix(key ^ (index * 0xD1B54A32D192ED03 & _MASK)) % (
-            self.vocab_size - self.first_id
-        )
+        h = _mix(key ^ (index * 0xD1B54A32D192ED03 & _MASK))
+        if self.allowed_ids:
+            return self.allowed_ids[h % len(self.allowed_ids)]
+        return self.first_id + h % (self.vocab_size - self.first_id)
