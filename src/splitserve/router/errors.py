@@ -1,0 +1,28 @@
+"""Errors the router raises while serving a request; the HTTP and gRPC faces map them.
+
+`NoEligibleEndpoint` (from `core.errors`) -> 503 / UNAVAILABLE; `InvalidRequest` -> 400 /
+INVALID_ARGUMENT; `WorkersFailed` -> 503 / UNAVAILABLE; `RequestTimeout` -> 504 / DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+from splitserve.core.errors import EngineError, SplitserveError
+
+
+class InvalidRequest(SplitserveError):  # noqa: N818 - reads as a condition, like the core errors
+    """The request can never be served as given (too long, cannot fit, bad parameters).
+
+    `param` names the offending request field when there is one.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class WorkersFailed(EngineError):  # noqa: N818
+    """Every worker tried for the request failed."""
+
+
+class RequestTimeout(SplitserveError):  # noqa: N818
+    """The request ran past the router's request timeout."""

@@ -1,0 +1,157 @@
+"""Text in, text out: validation, detokenization and stop strings around one dispatch.
+
+Shared by the OpenAI HTTP face and the gRPC face, so both count, cut and stream the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+
+from splitserve.core.clock import Clock
+from splitserve.core.ids import RequestId, SloClassName
+from splitserve.core.request import DEFAULT_SLO_CLASS, FinishReason, Request, SamplingSpec
+from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
+from splitserve.router.dispatch import Dispatcher
+from splitserve.router.errors import InvalidRequest
+from splitserve.router.stops import StopStrings
+from splitserve.router.tokenizer import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    """Sampling and stopping as a client asked for them (None: the router's default)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    slo_class: str = DEFAULT_SLO_CLASS.name
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """A piece of the completion. The last one has `finish_reason`, `usage` and `path` set."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    path: str = ""
+
+
+class Generator:
+    """Builds validated requests and streams their text."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        tokenizer: TextTokenizer,
+        *,
+        clock: Clock,
+        max_model_len: int,
+        default_max_tokens: int,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.tokenizer = tokenizer
+        self.clock = clock
+        self.max_model_len = max_model_len
+        self.default_max_tokens = default_max_tokens
+
+    def build_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: GenerationParams
+    ) -> Request:
+        """A `Request` for the dispatcher.
+
+        Raises:
+            InvalidRequest: empty prompt, unknown token ids, too long for `max_model_len`, or
+                sampling values out of range.
+        """
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise InvalidRequest("the prompt must not be empty", "prompt")
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
+        max_tokens = params.max_tokens
+        room = self.max_model_len - num_prompt
+        if max_tokens is None:
+            max_tokens = min(self.default_max_tokens, room)
+        if max_tokens < 1 or num_prompt + max_tokens > self.max_model_len:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt + max(max_tokens, 1)} tokens ({num_prompt} in the "
+                f"prompt, {max(max_tokens, 1)} for the completion). Please reduce the length of "
+                "the prompt or the completion.",
+                "max_tokens" if room > 0 else "prompt",
+            )
+        try:
+            sampling = SamplingSpec(
+                max_tokens=max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                seed=params.seed,
+                stop_token_ids=() if params.ignore_eos else self.tokenizer.stop_token_ids,
+                ignore_eos=params.ignore_eos,
+            )
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from err
+        return Request(
+            id=RequestId(request_id),
+            prompt_token_ids=tuple(prompt_token_ids),
+            sampling=sampling,
+            arrival_s=self.clock.now_s(),
+            slo_class=SloClassName(params.slo_class or DEFAULT_SLO_CLASS.name),
+        )
+
+    async def stream(
+        self, request: Request, stop: Sequence[str] = ()
+    ) -> AsyncGenerator[TextChunk, None]:
+        """Run `request`; yield text as it becomes final. Close early to cancel the request.
+
+        Raises whatever `Dispatch.chunks()` raises (placement, rejection, worker failures).
+        """
+        dispatch = self.dispatcher.open(request)
+        detok = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids[-INITIAL_CONTEXT_TOKENS:]
+        )
+        stops = StopStrings(stop)
+        final: TextChunk | None = None
+        async with contextlib.aclosing(dispatch.chunks()) as chunks:
+            async for chunk in chunks:
+                text = stops.feed(detok.push(chunk.token_ids))
+                reason = chunk.finish_reason
+                if stops.hit is None and reason is not None:
+                    text += stops.feed(detok.flush())
+                    text += stops.flush()  # may still find a stop string in the held tail
+                if stops.hit is not None:
+                    # Ends here; leaving the `async with` closes the dispatch, cancelling workers.
+                    dispatch.stop()
+                    reason = FinishReason.STOP
+                    log.debug("request %s hit stop string %r", request.id, stops.hit)
+                if reason is None:
+                    if text or chunk.token_ids:
+                        yield TextChunk(text, chunk.token_ids)
+                    continue
+                usage = Usage(request.num_prompt_tokens, dispatch.num_output_tokens)
+                path = dispatch.path.value if dispatch.path is not None else ""
+                final = TextChunk(text, chunk.token_ids, reason, usage, path)
+                break
+        if final is not None:
+            yield final

@@ -1,0 +1,90 @@
+"""The router's gRPC face: `splitserve.v1.Router/Generate`, the same path as the HTTP API.
+
+Errors map as on HTTP: invalid input -> INVALID_ARGUMENT, no worker -> UNAVAILABLE, timeout ->
+DEADLINE_EXCEEDED. A caller that cancels the call cancels the request on every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any, Final
+
+import grpc
+
+from splitserve._gen.v1 import common_pb2, router_pb2, router_pb2_grpc
+from splitserve.core.errors import NoEligibleEndpoint, SplitserveError
+from splitserve.core.request import DEFAULT_SLO_CLASS, FinishReason, Request
+from splitserve.router.errors import InvalidRequest, RequestTimeout
+from splitserve.router.generation import GenerationParams, Generator
+
+log = logging.getLogger(__name__)
+
+_FINISH: Final = {
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+
+
+def status_for(err: SplitserveError) -> grpc.StatusCode:
+    if isinstance(err, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(err, RequestTimeout):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(err, NoEligibleEndpoint):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.UNAVAILABLE
+
+
+class RouterService(router_pb2_grpc.RouterServicer):
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    def _request(self, msg: router_pb2.RouterGenerateRequest) -> Request:
+        which = msg.WhichOneof("input")
+        if which == "prompt":
+            prompt_ids = self.generator.tokenizer.encode(msg.prompt)
+        elif which == "prompt_token_ids":
+            prompt_ids = list(msg.prompt_token_ids.ids)
+        else:
+            raise InvalidRequest("set prompt or prompt_token_ids", "input")
+        params = GenerationParams(slo_class=msg.slo_class or DEFAULT_SLO_CLASS.name)
+        if msg.HasField("sampling"):
+            s = msg.sampling
+            params = GenerationParams(
+                max_tokens=s.max_tokens or None,
+                temperature=s.temperature,
+                top_p=s.top_p or 1.0,  # 0 is out of range: read it as "unset"
+                seed=s.seed or None,
+                ignore_eos=s.ignore_eos,
+                slo_class=params.slo_class,
+            )
+        request_id = msg.request_id or f"grpc-{uuid.uuid4().hex}"
+        return self.generator.build_request(request_id, prompt_ids, params)
+
+    async def Generate(  # noqa: N802 - the gRPC method name
+        self, request: router_pb2.RouterGenerateRequest, context: Any
+    ) -> AsyncGenerator[router_pb2.RouterGenerateChunk, None]:
+        try:
+            req = self._request(request)
+            stream = self.generator.stream(req, tuple(request.stop))
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    out = router_pb2.RouterGenerateChunk(
+                        request_id=req.id, text=chunk.text, token_ids=chunk.token_ids
+                    )
+                    if chunk.finish_reason is not None:
+                        out.finish_reason = _FINISH[chunk.finish_reason]
+                        out.path = chunk.path
+                    if chunk.usage is not None:
+                        out.usage.prompt_tokens = chunk.usage.prompt_tokens
+                        out.usage.completion_tokens = chunk.usage.completion_tokens
+                        out.usage.total_tokens = chunk.usage.total_tokens
+                    yield out
+        except SplitserveError as err:
+            log.info("router Generate failed: %s", err)
+            await context.abort(status_for(err), str(err))

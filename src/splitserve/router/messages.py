@@ -1,0 +1,64 @@
+"""Worker request messages built from a core `Request`, and finish reasons read from replies.
+
+Conventions of the Worker service: `sampling.max_tokens` counts every output token, the first
+(sampled by the prefill worker) included; a `GenerateRequest` that takes over a stream carries
+the prompt plus the tokens already emitted and only the tokens still owed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from splitserve._gen.v1 import common_pb2, worker_pb2
+from splitserve.core.request import FinishReason, Request
+
+FINISH_FROM_PB: Final = {
+    common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+    common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    common_pb2.FINISH_REASON_CANCELLED: FinishReason.CANCELLED,
+    common_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
+}
+"""FINISH_REASON_UNSPECIFIED (not finished) is absent: look it up with `.get`."""
+
+
+def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
+    s = req.sampling
+    return common_pb2.SamplingParams(
+        max_tokens=max(max_tokens, 1),
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=s.seed or 0,
+        stop_token_ids=s.stop_token_ids,
+        ignore_eos=s.ignore_eos,
+    )
+
+
+def prefill(req: Request) -> worker_pb2.PrefillRequest:
+    return worker_pb2.PrefillRequest(
+        request_id=req.id,
+        prompt_token_ids=req.prompt_token_ids,
+        sampling=sampling(req, req.sampling.max_tokens),
+        slo_class=req.slo_class,
+    )
+
+
+def decode(req: Request, first_token_id: int, kv: common_pb2.KvHandle) -> worker_pb2.DecodeRequest:
+    return worker_pb2.DecodeRequest(
+        request_id=req.id,
+        prompt_token_ids=req.prompt_token_ids,
+        first_token_id=first_token_id,
+        sampling=sampling(req, req.sampling.max_tokens),
+        kv=kv,
+        slo_class=req.slo_class,
+    )
+
+
+def generate(req: Request, emitted: Sequence[int] = ()) -> worker_pb2.GenerateRequest:
+    """The whole request, or (with `emitted`) the rest of it after the tokens already sent."""
+    return worker_pb2.GenerateRequest(
+        request_id=req.id,
+        prompt_token_ids=[*req.prompt_token_ids, *emitted],
+        sampling=sampling(req, req.sampling.max_tokens - len(emitted)),
+        slo_class=req.slo_class,
+    )

@@ -1,0 +1,162 @@
+"""OpenAI wire format: request models (validated strictly) and response / chunk bodies.
+
+Unknown request fields are ignored, as OpenAI-compatible servers do; known fields are checked
+strictly (a string where a number belongs is a 400, never coerced). Response bodies are plain
+dicts shaped like OpenAI's, so the official client parses them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from splitserve.core.request import FinishReason
+from splitserve.router.generation import Usage
+
+_FINISH_NAMES: Final = {
+    FinishReason.LENGTH: "length",
+    FinishReason.STOP: "stop",
+    FinishReason.CANCELLED: "abort",
+    FinishReason.ERROR: "error",
+}
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class SamplingFields(_Wire):
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    """vLLM's extension: keep generating past end-of-text tokens."""
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool | None = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ContentPart(_Wire):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"content parts of type {part.type!r} are not supported")
+        return "".join(part.text or "" for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+
+
+def finish_name(reason: FinishReason | None) -> str | None:
+    return None if reason is None else _FINISH_NAMES[reason]
+
+
+def usage_body(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+class Formatter:
+    """Builds the bodies of one response (chat or plain completion)."""
+
+    def __init__(self, *, chat: bool, response_id: str, created: int, model: str) -> None:
+        self.chat = chat
+        self.response_id = response_id
+        self._head: dict[str, Any] = {"id": response_id, "created": created, "model": model}
+
+    def _choice(self, text: str, reason: FinishReason | None, *, stream: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": finish_name(reason),
+        }
+        if not self.chat:
+            choice["text"] = text
+        elif stream:
+            choice["delta"] = {"content": text} if text else {}
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        return choice
+
+    def _object(self, *, stream: bool) -> str:
+        if self.chat:
+            return "chat.completion.chunk" if stream else "chat.completion"
+        return "text_completion"
+
+    def response(self, text: str, reason: FinishReason | None, usage: Usage) -> dict[str, Any]:
+        """The whole non-streamed response."""
+        return {
+            **self._head,
+            "object": self._object(stream=False),
+            "choices": [self._choice(text, reason, stream=False)],
+            "usage": usage_body(usage),
+        }
+
+    def role_chunk(self, *, with_usage: bool) -> dict[str, Any]:
+        """The first chat chunk, naming the role (as OpenAI sends it)."""
+        body = self.chunk("", None, with_usage=with_usage)
+        body["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+        return body
+
+    def chunk(self, text: str, reason: FinishReason | None, *, with_usage: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            **self._head,
+            "object": self._object(stream=True),
+            "choices": [self._choice(text, reason, stream=True)],
+        }
+        if with_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {
+            **self._head,
+            "object": self._object(stream=True),
+            "choices": [],
+            "usage": usage_body(usage),
+        }

@@ -1,0 +1,93 @@
+"""Delivering a completion over HTTP: SSE framing, collecting a whole answer, client disconnects.
+
+A streamed answer ends with `data: [DONE]`; a failure after the first chunk becomes an error
+event (the status line is already sent). A whole answer is awaited against a watcher on the ASGI
+`receive` channel, so a client that disconnects cancels the work instead of leaving it running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Any, TypeVar
+
+from starlette.requests import Request as HttpRequest
+
+from splitserve.core.errors import SplitserveError
+from splitserve.router import openai_models as wire
+from splitserve.router.generation import TextChunk, Usage
+from splitserve.router.openai_errors import api_error_from
+
+T = TypeVar("T")
+DONE = "data: [DONE]\n\n"
+
+
+class ClientGone(Exception):  # noqa: N818 - a condition, like the core errors
+    """The HTTP client disconnected before the answer was ready."""
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _wait_disconnect(request: HttpRequest) -> None:
+    # After the body is read, the server's next message is http.disconnect (or nothing).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: HttpRequest, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first (then raise `ClientGone`)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+
+async def collect(chunks: AsyncGenerator[TextChunk, None]) -> tuple[str, TextChunk]:
+    """The whole text and the final chunk (with usage)."""
+    parts: list[str] = []
+    async with contextlib.aclosing(chunks) as stream:
+        async for chunk in stream:
+            parts.append(chunk.text)
+            if chunk.finish_reason is not None:
+                return "".join(parts), chunk
+    raise RuntimeError("the stream ended without a final chunk")
+
+
+async def stream_body(
+    fmt: wire.Formatter,
+    first: TextChunk,
+    chunks: AsyncGenerator[TextChunk, None],
+    *,
+    include_usage: bool,
+) -> AsyncGenerator[str, None]:
+    """SSE events for a stream whose first chunk the caller already has."""
+    usage: Usage | None = None
+    try:
+        if fmt.chat:
+            yield sse(fmt.role_chunk(with_usage=include_usage))
+        chunk: TextChunk | None = first
+        while chunk is not None:
+            if chunk.text or chunk.finish_reason is not None:
+                yield sse(fmt.chunk(chunk.text, chunk.finish_reason, with_usage=include_usage))
+            usage = chunk.usage or usage
+            chunk = None if chunk.finish_reason is not None else await anext(chunks, None)
+        if include_usage and usage is not None:
+            yield sse(fmt.usage_chunk(usage))
+    except SplitserveError as err:
+        yield sse(api_error_from(err).body())
+    finally:
+        await chunks.aclose()
+    yield DONE

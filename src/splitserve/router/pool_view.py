@@ -1,0 +1,253 @@
+"""The router's view of its workers: channels, load streams, readiness, fencing, in-flight counts.
+
+Each endpoint (id = its gRPC address) keeps one `grpc.aio` channel and one `WatchLoad` stream; the
+worker pushes a `LoadReport` about every 100 ms. When the stream breaks the endpoint is marked not
+ready and the stream is re-opened with exponential back-off. A report older than `stale_after_s`
+also counts as not ready. Placement reads frozen `EndpointView`s from `views()`; nothing here
+decides where a request goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.api.router import PoolSettings
+from splitserve.core.clock import Clock
+from splitserve.core.ids import EndpointId
+from splitserve.core.roles import Role
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.policy.placement import EndpointView
+
+log = logging.getLogger(__name__)
+
+_ROLES = {
+    common_pb2.ROLE_PREFILL: Role.PREFILL,
+    common_pb2.ROLE_DECODE: Role.DECODE,
+    common_pb2.ROLE_MIXED: Role.MIXED,
+}
+
+
+@dataclass
+class _Endpoint:
+    id: EndpointId
+    channel: aio.Channel
+    stub: worker_pb2_grpc.WorkerAsyncStub
+    report: common_pb2.LoadReport | None = None
+    report_at_s: float = float("-inf")
+    connected: bool = False
+    fenced: bool = False
+    inflight: int = 0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class UnknownEndpoint(KeyError):  # noqa: N818 - a lookup miss, like KeyError
+    """The endpoint is not (or no longer) part of the pool."""
+
+
+class PoolView:
+    """Live state of a set of worker endpoints.
+
+    Use as `async with PoolView(...) as pool:` or call `start()` / `close()`. Endpoints can be
+    added and removed at any time (static list now, Kubernetes discovery later).
+    """
+
+    def __init__(
+        self,
+        addresses: Iterable[str],
+        *,
+        clock: Clock,
+        settings: PoolSettings | None = None,
+        metrics: RouterMetrics | None = None,
+    ) -> None:
+        self._clock = clock
+        self._settings = settings or PoolSettings()
+        self._metrics = metrics
+        self._endpoints: dict[EndpointId, _Endpoint] = {}
+        self._initial = list(dict.fromkeys(addresses))
+        self._started = False
+        self._changed = asyncio.Event()
+
+    async def __aenter__(self) -> PoolView:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Open channels and load streams for the initial addresses."""
+        self._started = True
+        for address in self._initial:
+            self.add(address)
+
+    async def close(self) -> None:
+        """Stop every load stream and close every channel."""
+        for eid in list(self._endpoints):
+            await self.remove(eid)
+        self._started = False
+
+    # -- membership -------------------------------------------------------------------------
+
+    def add(self, address: str) -> EndpointId:
+        """Start watching `address` (idempotent). Returns its endpoint id."""
+        if not self._started:
+            raise RuntimeError("PoolView.add before start()")
+        eid = EndpointId(address)
+        if eid in self._endpoints:
+            return eid
+        channel = aio.insecure_channel(address)
+        stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
+        ep = _Endpoint(eid, channel, stub)
+        self._endpoints[eid] = ep
+        ep.task = asyncio.create_task(self._watch(ep), name=f"watch-load {address}")
+        log.info("watching worker %s", address)
+        self._notify()
+        return eid
+
+    async def remove(self, eid: str) -> None:
+        """Stop watching an endpoint and close its channel. Unknown ids are ignored.
+
+        Requests already running on it keep their own calls until they finish or fail.
+        """
+        ep = self._endpoints.pop(EndpointId(eid), None)
+        if ep is None:
+            return
+        if ep.task is not None:
+            ep.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ep.task
+        await ep.channel.close()
+        log.info("stopped watching worker %s", eid)
+        self._notify()
+
+    def fence(self, eid: str) -> None:
+        """Send no new work to `eid` (an operator is about to flip or drain it)."""
+        self._get(eid).fenced = True
+        self._notify()
+
+    def unfence(self, eid: str) -> None:
+        self._get(eid).fenced = False
+        self._notify()
+
+    # -- what dispatch uses ----------------------------------------------------------------
+
+    def ids(self) -> list[EndpointId]:
+        return sorted(self._endpoints)
+
+    def stub(self, eid: str) -> worker_pb2_grpc.WorkerAsyncStub:
+        return self._get(eid).stub
+
+    def acquire(self, eid: str) -> None:
+        """Count a request sent to `eid` (call `release` when it finishes, however it ends)."""
+        ep = self._endpoints.get(EndpointId(eid))
+        if ep is not None:
+            ep.inflight += 1
+
+    def release(self, eid: str) -> None:
+        ep = self._endpoints.get(EndpointId(eid))
+        if ep is not None and ep.inflight > 0:
+            ep.inflight -= 1
+
+    def view(self, eid: str) -> EndpointView:
+        return self._view(self._get(eid), self._clock.now_s())
+
+    def views(self) -> list[EndpointView]:
+        """A snapshot of every endpoint, in id order."""
+        now_s = self._clock.now_s()
+        return [self._view(self._endpoints[eid], now_s) for eid in sorted(self._endpoints)]
+
+    async def wait_for(
+        self, predicate: Callable[[PoolView], bool], timeout_s: float | None = None
+    ) -> None:
+        """Wait until `predicate(self)` holds; re-checked after each change (reports included).
+
+        Raises:
+            TimeoutError: `timeout_s` passed first.
+        """
+        async with asyncio.timeout(timeout_s):
+            while not predicate(self):
+                self._changed.clear()
+                await self._changed.wait()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _get(self, eid: str) -> _Endpoint:
+        try:
+            return self._endpoints[EndpointId(eid)]
+        except KeyError:
+            raise UnknownEndpoint(eid) from None
+
+    def _view(self, ep: _Endpoint, now_s: float) -> EndpointView:
+        r = ep.report
+        fresh = now_s - ep.report_at_s <= self._settings.stale_after_s
+        if r is None:
+            return EndpointView(
+                ep.id, Role.MIXED, ready=False, fenced=ep.fenced, inflight=ep.inflight
+            )
+        return EndpointView(
+            id=ep.id,
+            role=_ROLES.get(r.role, Role.MIXED),
+            ready=ep.connected and fresh and r.role in _ROLES,
+            fenced=ep.fenced,
+            draining=r.draining,
+            num_waiting=r.num_waiting,
+            num_running=r.num_running,
+            kv_free_blocks=r.kv_blocks_free,
+            kv_total_blocks=r.kv_blocks_total,
+            kv_block_size=r.kv_block_size or 16,
+            pending_prefill_tokens=r.num_pending_prefill_tokens,
+            inflight=ep.inflight,
+        )
+
+    def _notify(self) -> None:
+        self._changed.set()
+        if self._metrics is not None:
+            self._update_gauge()
+
+    def _update_gauge(self) -> None:
+        assert self._metrics is not None
+        counts: dict[tuple[str, str], int] = {}
+        for v in self.views():
+            if v.fenced:
+                state = "fenced"
+            elif v.draining:
+                state = "draining"
+            else:
+                state = "ready" if v.ready else "not_ready"
+            counts[(v.role.value, state)] = counts.get((v.role.value, state), 0) + 1
+        for role in Role:
+            for state in ("ready", "not_ready", "fenced", "draining"):
+                self._metrics.endpoints.labels(role.value, state).set(
+                    counts.get((role.value, state), 0)
+                )
+
+    async def _watch(self, ep: _Endpoint) -> None:
+        delay_s = self._settings.reconnect_min_s
+        request = worker_pb2.WatchLoadRequest(interval_s=self._settings.load_interval_s)
+        while True:
+            got_report = False
+            try:
+                call = ep.stub.WatchLoad(request)
+                async for report in call:
+                    if ep.report is not None and 0 < report.seq <= ep.report.seq and ep.connected:
+                        continue  # reordered or replayed
+                    ep.report, ep.report_at_s, ep.connected = report, self._clock.now_s(), True
+                    got_report = True
+                    self._notify()
+                log.warning("load stream of %s ended", ep.id)
+            except grpc.RpcError as err:
+                code = err.code() if isinstance(err, aio.AioRpcError) else None
+                log.warning("load stream of %s failed: %s", ep.id, code)
+            ep.connected = False
+            self._notify()
+            delay_s = self._settings.reconnect_min_s if got_report else delay_s
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, self._settings.reconnect_max_s)

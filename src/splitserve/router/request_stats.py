@@ -1,0 +1,67 @@
+"""Per-request latency and outcome metrics of the router (TTFT, TPOT, E2E by serving path).
+
+Times come from the injected clock. `outcome_of` names how a request ended, as a bounded label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from splitserve.core.clock import Clock
+from splitserve.core.errors import NoEligibleEndpoint
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.router.errors import InvalidRequest, RequestTimeout
+
+
+def outcome_of(err: BaseException | None, *, ended_on_purpose: bool) -> str:
+    """The `outcome` label: ok | cancelled | unavailable | rejected | timeout | error.
+
+    `ended_on_purpose`: the stream was closed after its last chunk or by the router (stop
+    string), so closing it is not a cancellation.
+    """
+    if err is None:
+        return "ok"
+    if isinstance(err, GeneratorExit | asyncio.CancelledError):
+        return "ok" if ended_on_purpose else "cancelled"
+    if isinstance(err, NoEligibleEndpoint):
+        return "unavailable"
+    if isinstance(err, InvalidRequest):
+        return "rejected"
+    if isinstance(err, RequestTimeout):
+        return "timeout"
+    return "error"
+
+
+class RequestStats:
+    """Records one request's metrics; `start()` once, `on_tokens()` per chunk, `finish()` once."""
+
+    def __init__(self, metrics: RouterMetrics, clock: Clock, num_prompt_tokens: int) -> None:
+        self._m = metrics
+        self._clock = clock
+        self._num_prompt_tokens = num_prompt_tokens
+        self.start_s = clock.now_s()
+        self.first_token_s: float | None = None
+        self.num_output_tokens = 0
+
+    def start(self) -> None:
+        self._m.inflight.inc()
+
+    def on_tokens(self, num_tokens: int, path: str) -> None:
+        if num_tokens and self.first_token_s is None:
+            self.first_token_s = self._clock.now_s()
+            self._m.ttft.labels(path).observe(self.first_token_s - self.start_s)
+        self.num_output_tokens += num_tokens
+
+    def finish(self, outcome: str, path: str) -> None:
+        m = self._m
+        m.inflight.dec()
+        m.requests.labels(outcome, path).inc()
+        if outcome != "ok":
+            return
+        now_s = self._clock.now_s()
+        m.e2e.labels(path).observe(now_s - self.start_s)
+        m.prompt_tokens.inc(self._num_prompt_tokens)
+        m.completion_tokens.inc(self.num_output_tokens)
+        if self.first_token_s is not None and self.num_output_tokens > 1:
+            tpot_s = (now_s - self.first_token_s) / (self.num_output_tokens - 1)
+            m.tpot.labels(path).observe(tpot_s)

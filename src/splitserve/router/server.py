@@ -1,0 +1,156 @@
+"""The router process: HTTP (uvicorn) and gRPC (grpc.aio) faces over one pool, one event loop.
+
+`serve(config)` is what `splitserve router serve` runs. `RouterServer` is the same thing in
+pieces, for tests and in-process stacks: `start()` binds (port 0 picks a free port), `stop()`
+shuts down in order (stop taking requests, cancel what is pending, close worker channels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import uvicorn
+from grpc import aio
+from prometheus_client import CollectorRegistry
+
+from splitserve._gen.v1 import router_pb2_grpc
+from splitserve.api.router import RouterConfig
+from splitserve.core.clock import Clock, SystemClock
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.router.dispatch import Dispatcher, default_decider
+from splitserve.router.generation import Generator
+from splitserve.router.grpc_service import RouterService
+from splitserve.router.openai_api import create_app
+from splitserve.router.pool_view import PoolView
+from splitserve.router.tokenizer import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+_SHUTDOWN_GRACE_S = 2.0
+
+
+class RouterServer:
+    """A router bound to its ports. Not restartable: build a new one."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        clock: Clock | None = None,
+        tokenizer: TextTokenizer | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.registry = registry or CollectorRegistry()
+        self.metrics = RouterMetrics(self.registry)
+        self._tokenizer = tokenizer
+        self.pool = PoolView(
+            config.worker_addresses, clock=self.clock, settings=config.pool, metrics=self.metrics
+        )
+        self.dispatcher = Dispatcher(
+            self.pool,
+            clock=self.clock,
+            metrics=self.metrics,
+            settings=config.dispatch,
+            decider=default_decider(config.placement),
+        )
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._http: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._grpc: aio.Server | None = None
+
+    async def start(self) -> None:
+        """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            tokenizer = await asyncio.to_thread(TextTokenizer.from_dir, self.config.tokenizer_dir)
+        generator = Generator(
+            self.dispatcher,
+            tokenizer,
+            clock=self.clock,
+            max_model_len=self.config.max_model_len,
+            default_max_tokens=self.config.default_max_tokens,
+        )
+        await self.pool.start()
+        if self.config.grpc_port is not None:
+            self._grpc = aio.server()
+            router_pb2_grpc.add_RouterServicer_to_server(RouterService(generator), self._grpc)
+            address = f"{self.config.grpc_host}:{self.config.grpc_port}"
+            self.grpc_port = self._grpc.add_insecure_port(address)
+            await self._grpc.start()
+        app = create_app(
+            generator,
+            self.pool,
+            model_name=self.config.model_name,
+            registry=self.registry,
+            unix_time=time.time,
+        )
+        await self._start_http(app)
+        log.info(
+            "router serving %s: http %s:%s grpc %s, %d workers",
+            self.config.model_name,
+            self.config.http_host,
+            self.http_port,
+            self.grpc_port,
+            len(self.config.worker_addresses),
+        )
+
+    async def _start_http(self, app: object) -> None:
+        cfg = uvicorn.Config(
+            app,  # type: ignore[arg-type]
+            host=self.config.http_host,
+            port=self.config.http_port,
+            log_config=None,
+            lifespan="off",
+            access_log=False,
+        )
+        sock = cfg.bind_socket()
+        self.http_port = int(sock.getsockname()[1])
+        self._http = uvicorn.Server(cfg)
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="uvicorn")
+        while not self._http.started:  # uvicorn offers no event for "listening"
+            if self._http_task.done():
+                await self._http_task  # re-raise why it stopped
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    async def wait(self) -> None:
+        """Until the HTTP server exits (uvicorn handles SIGINT / SIGTERM in the main thread)."""
+        if self._http_task is not None:
+            await asyncio.shield(self._http_task)
+
+    async def stop(self) -> None:
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._http_task), _SHUTDOWN_GRACE_S + 1)
+            if not self._http_task.done():
+                self._http_task.cancel()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=_SHUTDOWN_GRACE_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.dispatcher.drain_background(), _SHUTDOWN_GRACE_S)
+        await self.pool.close()
+        log.info("router stopped")
+
+
+async def serve(config: RouterConfig, ready: asyncio.Event | None = None) -> None:
+    """Run the router until cancelled or until the HTTP server exits (a signal).
+
+    Args:
+        config: the router's configuration.
+        ready: set once both ports listen.
+    """
+    server = RouterServer(config)
+    await server.start()
+    try:
+        if ready is not None:
+            ready.set()
+        await server.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,67 @@
+"""Router-side stop strings.
+
+Workers stop on token ids; a stop *string* can span tokens, so the router matches it on text.
+The matcher emits text as soon as it cannot be part of a match, holds back a tail that might
+still start one, and ends the stream at the earliest occurrence of any stop string (never
+emitting the stop string itself). A complete match is not acted on while a longer stop string
+that starts earlier could still complete, so the cut is the same however the text is split.
+Invariant: the concatenation of everything emitted, `flush()` included, equals the full text
+cut at the first occurrence of any stop string; `hit` is set exactly when there is one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class StopStrings:
+    """Cuts a text stream at the first stop string."""
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self.stops: tuple[str, ...] = tuple(dict.fromkeys(s for s in stops if s))
+        self._longest = max((len(s) for s in self.stops), default=0)
+        self._buf = ""
+        self.hit: str | None = None
+        """The stop string that ended the stream, once one has."""
+
+    def _first_match(self, buf: str) -> tuple[int, str] | None:
+        first: tuple[int, str] | None = None
+        for stop in self.stops:
+            i = buf.find(stop)
+            if i >= 0 and (first is None or i < first[0]):
+                first = (i, stop)
+        return first
+
+    def _first_partial(self, buf: str) -> int:
+        """Where the earliest tail of `buf` that could still grow into a stop string starts."""
+        for j in range(max(0, len(buf) - self._longest + 1), len(buf)):
+            tail = buf[j:]
+            if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
+                return j
+        return len(buf)
+
+    def feed(self, text: str) -> str:
+        """Add text; return what is safe to emit. After a hit, everything is dropped."""
+        if self.hit is not None:
+            return ""
+        buf = self._buf + text
+        match = self._first_match(buf)
+        partial = self._first_partial(buf)
+        if match is not None and match[0] <= partial:
+            return self._cut(buf, match)
+        safe = partial if match is None else min(partial, match[0])
+        self._buf = buf[safe:]
+        return buf[:safe]
+
+    def flush(self) -> str:
+        """At the end of the stream: the held-back text, cut at a stop string if one matched."""
+        if self.hit is not None:
+            return ""
+        buf, self._buf = self._buf, ""
+        match = self._first_match(buf)
+        return buf if match is None else self._cut(buf, match)
+
+    def _cut(self, buf: str, match: tuple[int, str]) -> str:
+        self._buf = ""
+        self.hit = match[1]
+        return buf[: match[0]]

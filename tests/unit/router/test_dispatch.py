@@ -1,0 +1,287 @@
+"""The P/D flow over fake workers: happy paths, fallbacks, take-over, cancellation, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+
+from splitserve.api.router import DispatchSettings
+from splitserve.core.errors import NoEligibleEndpoint
+from splitserve.core.ids import RequestId
+from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.core.roles import Role
+from splitserve.router.dispatch import Chunk, Dispatch
+from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
+from splitserve.router.generation import GenerationParams
+from tests.unit.router.conftest import StackFactory, WorkerFactory
+
+COMPLETION = (10, 11, 12, 13, 14, 15, 16, 17)
+PROMPT = (1, 2, 3, 4)
+
+
+def _request(max_tokens: int = 5, rid: str = "r1") -> Request:
+    return Request(RequestId(rid), PROMPT, SamplingSpec(max_tokens=max_tokens), arrival_s=0.0)
+
+
+async def _run(dispatch: Dispatch) -> list[Chunk]:
+    async with contextlib.aclosing(dispatch.chunks()) as chunks:
+        return [c async for c in chunks]
+
+
+def _tokens(chunks: list[Chunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+async def test_disaggregated_happy_path(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    dispatch = stack.dispatcher.open(_request(max_tokens=5))
+    chunks = await _run(dispatch)
+    assert _tokens(chunks) == list(COMPLETION[:5])
+    assert chunks[-1].finish_reason is FinishReason.LENGTH
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert dispatch.path is not None
+    assert dispatch.path.value == "disaggregated"
+    assert p.names() == ["Prefill"]
+    assert d.names() == ["Decode"]
+    [decode] = d.requests("Decode")
+    assert decode.kv.source_address == p.address
+    assert decode.first_token_id == COMPLETION[0]
+    assert list(decode.prompt_token_ids) == list(PROMPT)
+    await stack.dispatcher.drain_background()
+    assert p.cancelled == []
+    assert d.cancelled == []
+    assert stack.sample("splitserve_router_requests_total", outcome="ok", path="disaggregated") == 1
+    assert stack.sample("splitserve_router_ttft_seconds_count", path="disaggregated") == 1
+    assert stack.sample("splitserve_router_tpot_seconds_count", path="disaggregated") == 1
+    assert stack.sample("splitserve_router_completion_tokens_total") == 5
+    assert stack.sample("splitserve_router_prompt_tokens_total") == len(PROMPT)
+    assert stack.sample("splitserve_router_inflight_requests") == 0
+    assert all(v.inflight == 0 for v in stack.pool.views())
+
+
+async def test_finished_at_prefill_skips_decode(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    chunks = await _run(stack.dispatcher.open(_request(max_tokens=1)))
+    assert chunks == [Chunk((COMPLETION[0],), FinishReason.LENGTH)]
+    assert d.names() == []
+
+
+async def test_aggregated_on_a_mixed_worker(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    m = await make_worker(Role.MIXED)
+    stack = await make_stack(m)
+    dispatch = stack.dispatcher.open(_request(max_tokens=3))
+    assert _tokens(await _run(dispatch)) == list(COMPLETION[:3])
+    assert m.names() == ["Generate"]
+    assert dispatch.path is not None
+    assert dispatch.path.value == "aggregated"
+
+
+async def test_next_prefill_worker_after_a_failure(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    bad = await make_worker(Role.PREFILL, prefill_abort=grpc.StatusCode.UNAVAILABLE, num_running=0)
+    good = await make_worker(Role.PREFILL, num_running=5)  # ranked second: busier
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(bad, good, d)
+    chunks = await _run(stack.dispatcher.open(_request()))
+    assert _tokens(chunks) == list(COMPLETION[:5])
+    await stack.dispatcher.drain_background()
+    assert bad.names() == ["Prefill", "Cancel"]  # told to drop whatever it holds
+    assert good.names() == ["Prefill"]
+    assert d.requests("Decode")[0].kv.source_address == good.address
+    assert stack.sample("splitserve_router_fallbacks_total", reason="prefill_retry") == 1
+
+
+async def test_aggregated_fallback_when_every_prefill_fails(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL, prefill_abort=grpc.StatusCode.INTERNAL)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    dispatch = stack.dispatcher.open(_request())
+    assert _tokens(await _run(dispatch)) == list(COMPLETION[:5])
+    assert d.names() == ["Generate"]
+    assert dispatch.path is not None
+    assert dispatch.path.value == "aggregated"
+    assert stack.sample("splitserve_router_fallbacks_total", reason="prefill_to_aggregated") == 1
+    assert stack.sample("splitserve_router_requests_total", outcome="ok", path="aggregated") == 1
+
+
+@pytest.mark.parametrize(
+    "code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED], ids=str
+)
+async def test_request_that_can_never_fit_is_rejected(
+    make_worker: WorkerFactory, make_stack: StackFactory, code: grpc.StatusCode
+) -> None:
+    p = await make_worker(Role.PREFILL, prefill_abort=code)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    with pytest.raises(InvalidRequest, match="scripted prefill failure"):
+        await _run(stack.dispatcher.open(_request()))
+    assert d.names() == []  # no fallback for a request that cannot fit anywhere
+    assert (
+        stack.sample("splitserve_router_requests_total", outcome="rejected", path="disaggregated")
+        == 1
+    )
+
+
+async def test_next_decode_worker_reuses_the_kv_when_the_first_is_unreachable(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    d1 = await make_worker(Role.DECODE, decode_abort=grpc.StatusCode.UNAVAILABLE)
+    d2 = await make_worker(Role.DECODE, num_running=3)
+    stack = await make_stack(p, d1, d2)
+    chunks = await _run(stack.dispatcher.open(_request(max_tokens=6)))
+    assert _tokens(chunks) == list(COMPLETION[:6])
+    await stack.dispatcher.drain_background()
+    assert d1.names() == ["Decode", "Cancel"]
+    assert d2.names() == ["Decode"]
+    assert p.cancelled == []  # the KV was used by d2, not dropped
+    assert d2.requests("Decode")[0].kv.source_address == p.address
+    assert stack.sample("splitserve_router_fallbacks_total", reason="decode_retry") == 1
+
+
+async def test_decode_crash_mid_stream_continues_on_another_worker(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    d1 = await make_worker(Role.DECODE, fail_after_tokens=2)
+    d2 = await make_worker(Role.DECODE, num_running=3)
+    stack = await make_stack(p, d1, d2)
+    chunks = await _run(stack.dispatcher.open(_request(max_tokens=7)))
+    # No token repeated or lost: first from P, two from d1, the rest from d2.
+    assert _tokens(chunks) == list(COMPLETION[:7])
+    [gen] = d2.requests("Generate")
+    assert list(gen.prompt_token_ids) == [*PROMPT, *COMPLETION[:3]]
+    assert gen.sampling.max_tokens == 4
+    await p.wait_call("Cancel")  # the KV held for d1 is released
+    assert stack.sample("splitserve_router_fallbacks_total", reason="generate_retry") == 1
+
+
+async def test_error_chunk_moves_to_the_next_worker(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    bad = await make_worker(Role.MIXED, error_chunk=True)
+    good = await make_worker(Role.MIXED, num_running=3)
+    stack = await make_stack(bad, good)
+    assert _tokens(await _run(stack.dispatcher.open(_request(max_tokens=2)))) == [10, 11]
+    assert good.names() == ["Generate"]
+
+
+async def test_every_decode_worker_failing_is_an_error(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    d1 = await make_worker(Role.DECODE, generate_abort=grpc.StatusCode.INTERNAL)
+    d2 = await make_worker(Role.DECODE, generate_abort=grpc.StatusCode.UNAVAILABLE)
+    stack = await make_stack(d1, d2)
+    with pytest.raises(WorkersFailed):
+        await _run(stack.dispatcher.open(_request()))
+    assert stack.sample("splitserve_router_requests_total", outcome="error", path="aggregated") == 1
+
+
+async def test_no_decode_worker_is_no_eligible_endpoint(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    stack = await make_stack(p)
+    with pytest.raises(NoEligibleEndpoint):
+        await _run(stack.dispatcher.open(_request()))
+    assert p.names() == []
+    assert stack.sample("splitserve_router_requests_total", outcome="unavailable", path="none") == 1
+
+
+async def test_fenced_decode_worker_gets_no_work(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    d1 = await make_worker(Role.DECODE)
+    d2 = await make_worker(Role.DECODE, num_running=9)
+    stack = await make_stack(d1, d2)
+    stack.pool.fence(d1.address)
+    await _run(stack.dispatcher.open(_request()))
+    assert d1.names() == []
+    assert d2.names() == ["Generate"]
+
+
+async def test_cancelling_the_consumer_cancels_prefill_and_decode_workers(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    hold = asyncio.Event()
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE, hold=hold, hold_after=1)
+    stack = await make_stack(p, d)
+    got_two = asyncio.Event()
+    received: list[Chunk] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(stack.dispatcher.open(_request(rid="gone")).chunks()) as cs:
+            async for chunk in cs:
+                received.append(chunk)
+                if len(received) == 2:
+                    got_two.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(10):
+        await got_two.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await p.wait_call("Cancel")
+    await d.wait_call("Cancel")
+    assert p.cancelled == ["gone"]
+    assert d.cancelled == ["gone"]
+    await stack.dispatcher.drain_background()
+    assert (
+        stack.sample("splitserve_router_requests_total", outcome="cancelled", path="disaggregated")
+        == 1
+    )
+    assert stack.sample("splitserve_router_inflight_requests") == 0
+    assert all(v.inflight == 0 for v in stack.pool.views())
+
+
+async def test_request_timeout(make_worker: WorkerFactory, make_stack: StackFactory) -> None:
+    d = await make_worker(Role.MIXED, hold=asyncio.Event(), hold_after=1)
+    stack = await make_stack(d, dispatch=DispatchSettings(request_timeout_s=0.3))
+    with pytest.raises(RequestTimeout):
+        await _run(stack.dispatcher.open(_request()))
+    assert (
+        stack.sample("splitserve_router_requests_total", outcome="timeout", path="aggregated") == 1
+    )
+
+
+async def test_stop_string_cuts_text_and_cancels_workers(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    tok = (await make_stack()).generator.tokenizer
+    completion = tok.encode("alpha beta. gamma delta")
+    upto_stop = next(k for k in range(len(completion) + 1) if "." in tok.decode(completion[:k]))
+    # Never set: the stream would hang right after the token that completes the stop string.
+    hold = asyncio.Event()
+    d = await make_worker(Role.MIXED, hold=hold, hold_after=upto_stop, completion=completion)
+    stack = await make_stack(d)
+    prompt = tok.encode("Say something:")
+    request = stack.generator.build_request("s1", prompt, GenerationParams(stop=(".",)))
+    assert request.sampling.stop_token_ids == tok.stop_token_ids
+    async with contextlib.aclosing(stack.generator.stream(request, (".",))) as stream:
+        pieces = [c async for c in stream]
+    assert "".join(p.text for p in pieces) == "alpha beta"
+    assert pieces[-1].finish_reason is FinishReason.STOP
+    assert pieces[-1].usage is not None
+    assert pieces[-1].usage.prompt_tokens == len(prompt)
+    await d.wait_call("Cancel")
+    assert d.cancelled == ["s1"]
+    await stack.dispatcher.drain_background()
+    assert stack.sample("splitserve_router_requests_total", outcome="ok", path="aggregated") == 1

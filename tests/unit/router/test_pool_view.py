@@ -1,0 +1,133 @@
+"""The pool view against real gRPC load streams from fake workers."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from splitserve.api.router import PoolSettings
+from splitserve.core.clock import ManualClock, SystemClock
+from splitserve.core.roles import Role
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.policy.placement import EndpointView
+from splitserve.router.pool_view import PoolView, UnknownEndpoint
+from tests.unit.router.conftest import FAST_POOL, WorkerFactory, sample
+
+
+def _ready(pool: PoolView, eid: str) -> bool:
+    return pool.view(eid).ready
+
+
+async def test_reports_become_views(make_worker: WorkerFactory) -> None:
+    p = await make_worker(Role.PREFILL, kv_blocks_free=123, num_running=4)
+    d = await make_worker(Role.DECODE)
+    registry = CollectorRegistry()
+    async with PoolView(
+        [p.address, d.address],
+        clock=SystemClock(),
+        settings=FAST_POOL,
+        metrics=RouterMetrics(registry),
+    ) as pool:
+        assert not any(v.ready for v in pool.views())  # nothing heard yet
+        await pool.wait_for(lambda pv: all(v.ready for v in pv.views()), 10)
+        views: dict[str, EndpointView] = {v.id: v for v in pool.views()}
+        assert views[p.address].role is Role.PREFILL
+        assert views[p.address].kv_free_blocks == 123
+        assert views[p.address].kv_total_blocks == 1000
+        assert views[p.address].num_running == 4
+        assert views[d.address].role is Role.DECODE
+        assert pool.ids() == sorted([p.address, d.address])
+        assert sample(registry, "splitserve_router_endpoints", role="prefill", state="ready") == 1
+        assert sample(registry, "splitserve_router_endpoints", role="decode", state="ready") == 1
+
+
+async def test_fence_and_inflight(make_worker: WorkerFactory) -> None:
+    d = await make_worker(Role.DECODE)
+    async with PoolView([d.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+        pool.fence(d.address)
+        assert not pool.view(d.address).accepts_work
+        assert pool.view(d.address).ready
+        pool.unfence(d.address)
+        assert pool.view(d.address).accepts_work
+        pool.acquire(d.address)
+        pool.acquire(d.address)
+        pool.release(d.address)
+        assert pool.view(d.address).inflight == 1
+        pool.release(d.address)
+        pool.release(d.address)  # never below zero
+        assert pool.view(d.address).inflight == 0
+        with pytest.raises(UnknownEndpoint):
+            pool.fence("10.0.0.1:1")
+
+
+async def test_draining_worker_does_not_accept_work(make_worker: WorkerFactory) -> None:
+    d = await make_worker(Role.DECODE, draining=True)
+    async with PoolView([d.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+        assert pool.view(d.address).draining
+        assert not pool.view(d.address).accepts_work
+
+
+async def test_add_and_remove_at_run_time(make_worker: WorkerFactory) -> None:
+    a = await make_worker(Role.DECODE)
+    b = await make_worker(Role.MIXED)
+    async with PoolView([a.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        assert pool.add(b.address) == b.address
+        assert pool.add(b.address) == b.address  # idempotent
+        await pool.wait_for(
+            lambda pv: len(pv.views()) == 2 and all(v.ready for v in pv.views()), 10
+        )
+        await pool.remove(a.address)
+        await pool.remove(a.address)  # unknown now: ignored
+        assert [v.id for v in pool.views()] == [b.address]
+        with pytest.raises(UnknownEndpoint):
+            pool.stub(a.address)
+
+
+async def test_reconnects_after_the_worker_comes_back(make_worker: WorkerFactory) -> None:
+    d = await make_worker(Role.DECODE)
+    port = int(d.address.rsplit(":", 1)[1])
+    async with PoolView([d.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+        await d.stop()
+        await pool.wait_for(lambda pv: not _ready(pv, d.address), 10)
+        await d.start(port)
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+
+
+async def test_reopens_a_load_stream_that_ends(make_worker: WorkerFactory) -> None:
+    d = await make_worker(Role.DECODE)
+    async with PoolView([d.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+        assert len(d.requests("WatchLoad")) == 1
+        d.event("WatchLoad").clear()
+        d.break_load_streams()
+        await d.wait_call("WatchLoad")
+        assert len(d.requests("WatchLoad")) == 2
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+
+
+async def test_stale_reports_mean_not_ready(make_worker: WorkerFactory) -> None:
+    d = await make_worker(Role.DECODE)
+    clock = ManualClock(100.0)
+    settings = PoolSettings(load_interval_s=60.0, stale_after_s=2.0)  # one report, then quiet
+    async with PoolView([d.address], clock=clock, settings=settings) as pool:
+        await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+        clock.advance(1.9)
+        assert pool.view(d.address).ready
+        clock.advance(0.2)
+        assert not pool.view(d.address).ready
+
+
+async def test_unreachable_address_is_never_ready() -> None:
+    async with PoolView(["127.0.0.1:1"], clock=SystemClock(), settings=FAST_POOL) as pool:
+        [view] = pool.views()
+        assert not view.ready
+        assert not view.accepts_work
+
+
+async def test_add_before_start_is_an_error() -> None:
+    pool = PoolView([], clock=SystemClock())
+    with pytest.raises(RuntimeError, match="before start"):
+        pool.add("127.0.0.1:1")

@@ -1,0 +1,105 @@
+"""The default tokenizer: build, load, chat template, caching."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from splitserve.router import tokenizer as tokenizer_mod
+from splitserve.router.tokenizer import (
+    BOS,
+    DEFAULT_VOCAB_SIZE,
+    END_OF_TURN,
+    EOS,
+    TextTokenizer,
+    build_default_tokenizer,
+    default_tokenizer_dir,
+)
+
+
+def test_build_writes_a_loadable_tokenizer(tokenizer_dir: Path, tokenizer: TextTokenizer) -> None:
+    assert (tokenizer_dir / "tokenizer.json").is_file()
+    assert tokenizer.vocab_size == DEFAULT_VOCAB_SIZE
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    assert config["bos_token"] == BOS
+    assert config["eos_token"] == EOS
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["def f(x):\n    return x + 1\n", "Grüße, €5 — 東京 🙂", "  leading and trailing  ", "a"],
+    ids=["code", "unicode", "spaces", "one-char"],
+)
+def test_encode_decode_round_trip(tokenizer: TextTokenizer, text: str) -> None:
+    ids = tokenizer.encode(text)
+    assert ids
+    assert all(0 <= t < tokenizer.vocab_size for t in ids)
+    assert tokenizer.decode(ids) == text
+
+
+def test_trained_merges_compress_python(tokenizer: TextTokenizer) -> None:
+    text = "import collections\n\ndef function(self, value):\n    return value\n"
+    assert len(tokenizer.encode(text)) < len(text.encode()) / 2
+
+
+def test_stop_token_ids_are_eos_and_end_of_turn(tokenizer: TextTokenizer) -> None:
+    eos, eot = tokenizer.encode(EOS), tokenizer.encode(END_OF_TURN)
+    assert len(eos) == 1
+    assert len(eot) == 1
+    assert tokenizer.stop_token_ids == tuple(sorted({eos[0], eot[0]}))
+
+
+def test_chat_template_renders_roles_and_generation_prompt(tokenizer: TextTokenizer) -> None:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    )
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.startswith(BOS)
+    assert text.count(BOS) == 1
+    assert "system<|end_header_id|>\n\nBe brief.<|eot_id|>" in text
+    assert "user<|end_header_id|>\n\nHi there<|eot_id|>" in text
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    # The markers are single special tokens, not spelled out.
+    assert ids.count(tokenizer.encode(END_OF_TURN)[0]) == 2
+
+
+def test_chat_without_template_is_an_error(tokenizer_dir: Path, tmp_path: Path) -> None:
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        if (tokenizer_dir / name).exists():
+            (tmp_path / name).write_bytes((tokenizer_dir / name).read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    plain = TextTokenizer.from_dir(tmp_path)
+    assert not plain.has_chat_template
+    with pytest.raises(ValueError, match="no chat template"):
+        plain.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_build_is_deterministic(tokenizer_dir: Path, tmp_path: Path) -> None:
+    again = build_default_tokenizer(tmp_path / "again")
+    assert (again / "tokenizer.json").read_bytes() == (
+        tokenizer_dir / "tokenizer.json"
+    ).read_bytes()
+
+
+def test_default_dir_builds_once(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+
+    def fake_build(dest: str | Path) -> Path:
+        calls.append(Path(dest))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (Path(dest) / name).write_bytes((tokenizer_dir / name).read_bytes())
+        return Path(dest)
+
+    monkeypatch.setattr(tokenizer_mod, "build_default_tokenizer", fake_build)
+    cache = tmp_path / "cache" / "tokenizer-v1"
+    assert default_tokenizer_dir(cache) == cache
+    assert default_tokenizer_dir(cache) == cache
+    assert len(calls) == 1
+    assert (cache / "tokenizer.json").is_file()
+    assert [p.name for p in cache.parent.iterdir()] == ["tokenizer-v1"]  # no temp dirs left
