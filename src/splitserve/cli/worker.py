@@ -18,14 +18,31 @@ def worker() -> None:
     """Run a worker."""
 
 
-@worker.command("serve")
+@worker.command("serve", context_settings={"ignore_unknown_options": False})
 @click.option("--role", default="mixed", show_default=True, help="prefill | decode | mixed")
 @click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
-@click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: any free).")
+@click.option(
+    "--model",
+    default="splitserve-sim",
+    show_default=True,
+    help="Model: a name (sim engine) or a model directory (vLLM).",
+)
+@click.option("--served-model-name", default="", help="Name reported to clients; default --model.")
+@click.option("--tokenizer", default="", help="Tokenizer directory, if not the model's.")
+@click.option("--revision", default="", help="Model revision (vLLM).")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option(
+    "--advertise-host",
+    default="",
+    envvar="SPLITSERVE_POD_IP",
+    help="Address other workers reach this one at (default: --host; in a pod, the pod IP).",
+)
+@click.option(
+    "--port", "--grpc-port", type=int, default=0, show_default=True, help="gRPC port (0: any)."
+)
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="0: any free.")
-@click.option("--worker-id", default="", help="Defaults to host:port.")
+@click.option("--worker-id", default="", envvar="SPLITSERVE_POD_NAME", help="Default: address.")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
@@ -42,11 +59,17 @@ def worker() -> None:
 @click.option("--batching", default="fcfs", show_default=True, help="Step policy name.")
 @click.option("--batching-params", default="{}", help="JSON object of step-policy params.")
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(
     role: str,
     engine: str,
     model: str,
+    served_model_name: str,
+    tokenizer: str,
+    revision: str,
+    tensor_parallel_size: int,
     host: str,
+    advertise_host: str,
     port: int,
     metrics_port: int,
     worker_id: str,
@@ -61,8 +84,12 @@ def serve_cmd(
     batching: str,
     batching_params: str,
     log_level: str,
+    engine_args: tuple[str, ...],
 ) -> None:
-    """Serve the Worker gRPC API over one engine."""
+    """Serve the Worker gRPC API over one engine.
+
+    Arguments after `--` go to the engine unchanged (vLLM engine arguments).
+    """
     logs.setup(log_level, "worker")
     try:
         parsed_role: Role = parse_role(role)
@@ -75,7 +102,13 @@ def serve_cmd(
         role=parsed_role,
         engine=engine,
         model=model,
+        served_model_name=served_model_name,
+        tokenizer=tokenizer,
+        revision=revision,
+        tensor_parallel_size=tensor_parallel_size,
+        engine_args=engine_args,
         host=host,
+        advertise_host=advertise_host,
         port=port,
         metrics_port=metrics_port,
         worker_id=worker_id,

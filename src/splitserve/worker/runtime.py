@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,19 @@ class WorkerConfig:
     role: Role = Role.MIXED
     engine: str = "sim"
     model: str = "splitserve-sim"
-    """Name the engine reports (and, for vLLM, the model directory)."""
+    """The model: a name for the simulated engine; a model directory (or hub id) for vLLM."""
+    served_model_name: str = ""
+    """Name the engine reports; defaults to `model`."""
+    tokenizer: str = ""
+    revision: str = ""
+    tensor_parallel_size: int = 1
+    engine_args: tuple[str, ...] = ()
+    """Extra engine arguments, passed through (vLLM engine args)."""
     host: str = "127.0.0.1"
+    """Interface to bind (0.0.0.0 in a pod)."""
+    advertise_host: str = ""
+    """Host other workers reach this one at (KV handles); defaults to `host`, or the machine's
+    address when `host` is a wildcard. In a pod: the pod IP."""
     port: int = 0
     """gRPC port; 0 picks a free one (reported in the ready file)."""
     metrics_port: int | None = 0
@@ -102,9 +114,11 @@ def build_sim_engine(
             f"unknown sim model shape or hardware {err}; shapes: {sorted(MODELS)}, "
             f"hardware: {sorted(HARDWARE)}"
         ) from None
-    latency = RooflineModel(shape, hw, time_scale=cfg.sim_time_scale)
+    latency = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=cfg.sim_time_scale)
     num_blocks = cfg.sim_num_kv_blocks or max(1, latency.kv_capacity_tokens() // cfg.block_size)
     policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
+    if cfg.engine_args:
+        log.warning("the sim engine ignores engine arguments: %s", " ".join(cfg.engine_args))
     on_step = None
     if metrics is not None:
 
@@ -115,7 +129,7 @@ def build_sim_engine(
 
     return SimEngine(
         SimEngineConfig(
-            model=cfg.model,
+            model=cfg.served_model_name or cfg.model,
             num_kv_blocks=num_blocks,
             block_size=cfg.block_size,
             kv_bytes_per_token=shape.kv_layout.bytes_per_token,
@@ -139,7 +153,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     metrics = WorkerMetrics(registry)
     release = _ReleaseClient()
     server, port = bind(cfg.host, cfg.port)
-    address = f"{cfg.host}:{port}"
+    address = f"{advertised_host(cfg)}:{port}"
     engine = build_sim_engine(cfg, address, release, metrics)
     service = WorkerService(
         engine=engine,
@@ -184,6 +198,14 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         await release.close()
         if http_server is not None:
             http_server.shutdown()
+
+
+def advertised_host(cfg: WorkerConfig) -> str:
+    if cfg.advertise_host:
+        return cfg.advertise_host
+    if cfg.host in ("0.0.0.0", "::", ""):
+        return socket.gethostbyname(socket.gethostname())
+    return cfg.host
 
 
 def _write_ready(path: Path, info: dict[str, Any]) -> None:
