@@ -5,8 +5,8 @@ then `Decode` on decode worker D with P's KV handle. Aggregated: `Generate` on D
 the next D takes over: with the KV handle if D never got to pull it (UNAVAILABLE), otherwise by
 re-running prompt + tokens already emitted with `Generate`, so the stream carries on with no
 token duplicated or lost. Ending a stream early (client gone, stop string) sends a best-effort
-`Cancel(request_id)` to every worker involved. Worker INVALID_ARGUMENT / RESOURCE_EXHAUSTED mean
-the request can never fit: `InvalidRequest`, never retried.
+`Cancel(request_id)` to every worker involved. Worker INVALID_ARGUMENT / OUT_OF_RANGE /
+RESOURCE_EXHAUSTED mean the request can never fit: `InvalidRequest`, never retried.
 """
 
 from __future__ import annotations
@@ -44,7 +44,16 @@ from splitserve.router.request_stats import RequestStats, outcome_of
 
 log = logging.getLogger(__name__)
 
-_REJECTED: Final = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# Final answers about the request itself, never retried elsewhere: bad input (INVALID_ARGUMENT),
+# and a request larger than a worker's whole KV cache (OUT_OF_RANGE from our workers;
+# RESOURCE_EXHAUSTED from engines that use it for the same).
+_REJECTED: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,7 +121,13 @@ async def test_aggregated_fallback_when_every_prefill_fails(
 
 
 @pytest.mark.parametrize(
-    "code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED], ids=str
+    "code",
+    [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ],
+    ids=str,
 )
 async def test_request_that_can_never_fit_is_rejected(
     make_worker: WorkerFactory, make_stack: StackFactory, code: grpc.StatusCode
