@@ -1,12 +1,19 @@
 """The router's configuration: one typed model per concern (C5).
 
-Pure data. Building a `RouterConfig` has no side effects; the CLI reads flags and environment
-variables (`SPLITSERVE_*`) and passes the values in.
+Pure data. Building a `RouterConfig` has no side effects; the CLI reads flags, environment
+variables (`SPLITSERVE_*`) and the operator's ConfigMap (`router.yaml`, see `RouterFile`) and
+passes the values in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from splitserve.api import v1alpha1 as v1
 
 
 class PlacementSettings(BaseModel):
@@ -50,6 +57,47 @@ class DispatchSettings(BaseModel):
     """How long a best-effort `Cancel` to a worker may take."""
 
 
+class DiscoverySettings(BaseModel):
+    """Where the router finds its workers in Kubernetes (the `discovery` block of `router.yaml`).
+
+    Keys are camelCase in the file (`roleLabel`); snake_case names are accepted too.
+    """
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+    )
+
+    kind: Literal["kubernetes"] = "kubernetes"
+    """The only discovery there is: watch worker pods."""
+    namespace: str = Field(min_length=1, max_length=253)
+    """Namespace of the worker pods."""
+    selector: str = Field(min_length=1)
+    """Label selector (`k=v,k2=v2`, also `!=`, `in (...)`, `notin (...)`, `k`, `!k`)."""
+    role_label: str = Field(min_length=1)
+    """Label holding the pod's role; pods without it are not endpoints."""
+    fenced_label: str = Field(min_length=1)
+    """Label that is `"true"` while the operator fences the pod (no new work)."""
+    grpc_port: int = Field(ge=1, le=65535)
+    """Port of every worker's gRPC service; an endpoint is `podIP:grpcPort`."""
+    watch_timeout_s: int = Field(300, ge=1)
+    """Server-side timeout of one watch request; the router re-lists when it ends."""
+    backoff_min_s: float = Field(0.5, gt=0)
+    """First delay after a failed list or watch."""
+    backoff_max_s: float = Field(30.0, gt=0)
+    """Longest delay between attempts."""
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> DiscoverySettings:
+        if self.backoff_max_s < self.backoff_min_s:
+            raise ValueError("backoff_max_s must be >= backoff_min_s")
+        return self
+
+
 class RouterConfig(BaseModel):
     """Everything `splitserve router serve` needs."""
 
@@ -79,3 +127,129 @@ class RouterConfig(BaseModel):
     """Worker pool watching."""
     dispatch: DispatchSettings = DispatchSettings()
     """Dispatch timeouts."""
+    discovery: DiscoverySettings | None = None
+    """Watch worker pods in Kubernetes (on top of `worker_addresses`); None: static list only."""
+
+
+# ---------------------------------------------------------------------------------------------
+# router.yaml: the ConfigMap the operator renders (operator/render.py `router_config`)
+
+
+class _FileModel(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+    )
+
+
+class ListenFile(_FileModel):
+    """`listen`: the router's own ports."""
+
+    http_port: int = Field(8000, ge=0, le=65535)
+    """Port of the OpenAI-compatible HTTP API."""
+    grpc_port: int = Field(50050, ge=0, le=65535)
+    """Port of the `splitserve.v1.Router` gRPC service."""
+
+
+class PlacementFile(_FileModel):
+    """`placement`: parsed and validated, not used yet (the router runs the default profile)."""
+
+    profile: str = "default"
+    """Placement profile name. Ignored today: only `default` exists."""
+    disaggregation: v1.Disaggregation = v1.Disaggregation.AUTO
+    """P/D split policy. Ignored today: the router always behaves as `Auto`."""
+
+
+class RouterFile(_FileModel):
+    """The whole `router.yaml`. Build with `RouterFile.from_configmap`, turn into a `RouterConfig`
+    with `router_config()`.
+    """
+
+    service: str = ""
+    """The owning `LLMService` (informational: logs)."""
+    model: v1.ModelSpec
+    """The served model; `name` is what clients send, `tokenizer` (else `source`) is loaded."""
+    listen: ListenFile = ListenFile()
+    """The router's ports."""
+    discovery: DiscoverySettings | None = None
+    """Worker discovery; None: static addresses only."""
+    placement: PlacementFile = PlacementFile()
+    """Placement (ignored today)."""
+    slo_classes: tuple[v1.SloClassSpec, ...] = ()
+    """SLO classes. Validated, ignored today (the router does no SLO-aware admission yet)."""
+    default_slo_class: str | None = None
+    """Class of requests without `x-slo-class`. Ignored today."""
+
+    @classmethod
+    def from_configmap(cls, data: Mapping[str, Any]) -> tuple[RouterFile, tuple[str, ...]]:
+        """Parse `router.yaml` (already YAML-decoded).
+
+        Keys this router does not know (a newer operator's) are dropped, not fatal; their dotted
+        paths come back as the second element so the caller can log them.
+
+        Raises:
+            pydantic.ValidationError: a known key has a bad value.
+        """
+        clean, ignored = _strip_unknown(cls, data, "")
+        return cls.model_validate(clean), tuple(ignored)
+
+    def router_config(self, **overrides: Any) -> RouterConfig:
+        """The `RouterConfig` this file describes; `overrides` (RouterConfig fields) win."""
+        values: dict[str, Any] = {
+            "model_name": self.model.name,
+            "tokenizer_dir": self.model.tokenizer or self.model.source,
+            "http_port": self.listen.http_port,
+            "grpc_port": self.listen.grpc_port,
+            "discovery": self.discovery,
+        }
+        values.update(overrides)
+        return RouterConfig(**values)
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside `M`, `M | None` or `tuple[M, ...]`, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _strip_unknown(model: type[BaseModel], data: Any, path: str) -> tuple[Any, list[str]]:
+    if not isinstance(data, Mapping):
+        return data, []
+    fields: dict[str, Any] = {}
+    for name, field_info in model.model_fields.items():
+        fields[name] = field_info
+        if field_info.alias:
+            fields[field_info.alias] = field_info
+        elif model.model_config.get("alias_generator") is to_camel:
+            fields[to_camel(name)] = field_info
+    clean: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in data.items():
+        info = fields.get(key)
+        where = f"{path}.{key}" if path else str(key)
+        if info is None:
+            ignored.append(where)
+            continue
+        nested = _nested_model(info.annotation)
+        if nested is not None and isinstance(value, list | tuple):
+            items = []
+            for i, item in enumerate(value):
+                c, ign = _strip_unknown(nested, item, f"{where}[{i}]")
+                items.append(c)
+                ignored += ign
+            clean[key] = items
+        elif nested is not None:
+            clean[key], ign = _strip_unknown(nested, value, where)
+            ignored += ign
+        else:
+            clean[key] = value
+    return clean, ignored

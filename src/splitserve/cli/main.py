@@ -11,6 +11,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import click
 
 from splitserve import __version__
+from splitserve.cli.gen_k8s import gen_k8s
+from splitserve.cli.operator import operator
 from splitserve.cli.router import router
 from splitserve.cli.up import up
 from splitserve.cli.worker import worker
@@ -47,8 +49,11 @@ def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
         click.echo(f"wrote {dest / name}")
 
 
+for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
+    gen.add_command(command, name)
 cli.add_command(up)
 cli.add_command(router)
+cli.add_command(operator)
 cli.add_command(worker)
 
 

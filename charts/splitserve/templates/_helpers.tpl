@@ -1,0 +1,97 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "splitserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "splitserve.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "splitserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "splitserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "splitserve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "splitserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: splitserve
+{{- end -}}
+
+{{- define "splitserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "splitserve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "splitserve.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Namespaces the operator watches (when not cluster-wide). */}}
+{{- define "splitserve.watchNamespaces" -}}
+{{- if .Values.operator.watchNamespaces -}}
+{{- join "," .Values.operator.watchNamespaces -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Cluster-scoped reads kopf needs even when it serves only some namespaces. */}}
+{{- define "splitserve.discoveryRules" -}}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end -}}
+
+{{/* The rules the operator needs where it manages LLMServices (a Role, or the ClusterRole). */}}
+{{- define "splitserve.managerRules" -}}
+# The custom resources: kopf patches finalizers and its annotations; status via the subresource.
+- apiGroups: ["splitserve.io"]
+  resources: ["llmservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["splitserve.io"]
+  resources: ["llmpools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["splitserve.io"]
+  resources: ["llmservices/status", "llmpools/status"]
+  verbs: ["patch"]
+# What an LLMService owns (read, created, merge-patched, pruned; never watched).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services", "configmaps", "serviceaccounts"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# Worker pods: role and fence labels, flip progress and deletion-cost annotations. get and
+# watch are unused by the operator but granted by the router's Role, which it creates (RBAC
+# lets nobody grant what they do not hold).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch"]
+# kopf posts Kubernetes events about the objects it handles.
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}

@@ -1,0 +1,88 @@
+"""Values of the `charts/splitserve` Helm chart; `values.schema.json` is generated from these."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from splitserve.api.v1alpha1 import Model, PullPolicy, ResourceRequirements
+
+
+class ImageValues(Model):
+    repository: str = Field("ghcr.io/splitserve/splitserve", min_length=1)
+    """Image of the operator (and, by default, of the routers it creates)."""
+    tag: str = ""
+    """Image tag. Empty: the chart's appVersion."""
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    """Kubernetes image pull policy."""
+
+
+class LocalObjectReference(Model):
+    name: str = Field(min_length=1)
+    """Name of the Secret."""
+
+
+class LogLevel(StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class OperatorValues(Model):
+    replicas: int = Field(1, ge=0, le=1)
+    """Operator pods. One: the operator runs standalone (no peering), so it must not run twice."""
+    log_level: LogLevel = LogLevel.INFO
+    """Log level of the operator."""
+    watch_namespaces: list[str] = Field(default_factory=list)
+    """Namespaces to watch for LLMServices. Empty: the release namespace only."""
+    all_namespaces: bool = False
+    """Watch every namespace (cluster-wide RBAC instead of per-namespace Roles)."""
+    router_image: str = ""
+    """Default router image for LLMServices that name none. Empty: the operator's image."""
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements(
+            requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"}
+        )
+    )
+    """Resources of the operator container."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the operator pod must run on."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra annotations of the operator pod."""
+    metrics_port: int = Field(8080, ge=1, le=65535)
+    """Port of the operator's liveness endpoint (`/healthz`)."""
+
+
+class ServiceAccountValues(Model):
+    create: bool = True
+    """Create the operator's ServiceAccount."""
+    name: str = Field("", max_length=253, pattern=r"^([a-z0-9]([-.a-z0-9]*[a-z0-9])?)?$")
+    """ServiceAccount name. Empty: the release's full name."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the ServiceAccount (e.g. workload identity)."""
+
+
+class RbacValues(Model):
+    create: bool = True
+    """Create the least-privilege (Cluster)Roles and bindings the operator needs."""
+
+
+class ChartValues(Model):
+    """Values of the splitserve chart (`helm install splitserve charts/splitserve -f ...`)."""
+
+    image: ImageValues = Field(default_factory=ImageValues)
+    """The splitserve image."""
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    """Secrets for pulling the image from a private registry."""
+    name_override: str = ""
+    """Replaces the chart name in object names."""
+    full_name_override: str = Field("", alias="fullnameOverride")
+    """Replaces the release-and-chart full name in object names."""
+    operator: OperatorValues = Field(default_factory=OperatorValues)
+    """The operator Deployment."""
+    service_account: ServiceAccountValues = Field(default_factory=ServiceAccountValues)
+    """The operator's ServiceAccount."""
+    rbac: RbacValues = Field(default_factory=RbacValues)
+    """RBAC objects."""

@@ -1,0 +1,99 @@
+"""`splitserve operator run`: the Kubernetes operator (kopf, embedded)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+
+@click.group()
+def operator() -> None:
+    """The Kubernetes operator for LLMService and LLMPool."""
+
+
+@operator.command()
+@click.option(
+    "--namespace",
+    "-n",
+    "namespaces",
+    multiple=True,
+    help="Watch this namespace (repeatable). Default: the operator's own (SPLITSERVE_NAMESPACE).",
+)
+@click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace.")
+@click.option(
+    "--router-image",
+    envvar="SPLITSERVE_ROUTER_IMAGE",
+    default="ghcr.io/splitserve/splitserve:latest",
+    show_default=True,
+    help="Router image for LLMServices that name none.",
+)
+@click.option(
+    "--interval",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds between reconciles of each service when nothing changes.",
+)
+@click.option(
+    "--drain-wait",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Seconds one Drain call may block before the flip resumes on the next tick.",
+)
+@click.option(
+    "--liveness",
+    default=None,
+    metavar="URL",
+    help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz.",
+)
+@click.option("--kubeconfig", envvar="KUBECONFIG", default=None, help="Out-of-cluster config.")
+@click.option(
+    "--log-level",
+    envvar="SPLITSERVE_LOG_LEVEL",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+)
+def run(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    router_image: str,
+    interval: float,
+    drain_wait: float,
+    liveness: str | None,
+    kubeconfig: str | None,
+    log_level: str,
+) -> None:
+    """Run the operator until interrupted."""
+    import os
+
+    import kopf
+
+    from splitserve.operator import handlers
+    from splitserve.operator.reconcile import Settings
+
+    if not namespaces and not all_namespaces:
+        own = os.environ.get("SPLITSERVE_NAMESPACE")
+        if not own:
+            raise click.UsageError("give --namespace (repeatable) or --all-namespaces")
+        namespaces = (own,)
+    kopf.configure(debug=log_level == "DEBUG", verbose=log_level in ("DEBUG", "INFO"))
+    logging.getLogger().setLevel(log_level)
+    handlers.configure(
+        handlers.OperatorConfig(
+            settings=Settings(router_image=router_image, drain_wait_s=drain_wait),
+            interval_s=interval,
+            kubeconfig=kubeconfig,
+        )
+    )
+    asyncio.run(
+        kopf.operator(
+            standalone=True,
+            clusterwide=all_namespaces,
+            namespaces=list(namespaces),
+            liveness_endpoint=liveness,
+        )
+    )

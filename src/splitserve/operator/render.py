@@ -1,0 +1,397 @@
+"""`render(spec, observed)`: the objects an `LLMService` should own, as plain manifests. Pure.
+
+For a service `S` in namespace `N`:
+
+- `LLMPool S-<role>` per pool (the `/scale` target);
+- `Deployment S-<group>` per worker group: selector = service + component + group labels, never
+  the role (roles are per-pod labels the operator sets, so a flip never restarts a pod);
+- the router: `ConfigMap S-router` (its config), `ServiceAccount`, `Role` and `RoleBinding`
+  `S-router` (watch pods), `Deployment S-router`, and `Service S` (OpenAI HTTP + gRPC).
+
+Every object carries the service's labels and a controller `ownerReference`, so deleting the
+`LLMService` garbage-collects everything (the operator also deletes them itself, for API servers
+without a garbage collector). The same inputs always give the same manifests, so reconciling
+twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import yaml
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.core.roles import Role
+
+Manifest = dict[str, Any]
+
+MANAGED_BY: Final = "splitserve-operator"
+CONFIG_KEY: Final = "router.yaml"
+CONFIG_HASH: Final = f"{v1.GROUP}/config-hash"
+ROUTER_CONFIG_PATH: Final = "/etc/splitserve"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRef:
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What render needs from the cluster."""
+
+    service: ServiceRef
+    pool_replicas: Mapping[Role, int] = field(default_factory=dict)
+    """`spec.replicas` of the `LLMPool`s that exist."""
+    router_image: str = "ghcr.io/splitserve/splitserve:latest"
+    """The router image for services that name none (the operator's `--router-image`)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and labels
+
+
+def pool_name(service: str, role: Role) -> str:
+    return f"{service}-{role.value}"
+
+
+def group_deployment_name(service: str, group: str) -> str:
+    return f"{service}-{group}"
+
+
+def router_name(service: str) -> str:
+    return f"{service}-router"
+
+
+def service_labels(service: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "splitserve",
+        "app.kubernetes.io/instance": service,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        v1.LABEL_SERVICE: service,
+        v1.LABEL_COMPONENT: component,
+    }
+
+
+def worker_selector(service: str, group: str | None = None) -> dict[str, str]:
+    sel = {v1.LABEL_SERVICE: service, v1.LABEL_COMPONENT: "worker"}
+    if group is not None:
+        sel[v1.LABEL_GROUP] = group
+    return sel
+
+
+def selector_string(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def role_selector(service: str, role: Role) -> str:
+    """The `LLMPool`'s `status.selector`: the pods currently in the role (for HPA metrics)."""
+    return selector_string({**worker_selector(service), v1.LABEL_ROLE: role.value})
+
+
+def owner_reference(ref: ServiceRef) -> dict[str, Any]:
+    return {
+        "apiVersion": v1.API_VERSION,
+        "kind": "LLMService",
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(ref: ServiceRef, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": service_labels(ref.name, component),
+        "ownerReferences": [owner_reference(ref)],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes
+
+
+def desired_replicas(spec: v1.LLMServiceSpec, observed: Observed) -> dict[Role, int]:
+    """Workers each pool should have.
+
+    Managed: the operator owns it (the service's `pools.<role>.replicas`, within min/max).
+    Manual, External: the `LLMPool`'s `spec.replicas`, whoever set it (the service's value only
+    until the pool exists).
+    """
+    out: dict[Role, int] = {}
+    for role, pool in spec.pools.items():
+        if spec.scaling.mode is v1.ScalingMode.MANAGED or role not in observed.pool_replicas:
+            n = pool.replicas
+        else:
+            n = observed.pool_replicas[role]
+        out[role] = max(0, n)
+    return out
+
+
+def group_replicas(spec: v1.LLMServiceSpec, desired: Mapping[Role, int]) -> dict[str, int]:
+    """Pods per worker group: its fixed `replicas`, or the pools it serves.
+
+    Each pool is served by the first group that may take its role and has no fixed size.
+    """
+    out = {g.name: g.replicas or 0 for g in spec.worker_groups}
+    for role, n in desired.items():
+        sized = [g for g in spec.worker_groups if role in g.roles and g.replicas is None]
+        if sized:
+            out[sized[0].name] += n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests
+
+
+def render(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manifest]:
+    """Every object the service owns, in apply order."""
+    desired = desired_replicas(spec, observed)
+    sizes = group_replicas(spec, desired)
+    out: list[Manifest] = [llm_pool(spec, observed, role) for role, _ in spec.pools.items()]
+    out += [worker_deployment(spec, observed.service, g, sizes[g.name]) for g in spec.worker_groups]
+    out += router_manifests(spec, observed)
+    return out
+
+
+def llm_pool(spec: v1.LLMServiceSpec, observed: Observed, role: Role) -> Manifest:
+    ref = observed.service
+    pool = getattr(spec.pools, role.value)
+    body: dict[str, Any] = {"service": ref.name, "role": role.value}
+    # Managed: the operator owns replicas. Otherwise only the initial value, at creation.
+    if spec.scaling.mode is v1.ScalingMode.MANAGED or role not in observed.pool_replicas:
+        body["replicas"] = pool.replicas
+    body["minReplicas"] = pool.min_replicas
+    if pool.max_replicas is not None:
+        body["maxReplicas"] = pool.max_replicas
+    return {
+        "apiVersion": v1.API_VERSION,
+        "kind": "LLMPool",
+        "metadata": _meta(ref, pool_name(ref.name, role), "pool"),
+        "spec": body,
+    }
+
+
+def _resources(res: v1.ResourceRequirements, gpus: int = 0, gpu_name: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if res.requests:
+        out["requests"] = {k: str(v) for k, v in sorted(res.requests.items())}
+    limits = {k: str(v) for k, v in sorted(res.limits.items())}
+    if gpus:
+        limits[gpu_name] = str(gpus)
+        out.setdefault("requests", {})[gpu_name] = str(gpus)
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _downward_env() -> list[dict[str, Any]]:
+    return [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (
+            ("SPLITSERVE_POD_NAME", "metadata.name"),
+            ("SPLITSERVE_POD_NAMESPACE", "metadata.namespace"),
+            ("SPLITSERVE_POD_IP", "status.podIP"),
+        )
+    ]
+
+
+def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
+    """The worker command line (`splitserve worker serve ...`); engine arguments go after `--`.
+
+    The pod's name and IP reach the worker as `SPLITSERVE_POD_NAME` / `SPLITSERVE_POD_IP`
+    (its worker id and the address it advertises).
+    """
+    args = [
+        "worker",
+        "serve",
+        f"--engine={spec.engine.kind.value}",
+        f"--model={spec.model.source}",
+        f"--served-model-name={spec.model.name}",
+        f"--role={group.roles[0].value}",
+        "--host=0.0.0.0",
+        f"--grpc-port={spec.engine.grpc_port}",
+        f"--metrics-port={spec.engine.metrics_port}",
+        f"--tensor-parallel-size={group.tensor_parallel}",
+    ]
+    if spec.model.revision:
+        args.append(f"--revision={spec.model.revision}")
+    if spec.model.tokenizer:
+        args.append(f"--tokenizer={spec.model.tokenizer}")
+    extra = [*spec.engine.args, *group.engine_args]
+    return [*args, "--", *extra] if extra else args
+
+
+def worker_deployment(
+    spec: v1.LLMServiceSpec, ref: ServiceRef, group: v1.WorkerGroup, replicas: int
+) -> Manifest:
+    name = group_deployment_name(ref.name, group.name)
+    selector = worker_selector(ref.name, group.name)
+    labels = {**service_labels(ref.name, "worker"), **selector}
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy.value,
+        "command": ["splitserve"],
+        "args": worker_args(spec, group),
+        "env": [*_downward_env(), *({"name": e.name, "value": e.value} for e in spec.engine.env)],
+        "ports": [
+            {"name": "grpc", "containerPort": spec.engine.grpc_port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": spec.engine.metrics_port, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "grpc": {"port": spec.engine.grpc_port},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "startupProbe": {
+            "grpc": {"port": spec.engine.grpc_port},
+            "periodSeconds": 10,
+            "failureThreshold": 180,
+        },
+        "resources": _resources(group.resources, group.gpus, group.gpu_resource),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # A drain can take as long as the longest generation.
+        "terminationGracePeriodSeconds": int(spec.flipping.drain_timeout_seconds) + 30,
+    }
+    if group.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(group.node_selector.items()))
+    meta = _meta(ref, name, "worker")
+    meta["labels"] = labels
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
+    """What the router reads from its ConfigMap (`router.yaml`)."""
+    classes = [c.wire() for c in spec.slo_classes]
+    default_class = spec.default_slo_class or (spec.slo_classes[0].name if classes else "default")
+    return {
+        "service": ref.name,
+        "model": spec.model.wire(),
+        "listen": {"httpPort": spec.router.http_port, "grpcPort": spec.router.grpc_port},
+        "discovery": {
+            "kind": "kubernetes",
+            "namespace": ref.namespace,
+            "selector": selector_string(worker_selector(ref.name)),
+            "roleLabel": v1.LABEL_ROLE,
+            "fencedLabel": v1.LABEL_FENCED,
+            "grpcPort": spec.engine.grpc_port,
+        },
+        "placement": {
+            "profile": spec.router.placement_profile,
+            "disaggregation": spec.router.disaggregation.value,
+        },
+        "sloClasses": classes,
+        "defaultSloClass": default_class,
+    }
+
+
+def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manifest]:
+    ref = observed.service
+    name = router_name(ref.name)
+    config_text = yaml.safe_dump(router_config(spec, ref), sort_keys=True)
+    config_hash = hashlib.sha256(config_text.encode()).hexdigest()[:16]
+    selector = {v1.LABEL_SERVICE: ref.name, v1.LABEL_COMPONENT: "router"}
+    labels = service_labels(ref.name, "router")
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ref, name, "router"),
+        "data": {CONFIG_KEY: config_text},
+    }
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ref, name, "router")}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(ref, name, "router"),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(ref, name, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
+    }
+    http, grpc = spec.router.http_port, spec.router.grpc_port
+    container = {
+        "name": "router",
+        "image": spec.router.image or observed.router_image,
+        "command": ["splitserve"],
+        "args": [
+            "router",
+            "serve",
+            f"--config={ROUTER_CONFIG_PATH}/{CONFIG_KEY}",
+            "--host=0.0.0.0",
+        ],
+        "env": _downward_env(),
+        "ports": [
+            {"name": "http", "containerPort": http, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": grpc, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "resources": _resources(spec.router.resources),
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_PATH, "readOnly": True}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ref, name, "router"),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {CONFIG_HASH: config_hash}},
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, ref.name, "router"),
+        "spec": {
+            "type": spec.router.service_type.value,
+            "selector": selector,
+            "ports": [
+                {"name": "http", "port": http, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": grpc, "targetPort": "grpc", "protocol": "TCP"},
+            ],
+        },
+    }
+    return [config_map, account, role, binding, deployment, service]
+
+
+def router_endpoint(spec: v1.LLMServiceSpec, ref: ServiceRef) -> str:
+    return f"http://{ref.name}.{ref.namespace}.svc:{spec.router.http_port}/v1"
+
+
+def fingerprint(manifests: list[Manifest]) -> str:
+    """A stable digest of rendered manifests (for tests and logs)."""
+    return hashlib.sha256(json.dumps(manifests, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,197 @@
+"""Status of an `LLMService` and its `LLMPool`s from what the operator observed. Pure.
+
+Conditions (each with a reason a person can act on):
+
+- `Ready`: every pool has its desired ready workers and the router has a ready replica.
+- `Degraded`: something runs below what was asked (a pool short of ready workers, a router
+  replica missing); the service may still serve.
+- `NotRoutable`: the router cannot serve any request: no ready worker that can generate
+  (decode or mixed), or no worker pod at all ("selector ... matched 0 pods").
+
+`lastTransitionTime` only moves when a condition's status changes, so a status computed twice
+from the same observation is identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.core.roles import Role
+from splitserve.operator import render
+from splitserve.policy.planner.flip import WorkerObs
+
+MAX_DECISIONS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class PodCounts:
+    """Worker pods of the service, whatever their state."""
+
+    total: int = 0
+    ready: int = 0
+    unassigned: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentObs:
+    name: str
+    desired: int
+    ready: int
+
+
+def pool_statuses(
+    desired: Mapping[Role, int], workers: Sequence[WorkerObs]
+) -> dict[Role, v1.PoolStatus]:
+    out = {}
+    for role, want in desired.items():
+        current = sum(1 for w in workers if w.role is role)
+        ready = sum(1 for w in workers if w.serving is role)
+        flipping = sum(
+            1 for w in workers if w.flip is not None and role in (w.flip.source, w.flip.target)
+        )
+        out[role] = v1.PoolStatus(
+            role=role, desired=want, current=current, ready=ready, flipping=flipping
+        )
+    return out
+
+
+def llm_pool_status(service: str, pool: v1.PoolStatus, generation: int | None) -> v1.LLMPoolStatus:
+    ready = pool.ready >= pool.desired
+    cond = v1.Condition(
+        type="Ready",
+        status=v1.ConditionStatus.TRUE if ready else v1.ConditionStatus.FALSE,
+        reason="PoolReady" if ready else "PoolBelowDesired",
+        message=f"{pool.ready}/{pool.desired} {pool.role.value} workers ready",
+    )
+    return v1.LLMPoolStatus(
+        replicas=pool.current,
+        ready_replicas=pool.ready,
+        flipping=pool.flipping,
+        selector=render.role_selector(service, pool.role),
+        observed_generation=generation,
+        conditions=[cond],
+    )
+
+
+def _condition(
+    previous: Sequence[v1.Condition],
+    now: str,
+    generation: int | None,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+) -> v1.Condition:
+    value = v1.ConditionStatus.TRUE if status else v1.ConditionStatus.FALSE
+    old = next((c for c in previous if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == value else now
+    return v1.Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+def _not_routable(
+    service: str, namespace: str, pools: Mapping[Role, v1.PoolStatus], pods: PodCounts
+) -> tuple[bool, str, str]:
+    generating = sum(p.ready for r, p in pools.items() if r.can_generate)
+    if generating:
+        return False, "Routable", f"{generating} decode/mixed worker(s) ready"
+    selector = render.selector_string(render.worker_selector(service))
+    if pods.total == 0:
+        return (
+            True,
+            "NoWorkerPods",
+            f"selector {selector} matched 0 pods in {namespace}: check the worker Deployments "
+            f"(kubectl describe deployment -n {namespace} -l {selector}) for quota, image or "
+            "scheduling errors",
+        )
+    if pods.ready == 0:
+        return (
+            True,
+            "NoReadyWorkers",
+            f"{pods.total} worker pod(s), none ready: see kubectl get pods -n {namespace} "
+            f"-l {selector} (image pulls, model downloads and engine start-up take a while)",
+        )
+    if not any(r.can_generate for r in pools):
+        return True, "NoDecodePool", "no decode or mixed pool: set spec.pools.decode or .mixed"
+    if pods.unassigned:
+        return True, "AssigningRoles", f"{pods.unassigned} ready worker(s) waiting for a role"
+    return (
+        True,
+        "NoDecodeWorkers",
+        "no ready worker in a decode or mixed role: "
+        + ", ".join(f"{r.value} {p.ready}/{p.desired}" for r, p in pools.items()),
+    )
+
+
+def service_status(
+    *,
+    spec: v1.LLMServiceSpec,
+    ref: render.ServiceRef,
+    desired: Mapping[Role, int],
+    workers: Sequence[WorkerObs],
+    pods: PodCounts,
+    router: DeploymentObs | None,
+    previous: v1.LLMServiceStatus | None,
+    now: str,
+    generation: int | None,
+    decisions: Sequence[str] = (),
+) -> v1.LLMServiceStatus:
+    prev = previous or v1.LLMServiceStatus()
+    pools = pool_statuses(desired, workers)
+    summary = v1.RoleSummary(**{r.value: f"{p.ready}/{p.desired}" for r, p in pools.items()})
+    short = [
+        f"{r.value} {p.ready}/{p.desired} ready" for r, p in pools.items() if p.ready < p.desired
+    ]
+    router_ready = router is not None and router.ready >= min(router.desired, 1)
+    if router is not None and router.ready < router.desired:
+        short.append(f"router {router.ready}/{router.desired} ready")
+    blocked, nr_reason, nr_message = _not_routable(ref.name, ref.namespace, pools, pods)
+    if blocked:
+        ready_reason, ready_message = nr_reason, nr_message
+    elif not router_ready:
+        ready_reason = "RouterNotReady"
+        ready_message = (
+            f"no ready router pod: kubectl describe deployment -n {ref.namespace} "
+            f"{render.router_name(ref.name)}"
+        )
+    elif short:
+        ready_reason, ready_message = "PoolsBelowDesired", "; ".join(short)
+    else:
+        ready_reason, ready_message = "AllPoolsReady", "every pool has its desired ready workers"
+    is_ready = not blocked and router_ready and not short
+
+    def cond(type_: str, status: bool, reason: str, message: str) -> v1.Condition:
+        return _condition(prev.conditions, now, generation, type_, status, reason, message)
+
+    conditions = [
+        cond("Ready", is_ready, ready_reason, ready_message),
+        cond(
+            "Degraded",
+            bool(short),
+            "PoolsBelowDesired" if short else "AsDesired",
+            "; ".join(short) if short else "nothing runs below what was asked",
+        ),
+        cond("NotRoutable", blocked, nr_reason, nr_message),
+    ]
+    new_decisions = [
+        v1.Decision(time=now, kind=d.split(" ", 1)[0], message=d[:1024]) for d in decisions
+    ]
+    kept = [*prev.decisions, *new_decisions][-MAX_DECISIONS:]
+    return v1.LLMServiceStatus(
+        observed_generation=generation,
+        pools=list(pools.values()),
+        summary=summary,
+        slo_attainment=prev.slo_attainment,
+        slo_classes=prev.slo_classes,
+        decisions=kept,
+        router_endpoint=render.router_endpoint(spec, ref),
+        conditions=conditions,
+    )

@@ -1,0 +1,247 @@
+"""An API server for the operator's integration tests: kmock (default) or a real cluster.
+
+`TARGET=kmock` (default) runs kmock's `KubernetesEmulator` on 127.0.0.1 in its own thread and
+event loop, with the fixes a kopf operator needs (see ENVIRONMENT.md):
+
+- `GET /api/v1/namespaces[/name]` parses as the Namespace resource (kmock 0.8 answers 500);
+- objects get server-side metadata: namespace, uid, resourceVersion, generation,
+  creationTimestamp;
+- a failed JSON-patch `test` answers 422 (kopf's optimistic concurrency) instead of 500;
+- lists carry a resourceVersion, and watches honour `?resourceVersion=` instead of replaying
+  every object;
+- kopf's backbone resources (namespaces with `default`, CRDs, events) and every kind the
+  operator touches are declared.
+
+`TARGET=real` uses `$KUBECONFIG` as it is (the CRDs from charts/splitserve/crds must be applied
+and the current context's namespace must be `default`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitserve.operator.testing import ApiCall
+
+TARGET = os.environ.get("TARGET", "kmock")
+if TARGET == "kmock":
+    # kopf's and the client's defaults read $KUBECONFIG; point it at our emulator's config.
+    _KUBECONFIG = Path(tempfile.mkdtemp(prefix="splitserve-kmock-")) / "kubeconfig"
+    os.environ["KUBECONFIG"] = str(_KUBECONFIG)
+
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
+RESOURCES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
+    # "group/version/plural": (kind, namespaced, subresources)
+    "splitserve.io/v1alpha1/llmservices": ("LLMService", True, ("status",)),
+    "splitserve.io/v1alpha1/llmpools": ("LLMPool", True, ("status", "scale")),
+    "apps/v1/deployments": ("Deployment", True, ("status", "scale")),
+    "v1/pods": ("Pod", True, ("status",)),
+    "v1/services": ("Service", True, ("status",)),
+    "v1/configmaps": ("ConfigMap", True, ()),
+    "v1/serviceaccounts": ("ServiceAccount", True, ()),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True, ()),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, ()),
+    "v1/events": ("Event", True, ()),
+    "v1/namespaces": ("Namespace", False, ("status",)),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, ()),
+}
+
+
+def _fix_namespace_paths() -> None:
+    from kmock._internal import parsing
+
+    original = parsing.parse_path
+    if getattr(original, "_splitserve", False):
+        return
+
+    def parse_path(path: str) -> Any:
+        parts = path.strip("/").split("/")
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 5:
+            name = parts[3] if len(parts) > 3 else None
+            sub = parts[4] if len(parts) > 4 else None
+            if len(parts) <= 4 or sub in ("status", "finalize"):
+                return parsing.ParsedPath("", "v1", "namespaces", None, name, sub)
+        return original(path)
+
+    parse_path._splitserve = True  # type: ignore[attr-defined]
+    parsing.parse_path = parse_path
+
+
+def _emulator_class() -> type[Any]:
+    import jsonpatch
+    import kmock
+    from kmock._internal import enums
+
+    class Emulator(kmock.KubernetesEmulator):
+        _versions = itertools.count(100)
+
+        def _stamp(self, request: Any) -> None:
+            rv = str(next(self._versions))
+            if request.action == enums.action.CREATE and isinstance(request.data, dict):
+                md = request.data.setdefault("metadata", {})
+                if request.namespace:
+                    md["namespace"] = request.namespace
+                md.setdefault("uid", str(uuid.uuid4()))
+                md["resourceVersion"] = rv
+                md["generation"] = 1
+                md.setdefault(
+                    "creationTimestamp",
+                    datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                )
+            elif request.action == enums.action.UPDATE:
+                key = (request.resource, request.namespace, request.name)
+                stored = self.objects[key] if key in self.objects else None  # noqa: SIM401
+                generation = 1
+                if stored is not None and not stored.deleted:
+                    generation = stored.get("metadata", {}).get("generation", 1)
+                spec_write = request.subresource not in ("status",)
+                if isinstance(request.data, dict):
+                    md = request.data.get("metadata") or {}
+                    request.data["metadata"] = md
+                    md["resourceVersion"] = rv
+                    if spec_write and "spec" in request.data:
+                        md["generation"] = generation + 1
+                elif isinstance(request.data, list):
+                    request.data.append(
+                        {"op": "add", "path": "/metadata/resourceVersion", "value": rv}
+                    )
+
+        async def _handle(self, request: Any) -> Any:
+            if request.resource is not None and isinstance(request.data, dict | list):
+                self._stamp(request)
+            try:
+                return await super()._handle(request)
+            except jsonpatch.JsonPatchTestFailed as err:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(err)) from err
+
+        async def _serve_list(self, request: Any) -> Any:
+            result: dict[str, Any] = dict(await super()._serve_list(request))  # type: ignore[arg-type]
+            result["metadata"] = {"resourceVersion": str(next(self._versions))}
+            return result
+
+        async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
+            try:
+                since = int(request.params.get("resourceVersion") or 0)
+            except ValueError:
+                since = 0
+            async for event in super()._serve_watch(request):
+                if since and isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED"):
+                    rv = event.get("object", {}).get("metadata", {}).get("resourceVersion", "")
+                    if rv.isdigit() and int(rv) <= since:
+                        continue
+                yield event
+
+    return Emulator
+
+
+class KmockServer:
+    """kmock in a thread of its own (kopf's runner and the synchronous tests both block)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.url = ""
+        self.emulator: Any = None
+        self._stop: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+        self.loop.close()
+
+    async def _serve(self) -> None:
+        import kmock
+
+        _fix_namespace_paths()
+        self._stop = asyncio.Event()
+        async with _emulator_class()() as emulator, kmock.Server(emulator) as server:
+            for key, (kind, namespaced, subs) in RESOURCES.items():
+                emulator.resources[key] = kmock.ResourceInfo(
+                    kind=kind,
+                    singular=kind.lower(),
+                    namespaced=namespaced,
+                    verbs=set(VERBS),
+                    subresources=set(subs),
+                )
+            emulator.objects["v1/namespaces", None, "default"] = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
+            }
+            self.url = str(server.url).rstrip("/")
+            self.emulator = emulator
+            self.ready.set()
+            await self._stop.wait()
+
+    def start(self) -> KmockServer:
+        self.thread.start()
+        if not self.ready.wait(15):
+            raise RuntimeError("kmock did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(15)
+
+
+def _write_kubeconfig(path: Path, server: str) -> None:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: kmock, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: test, user: {}}]\n"
+        "contexts: [{name: kmock, context: {cluster: kmock, user: test, namespace: default}}]\n"
+        "current-context: kmock\n"
+    )
+
+
+_SERVER: KmockServer | None = None
+
+
+@pytest.fixture(scope="session")
+def api_server() -> Iterator[str]:
+    """The kubeconfig path of the API server under test."""
+    global _SERVER
+    if TARGET == "kmock":
+        _SERVER = KmockServer().start()
+        _write_kubeconfig(_KUBECONFIG, _SERVER.url)
+        yield str(_KUBECONFIG)
+        _SERVER.stop()
+        _SERVER = None
+    else:
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not kubeconfig:
+            pytest.skip("TARGET=real needs KUBECONFIG")
+        yield kubeconfig
+
+
+@pytest.fixture
+def api_calls(api_server: str) -> Callable[[], list[ApiCall]] | None:
+    """Every request the emulator has answered so far (None on a real cluster)."""
+    if _SERVER is None:
+        return None
+    server = _SERVER
+
+    def calls() -> list[ApiCall]:
+        return [
+            ApiCall(
+                method=str(r.method.value if hasattr(r.method, "value") else r.method),
+                path=r.url.path,
+                params=dict(r.params),
+                user_agent=str(r.headers.get("User-Agent", "")),
+            )
+            for r in list(server.emulator)
+        ]
+
+    return calls

@@ -1,0 +1,129 @@
+"""The CRD's CEL rules agree with the pydantic validators (runs where `cel-python` is installed).
+
+The API server enforces the CEL rules; the operator and `splitserve.operator.validate` enforce the
+pydantic validators. Hypothesis generates specs around the cross-field rules and both sides must
+accept or reject each one alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from splitserve.api import crds
+from splitserve.api import v1alpha1 as v1
+
+celpy = pytest.importorskip("celpy")
+
+JsonNode = dict[str, Any]
+
+
+def rules(node: JsonNode, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    for rule in node.get("x-kubernetes-validations", []):
+        yield path, rule["rule"]
+    for name, sub in node.get("properties", {}).items():
+        yield from rules(sub, (*path, name))
+    if "items" in node:
+        yield from rules(node["items"], (*path, "[]"))
+
+
+SPEC_SCHEMA = crds.openapi_schema(crds.LLM_SERVICE)["properties"]["spec"]
+ENV = celpy.Environment()
+PROGRAMS = [(path, ENV.program(ENV.compile(rule))) for path, rule in rules(SPEC_SCHEMA)]
+
+
+def targets(obj: Any, path: tuple[str, ...]) -> Iterator[Any]:
+    if not path:
+        yield obj
+        return
+    head, rest = path[0], path[1:]
+    if head == "[]":
+        for item in obj if isinstance(obj, list) else []:
+            yield from targets(item, rest)
+    elif isinstance(obj, dict) and head in obj:
+        yield from targets(obj[head], rest)
+
+
+def cel_accepts(spec: JsonNode) -> bool:
+    for path, program in PROGRAMS:
+        for target in targets(spec, path):
+            if not bool(program.evaluate({"self": celpy.json_to_cel(target)})):
+                return False
+    return True
+
+
+def pydantic_accepts(spec: JsonNode) -> bool:
+    try:
+        v1.LLMServiceSpec.model_validate(spec)
+    except ValidationError:
+        return False
+    return True
+
+
+roles = st.lists(
+    st.sampled_from(["prefill", "decode", "mixed"]), min_size=1, max_size=3, unique=True
+)
+pool = st.builds(
+    lambda r, lo, hi: {
+        "replicas": r,
+        "minReplicas": lo,
+        **({"maxReplicas": hi} if hi is not None else {}),
+    },
+    st.integers(0, 4),
+    st.integers(0, 4),
+    st.one_of(st.none(), st.integers(0, 4)),
+)
+slo = st.builds(
+    lambda name, ttft, tpot, job: {
+        "name": name,
+        **({"ttftMs": ttft} if ttft else {}),
+        **({"tpotMs": tpot} if tpot else {}),
+        **({"jobCompletionSeconds": job} if job else {}),
+        "percentile": 0.9,
+        "attainment": 0.9,
+    },
+    st.sampled_from(["a", "b"]),
+    st.one_of(st.none(), st.just(100.0)),
+    st.one_of(st.none(), st.just(10.0)),
+    st.one_of(st.none(), st.just(60.0)),
+)
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> JsonNode:
+    groups = [
+        {"name": name, "roles": draw(roles)}
+        for name in draw(
+            st.lists(st.sampled_from(["w", "x", "router"]), min_size=1, max_size=2, unique=True)
+        )
+    ]
+    pools = {
+        r: draw(pool)
+        for r in draw(
+            st.lists(st.sampled_from(["prefill", "decode", "mixed"]), min_size=1, unique=True)
+        )
+    }
+    spec: JsonNode = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": groups,
+        "pools": pools,
+    }
+    classes = draw(st.lists(slo, max_size=2, unique_by=lambda c: c["name"]))
+    if classes:
+        spec["sloClasses"] = classes
+    default = draw(st.one_of(st.none(), st.sampled_from(["a", "b"])))
+    if default is not None:
+        spec["defaultSloClass"] = default
+    return spec
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs())
+def test_cel_rules_match_pydantic(spec: JsonNode) -> None:
+    assert cel_accepts(spec) == pydantic_accepts(spec), spec

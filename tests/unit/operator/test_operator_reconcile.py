@@ -1,0 +1,282 @@
+"""reconcile() against the in-memory API server: children, roles, flips, status, idempotence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.core.errors import ConfigError
+from splitserve.core.roles import Role
+from splitserve.operator import reconcile as rc
+from splitserve.operator import render
+from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
+from splitserve.policy.planner.flip import FlipProgress, Step
+
+NS = "default"
+NOW = "2026-01-01T00:00:00Z"
+SETTINGS = rc.Settings(router_image="router:1", drain_wait_s=0.0)
+
+
+def make_service(kube: MemoryKube, name: str = "tiny", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"name": "m", "source": "org/m"},
+        "engine": {"kind": "sim", "image": "img:1"},
+        "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
+        "pools": {"prefill": {"replicas": 1}, "decode": {"replicas": 2}},
+        "scaling": {"mode": "Manual"},
+    }
+    body.update(spec)
+    return kube.create(
+        {
+            "apiVersion": v1.API_VERSION,
+            "kind": "LLMService",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": body,
+        }
+    )
+
+
+def run(kube: MemoryKube, workers: FakeWorkers, name: str = "tiny") -> rc.Outcome:
+    return rc.reconcile(kube, workers, NS, name, SETTINGS, NOW)
+
+
+def roles(kube: MemoryKube) -> dict[str, str | None]:
+    return rc.assigned_roles(kube.list("v1", "Pod", NS))
+
+
+def add_pods(kube: MemoryKube, n: int, **kw: Any) -> None:
+    for i in range(n):
+        kube.create(worker_pod("tiny", "w", f"tiny-w-{i}", ip=f"10.0.0.{i + 1}", **kw))
+
+
+def test_creates_children_and_is_idempotent() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    first = run(kube, workers)
+    assert "created Deployment tiny-w" in first.actions
+    assert "created LLMPool tiny-decode" in first.actions
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 3
+    writes = len(kube.writes)
+    second = run(kube, workers)
+    assert second.actions == []
+    assert len(kube.writes) == writes, kube.writes[writes:]
+
+
+def test_status_explains_missing_pods() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    conds = {c["type"]: c for c in svc["status"]["conditions"]}
+    assert conds["NotRoutable"]["status"] == "True"
+    assert conds["NotRoutable"]["reason"] == "NoWorkerPods"
+    assert "matched 0 pods" in conds["NotRoutable"]["message"]
+    assert conds["Ready"]["status"] == "False"
+    assert svc["status"]["summary"] == {"prefill": "0/1", "decode": "0/2", "mixed": "-"}
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["status"]["selector"].endswith(
+        "splitserve.io/role=decode,splitserve.io/service=tiny"
+    )
+
+
+def test_assigns_roles_to_new_pods_then_idles() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    assert sorted(v for v in roles(kube).values() if v) == ["decode", "decode", "prefill"]
+    assert all(("set_role", f"10.0.0.{i}:50051") in workers.calls for i in (1, 2, 3))
+    pods = kube.list("v1", "Pod", NS)
+    assert all(v1.ANNOTATION_FLIP not in (p["metadata"].get("annotations") or {}) for p in pods)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert svc["status"]["summary"]["decode"] == "2/2"
+    conds = {c["type"]: c for c in svc["status"]["conditions"]}
+    assert conds["NotRoutable"]["status"] == "False"
+    # No controller runs the router's Deployment here.
+    assert conds["Degraded"]["message"] == "router 0/1 ready"
+    assert conds["Ready"]["reason"] == "RouterNotReady"
+    assert [d["kind"] for d in svc["status"]["decisions"]] == ["assign"] * 3
+    writes = len(kube.writes)
+    assert run(kube, workers).actions == []
+    assert len(kube.writes) == writes
+
+
+def test_scale_through_the_pool_flips_a_worker() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    # kubectl scale llmpool/tiny-prefill --replicas=0 ; llmpool/tiny-decode --replicas=3
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 3}})
+    workers.calls.clear()
+    out = run(kube, workers)
+    assert sorted(v for v in roles(kube).values() if v) == ["decode"] * 3
+    # The last prefill worker's queue is read before it leaves the role.
+    assert [m for m, _ in workers.calls] == ["load", "drain", "set_role", "resume"]
+    # Manual mode: the operator left the pools' replicas alone.
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 3
+    assert "patched LLMPool tiny-decode" not in out.actions
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 3
+
+
+def test_flip_waits_for_drain_and_resumes_from_the_annotation() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, pools={"prefill": {"replicas": 2}, "decode": {"replicas": 1}})
+    add_pods(kube, 3)
+    run(kube, workers)
+    prefill = sorted(n for n, r in roles(kube).items() if r == "prefill")
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 1}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    victim = kube.get("v1", "Pod", NS, prefill[0])
+    assert victim is not None
+    address = f"{victim['status']['podIP']}:50051"
+    workers.in_flight[address] = 2
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill[0])
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "prefill"
+    progress = FlipProgress.decode(pod["metadata"]["annotations"][v1.ANNOTATION_FLIP])
+    assert progress == FlipProgress(Step.DRAIN, Role.PREFILL, Role.DECODE)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    pools = {p["role"]: p for p in svc["status"]["pools"]}
+    assert pools["decode"]["flipping"] == 1
+    # A fresh reconcile (a restarted operator: no memory but the cluster) picks it up.
+    workers.in_flight[address] = 0
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill[0])
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "decode"
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    assert v1.ANNOTATION_FLIP not in (pod["metadata"].get("annotations") or {})
+
+
+def test_worker_failure_keeps_the_step() -> None:
+    kube, workers = MemoryKube(), FakeWorkers(down={"10.0.0.1:50051"})
+    make_service(kube)
+    add_pods(kube, 1)
+    run(kube, workers)
+    assert roles(kube) == {"tiny-w-0": None}
+    workers.down.clear()
+    run(kube, workers)
+    assert roles(kube) == {"tiny-w-0": "decode"}
+
+
+def test_surplus_pods_are_cheapest_to_delete() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 1}})
+    run(kube, workers)
+    costs = {
+        p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(
+            "controller.kubernetes.io/pod-deletion-cost"
+        )
+        for p in kube.list("v1", "Pod", NS)
+    }
+    assert sorted(c for c in costs.values() if c) == ["-100"]
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 2
+
+
+def test_managed_mode_owns_replicas() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, scaling={"mode": "Managed"})
+    run(kube, workers)
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 9}})
+    run(kube, workers)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 2
+
+
+def test_update_prunes_and_delete_removes_everything() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    svc = make_service(kube)
+    run(kube, workers)
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {"spec": {"pools": {"prefill": None, "decode": {"replicas": 2}}}},
+    )
+    out = run(kube, workers)
+    assert "deleted LLMPool tiny-prefill" in out.actions
+    ref = render.ServiceRef("tiny", NS, svc["metadata"]["uid"])
+    deleted = rc.delete_owned(kube, ref)
+    assert len(deleted) == 8
+    left = [k for k in kube.objects if k[1] != "LLMService"]
+    assert left == []
+
+
+def test_invalid_spec_is_a_config_error() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, pools={})
+    with pytest.raises(ConfigError, match="pools"):
+        run(kube, workers)
+
+
+def test_missing_service_is_a_no_op() -> None:
+    assert rc.reconcile(MemoryKube(), FakeWorkers(), NS, "nope", SETTINGS, NOW).status is None
+
+
+def test_drain_timeout_switches_anyway() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(
+        kube,
+        pools={"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+        flipping={"drainTimeoutSeconds": 60},
+    )
+    add_pods(kube, 2)
+    run(kube, workers)
+    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    workers.in_flight[f"{pod['status']['podIP']}:50051"] = 1
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["annotations"][v1.ANNOTATION_FLIP_SINCE] == NOW
+    rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:30Z")
+    assert roles(kube)[prefill] == "prefill"
+    rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:01:01Z")
+    assert roles(kube)[prefill] == "decode"
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert v1.ANNOTATION_FLIP_SINCE not in pod["metadata"]["annotations"]
+
+
+def test_last_worker_with_queued_work_is_kept() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    workers.queued[f"{pod['status']['podIP']}:50051"] = 4
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 3}})
+    run(kube, workers)
+    assert roles(kube)[prefill] == "prefill"
+    workers.queued.clear()
+    run(kube, workers)
+    assert roles(kube)[prefill] == "decode"
