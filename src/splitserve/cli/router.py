@@ -1,17 +1,25 @@
-"""`splitserve router serve`: the router process."""
+"""`splitserve router serve`: the router process.
+
+Configured by flags, or by `--config FILE` (the `router.yaml` the operator renders into the
+router's ConfigMap, which turns on Kubernetes worker discovery); flags given explicitly override
+the file.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import click
+import yaml
 from pydantic import ValidationError
 
-from splitserve.api.router import RouterConfig
+from splitserve.api.router import RouterConfig, RouterFile
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.router.server import RouterServer
@@ -23,6 +31,15 @@ def router() -> None:
 
 
 @router.command("serve")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    envvar="SPLITSERVE_ROUTER_CONFIG",
+    help="router.yaml (the operator's ConfigMap): model, ports, Kubernetes discovery. "
+    "Flags given explicitly override it.",
+)
 @click.option("--worker", "workers", multiple=True, help="Worker gRPC address (repeatable).")
 @click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
 @click.option(
@@ -39,7 +56,10 @@ def router() -> None:
 @click.option("--min-prompt-tokens-for-pd", type=int, default=1, show_default=True)
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@click.pass_context
 def serve_cmd(
+    ctx: click.Context,
+    config_file: Path | None,
     workers: tuple[str, ...],
     model: str,
     tokenizer: Path | None,
@@ -54,25 +74,41 @@ def serve_cmd(
 ) -> None:
     """Serve the OpenAI HTTP API and the gRPC Router over the given workers."""
     logs.setup(log_level, "router")
-    if tokenizer is None:
-        from splitserve.cli.up import default_tokenizer_path
-
-        tokenizer = default_tokenizer_path()
+    flags: dict[str, Any] = {
+        "worker_addresses": ("workers", workers),
+        "model_name": ("model", model),
+        "http_host": ("host", host),
+        "grpc_host": ("host", host),
+        "http_port": ("port", port),
+        "grpc_port": ("grpc_port", grpc_port),
+        "max_model_len": ("max_model_len", max_model_len),
+        "default_max_tokens": ("default_max_tokens", default_max_tokens),
+        "placement": (
+            "min_prompt_tokens_for_pd",
+            {"min_prompt_tokens_for_pd": min_prompt_tokens_for_pd},
+        ),
+    }
     try:
-        config = RouterConfig(
-            model_name=model,
-            tokenizer_dir=str(tokenizer),
-            worker_addresses=workers,
-            http_host=host,
-            http_port=port,
-            grpc_host=host,
-            grpc_port=grpc_port,
-            max_model_len=max_model_len,
-            default_max_tokens=default_max_tokens,
-            placement={"min_prompt_tokens_for_pd": min_prompt_tokens_for_pd},
-        )
+        if config_file is None:
+            if tokenizer is None:
+                from splitserve.cli.up import default_tokenizer_path
+
+                tokenizer = default_tokenizer_path()
+            values = {field: value for field, (_, value) in flags.items()}
+            config = RouterConfig(tokenizer_dir=str(tokenizer), **values)
+        else:
+            explicit = {
+                field: value
+                for field, (param, value) in flags.items()
+                if ctx.get_parameter_source(param)
+                in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+            }
+            if tokenizer is not None:
+                explicit["tokenizer_dir"] = str(tokenizer)
+            config = config_from_file(config_file, explicit)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
+    host = config.http_host
 
     async def main(stop: asyncio.Event) -> None:
         server = RouterServer(config)
@@ -99,3 +135,23 @@ def serve_cmd(
             await server.stop()
 
     run_until_signalled(main)
+
+
+def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
+    """`RouterConfig` from a `router.yaml` plus explicit flag values (`RouterConfig` fields).
+
+    Keys the file has and this router does not know are logged and ignored.
+
+    Raises:
+        click.BadParameter: not a YAML mapping.
+        pydantic.ValidationError: a bad value.
+    """
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{path}: not a YAML mapping", param_hint="--config")
+    parsed, ignored = RouterFile.from_configmap(data)
+    if ignored:
+        logging.getLogger(__name__).warning(
+            "%s: ignoring keys this router does not know: %s", path, ", ".join(ignored)
+        )
+    return parsed.router_config(**overrides)

@@ -1,5 +1,8 @@
 """The router process: HTTP (uvicorn) and gRPC (grpc.aio) faces over one pool, one event loop.
 
+With `config.discovery` set, a `KubernetesDiscovery` keeps the pool in step with the worker pods
+(on top of the static `worker_addresses`).
+
 `serve(config)` is what `splitserve router serve` runs. `RouterServer` is the same thing in
 pieces, for tests and in-process stacks: `start()` binds (port 0 picks a free port), `stop()`
 shuts down in order (stop taking requests, cancel what is pending, close worker channels).
@@ -20,6 +23,7 @@ from splitserve._gen.v1 import router_pb2_grpc
 from splitserve.api.router import RouterConfig
 from splitserve.core.clock import Clock, SystemClock
 from splitserve.obs.metrics import RouterMetrics
+from splitserve.router.discovery import KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
@@ -42,7 +46,9 @@ class RouterServer:
         clock: Clock | None = None,
         tokenizer: TextTokenizer | None = None,
         registry: CollectorRegistry | None = None,
+        pod_source: PodSource | None = None,
     ) -> None:
+        """`pod_source` replaces the Kubernetes API for discovery (tests)."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
@@ -58,6 +64,9 @@ class RouterServer:
             settings=config.dispatch,
             decider=default_decider(config.placement),
         )
+        self.discovery: KubernetesDiscovery | None = None
+        if config.discovery is not None:
+            self.discovery = KubernetesDiscovery(self.pool, config.discovery, pod_source)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._http: uvicorn.Server | None = None
@@ -77,6 +86,8 @@ class RouterServer:
             default_max_tokens=self.config.default_max_tokens,
         )
         await self.pool.start()
+        if self.discovery is not None:
+            await self.discovery.start()
         if self.config.grpc_port is not None:
             self._grpc = aio.server()
             router_pb2_grpc.add_RouterServicer_to_server(RouterService(generator), self._grpc)
@@ -92,12 +103,13 @@ class RouterServer:
         )
         await self._start_http(app)
         log.info(
-            "router serving %s: http %s:%s grpc %s, %d workers",
+            "router serving %s: http %s:%s grpc %s, %d static workers%s",
             self.config.model_name,
             self.config.http_host,
             self.http_port,
             self.grpc_port,
             len(self.config.worker_addresses),
+            _discovery_note(self.config),
         )
 
     async def _start_http(self, app: object) -> None:
@@ -135,8 +147,15 @@ class RouterServer:
             await self._grpc.stop(grace=_SHUTDOWN_GRACE_S)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.dispatcher.drain_background(), _SHUTDOWN_GRACE_S)
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.pool.close()
         log.info("router stopped")
+
+
+def _discovery_note(config: RouterConfig) -> str:
+    d = config.discovery
+    return "" if d is None else f", watching pods {d.selector!r} in namespace {d.namespace}"
 
 
 async def serve(config: RouterConfig, ready: asyncio.Event | None = None) -> None:
