@@ -23,8 +23,16 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 venv: $(STAMP)
 
+# With the vLLM venv present (`make venv-vllm`), `make run` serves a tiny random Llama model with
+# vLLM workers; otherwise simulated engines. Either way: one prefill, one decode, one router.
+TINY_MODEL ?= $(HOME)/.cache/splitserve/tiny-llama
 run: $(STAMP)
-	$(VENV)/bin/splitserve up
+	@if [ -x .venv-vllm/bin/splitserve ] && [ -f .venv-vllm/.installed ]; then \
+	  [ -f $(TINY_MODEL)/config.json ] || .venv-vllm/bin/splitserve gen tiny-model $(TINY_MODEL); \
+	  exec .venv-vllm/bin/splitserve up --engine vllm --model $(TINY_MODEL) --served-model-name tiny; \
+	else \
+	  exec $(VENV)/bin/splitserve up; \
+	fi
 
 -include mk/*.mk
 
@@ -46,8 +54,9 @@ gen: $(STAMP)
 gen-check: $(STAMP)
 	$(VENV)/bin/splitserve gen proto --check
 
+# The vLLM contract tests run in their own venv (`make test-vllm`, part of CHECKS).
 pytest: $(STAMP) $(TEST_DEPS)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=tests/contract/vllm $(PYTEST_ARGS)
 
 test: $(STAMP)
 	$(MAKE) lint typecheck layers gen-check $(CHECKS)

@@ -12,6 +12,7 @@ import click
 
 from splitserve import __version__
 from splitserve.cli.gen_k8s import gen_k8s
+from splitserve.cli.gen_model import tiny_model
 from splitserve.cli.operator import operator
 from splitserve.cli.router import router
 from splitserve.cli.up import up
@@ -49,6 +50,7 @@ def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
         click.echo(f"wrote {dest / name}")
 
 
+gen.add_command(tiny_model, "tiny-model")
 for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
     gen.add_command(command, name)
 cli.add_command(up)

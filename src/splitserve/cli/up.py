@@ -62,12 +62,19 @@ class Stack:
         self.env = dict(os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
 
-    def spawn(self, name: str, args: list[str]) -> Child:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         ready = self.run_dir / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "splitserve", *args, "--ready-file", str(ready)]
+        # Our options go before a `--` (what follows it belongs to the engine).
+        cut = args.index("--") if "--" in args else len(args)
+        argv = [
+            *(sys.executable, "-m", "splitserve"),
+            *args[:cut],
+            *("--ready-file", str(ready)),
+            *args[cut:],
+        ]
         child = Child(name, argv, self.run_dir / f"{name}.log", ready)
-        child.start(self.env)
+        child.start({**self.env, **(env or {})})
         self.children.append(child)
         return child
 
@@ -109,46 +116,54 @@ class Stack:
 
 
 def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
+    common = [
+        *("worker", "serve", "--role", role, "--engine", opts["engine"]),
+        *("--model", opts["model"], "--worker-id", name, "--log-level", opts["log_level"]),
+    ]
+    if opts["engine"] == "vllm":
+        return [
+            *common,
+            *("--served-model-name", opts["served_model_name"], "--nixl-port", "0"),
+            *("--", "--max-model-len", str(opts["max_model_len"])),
+        ]
     return [
-        "worker",
-        "serve",
-        "--role",
-        role,
-        "--engine",
-        opts["engine"],
-        "--model",
-        opts["model"],
-        "--worker-id",
-        name,
-        "--sim-shape",
-        opts["sim_shape"],
-        "--sim-hardware",
-        opts["sim_hardware"],
-        "--sim-time-scale",
-        str(opts["sim_time_scale"]),
-        "--vocab-size",
-        str(opts["vocab_size"]),
-        "--first-token-id",
-        str(opts["first_token_id"]),
-        "--log-level",
-        opts["log_level"],
+        *common,
+        *("--sim-shape", opts["sim_shape"], "--sim-hardware", opts["sim_hardware"]),
+        *("--sim-time-scale", str(opts["sim_time_scale"])),
+        *("--vocab-size", str(opts["vocab_size"])),
+        *("--first-token-id", str(opts["first_token_id"])),
         *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
         *(["--token-ids-file", str(opts["token_ids_file"])] if opts.get("token_ids_file") else []),
     ]
+
+
+def worker_env(index: int, opts: dict[str, Any], run_dir: Path) -> dict[str, str]:
+    """vLLM on a small CPU machine: quiet, loopback-only, one core per worker (round robin)."""
+    if opts["engine"] != "vllm":
+        return {}
+    from splitserve.worker.vllm_adapter.engine import local_cpu_env
+
+    env = local_cpu_env(cpu=index % max(1, os.cpu_count() or 1))
+    env["VLLM_CACHE_ROOT"] = str(run_dir / "vllm-cache")
+    return env
 
 
 def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Stack:
     """Start workers, then the router; return once all are ready (stopping all on failure)."""
     stack = Stack(run_dir)
     try:
-        workers = [
-            stack.spawn(f"{role}-{i}", worker_args(role, f"{role}-{i}", opts))
+        names = [
+            (role, f"{role}-{i}")
             for role, count in (
                 ("prefill", opts["prefill"]),
                 ("decode", opts["decode"]),
                 ("mixed", opts["mixed"]),
             )
             for i in range(count)
+        ]
+        workers = [
+            stack.spawn(name, worker_args(role, name, opts), worker_env(n, opts, run_dir))
+            for n, (role, name) in enumerate(names)
         ]
         stack.wait_ready(workers)
         router_args = [
@@ -161,9 +176,11 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             "--grpc-port",
             str(opts["grpc_port"]),
             "--model",
-            opts["model"],
+            opts["served_model_name"],
             "--tokenizer",
             str(tokenizer_dir),
+            "--max-model-len",
+            str(opts["max_model_len"]),
             "--log-level",
             opts["log_level"],
         ]
@@ -178,20 +195,33 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
 
 
 @click.command("up")
-@click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
+@click.option(
+    "--engine",
+    type=click.Choice(["sim", "vllm"]),
+    default="sim",
+    show_default=True,
+    help="sim: simulated engines; vllm: vLLM workers serving --model (needs the vllm extra).",
+)
 @click.option("--prefill", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--decode", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--mixed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True, help="OpenAI HTTP port.")
 @click.option("--grpc-port", type=int, default=0, show_default=True, help="Router gRPC port.")
-@click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
+@click.option(
+    "--model",
+    default="splitserve-sim",
+    show_default=True,
+    help="sim: the served name; vllm: a Hugging Face model directory.",
+)
+@click.option("--served-model-name", default="", help="Name clients send. Default: --model.")
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path),
     default=None,
-    help="Hugging Face tokenizer directory. Default: a small local byte-level BPE.",
+    help="Hugging Face tokenizer directory. Default: the model's (vllm), a local BPE (sim).",
 )
+@click.option("--max-model-len", type=int, default=None, help="Default: 4096 sim, 2048 vllm.")
 @click.option("--sim-shape", default="llama-2-7b", show_default=True)
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
@@ -209,20 +239,35 @@ def up(**opts: Any) -> None:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer_dir = opts["tokenizer"] or default_tokenizer_path()
-    opts["vocab_size"], opts["first_token_id"], clean_ids = tokenizer_vocab(tokenizer_dir)
-    if clean_ids:
-        opts["token_ids_file"] = run_dir / "token_ids.json"
-        opts["token_ids_file"].write_text(json.dumps(clean_ids))
+    opts["served_model_name"] = opts["served_model_name"] or opts["model"]
+    if opts["engine"] == "vllm":
+        model_dir = Path(opts["model"])
+        if not (model_dir / "config.json").is_file():
+            raise click.BadParameter(
+                f"{model_dir} is not a Hugging Face model directory (no config.json); "
+                "`splitserve gen tiny-model DIR` makes a small one",
+                param_hint="--model",
+            )
+        opts["model"] = str(model_dir.resolve())
+        tokenizer_dir = opts["tokenizer"] or model_dir
+        opts["max_model_len"] = opts["max_model_len"] or 2048
+    else:
+        tokenizer_dir = opts["tokenizer"] or default_tokenizer_path()
+        opts["max_model_len"] = opts["max_model_len"] or 4096
+        opts["vocab_size"], opts["first_token_id"], clean_ids = tokenizer_vocab(tokenizer_dir)
+        if clean_ids:
+            opts["token_ids_file"] = run_dir / "token_ids.json"
+            opts["token_ids_file"].write_text(json.dumps(clean_ids))
     click.echo(
         f"starting {opts['prefill']} prefill, {opts['decode']} decode, {opts['mixed']} mixed "
         f"workers and a router (logs in {run_dir})"
     )
     stack = start_stack(opts, run_dir, tokenizer_dir)
     router = stack.children[-1].info
+    host = router["host"]
     click.echo(
-        f"splitserve is up: OpenAI API at http://{router['host']}:{router['port']}/v1 "
-        f"(model {opts['model']!r}), gRPC router at {router['host']}:{router['grpc_port']}"
+        f"splitserve is up: OpenAI API at http://{host}:{router['port']}/v1 "
+        f"(model {opts['served_model_name']!r}), gRPC router at {host}:{router['grpc_port']}"
     )
     click.echo("press Ctrl-C to stop")
     stopping = {"signal": 0}

@@ -20,7 +20,13 @@ def worker() -> None:
 
 @worker.command("serve", context_settings={"ignore_unknown_options": False})
 @click.option("--role", default="mixed", show_default=True, help="prefill | decode | mixed")
-@click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
+@click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True)
+@click.option(
+    "--nixl-port",
+    type=int,
+    default=None,
+    help="vLLM: NIXL side-channel port (default vLLM's 5600; 0: any free port).",
+)
 @click.option(
     "--model",
     default="splitserve-sim",
@@ -63,6 +69,7 @@ def worker() -> None:
 def serve_cmd(
     role: str,
     engine: str,
+    nixl_port: int | None,
     model: str,
     served_model_name: str,
     tokenizer: str,
@@ -120,6 +127,7 @@ def serve_cmd(
         vocab_size=vocab_size,
         first_token_id=first_token_id,
         token_ids=token_ids,
+        nixl_port=nixl_port,
         batching_policy=batching,
         batching_params=params,
     )

