@@ -15,6 +15,7 @@ from splitserve.cli.gen_k8s import gen_k8s
 from splitserve.cli.gen_model import tiny_model
 from splitserve.cli.operator import operator
 from splitserve.cli.router import router
+from splitserve.cli.sim import sim
 from splitserve.cli.up import up
 from splitserve.cli.worker import worker
 
@@ -56,6 +57,7 @@ for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
 cli.add_command(up)
 cli.add_command(router)
 cli.add_command(operator)
+cli.add_command(sim)
 cli.add_command(worker)
 
 

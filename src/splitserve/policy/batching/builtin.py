@@ -10,12 +10,19 @@ from splitserve.policy.registry import PluginRegistry
 
 BATCHING: PluginRegistry[Callable[..., BatchingPolicy]] = PluginRegistry("batching policy")
 BATCHING.add("fcfs", "splitserve.policy.batching.builtin:_make_fcfs")
+BATCHING.add("sarathi", "splitserve.policy.batching.builtin:_make_sarathi")
 
 
 def _make_fcfs(**params: Any) -> BatchingPolicy:
     from splitserve.policy.batching.fcfs import FcfsParams, FcfsPolicy
 
     return FcfsPolicy(FcfsParams(**params))
+
+
+def _make_sarathi(**params: Any) -> BatchingPolicy:
+    from splitserve.policy.batching.sarathi import SarathiParams, SarathiPolicy
+
+    return SarathiPolicy(SarathiParams(**params))
 
 
 def make_batching_policy(name: str, **params: Any) -> BatchingPolicy:

@@ -6,6 +6,11 @@ live simulated engine, an event in the simulator); `complete(step, now)` advance
 samples tokens. Remote-KV sequences are admitted (blocks allocated) by a step, then the owner
 moves the bytes and calls `finish_transfer`.
 
+The simulator's speed path (opt-in, unused by the live engine): `schedule(now, max_repeat)` may
+fuse identical pure-decode steps into one `Step` with `repeat > 1` (`split` / `truncate` cut such
+a run when new work arrives mid-way), and `tokens=None` counts tokens without choosing ids. Both
+leave every count, block and timing exactly as stepping one by one would.
+
 Invariants (property-tested): blocks are conserved (free + held == total); a sequence holds blocks
 only while it is transferring, running or holding KV for a pull; a decision the ledger cannot
 honour raises before anything changes.
@@ -14,7 +19,7 @@ honour raises before anything changes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from splitserve.core.errors import CapacityError
@@ -52,6 +57,8 @@ class _Seq:
     phase: SeqPhase = SeqPhase.WAITING
     hold_until_s: float = 0.0
     first_scheduled_s: float | None = None
+    num_prompt: int = 0
+    """`request.num_prompt_tokens`, cached (read on every step)."""
 
     @property
     def id(self) -> RequestId:
@@ -59,19 +66,19 @@ class _Seq:
 
     @property
     def num_known(self) -> int:
-        return self.request.num_prompt_tokens + len(self.output_ids)
+        return self.num_prompt + len(self.output_ids)
 
     def view(self, blocks_held: int) -> SeqView:
         r = self.request
         return SeqView(
-            id=r.id,
-            arrival_s=r.arrival_s,
-            num_prompt_tokens=r.num_prompt_tokens,
-            num_output_tokens=len(self.output_ids),
-            num_computed_tokens=self.num_computed,
-            max_tokens=r.sampling.max_tokens,
-            blocks_held=blocks_held,
-            remote_kv=self.mode is RequestMode.DECODE and self.phase is SeqPhase.WAITING,
+            r.id,
+            r.arrival_s,
+            self.num_prompt,
+            len(self.output_ids),
+            self.num_computed,
+            r.sampling.max_tokens,
+            blocks_held,
+            self.mode is RequestMode.DECODE and self.phase is SeqPhase.WAITING,
         )
 
 
@@ -90,11 +97,15 @@ class Step:
     started_s: float
     transfers: tuple[RequestId, ...] = ()
     """Remote-KV sequences admitted by this step: the owner starts their KV pulls."""
+    repeat: int = 1
+    """How many identical decode steps this is (> 1 only when `schedule` was allowed to fuse
+    them): `batch` is the first; in step i every context is i tokens longer."""
 
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
     tokens: tuple[TokenEvent, ...] = ()
+    """Tokens sampled by the step; for a fused run (`Step.repeat > 1`) each sequence's last."""
     prefilled: tuple[RequestId, ...] = ()
     """Prefill-mode sequences whose first token is out and whose KV is now held for a pull."""
     finished: tuple[RequestId, ...] = ()
@@ -151,7 +162,7 @@ class EngineModel:
             if self.tokens is None
             else self.tokens.key(request.prompt_token_ids, request.sampling.seed)
         )
-        seq = _Seq(request, mode, key)
+        seq = _Seq(request, mode, key, num_prompt=request.num_prompt_tokens)
         if mode is RequestMode.DECODE:
             if first_token_id is None:
                 raise ValueError("a decode request needs the first token from its prefill")
@@ -164,23 +175,31 @@ class EngineModel:
     # -- the step loop ------------------------------------------------------------------------
 
     def view(self, now_s: float) -> StepView:
-        held = self.blocks.blocks_held
-        by_arrival = sorted(
-            (s for s in self._seqs.values() if s.phase is SeqPhase.WAITING),
-            key=lambda s: s.request.arrival_s,
-        )
-        running = [s for s in self._seqs.values() if s.phase is SeqPhase.RUNNING]
+        held = self.blocks.held.get
+        waiting_seqs: list[_Seq] = []
+        running_seqs: list[_Seq] = []
+        for s in self._seqs.values():
+            if s.phase is SeqPhase.RUNNING:
+                running_seqs.append(s)
+            elif s.phase is SeqPhase.WAITING:
+                waiting_seqs.append(s)
+        waiting_seqs.sort(key=lambda s: s.request.arrival_s)
         return StepView(
             now_s=now_s,
-            waiting=tuple(s.view(held(s.id)) for s in by_arrival),
-            running=tuple(s.view(held(s.id)) for s in running),
+            waiting=tuple(s.view(held(s.request.id, 0)) for s in waiting_seqs),
+            running=tuple(s.view(held(s.request.id, 0)) for s in running_seqs),
             free_blocks=self.blocks.num_free,
             total_blocks=self.blocks.num_blocks,
             block_size=self.blocks.block_size,
         )
 
-    def schedule(self, now_s: float) -> Step | None:
-        """Decide and start the next step; None when there is nothing to run."""
+    def schedule(self, now_s: float, max_repeat: int = 1) -> Step | None:
+        """Decide and start the next step; None when there is nothing to run.
+
+        With `max_repeat > 1` (the simulator), a pure-decode step whose batch cannot change before
+        a sequence finishes is fused with up to `max_repeat - 1` identical successors (see
+        `_steady_run_length`). The owner must `truncate` the run if it adds work meanwhile.
+        """
         if self._inflight is not None:
             raise RuntimeError("a step is already in flight")
         view = self.view(now_s)
@@ -193,26 +212,100 @@ class EngineModel:
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
         transfers: list[RequestId] = []
+        seqs = self._seqs
+        running = SeqPhase.RUNNING
         for rid, n in decision.chunks:
-            seq = self._seqs[rid]
+            seq = seqs[rid]
             if seq.mode is RequestMode.DECODE and seq.phase is SeqPhase.WAITING:
-                self._must_grow(rid, seq.request.num_prompt_tokens)
+                self._must_grow(rid, seq.num_prompt)
                 seq.phase = SeqPhase.TRANSFERRING
                 transfers.append(rid)
                 continue
-            self._must_grow(rid, seq.num_computed + n)
-            seq.phase = SeqPhase.RUNNING
+            computed = seq.num_computed
+            self._must_grow(rid, computed + n)
+            seq.phase = running
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
-            if len(seq.output_ids) > 0 and n == 1 and seq.num_known - seq.num_computed == 1:
-                decode.append(seq.num_computed)
+            num_out = len(seq.output_ids)
+            if num_out and n == 1 and seq.num_prompt + num_out - computed == 1:
+                decode.append(computed)
             else:
-                prefill.append((n, seq.num_computed))
+                prefill.append((n, computed))
         if not prefill and not decode and not transfers and not decision.preempt:
             return None
-        step = Step(decision, BatchShape(tuple(prefill), tuple(decode)), now_s, tuple(transfers))
+        repeat = 1
+        pure_decode = decode and not prefill and not transfers and not decision.preempt
+        if max_repeat > 1 and pure_decode and not view.waiting and len(decode) == len(view.running):
+            repeat = self._steady_run_length(decision, max_repeat)
+        batch = BatchShape(tuple(prefill), tuple(decode))
+        step = Step(decision, batch, now_s, tuple(transfers), repeat)
         self._inflight = step
         return step
+
+    def split(self, step: Step, steps_done: int, started_s: float) -> Step:
+        """Apply the first `steps_done` steps of the fused run in flight and return the rest.
+
+        No sequence finishes inside a run, so this only advances contexts and outputs, then grows
+        blocks for the step now in progress (which started at `started_s`), leaving the engine
+        exactly as stepping one by one would at that moment.
+        """
+        if self._inflight is not step:
+            raise RuntimeError("split() must be given the step in flight")
+        if not 0 <= steps_done < step.repeat:
+            raise ValueError(f"steps_done must be in [0, {step.repeat}), got {steps_done}")
+        if steps_done == 0:
+            return step
+        for rid, _ in step.decision.chunks:
+            seq = self._seqs.get(rid)
+            if seq is None or seq.phase is not SeqPhase.RUNNING:
+                continue
+            base = len(seq.output_ids)
+            if self.tokens is None:
+                seq.output_ids.extend([0] * steps_done)
+            else:
+                seq.output_ids.extend(
+                    self.tokens.token(seq.key, base + i) for i in range(steps_done)
+                )
+            seq.num_computed += steps_done
+            self._must_grow(rid, seq.num_computed + 1)
+        contexts = tuple(c + steps_done for c in step.batch.decode_contexts)
+        rest = replace(
+            step,
+            batch=BatchShape((), contexts),
+            started_s=started_s,
+            repeat=step.repeat - steps_done,
+        )
+        self._inflight = rest
+        return rest
+
+    def fused_free_blocks(self, step: Step, steps_done: int) -> int:
+        """Free blocks as stepping one by one would show them once `steps_done` steps of the
+        fused run in flight have ended (the next step holding its blocks). Changes nothing."""
+        if steps_done <= 0:
+            return self.blocks.num_free
+        size = self.blocks.block_size
+        held = self.blocks.blocks_held
+        need = 0
+        for rid, _ in step.decision.chunks:
+            seq = self._seqs.get(rid)
+            if seq is None or seq.phase is not SeqPhase.RUNNING:
+                continue
+            extra = -(-(seq.num_computed + steps_done + 1) // size) - held(rid)
+            if extra > 0:
+                need += extra
+        return self.blocks.num_free - need
+
+    def truncate(self, step: Step, repeat: int) -> Step:
+        """Shorten the in-flight fused run to its first `repeat` steps; returns the new step."""
+        if self._inflight is not step:
+            raise RuntimeError("truncate() must be given the step in flight")
+        if not 1 <= repeat <= step.repeat:
+            raise ValueError(f"repeat must be in [1, {step.repeat}], got {repeat}")
+        if repeat == step.repeat:
+            return step
+        short = replace(step, repeat=repeat)
+        self._inflight = short
+        return short
 
     def complete(self, step: Step, now_s: float) -> StepResult:
         """Finish the in-flight step: advance sequences, sample tokens, finish or hold."""
@@ -222,14 +315,20 @@ class EngineModel:
         tokens: list[TokenEvent] = []
         prefilled: list[RequestId] = []
         finished: list[RequestId] = []
+        seqs = self._seqs
+        running = SeqPhase.RUNNING
+        repeat = step.repeat
         for rid, n in step.decision.chunks:
-            seq = self._seqs.get(rid)
-            if seq is None or seq.phase is not SeqPhase.RUNNING or n == 0:
+            seq = seqs.get(rid)
+            if seq is None or seq.phase is not running or n == 0:
                 continue  # aborted meanwhile, or an admission-only chunk
-            seq.num_computed += n
-            if seq.num_computed < seq.num_known:
-                continue  # a prefill chunk that did not reach the end of the prompt yet
-            event = self._sample(seq)
+            if repeat > 1:
+                event = self._advance_run(seq, repeat)
+            else:
+                seq.num_computed += n
+                if seq.num_computed < seq.num_prompt + len(seq.output_ids):
+                    continue  # a prefill chunk that did not reach the end of the prompt yet
+                event = self._sample(seq)
             tokens.append(event)
             if event.finish_reason is not None:
                 self._drop(seq)
@@ -245,7 +344,7 @@ class EngineModel:
         seq = self._seqs.get(rid)
         if seq is None or seq.phase is not SeqPhase.TRANSFERRING:
             return False
-        seq.num_computed = seq.request.num_prompt_tokens
+        seq.num_computed = seq.num_prompt
         seq.phase = SeqPhase.RUNNING
         return True
 
@@ -296,17 +395,29 @@ class EngineModel:
         return any(s.phase in (SeqPhase.WAITING, SeqPhase.RUNNING) for s in self._seqs.values())
 
     def load(self) -> EngineLoad:
-        count = dict.fromkeys(SeqPhase, 0)
-        pending = 0
+        waiting = running = transferring = holding = pending = 0
+        decode_mode = RequestMode.DECODE
         for s in self._seqs.values():
-            count[s.phase] += 1
-            if s.phase in (SeqPhase.WAITING, SeqPhase.RUNNING) and s.mode is not RequestMode.DECODE:
-                pending += max(0, s.request.num_prompt_tokens - s.num_computed)
+            phase = s.phase
+            if phase is SeqPhase.RUNNING:
+                running += 1
+            elif phase is SeqPhase.WAITING:
+                waiting += 1
+            elif phase is SeqPhase.TRANSFERRING:
+                transferring += 1
+                continue
+            else:
+                holding += 1
+                continue
+            if s.mode is not decode_mode:
+                left = s.num_prompt - s.num_computed
+                if left > 0:
+                    pending += left
         return EngineLoad(
-            num_waiting=count[SeqPhase.WAITING],
-            num_running=count[SeqPhase.RUNNING],
-            num_transferring=count[SeqPhase.TRANSFERRING],
-            num_holding=count[SeqPhase.HOLDING],
+            num_waiting=waiting,
+            num_running=running,
+            num_transferring=transferring,
+            num_holding=holding,
             free_blocks=self.blocks.num_free,
             total_blocks=self.blocks.num_blocks,
             block_size=self.blocks.block_size,
@@ -325,24 +436,38 @@ class EngineModel:
                 raise ValueError(f"{self.policy.name}: cannot preempt {rid!r}: not running")
             free += self.blocks.blocks_held(rid)
             seen.add(rid)
+        seqs = self._seqs
+        held = self.blocks.held.get
+        size = self.blocks.block_size
+        waiting, running, decode_mode = SeqPhase.WAITING, SeqPhase.RUNNING, RequestMode.DECODE
         for rid, n in decision.chunks:
-            seq = self._seqs.get(rid)
-            if seq is None or rid in seen or seq.phase not in (SeqPhase.WAITING, SeqPhase.RUNNING):
+            seq = seqs.get(rid)
+            if (
+                seq is None
+                or rid in seen
+                or (seq.phase is not waiting and seq.phase is not running)
+            ):
                 raise ValueError(f"{self.policy.name}: cannot schedule {rid!r} now")
             seen.add(rid)
-            remote = seq.mode is RequestMode.DECODE and seq.phase is SeqPhase.WAITING
-            if remote:
-                tokens = seq.request.num_prompt_tokens
+            if seq.mode is decode_mode and seq.phase is waiting:  # remote KV: blocks, no compute
+                tokens = seq.num_prompt
             else:
-                if not 1 <= n <= seq.num_known - seq.num_computed:
+                if not 1 <= n <= seq.num_prompt + len(seq.output_ids) - seq.num_computed:
                     raise ValueError(f"{self.policy.name}: bad chunk of {n} tokens for {rid!r}")
                 tokens = seq.num_computed + n
-            free -= self.blocks.extra_blocks_for(rid, tokens)
-            if free < 0:
-                raise ValueError(f"{self.policy.name}: decision needs more KV blocks than are free")
+            extra = -(-tokens // size) - held(rid, 0)
+            if extra > 0:
+                free -= extra
+                if free < 0:
+                    raise ValueError(
+                        f"{self.policy.name}: decision needs more KV blocks than are free"
+                    )
 
     def _must_grow(self, rid: RequestId, tokens: int) -> None:
-        if not self.blocks.grow(rid, tokens):  # _validate makes this unreachable
+        blocks = self.blocks
+        if -(-tokens // blocks.block_size) <= blocks.held.get(rid, 0):
+            return  # already covered (the common decode step within a block)
+        if not blocks.grow(rid, tokens):  # _validate makes this unreachable
             raise RuntimeError(f"block ledger out of step for {rid!r}")
 
     def _preempt(self, seq: _Seq) -> None:
@@ -354,17 +479,62 @@ class EngineModel:
             # The pulled KV is gone: rebuild it here from prompt + outputs (recompute).
             seq.mode = RequestMode.GENERATE
 
+    def _steady_run_length(self, decision: StepDecision, max_repeat: int) -> int:
+        """How many identical decode steps can run before the batch could change.
+
+        Only for policies declaring `steady_decode = True`: with nothing waiting and every running
+        sequence decoding one token, they decide the same batch again until a sequence finishes
+        or blocks run short. The run ends at the first finish (by max_tokens; never with stop
+        tokens in play) and is cut so every sequence's block growth fits the free blocks.
+        """
+        if not getattr(self.policy, "steady_decode", False):
+            return 1
+        k = max_repeat
+        seqs = [self._seqs[rid] for rid, _ in decision.chunks]
+        for seq in seqs:
+            sampling = seq.request.sampling
+            if self.tokens is not None and sampling.stop_token_ids:
+                return 1
+            k = min(k, sampling.max_tokens - len(seq.output_ids))
+        free = self.blocks.num_free
+        size = self.blocks.block_size
+        held = self.blocks.blocks_held
+
+        def extra(steps: int) -> int:
+            return sum(max(0, blocks_for(s.num_computed + steps, size) - held(s.id)) for s in seqs)
+
+        if k > 1 and extra(k) > free:
+            lo, hi = 1, k  # extra(lo) == 0 <= free (schedule grew for one step); extra(hi) > free
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if extra(mid) <= free else (lo, mid)
+            k = lo
+        return max(1, k)
+
+    def _advance_run(self, seq: _Seq, repeat: int) -> TokenEvent:
+        """Apply `repeat` decode steps to `seq`; returns the event for the last token only."""
+        seq.num_computed += repeat
+        self._must_grow(seq.id, seq.num_computed)  # as the last step's schedule would have
+        if self.tokens is None:
+            seq.output_ids.extend([0] * (repeat - 1))
+        else:
+            base = len(seq.output_ids)
+            seq.output_ids.extend(self.tokens.token(seq.key, base + i) for i in range(repeat - 1))
+        return self._sample(seq)
+
     def _sample(self, seq: _Seq) -> TokenEvent:
-        index = len(seq.output_ids)
-        token = 0 if self.tokens is None else self.tokens.token(seq.key, index)
-        seq.output_ids.append(token)
+        outputs = seq.output_ids
+        index = len(outputs)
+        tokens = self.tokens
+        token = 0 if tokens is None else tokens.token(seq.key, index)
+        outputs.append(token)
         sampling = seq.request.sampling
         reason: FinishReason | None = None
-        if self.tokens is not None and token in sampling.stop_token_ids:
+        if tokens is not None and token in sampling.stop_token_ids:
             reason = FinishReason.STOP
-        elif len(seq.output_ids) >= sampling.max_tokens:
+        elif index + 1 >= sampling.max_tokens:
             reason = FinishReason.LENGTH
-        return TokenEvent(seq.id, token, index, reason)
+        return TokenEvent(seq.request.id, token, index, reason)
 
     def _drop(self, seq: _Seq) -> None:
         self.blocks.free(seq.id)

@@ -9,10 +9,10 @@ recently arrived running sequence is preempted (recompute), again as vLLM does.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from splitserve.core.ids import RequestId
-from splitserve.core.kv import blocks_for
 from splitserve.policy.batching.base import SeqView, StepDecision, StepView
 
 
@@ -24,6 +24,9 @@ class FcfsParams:
     """Most sequences running at once."""
     chunked_prefill: bool = True
     """Split long prompts across steps; off = a prompt runs whole or waits."""
+    prefill_priority: bool = False
+    """vLLM before chunked prefill (v0.2, DistServe's baseline): a step that can admit a waiting
+    prompt runs prompts only; running decodes wait for the next step."""
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
@@ -32,29 +35,47 @@ class FcfsParams:
 
 class FcfsPolicy:
     name = "fcfs"
+    steady_decode = True
+    """With nothing waiting and every running sequence decoding, the next decision is the same
+    batch while blocks suffice: the engine may fuse such steps (`EngineModel.schedule`)."""
 
     def __init__(self, params: FcfsParams | None = None) -> None:
         self.params = params or FcfsParams()
 
     def decide(self, view: StepView) -> StepDecision:
+        if self.params.prefill_priority and view.waiting:
+            prompts = self._admit(
+                view,
+                _Plan(view.free_blocks, view.block_size, self.params.max_num_batched_tokens),
+                len(view.running),
+            )
+            if prompts.chunks:
+                return StepDecision(chunks=tuple(prompts.chunks))
         plan = _Plan(view.free_blocks, view.block_size, self.params.max_num_batched_tokens)
-        running = list(view.running)
+        running = deque(view.running)
         preempt: list[RequestId] = []
+        chunked = self.params.chunked_prefill
         while running:
-            seq = running.pop(0)
-            n = plan.chunk_size(seq, self.params.chunked_prefill)
+            seq = running.popleft()
+            n = plan.chunk_size(seq, chunked)
             if n == 0:
                 continue
-            while not plan.fits(seq, n) and running:
+            need = plan.need(seq, n)
+            while need > plan.free_blocks and running:
                 victim = running.pop()  # latest admitted: vLLM preempts from the back
                 preempt.append(victim.id)
                 plan.free_blocks += victim.blocks_held
-            if plan.fits(seq, n):
-                plan.take(seq, n)
+            if need <= plan.free_blocks:
+                plan.take(seq, n, need)
             else:
                 preempt.append(seq.id)
                 plan.free_blocks += seq.blocks_held
-        num_running = len(view.running) - len(preempt)
+        if not (self.params.prefill_priority and preempt):
+            self._admit(view, plan, len(view.running) - len(preempt))
+        return StepDecision(chunks=tuple(plan.chunks), preempt=tuple(preempt))
+
+    def _admit(self, view: StepView, plan: _Plan, num_running: int) -> _Plan:
+        """Admit waiting sequences in arrival order while budget, seats and blocks allow."""
         for seq in view.waiting:
             if num_running >= self.params.max_num_seqs:
                 break
@@ -65,7 +86,7 @@ class FcfsPolicy:
                 break
             plan.take(seq, n)
             num_running += 1
-        return StepDecision(chunks=tuple(plan.chunks), preempt=tuple(preempt))
+        return plan
 
 
 class _Plan:
@@ -78,7 +99,7 @@ class _Plan:
         self.chunks: list[tuple[RequestId, int]] = []
 
     def chunk_size(self, seq: SeqView, chunked: bool) -> int:
-        remaining = seq.num_uncomputed_tokens
+        remaining = seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens
         if remaining <= self.budget:
             return remaining
         if chunked:
@@ -88,12 +109,14 @@ class _Plan:
 
     def need(self, seq: SeqView, n: int) -> int:
         tokens = seq.num_prompt_tokens if seq.remote_kv else seq.num_computed_tokens + n
-        return max(0, blocks_for(tokens, self.block_size) - seq.blocks_held)
+        extra = -(-tokens // self.block_size) - seq.blocks_held  # blocks_for, inlined (hot)
+        return extra if extra > 0 else 0
 
     def fits(self, seq: SeqView, n: int) -> bool:
         return self.need(seq, n) <= self.free_blocks
 
-    def take(self, seq: SeqView, n: int) -> None:
-        self.free_blocks -= self.need(seq, n)
-        self.budget = max(0, self.budget - n)
+    def take(self, seq: SeqView, n: int, need: int | None = None) -> None:
+        self.free_blocks -= self.need(seq, n) if need is None else need
+        budget = self.budget - n
+        self.budget = budget if budget > 0 else 0
         self.chunks.append((seq.id, n))

@@ -1,0 +1,86 @@
+"""`splitserve sim`: run scenarios, reproduce paper headlines, benchmark the simulator.
+
+Thin: parses options and calls `splitserve.sim.runner` / `splitserve.sim.bench`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def sim() -> None:
+    """Discrete-event simulator running the live placement and step policies."""
+
+
+@sim.command("run")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write summary.md, requests.csv, config.yaml and plots here.",
+)
+def run_cmd(config: Path, out_dir: Path | None) -> None:
+    """Simulate the scenario in CONFIG (YAML) and print its summary."""
+    from splitserve.core.errors import ConfigError
+    from splitserve.sim import runner
+
+    try:
+        cfg = runner.load_scenario(config)
+        output = runner.run_scenario(cfg, out_dir, base_dir=config.parent)
+    except (ConfigError, ValueError) as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(output.markdown)
+    for path in output.files:
+        click.echo(f"wrote {path}")
+
+
+@sim.command("reproduce")
+@click.argument("paper", type=click.Choice(["distserve"]))
+@click.option("--quick", is_flag=True, help="Fewer requests and a coarser search (seconds).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write the table and attainment plots here.",
+)
+def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None) -> None:
+    """Re-run PAPER's headline comparison and print paper vs ours."""
+    from splitserve.sim import runner
+
+    repro = runner.run_reproduction(paper, quick, out_dir)
+    click.echo(repro.markdown())
+
+
+@sim.command("bench")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens. Default: the bundled Azure 2023 "
+    "conversation trace.",
+)
+@click.option(
+    "--workers", default=16, show_default=True, help="Workers (half prefill, half decode)."
+)
+@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+def bench_cmd(trace_path: Path | None, workers: int, max_requests: int | None) -> None:
+    """Replay an Azure trace on a disaggregated cluster; print simulated requests per second."""
+    from splitserve.sim import bench
+
+    if trace_path is None:
+        trace_path = bundled_trace("conv")
+
+    report = bench.run(trace_path, workers, max_requests)
+    click.echo(report.markdown())
+
+
+def bundled_trace(kind: str) -> Path:
+    """The Azure LLM inference trace (2023) shipped with the package: "conv" or "code"."""
+    return Path(__file__).resolve().parents[1] / "sim" / "traces" / f"azure_llm_2023_{kind}.csv"

@@ -1,0 +1,347 @@
+"""The simulated cluster: pools of workers behind one router, driven by the event loop.
+
+Owns: `ClusterSpec` (pools, placement profiles, KV transfer mode), the `Cluster` world that
+handles events, and `simulate()`, which runs a workload to completion and returns a `SimResult`.
+
+Request flow mirrors the live system (design §3): the router places a request at arrival with the
+`PdDecider` (prefill and decode worker chosen together, or aggregated); the prefill worker runs
+the prompt and holds the KV; the decode worker admits the request when its step policy finds
+blocks (pull-based, DistServe §4.3), pulls the KV over its inbound link, then decodes. KV is
+released on the prefill worker when the pull completes. Cluster set-ups: colocated (mixed pools
+only: every request aggregated) and disaggregated (prefill + decode pools).
+
+Invariant (property-tested): arrived = finished + dropped + in flight, at every event.
+Pure: no I/O, no wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import pairwise
+
+from splitserve.core.errors import CapacityError, NoEligibleEndpoint
+from splitserve.core.ids import RequestId
+from splitserve.core.perf.protocol import BatchShape
+from splitserve.policy.batching.engine import RequestMode
+from splitserve.policy.placement.base import Path
+from splitserve.policy.placement.decider import PdDecider, PdDeciderParams
+from splitserve.policy.placement.profile import (
+    ProfileSpec,
+    build_profile,
+    default_decode_profile,
+    default_prefill_profile,
+)
+from splitserve.sim.engine import Simulator
+from splitserve.sim.entities import (
+    PoolSpec,
+    SimRequest,
+    SimRouter,
+    SimWorker,
+    run_duration_s,
+)
+from splitserve.sim.events import Event, EventKind
+from splitserve.sim.metrics import RequestRecord, SimResult, WorkerRecord
+from splitserve.sim.workload import WorkItem
+
+
+class KvOverlap(StrEnum):
+    NONE = "none"
+    """The pull moves the whole KV after the prefill ends."""
+    LAYER = "layer"
+    """Layers stream while the prefill runs; only the part the prefill's compute time did not hide
+    (and at least one layer's share) remains after it ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    pools: tuple[PoolSpec, ...]
+    decode_profile: ProfileSpec = field(default_factory=default_decode_profile)
+    prefill_profile: ProfileSpec = field(default_factory=default_prefill_profile)
+    decider: PdDeciderParams = field(default_factory=PdDeciderParams)
+    kv_overlap: KvOverlap = KvOverlap.NONE
+    load_report_interval_s: float = 0.0
+    """0: the router sees each worker's exact state; > 0: load reports this often (the live
+    workers push one every ~0.1 s), plus the router's in-flight counts either way."""
+
+    @property
+    def num_workers(self) -> int:
+        return sum(p.replicas for p in self.pools)
+
+
+class Cluster:
+    """The world the event loop drives."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        items: Sequence[WorkItem],
+        max_repeat: int = 1 << 30,
+        record_placements: bool = False,
+    ) -> None:
+        if any(b.arrival_s < a.arrival_s for a, b in pairwise(items)):
+            raise ValueError("work items must be in arrival order")
+        self.spec = spec
+        self.max_repeat = max_repeat
+        """Longest fused decode run; 1 steps every decode individually (slow, for checks)."""
+        self.items = items
+        self.workers: list[SimWorker] = []
+        for pool in spec.pools:
+            for _ in range(pool.replicas):
+                self.workers.append(SimWorker(len(self.workers), pool))
+        decider = PdDecider(
+            build_profile(spec.decode_profile), build_profile(spec.prefill_profile), spec.decider
+        )
+        self.router = SimRouter(
+            decider, self.workers, record_placements, spec.load_report_interval_s
+        )
+        self.requests: list[SimRequest] = []
+        self._live: dict[RequestId, SimRequest] = {}
+        self.num_finished = 0
+        self.num_dropped = 0
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    @property
+    def num_arrived(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._live)
+
+    def start(self, sim: Simulator) -> None:
+        if self.items:
+            sim.schedule(self.items[0].arrival_s, EventKind.ARRIVAL, payload=0)
+
+    def result(self, sim: Simulator) -> SimResult:
+        return SimResult(
+            requests=tuple(_record(r) for r in self.requests),
+            workers=tuple(
+                WorkerRecord(
+                    id=w.id,
+                    pool=w.pool,
+                    role=w.role.value,
+                    num_gpus=w.template.num_gpus,
+                    busy_s=w.busy_s,
+                    num_steps=w.num_steps,
+                    num_preemptions=w.engine.num_preemptions,
+                )
+                for w in self.workers
+            ),
+            end_s=sim.now_s,
+            num_events=sim.num_events,
+        )
+
+    # -- events -------------------------------------------------------------------------------
+
+    def handle(self, event: Event, sim: Simulator) -> None:
+        kind = event.kind
+        if kind is EventKind.STEP_DONE:
+            self._step_done(self.workers[event.target], event.payload, sim)
+        elif kind is EventKind.TRANSFER_DONE:
+            assert isinstance(event.payload, SimRequest)
+            self._transfer_done(event.payload, sim)
+        elif kind is EventKind.ARRIVAL:
+            assert isinstance(event.payload, int)
+            self._arrival(event.payload, sim)
+        elif kind is EventKind.WAKE:
+            self._kick(self.workers[event.target], sim)
+
+    def _arrival(self, index: int, sim: Simulator) -> None:
+        if index + 1 < len(self.items):
+            sim.schedule(self.items[index + 1].arrival_s, EventKind.ARRIVAL, payload=index + 1)
+        req = SimRequest.from_item(index, self.items[index])
+        self.requests.append(req)
+        self._live[req.id] = req
+        try:
+            placement = self.router.place(req, sim.now_s)
+        except NoEligibleEndpoint:
+            self._drop(req, "no eligible endpoint")
+            return
+        idx = self.router.worker_index
+        req.decode_worker = idx(placement.decode[0])
+        req.path = placement.path.value
+        if placement.path is Path.DISAGGREGATED:
+            req.prefill_worker = idx(placement.prefill[0])
+            target, mode = self.workers[req.prefill_worker], RequestMode.PREFILL
+        else:
+            target, mode = self.workers[req.decode_worker], RequestMode.GENERATE
+        try:
+            target.engine.add(req.request, mode)
+            target.changed()
+        except CapacityError:
+            self._drop(req, "exceeds worker KV capacity")
+            return
+        self._count_on(req, target)
+        self._touch(target, sim)
+
+    def _step_done(self, worker: SimWorker, run_id: object, sim: Simulator) -> None:
+        if run_id != worker.run_id:
+            return  # a fused run that was cut short: its new end has its own event
+        assert worker.step is not None
+        step = worker.step
+        worker.num_steps += step.repeat
+        now = sim.now_s
+        result = worker.engine.complete(step, now)
+        worker.changed()
+        worker.step = None
+        worker.busy_s += now - worker.step_started_s
+        live = self._live
+        for tok in result.tokens:
+            req = live[tok.request_id]
+            if req.first_token_s is None:
+                req.first_token_s = now
+            req.num_output_tokens = tok.index + 1
+        for rid in result.finished:
+            self._finish(live[rid], now)
+        for rid in result.prefilled:
+            self._hand_to_decode(live[rid], sim)
+        self._kick(worker, sim)
+
+    def _hand_to_decode(self, req: SimRequest, sim: Simulator) -> None:
+        decode = self.workers[req.decode_worker]
+        try:
+            decode.engine.add(req.request, RequestMode.DECODE, first_token_id=0)
+            decode.changed()
+        except CapacityError:
+            self.workers[req.prefill_worker].engine.release(req.id)
+            self.workers[req.prefill_worker].changed()
+            self._drop(req, "exceeds decode KV capacity")
+            return
+        self._count_on(req, decode)
+        self._touch(decode, sim)
+
+    def _start_transfer(self, req: SimRequest, decode: SimWorker, sim: Simulator) -> None:
+        prefill = self.workers[req.prefill_worker]
+        num_bytes = req.item.num_prompt_tokens * decode.template.kv_layout.bytes_per_token
+        dur = decode.latency.kv_transfer_s(num_bytes)
+        if self.spec.kv_overlap is KvOverlap.LAYER and dur > 0:
+            hidden = prefill.latency.step_s(BatchShape(((req.item.num_prompt_tokens, 0),)))
+            dur = max(dur / decode.template.kv_layout.num_layers, dur - hidden)
+        now = sim.now_s
+        end = max(now, decode.link_free_s) + dur
+        decode.link_free_s = end
+        req.kv_transfer_s = end - now
+        sim.schedule(end, EventKind.TRANSFER_DONE, decode.index, req)
+
+    def _transfer_done(self, req: SimRequest, sim: Simulator) -> None:
+        decode = self.workers[req.decode_worker]
+        prefill = self.workers[req.prefill_worker]
+        if decode.engine.finish_transfer(req.id):
+            prefill.engine.release(req.id)
+        decode.changed()
+        prefill.changed()
+        self._touch(decode, sim)
+        self._touch(prefill, sim)
+
+    def _kick(self, worker: SimWorker, sim: Simulator) -> None:
+        """Start the worker's next step if it is idle and has something it can run."""
+        if worker.step is not None or not worker.engine.has_runnable_work:
+            return
+        now = sim.now_s
+        step = worker.engine.schedule(now, self.max_repeat)
+        if step is None:
+            return
+        worker.changed()
+        worker.step = step
+        worker.step_started_s = now
+        for rid in step.transfers:
+            self._start_transfer(self._live[rid], worker, sim)
+        t0 = worker.latency.step_s(step.batch)
+        slope = 0.0
+        if step.repeat > 1:
+            longer = BatchShape((), tuple(c + 1 for c in step.batch.decode_contexts))
+            slope = worker.latency.step_s(longer) - t0
+        worker.run_first_s, worker.run_slope_s = t0, slope
+        self._schedule_done(worker, sim)
+
+    def _schedule_done(self, worker: SimWorker, sim: Simulator) -> None:
+        step = worker.step
+        assert step is not None
+        worker.run_id += 1
+        end = worker.step_started_s + run_duration_s(
+            worker.run_first_s, worker.run_slope_s, step.repeat
+        )
+        sim.schedule(max(end, sim.now_s), EventKind.STEP_DONE, worker.index, worker.run_id)
+
+    def _sync(self, worker: SimWorker, now_s: float) -> None:
+        """Bring a worker in a fused decode run to the state stepping one by one would show now:
+        the steps that ended are applied and the one in progress holds its blocks."""
+        step = worker.step
+        if step is None or step.repeat == 1:
+            return
+        t0, slope = worker.run_first_s, worker.run_slope_s
+        done = worker.steps_done(now_s)
+        if done == 0:
+            return
+        started = worker.step_started_s + run_duration_s(t0, slope, done)
+        worker.step = worker.engine.split(step, done, started)
+        worker.changed()
+        worker.busy_s += started - worker.step_started_s
+        worker.num_steps += done
+        worker.step_started_s = started
+        worker.run_first_s = t0 + done * slope
+
+    def _touch(self, worker: SimWorker, sim: Simulator) -> None:
+        """The worker's engine got new work: cut a fused decode run after the step in progress
+        (the new work joins the next step, as it would step by step), or start a step if idle."""
+        if worker.step is None:
+            self._kick(worker, sim)
+            return
+        if worker.step.repeat == 1:
+            return
+        self._sync(worker, sim.now_s)
+        worker.step = worker.engine.truncate(worker.step, 1)
+        self._schedule_done(worker, sim)
+
+    def _count_on(self, req: SimRequest, worker: SimWorker | None) -> None:
+        """Move the router's in-flight count for `req` to `worker` (None: nowhere)."""
+        if req.counted_on >= 0:
+            self.workers[req.counted_on].inflight -= 1
+        req.counted_on = -1 if worker is None else worker.index
+        if worker is not None:
+            worker.inflight += 1
+
+    def _finish(self, req: SimRequest, now: float) -> None:
+        self._count_on(req, None)
+        req.finish_s = now
+        del self._live[req.id]
+        self.num_finished += 1
+
+    def _drop(self, req: SimRequest, reason: str) -> None:
+        self._count_on(req, None)
+        req.dropped = reason
+        del self._live[req.id]
+        self.num_dropped += 1
+
+
+def _record(r: SimRequest) -> RequestRecord:
+    return RequestRecord(
+        id=r.id,
+        slo_class=r.slo_class,
+        arrival_s=r.item.arrival_s,
+        num_prompt_tokens=r.item.num_prompt_tokens,
+        max_tokens=r.item.num_output_tokens,
+        num_output_tokens=r.num_output_tokens,
+        path=r.path,
+        first_token_s=r.first_token_s,
+        finish_s=r.finish_s,
+        kv_transfer_s=r.kv_transfer_s,
+        dropped=r.dropped,
+    )
+
+
+def simulate(
+    spec: ClusterSpec,
+    items: Sequence[WorkItem],
+    until_s: float | None = None,
+    max_repeat: int = 1 << 30,
+) -> SimResult:
+    """Run `items` through a fresh cluster until every request is done (or `until_s`)."""
+    sim = Simulator()
+    cluster = Cluster(spec, items, max_repeat)
+    cluster.start(sim)
+    sim.run(cluster, until_s=until_s)
+    return cluster.result(sim)

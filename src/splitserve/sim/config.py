@@ -1,0 +1,230 @@
+"""Scenario configuration: a typed description of one simulation, and its translation to specs.
+
+Owns: the pydantic models a scenario file (YAML) validates against, and the pure functions that
+turn them into a `ClusterSpec`, a workload and SLO classes. Reading files is the runner's job:
+`build_workload` takes trace lines, not a path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from splitserve.core.errors import ConfigError
+from splitserve.core.ids import PoolName, SloClassName
+from splitserve.core.perf import HARDWARE, MODELS, LatencyModel, RooflineModel, parse_profile_csv
+from splitserve.core.request import SloClass
+from splitserve.core.roles import parse_role
+from splitserve.sim.cluster import ClusterSpec, KvOverlap
+from splitserve.sim.entities import PoolSpec, WorkerTemplate
+from splitserve.sim.workload import (
+    PRESETS,
+    ArrivalProcess,
+    Fixed,
+    Gamma,
+    LengthDist,
+    LogNormal,
+    Poisson,
+    Uniform,
+    WorkItem,
+    parse_azure_trace,
+    scale_to_rate,
+    synthetic,
+)
+
+_T = TypeVar("_T")
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class PoolConfig(BaseModel):
+    model_config = _STRICT
+    name: str
+    role: str
+    """prefill | decode | mixed"""
+    replicas: int = Field(1, ge=0)
+    tp: int = Field(1, ge=1)
+    """GPUs per worker (tensor parallel)."""
+    policy: str = "fcfs"
+    """A registered step policy (`policy.batching.builtin`)."""
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LengthConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["fixed", "uniform", "lognormal"]
+    tokens: int | None = None
+    low_tokens: int | None = None
+    high_tokens: int | None = None
+    median_tokens: float | None = None
+    sigma: float = 1.0
+    min_tokens: int = 1
+    max_tokens: int = 1 << 20
+
+
+class TraceConfig(BaseModel):
+    model_config = _STRICT
+    path: str
+    """Azure LLM 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    time_scale: float = Field(1.0, gt=0)
+    """Multiplies arrival offsets (0.5 replays twice as fast); ignored when a rate is set."""
+    max_requests: int | None = Field(None, ge=1)
+
+
+class WorkloadConfig(BaseModel):
+    model_config = _STRICT
+    arrival: Literal["poisson", "gamma", "trace"] = "poisson"
+    rate_per_s: float | None = Field(None, gt=0)
+    """Arrival rate; for a trace, rescales its timestamps to this mean rate."""
+    cv: float = Field(1.0, gt=0)
+    """Gamma arrivals' coefficient of variation."""
+    num_requests: int = Field(500, ge=1)
+    preset: str | None = None
+    """sharegpt | humaneval | longbench (lengths; see `sim.workload.PRESETS`)."""
+    prompt: LengthConfig | None = None
+    output: LengthConfig | None = None
+    trace: TraceConfig | None = None
+    seed: int = 0
+    slo_class: str = "default"
+
+
+class SloConfig(BaseModel):
+    model_config = _STRICT
+    name: str = "default"
+    ttft_ms: float = Field(gt=0)
+    tpot_ms: float = Field(gt=0)
+    percentile: float = Field(0.9, gt=0, le=1)
+    """Attainment target: fraction of requests that must meet both targets."""
+
+
+class GoodputConfig(BaseModel):
+    model_config = _STRICT
+    low_rate: float = Field(gt=0)
+    high_rate: float = Field(gt=0)
+    tolerance: float = Field(0.05, gt=0)
+
+
+class ScenarioConfig(BaseModel):
+    model_config = _STRICT
+    name: str = "scenario"
+    model: str = "opt-13b"
+    hardware: str = "a100-80g"
+    time_scale: float = Field(1.0, gt=0)
+    memory_utilization: float = Field(0.9, gt=0, le=1)
+    block_size: int = Field(16, ge=1)
+    kv_overlap: KvOverlap = KvOverlap.NONE
+    load_report_interval_s: float = Field(0.0, ge=0)
+    """0: the router sees exact worker state; > 0: load reports this often (live: 0.1 s)."""
+    pools: list[PoolConfig]
+    workload: WorkloadConfig
+    slo_classes: list[SloConfig] = Field(
+        default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
+    )
+    latency_profile: str | None = None
+    """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
+    instead of the roofline; relative paths are resolved against the scenario file."""
+    goodput: GoodputConfig | None = None
+    """When set, also search the highest rate meeting the first class's attainment target."""
+
+
+def _pick(table: Mapping[str, Any], name: str, what: str) -> Any:
+    try:
+        return table[name]
+    except KeyError:
+        raise ConfigError(f"unknown {what} {name!r}; valid: {', '.join(sorted(table))}") from None
+
+
+def latency_model(cfg: ScenarioConfig, tp: int) -> RooflineModel:
+    shape = _pick(MODELS, cfg.model, "model")
+    hw = _pick(HARDWARE, cfg.hardware, "hardware")
+    return RooflineModel(shape, hw, tp=tp, time_scale=cfg.time_scale)
+
+
+def worker_template(
+    cfg: ScenarioConfig, pool: PoolConfig, latency: LatencyModel | None = None
+) -> WorkerTemplate:
+    roofline = latency_model(cfg, pool.tp)
+    blocks = roofline.kv_capacity_tokens(cfg.memory_utilization) // cfg.block_size
+    if blocks < 1:
+        raise ConfigError(f"{cfg.model} does not fit {cfg.hardware} x{pool.tp} with room for KV")
+    return WorkerTemplate(
+        latency=latency or roofline,
+        num_blocks=blocks,
+        kv_layout=roofline.shape.kv_layout,
+        block_size=cfg.block_size,
+        num_gpus=pool.tp,
+        policy=pool.policy,
+        policy_params=dict(pool.policy_params),
+    )
+
+
+def cluster_spec(cfg: ScenarioConfig, profile_lines: Iterable[str] | None = None) -> ClusterSpec:
+    """Pools of roofline-priced workers, or table-priced when profile lines are given (KV
+    capacity still comes from the model shape and hardware)."""
+    latency: LatencyModel | None = None
+    if profile_lines is not None:
+        try:
+            latency = parse_profile_csv(profile_lines)
+        except ValueError as err:
+            raise ConfigError(f"bad latency profile: {err}") from err
+    pools = tuple(
+        PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
+        for p in cfg.pools
+    )
+    return ClusterSpec(
+        pools, kv_overlap=cfg.kv_overlap, load_report_interval_s=cfg.load_report_interval_s
+    )
+
+
+def slo_classes(cfg: ScenarioConfig) -> dict[SloClassName, SloClass]:
+    return {
+        SloClassName(s.name): SloClass(SloClassName(s.name), s.ttft_ms, s.tpot_ms, s.percentile)
+        for s in cfg.slo_classes
+    }
+
+
+def _length(c: LengthConfig) -> LengthDist:
+    try:
+        if c.kind == "fixed":
+            return Fixed(_need(c.tokens, "tokens"))
+        if c.kind == "uniform":
+            return Uniform(_need(c.low_tokens, "low_tokens"), _need(c.high_tokens, "high_tokens"))
+        return LogNormal(
+            _need(c.median_tokens, "median_tokens"), c.sigma, c.min_tokens, c.max_tokens
+        )
+    except ValueError as err:
+        raise ConfigError(f"bad {c.kind} length: {err}") from err
+
+
+def _need(value: _T | None, name: str) -> _T:
+    if value is None:
+        raise ConfigError(f"length distribution needs {name!r}")
+    return value
+
+
+def build_workload(
+    w: WorkloadConfig, trace_lines: Iterable[str] | None = None, rate_per_s: float | None = None
+) -> tuple[WorkItem, ...]:
+    """The scenario's requests; `rate_per_s` overrides the configured rate (goodput search)."""
+    rate = rate_per_s or w.rate_per_s
+    cls = SloClassName(w.slo_class)
+    if w.arrival == "trace":
+        if w.trace is None or trace_lines is None:
+            raise ConfigError("a trace workload needs `trace.path`")
+        items = parse_azure_trace(
+            trace_lines, w.trace.time_scale, cls, w.trace.max_requests or w.num_requests
+        )
+        return scale_to_rate(items, rate) if rate else items
+    if rate is None:
+        raise ConfigError(f"{w.arrival} arrivals need `rate_per_s`")
+    arrivals: ArrivalProcess = Poisson(rate) if w.arrival == "poisson" else Gamma(rate, w.cv)
+    if w.preset is not None:
+        preset = _pick(PRESETS, w.preset, "length preset")
+        prompt, output = preset.prompt, preset.output
+    elif w.prompt is not None and w.output is not None:
+        prompt, output = _length(w.prompt), _length(w.output)
+    else:
+        raise ConfigError("set `preset` or both `prompt` and `output` lengths")
+    return synthetic(arrivals, prompt, output, w.num_requests, np.random.default_rng(w.seed), cls)

@@ -1,0 +1,283 @@
+"""Simulator entities: requests, workers, pools, the router and the KV links.
+
+Owns: the mutable per-run state of each simulated thing. A `SimWorker` wraps the same
+`EngineModel` (step policy + block ledger) that the live simulated engine runs, priced by a
+`LatencyModel`; `SimRouter` places requests with the live router's `PdDecider` and profiles over
+`EndpointView`s built from worker state. Pure: no I/O, no wall time; the cluster (`cluster.py`)
+moves these entities as events arrive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitserve.core.ids import EndpointId, PoolName, RequestId, SloClassName
+from splitserve.core.kv import BlockManager, KvLayout
+from splitserve.core.perf.protocol import BatchShape, LatencyModel
+from splitserve.core.request import Request, SamplingSpec
+from splitserve.core.roles import Role
+from splitserve.policy.batching.builtin import make_batching_policy
+from splitserve.policy.batching.engine import EngineModel, Step
+from splitserve.policy.placement.base import EndpointView, Placement, RequestView
+from splitserve.policy.placement.decider import PdDecider
+from splitserve.sim.workload import WorkItem
+
+
+def run_duration_s(first_s: float, slope_s: float, repeat: int) -> float:
+    """Length of `repeat` fused decode steps: step i costs `first_s + i * slope_s`.
+
+    Exact for latency models affine in context length for a fixed decode batch (the roofline and
+    DistServe's A.4 form); the slope comes from pricing the first step with every context + 1.
+    """
+    return repeat * first_s + slope_s * repeat * (repeat - 1) / 2
+
+
+def steps_done(first_s: float, slope_s: float, elapsed_s: float, repeat: int) -> int:
+    """How many of a fused run's steps have ended `elapsed_s` after it started (<= repeat)."""
+    if first_s <= 0:
+        return repeat
+    if abs(slope_s) < 1e-18:
+        m = int(elapsed_s / first_s)
+    else:
+        a, b = slope_s / 2, first_s - slope_s / 2
+        disc = max(0.0, b * b + 4 * a * elapsed_s)
+        m = int((-b + math.sqrt(disc)) / (2 * a))
+    m = max(0, min(m, repeat))
+    while m > 0 and run_duration_s(first_s, slope_s, m) > elapsed_s:
+        m -= 1
+    while m < repeat and run_duration_s(first_s, slope_s, m + 1) <= elapsed_s:
+        m += 1
+    return m
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTemplate:
+    """What every worker of a pool looks like."""
+
+    latency: LatencyModel
+    num_blocks: int
+    kv_layout: KvLayout
+    block_size: int = 16
+    num_gpus: int = 1
+    policy: str = "fcfs"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1 or self.num_gpus < 1:
+            raise ValueError("num_blocks, block_size and num_gpus must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    name: PoolName
+    role: Role
+    replicas: int
+    worker: WorkerTemplate
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {self.replicas}")
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One request's journey; timestamps are simulated seconds (None until they happen)."""
+
+    id: RequestId
+    item: WorkItem
+    request: Request
+    path: str = ""
+    prefill_worker: int = -1
+    decode_worker: int = -1
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_output_tokens: int = 0
+    kv_transfer_s: float = 0.0
+    counted_on: int = -1
+    """The worker whose `inflight` counts this request now (-1: none)."""
+    dropped: str = ""
+    """Why the request was dropped (empty when it was not)."""
+
+    @classmethod
+    def from_item(cls, index: int, item: WorkItem) -> SimRequest:
+        rid = RequestId(f"r{index}")
+        request = Request(
+            id=rid,
+            prompt_token_ids=(0,) * item.num_prompt_tokens,
+            sampling=SamplingSpec(max_tokens=item.num_output_tokens, ignore_eos=True),
+            arrival_s=item.arrival_s,
+            slo_class=item.slo_class,
+        )
+        return cls(rid, item, request)
+
+    @property
+    def slo_class(self) -> SloClassName:
+        return self.item.slo_class
+
+
+class SimWorker:
+    """One worker: an engine model, its latency model and its inbound KV link."""
+
+    def __init__(self, index: int, pool: PoolSpec) -> None:
+        t = pool.worker
+        self.index = index
+        self.id = EndpointId(f"{pool.name}-{index}")
+        self.pool = pool.name
+        self.role = pool.role
+        self.template = t
+        self.latency = t.latency
+        self.engine = EngineModel(
+            make_batching_policy(t.policy, **dict(t.policy_params)),
+            BlockManager(t.num_blocks, t.block_size),
+            tokens=None,
+            kv_hold_timeout_s=float("inf"),
+        )
+        self.step: Step | None = None
+        self.step_started_s = 0.0
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self.run_id = 0
+        """Bumped whenever the in-flight step's end moves; older STEP_DONE events are stale."""
+        self.run_first_s = 0.0
+        """Duration of the first step of the fused run in flight."""
+        self.run_slope_s = 0.0
+        """How much longer each further step of that run takes."""
+        self.version = 0
+        """Bumped by the owner on every engine mutation (see `changed`)."""
+        self._load_version = -1
+        self._load = self.engine.load()
+        self._view: EndpointView | None = None
+        self._report: tuple[int, int, int, int, int, int] | None = None
+        self._report_at_s = 0.0
+        self.inflight = 0
+        """Requests the router sent here and has not seen finish (prefill: until the first
+        token; decode or aggregated: until the last), as the live router counts them."""
+        self.link_free_s = 0.0
+        """When the inbound KV link finishes its queued pulls (transfers into this worker)."""
+
+    @property
+    def busy(self) -> bool:
+        return self.step is not None
+
+    def step_s(self, batch: BatchShape) -> float:
+        return self.latency.step_s(batch)
+
+    def changed(self) -> None:
+        """The owner mutated the engine: cached views are stale."""
+        self.version += 1
+
+    def steps_done(self, now_s: float) -> int:
+        """Steps of the fused run in flight that have ended by `now_s` (0 when not in a run)."""
+        step = self.step
+        if step is None or step.repeat == 1:
+            return 0
+        done = steps_done(
+            self.run_first_s, self.run_slope_s, now_s - self.step_started_s, step.repeat
+        )
+        return min(done, step.repeat - 1)
+
+    def endpoint_view(self, now_s: float, report_interval_s: float = 0.0) -> EndpointView:
+        """The worker as the router sees it at `now_s`: a load report plus the router's own
+        count of requests it sent here and has not seen finish (`inflight`), as in the live
+        `PoolView`. With `report_interval_s = 0` the report is the exact state at `now_s`;
+        otherwise a report is taken when first needed after the previous one expired, stamped
+        at the interval tick, and reused until the next tick (staleness up to one interval)."""
+        if report_interval_s > 0:
+            if self._report is None or now_s >= self._report_at_s + report_interval_s:
+                self._report = self._exact_load(now_s)
+                self._report_at_s = now_s - now_s % report_interval_s
+            waiting, running, free, total, size, pending = self._report
+        else:
+            waiting, running, free, total, size, pending = self._exact_load(now_s)
+        view = self._view
+        if (
+            view is None
+            or view.kv_free_blocks != free
+            or view.inflight != self.inflight
+            or view.num_waiting != waiting
+            or view.num_running != running
+            or view.pending_prefill_tokens != pending
+        ):
+            view = EndpointView(
+                id=self.id,
+                role=self.role,
+                num_waiting=waiting,
+                num_running=running,
+                kv_free_blocks=free,
+                kv_total_blocks=total,
+                kv_block_size=size,
+                pending_prefill_tokens=pending,
+                inflight=self.inflight,
+            )
+            self._view = view
+        return view
+
+    def _exact_load(self, now_s: float) -> tuple[int, int, int, int, int, int]:
+        """(waiting, running, free blocks, total blocks, block size, pending prefill tokens)."""
+        if self._load_version != self.version:
+            self._load = self.engine.load()
+            self._load_version = self.version
+        load = self._load
+        free = load.free_blocks
+        done = self.steps_done(now_s)
+        if done and self.step is not None:
+            free = self.engine.fused_free_blocks(self.step, done)
+        return (
+            load.num_waiting,
+            load.num_running + load.num_transferring,
+            free,
+            load.total_blocks,
+            load.block_size,
+            load.pending_prefill_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """One placement as the simulator made it: the inputs and the decision (parity tests)."""
+
+    request: Request
+    endpoints: tuple[EndpointView, ...]
+    placement: Placement
+
+
+class SimRouter:
+    """The live placement pipeline (`PdDecider`) over views of the simulated workers."""
+
+    def __init__(
+        self,
+        decider: PdDecider,
+        workers: Sequence[SimWorker],
+        record: bool = False,
+        report_interval_s: float = 0.0,
+    ) -> None:
+        self.decider = decider
+        self.report_interval_s = report_interval_s
+        self.workers = workers
+        self._index = {w.id: w.index for w in workers}
+        self.records: list[PlacementRecord] | None = [] if record else None
+        """Every placement's inputs and decision, when recording."""
+
+    def endpoint_views(self, now_s: float) -> list[EndpointView]:
+        interval = self.report_interval_s
+        return [w.endpoint_view(now_s, interval) for w in self.workers]
+
+    def place(self, req: SimRequest, now_s: float) -> Placement:
+        """Raises `NoEligibleEndpoint` when no decode-capable worker takes work."""
+        view = RequestView(
+            id=req.id,
+            num_prompt_tokens=req.item.num_prompt_tokens,
+            max_tokens=req.item.num_output_tokens,
+            slo_class=req.item.slo_class,
+        )
+        endpoints = self.endpoint_views(now_s)
+        placement = self.decider.place(view, endpoints)
+        if self.records is not None:
+            self.records.append(PlacementRecord(req.request, tuple(endpoints), placement))
+        return placement
+
+    def worker_index(self, eid: EndpointId) -> int:
+        return self._index[eid]

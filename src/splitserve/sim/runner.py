@@ -1,0 +1,112 @@
+"""Runs scenarios and reproductions and writes their outputs: the simulator's only file I/O.
+
+Owns: reading a scenario file (YAML) and any trace it names, running it (and its goodput search
+when configured), and writing `summary.md`, `requests.csv`, `config.yaml` and PNG plots into an
+output directory. Everything it computes comes from the pure modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from splitserve.sim.cluster import simulate
+from splitserve.sim.config import ScenarioConfig, build_workload, cluster_spec, slo_classes
+from splitserve.sim.metrics import SimResult, goodput, overall_attainment
+from splitserve.sim.report import (
+    attainment_plot_png,
+    markdown_table,
+    requests_csv,
+    summary_markdown,
+)
+from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioOutput:
+    result: SimResult
+    markdown: str
+    files: tuple[Path, ...]
+
+
+def load_scenario(path: Path) -> ScenarioConfig:
+    with path.open() as f:
+        return ScenarioConfig.model_validate(yaml.safe_load(f))
+
+
+def _lines(path_text: str | None, base: Path) -> list[str] | None:
+    if path_text is None:
+        return None
+    path = Path(path_text)
+    if not path.is_absolute():
+        path = base / path
+    with path.open() as f:
+        return f.readlines()
+
+
+def run_scenario(
+    cfg: ScenarioConfig, out_dir: Path | None, base_dir: Path = Path()
+) -> ScenarioOutput:
+    """Simulate the scenario at its configured rate (and search goodput if asked)."""
+    lines = _lines(cfg.workload.trace.path if cfg.workload.trace else None, base_dir)
+    spec = cluster_spec(cfg, _lines(cfg.latency_profile, base_dir))
+    slos = slo_classes(cfg)
+    result = simulate(spec, build_workload(cfg.workload, lines))
+    md = summary_markdown(result, slos, title=cfg.name)
+    png: bytes | None = None
+    if cfg.goodput is not None:
+        target = next(iter(slos.values())).percentile
+
+        def attainment_at(rate: float) -> float:
+            return overall_attainment(
+                simulate(spec, build_workload(cfg.workload, lines, rate)), slos
+            )
+
+        g = goodput(
+            attainment_at,
+            target,
+            cfg.goodput.low_rate,
+            cfg.goodput.high_rate,
+            cfg.goodput.tolerance,
+        )
+        gpus = result.num_gpus
+        md += "\n### Goodput\n\n" + markdown_table(
+            ["goodput req/s", "per GPU req/s", "target", "probes"],
+            [[g.rate_per_s, g.rate_per_s / gpus, target, len(g.probes)]],
+        )
+        png = attainment_plot_png(
+            {cfg.name: [(r / gpus, a) for r, a in g.probes]}, target, f"{cfg.name}: SLO attainment"
+        )
+    files: list[Path] = []
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files.append(_write(out_dir / "summary.md", md))
+        files.append(_write(out_dir / "requests.csv", requests_csv(result)))
+        files.append(_write(out_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"))))
+        if png is not None:
+            files.append(_write_bytes(out_dir / "attainment.png", png))
+    return ScenarioOutput(result, md, tuple(files))
+
+
+def run_reproduction(paper: str, quick: bool, out_dir: Path | None) -> Reproduction:
+    """Run one paper's headline comparison; write its table and plots when `out_dir` is set."""
+    repro = REPRODUCTIONS[paper](quick)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write(out_dir / f"{paper}.md", repro.markdown())
+        for i, workload in enumerate(repro.systems):
+            png = attainment_plot_png(repro.curves(workload), 0.9, f"{repro.paper}: {workload}")
+            _write_bytes(out_dir / f"{paper}-{i}.png", png)
+    return repro
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

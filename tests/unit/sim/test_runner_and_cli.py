@@ -1,0 +1,136 @@
+"""Scenario files, the runner's outputs, the `splitserve sim` commands and the DistServe check.
+
+Invariants:
+- a scenario file runs end to end and writes summary.md, requests.csv, config.yaml (and an
+  attainment plot when a goodput search is configured);
+- a trace scenario replays the trace's rows;
+- bad configs fail with a one-line error, not a traceback;
+- DistServe (quick): disaggregation beats colocation per GPU, inside the documented band.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from splitserve.cli.sim import sim
+from splitserve.core.errors import ConfigError
+from splitserve.sim import reproduce, runner
+from splitserve.sim.config import ScenarioConfig, build_workload
+from splitserve.sim.reproduce import Comparison, Reproduction
+
+SCENARIO = {
+    "name": "tiny",
+    "model": "tiny",
+    "hardware": "a100-80g",
+    "load_report_interval_s": 0.1,
+    "pools": [
+        {"name": "prefill", "role": "prefill", "replicas": 1},
+        {"name": "decode", "role": "decode", "replicas": 1},
+    ],
+    "workload": {
+        "arrival": "poisson",
+        "rate_per_s": 20.0,
+        "num_requests": 40,
+        "prompt": {"kind": "uniform", "low_tokens": 8, "high_tokens": 64},
+        "output": {"kind": "fixed", "tokens": 8},
+    },
+    "slo_classes": [{"name": "default", "ttft_ms": 50, "tpot_ms": 20}],
+    "goodput": {"low_rate": 5.0, "high_rate": 20.0, "tolerance": 0.25},
+}
+
+TRACE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+2023-11-16 18:15:52.6805900,91,16
+"""
+
+
+def test_run_command_writes_outputs(tmp_path: Path) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(SCENARIO))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(sim, ["run", str(cfg), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "### SLO classes" in res.output
+    assert "### Goodput" in res.output
+    for name in ("summary.md", "requests.csv", "config.yaml", "attainment.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "attainment.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((out / "requests.csv").read_text().splitlines()) == 41
+
+
+def test_trace_scenario(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text(TRACE)
+    raw = dict(SCENARIO)
+    raw.pop("goodput")
+    raw["workload"] = {"arrival": "trace", "trace": {"path": "t.csv", "time_scale": 0.1}}
+    cfg = ScenarioConfig.model_validate(raw)
+    output = runner.run_scenario(cfg, None, base_dir=tmp_path)
+    assert output.result.num_finished == 3
+    assert [r.num_prompt_tokens for r in output.result.requests] == [374, 396, 91]
+    assert output.result.requests[2].arrival_s == pytest.approx(0.6)
+
+
+def test_bad_config_is_a_clean_error(tmp_path: Path) -> None:
+    raw = dict(SCENARIO)
+    raw["model"] = "no-such-model"
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code != 0
+    assert "unknown model 'no-such-model'" in res.output
+    with pytest.raises(ConfigError, match="rate_per_s"):
+        build_workload(ScenarioConfig.model_validate({**SCENARIO, "workload": {}}).workload)
+
+
+def test_distserve_quick_direction_and_band(tmp_path: Path) -> None:
+    repro = runner.run_reproduction("distserve", quick=True, out_dir=tmp_path)
+    (ratio,) = repro.comparisons
+    # Direction: disaggregation wins per GPU. Band: the paper's 2.1x is out of reach with
+    # Table-1 SLOs on the roofline model (docs/simulator.md); we pin ours to [1.05, 2.1 * 1.25].
+    assert 1.05 <= ratio.ours <= 2.1 * 1.25
+    assert (tmp_path / "distserve.md").read_text().startswith("## DistServe")
+    assert (tmp_path / "distserve-0.png").stat().st_size > 0
+
+
+def test_reproduce_command_prints_paper_vs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bool] = []
+
+    def fake(quick: bool) -> Reproduction:
+        calls.append(quick)
+        return Reproduction("DistServe", (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0),), {})
+
+    monkeypatch.setitem(reproduce.REPRODUCTIONS, "distserve", fake)
+    res = CliRunner().invoke(sim, ["reproduce", "distserve", "--quick"])
+    assert res.exit_code == 0, res.output
+    assert calls == [True]
+    assert "paper vs ours" in res.output
+
+
+def test_profiled_latency_scenario(tmp_path: Path) -> None:
+    (tmp_path / "p.csv").write_text(
+        "component,x,seconds\ngemm,1,0.002\ngemm,4096,0.05\n"
+        "prefill_attention,1,0\nprefill_attention,1e7,0.01\n"
+        "decode_attention,1,0\ndecode_attention,1e6,0.01\n"
+    )
+    raw = {**SCENARIO, "latency_profile": "p.csv"}
+    raw.pop("goodput")
+    cfg = ScenarioConfig.model_validate(raw)
+    slow = runner.run_scenario(cfg, None, base_dir=tmp_path).result
+    fast = runner.run_scenario(
+        ScenarioConfig.model_validate({**raw, "latency_profile": None}), None
+    ).result
+    assert slow.num_finished == fast.num_finished == 40
+    assert slow.busy_gpu_seconds > fast.busy_gpu_seconds  # the table is slower than tiny's roofline
+
+
+def test_bench_command_on_a_small_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    res = CliRunner().invoke(sim, ["bench", "--trace", str(trace), "--workers", "4"])
+    assert res.exit_code == 0, res.output
+    assert "requests / CPU s" in res.output
