@@ -164,6 +164,13 @@ class PlacementFile(_FileModel):
     """P/D split policy. Ignored today: the router always behaves as `Auto`."""
 
 
+class EngineFile(_FileModel):
+    """The engine the workers run (it decides the default tokenizer)."""
+
+    kind: str = "vllm"
+    """`vllm`: the tokenizer is the model's; `sim`: the local byte-level BPE unless given."""
+
+
 class RouterFile(_FileModel):
     """The whole `router.yaml`. Build with `RouterFile.from_configmap`, turn into a `RouterConfig`
     with `router_config()`.
@@ -173,6 +180,8 @@ class RouterFile(_FileModel):
     """The owning `LLMService` (informational: logs)."""
     model: v1.ModelSpec
     """The served model; `name` is what clients send, `tokenizer` (else `source`) is loaded."""
+    engine: EngineFile = EngineFile()
+    """The workers' engine."""
     listen: ListenFile = ListenFile()
     """The router's ports."""
     discovery: DiscoverySettings | None = None
@@ -197,11 +206,19 @@ class RouterFile(_FileModel):
         clean, ignored = _strip_unknown(cls, data, "")
         return cls.model_validate(clean), tuple(ignored)
 
+    @property
+    def needs_default_tokenizer(self) -> bool:
+        """Simulated engines run no model: without an explicit tokenizer, use the local BPE."""
+        return self.engine.kind == "sim" and not self.model.tokenizer
+
+    def tokenizer_dir(self) -> str:
+        return self.model.tokenizer or self.model.source
+
     def router_config(self, **overrides: Any) -> RouterConfig:
         """The `RouterConfig` this file describes; `overrides` (RouterConfig fields) win."""
         values: dict[str, Any] = {
             "model_name": self.model.name,
-            "tokenizer_dir": self.model.tokenizer or self.model.source,
+            "tokenizer_dir": self.tokenizer_dir(),
             "http_port": self.listen.http_port,
             "grpc_port": self.listen.grpc_port,
             "discovery": self.discovery,

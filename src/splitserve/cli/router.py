@@ -154,4 +154,8 @@ def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
         logging.getLogger(__name__).warning(
             "%s: ignoring keys this router does not know: %s", path, ", ".join(ignored)
         )
+    if parsed.needs_default_tokenizer and "tokenizer_dir" not in overrides:
+        from splitserve.cli.up import default_tokenizer_path
+
+        overrides = {**overrides, "tokenizer_dir": str(default_tokenizer_path())}
     return parsed.router_config(**overrides)

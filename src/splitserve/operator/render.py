@@ -289,6 +289,7 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
     return {
         "service": ref.name,
         "model": spec.model.wire(),
+        "engine": {"kind": spec.engine.kind.value},
         "listen": {"httpPort": spec.router.http_port, "grpcPort": spec.router.grpc_port},
         "discovery": {
             "kind": "kubernetes",
