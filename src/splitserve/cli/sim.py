@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from splitserve.sim.reproduce import REPRODUCTIONS
+
 
 @click.group()
 def sim() -> None:
@@ -40,7 +42,7 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
 
 
 @sim.command("reproduce")
-@click.argument("paper", type=click.Choice(["distserve"]))
+@click.argument("paper", type=click.Choice(sorted(REPRODUCTIONS)))
 @click.option("--quick", is_flag=True, help="Fewer requests and a coarser search (seconds).")
 @click.option(
     "--out",

@@ -45,6 +45,8 @@ from splitserve.sim.events import Event, EventKind
 from splitserve.sim.metrics import RequestRecord, SimResult, WorkerRecord
 from splitserve.sim.workload import WorkItem
 
+_STEP_DONE = EventKind.STEP_DONE
+
 
 class KvOverlap(StrEnum):
     NONE = "none"
@@ -138,7 +140,7 @@ class Cluster:
 
     def handle(self, event: Event, sim: Simulator) -> None:
         kind = event.kind
-        if kind is EventKind.STEP_DONE:
+        if kind is _STEP_DONE:
             self._step_done(self.workers[event.target], event.payload, sim)
         elif kind is EventKind.TRANSFER_DONE:
             assert isinstance(event.payload, SimRequest)
@@ -252,7 +254,7 @@ class Cluster:
         t0 = worker.latency.step_s(step.batch)
         slope = 0.0
         if step.repeat > 1:
-            longer = BatchShape((), tuple(c + 1 for c in step.batch.decode_contexts))
+            longer = BatchShape((), tuple([c + 1 for c in step.batch.decode_contexts]))
             slope = worker.latency.step_s(longer) - t0
         worker.run_first_s, worker.run_slope_s = t0, slope
         self._schedule_done(worker, sim)

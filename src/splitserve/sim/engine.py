@@ -8,6 +8,7 @@ Pure: no I/O, no wall time.
 
 from __future__ import annotations
 
+import heapq
 from typing import Protocol
 
 from splitserve.core.clock import ManualClock
@@ -36,8 +37,9 @@ class Simulator:
         self, time_s: float, kind: EventKind, target: int = -1, payload: object = None
     ) -> Event:
         """Queue an event at `time_s` (never in the past)."""
-        if time_s < self.clock.now_s():
-            raise ValueError(f"cannot schedule in the past: {time_s} < {self.clock.now_s()}")
+        now = self.clock.now_s()
+        if time_s < now:
+            raise ValueError(f"cannot schedule in the past: {time_s} < {now}")
         return self.queue.push(time_s, kind, target, payload)
 
     def run(self, world: World, until_s: float | None = None, max_events: int | None = None) -> int:
@@ -45,19 +47,22 @@ class Simulator:
 
         Returns the number of events handled by this call. Events after `until_s` stay queued.
         """
-        queue = self.queue
         clock = self.clock
+        heap = self.queue.heap_entries()
+        pop = heapq.heappop
+        handle = world.handle
+        advance = clock.advance_to
         handled = 0
         limit = float("inf") if until_s is None else until_s
-        while len(queue):
-            if max_events is not None and handled >= max_events:
+        max_n = -1 if max_events is None else max(0, max_events)
+        while heap:
+            if handled == max_n:
                 break
-            t = queue.peek_time_s()
-            if t is None or t > limit:
+            if heap[0][0] > limit:
                 break
-            event = queue.pop()
-            clock.advance_to(event.time_s)
-            world.handle(event, self)
+            event = pop(heap)[3]
+            advance(event.time_s)
+            handle(event, self)
             handled += 1
         self.num_events += handled
         return handled

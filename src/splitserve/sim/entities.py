@@ -152,6 +152,16 @@ class SimWorker:
         self._view: EndpointView | None = None
         self._report: tuple[int, int, int, int, int, int] | None = None
         self._report_at_s = 0.0
+        self._exact: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
+        self._exact_version = -1
+        self._exact_step: Step | None = None
+        self._exact_started_s = 0.0
+        self._exact_lo_s = 0.0
+        self._exact_hi_s = -1.0
+        self._exact_next = 1
+        """The step count at which the cached report expires (when `_exact_hi_s` is finite)."""
+        """`_exact` holds for this version, step and start while lo <= elapsed < hi."""
+        self._view_load: tuple[int, int, int, int, int, int] | None = None
         self.inflight = 0
         """Requests the router sent here and has not seen finish (prefill: until the first
         token; decode or aggregated: until the last), as the live router counts them."""
@@ -185,13 +195,30 @@ class SimWorker:
         `PoolView`. With `report_interval_s = 0` the report is the exact state at `now_s`;
         otherwise a report is taken when first needed after the previous one expired, stamped
         at the interval tick, and reused until the next tick (staleness up to one interval)."""
+        view = self._view
+        if (
+            report_interval_s <= 0
+            and view is not None
+            and self._view_load is self._exact
+            and self._exact_version == self.version
+            and self._exact_step is self.step
+            and self._exact_started_s == self.step_started_s
+            and self._exact_lo_s <= now_s - self.step_started_s < self._exact_hi_s
+            and view.inflight == self.inflight
+        ):
+            return view  # `_exact_load` would hit its cache, and the view shows that load
         if report_interval_s > 0:
             if self._report is None or now_s >= self._report_at_s + report_interval_s:
                 self._report = self._exact_load(now_s)
                 self._report_at_s = now_s - now_s % report_interval_s
             waiting, running, free, total, size, pending = self._report
         else:
-            waiting, running, free, total, size, pending = self._exact_load(now_s)
+            load = self._exact_load(now_s)
+            view = self._view
+            if view is not None and load is self._view_load and view.inflight == self.inflight:
+                return view  # nothing the view shows has changed
+            self._view_load = load
+            waiting, running, free, total, size, pending = load
         view = self._view
         if (
             view is None
@@ -216,16 +243,63 @@ class SimWorker:
         return view
 
     def _exact_load(self, now_s: float) -> tuple[int, int, int, int, int, int]:
-        """(waiting, running, free blocks, total blocks, block size, pending prefill tokens)."""
+        """(waiting, running, free blocks, total blocks, block size, pending prefill tokens).
+
+        Cached: the answer only changes with the engine (`version`), the step in flight, or when
+        enough steps of a fused run have ended for its free blocks to change; the cache remembers
+        that elapsed-time window (run lengths grow with the step count)."""
+        step = self.step
+        started = self.step_started_s
+        elapsed = now_s - started
+        same_run = (
+            self._exact_version == self.version
+            and self._exact_step is step
+            and self._exact_started_s == started
+        )
+        if same_run and self._exact_lo_s <= elapsed < self._exact_hi_s:
+            return self._exact
         if self._load_version != self.version:
             self._load = self.engine.load()
             self._load_version = self.version
         load = self._load
         free = load.free_blocks
-        done = self.steps_done(now_s)
-        if done and self.step is not None:
-            free = self.engine.fused_free_blocks(self.step, done)
-        return (
+        done = 0
+        lo, hi = -math.inf, math.inf
+        if step is not None and step.repeat > 1:
+            first, slope = self.run_first_s, self.run_slope_s
+            last = step.repeat - 1
+            if first <= 0:
+                done = last  # as `steps_done`: every step has ended
+            elif slope < 0:
+                # Not monotone (a latency model outside its contract): no window, no cache.
+                done = min(steps_done(first, slope, elapsed, step.repeat), last)
+                lo = math.inf
+            else:
+                # Run lengths grow with the step count, so `done` = the largest m <= last with
+                # run_duration_s(m) <= elapsed, and it holds while elapsed < run_duration_s(m+1).
+                done = -1
+                if same_run and elapsed >= self._exact_hi_s:
+                    # Later in the same run: walk on from the cached count (usually few steps).
+                    m = self._exact_next  # run_duration_s(m) == the old hi <= elapsed
+                    for _ in range(64):
+                        n = m + 1  # run_duration_s(first, slope, n), inlined (same arithmetic)
+                        if m >= last or n * first + slope * n * (n - 1) / 2 > elapsed:
+                            done = m
+                            break
+                        m = n
+                if done < 0:
+                    done = min(steps_done(first, slope, elapsed, step.repeat), last)
+                if done > 0:
+                    lo = run_duration_s(first, slope, done)
+                if done < last:
+                    # The report holds until the free blocks can change, not just one step.
+                    upto = self.engine.fused_free_blocks_change(step, done)
+                    if upto <= last:
+                        hi = run_duration_s(first, slope, upto)
+                        self._exact_next = upto
+        if done and step is not None:
+            free = self.engine.fused_free_blocks(step, done)
+        exact = (
             load.num_waiting,
             load.num_running + load.num_transferring,
             free,
@@ -233,6 +307,12 @@ class SimWorker:
             load.block_size,
             load.pending_prefill_tokens,
         )
+        self._exact = exact
+        self._exact_version = self.version
+        self._exact_step = step
+        self._exact_started_s = started
+        self._exact_lo_s, self._exact_hi_s = lo, hi
+        return exact
 
 
 @dataclass(frozen=True, slots=True)

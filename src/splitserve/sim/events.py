@@ -61,6 +61,11 @@ class EventQueue:
         heapq.heappush(self._heap, (time_s, int(kind), seq, event))
         return event
 
+    def heap_entries(self) -> list[tuple[float, int, int, Event]]:
+        """The heap itself, `(time_s, priority, seq, event)` entries, for the event loop's
+        inlined pop (`heapq.heappop`); push only through `push`."""
+        return self._heap
+
     def pop(self) -> Event:
         """The earliest event. Raises `IndexError` when empty."""
         return heapq.heappop(self._heap)[3]

@@ -15,6 +15,7 @@ per-GPU goodput, as Alg. 1 does; both sides use TP 1 (Fig. 11: TP 1 is vLLM's be
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -231,4 +232,19 @@ def distserve(quick: bool = False) -> Reproduction:
     return Reproduction("DistServe", tuple(comparisons), systems, notes)
 
 
-REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {"distserve": distserve}
+def _lazy(target: str) -> Callable[[bool], Reproduction]:
+    """A reproduction living in its own module (`module:function`), imported when run."""
+
+    def run(quick: bool) -> Reproduction:
+        module, attr = target.split(":")
+        fn: Callable[[bool], Reproduction] = getattr(importlib.import_module(module), attr)
+        return fn(quick)
+
+    return run
+
+
+REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
+    "distserve": distserve,
+    "tetriinfer": _lazy("splitserve.sim.repro_tetriinfer:tetriinfer"),
+    "pastfuture": _lazy("splitserve.sim.repro_pastfuture:pastfuture"),
+}

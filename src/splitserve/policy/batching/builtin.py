@@ -11,6 +11,11 @@ from splitserve.policy.registry import PluginRegistry
 BATCHING: PluginRegistry[Callable[..., BatchingPolicy]] = PluginRegistry("batching policy")
 BATCHING.add("fcfs", "splitserve.policy.batching.builtin:_make_fcfs")
 BATCHING.add("sarathi", "splitserve.policy.batching.builtin:_make_sarathi")
+# Each of these modules exposes `make(**params) -> BatchingPolicy`.
+BATCHING.add("tetriinfer-prefill", "splitserve.policy.batching.tetriinfer:make_prefill")
+BATCHING.add("tetriinfer-decode", "splitserve.policy.batching.tetriinfer:make_decode")
+BATCHING.add("pastfuture", "splitserve.policy.batching.pastfuture:make")
+BATCHING.add("alise", "splitserve.policy.batching.alise:make")
 
 
 def _make_fcfs(**params: Any) -> BatchingPolicy:

@@ -18,8 +18,9 @@ honour raises before anything changes.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from splitserve.core.errors import CapacityError
@@ -29,6 +30,10 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request
 from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
 from splitserve.policy.batching.tokens import SyntheticTokens
+
+
+def _arrival_key(s: _Seq) -> float:
+    return s.request.arrival_s
 
 
 class RequestMode(StrEnum):
@@ -140,6 +145,11 @@ class EngineModel:
         self._seqs: dict[RequestId, _Seq] = {}
         self._inflight: Step | None = None
         self.num_preemptions = 0
+        self._epoch = 0
+        """Bumped whenever a scheduled sequence's progress, blocks or phase may change outside
+        `add` (keys `_fused_thresholds`)."""
+        self._fused_key: tuple[Step | None, int] = (None, -1)
+        self._fused_thresholds: list[int] = []
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -177,20 +187,37 @@ class EngineModel:
     def view(self, now_s: float) -> StepView:
         held = self.blocks.held.get
         waiting_seqs: list[_Seq] = []
-        running_seqs: list[_Seq] = []
+        running: list[SeqView] = []
+        running_phase, waiting_phase = SeqPhase.RUNNING, SeqPhase.WAITING
         for s in self._seqs.values():
-            if s.phase is SeqPhase.RUNNING:
-                running_seqs.append(s)
-            elif s.phase is SeqPhase.WAITING:
+            phase = s.phase
+            if phase is running_phase:
+                r = s.request
+                rid = r.id
+                running.append(  # `_Seq.view`, inlined (hot): a running sequence is never remote
+                    SeqView(
+                        rid,
+                        r.arrival_s,
+                        s.num_prompt,
+                        len(s.output_ids),
+                        s.num_computed,
+                        r.sampling.max_tokens,
+                        held(rid, 0),
+                        False,
+                    )
+                )
+            elif phase is waiting_phase:
                 waiting_seqs.append(s)
-        waiting_seqs.sort(key=lambda s: s.request.arrival_s)
+        if len(waiting_seqs) > 1:
+            waiting_seqs.sort(key=_arrival_key)
+        blocks = self.blocks
         return StepView(
-            now_s=now_s,
-            waiting=tuple(s.view(held(s.request.id, 0)) for s in waiting_seqs),
-            running=tuple(s.view(held(s.request.id, 0)) for s in running_seqs),
-            free_blocks=self.blocks.num_free,
-            total_blocks=self.blocks.num_blocks,
-            block_size=self.blocks.block_size,
+            now_s,
+            tuple([s.view(held(s.request.id, 0)) for s in waiting_seqs]),
+            tuple(running),
+            blocks.num_free,
+            blocks.num_blocks,
+            blocks.block_size,
         )
 
     def schedule(self, now_s: float, max_repeat: int = 1) -> Step | None:
@@ -202,6 +229,7 @@ class EngineModel:
         """
         if self._inflight is not None:
             raise RuntimeError("a step is already in flight")
+        self._epoch += 1
         view = self.view(now_s)
         if not view.waiting and not view.running:
             return None
@@ -214,6 +242,9 @@ class EngineModel:
         transfers: list[RequestId] = []
         seqs = self._seqs
         running = SeqPhase.RUNNING
+        blocks = self.blocks
+        size = blocks.block_size
+        held = blocks.held.get
         for rid, n in decision.chunks:
             seq = seqs[rid]
             if seq.mode is RequestMode.DECODE and seq.phase is SeqPhase.WAITING:
@@ -222,7 +253,8 @@ class EngineModel:
                 transfers.append(rid)
                 continue
             computed = seq.num_computed
-            self._must_grow(rid, computed + n)
+            if -(-(computed + n) // size) > held(rid, 0):  # `_must_grow`'s test, inlined (hot)
+                self._must_grow(rid, computed + n)
             seq.phase = running
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
@@ -255,6 +287,7 @@ class EngineModel:
             raise ValueError(f"steps_done must be in [0, {step.repeat}), got {steps_done}")
         if steps_done == 0:
             return step
+        self._epoch += 1
         for rid, _ in step.decision.chunks:
             seq = self._seqs.get(rid)
             if seq is None or seq.phase is not SeqPhase.RUNNING:
@@ -268,32 +301,71 @@ class EngineModel:
                 )
             seq.num_computed += steps_done
             self._must_grow(rid, seq.num_computed + 1)
-        contexts = tuple(c + steps_done for c in step.batch.decode_contexts)
-        rest = replace(
-            step,
-            batch=BatchShape((), contexts),
-            started_s=started_s,
-            repeat=step.repeat - steps_done,
+        contexts = tuple([c + steps_done for c in step.batch.decode_contexts])
+        rest = Step(
+            step.decision,
+            BatchShape((), contexts),
+            started_s,
+            step.transfers,
+            step.repeat - steps_done,
         )
         self._inflight = rest
         return rest
 
     def fused_free_blocks(self, step: Step, steps_done: int) -> int:
         """Free blocks as stepping one by one would show them once `steps_done` steps of the
-        fused run in flight have ended (the next step holding its blocks). Changes nothing."""
+        fused run in flight have ended (the next step holding its blocks). Changes nothing.
+
+        Sequence i (computed c, holding h blocks of `size`) then needs
+        `max(0, ceil((c + steps_done + 1) / size) - h)` more blocks, which is
+        `1 + (steps_done - d) // size` from `steps_done >= d = h * size - c` on (0 before): the
+        sorted thresholds d are kept per step in flight, so a query is a bisection."""
         if steps_done <= 0:
             return self.blocks.num_free
+        thresholds = self._thresholds(step)
+        n = bisect_right(thresholds, steps_done)
+        if n == 0:
+            return self.blocks.num_free
         size = self.blocks.block_size
-        held = self.blocks.blocks_held
+        if steps_done - thresholds[0] < size:
+            return self.blocks.num_free - n  # each of the n needs exactly one block more
         need = 0
-        for rid, _ in step.decision.chunks:
-            seq = self._seqs.get(rid)
-            if seq is None or seq.phase is not SeqPhase.RUNNING:
-                continue
-            extra = -(-(seq.num_computed + steps_done + 1) // size) - held(rid)
-            if extra > 0:
-                need += extra
+        for i in range(n):
+            need += 1 + (steps_done - thresholds[i]) // size
         return self.blocks.num_free - need
+
+    def fused_free_blocks_change(self, step: Step, steps_done: int) -> int:
+        """The smallest count > `steps_done` at which `fused_free_blocks(step, count)` can differ
+        from its value at `steps_done` (blocks freed or taken meanwhile aside). Changes nothing."""
+        if steps_done <= 0:
+            return 1
+        size = self.blocks.block_size
+        nxt = steps_done + size  # every threshold recurs with period `size`
+        for d in self._thresholds(step):
+            at = d if d > steps_done else steps_done + 1 + (d - steps_done - 1) % size
+            if at < nxt:
+                nxt = at
+        return nxt
+
+    def _thresholds(self, step: Step) -> list[int]:
+        """Sorted `held * size - computed` of the running sequences of `step` (see
+        `fused_free_blocks`), cached per step in flight and engine epoch."""
+        key = (step, self._epoch)
+        if self._fused_key[0] is not step or self._fused_key[1] != self._epoch:
+            size = self.blocks.block_size
+            held = self.blocks.held.get
+            seqs = self._seqs
+            running = SeqPhase.RUNNING
+            thresholds: list[int] = []
+            for rid, _ in step.decision.chunks:
+                seq = seqs.get(rid)
+                if seq is None or seq.phase is not running:
+                    continue
+                thresholds.append(held(rid, 0) * size - seq.num_computed)
+            thresholds.sort()
+            self._fused_key = key
+            self._fused_thresholds = thresholds
+        return self._fused_thresholds
 
     def truncate(self, step: Step, repeat: int) -> Step:
         """Shorten the in-flight fused run to its first `repeat` steps; returns the new step."""
@@ -303,7 +375,7 @@ class EngineModel:
             raise ValueError(f"repeat must be in [1, {step.repeat}], got {repeat}")
         if repeat == step.repeat:
             return step
-        short = replace(step, repeat=repeat)
+        short = Step(step.decision, step.batch, step.started_s, step.transfers, repeat)
         self._inflight = short
         return short
 
@@ -312,23 +384,54 @@ class EngineModel:
         if self._inflight is not step:
             raise RuntimeError("complete() must be given the step in flight")
         self._inflight = None
+        self._epoch += 1
         tokens: list[TokenEvent] = []
         prefilled: list[RequestId] = []
         finished: list[RequestId] = []
         seqs = self._seqs
         running = SeqPhase.RUNNING
         repeat = step.repeat
+        counted = self.tokens is None
+        fast_run = repeat > 1 and counted
+        if fast_run:
+            size = self.blocks.block_size
+            held = self.blocks.held.get
+            pad = [0] * (repeat - 1)
         for rid, n in step.decision.chunks:
             seq = seqs.get(rid)
             if seq is None or seq.phase is not running or n == 0:
                 continue  # aborted meanwhile, or an admission-only chunk
-            if repeat > 1:
+            if fast_run:
+                # `_advance_run` + `_sample` with counted tokens, inlined (the fused decode path)
+                computed = seq.num_computed + repeat
+                seq.num_computed = computed
+                if -(-computed // size) > held(rid, 0):
+                    self._must_grow(rid, computed)
+                outputs = seq.output_ids
+                outputs.extend(pad)
+                index = len(outputs)
+                outputs.append(0)
+                max_tokens = seq.request.sampling.max_tokens
+                event = TokenEvent(
+                    rid, 0, index, FinishReason.LENGTH if index + 1 >= max_tokens else None
+                )
+            elif repeat > 1:
                 event = self._advance_run(seq, repeat)
             else:
-                seq.num_computed += n
-                if seq.num_computed < seq.num_prompt + len(seq.output_ids):
+                computed = seq.num_computed + n
+                seq.num_computed = computed
+                outputs = seq.output_ids
+                index = len(outputs)
+                if computed < seq.num_prompt + index:
                     continue  # a prefill chunk that did not reach the end of the prompt yet
-                event = self._sample(seq)
+                if counted:  # `_sample` with counted tokens, inlined
+                    outputs.append(0)
+                    max_tokens = seq.request.sampling.max_tokens
+                    event = TokenEvent(
+                        rid, 0, index, FinishReason.LENGTH if index + 1 >= max_tokens else None
+                    )
+                else:
+                    event = self._sample(seq)
             tokens.append(event)
             if event.finish_reason is not None:
                 self._drop(seq)
@@ -344,6 +447,7 @@ class EngineModel:
         seq = self._seqs.get(rid)
         if seq is None or seq.phase is not SeqPhase.TRANSFERRING:
             return False
+        self._epoch += 1
         seq.num_computed = seq.num_prompt
         seq.phase = SeqPhase.RUNNING
         return True
@@ -392,7 +496,12 @@ class EngineModel:
 
     @property
     def has_runnable_work(self) -> bool:
-        return any(s.phase in (SeqPhase.WAITING, SeqPhase.RUNNING) for s in self._seqs.values())
+        waiting, running = SeqPhase.WAITING, SeqPhase.RUNNING
+        for s in self._seqs.values():
+            phase = s.phase
+            if phase is waiting or phase is running:
+                return True
+        return False
 
     def load(self) -> EngineLoad:
         waiting = running = transferring = holding = pending = 0
@@ -498,10 +607,16 @@ class EngineModel:
             k = min(k, sampling.max_tokens - len(seq.output_ids))
         free = self.blocks.num_free
         size = self.blocks.block_size
-        held = self.blocks.blocks_held
+        held = self.blocks.held.get
+        state = [(s.num_computed, held(s.request.id, 0)) for s in seqs]
 
         def extra(steps: int) -> int:
-            return sum(max(0, blocks_for(s.num_computed + steps, size) - held(s.id)) for s in seqs)
+            total = 0
+            for computed, h in state:
+                e = -(-(computed + steps) // size) - h  # blocks_for, inlined
+                if e > 0:
+                    total += e
+            return total
 
         if k > 1 and extra(k) > free:
             lo, hi = 1, k  # extra(lo) == 0 <= free (schedule grew for one step); extra(hi) > free
@@ -537,5 +652,6 @@ class EngineModel:
         return TokenEvent(seq.request.id, token, index, reason)
 
     def _drop(self, seq: _Seq) -> None:
+        self._epoch += 1
         self.blocks.free(seq.id)
         del self._seqs[seq.id]

@@ -51,41 +51,85 @@ class FcfsPolicy:
             )
             if prompts.chunks:
                 return StepDecision(chunks=tuple(prompts.chunks))
+        # The running pass with `_Plan.chunk_size` / `need` / `take` inlined (the hot loop: every
+        # decode of every step passes here); `plan` is brought up to date for `_admit` after.
         plan = _Plan(view.free_blocks, view.block_size, self.params.max_num_batched_tokens)
         running = deque(view.running)
         preempt: list[RequestId] = []
         chunked = self.params.chunked_prefill
+        free = plan.free_blocks
+        budget = plan.budget
+        size = plan.block_size
+        chunks = plan.chunks
+        popleft = running.popleft
         while running:
-            seq = running.popleft()
-            n = plan.chunk_size(seq, chunked)
+            seq = popleft()
+            n = seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens
+            if n > budget:
+                if chunked:
+                    n = budget
+                elif chunks or budget <= 0:
+                    n = 0
             if n == 0:
                 continue
-            need = plan.need(seq, n)
-            while need > plan.free_blocks and running:
+            tokens = seq.num_prompt_tokens if seq.remote_kv else seq.num_computed_tokens + n
+            need = -(-tokens // size) - seq.blocks_held  # blocks_for, inlined (hot)
+            if need < 0:
+                need = 0
+            while need > free and running:
                 victim = running.pop()  # latest admitted: vLLM preempts from the back
                 preempt.append(victim.id)
-                plan.free_blocks += victim.blocks_held
-            if need <= plan.free_blocks:
-                plan.take(seq, n, need)
+                free += victim.blocks_held
+            if need <= free:
+                free -= need
+                budget = budget - n if budget > n else 0
+                chunks.append((seq.id, n))
             else:
                 preempt.append(seq.id)
-                plan.free_blocks += seq.blocks_held
+                free += seq.blocks_held
+        plan.free_blocks = free
+        plan.budget = budget
         if not (self.params.prefill_priority and preempt):
             self._admit(view, plan, len(view.running) - len(preempt))
         return StepDecision(chunks=tuple(plan.chunks), preempt=tuple(preempt))
 
     def _admit(self, view: StepView, plan: _Plan, num_running: int) -> _Plan:
-        """Admit waiting sequences in arrival order while budget, seats and blocks allow."""
+        """Admit waiting sequences in arrival order while budget, seats and blocks allow.
+
+        `_Plan.chunk_size` / `fits` / `take` inlined (hot); `plan` is brought up to date after."""
+        max_seqs = self.params.max_num_seqs
+        chunked = self.params.chunked_prefill
+        free = plan.free_blocks
+        budget = plan.budget
+        size = plan.block_size
+        chunks = plan.chunks
         for seq in view.waiting:
-            if num_running >= self.params.max_num_seqs:
+            if num_running >= max_seqs:
                 break
-            n = 0 if seq.remote_kv else plan.chunk_size(seq, self.params.chunked_prefill)
-            if not seq.remote_kv and n == 0:
+            if seq.remote_kv:
+                n = 0
+                tokens = seq.num_prompt_tokens
+            else:
+                n = seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens
+                if n > budget:
+                    if chunked:
+                        n = budget
+                    elif chunks or budget <= 0:
+                        n = 0
+                if n == 0:
+                    break
+                tokens = seq.num_computed_tokens + n
+            need = -(-tokens // size) - seq.blocks_held  # blocks_for, inlined
+            if need < 0:
+                need = 0
+            if need > free:
                 break
-            if not plan.fits(seq, n):
-                break
-            plan.take(seq, n)
+            free -= need
+            budget = budget - n if budget > n else 0
+            chunks.append((seq.id, n))
             num_running += 1
+        plan.free_blocks = free
+        plan.budget = budget
         return plan
 
 

@@ -19,3 +19,4 @@ SCORERS.add(
     "pending-prefill-tokens", "splitserve.policy.placement.scorers:FewestPendingPrefillTokens"
 )
 PICKERS.add("max-score", "splitserve.policy.placement.pickers:MaxScore")
+SCORERS.add("tetriinfer-p2c", "splitserve.policy.placement.tetriinfer:TetriPowerOfTwo")

@@ -64,5 +64,5 @@ def test_registry_builds_by_name_and_rejects_unknown() -> None:
     policy = make_batching_policy("fcfs", max_num_batched_tokens=32)
     assert isinstance(policy, FcfsPolicy)
     assert policy.params.max_num_batched_tokens == 32
-    with pytest.raises(ConfigError, match="valid: .*fcfs"):
+    with pytest.raises(ConfigError, match=r"valid: .*fcfs"):
         make_batching_policy("nope")

@@ -1,0 +1,153 @@
+"""Output-length predictors.
+
+Invariants:
+1. every predictor's answer lies in [max(1, generated), max_tokens];
+2. history quantiles are monotone in q, and the window is a FIFO of at most `window` lengths;
+3. the conditional sampler never returns less than the generated length nor more than
+   max(cap, max(window)), and falls back to Uniform[generated, cap] past the window's maximum;
+4. cold start fills half the window with the cap;
+5. the bucketed model lands in the dominant output bin of a prompt bin, and defers to the global
+   table while a prompt bin is thin;
+6. the oracle returns the truth (clipped), and max_tokens for unknown ids.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from splitserve.core.ids import RequestId
+from splitserve.policy.predict import (
+    BucketedParams,
+    BucketedPredictor,
+    HistoryPredictor,
+    HistoryWindow,
+    LengthQuery,
+    OraclePredictor,
+    OutputLengthPredictor,
+)
+
+lengths = st.lists(st.integers(1, 5000), min_size=1, max_size=60)
+queries = st.builds(
+    LengthQuery,
+    st.just(RequestId("q")),
+    st.integers(0, 5000),
+    st.integers(0, 5000),
+    st.integers(1, 5000),
+)
+
+
+def _predictors(history: list[int]) -> list[OutputLengthPredictor]:
+    window = HistoryWindow(50)
+    bucketed = BucketedPredictor(BucketedParams(output_bin_tokens=100, min_samples=2))
+    for i, n in enumerate(history):
+        window.add(n)
+        bucketed.observe(10 * i, n)
+    oracle = OraclePredictor({RequestId("q"): history[0]})
+    return [HistoryPredictor(window, 0.9), bucketed, oracle]
+
+
+@given(lengths, queries)
+def test_predictions_within_bounds(history: list[int], query: LengthQuery) -> None:
+    for predictor in _predictors(history):
+        got = predictor.predict(query)
+        assert max(1, query.num_generated_tokens) <= got
+        assert got <= max(query.max_tokens, query.num_generated_tokens, 1)
+
+
+@given(lengths, st.floats(0, 1), st.floats(0, 1))
+def test_quantiles_monotone(history: list[int], q1: float, q2: float) -> None:
+    window = HistoryWindow(1000)
+    for n in history:
+        window.add(n)
+    lo, hi = sorted((q1, q2))
+    assert window.quantile(lo) <= window.quantile(hi)
+    assert window.quantile(0.0) == min(history)
+    assert window.quantile(1.0) == max(history)
+
+
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=30), st.integers(1, 10))
+def test_window_is_fifo(history: list[int], size: int) -> None:
+    window = HistoryWindow(size)
+    for n in history:
+        window.add(n)
+    assert len(window) == min(size, len(history))
+    assert window.sorted_lengths == tuple(sorted(history[-size:]))
+
+
+@given(lengths, st.integers(0, 6000), st.integers(1, 5000), st.integers(0, 2**32))
+def test_conditional_sample_bounds(history: list[int], done: int, cap: int, seed: int) -> None:
+    window = HistoryWindow(1000)
+    for n in history:
+        window.add(n)
+    rng = random.Random(seed)
+    for _ in range(10):
+        got = window.sample_given(done, cap, rng)
+        assert done <= got <= max(cap, max(history), done)
+
+
+def test_sampler_falls_back_to_uniform_past_the_window() -> None:
+    window = HistoryWindow(100)
+    for n in range(1, 101):
+        window.add(n)
+    rng = random.Random(0)
+    draws = [window.sample_given(200, 1200, rng) for _ in range(4000)]
+    assert min(draws) >= 200
+    assert max(draws) <= 1200
+    assert sum(draws) / len(draws) == pytest.approx(700, rel=0.03)
+    new = [window.sample_new(rng) for _ in range(4000)]
+    assert sum(new) / len(new) == pytest.approx(50.5, rel=0.05)
+
+
+def test_cold_start_is_half_window_at_cap() -> None:
+    window = HistoryWindow(10, cold_start_tokens=4096)
+    assert list(window.sorted_lengths) == [4096] * 5
+    for _ in range(10):
+        window.add(7)
+    assert list(window.sorted_lengths) == [7] * 10
+
+
+def test_history_predictor_conditions_on_generated() -> None:
+    window = HistoryWindow(10)
+    for n in (10, 20, 30, 40):
+        window.add(n)
+    predictor = HistoryPredictor(window, 0.5)
+    assert predictor.predict(LengthQuery(RequestId("a"), 5, 0, 100)) == 20
+    assert predictor.predict(LengthQuery(RequestId("a"), 5, 25, 100)) == 30
+    assert predictor.predict(LengthQuery(RequestId("a"), 5, 45, 100)) == 100
+
+
+def test_bucketed_learns_per_prompt_bin() -> None:
+    model = BucketedPredictor(BucketedParams(output_bin_tokens=64, min_samples=4))
+    for _ in range(10):
+        model.observe(100, 500)  # prompt bin of 100 -> output bin [449, 512]
+        model.observe(3000, 40)
+    short = model.predict(LengthQuery(RequestId("a"), 3000, 0, 4096))
+    long = model.predict(LengthQuery(RequestId("b"), 100, 0, 4096))
+    assert short <= 64
+    assert 449 <= long <= 512
+    # A thin prompt bin defers to all observations (median of 10x40 and 10x500 -> the low bin).
+    assert model.predict(LengthQuery(RequestId("c"), 20, 0, 4096)) <= 64
+    # Past the short bin, only the long one is left.
+    assert 449 <= model.predict(LengthQuery(RequestId("d"), 3000, 100, 4096)) <= 512
+
+
+def test_oracle() -> None:
+    oracle = OraclePredictor({RequestId("a"): 30})
+    assert oracle.predict(LengthQuery(RequestId("a"), 5, 0, 100)) == 30
+    assert oracle.predict(LengthQuery(RequestId("a"), 5, 0, 20)) == 20
+    assert oracle.predict(LengthQuery(RequestId("z"), 5, 0, 100)) == 100
+
+
+def test_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="window"):
+        HistoryWindow(0)
+    with pytest.raises(ValueError, match="length"):
+        HistoryWindow(5).add(0)
+    with pytest.raises(ValueError, match="empty"):
+        HistoryWindow(5).quantile(0.5)
+    with pytest.raises(ValueError, match="max_tokens"):
+        LengthQuery(RequestId("a"), 1, 0, 0)
