@@ -18,18 +18,17 @@ and the current context's namespace must be `default`).
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import itertools
 import os
 import tempfile
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.kmock_thread import KmockThread
 
 from splitserve.operator.testing import ApiCall
 
@@ -144,56 +143,31 @@ def _emulator_class() -> type[Any]:
     return Emulator
 
 
-class KmockServer:
-    """kmock in a thread of its own (kopf's runner and the synchronous tests both block)."""
+def _populate(emulator: Any) -> None:
+    """kopf's backbone: our resources, and the `default` Namespace."""
+    import kmock
+
+    for key, (kind, namespaced, subs) in RESOURCES.items():
+        emulator.resources[key] = kmock.ResourceInfo(
+            kind=kind,
+            singular=kind.lower(),
+            namespaced=namespaced,
+            verbs=set(VERBS),
+            subresources=set(subs),
+        )
+    emulator.objects["v1/namespaces", None, "default"] = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
+    }
+
+
+class KmockServer(KmockThread):
+    """kmock with the operator's resources (kopf's runner and the synchronous tests both block)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.url = ""
-        self.emulator: Any = None
-        self._stop: asyncio.Event | None = None
-        self.thread = threading.Thread(target=self._run, name="kmock", daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
-        self.loop.close()
-
-    async def _serve(self) -> None:
-        import kmock
-
         _fix_namespace_paths()
-        self._stop = asyncio.Event()
-        async with _emulator_class()() as emulator, kmock.Server(emulator) as server:
-            for key, (kind, namespaced, subs) in RESOURCES.items():
-                emulator.resources[key] = kmock.ResourceInfo(
-                    kind=kind,
-                    singular=kind.lower(),
-                    namespaced=namespaced,
-                    verbs=set(VERBS),
-                    subresources=set(subs),
-                )
-            emulator.objects["v1/namespaces", None, "default"] = {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"},
-            }
-            self.url = str(server.url).rstrip("/")
-            self.emulator = emulator
-            self.ready.set()
-            await self._stop.wait()
-
-    def start(self) -> KmockServer:
-        self.thread.start()
-        if not self.ready.wait(15):
-            raise RuntimeError("kmock did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(15)
+        super().__init__(_emulator_class(), _populate)
 
 
 def _write_kubeconfig(path: Path, server: str) -> None:

@@ -14,17 +14,16 @@ passed in.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import itertools
 import os
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.kmock_thread import KmockThread
 
 from splitserve.operator.testing import ApiCall
 
@@ -82,49 +81,23 @@ def _emulator_class() -> type[Any]:
     return Emulator
 
 
-class KmockServer:
-    """kmock in its own thread and event loop (the test's loop runs the router)."""
+def _populate(emulator: Any) -> None:
+    import kmock
+
+    emulator.resources["v1/pods"] = kmock.ResourceInfo(
+        kind="Pod",
+        singular="pod",
+        namespaced=True,
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+        subresources={"status"},
+    )
+
+
+class KmockServer(KmockThread):
+    """kmock serving pods (the test's own loop runs the router)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.url = ""
-        self.emulator: Any = None
-        self._stop: asyncio.Event | None = None
-        self.thread = threading.Thread(target=self._run, name="kmock", daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
-        self.loop.close()
-
-    async def _serve(self) -> None:
-        import kmock
-
-        self._stop = asyncio.Event()
-        async with _emulator_class()() as emulator, kmock.Server(emulator) as server:
-            emulator.resources["v1/pods"] = kmock.ResourceInfo(
-                kind="Pod",
-                singular="pod",
-                namespaced=True,
-                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-                subresources={"status"},
-            )
-            self.url = str(server.url).rstrip("/")
-            self.emulator = emulator
-            self.ready.set()
-            await self._stop.wait()
-
-    def start(self) -> KmockServer:
-        self.thread.start()
-        if not self.ready.wait(15):
-            raise RuntimeError("kmock did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(15)
+        super().__init__(_emulator_class(), _populate)
 
 
 _SERVER: KmockServer | None = None

@@ -1,0 +1,52 @@
+"""kmock (an emulated Kubernetes API server) in a thread and event loop of its own.
+
+kopf's runner, the router's discovery loop and synchronous test code all block their own loop,
+so the API server gets a separate one. Each suite supplies its emulator class (kmock plus the
+fixes it needs) and what to declare in it (resources, backbone objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any, Self
+
+
+class KmockThread:
+    def __init__(self, emulator_class: type[Any], populate: Callable[[Any], None]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.url = ""
+        self.emulator: Any = None
+        self._emulator_class = emulator_class
+        self._populate = populate
+        self._stop: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+        self.loop.close()
+
+    async def _serve(self) -> None:
+        import kmock
+
+        self._stop = asyncio.Event()
+        async with self._emulator_class() as emulator, kmock.Server(emulator) as server:
+            self._populate(emulator)
+            self.url = str(server.url).rstrip("/")
+            self.emulator = emulator
+            self.ready.set()
+            await self._stop.wait()
+
+    def start(self) -> Self:
+        self.thread.start()
+        if not self.ready.wait(15):
+            raise RuntimeError("kmock did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(15)
