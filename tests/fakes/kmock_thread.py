@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Self
 
+from splitserve.operator.testing import ApiCall
+
 
 class KmockThread:
     def __init__(self, emulator_class: type[Any], populate: Callable[[Any], None]) -> None:
@@ -39,6 +41,18 @@ class KmockThread:
             self.emulator = emulator
             self.ready.set()
             await self._stop.wait()
+
+    def calls(self) -> list[ApiCall]:
+        """Every request the emulator has answered so far."""
+        return [
+            ApiCall(
+                method=str(r.method.value if hasattr(r.method, "value") else r.method),
+                path=r.url.path,
+                params=dict(r.params),
+                user_agent=str(r.headers.get("User-Agent", "")),
+            )
+            for r in list(self.emulator)
+        ]
 
     def start(self) -> Self:
         self.thread.start()

@@ -143,19 +143,4 @@ def expire_watches(kubeconfig: str) -> Callable[[int], None] | None:
 @pytest.fixture
 def api_calls(kubeconfig: str) -> Callable[[], list[ApiCall]] | None:
     """Every request the emulator has answered so far (None on a real cluster)."""
-    if _SERVER is None:
-        return None
-    server = _SERVER
-
-    def calls() -> list[ApiCall]:
-        return [
-            ApiCall(
-                method=str(r.method.value if hasattr(r.method, "value") else r.method),
-                path=r.url.path,
-                params=dict(r.params),
-                user_agent=str(r.headers.get("User-Agent", "")),
-            )
-            for r in list(server.emulator)
-        ]
-
-    return calls
+    return None if _SERVER is None else _SERVER.calls
