@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 from tests.fakes.fake_worker import FakeWorker, Script
+from tests.fakes.ports import free_port_on_all
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import DiscoverySettings, PoolSettings
@@ -138,28 +138,13 @@ class LoopbackWorker(FakeWorker):
         self.address = f"{host}:{port}"
 
 
-def _free_port(hosts: list[str]) -> int:
-    for _ in range(20):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = int(s.getsockname()[1])
-        try:
-            for host in hosts[1:]:
-                with socket.socket() as s:
-                    s.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no port free on every loopback address")
-
-
 HOSTS = {"127.0.0.2": Role.PREFILL, "127.0.0.3": Role.DECODE, "127.0.0.4": Role.DECODE}
 
 
 @pytest.fixture
 async def workers() -> AsyncIterator[tuple[int, dict[str, LoopbackWorker]]]:
     """Fake workers on 127.0.0.2-4, one port (kmock only; a real cluster's pods run pause)."""
-    port = _free_port(list(HOSTS))
+    port = free_port_on_all(list(HOSTS))
     started = {host: LoopbackWorker(Script(role=role)) for host, role in HOSTS.items()}
     if TARGET == "kmock":
         for host, worker in started.items():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from splitserve.router.dispatch import default_decider
 from splitserve.router.pool_view import PoolView
 from splitserve.router.server import RouterServer
 from tests.fakes.fake_worker import FakeWorker, Script
+from tests.fakes.ports import free_port_on_all
 from tests.unit.router.conftest import FAST_POOL
 
 SELECTOR = "splitserve.io/component=worker,splitserve.io/service=svc"
@@ -405,26 +405,11 @@ class LoopbackWorker(FakeWorker):
         return self.address
 
 
-def _free_port(hosts: list[str]) -> int:
-    for _ in range(20):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = int(s.getsockname()[1])
-        try:
-            for host in hosts[1:]:
-                with socket.socket() as s:
-                    s.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no port free on every loopback address")
-
-
 @pytest.fixture
 async def loopback_workers() -> AsyncIterator[dict[str, LoopbackWorker]]:
     """Decode workers on 127.0.0.2 and .3, a prefill worker on .4, all on one port."""
     hosts = {"127.0.0.2": Role.DECODE, "127.0.0.3": Role.DECODE, "127.0.0.4": Role.PREFILL}
-    port = _free_port(list(hosts))
+    port = free_port_on_all(list(hosts))
     workers = {host: LoopbackWorker(Script(role=role)) for host, role in hosts.items()}
     for host, worker in workers.items():
         await worker.start_on(host, port)
