@@ -247,4 +247,9 @@ REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
     "distserve": distserve,
     "tetriinfer": _lazy("splitserve.sim.repro_tetriinfer:tetriinfer"),
     "pastfuture": _lazy("splitserve.sim.repro_pastfuture:pastfuture"),
+    "splitwise": _lazy("splitserve.sim.repro_splitwise:splitwise"),
+    "accelgen": _lazy("splitserve.sim.repro_accelgen:accelgen"),
+    "bros": _lazy("splitserve.sim.repro_bros:bros"),
+    "alise": _lazy("splitserve.sim.repro_alise:alise"),
+    "aladdin": _lazy("splitserve.sim.repro_aladdin:aladdin"),
 }

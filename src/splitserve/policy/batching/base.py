@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from splitserve.core.ids import RequestId
+from splitserve.core.ids import RequestId, SloClassName
+from splitserve.core.request import DEFAULT_SLO_CLASS
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,9 @@ class SeqView:
     priority: int = 0
     """Larger runs earlier for policies that use priorities; FCFS ignores it."""
     deadline_s: float | None = None
+    slo_class: SloClassName = DEFAULT_SLO_CLASS.name
+    """The request's SLO class (`Request.slo_class`); SLO-aware policies look its targets up in
+    the classes they were built with."""
 
     @property
     def num_known_tokens(self) -> int:

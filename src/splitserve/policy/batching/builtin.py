@@ -16,6 +16,8 @@ BATCHING.add("tetriinfer-prefill", "splitserve.policy.batching.tetriinfer:make_p
 BATCHING.add("tetriinfer-decode", "splitserve.policy.batching.tetriinfer:make_decode")
 BATCHING.add("pastfuture", "splitserve.policy.batching.pastfuture:make")
 BATCHING.add("alise", "splitserve.policy.batching.alise:make")
+BATCHING.add("accelgen", "splitserve.policy.batching.accelgen:make")
+BATCHING.add("bros", "splitserve.policy.batching.bros:make")
 
 
 def _make_fcfs(**params: Any) -> BatchingPolicy:

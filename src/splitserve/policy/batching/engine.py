@@ -84,6 +84,9 @@ class _Seq:
             r.sampling.max_tokens,
             blocks_held,
             self.mode is RequestMode.DECODE and self.phase is SeqPhase.WAITING,
+            0,
+            None,
+            r.slo_class,
         )
 
 
@@ -204,6 +207,9 @@ class EngineModel:
                         r.sampling.max_tokens,
                         held(rid, 0),
                         False,
+                        0,
+                        None,
+                        r.slo_class,
                     )
                 )
             elif phase is waiting_phase:

@@ -20,3 +20,6 @@ SCORERS.add(
 )
 PICKERS.add("max-score", "splitserve.policy.placement.pickers:MaxScore")
 SCORERS.add("tetriinfer-p2c", "splitserve.policy.placement.tetriinfer:TetriPowerOfTwo")
+FILTERS.add("splitwise-pool", "splitserve.policy.placement.splitwise:SplitwisePoolFilter")
+SCORERS.add("splitwise-overflow", "splitserve.policy.placement.splitwise:SplitwiseOverflow")
+SCORERS.add("aladdin-pack", "splitserve.policy.placement.aladdin:AladdinPacking")
