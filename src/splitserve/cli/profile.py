@@ -1,11 +1,254 @@
-"""`splitserve profile`: measure a live worker's step times into a latency table (issue 4.2)."""
+"""`splitserve profile`: measure a live worker's step times into a latency table (issue 4.2).
+
+Thin: parses options, runs `splitserve.worker.profiler` against the worker, and writes what
+`splitserve.core.perf.samples` makes of the samples: `samples.csv` (raw), `profile.csv` (a
+`ProfiledModel` table for the scenario key `latency_profile:`) and `fit.json` (FittedModel
+coefficients and held-out errors). `--from-samples` rebuilds the last two from a samples CSV.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
 import click
+
+from splitserve.cli import logs
+from splitserve.core.perf.samples import (
+    Measurement,
+    build_table,
+    evaluate,
+    parse_samples_csv,
+    samples_csv,
+    table_csv,
+)
+from splitserve.worker.profiler import ProfileError, ProfileGrid, ProfileStats, profile_worker
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as err:
+        raise click.BadParameter(f"want comma-separated integers, got {text!r}") from err
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"want positive integers, got {text!r}")
+    return values
+
+
+def _token_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    try:
+        out = (int(lo), int(hi))
+    except ValueError:
+        out = (0, 0)
+    if not sep or not 0 <= out[0] < out[1]:
+        raise click.BadParameter(f"want LOW:HIGH token ids, got {text!r}")
+    return out
 
 
 @click.command()
-def profile() -> None:
-    """Measure a live worker's step times into a profile table (not implemented yet)."""
-    raise click.ClickException("splitserve profile is not implemented yet")
+@click.option("--worker", "address", default=None, help="The worker's gRPC address, host:port.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Writes samples.csv, profile.csv and fit.json here.",
+)
+@click.option(
+    "--from-samples",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Rebuild profile.csv and fit.json from a samples.csv instead of measuring.",
+)
+@click.option(
+    "--prefill-tokens",
+    default="128,512,2048",
+    show_default=True,
+    help="Total new tokens per prefill step.",
+)
+@click.option(
+    "--prefill-batch", default="1,4,16", show_default=True, help="Requests sharing those tokens."
+)
+@click.option(
+    "--decode-batch", default="1,4,16,64", show_default=True, help="Requests decoding together."
+)
+@click.option(
+    "--decode-context",
+    default="128,1024",
+    show_default=True,
+    help="Prompt tokens per decoding request.",
+)
+@click.option(
+    "--decode-tokens",
+    type=click.IntRange(min=3),
+    default=32,
+    show_default=True,
+    help="Decode steps measured per probe.",
+)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--extra-repeats",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Further repetitions of cells whose repetitions disagree by > 10%.",
+)
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option(
+    "--max-batch-tokens",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="The engine's token budget per step (vLLM max_num_batched_tokens).",
+)
+@click.option("--max-model-len", type=click.IntRange(min=2), default=2048, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--token-range",
+    default="16:1000",
+    show_default=True,
+    help="Prompt token ids are drawn from [LOW, HIGH): within the model's vocabulary.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--set-mixed",
+    is_flag=True,
+    help="Switch a prefill worker to mixed for the run (restored after).",
+)
+@click.option(
+    "--holdout-every",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Hold out every Nth interior cell to score the table and fit (0: none).",
+)
+@click.option("--log-level", default="WARNING", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+def profile(
+    address: str | None,
+    out_dir: Path,
+    from_samples: Path | None,
+    prefill_tokens: str,
+    prefill_batch: str,
+    decode_batch: str,
+    decode_context: str,
+    decode_tokens: int,
+    repeats: int,
+    extra_repeats: int,
+    warmup: int,
+    max_batch_tokens: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    token_range: str,
+    seed: int,
+    set_mixed: bool,
+    holdout_every: int,
+    log_level: str,
+) -> None:
+    """Measure a live worker's step times into a latency table.
+
+    Drives the worker (sim or vLLM engine, mixed or decode role, idle) through its own gRPC API
+    with controlled prefill and decode batches, and writes the raw samples, a profile table for
+    the simulator (`latency_profile: OUT/profile.csv`) and a fit summary. See docs/profiling.md.
+    """
+    logs.setup(log_level, "profile")
+    stats: ProfileStats | None = None
+    if from_samples is not None:
+        samples = parse_samples_csv(from_samples.read_text().splitlines())
+        source = f"samples from {from_samples}"
+    else:
+        if not address:
+            raise click.UsageError("give --worker HOST:PORT (or --from-samples FILE)")
+        grid = ProfileGrid(
+            prefill_tokens=_ints(prefill_tokens),
+            prefill_batch_sizes=_ints(prefill_batch),
+            decode_batch_sizes=_ints(decode_batch),
+            decode_contexts=_ints(decode_context),
+            decode_tokens=decode_tokens,
+            repeats=repeats,
+            extra_repeats=extra_repeats,
+            warmup=warmup,
+            max_batch_tokens=max_batch_tokens,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+        )
+        try:
+            samples, stats = asyncio.run(
+                profile_worker(
+                    address,
+                    grid,
+                    token_range=_token_range(token_range),
+                    seed=seed,
+                    set_mixed=set_mixed,
+                    progress=lambda msg: click.echo(msg, err=True),
+                )
+            )
+        except ProfileError as err:
+            raise click.ClickException(str(err)) from err
+        source = f"worker {address}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = _write(out_dir, samples, source, stats, holdout_every, from_samples)
+    for path in files:
+        click.echo(f"wrote {path}")
+
+
+def _write(
+    out_dir: Path,
+    samples: list[Measurement],
+    source: str,
+    stats: ProfileStats | None,
+    holdout_every: int,
+    from_samples: Path | None = None,
+) -> list[Path]:
+    try:
+        table = build_table(samples)
+        ev = evaluate(samples, holdout_every)
+    except ValueError as err:
+        raise click.ClickException(f"cannot build a table: {err}") from err
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    notes = [
+        f"splitserve profile of {source}, {stamp}",
+        "seconds are whole step periods: forward pass + scheduling + sampling + output hand-off",
+    ]
+    files = [out_dir / "samples.csv", out_dir / "profile.csv", out_dir / "fit.json"]
+    if from_samples is None or from_samples.resolve() != files[0].resolve():
+        files[0].write_text("\n".join(samples_csv(samples)) + "\n")
+    files[1].write_text("\n".join(table_csv(table, notes)) + "\n")
+    summary = ev.summary()
+    if stats is not None:
+        summary["probes"] = {
+            "round_trip_s": stats.rtt_s,
+            "gate_tokens": stats.gate_tokens,
+            "gate_step_s": stats.gate_step_s,
+            "run": stats.probes,
+            "rejected": stats.rejected,
+            "notes": stats.notes,
+        }
+    summary["source"] = source
+    summary["samples"] = len(samples)
+    files[2].write_text(json.dumps(_finite(summary), indent=2) + "\n")
+    click.echo(
+        f"{len(samples)} samples in {ev.train_cells + ev.heldout_cells} cells; table MAPE "
+        f"{_pct(ev.table_mape_in_sample)} in sample, {_pct(ev.table_mape_heldout)} held out; "
+        f"fit MAPE {_pct(ev.fit_mape_heldout)} held out"
+        + ("" if ev.fit.ready else f" (fit not ready: {ev.fit.reason})")
+    )
+    return files
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.1%}"
+
+
+def _finite(value: object) -> object:
+    """JSON has no NaN: write null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
