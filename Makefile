@@ -62,10 +62,5 @@ test: $(STAMP)
 	$(MAKE) lint typecheck layers gen-check $(CHECKS)
 	$(MAKE) pytest
 
-# Benchmarks write their results under out/ (summarised by hand in docs/benchmarks.md).
-bench: $(STAMP)
-	@mkdir -p out
-	$(VENV)/bin/splitserve sim bench | tee out/bench-sim.md
-
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

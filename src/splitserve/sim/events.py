@@ -1,6 +1,6 @@
 """Simulator events and the queue that orders them.
 
-Owns: the `Event` record (frozen) and `EventQueue`, a heap ordered by (time_s, priority, seq).
+Owns: the `Event` record (immutable) and `EventQueue`, a heap ordered by (time_s, priority, seq).
 `seq` comes from a counter owned by each queue instance, so ties at the same time and priority
 resolve in insertion order and two simulators in one process never share state. Pure: no I/O.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Final
 
 
 class EventKind(IntEnum):
@@ -26,18 +27,44 @@ class EventKind(IntEnum):
     WAKE = 3
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Event:
-    time_s: float
-    kind: EventKind
-    seq: int
-    target: int = -1
+    """One scheduled happening. Immutable: `Final` fields, checked by mypy (and enforced at
+    runtime in the compiled build). A slotted dataclass with an explicit `__init__` rather than
+    `frozen=True`, whose generated `__init__` (one `object.__setattr__` per field, interpreted
+    even under mypyc) costs several times as much; one is built per event."""
+
+    time_s: Final[float]
+    kind: Final[EventKind]
+    seq: Final[int]
+    target: Final[int]
     """Index of the entity the event is for (a worker), or -1."""
-    payload: object = None
+    payload: Final[object | None]
+    """Anything the handler needs. Spelled `object | None` (the same type as `object`): mypyc
+    cannot build a dataclass with a field annotated plain `object`."""
+
+    def __init__(
+        self,
+        time_s: float,
+        kind: EventKind,
+        seq: int,
+        target: int = -1,
+        payload: object | None = None,
+    ) -> None:
+        self.time_s = time_s
+        self.kind = kind
+        self.seq = seq
+        self.target = target
+        self.payload = payload
 
     @property
     def key(self) -> tuple[float, int, int]:
         return (self.time_s, int(self.kind), self.seq)
+
+
+_PRIORITY: dict[EventKind, int] = {k: int(k) for k in EventKind}
+"""`int(kind)` by lookup (cheaper than the `IntEnum` conversion on every push)."""
+_heappush = heapq.heappush
 
 
 class EventQueue:
@@ -58,7 +85,7 @@ class EventQueue:
         seq = self._seq
         self._seq = seq + 1
         event = Event(time_s, kind, seq, target, payload)
-        heapq.heappush(self._heap, (time_s, int(kind), seq, event))
+        _heappush(self._heap, (time_s, _PRIORITY[kind], seq, event))
         return event
 
     def heap_entries(self) -> list[tuple[float, int, int, Event]]:

@@ -1,48 +1,97 @@
-"""What placement sees (frozen endpoint and request views) and the extension-point contracts."""
+"""What placement sees (immutable endpoint and request views) and the extension-point contracts."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar, Protocol
+from typing import ClassVar, Final, Protocol
 
 from splitserve.core.ids import EndpointId, RequestId, SloClassName
 from splitserve.core.request import DEFAULT_SLO_CLASS
 from splitserve.core.roles import Role
 
+# The three views below are built on every placement (the simulator's hot path, issue 4), so they
+# are slotted dataclasses with an explicit `__init__` and `Final` fields rather than
+# `frozen=True`: a frozen dataclass's generated `__init__` sets each field through
+# `object.__setattr__` (interpreted even under mypyc) and costs several times as much. Values,
+# `repr`, equality, hashing and `dataclasses.replace` are as before; immutability is checked by
+# mypy (`Final`) and enforced at runtime in the compiled build, not in pure Python.
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class EndpointView:
     """One worker as the router sees it: its last load report plus the router's own in-flight."""
 
-    id: EndpointId
-    role: Role
-    ready: bool = True
-    fenced: bool = False
+    id: Final[EndpointId]
+    role: Final[Role]
+    ready: Final[bool]
+    fenced: Final[bool]
     """An operator is flipping this worker: send it no new work."""
-    draining: bool = False
-    num_waiting: int = 0
-    num_running: int = 0
-    kv_free_blocks: int = 0
-    kv_total_blocks: int = 0
-    kv_block_size: int = 16
-    pending_prefill_tokens: int = 0
-    inflight: int = 0
+    draining: Final[bool]
+    num_waiting: Final[int]
+    num_running: Final[int]
+    kv_free_blocks: Final[int]
+    kv_total_blocks: Final[int]
+    kv_block_size: Final[int]
+    pending_prefill_tokens: Final[int]
+    inflight: Final[int]
     """Requests the router has sent and not yet seen finish (covers the gap between reports)."""
+
+    def __init__(
+        self,
+        id: EndpointId,
+        role: Role,
+        ready: bool = True,
+        fenced: bool = False,
+        draining: bool = False,
+        num_waiting: int = 0,
+        num_running: int = 0,
+        kv_free_blocks: int = 0,
+        kv_total_blocks: int = 0,
+        kv_block_size: int = 16,
+        pending_prefill_tokens: int = 0,
+        inflight: int = 0,
+    ) -> None:
+        self.id = id
+        self.role = role
+        self.ready = ready
+        self.fenced = fenced
+        self.draining = draining
+        self.num_waiting = num_waiting
+        self.num_running = num_running
+        self.kv_free_blocks = kv_free_blocks
+        self.kv_total_blocks = kv_total_blocks
+        self.kv_block_size = kv_block_size
+        self.pending_prefill_tokens = pending_prefill_tokens
+        self.inflight = inflight
 
     @property
     def accepts_work(self) -> bool:
         return self.ready and not self.fenced and not self.draining
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class RequestView:
-    id: RequestId
-    num_prompt_tokens: int
-    max_tokens: int
-    slo_class: SloClassName = DEFAULT_SLO_CLASS.name
-    predicted_output_tokens: int | None = None
+    id: Final[RequestId]
+    num_prompt_tokens: Final[int]
+    max_tokens: Final[int]
+    slo_class: Final[SloClassName]
+    predicted_output_tokens: Final[int | None]
+
+    def __init__(
+        self,
+        id: RequestId,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        slo_class: SloClassName = DEFAULT_SLO_CLASS.name,
+        predicted_output_tokens: int | None = None,
+    ) -> None:
+        self.id = id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.slo_class = slo_class
+        self.predicted_output_tokens = predicted_output_tokens
 
 
 class Filter(Protocol):
@@ -81,11 +130,23 @@ class Path(StrEnum):
     """The whole request on one decode or mixed worker."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Placement:
-    path: Path
-    decode: tuple[EndpointId, ...]
+    path: Final[Path]
+    decode: Final[tuple[EndpointId, ...]]
     """Decode (or aggregated) candidates, best first."""
-    prefill: tuple[EndpointId, ...] = ()
+    prefill: Final[tuple[EndpointId, ...]]
     """Prefill candidates, best first; empty for the aggregated path."""
-    reason: str = ""
+    reason: Final[str]
+
+    def __init__(
+        self,
+        path: Path,
+        decode: tuple[EndpointId, ...],
+        prefill: tuple[EndpointId, ...] = (),
+        reason: str = "",
+    ) -> None:
+        self.path = path
+        self.decode = decode
+        self.prefill = prefill
+        self.reason = reason
