@@ -72,14 +72,24 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None) -> None:
     "--workers", default=16, show_default=True, help="Workers (half prefill, half decode)."
 )
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
-def bench_cmd(trace_path: Path | None, workers: int, max_requests: int | None) -> None:
+@click.option(
+    "--report-interval",
+    "report_interval_s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Router load reports every this many seconds (0: exact worker state at every arrival).",
+)
+def bench_cmd(
+    trace_path: Path | None, workers: int, max_requests: int | None, report_interval_s: float
+) -> None:
     """Replay an Azure trace on a disaggregated cluster; print simulated requests per second."""
     from splitserve.sim import bench
 
     if trace_path is None:
         trace_path = bundled_trace("conv")
 
-    report = bench.run(trace_path, workers, max_requests)
+    report = bench.run(trace_path, workers, max_requests, report_interval_s)
     click.echo(report.markdown())
 
 
