@@ -1,0 +1,112 @@
+"""Aladdin reproduction (quick) and its cluster set-up.
+
+Invariants (docs/reproductions/aladdin.md explains every number):
+1. rows: the quick reproduction reports each headline claim (four GPU reductions, three Table 3
+   worker sizes, two model errors) with the paper's number;
+2. direction + band, as measured on our roofline (the paper's GPU savings do not reproduce; the
+   doc says why): in mixed mode Aladdin needs no more GPUs than JSQ at its worker size (the
+   paper's direction), the other reductions lie in measured bands around 0 (never the paper's
+   −40 % … −71 %), every deciding run meets P100, and no system goes below the planner's
+   analytic lower bound; Eq 6 picks at least the paper's size (our roofline scales TP better);
+   the fitted Eq 2/3 errors are small but above the paper's < 4 % / < 5 %;
+3. the cluster: Aladdin's loads follow the requests routed to each decode worker, every request
+   finishes, and at light load best fit leaves workers empty where JSQ spreads over all of them
+   (the bins Aladdin would scale down).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from splitserve.core.ids import EndpointId
+from splitserve.policy.placement.aladdin import ConditionalMeanLengths
+from splitserve.sim.cluster import Cluster, ClusterSpec
+from splitserve.sim.cluster_aladdin import AladdinLoads, simulate_aladdin, split_spec
+from splitserve.sim.engine import Simulator
+from splitserve.sim.repro_aladdin import PREFILL_POLICY, _template, fitted_models, history
+from splitserve.sim.reproduce import REPRODUCTIONS
+from splitserve.sim.workload import Fixed, Poisson, synthetic
+
+BANDS = {
+    # Measured in quick mode (20 req/s, 30 s of arrivals; the doc has the full sweep). Mixed vs
+    # JSQ at Aladdin's worker size is the one direction that holds (25 % fewer GPUs quick);
+    # the others sit within about one worker of 0.
+    "mixed mode, GPUs: reduction vs default vLLM (TP4, JSQ)": (-0.4, 0.3),
+    "mixed mode, GPUs: reduction vs JSQ, optimal workers": (0.05, 0.45),
+    "split-phase decode GPUs: reduction vs JSQ": (-0.4, 0.3),
+    "split-phase decode GPUs: reduction vs power-of-two": (-0.3, 0.4),
+}
+TABLE3_OURS = {"llama-2-70b": 4.0, "llama-2-13b": 2.0, "llama-2-7b": 2.0}
+
+
+def test_quick_reproduction_direction_and_band() -> None:
+    rep = REPRODUCTIONS["aladdin"](True)
+    assert rep.paper == "Aladdin"
+    by_name = {c.name: c for c in rep.comparisons}
+    for name, (lo, hi) in BANDS.items():
+        c = by_name[name]
+        assert c.paper > 0.25, name
+        assert lo <= c.ours <= hi, (name, c.ours)
+        assert c.ours < c.paper * 0.75, name  # documented miss: far below the paper's saving
+    for model, ours in TABLE3_OURS.items():
+        c = by_name[f"Table 3: GPUs per worker, {model} on A100"]
+        assert c.ours == ours
+        assert c.ours >= c.paper  # direction: the roofline never prefers smaller workers
+    for name in (
+        "Eq 2 prefill model max error (13B, TP1)",
+        "Eq 3 decode model max error (13B, TP1)",
+    ):
+        assert 0 < by_name[name].ours < 0.25, name
+    runs = [n for n in rep.notes if "GPUs (attainment" in n]
+    assert len(runs) == 6
+    for note in runs:
+        m = re.search(r"(\d+) × TP\d .*attainment ([\d.]+).*analytic bound (\d+)", note)
+        assert m is not None, note
+        workers, att, bound = int(m.group(1)), float(m.group(2)), int(m.group(3))
+        assert att == 1.0, note  # P100 in every deciding run
+        assert workers >= bound, note  # nothing beats the analytic lower bound
+    assert "Aladdin" in rep.markdown()
+
+
+def _split(placement: str, num_decode: int, loads: AladdinLoads | None) -> ClusterSpec:
+    perf = fitted_models()[1].model
+    aladdin = {"perf": perf, "lengths": loads.lengths if loads else None}
+    return split_spec(
+        _template(1, PREFILL_POLICY),
+        1,
+        _template(1, {}),
+        num_decode,
+        placement,
+        aladdin,
+        loads,
+    )
+
+
+def test_loads_follow_routed_requests_and_best_fit_leaves_workers_empty() -> None:
+    rng = np.random.default_rng(3)
+    items = synthetic(Poisson(4.0), Fixed(200), Fixed(150), 40, rng)
+    loads = AladdinLoads(ConditionalMeanLengths.of(history(500)))
+    spec = _split("aladdin", 4, loads)
+    sim = Simulator()
+    cluster = Cluster(spec, items)
+    loads.bind(cluster, sim)
+    cluster.start(sim)
+    sim.run(cluster, until_s=items[-1].arrival_s)
+    decode_ids = [EndpointId(w.id) for w in cluster.workers if w.role.value == "decode"]
+    held = sum(len(loads(e).requests) for e in decode_ids)
+    assert held == cluster.num_in_flight > 0
+    for e in decode_ids:
+        for r in loads(e).requests:
+            assert 0 <= r.num_generated_tokens <= 150
+            assert r.predicted_output_tokens >= 1
+    sim.run(cluster)
+    result = cluster.result(sim)
+    assert result.num_finished == len(items)
+    used = sum(1 for w in result.workers if w.role == "decode" and w.num_steps > 0)
+
+    jsq = simulate_aladdin(_split("jsq", 4, None), items)
+    assert jsq.num_finished == len(items)
+    jsq_used = sum(1 for w in jsq.workers if w.role == "decode" and w.num_steps > 0)
+    assert used < jsq_used == 4  # best fit packs; JSQ spreads over every worker
