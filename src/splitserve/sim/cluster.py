@@ -128,7 +128,7 @@ class Cluster:
                     num_gpus=w.template.num_gpus,
                     busy_s=w.busy_s,
                     num_steps=w.num_steps,
-                    num_preemptions=w.engine.num_preemptions,
+                    num_preemptions=w.engine.num_preemptions + w.engine.num_swaps_out,
                 )
                 for w in self.workers
             ),
@@ -252,6 +252,8 @@ class Cluster:
         for rid in step.transfers:
             self._start_transfer(self._live[rid], worker, sim)
         t0 = worker.latency.step_s(step.batch)
+        if step.swap_out_tokens or step.swap_in_tokens:
+            t0 = worker.template.swapped_step_s(t0, step.swap_out_tokens + step.swap_in_tokens)
         slope = 0.0
         if step.repeat > 1:
             longer = BatchShape((), tuple([c + 1 for c in step.batch.decode_contexts]))

@@ -23,7 +23,12 @@ from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import EngineModel, Step
 from splitserve.policy.placement.base import EndpointView, Placement, RequestView
 from splitserve.policy.placement.decider import PdDecider
+from splitserve.policy.predict import make_predictor
 from splitserve.sim.workload import WorkItem
+
+HOST_LINK_BYTES_PER_S = 25e9
+"""Default GPU<->host bandwidth for KV swaps: PCIe 4.0 x16 moves ~32 GB/s raw, ~25 GB/s effective
+in practice (research/seed-pastfuture-alise.md §C.4; PCIe 3.0 x16, as on V100 hosts, ~12 GB/s)."""
 
 
 def run_duration_s(first_s: float, slope_s: float, repeat: int) -> float:
@@ -64,10 +69,33 @@ class WorkerTemplate:
     num_gpus: int = 1
     policy: str = "fcfs"
     policy_params: Mapping[str, Any] = field(default_factory=dict)
+    predictor: str = ""
+    """Output-length predictor the engine runs (`policy.predict.make_predictor`; "oracle" is
+    exact here, as `max_tokens` is the true length), shown to the step policy as
+    `SeqView.predicted_output_tokens`. Empty: none."""
+    host_swap_tokens: int = 0
+    """Host (CPU) memory for swapped-out KV, in tokens (0: the policy cannot swap)."""
+    host_link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
+    """GPU<->host bandwidth that prices swaps (PCIe 4.0 x16, effective; see the constant)."""
+    host_swap_overlap: bool = False
+    """False: a step's swaps are copied before its batch runs (time adds up, pessimistic).
+    True: copies run on their own stream beside the batch (ALISE §3.2, "overlapped with
+    computation"): the step takes max(batch, copies)."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1 or self.num_gpus < 1:
             raise ValueError("num_blocks, block_size and num_gpus must be >= 1")
+        if self.host_swap_tokens < 0 or self.host_link_bytes_per_s <= 0:
+            raise ValueError("host_swap_tokens must be >= 0 and host_link_bytes_per_s > 0")
+
+    def swapped_step_s(self, batch_s: float, swap_tokens: int) -> float:
+        """A step's time given its batch time and the KV tokens it swaps (both ways)."""
+        copy = self.swap_s(swap_tokens)
+        return max(batch_s, copy) if self.host_swap_overlap else batch_s + copy
+
+    def swap_s(self, num_tokens: int) -> float:
+        """Seconds to copy `num_tokens` of KV one way over the host link."""
+        return num_tokens * self.kv_layout.bytes_per_token / self.host_link_bytes_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +162,8 @@ class SimWorker:
             BlockManager(t.num_blocks, t.block_size),
             tokens=None,
             kv_hold_timeout_s=float("inf"),
+            predictor=make_predictor(t.predictor, seed=index) if t.predictor else None,
+            host_swap_tokens=t.host_swap_tokens,
         )
         self.step: Step | None = None
         self.step_started_s = 0.0

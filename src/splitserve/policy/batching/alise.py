@@ -5,8 +5,10 @@ queues with virtual aging and demotion-with-doubling on overrun, the greedy batc
 and the choice between swap and recompute for a preempted sequence.
 
 Per step (research/seed-pastfuture-alise.md §B.3-B.5; the paper wins where they disagree):
-* a sequence's total output is predicted once, when first seen (`OutputLengthPredictor`, given at
-  construction; default `BucketedPredictor`, learned online from finished requests through
+* a sequence's total output is predicted once, when first seen: the engine's prediction
+  (`SeqView.predicted_output_tokens`) when the view has one, else the policy's own
+  `OutputLengthPredictor` (given at construction; default `BucketedPredictor`, learned online
+  from the engine's finish reports, `StepView.finished`, through
   `predict.feedback.FinishTracker`); on overrun (generated >= predicted) the prediction doubles,
   capped at the output cap, and the sequence is demoted one queue (paper §III-B);
 * remaining time (Eqs. 3-5): R = [prompt not computed] * s * T0
@@ -27,11 +29,14 @@ Per step (research/seed-pastfuture-alise.md §B.3-B.5; the paper wins where they
   sequence that cannot grow takes blocks from worse running ones, or else is itself preempted
   (vLLM's rule), so the engine never stalls. Running sequences left out of the batch keep their
   KV (the paper's paused-resident jobs).
-* swap vs recompute (§III-C): for each preemption the policy compares moving the KV out and back
-  over PCIe (2 * bytes / bandwidth) with recomputing the computed tokens (tokens * T0) and records
-  the cheaper in `preemption_choices`. Our engine model has only recompute (engine.py drops the KV),
-  so the engine always executes recompute; the recorded choice is what ALISE would do, kept for
-  reports. Proposed change: a `swap` field on `StepDecision` (and a swap cost in the engine model).
+* swap vs recompute (§III-C): with `preemption="swap"` a preempted sequence's KV is swapped out
+  to host memory (`StepDecision.swap_out`; the engine frees its blocks and keeps its progress) when
+  the host has room (`StepView.host_free_tokens`) and moving the KV out and back over PCIe
+  (2 * bytes / bandwidth) is cheaper than recomputing its computed tokens (tokens * T0); else it is
+  recomputed. Victims are taken worst-first in the priority order, which within ALISE's queues is
+  the order of estimated wait time (Eqs. 6-7), so high-EWT jobs go to host memory first (Alg. 2);
+  a swapped job comes back (uploaded) when the order admits it again. `preemption_choices` counts
+  what was executed. Default "recompute" (the behaviour before swap existed);
 
 Defaults where the paper is silent ([ours] in the spec): h = 8 queues, aging 5 s, T0/alpha/beta of
 a 13B model on an A100-class GPU (0.1 ms per prompt token, 1 us per context token per step, 20 ms
@@ -49,7 +54,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from splitserve.core.ids import RequestId
 from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
@@ -80,16 +85,20 @@ class AliseParams:
     learn_from_views: bool = True
     displace_running: bool = False
     """Let a waiting sequence of a strictly better queue preempt running ones (the paper's
-    iteration-level preemption). Off by default: our engine can only recompute, and recompute
-    displacement lost to FCFS on mean latency in our runs (the paper's Fig. 8 makes the same
-    point: Recompute is up to 2.8x worse than swapping); on, `preemption_choices` still records
-    what ALISE would do."""
+    iteration-level preemption). Off by default (kept from before the engine could swap): with
+    recompute preemption, displacement lost to FCFS on mean latency in our runs (the paper's
+    Fig. 8 makes the same point: Recompute is up to 2.8x worse than swapping). The ALISE
+    reproduction turns it on with `preemption="swap"` (off = the paper's "Defer" strawman)."""
+    preemption: Literal["recompute", "swap"] = "recompute"
+    """How a preempted sequence gives up its blocks: "swap" moves its KV to host memory when
+    there is room and swapping beats recomputing (see `prefers_swap`), else recompute."""
     aged_displace: bool = False
     """Serve aged (queue -1) waiting sequences before running ones, as the paper does. Off (our
     default): they go right after the last running sequence, first among everything that would
-    wait anyway. With recompute as the only preemption (our engine), aged sequences displacing
-    or stalling the running batch thrash under overload (the paper's own argument against
-    recompute); with swap they would not."""
+    wait anyway. With recompute preemption, aged sequences displacing or stalling the running
+    batch thrash under overload (the paper's own argument against recompute); with swap it is
+    harmless but did not help either (OPT-13B on one V100, ShareGPT, 300 requests at 1.6 req/s:
+    253 vs 229 ms/token normalized latency without it), so it stays off."""
 
     def __post_init__(self) -> None:
         if self.num_queues < 1 or self.base_level_steps < 1:
@@ -100,6 +109,8 @@ class AliseParams:
             raise ValueError("time coefficients must be >= 0")
         if min(self.max_output_tokens, self.max_num_batched_tokens, self.max_num_seqs) < 1:
             raise ValueError("max_output_tokens, max_num_batched_tokens, max_num_seqs must be >= 1")
+        if self.preemption not in ("recompute", "swap"):
+            raise ValueError(f"unknown preemption {self.preemption!r}")
 
 
 @dataclass(slots=True)
@@ -121,7 +132,7 @@ class AlisePolicy:
         self._jobs: dict[RequestId, _Job] = {}
         self._finishes = FinishTracker()
         self.preemption_choices: Counter[str] = Counter()
-        """"swap" / "recompute": what ALISE would do per preemption (the engine recomputes)."""
+        """"swap" / "recompute": how each preemption was executed."""
 
     # -- estimates ----------------------------------------------------------------------------
 
@@ -132,10 +143,15 @@ class AlisePolicy:
     def _job(self, seq: SeqView, now_s: float) -> _Job:
         job = self._jobs.get(seq.id)
         if job is None:
-            query = LengthQuery(
-                seq.id, seq.num_prompt_tokens, seq.num_output_tokens, self._cap(seq)
-            )
-            job = _Job(self.predictor.predict(query), seq.arrival_s)
+            predicted = seq.predicted_output_tokens
+            if predicted is None:
+                query = LengthQuery(
+                    seq.id, seq.num_prompt_tokens, seq.num_output_tokens, self._cap(seq)
+                )
+                predicted = self.predictor.predict(query)
+            else:
+                predicted = max(1, min(predicted, self._cap(seq)))
+            job = _Job(predicted, seq.arrival_s)
             self._jobs[seq.id] = job
         while seq.num_output_tokens >= job.predicted_tokens < self._cap(seq):
             job.predicted_tokens = min(2 * job.predicted_tokens, self._cap(seq))
@@ -202,6 +218,9 @@ class AlisePolicy:
         chosen: dict[RequestId, tuple[int, int]] = {}
         """Scheduled this step -> (tokens, blocks taken); a better sequence may still evict it."""
         preempted: list[RequestId] = []
+        """Evicted this step (recompute or swap), in eviction order."""
+        swapped: set[RequestId] = set()
+        host_free = view.host_free_tokens if p.preemption == "swap" else 0
         position = {seq.id: i for i, seq in enumerate(order)}
         # Decodes take their one token first, in priority order (stall-free, as Sarathi), then
         # prefill chunks in priority order: a short prompt must not stall the running decodes.
@@ -234,10 +253,12 @@ class AlisePolicy:
                         free += need_v
                     preempted.append(rid)
                     free += victim.blocks_held
+                    host_free -= self._evict(victim, size, host_free, swapped)
             if need > free:
                 if seq.id in running_ids:
-                    preempted.append(seq.id)  # cannot grow: drop it rather than stall
+                    preempted.append(seq.id)  # cannot grow: evict it rather than stall
                     free += seq.blocks_held
+                    host_free -= self._evict(seq, size, host_free, swapped)
                 continue
             free -= need
             budget -= n
@@ -245,13 +266,25 @@ class AlisePolicy:
             chunks.append((seq.id, n))
             chosen[seq.id] = (n, need)
             self._jobs[seq.id].last_ran_s = view.now_s
-        by_id = {s.id: s for s in view.running}
-        for rid in preempted:
-            choice = "swap" if self.prefers_swap(by_id[rid], size) else "recompute"
-            self.preemption_choices[choice] += 1
         if p.learn_from_views:
             self._finishes.scheduled(view, chunks)
+        if swapped:
+            return StepDecision(
+                chunks=tuple(chunks),
+                preempt=tuple(r for r in preempted if r not in swapped),
+                swap_out=tuple(r for r in preempted if r in swapped),
+            )
         return StepDecision(chunks=tuple(chunks), preempt=tuple(preempted))
+
+    def _evict(self, seq: SeqView, block_size: int, host_free: int, swapped: set[RequestId]) -> int:
+        """Record how `seq` is evicted; returns the host tokens its swap-out takes (0 if none)."""
+        tokens = seq.num_computed_tokens
+        if 0 < tokens <= host_free and self.prefers_swap(seq, block_size):
+            swapped.add(seq.id)
+            self.preemption_choices["swap"] += 1
+            return tokens
+        self.preemption_choices["recompute"] += 1
+        return 0
 
 
 def make(**params: Any) -> BatchingPolicy:

@@ -9,7 +9,7 @@ engine samples one new token. A decode step is simply a chunk of 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.request import DEFAULT_SLO_CLASS
@@ -32,6 +32,9 @@ class SeqView:
     slo_class: SloClassName = DEFAULT_SLO_CLASS.name
     """The request's SLO class (`Request.slo_class`); SLO-aware policies look its targets up in
     the classes they were built with."""
+    predicted_output_tokens: int | None = None
+    """Total output length predicted when the engine took the request (the engine's
+    `OutputLengthPredictor`, e.g. the simulator's oracle); None when the engine has none."""
 
     @property
     def num_known_tokens(self) -> int:
@@ -42,8 +45,25 @@ class SeqView:
         return self.num_known_tokens - self.num_computed_tokens
 
     @property
+    def swapped(self) -> bool:
+        """Its KV is parked in host memory (`StepDecision.swap_out`): progress kept, no blocks
+        held; a chunk swaps it back in (blocks re-allocated for `num_computed_tokens + n`). A
+        property, not a field (the hot path builds one view per sequence per step): no other
+        sequence has computed tokens without holding blocks."""
+        return self.num_computed_tokens > 0 and self.blocks_held == 0
+
+    @property
     def is_decoding(self) -> bool:
         return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+
+class FinishedSeq(NamedTuple):
+    """A request that finished (sampled its last token) on this engine."""
+
+    id: RequestId
+    num_prompt_tokens: int
+    num_output_tokens: int
+    """Its true, final output length (exact also inside fused decode runs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +76,11 @@ class StepView:
     free_blocks: int
     total_blocks: int
     block_size: int
+    finished: tuple[FinishedSeq, ...] = ()
+    """Requests that finished since the previous decision, in finishing order (empty for views
+    built by hand; `predict.feedback.FinishTracker` infers them from consecutive views)."""
+    host_free_tokens: int = 0
+    """Host (CPU) swap space left, in KV tokens: what `StepDecision.swap_out` may still use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +90,15 @@ class StepDecision:
     (allocates its blocks so the transfer can start)."""
     preempt: tuple[RequestId, ...] = ()
     """Running sequences to evict before the chunks run (their KV is dropped; recomputed later)."""
+    swap_out: tuple[RequestId, ...] = ()
+    """Running sequences to swap out before the chunks run: their computed KV moves to host
+    memory (`StepView.host_free_tokens` must hold it), their blocks are freed and their progress
+    is kept; they wait (`SeqView.swapped`) until a chunk swaps them back in. The owner prices
+    the copies (`Step.swap_out_tokens`, `Step.swap_in_tokens`)."""
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks and not self.preempt
+        return not self.chunks and not self.preempt and not self.swap_out
 
 
 class BatchingPolicy(Protocol):

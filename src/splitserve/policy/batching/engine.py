@@ -11,6 +11,17 @@ fuse identical pure-decode steps into one `Step` with `repeat > 1` (`split` / `t
 a run when new work arrives mid-way), and `tokens=None` counts tokens without choosing ids. Both
 leave every count, block and timing exactly as stepping one by one would.
 
+Optional features, off by default (nothing changes, nothing is allocated per step without them):
+* finish signal: `StepView.finished` lists the requests that finished since the previous
+  decision with their true output lengths (exact also for fused runs, which end at a finish);
+* predicted lengths: given an `OutputLengthPredictor`, the engine predicts each request's total
+  output once, at `add`, shows it as `SeqView.predicted_output_tokens`, and feeds it every
+  finished request (`observe`);
+* swap preemption: with `host_swap_tokens > 0` a decision may `swap_out` running sequences (KV
+  to host, blocks freed, progress kept); a later chunk swaps one back in (blocks re-allocated).
+  The step reports the tokens copied each way (`Step.swap_out_tokens` / `swap_in_tokens`) for the
+  owner to price; recompute (`preempt`) stays the default everywhere.
+
 Invariants (property-tested): blocks are conserved (free + held == total); a sequence holds blocks
 only while it is transferring, running or holding KV for a pull; a decision the ledger cannot
 honour raises before anything changes.
@@ -22,14 +33,24 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from splitserve.core.errors import CapacityError
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import BlockManager, blocks_for
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request
-from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
+from splitserve.policy.batching.base import (
+    BatchingPolicy,
+    FinishedSeq,
+    SeqView,
+    StepDecision,
+    StepView,
+)
 from splitserve.policy.batching.tokens import SyntheticTokens
+
+if TYPE_CHECKING:
+    from splitserve.policy.predict.base import OutputLengthPredictor
 
 
 def _arrival_key(s: _Seq) -> float:
@@ -64,6 +85,10 @@ class _Seq:
     first_scheduled_s: float | None = None
     num_prompt: int = 0
     """`request.num_prompt_tokens`, cached (read on every step)."""
+    predicted: int | None = None
+    """The engine predictor's total output length (None without a predictor)."""
+    swapped_tokens: int = 0
+    """KV tokens parked in host memory (> 0 only while swapped out)."""
 
     @property
     def id(self) -> RequestId:
@@ -87,6 +112,7 @@ class _Seq:
             0,
             None,
             r.slo_class,
+            self.predicted,
         )
 
 
@@ -108,6 +134,10 @@ class Step:
     repeat: int = 1
     """How many identical decode steps this is (> 1 only when `schedule` was allowed to fuse
     them): `batch` is the first; in step i every context is i tokens longer."""
+    swap_out_tokens: int = 0
+    """KV tokens this step copies to host memory (`StepDecision.swap_out`), before it runs."""
+    swap_in_tokens: int = 0
+    """KV tokens this step copies back from host memory (swapped sequences it resumes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +168,27 @@ class EngineModel:
         blocks: BlockManager,
         tokens: SyntheticTokens | None,
         kv_hold_timeout_s: float = 30.0,
+        predictor: OutputLengthPredictor | None = None,
+        host_swap_tokens: int = 0,
     ) -> None:
         """`tokens=None` counts tokens without choosing ids (every id is 0, stop ids never match):
-        the simulator's mode, which skips hashing every prompt."""
+        the simulator's mode, which skips hashing every prompt. `predictor` fills
+        `SeqView.predicted_output_tokens`; `host_swap_tokens` is the host memory (in KV tokens)
+        that `StepDecision.swap_out` may fill (0: no swapping)."""
+        if host_swap_tokens < 0:
+            raise ValueError(f"host_swap_tokens must be >= 0, got {host_swap_tokens}")
         self.policy = policy
         self.blocks = blocks
         self.tokens = tokens
         self.kv_hold_timeout_s = kv_hold_timeout_s
+        self.predictor = predictor
+        self.host_swap_tokens = host_swap_tokens
+        self.host_used_tokens = 0
+        """KV tokens swapped out to host memory now."""
+        self.num_swaps_out = 0
+        self.num_swaps_in = 0
+        self._finished: list[FinishedSeq] = []
+        """Finished since the last decision (`StepView.finished`)."""
         self._seqs: dict[RequestId, _Seq] = {}
         self._inflight: Step | None = None
         self.num_preemptions = 0
@@ -183,6 +227,17 @@ class EngineModel:
             if s.max_tokens <= 1 or first_token_id in s.stop_token_ids:
                 raise ValueError("nothing to decode: the request finished at its first token")
             seq.output_ids.append(first_token_id)
+        if self.predictor is not None:
+            from splitserve.policy.predict.base import LengthQuery
+
+            seq.predicted = self.predictor.predict(
+                LengthQuery(
+                    request.id,
+                    request.num_prompt_tokens,
+                    len(seq.output_ids),
+                    request.sampling.max_tokens,
+                )
+            )
         self._seqs[request.id] = seq
 
     # -- the step loop ------------------------------------------------------------------------
@@ -210,6 +265,7 @@ class EngineModel:
                         0,
                         None,
                         r.slo_class,
+                        s.predicted,
                     )
                 )
             elif phase is waiting_phase:
@@ -217,6 +273,7 @@ class EngineModel:
         if len(waiting_seqs) > 1:
             waiting_seqs.sort(key=_arrival_key)
         blocks = self.blocks
+        finished = self._finished
         return StepView(
             now_s,
             tuple([s.view(held(s.request.id, 0)) for s in waiting_seqs]),
@@ -224,6 +281,8 @@ class EngineModel:
             blocks.num_free,
             blocks.num_blocks,
             blocks.block_size,
+            tuple(finished) if finished else (),
+            self.host_swap_tokens - self.host_used_tokens,
         )
 
     def schedule(self, now_s: float, max_repeat: int = 1) -> Step | None:
@@ -240,9 +299,15 @@ class EngineModel:
         if not view.waiting and not view.running:
             return None
         decision = self.policy.decide(view)
+        if self._finished:
+            self._finished = []  # the policy has seen them
         self._validate(decision)
         for rid in decision.preempt:
             self._preempt(self._seqs[rid])
+        swap_out = 0
+        for rid in decision.swap_out:
+            swap_out += self._swap_out(self._seqs[rid])
+        swap_in = 0
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
         transfers: list[RequestId] = []
@@ -261,6 +326,8 @@ class EngineModel:
             computed = seq.num_computed
             if -(-(computed + n) // size) > held(rid, 0):  # `_must_grow`'s test, inlined (hot)
                 self._must_grow(rid, computed + n)
+            if seq.swapped_tokens:
+                swap_in += self._swap_in(seq)
             seq.phase = running
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
@@ -269,14 +336,20 @@ class EngineModel:
                 decode.append(computed)
             else:
                 prefill.append((n, computed))
-        if not prefill and not decode and not transfers and not decision.preempt:
+        swapped = decision.swap_out
+        if not prefill and not decode and not transfers and not decision.preempt and not swapped:
             return None
         repeat = 1
-        pure_decode = decode and not prefill and not transfers and not decision.preempt
+        pure_decode = (
+            decode and not prefill and not transfers and not decision.preempt and not swapped
+        )
         if max_repeat > 1 and pure_decode and not view.waiting and len(decode) == len(view.running):
             repeat = self._steady_run_length(decision, max_repeat)
         batch = BatchShape(tuple(prefill), tuple(decode))
-        step = Step(decision, batch, now_s, tuple(transfers), repeat)
+        if swap_out or swap_in:
+            step = Step(decision, batch, now_s, tuple(transfers), repeat, swap_out, swap_in)
+        else:
+            step = Step(decision, batch, now_s, tuple(transfers), repeat)
         self._inflight = step
         return step
 
@@ -442,6 +515,10 @@ class EngineModel:
             if event.finish_reason is not None:
                 self._drop(seq)
                 finished.append(rid)
+                done = FinishedSeq(rid, seq.num_prompt, event.index + 1)
+                self._finished.append(done)
+                if self.predictor is not None:
+                    self.predictor.observe(done.num_prompt_tokens, done.num_output_tokens)
             elif seq.mode is RequestMode.PREFILL:
                 seq.phase = SeqPhase.HOLDING
                 seq.hold_until_s = now_s + self.kv_hold_timeout_s
@@ -551,6 +628,17 @@ class EngineModel:
                 raise ValueError(f"{self.policy.name}: cannot preempt {rid!r}: not running")
             free += self.blocks.blocks_held(rid)
             seen.add(rid)
+        if decision.swap_out:
+            host = self.host_swap_tokens - self.host_used_tokens
+            for rid in decision.swap_out:
+                seq = self._seqs.get(rid)
+                if seq is None or seq.phase is not SeqPhase.RUNNING or rid in seen:
+                    raise ValueError(f"{self.policy.name}: cannot swap out {rid!r}: not running")
+                host -= seq.num_computed
+                if host < 0:
+                    raise ValueError(f"{self.policy.name}: swap-out exceeds the host swap space")
+                free += self.blocks.blocks_held(rid)
+                seen.add(rid)
         seqs = self._seqs
         held = self.blocks.held.get
         size = self.blocks.block_size
@@ -593,6 +681,27 @@ class EngineModel:
         if seq.mode is RequestMode.DECODE:
             # The pulled KV is gone: rebuild it here from prompt + outputs (recompute).
             seq.mode = RequestMode.GENERATE
+
+    def _swap_out(self, seq: _Seq) -> int:
+        """Park `seq`'s computed KV in host memory and free its blocks; returns tokens copied."""
+        moved = seq.num_computed
+        self.blocks.free(seq.id)
+        self.host_used_tokens += moved
+        seq.swapped_tokens = moved
+        seq.phase = SeqPhase.WAITING
+        self.num_swaps_out += 1
+        if seq.mode is RequestMode.DECODE:
+            # Its KV is local now (swapped, not pulled again): it resumes like a local request.
+            seq.mode = RequestMode.GENERATE
+        return moved
+
+    def _swap_in(self, seq: _Seq) -> int:
+        """`seq` is being resumed (its blocks already re-allocated): bring its KV back."""
+        moved = seq.num_computed
+        self.host_used_tokens -= moved
+        seq.swapped_tokens = 0
+        self.num_swaps_in += 1
+        return moved
 
     def _steady_run_length(self, decision: StepDecision, max_repeat: int) -> int:
         """How many identical decode steps can run before the batch could change.
@@ -660,4 +769,6 @@ class EngineModel:
     def _drop(self, seq: _Seq) -> None:
         self._epoch += 1
         self.blocks.free(seq.id)
+        if seq.swapped_tokens:
+            self.host_used_tokens -= seq.num_computed
         del self._seqs[seq.id]

@@ -10,8 +10,9 @@ the candidate under the cache, and the two baselines the paper compares against,
   `future_peak_tokens`); admit FCFS while max over `n_lists` independent samplings of the peak
   is < cache * (1 - reserve) (the artifact's `<`), stopping at the first rejection;
 * "oracle": the same gate with true lengths (the paper's "theoretical optimum"; run it with
-  reserve 0). In the simulator `SeqView.max_tokens` carries the true output length, so only this
-  mode reads it as a length;
+  reserve 0): the engine's prediction (`SeqView.predicted_output_tokens`) when it has one, else
+  `SeqView.max_tokens`, which in the simulator carries the true output length; only this mode
+  reads either as a length;
 * "aggressive": vLLM-style, admit while current usage + prompt <= cache * watermark;
 * "conservative": TGI-style, admit while sum(prompt + cap) <= cache * overcommit.
 
@@ -32,9 +33,10 @@ Choices (paper wins over the spec, spec over the artifact; research/seed-pastfut
 * a resumed (preempted) request samples P(l | l > generated) (A.12-6), not P(l);
 * the gate counts slots as c = prompt + generated and r = max(0, l - generated - 1) (the last token
   is never fed back), and in blocks uses the upper bound ceil(M_i / B) + i (exact when B == 1);
-* history: the policy learns each finished request's length from consecutive views
-  (`predict.feedback.FinishTracker`). Exact when the engine does not fuse steps (`schedule(now,
-  max_repeat=1)`); with fused steps it under-counts, so a caller may then feed
+* history: the policy learns each finished request's true length from the engine's finish
+  reports (`StepView.finished`, exact also with fused decode runs), through
+  `predict.feedback.FinishTracker`, which falls back to inferring finishes from consecutive
+  views when no report ever comes (views built by hand); a caller may instead feed
   `observe_finished` and set `learn_from_views=False`;
 * an admission round runs every `admit_every_steps` steps (artifact simulator 10, server 2), and
   always when nothing runs, where the head is admitted even if the gate says no (else the engine
@@ -169,7 +171,8 @@ class PastFuturePolicy:
         """Sampled slots still to grow (r) for the gate."""
         out = seq.num_output_tokens
         if self.params.admission == "oracle":
-            total = seq.max_tokens
+            predicted = seq.predicted_output_tokens
+            total = seq.max_tokens if predicted is None else predicted
         elif new and out == 0:
             total = self.history.sample_new(self._rng)
         else:

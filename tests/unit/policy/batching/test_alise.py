@@ -9,10 +9,15 @@ Invariants:
 4. a waiting sequence of a strictly better queue displaces the worst running one; the
    swap/recompute choice follows the PCIe-vs-prefill cost model;
 5. decisions drive the engine to completion for random workloads (every decision is valid);
-6. it is registered as "alise".
+6. it is registered as "alise";
+7. with `preemption="swap"` a victim is swapped out while the host has room, else recomputed; a
+   swapped sequence resumes through an ordinary chunk; the engine's predicted length
+   (`SeqView.predicted_output_tokens`) is used in place of the policy's own predictor.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,3 +103,36 @@ def test_registered() -> None:
     policy = make_batching_policy("alise", aging_s=2.0)
     assert isinstance(policy, AlisePolicy)
     assert policy.params.aging_s == 2.0
+
+
+def test_swap_preemption_uses_host_space_then_recomputes() -> None:
+    running = (seq("long", 50, 10),)  # holds 59 of 60 blocks
+    waiting = (seq("short", 20, arrival=1.0),)
+    truth = {"long": 4000, "short": 3}
+    swapping = oracle(truth, displace_running=True, preemption="swap")
+    roomy = StepView(0.0, waiting, running, 1, 60, 1, host_free_tokens=1000)
+    decision = swapping.decide(roomy)
+    assert decision.swap_out == (RequestId("long"),)
+    assert decision.preempt == ()
+    assert swapping.preemption_choices["swap"] == 1
+    full = oracle(truth, displace_running=True, preemption="swap")
+    decision = full.decide(StepView(0.0, waiting, running, 1, 60, 1, host_free_tokens=10))
+    assert decision.preempt == (RequestId("long"),)
+    assert decision.swap_out == ()
+    assert full.preemption_choices["recompute"] == 1
+
+
+def test_swapped_sequence_resumes_through_a_chunk() -> None:
+    policy = oracle({"back": 30}, preemption="swap")
+    back = SeqView(RequestId("back"), 0.0, 20, 5, 24, 4096, 0)  # swapped: computed, no blocks
+    assert back.swapped
+    decision = policy.decide(StepView(0.0, (back,), (), 100, 100, 1))
+    assert decision.chunks == ((RequestId("back"), 1),)
+
+
+def test_engine_prediction_wins_over_own_predictor() -> None:
+    policy = oracle({"a": 1000, "b": 1000}, max_num_seqs=1)
+    a = replace(seq("a", 10), predicted_output_tokens=900)
+    b = replace(seq("b", 10, arrival=1.0), predicted_output_tokens=5)
+    assert policy.decide(StepView(0.0, (a, b), (), 100, 100, 1)).chunks == ((RequestId("b"), 10),)
+    assert policy._jobs[RequestId("b")].predicted_tokens == 5

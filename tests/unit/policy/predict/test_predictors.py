@@ -8,7 +8,9 @@ Invariants:
 4. cold start fills half the window with the cap;
 5. the bucketed model lands in the dominant output bin of a prompt bin, and defers to the global
    table while a prompt bin is thin;
-6. the oracle returns the truth (clipped), and max_tokens for unknown ids.
+6. the oracle returns the truth (clipped), and max_tokens for unknown ids;
+7. `make_predictor` builds each by name; the noisy oracle's mean relative error is the one set
+   (it is the one predictor allowed past `max_tokens`: in the simulator that is the truth).
 """
 
 from __future__ import annotations
@@ -151,3 +153,20 @@ def test_rejects_bad_input() -> None:
         HistoryWindow(5).quantile(0.5)
     with pytest.raises(ValueError, match="max_tokens"):
         LengthQuery(RequestId("a"), 1, 0, 0)
+
+
+def test_make_predictor_and_noisy_oracle() -> None:
+    from splitserve.policy.predict import NoisyOraclePredictor, make_predictor
+
+    assert isinstance(make_predictor("oracle"), OraclePredictor)
+    assert isinstance(make_predictor("bucketed"), BucketedPredictor)
+    assert isinstance(make_predictor("history"), HistoryPredictor)
+    noisy = make_predictor("oracle-noisy:0.1", seed=1)
+    assert isinstance(noisy, NoisyOraclePredictor)
+    with pytest.raises(ValueError, match="unknown predictor"):
+        make_predictor("crystal-ball")
+    q = LengthQuery(RequestId("x"), 10, 0, 1000)
+    assert OraclePredictor().predict(q) == 1000  # simulator: max_tokens is the truth
+    errors = [abs(noisy.predict(q) / 1000 - 1) for _ in range(4000)]
+    assert sum(errors) / len(errors) == pytest.approx(0.1, abs=0.01)
+    assert max(errors) <= 0.2 + 1e-3
