@@ -9,6 +9,7 @@ moves these entities as events arrive.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,13 @@ def steps_done(first_s: float, slope_s: float, elapsed_s: float, repeat: int) ->
     while m < repeat and run_duration_s(first_s, slope_s, m + 1) <= elapsed_s:
         m += 1
     return m
+
+
+@functools.lru_cache(maxsize=8192)
+def _zero_prompt(num_tokens: int) -> tuple[int, ...]:
+    """The placeholder prompt of that length (the simulator never reads token ids), shared: the
+    cyclic GC then scans one ~1,000-element tuple per distinct length, not one per request."""
+    return (0,) * num_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +142,7 @@ class SimRequest:
         rid = RequestId(f"r{index}")
         request = Request(
             id=rid,
-            prompt_token_ids=(0,) * item.num_prompt_tokens,
+            prompt_token_ids=_zero_prompt(item.num_prompt_tokens),
             sampling=SamplingSpec(max_tokens=item.num_output_tokens, ignore_eos=True),
             arrival_s=item.arrival_s,
             slo_class=item.slo_class,

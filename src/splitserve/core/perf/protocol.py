@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class BatchShape:
     """One engine step: prefill chunks and decode sequences run together.
 
@@ -16,8 +16,16 @@ class BatchShape:
             decodes one token this step.
     """
 
-    prefill_chunks: tuple[tuple[int, int], ...] = ()
-    decode_contexts: tuple[int, ...] = ()
+    prefill_chunks: Final[tuple[tuple[int, int], ...]]
+    decode_contexts: Final[tuple[int, ...]]
+
+    def __init__(
+        self,
+        prefill_chunks: tuple[tuple[int, int], ...] = (),
+        decode_contexts: tuple[int, ...] = (),
+    ) -> None:
+        self.prefill_chunks = prefill_chunks
+        self.decode_contexts = decode_contexts
 
     @property
     def num_new_tokens(self) -> int:

@@ -9,32 +9,67 @@ engine samples one new token. A decode step is simply a chunk of 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.request import DEFAULT_SLO_CLASS
 
+# Value objects built on every engine step (the simulator's hot path, issue 4): slotted dataclasses
+# with an explicit `__init__` and `Final` fields rather than `frozen=True`, whose generated
+# `__init__` goes through `object.__setattr__` (interpreted even under mypyc, several times the
+# cost). `repr`, equality, hashing and `dataclasses.replace` are unchanged; immutability is checked
+# by mypy (`Final`) and enforced at runtime in the compiled build only. A new field must be added to
+# `__init__` too (defaults live there). See docs/benchmarks.md.
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class SeqView:
-    id: RequestId
-    arrival_s: float
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_computed_tokens: int
-    max_tokens: int
-    blocks_held: int
-    remote_kv: bool = False
+    id: Final[RequestId]
+    arrival_s: Final[float]
+    num_prompt_tokens: Final[int]
+    num_output_tokens: Final[int]
+    num_computed_tokens: Final[int]
+    max_tokens: Final[int]
+    blocks_held: Final[int]
+    remote_kv: Final[bool]
     """Waiting for admission with its KV coming from a prefill worker (needs blocks, no compute)."""
-    priority: int = 0
+    priority: Final[int]
     """Larger runs earlier for policies that use priorities; FCFS ignores it."""
-    deadline_s: float | None = None
-    slo_class: SloClassName = DEFAULT_SLO_CLASS.name
+    deadline_s: Final[float | None]
+    slo_class: Final[SloClassName]
     """The request's SLO class (`Request.slo_class`); SLO-aware policies look its targets up in
     the classes they were built with."""
-    predicted_output_tokens: int | None = None
+    predicted_output_tokens: Final[int | None]
     """Total output length predicted when the engine took the request (the engine's
     `OutputLengthPredictor`, e.g. the simulator's oracle); None when the engine has none."""
+
+    def __init__(
+        self,
+        id: RequestId,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        num_computed_tokens: int,
+        max_tokens: int,
+        blocks_held: int,
+        remote_kv: bool = False,
+        priority: int = 0,
+        deadline_s: float | None = None,
+        slo_class: SloClassName = DEFAULT_SLO_CLASS.name,
+        predicted_output_tokens: int | None = None,
+    ) -> None:
+        self.id = id
+        self.arrival_s = arrival_s
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_output_tokens = num_output_tokens
+        self.num_computed_tokens = num_computed_tokens
+        self.max_tokens = max_tokens
+        self.blocks_held = blocks_held
+        self.remote_kv = remote_kv
+        self.priority = priority
+        self.deadline_s = deadline_s
+        self.slo_class = slo_class
+        self.predicted_output_tokens = predicted_output_tokens
 
     @property
     def num_known_tokens(self) -> int:
@@ -66,35 +101,65 @@ class FinishedSeq(NamedTuple):
     """Its true, final output length (exact also inside fused decode runs)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class StepView:
-    now_s: float
-    waiting: tuple[SeqView, ...]
+    now_s: Final[float]
+    waiting: Final[tuple[SeqView, ...]]
     """Not yet admitted (or preempted), in arrival order."""
-    running: tuple[SeqView, ...]
+    running: Final[tuple[SeqView, ...]]
     """Admitted and computing, in admission order."""
-    free_blocks: int
-    total_blocks: int
-    block_size: int
-    finished: tuple[FinishedSeq, ...] = ()
+    free_blocks: Final[int]
+    total_blocks: Final[int]
+    block_size: Final[int]
+    finished: Final[tuple[FinishedSeq, ...]]
     """Requests that finished since the previous decision, in finishing order (empty for views
     built by hand; `predict.feedback.FinishTracker` infers them from consecutive views)."""
-    host_free_tokens: int = 0
+    host_free_tokens: Final[int]
     """Host (CPU) swap space left, in KV tokens: what `StepDecision.swap_out` may still use."""
 
+    def __init__(
+        self,
+        now_s: float,
+        waiting: tuple[SeqView, ...],
+        running: tuple[SeqView, ...],
+        free_blocks: int,
+        total_blocks: int,
+        block_size: int,
+        finished: tuple[FinishedSeq, ...] = (),
+        host_free_tokens: int = 0,
+    ) -> None:
+        self.now_s = now_s
+        self.waiting = waiting
+        self.running = running
+        self.free_blocks = free_blocks
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.finished = finished
+        self.host_free_tokens = host_free_tokens
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class StepDecision:
-    chunks: tuple[tuple[RequestId, int], ...] = ()
+    chunks: Final[tuple[tuple[RequestId, int], ...]]
     """(sequence, new tokens) to run this step, in order. 0 tokens admits a remote-KV sequence
     (allocates its blocks so the transfer can start)."""
-    preempt: tuple[RequestId, ...] = ()
+    preempt: Final[tuple[RequestId, ...]]
     """Running sequences to evict before the chunks run (their KV is dropped; recomputed later)."""
-    swap_out: tuple[RequestId, ...] = ()
+    swap_out: Final[tuple[RequestId, ...]]
     """Running sequences to swap out before the chunks run: their computed KV moves to host
     memory (`StepView.host_free_tokens` must hold it), their blocks are freed and their progress
     is kept; they wait (`SeqView.swapped`) until a chunk swaps them back in. The owner prices
     the copies (`Step.swap_out_tokens`, `Step.swap_in_tokens`)."""
+
+    def __init__(
+        self,
+        chunks: tuple[tuple[RequestId, int], ...] = (),
+        preempt: tuple[RequestId, ...] = (),
+        swap_out: tuple[RequestId, ...] = (),
+    ) -> None:
+        self.chunks = chunks
+        self.preempt = preempt
+        self.swap_out = swap_out
 
     @property
     def is_empty(self) -> bool:

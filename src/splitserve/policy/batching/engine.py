@@ -33,7 +33,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from splitserve.core.errors import CapacityError
 from splitserve.core.ids import RequestId
@@ -116,49 +116,109 @@ class _Seq:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class TokenEvent:
-    request_id: RequestId
-    token_id: int
-    index: int
-    finish_reason: FinishReason | None = None
+    request_id: Final[RequestId]
+    token_id: Final[int]
+    index: Final[int]
+    finish_reason: Final[FinishReason | None]
+
+    def __init__(
+        self,
+        request_id: RequestId,
+        token_id: int,
+        index: int,
+        finish_reason: FinishReason | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.token_id = token_id
+        self.index = index
+        self.finish_reason = finish_reason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Step:
-    decision: StepDecision
-    batch: BatchShape
-    started_s: float
-    transfers: tuple[RequestId, ...] = ()
+    decision: Final[StepDecision]
+    batch: Final[BatchShape]
+    started_s: Final[float]
+    transfers: Final[tuple[RequestId, ...]]
     """Remote-KV sequences admitted by this step: the owner starts their KV pulls."""
-    repeat: int = 1
+    repeat: Final[int]
     """How many identical decode steps this is (> 1 only when `schedule` was allowed to fuse
     them): `batch` is the first; in step i every context is i tokens longer."""
-    swap_out_tokens: int = 0
+    swap_out_tokens: Final[int]
     """KV tokens this step copies to host memory (`StepDecision.swap_out`), before it runs."""
-    swap_in_tokens: int = 0
+    swap_in_tokens: Final[int]
     """KV tokens this step copies back from host memory (swapped sequences it resumes)."""
 
+    def __init__(
+        self,
+        decision: StepDecision,
+        batch: BatchShape,
+        started_s: float,
+        transfers: tuple[RequestId, ...] = (),
+        repeat: int = 1,
+        swap_out_tokens: int = 0,
+        swap_in_tokens: int = 0,
+    ) -> None:
+        self.decision = decision
+        self.batch = batch
+        self.started_s = started_s
+        self.transfers = transfers
+        self.repeat = repeat
+        self.swap_out_tokens = swap_out_tokens
+        self.swap_in_tokens = swap_in_tokens
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class StepResult:
-    tokens: tuple[TokenEvent, ...] = ()
+    tokens: Final[tuple[TokenEvent, ...]]
     """Tokens sampled by the step; for a fused run (`Step.repeat > 1`) each sequence's last."""
-    prefilled: tuple[RequestId, ...] = ()
+    prefilled: Final[tuple[RequestId, ...]]
     """Prefill-mode sequences whose first token is out and whose KV is now held for a pull."""
-    finished: tuple[RequestId, ...] = ()
+    finished: Final[tuple[RequestId, ...]]
+
+    def __init__(
+        self,
+        tokens: tuple[TokenEvent, ...] = (),
+        prefilled: tuple[RequestId, ...] = (),
+        finished: tuple[RequestId, ...] = (),
+    ) -> None:
+        self.tokens = tokens
+        self.prefilled = prefilled
+        self.finished = finished
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class EngineLoad:
-    num_waiting: int
-    num_running: int
-    num_transferring: int
-    num_holding: int
-    free_blocks: int
-    total_blocks: int
-    block_size: int
-    pending_prefill_tokens: int
+    num_waiting: Final[int]
+    num_running: Final[int]
+    num_transferring: Final[int]
+    num_holding: Final[int]
+    free_blocks: Final[int]
+    total_blocks: Final[int]
+    block_size: Final[int]
+    pending_prefill_tokens: Final[int]
+
+    def __init__(
+        self,
+        num_waiting: int,
+        num_running: int,
+        num_transferring: int,
+        num_holding: int,
+        free_blocks: int,
+        total_blocks: int,
+        block_size: int,
+        pending_prefill_tokens: int,
+    ) -> None:
+        self.num_waiting = num_waiting
+        self.num_running = num_running
+        self.num_transferring = num_transferring
+        self.num_holding = num_holding
+        self.free_blocks = free_blocks
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.pending_prefill_tokens = pending_prefill_tokens
 
 
 class EngineModel:
