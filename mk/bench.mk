@@ -19,7 +19,21 @@ BENCH_ARGS    ?=
 BENCH_MODES   ?= --report-interval 0 --report-interval 0.1
 SIM_SOURCES   := $(shell find src/splitserve -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
 
-.PHONY: bench bench-pure bench-compiled sim-compiled golden-compiled clean-compiled
+.PHONY: bench bench-pure bench-compiled sim-compiled golden-compiled clean-compiled \
+  compiled-check
+
+# `make test` (and CI) also checks the compiled build against the golden digests wherever it can
+# be built (a C compiler and the Python headers); elsewhere it says so and goes on, since the
+# compiled build is an optional speed path and the pure-Python tree is what the tests cover.
+CHECKS += compiled-check
+
+compiled-check: $(STAMP)
+	@if [ -n "$$SPLITSERVE_SKIP_COMPILED" ]; then \
+	  echo "compiled-build check skipped: SPLITSERVE_SKIP_COMPILED is set"; \
+	elif command -v $${CC:-cc} >/dev/null 2>&1 && $(PY) -c 'import os, sysconfig, sys; \
+	  sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; \
+	then $(MAKE) --no-print-directory golden-compiled; \
+	else echo "compiled-build check skipped: no C compiler or no Python headers here"; fi
 
 bench: $(STAMP)
 	@mkdir -p out
