@@ -8,8 +8,8 @@
 #                        extension modules beside their sources. src/ is never touched; the build
 #                        is used by putting $(MYPYC_BUILD) first on PYTHONPATH.
 # `make golden-compiled` checks that the compiled modules are the ones imported from the build,
-#                        then runs tests/unit/sim/test_speed_golden.py against it: the same
-#                        pinned digests. `make bench` runs it before timing the build.
+#                        then runs the simulator and policy suites against it (the golden
+#                        digests included; ~20 s). `make bench` runs it before timing the build.
 # BENCH_ARGS (e.g. `--max-requests 3000 --repeat 3`) go to `python -m splitserve.sim.bench`.
 # Measured on the 2-core dev machine: the build ~25 s, the full bench ~15-20 s.
 
@@ -66,8 +66,9 @@ golden-compiled: $(MYPYC_STAMP)
 	  COMPILED_MODULES as want, build_kind, compiled_modules; got = compiled_modules(); \
 	  assert got == list(want) and build_kind() == "mypyc", f"not the compiled build: {got}"; \
 	  print(f"{len(got)} compiled modules imported from $(MYPYC_BUILD)")'
-	PYTHONPATH=$(abspath $(MYPYC_BUILD)) \
-	  $(PY) -m pytest -q -p no:cacheprovider tests/unit/sim/test_speed_golden.py
+	PYTHONPATH=$(abspath $(MYPYC_BUILD)) $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/unit/sim tests/unit/policy \
+	  --deselect tests/unit/sim/test_bench.py::test_the_test_suite_runs_pure_python
 
 clean-compiled:
 	rm -rf $(MYPYC_BUILD)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import pairwise
 
+from mypy_extensions import mypyc_attr
+
 from splitserve.core.errors import CapacityError, NoEligibleEndpoint
 from splitserve.core.ids import RequestId
 from splitserve.core.perf.protocol import BatchShape
@@ -72,6 +74,7 @@ class ClusterSpec:
         return sum(p.replicas for p in self.pools)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # cluster set-ups subclass it (Splitwise, BROS)
 class Cluster:
     """The world the event loop drives."""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from splitserve.core.errors import NoEligibleEndpoint
 from splitserve.policy.placement.base import EndpointView, Path, Placement, RequestView
 from splitserve.policy.placement.profile import Profile
@@ -21,6 +23,7 @@ class PdDeciderParams:
     """Prompts shorter than this run aggregated."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # cluster set-ups specialise it (Splitwise)
 class PdDecider:
     def __init__(
         self, decode: Profile, prefill: Profile, params: PdDeciderParams | None = None
