@@ -218,13 +218,19 @@ class Cluster:
         self._count_on(req, decode)
         self._touch(decode, sim)
 
-    def _start_transfer(self, req: SimRequest, decode: SimWorker, sim: Simulator) -> None:
-        prefill = self.workers[req.prefill_worker]
+    def transfer_s(self, req: SimRequest, prefill: SimWorker, decode: SimWorker) -> float:
+        """How long `req`'s KV occupies `decode`'s inbound link (the extension point cluster
+        set-ups override, e.g. Splitwise's per-size transfer mode). With `KvOverlap.LAYER` only
+        the part the prefill's own compute did not hide remains, at least one layer's share."""
         num_bytes = req.item.num_prompt_tokens * decode.template.kv_layout.bytes_per_token
         dur = decode.latency.kv_transfer_s(num_bytes)
         if self.spec.kv_overlap is KvOverlap.LAYER and dur > 0:
             hidden = prefill.latency.step_s(BatchShape(((req.item.num_prompt_tokens, 0),)))
             dur = max(dur / decode.template.kv_layout.num_layers, dur - hidden)
+        return dur
+
+    def _start_transfer(self, req: SimRequest, decode: SimWorker, sim: Simulator) -> None:
+        dur = self.transfer_s(req, self.workers[req.prefill_worker], decode)
         now = sim.now_s
         end = max(now, decode.link_free_s) + dur
         decode.link_free_s = end

@@ -7,9 +7,8 @@ power-capped DGX-H100 of Splitwise-HHcap; Table I, Table V), the router-side poo
 (`PoolLedger`: which machines are borrowed into the mixed pool, the KV each has reserved), the
 cluster specs (`splitwise_spec` for Splitwise-AA/HH/HA/HHcap, `baseline_spec` for Baseline-A100/
 H100) and `simulate_splitwise`, which runs a workload on such a cluster. Built on the
-simulator's public API (`Cluster`, `Simulator`) plus one override, `SplitwiseCluster.
-_start_transfer` (Splitwise's transfer-mode rule; docs/reproductions/splitwise.md proposes the
-`cluster.py` hook that would replace it); nothing in `cluster.py` changes.
+simulator's public API (`Cluster`, `Simulator`), overriding the cluster's transfer-time hook
+(`SplitwiseCluster.transfer_s`: Splitwise's transfer-mode rule).
 
 How the paper maps onto the simulator:
 * One machine = one worker (a DGX, 8 GPUs, TP 8, BLOOM-176B).
@@ -55,7 +54,6 @@ from splitserve.policy.placement.splitwise import SplitwiseDecider
 from splitserve.sim.cluster import Cluster, ClusterSpec, KvOverlap
 from splitserve.sim.engine import Simulator
 from splitserve.sim.entities import PoolSpec, SimRequest, SimWorker, WorkerTemplate
-from splitserve.sim.events import EventKind
 from splitserve.sim.metrics import SimResult
 from splitserve.sim.workload import WorkItem
 
@@ -208,10 +206,9 @@ class SplitwiseCluster(Cluster):
     compute, leaving the part it did not hide (at least one layer's share) plus the token
     machine's constant `kv_layer_sync_s` visible; smaller prompts, and every prompt with
     `KvOverlap.NONE`, transfer serialized after the prompt. Overrides the cluster's transfer
-    step only (same link queue, same events)."""
+    time only (`Cluster.transfer_s`: same link queue, same events)."""
 
-    def _start_transfer(self, req: SimRequest, decode: SimWorker, sim: Simulator) -> None:
-        prefill = self.workers[req.prefill_worker]
+    def transfer_s(self, req: SimRequest, prefill: SimWorker, decode: SimWorker) -> float:
         tokens = req.item.num_prompt_tokens
         layout = decode.template.kv_layout
         dur = decode.latency.kv_transfer_s(tokens * layout.bytes_per_token)
@@ -220,11 +217,7 @@ class SplitwiseCluster(Cluster):
             hidden = prefill.latency.step_s(BatchShape(((tokens, 0),)))
             sync = getattr(decode.latency, "kv_layer_sync_s", 0.0)
             dur = max(dur / layout.num_layers, dur - hidden) + sync
-        now = sim.now_s
-        end = max(now, decode.link_free_s) + dur
-        decode.link_free_s = end
-        req.kv_transfer_s = end - now
-        sim.schedule(end, EventKind.TRANSFER_DONE, decode.index, req)
+        return dur
 
 
 # -- the pool ledger ----------------------------------------------------------------------------
