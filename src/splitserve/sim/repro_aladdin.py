@@ -7,13 +7,16 @@ computation of our numbers. Pure: returns a `Reproduction`; the runner prints it
 
 Set-up, as the paper states it or as we infer it where it does not (docs/reproductions/aladdin.md):
 * Llama2-13B-chat on A100-80GB **PCIe** (the paper's testbed; the PCIe figures are defined here:
-  all-reduce over PCIe Gen4 at 16 GB/s effective), roofline latency model. SLOs from Table 2:
-  TTFT 600 ms, ATGT 30 ms; metric: GPUs needed for P100 SLO attainment (§6.4). Figs 11-12 do
-  not name their model in the text; 13B is the model of the §6.3 set-up they reuse.
-* Aladdin: workers of the paper's size for 13B on A100 (Table 3: 1 GPU; our roofline's Eq 6
-  picks 2, reported in the Table 3 rows, so the placement claims are not mixed up with that
-  miss), Eq 2/3 fitted to the roofline by least squares (planner.aladdin), conditional-mean
-  output prediction from a history sample, best-fit placement ("aladdin-pack", γ = 0.5). Its
+  NCCL ring all-reduce over PCIe Gen4 across the two sockets, 10 GB/s bus bandwidth and
+  6.6 µs + 1 µs a ring step per all-reduce, estimates from NCCL's own models), roofline latency
+  model. SLOs from Table 2: TTFT 600 ms, ATGT 30 ms; metric: GPUs needed for P100 SLO
+  attainment (§6.4). Figs 11-12 do not name their model in the text; 13B is the model of the
+  §6.3 set-up they reuse.
+* Aladdin: workers of the paper's size for 13B on A100 (Table 3: 1 GPU; our Eq 6 on this
+  preset picks the same, reported in the Table 3 rows; fixed rather than taken from Eq 6 so
+  the placement claims do not move with the all-reduce estimate), Eq 2/3 fitted to the
+  roofline by least squares (planner.aladdin), conditional-mean output prediction from a
+  history sample, best-fit placement ("aladdin-pack", γ = 0.5). Its
   GPU count is the number of workers its Alg. 1 opens (a new bin only when no open worker
   fits) on a large pool, with θ from 0.9, 0.8, ..., 0.5 the one needing the fewest workers
   while meeting the target (the paper gives no θ).
@@ -62,10 +65,29 @@ from splitserve.sim.reproduce import Comparison, Reproduction
 from splitserve.sim.workload import PRESETS, Poisson, WorkItem, synthetic
 
 A100_80G_PCIE = HardwareSpec(
-    "a100-80g-pcie", 312e12, 1.935e12, 80e9, kv_link_bw_bytes_s=25e9, tp_link_bw_bytes_s=16e9
+    "a100-80g-pcie",
+    312e12,
+    1.935e12,
+    80e9,
+    kv_link_bw_bytes_s=25e9,
+    tp_link_bw_bytes_s=10e9,
+    tp_allreduce_latency_s=6.6e-6,
+    tp_allreduce_hop_latency_s=1.0e-6,
+    tp_ring_allreduce=True,
 )
-"""A100 80 GB PCIe: 312 TFLOP/s bf16, 1.935 TB/s HBM2e; TP all-reduce over PCIe Gen4 x16
-(32 GB/s a direction, halved by the ring's 2(N−1)/N traffic and the shared root complex)."""
+"""A100 80 GB PCIe: 312 TFLOP/s bf16, 1.935 TB/s HBM2e. TP all-reduce: NCCL ring over PCIe
+Gen4 without NVLink, all figures estimates (none measured on the paper's testbed):
+* bus bandwidth 10 GB/s: NCCL's topology model prices a PCIe Gen4 x16 link at 24 GB/s (75 % of
+  32 GB/s) but a path across the two sockets' UPI on Intel Skylake-and-later at 10 GB/s
+  (`SKL_QPI_BW`, src/graph/topo.h). The paper's server (4 GPUs, 2× Xeon 8380) most likely holds
+  two GPUs per socket, so a 4-GPU ring crosses UPI; a TP-2 pair on one socket would see ~20 GB/s
+  (24 GB/s less NCCL's Intel P2P overhead), which one per-card figure cannot express (the doc's
+  sensitivity rows);
+* ring traffic 2(N−1)/N of the reduced bytes per GPU (`tp_ring_allreduce`);
+* latency per all-reduce 6.6 µs + 1.0 µs per ring step (2(N−1) steps): NCCL's own tuning model
+  (src/graph/tuning.cc, 2.18+: ring base latency and PCI hop latency of the LL protocol it picks
+  for small messages); decode runs under CUDA graphs, so no CPU launch cost is added (Vidur's
+  0.02 ms per all-reduce is a sensitivity row in the doc)."""
 
 MODEL = "llama-2-13b"
 SLO = SloClass(SloClassName("default"), ttft_ms=600.0, tpot_ms=30.0, percentile=1.0)

@@ -3,12 +3,14 @@
 Invariants (docs/reproductions/aladdin.md explains every number):
 1. rows: the quick reproduction reports each headline claim (four GPU reductions, three Table 3
    worker sizes, two model errors) with the paper's number;
-2. direction + band, as measured on our roofline (the paper's GPU savings do not reproduce; the
-   doc says why): in mixed mode Aladdin needs no more GPUs than JSQ at its worker size (the
-   paper's direction), the other reductions lie in measured bands around 0 (never the paper's
-   −40 % … −71 %), every deciding run meets P100, and no system goes below the planner's
-   analytic lower bound; Eq 6 picks at least the paper's size (our roofline scales TP better);
-   the fitted Eq 2/3 errors are small but above the paper's < 4 % / < 5 %;
+2. direction + band, as measured on our roofline (the paper's GPU savings do not reproduce in
+   size; the doc says why): in mixed mode Aladdin needs fewer GPUs than JSQ at its worker size
+   and than default vLLM on TP-4 workers (the paper's directions, once the PCIe all-reduce is
+   priced with NCCL's latency and the cross-socket bandwidth), the split-phase reductions lie in
+   measured bands around 0 (never the paper's −49 % … −60 %), every deciding run meets P100,
+   and no system goes below the planner's analytic lower bound; Eq 6 picks the paper's Table 3
+   sizes (2/1/1) on the PCIe A100 preset; the fitted Eq 2/3 errors are small but above the
+   paper's < 4 % / < 5 %;
 3. the cluster: Aladdin's loads follow the requests routed to each decode worker, every request
    finishes, and at light load best fit leaves workers empty where JSQ spreads over all of them
    (the bins Aladdin would scale down).
@@ -30,15 +32,18 @@ from splitserve.sim.reproduce import REPRODUCTIONS
 from splitserve.sim.workload import Fixed, Poisson, synthetic
 
 BANDS = {
-    # Measured in quick mode (20 req/s, 30 s of arrivals; the doc has the full sweep). Mixed vs
-    # JSQ at Aladdin's worker size is the one direction that holds (25 % fewer GPUs quick);
-    # the others sit within about one worker of 0.
-    "mixed mode, GPUs: reduction vs default vLLM (TP4, JSQ)": (-0.4, 0.3),
+    # Measured in quick mode (20 req/s, 30 s of arrivals; the doc has the full sweep). Mixed
+    # mode: Aladdin needs 25 % fewer GPUs than JSQ at its worker size and than default vLLM
+    # (9 vs 12 GPUs quick; one TP-4 worker either way is ±4 GPUs); split mode sits within about
+    # one worker of 0.
+    "mixed mode, GPUs: reduction vs default vLLM (TP4, JSQ)": (0.05, 0.5),
     "mixed mode, GPUs: reduction vs JSQ, optimal workers": (0.05, 0.45),
     "split-phase decode GPUs: reduction vs JSQ": (-0.4, 0.3),
     "split-phase decode GPUs: reduction vs power-of-two": (-0.3, 0.4),
 }
-TABLE3_OURS = {"llama-2-70b": 4.0, "llama-2-13b": 2.0, "llama-2-7b": 2.0}
+TABLE3_OURS = {"llama-2-70b": 2.0, "llama-2-13b": 1.0, "llama-2-7b": 1.0}
+"""Eq 6 on the PCIe A100 preset (NCCL all-reduce latency, 10 GB/s cross-socket ring): the paper's
+sizes; with the bandwidth-only all-reduce of earlier versions it picked 4/2/2."""
 
 
 def test_quick_reproduction_direction_and_band() -> None:
@@ -53,7 +58,7 @@ def test_quick_reproduction_direction_and_band() -> None:
     for model, ours in TABLE3_OURS.items():
         c = by_name[f"Table 3: GPUs per worker, {model} on A100"]
         assert c.ours == ours
-        assert c.ours >= c.paper  # direction: the roofline never prefers smaller workers
+        assert c.ours == c.paper  # Table 3 reproduces with the PCIe all-reduce cost
     for name in (
         "Eq 2 prefill model max error (13B, TP1)",
         "Eq 3 decode model max error (13B, TP1)",

@@ -120,3 +120,28 @@ def test_roofline_step_s_matches_reference_bit_for_bit() -> None:
             contexts = tuple(rng.randint(1, 8192) for _ in range(rng.randint(0, 200)))
             batch = BatchShape(chunks, contexts)
             assert model.step_s(batch) == model._step_s_reference(batch)
+
+
+def test_roofline_step_s_matches_reference_with_all_reduce_latency_and_ring() -> None:
+    rng = random.Random(5)
+    hw = replace(
+        HARDWARE["a100-80g"],
+        tp_link_bw_bytes_s=10e9,
+        tp_allreduce_latency_s=6.6e-6,
+        tp_allreduce_hop_latency_s=1.0e-6,
+    )
+    models = [
+        RooflineModel(MODELS["llama-2-13b"], hw, tp=4),
+        RooflineModel(MODELS["llama-2-7b"], hw, tp=1),
+        RooflineModel(MODELS["llama-2-70b"], replace(hw, tp_ring_allreduce=True), tp=2),
+        RooflineModel(MODELS["opt-13b"], replace(hw, tp_ring_allreduce=True), tp=4, time_scale=0.7),
+    ]
+    for model in models:
+        assert model.step_s(BatchShape()) == model._step_s_reference(BatchShape()) == 0.0
+        for _ in range(1_000):
+            chunks = tuple(
+                (rng.randint(1, 4096), rng.randint(0, 8192)) for _ in range(rng.randint(0, 3))
+            )
+            contexts = tuple(rng.randint(1, 8192) for _ in range(rng.randint(0, 200)))
+            batch = BatchShape(chunks, contexts)
+            assert model.step_s(batch) == model._step_s_reference(batch)

@@ -9,6 +9,12 @@ C4 = dtype·layers/(B·MBU), ...), so a model shape plus a `HardwareSpec` give u
 no profile. The `4h²+2hm` term is generalised to the shape's real parameter count (GQA, gated
 MLPs). A mixed (chunked-prefill) step takes the roofline max of compute and weight-read time for
 its GEMMs and adds both attention terms. Fitted and profiled models live beside this one.
+
+Tensor parallelism adds two all-reduces of the step's activations per layer (Megatron-style):
+bytes over the TP link bandwidth, optionally with the ring's 2(N-1)/N traffic factor, plus, when
+the hardware sets one, a fixed latency per all-reduce (NCCL's base latency and 2(N-1) ring
+steps). Both extras are opt-in (`HardwareSpec.tp_ring_allreduce`, `tp_allreduce_latency_s`,
+`tp_allreduce_hop_latency_s`); with the defaults the step time is exactly the bandwidth-only one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ class RooflineModel:
     """Multiplies every step time; < 1 runs a simulated engine faster than the real one."""
     _k: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
     """Derived constants, computed once (`step_s` is the simulator's hottest pricing call)."""
+    _tp_k: tuple[float, float] = field(init=False, repr=False, compare=False, default=(0.0, 0.0))
+    """(ring traffic factor or 0 when off, all-reduce latency per step or 0 when none)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -49,6 +57,8 @@ class RooflineModel:
             self.hardware.step_overhead_s,
         )
         object.__setattr__(self, "_k", k)
+        ring = self._ring_factor if self.hardware.tp_ring_allreduce else 0.0
+        object.__setattr__(self, "_tp_k", (ring, self._allreduce_latency_step_s))
 
     @property
     def ready(self) -> bool:
@@ -61,6 +71,21 @@ class RooflineModel:
     @property
     def _bw(self) -> float:
         return self.hardware.memory_bw_bytes_s * self.hardware.memory_efficiency * self.tp
+
+    @property
+    def _ring_factor(self) -> float:
+        """Bytes each GPU sends per byte reduced in a ring all-reduce: 2(N-1)/N."""
+        return 2 * (self.tp - 1) / self.tp
+
+    @property
+    def _allreduce_latency_step_s(self) -> float:
+        """Fixed all-reduce latency of one step: two all-reduces per layer, each the base
+        latency plus 2(N-1) ring steps (0 at TP 1 or when the hardware sets none)."""
+        hw = self.hardware
+        if self.tp == 1:
+            return 0.0
+        per_call = hw.tp_allreduce_latency_s + 2 * (self.tp - 1) * hw.tp_allreduce_hop_latency_s
+        return 2 * self.shape.num_layers * per_call
 
     def step_s(self, batch: BatchShape) -> float:
         # Same arithmetic, in the same order, as the textbook form kept in `_step_s_reference`;
@@ -86,8 +111,14 @@ class RooflineModel:
         if self.tp > 1:
             s = self.shape
             # Two all-reduces of the activations per layer.
-            tp_bytes = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
-            total = total + tp_bytes / self.hardware.tp_link_bw_bytes_s
+            tp_bytes: float = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
+            ring, allreduce_lat = self._tp_k
+            if ring:
+                tp_bytes = tp_bytes * ring
+            tp_s = tp_bytes / self.hardware.tp_link_bw_bytes_s
+            if allreduce_lat:
+                tp_s = tp_s + allreduce_lat
+            total = total + tp_s
         scale = self.time_scale
         return total if scale == 1.0 else total * scale
 
@@ -113,8 +144,13 @@ class RooflineModel:
         tp_s = 0.0
         if self.tp > 1:
             # Two all-reduces of the activations per layer.
-            tp_bytes = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
+            tp_bytes: float = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
+            if self.hardware.tp_ring_allreduce:
+                tp_bytes = tp_bytes * self._ring_factor  # each GPU moves 2(N-1)/N of them
             tp_s = tp_bytes / self.hardware.tp_link_bw_bytes_s
+            latency_s = self._allreduce_latency_step_s
+            if latency_s:  # skipped, not added, when 0: bandwidth-only presets stay bit-exact
+                tp_s = tp_s + latency_s
         total = self.hardware.step_overhead_s + gemm_s + prefill_attn_s + decode_attn_s + tp_s
         return total * self.time_scale
 

@@ -68,7 +68,21 @@ class HardwareSpec:
     """Bandwidth between a prefill and a decode worker (NIC / NVLink)."""
     kv_link_latency_s: float = 0.0005
     tp_link_bw_bytes_s: float = 300e9
-    """All-reduce bandwidth between GPUs of one tensor-parallel group."""
+    """All-reduce bandwidth between GPUs of one tensor-parallel group: bytes of activations
+    reduced per second (algorithm bandwidth), or NCCL's bus bandwidth when
+    `tp_ring_allreduce` is set."""
+    tp_allreduce_latency_s: float = 0.0
+    """Fixed cost of one all-reduce (NCCL's per-call base latency), paid twice per layer per
+    step. 0 (every built-in preset) leaves the all-reduce priced by bandwidth only. Estimates:
+    NCCL's own tuning model (src/graph/tuning.cc, 2.18+) puts the ring base latency at 6.6 us
+    (LL protocol, the one NCCL picks for small messages) and 8.4 us (Simple)."""
+    tp_allreduce_hop_latency_s: float = 0.0
+    """Latency of one ring step of an all-reduce; a ring all-reduce over N GPUs takes 2(N-1)
+    steps. NCCL's tuning model: 1.0 us a step over PCIe (LL), 0.6 us over NVLink (LL)."""
+    tp_ring_allreduce: bool = False
+    """Ring all-reduce traffic: each GPU sends and receives 2(N-1)/N of the reduced bytes, and
+    `tp_link_bw_bytes_s` is the per-link (NCCL "bus") bandwidth. False (every built-in preset)
+    keeps the plain bytes / bandwidth form."""
 
 
 def _m(*shapes: ModelShape) -> dict[str, ModelShape]:
