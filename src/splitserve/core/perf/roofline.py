@@ -111,7 +111,7 @@ class RooflineModel:
         if self.tp > 1:
             s = self.shape
             # Two all-reduces of the activations per layer.
-            tp_bytes: float = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
+            tp_bytes = float(2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes)
             ring, allreduce_lat = self._tp_k
             if ring:
                 tp_bytes = tp_bytes * ring
@@ -144,7 +144,7 @@ class RooflineModel:
         tp_s = 0.0
         if self.tp > 1:
             # Two all-reduces of the activations per layer.
-            tp_bytes: float = 2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes
+            tp_bytes = float(2 * s.num_layers * new_tokens * s.hidden_size * s.dtype_bytes)
             if self.hardware.tp_ring_allreduce:
                 tp_bytes = tp_bytes * self._ring_factor  # each GPU moves 2(N-1)/N of them
             tp_s = tp_bytes / self.hardware.tp_link_bw_bytes_s
