@@ -246,6 +246,14 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._break_load.wait(), interval_s)
 
+    async def WatchSteps(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSample]:
+        """A scripted worker has no engine steps: UNIMPLEMENTED, as an engine without them."""
+        self._record("WatchSteps", request)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the fake worker reports no steps")
+        yield worker_pb2.StepSample()  # unreachable: makes this an async generator
+
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: Any
     ) -> worker_pb2.DrainResponse:

@@ -3,7 +3,10 @@
 Thin: parses options, runs `splitserve.worker.profiler` against the worker, and writes what
 `splitserve.core.perf.samples` makes of the samples: `samples.csv` (raw), `profile.csv` (a
 `ProfiledModel` table for the scenario key `latency_profile:`) and `fit.json` (FittedModel
-coefficients and held-out errors). `--from-samples` rebuilds the last two from a samples CSV.
+coefficients and held-out errors); with the worker's own step samples (`--method steps`, what
+`auto` picks when the worker serves `WatchSteps`) also `steps.csv`, every step the worker ran,
+and a fit on all of them in `fit.json`. `--from-samples` rebuilds `profile.csv` and `fit.json`
+from a samples CSV.
 """
 
 from __future__ import annotations
@@ -19,13 +22,23 @@ import click
 from splitserve.cli import logs
 from splitserve.core.perf.samples import (
     Measurement,
+    ReportedStep,
     build_table,
     evaluate,
+    fit_steps,
     parse_samples_csv,
     samples_csv,
+    steps_csv,
     table_csv,
 )
-from splitserve.worker.profiler import ProfileError, ProfileGrid, ProfileStats, profile_worker
+from splitserve.worker.profiler import (
+    METHODS,
+    Method,
+    ProfileError,
+    ProfileGrid,
+    ProfileStats,
+    profile_worker,
+)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -126,6 +139,14 @@ def _token_range(text: str) -> tuple[int, int]:
     show_default=True,
     help="Hold out every Nth interior cell to score the table and fit (0: none).",
 )
+@click.option(
+    "--method",
+    type=click.Choice(METHODS),
+    default="auto",
+    show_default=True,
+    help="steps: the worker's own step samples (WatchSteps); outside: client-side timing; "
+    "auto: steps when the worker serves WatchSteps, else outside.",
+)
 @click.option("--log-level", default="WARNING", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 def profile(
     address: str | None,
@@ -146,6 +167,7 @@ def profile(
     seed: int,
     set_mixed: bool,
     holdout_every: int,
+    method: Method,
     log_level: str,
 ) -> None:
     """Measure a live worker's step times into a latency table.
@@ -156,6 +178,7 @@ def profile(
     """
     logs.setup(log_level, "profile")
     stats: ProfileStats | None = None
+    steps: list[ReportedStep] = []
     if from_samples is not None:
         samples = parse_samples_csv(from_samples.read_text().splitlines())
         source = f"samples from {from_samples}"
@@ -176,7 +199,7 @@ def profile(
             max_num_seqs=max_num_seqs,
         )
         try:
-            samples, stats = asyncio.run(
+            samples, stats, reported = asyncio.run(
                 profile_worker(
                     address,
                     grid,
@@ -184,13 +207,15 @@ def profile(
                     seed=seed,
                     set_mixed=set_mixed,
                     progress=lambda msg: click.echo(msg, err=True),
+                    method=method,
                 )
             )
         except ProfileError as err:
             raise click.ClickException(str(err)) from err
         source = f"worker {address}"
+        steps = [(s.index, s.start_s, s.duration_s, s.batch) for s in reported]
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = _write(out_dir, samples, source, stats, holdout_every, from_samples)
+    files = _write(out_dir, samples, source, stats, holdout_every, from_samples, steps)
     for path in files:
         click.echo(f"wrote {path}")
 
@@ -202,6 +227,7 @@ def _write(
     stats: ProfileStats | None,
     holdout_every: int,
     from_samples: Path | None = None,
+    steps: list[ReportedStep] | None = None,
 ) -> list[Path]:
     try:
         table = build_table(samples)
@@ -209,9 +235,12 @@ def _write(
     except ValueError as err:
         raise click.ClickException(f"cannot build a table: {err}") from err
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    method = stats.method if stats is not None else ""
     notes = [
-        f"splitserve profile of {source}, {stamp}",
-        "seconds are whole step periods: forward pass + scheduling + sampling + output hand-off",
+        f"splitserve profile of {source}, {stamp}" + (f" (method {method})" if method else ""),
+        "seconds are whole step periods: forward pass + scheduling + sampling + output hand-off"
+        if method != "steps"
+        else "seconds are the worker's own step times (engine.step(); sim: the latency model)",
     ]
     files = [out_dir / "samples.csv", out_dir / "profile.csv", out_dir / "fit.json"]
     if from_samples is None or from_samples.resolve() != files[0].resolve():
@@ -227,6 +256,11 @@ def _write(
             "rejected": stats.rejected,
             "notes": stats.notes,
         }
+        summary["method"] = stats.method
+    if steps:
+        summary["steps"] = fit_steps(steps, table.model) | {"dropped": _dropped(stats)}
+        files.append(out_dir / "steps.csv")
+        files[-1].write_text("\n".join(steps_csv(steps)) + "\n")
     summary["source"] = source
     summary["samples"] = len(samples)
     files[2].write_text(json.dumps(_finite(summary), indent=2) + "\n")
@@ -236,7 +270,18 @@ def _write(
         f"fit MAPE {_pct(ev.fit_mape_heldout)} held out"
         + ("" if ev.fit.ready else f" (fit not ready: {ev.fit.reason})")
     )
+    if steps:
+        st = summary["steps"]
+        assert isinstance(st, dict)
+        click.echo(
+            f"{st['steps']} worker-reported steps ({st['mixed']} mixed prefill+decode); "
+            f"fit on every step MAPE {_pct(float(st['mape']))}"
+        )
     return files
+
+
+def _dropped(stats: ProfileStats | None) -> int:
+    return stats.steps_dropped if stats is not None else 0
 
 
 def _pct(x: float) -> str:

@@ -7,12 +7,15 @@ objects living in the worker's event loop.
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import KvHandle
+from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request
 
 
@@ -44,10 +47,99 @@ class LoadSnapshot:
     num_kv_held: int
 
 
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One engine step as the engine ran it (the `WatchSteps` stream's record)."""
+
+    index: int
+    """The engine's step counter (from 1)."""
+    start_s: float
+    """The worker clock when the step started."""
+    duration_s: float
+    """vLLM: wall time of `engine.step()`; sim engine: the latency model's price of the step."""
+    batch: BatchShape
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.batch.prefill_chunks) + len(self.batch.decode_contexts)
+
+
+DEFAULT_STEP_BUFFER = 4096
+
+
+class StepSubscription:
+    """One watcher's bounded buffer of step samples: full, it drops the oldest (counted)."""
+
+    def __init__(self, feed: StepFeed, max_buffer: int) -> None:
+        self._feed = feed
+        self._buffer: deque[StepSample] = deque(maxlen=max(1, max_buffer))
+        self._ready = asyncio.Event()
+        self.dropped = 0
+        self.closed = False
+
+    def push(self, sample: StepSample) -> None:
+        if len(self._buffer) == self._buffer.maxlen:
+            self.dropped += 1  # the deque drops the oldest on append
+        self._buffer.append(sample)
+        self._ready.set()
+
+    async def get(self) -> StepSample:
+        """The oldest buffered sample, waiting for one if there is none."""
+        while not self._buffer:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._buffer.popleft()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._feed.unsubscribe(self)
+
+    def __aiter__(self) -> StepSubscription:
+        return self
+
+    async def __anext__(self) -> StepSample:
+        return await self.get()
+
+
+class StepFeed:
+    """Fans an engine's step samples out to `WatchSteps` watchers (in the worker's event loop).
+
+    Engines check `active` before building a sample, so a worker nobody watches allocates
+    nothing per step for it. `publish` never blocks: a slow watcher loses its oldest samples.
+    """
+
+    def __init__(self) -> None:
+        self._subs: list[StepSubscription] = []
+
+    @property
+    def active(self) -> bool:
+        """Anyone watching? (Read from any thread: a stale answer costs one sample at most.)"""
+        return bool(self._subs)
+
+    @property
+    def num_subscribers(self) -> int:
+        return len(self._subs)
+
+    def subscribe(self, max_buffer: int = DEFAULT_STEP_BUFFER) -> StepSubscription:
+        sub = StepSubscription(self, max_buffer)
+        self._subs = [*self._subs, sub]
+        return sub
+
+    def unsubscribe(self, sub: StepSubscription) -> None:
+        self._subs = [s for s in self._subs if s is not sub]
+
+    def publish(self, sample: StepSample) -> None:
+        for sub in self._subs:
+            sub.push(sample)
+
+
 class Engine(Protocol):
     kind: str
     """"sim" or "vllm"."""
     model: str
+    steps: StepFeed | None
+    """Per-step samples for `WatchSteps`; None when the engine cannot report its steps."""
 
     async def start(self) -> None:
         """Load and begin stepping. Called once before any request."""

@@ -22,18 +22,29 @@ whose repetitions disagree by more than `max_spread` of their median get up to `
 more. The table uses the median per cell. Prompts are random token ids, distinct per request,
 so vLLM's prefix cache never hits.
 
-What a measured step includes: the engine's whole step period, i.e. the forward pass *and* the
-scheduler, sampling, output processing and the worker's hand-off of tokens to the gRPC stream
-(whatever keeps the engine from starting the next step). Client-side jitter and gRPC delivery
-are not in it (they cancel or average out) but add noise; run the profiler close to the worker
-(`kubectl exec` into the pod, or on the same host) for tight numbers. The batch shapes are what
-the profiler arranged, not what the engine reports: a worker-side step log would make them exact
-(see docs/profiling.md, "Limitations").
+**Two methods.** With `method="steps"` (what `"auto"` picks when the worker serves
+`WatchSteps`) the worker reports every step it runs, its exact shape and its time measured
+inside the worker: the probes above only make the steps happen, and each probe's measurement is
+the reported step of exactly the probe's shape (prefill: B chunks of (n, 0); decode: the steps
+that decode all B). No gRPC or client time is in these numbers, and a probe whose step the
+engine shaped differently is retried, never mismeasured. Every step seen during the run (gates,
+warm-ups, the mixed prefill+decode steps while a decode probe's prompts are computed) is kept in
+`Profiler.steps` for a fit on every step. `method="outside"` (or `"auto"` against a worker
+without `WatchSteps`) times the probes from the client as described next.
+
+What a measured step includes (outside method): the engine's whole step period, i.e. the
+forward pass *and* the scheduler, sampling, output processing and the worker's hand-off of
+tokens to the gRPC stream (whatever keeps the engine from starting the next step). Client-side
+jitter and gRPC delivery are not in it (they cancel or average out) but add noise; run the
+profiler close to the worker (`kubectl exec` into the pod, or on the same host) for tight
+numbers. The batch shapes are what the profiler arranged, not what the engine reports; the
+steps method has neither limitation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -42,15 +53,20 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import grpc
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.perf.samples import Measurement
+from splitserve.worker.engine import StepSample
+from splitserve.worker.server import step_from_pb
 
 log = logging.getLogger(__name__)
+
+Method = Literal["auto", "steps", "outside"]
+METHODS: tuple[Method, ...] = ("auto", "steps", "outside")
 
 
 class ProfileError(Exception):
@@ -134,6 +150,10 @@ class ProfileStats:
     probes: int = 0
     rejected: int = 0
     notes: list[str] = field(default_factory=list)
+    method: str = ""
+    """The method used: "steps" (the worker's `WatchSteps`) or "outside" (client timing)."""
+    steps_dropped: int = 0
+    """Step samples the worker dropped because the profiler read them too slowly."""
 
 
 class Profiler:
@@ -151,7 +171,10 @@ class Profiler:
         request_timeout_s: float = 300.0,
         progress: Callable[[str], None] | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        method: Method = "auto",
     ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         lo, hi = token_range
         if not 0 <= lo < hi:
             raise ValueError(f"bad token range {token_range}")
@@ -169,6 +192,10 @@ class Profiler:
         self._run_tag = f"{seed:x}-{random.Random().getrandbits(32):08x}"
         self._rtts: list[float] = []
         self._gate_delay_s = 0.0
+        self.method = method
+        self.steps: list[StepSample] = []
+        """Every step the worker reported during the run (steps method only)."""
+        self._use_steps = False
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -183,10 +210,33 @@ class Profiler:
                 )
             await self.stub.SetRole(worker_pb2.SetRoleRequest(role=common_pb2.ROLE_MIXED))
             restore = report.role
+        watch: grpc.aio.UnaryStreamCall[worker_pb2.WatchStepsRequest, worker_pb2.StepSample]
+        watch = None
+        reader: asyncio.Task[None] | None = None
         try:
-            self.progress(f"profiling {report.engine} worker serving {report.model!r}")
+            if self.method != "outside":
+                watch = await self._watch_steps()
+                if watch is None and self.method == "steps":
+                    raise ProfileError(
+                        "the worker does not serve WatchSteps (an older worker, or an engine "
+                        "that cannot report steps): use --method outside"
+                    )
+            self._use_steps = watch is not None
+            self.stats.method = "steps" if self._use_steps else "outside"
+            if watch is not None:
+                reader = asyncio.create_task(self._read_steps(watch))
+            self.progress(
+                f"profiling {report.engine} worker serving {report.model!r} "
+                f"({'worker-side step samples' if self._use_steps else 'client-side timing'})"
+            )
             return await self._measure()
         finally:
+            if watch is not None:
+                watch.cancel()
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
             if restore is not None:
                 await self.stub.SetRole(worker_pb2.SetRoleRequest(role=restore))
 
@@ -273,6 +323,7 @@ class Profiler:
         for attempt in range(tries):
             await self._wait_idle()
             self.stats.probes += 1
+            mark = len(self.steps)
             gate = asyncio.create_task(self._generate(self._prompt(self.stats.gate_tokens), 1))
             await asyncio.sleep(self._gate_delay_s)
             probes = [asyncio.create_task(self._generate(self._prompt(n), 1)) for _ in range(b)]
@@ -285,7 +336,13 @@ class Profiler:
             spread = firsts[-1] - firsts[0]
             last_sent = max(c.sent_s for c in calls)
             problem = ""
-            if last_sent + self.stats.rtt_s >= gate_call.first_s:
+            if self._use_steps:
+                want = BatchShape(prefill_chunks=((n, 0),) * b)
+                step = await self._reported_step(mark, want)
+                if step is not None:
+                    return Measurement("prefill", b, n, rep, step.batch, step.duration_s, 0.0)
+                problem = "the worker ran no step of exactly the probes"
+            elif last_sent + self.stats.rtt_s >= gate_call.first_s:
                 problem = "probes reached the worker after the gate step"
             elif firsts[0] - gate_call.first_s <= min(0.5 * self._rtt_hi(), 1e-3):
                 problem = "probes ran in the gate's step"
@@ -310,10 +367,13 @@ class Profiler:
     async def _decode_probe(self, b: int, c: int, rep: int) -> Measurement | None:
         await self._wait_idle()
         self.stats.probes += 1
+        mark = len(self.steps)
         max_tokens = self.grid.decode_max_tokens(b, c)
         calls = await asyncio.gather(
             *(self._generate(self._prompt(c), max_tokens) for _ in range(b))
         )
+        if self._use_steps:
+            return await self._decode_from_steps(b, c, rep, mark)
         start = max(call.first_s for call in calls)  # every request decodes after this
         end = min(call.arrivals[-1][0] for call in calls)  # ... until the first one finishes
         per_stream: list[float] = []
@@ -341,6 +401,78 @@ class Profiler:
             statistics.median(per_stream),
             q[2] - q[0],
         )
+
+    async def _decode_from_steps(self, b: int, c: int, rep: int, mark: int) -> Measurement | None:
+        """Of the reported steps that decoded all B of the probe, the median one."""
+        await self._quiet_steps()
+        full = [
+            s
+            for s in self.steps[mark:]
+            if not s.batch.prefill_chunks and len(s.batch.decode_contexts) == b
+        ]
+        if len(full) < 2:
+            self.stats.rejected += 1
+            self.stats.notes.append(f"decode probe {b}x{c} (rep {rep}): no step decoded all {b}")
+            return None
+        secs = [s.duration_s for s in full]
+        q = statistics.quantiles(secs, n=4)
+        median = sorted(full, key=lambda s: s.duration_s)[(len(full) - 1) // 2]
+        # One step's own shape and time (the median step), never a mix of two steps.
+        return Measurement("decode", b, c, rep, median.batch, median.duration_s, q[2] - q[0])
+
+    # -- the worker's step stream ---------------------------------------------------------------
+
+    async def _watch_steps(
+        self,
+    ) -> grpc.aio.UnaryStreamCall[worker_pb2.WatchStepsRequest, worker_pb2.StepSample] | None:
+        """Open `WatchSteps`; None when the worker does not serve it. The worker sends its
+        initial metadata once the subscription is in place, so no step is missed after this."""
+        call = self.stub.WatchSteps(worker_pb2.WatchStepsRequest(max_buffer=1 << 16))
+        try:
+            metadata = await asyncio.wait_for(call.initial_metadata(), timeout=10.0)
+        except TimeoutError:
+            call.cancel()
+            return None
+        if any(key == "splitserve-watch-steps" for key, _ in metadata or ()):
+            return call
+        # No such header: an answer without a stream (UNIMPLEMENTED), or a worker that streams
+        # without announcing it (still running after a moment).
+        try:
+            code = await asyncio.wait_for(asyncio.shield(call.code()), timeout=2.0)
+        except TimeoutError:
+            return call
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return None
+        raise ProfileError(f"WatchSteps failed: {code.name}: {await call.details()}")
+
+    async def _read_steps(
+        self, call: grpc.aio.UnaryStreamCall[worker_pb2.WatchStepsRequest, worker_pb2.StepSample]
+    ) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for pb in call:
+                self.steps.append(step_from_pb(pb))
+                self.stats.steps_dropped = pb.dropped
+
+    async def _reported_step(self, mark: int, want: BatchShape) -> StepSample | None:
+        """The first step since `mark` of exactly the shape `want` (waiting for its sample)."""
+        deadline = self.now() + max(1.0, 20 * self._rtt_hi())
+        while True:
+            for s in self.steps[mark:]:
+                if s.batch == want:
+                    return s
+            if self.now() > deadline:
+                return None
+            await asyncio.sleep(0.002)
+
+    async def _quiet_steps(self) -> None:
+        """Until the step stream has been silent for a while (the probe's samples are in)."""
+        quiet = max(0.02, 4 * self._rtt_hi())
+        seen = len(self.steps)
+        while True:
+            await asyncio.sleep(quiet)
+            if len(self.steps) == seen:
+                return
+            seen = len(self.steps)
 
     # -- RPCs -----------------------------------------------------------------------------------
 
@@ -429,7 +561,8 @@ async def profile_worker(
     seed: int = 0,
     set_mixed: bool = False,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[Measurement], ProfileStats]:
+    method: Method = "auto",
+) -> tuple[list[Measurement], ProfileStats, list[StepSample]]:
     """Connect to `address` (host:port), profile the worker there, close the channel."""
     async with grpc.aio.insecure_channel(address) as channel:
         try:
@@ -443,6 +576,7 @@ async def profile_worker(
             seed=seed,
             set_mixed=set_mixed,
             progress=progress,
+            method=method,
         )
         samples = await profiler.run()
-        return samples, profiler.stats
+        return samples, profiler.stats, profiler.steps

@@ -1,10 +1,11 @@
 """The worker's gRPC edge: the `splitserve.v1.Worker` service over one `Engine`.
 
 It owns what is the worker's rather than the engine's: the current role (changed at run time by
-`SetRole`, never by a restart), draining, the load stream, health, metrics, and the translation
-between proto messages and core types. Errors map to gRPC codes here and nowhere else:
-a request that can never fit -> OUT_OF_RANGE; bad input -> INVALID_ARGUMENT; the wrong role ->
-FAILED_PRECONDITION; draining -> UNAVAILABLE.
+`SetRole`, never by a restart), draining, the load stream, the step stream (`WatchSteps`, fed
+by the engine's `StepFeed`), health, metrics, and the translation between proto messages and
+core types. Errors map to gRPC codes here and nowhere else: a request that can never fit ->
+OUT_OF_RANGE; bad input -> INVALID_ARGUMENT; the wrong role -> FAILED_PRECONDITION; draining
+-> UNAVAILABLE; no step stream from this engine -> UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from splitserve.core.clock import Clock
 from splitserve.core.errors import CapacityError, KvTransferError
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.kv import KvHandle
+from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
-from splitserve.worker.engine import Engine, TokenDelta
+from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +274,25 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             yield self.load_report()
             await asyncio.sleep(interval_s)
 
+    async def WatchSteps(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StepSample]:
+        feed = self.engine.steps
+        if feed is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"the {self.engine.kind} engine does not report its steps",
+            )
+            return
+        sub = feed.subscribe(request.max_buffer or DEFAULT_STEP_BUFFER)
+        try:
+            # Headers go out now: a caller that awaits them knows no later step is missed.
+            await context.send_initial_metadata((("splitserve-watch-steps", "1"),))
+            async for sample in sub:
+                yield step_to_pb(sample, sub.dropped)
+        finally:  # the caller went away (cancelled) or the server stops
+            sub.close()
+
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DrainResponse:
@@ -310,6 +331,33 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if deadline is not None and self.clock.now_s() >= deadline:
                 return
             await asyncio.sleep(0.02)
+
+
+def step_to_pb(sample: StepSample, dropped: int = 0) -> worker_pb2.StepSample:
+    b = sample.batch
+    return worker_pb2.StepSample(
+        index=sample.index,
+        start_s=sample.start_s,
+        duration_s=sample.duration_s,
+        prefill_chunks=[
+            worker_pb2.PrefillChunk(new_tokens=n, context_tokens=ctx) for n, ctx in b.prefill_chunks
+        ],
+        decode_context_tokens=list(b.decode_contexts),
+        num_seqs=sample.num_seqs,
+        dropped=dropped,
+    )
+
+
+def step_from_pb(pb: worker_pb2.StepSample) -> StepSample:
+    return StepSample(
+        index=pb.index,
+        start_s=pb.start_s,
+        duration_s=pb.duration_s,
+        batch=BatchShape(
+            prefill_chunks=tuple((c.new_tokens, c.context_tokens) for c in pb.prefill_chunks),
+            decode_contexts=tuple(pb.decode_context_tokens),
+        ),
+    )
 
 
 def _outcome(reason: FinishReason) -> str:

@@ -24,7 +24,13 @@ from splitserve.core.request import FinishReason, Request
 from splitserve.policy.batching.base import BatchingPolicy
 from splitserve.policy.batching.engine import EngineModel, RequestMode, Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
-from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
+from splitserve.worker.engine import (
+    LoadSnapshot,
+    PrefillOutcome,
+    StepFeed,
+    StepSample,
+    TokenDelta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,10 @@ class SimEngine:
         self._transfers: dict[RequestId, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self.steps: StepFeed | None = StepFeed()
+        """Step samples for `WatchSteps`: the step's shape and its price (the latency model's
+        time, which the engine sleeps), not the measured wall time of the sleep."""
+        self.num_steps = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -216,8 +226,13 @@ class SimEngine:
                 continue
             for rid in step.transfers:
                 self._transfers[rid] = asyncio.create_task(self._transfer(rid))
-            await asyncio.sleep(self.latency.step_s(step.batch))
+            step_s = self.latency.step_s(step.batch)
+            await asyncio.sleep(step_s)
             result = self._core.complete(step, self.clock.now_s())
+            self.num_steps += 1
+            feed = self.steps
+            if feed is not None and feed.active:
+                feed.publish(StepSample(self.num_steps, step.started_s, step_s, step.batch))
             self._deliver(step, result)
 
     async def _idle_wait(self) -> None:

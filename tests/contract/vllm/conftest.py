@@ -7,8 +7,13 @@ Nothing here imports vLLM at import time: each test module starts with
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,3 +84,48 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("tiny-model")
     write_tiny_model(dest, TinyModelSpec())
     return dest
+
+
+MAX_MODEL_LEN = 1024
+"""The `vllm_worker`'s max_model_len."""
+
+
+@pytest.fixture(scope="session")
+def vllm_worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`splitserve worker serve --engine vllm` (mixed) on the tiny model, one core; its address.
+
+    One process for the session: the profile and WatchSteps tests share it (vLLM's start is most
+    of their time). Tests using it must leave it idle.
+    """
+    run_dir = tmp_path_factory.mktemp("vllm-worker")
+    ready = run_dir / "worker.ready.json"
+    log = run_dir / "worker.log"
+    env = {**os.environ, **_local_cpu_env(), "VLLM_CACHE_ROOT": str(run_dir / "cache")}
+    argv = [
+        *(sys.executable, "-m", "splitserve", "worker", "serve", "--engine", "vllm"),
+        *("--role", "mixed", "--model", str(tiny_model_dir), "--served-model-name", "tiny"),
+        *("--nixl-port", "0", "--ready-file", str(ready), "--log-level", "WARNING"),
+        *("--", "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32"),
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM worker did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield str(json.loads(ready.read_text())["address"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _local_cpu_env() -> dict[str, str]:
+    from splitserve.worker.vllm_adapter.engine import local_cpu_env
+
+    return local_cpu_env(cpu=0)

@@ -1,10 +1,11 @@
 """Contract: `splitserve profile` against a real vLLM CPU worker (the tiny model), and the table
 it writes driving `splitserve sim run` through `latency_profile:`.
 
-What must hold on any machine (a shared 2-core CPU included, where timings are noisy):
-the profiler completes against vLLM with its gate and decode-window probes, the table parses
-and is monotone, the fit yields all six coefficients, and the simulator runs a scenario priced
-by the table. Accuracy against a known truth is checked with the sim engine
+The worker (`vllm_worker`, conftest.py) serves `WatchSteps`, so `auto` profiles with the
+worker's own step samples. What must hold on any machine (a shared 2-core CPU included, where
+timings are noisy): the profiler completes against vLLM with its gate and decode probes, the
+table parses and is monotone, the fit yields all six coefficients, and the simulator runs a
+scenario priced by the table. Accuracy against a known truth is checked with the sim engine
 (tests/unit/worker/test_profiler.py), not here.
 """
 
@@ -13,12 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,11 +26,10 @@ from splitserve.cli.profile import profile
 from splitserve.cli.sim import sim
 from splitserve.core.perf import BatchShape, parse_profile_csv
 from splitserve.core.perf.samples import cells, parse_samples_csv
-from splitserve.worker.vllm_adapter.engine import local_cpu_env
+from tests.contract.vllm.conftest import MAX_MODEL_LEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-MAX_MODEL_LEN = 1024
 GRID_ARGS = [
     *("--prefill-tokens", "64,256,768", "--prefill-batch", "1,4"),
     *("--decode-batch", "1,4,16", "--decode-context", "64,512", "--decode-tokens", "12"),
@@ -43,37 +37,6 @@ GRID_ARGS = [
     *("--max-model-len", str(MAX_MODEL_LEN), "--max-batch-tokens", "2048"),
     *("--token-range", "16:1000", "--holdout-every", "3"),
 ]
-
-
-@pytest.fixture(scope="module")
-def vllm_worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`splitserve worker serve --engine vllm` on the tiny model, one core; its address."""
-    run_dir = tmp_path_factory.mktemp("profile-worker")
-    ready = run_dir / "worker.ready.json"
-    log = run_dir / "worker.log"
-    env = {**os.environ, **local_cpu_env(cpu=0), "VLLM_CACHE_ROOT": str(run_dir / "cache")}
-    argv = [
-        *(sys.executable, "-m", "splitserve", "worker", "serve", "--engine", "vllm"),
-        *("--role", "mixed", "--model", str(tiny_model_dir), "--served-model-name", "tiny"),
-        *("--nixl-port", "0", "--ready-file", str(ready), "--log-level", "WARNING"),
-        *("--", "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32"),
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM worker did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
-        yield str(json.loads(ready.read_text())["address"])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_profile_of_vllm_worker_feeds_the_simulator(vllm_worker: str, tmp_path: Path) -> None:
@@ -95,6 +58,9 @@ def test_profile_of_vllm_worker_feeds_the_simulator(vllm_worker: str, tmp_path: 
         assert all(b >= a > 0 for a, b in itertools.pairwise(prices)), prices
 
     summary = json.loads((out / "fit.json").read_text())
+    assert summary["method"] == "steps"  # the vLLM worker serves WatchSteps
+    assert summary["steps"]["steps"] > len(samples), summary["steps"]
+    assert (out / "steps.csv").exists()
     coeffs = summary["fit"]["coefficients"]
     assert set(coeffs) == {"a_p", "b_p", "c_p", "a_d", "b_d", "c_d"}, summary["fit"]
     assert all(c >= 0 and math.isfinite(c) for c in coeffs.values())

@@ -15,6 +15,7 @@ The other tests use in-process workers (tests/unit/worker/conftest.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from splitserve.core.perf.samples import (
 )
 from splitserve.core.roles import Role
 from splitserve.worker.profiler import ProfileError, ProfileGrid, Profiler
+from splitserve.worker.sim_engine import SimEngine
 from tests.unit.worker.conftest import WorkerFactory
 
 ROOFLINE = RooflineModel(MODELS["llama-2-7b"], HARDWARE["a100-80g"])
@@ -97,16 +99,29 @@ def sim_worker_process(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.parametrize("method", ["outside", "auto"])
 def test_profile_of_sim_worker_recovers_the_roofline(
-    sim_worker_process: str, tmp_path: Path
+    sim_worker_process: str, tmp_path: Path, method: str
 ) -> None:
     out = tmp_path / "profile"
     result = CliRunner().invoke(
-        profile, ["--worker", sim_worker_process, "--out", str(out), *GRID_ARGS]
+        profile,
+        ["--worker", sim_worker_process, "--out", str(out), "--method", method, *GRID_ARGS],
     )
     assert result.exit_code == 0, result.output
     samples = parse_samples_csv((out / "samples.csv").read_text().splitlines())
     summary = json.loads((out / "fit.json").read_text())
+    if method == "auto":  # the sim worker serves WatchSteps: exact shapes and priced times
+        assert summary["method"] == "steps"
+        assert (out / "steps.csv").exists()
+        assert summary["steps"]["mixed"] > 0
+        assert summary["steps"]["dropped"] == 0
+        assert summary["steps"]["mape"] < 0.05, summary["steps"]  # A.4 form vs roofline
+        for m in samples:
+            assert m.seconds == pytest.approx(ROOFLINE.step_s(m.batch), rel=1e-9)
+    else:
+        assert summary["method"] == "outside"
+        assert not (out / "steps.csv").exists()
     assert summary["probes"]["rejected"] <= summary["probes"]["run"] // 4, summary["probes"]
 
     got = cells(samples)
@@ -192,6 +207,61 @@ async def test_prefill_worker_needs_set_mixed_and_is_restored(
     samples = await Profiler(worker.stub, tiny, set_mixed=True).run()
     assert [s.kind for s in samples] == ["prefill", "decode"]
     assert worker.service.role is Role.PREFILL
+
+
+async def test_steps_method_recovers_the_roofline_exactly(make_worker: WorkerFactory) -> None:
+    """With the worker's own step samples the cells are the sim engine's priced steps, exactly
+    (no gRPC, client or event-loop time in them), and the table built from them is within 3 %
+    of the roofline on shapes never probed (what is left is piecewise-linear interpolation)."""
+    scale = 0.25
+    roofline = RooflineModel(MODELS["llama-2-7b"], HARDWARE["a100-80g"], time_scale=scale)
+    worker = await make_worker(Role.MIXED, sim_time_scale=scale, sim_num_kv_blocks=4096)
+    profiler = Profiler(worker.stub, dataclasses.replace(GRID, repeats=1), method="steps")
+    samples = await profiler.run()
+    assert profiler.stats.method == "steps"
+    got = cells(samples)
+    assert {(c.kind, c.batch_size, c.prompt_tokens) for c in got} == {
+        *(("prefill", b, n) for b, n in GRID.prefill_cells()),
+        *(("decode", b, c) for b, c in GRID.decode_cells()),
+    }
+    for m in samples:  # each sample is one reported step: its shape and its price
+        assert m.seconds == pytest.approx(roofline.step_s(m.batch), rel=1e-9), m
+    for c in got:  # cells: medians over repetitions (decode contexts differ by a token or two)
+        assert c.seconds == pytest.approx(roofline.step_s(c.batch), rel=2e-3), c
+    table = build_table(samples).model
+    for shape in HELD_OUT_SHAPES:
+        assert table.step_s(shape) == pytest.approx(roofline.step_s(shape), rel=0.03), shape
+    # Every step the worker ran, mixed ones included, is priced by the roofline too.
+    assert any(s.batch.prefill_chunks and s.batch.decode_contexts for s in profiler.steps)
+    for s in profiler.steps:
+        assert s.duration_s == pytest.approx(roofline.step_s(s.batch), rel=1e-9)
+    assert profiler.stats.steps_dropped == 0
+
+
+async def test_auto_falls_back_to_client_timing_without_watch_steps(
+    make_worker: WorkerFactory,
+) -> None:
+    worker = await make_worker(Role.MIXED, sim_time_scale=1.0)
+    engine = worker.service.engine
+    assert isinstance(engine, SimEngine)
+    engine.steps = None  # an engine that cannot report steps: WatchSteps is UNIMPLEMENTED
+    tiny = ProfileGrid(
+        prefill_tokens=(128,),
+        prefill_batch_sizes=(1,),
+        decode_batch_sizes=(1,),
+        decode_contexts=(32,),
+        decode_tokens=3,
+        repeats=1,
+        extra_repeats=0,
+        warmup=0,
+    )
+    with pytest.raises(ProfileError, match="WatchSteps"):
+        await Profiler(worker.stub, tiny, method="steps").run()
+    profiler = Profiler(worker.stub, tiny)
+    samples = await profiler.run()
+    assert profiler.stats.method == "outside"
+    assert not profiler.steps
+    assert [s.kind for s in samples] == ["prefill", "decode"]
 
 
 def test_grid_respects_the_engine_limits() -> None:

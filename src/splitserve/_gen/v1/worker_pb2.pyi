@@ -348,3 +348,106 @@ class SetRoleResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetRoleResponse: _TypeAlias = SetRoleResponse  # noqa: Y015
+
+@_typing.final
+class WatchStepsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_BUFFER_FIELD_NUMBER: _builtins.int
+    max_buffer: _builtins.int
+    """Samples buffered for this watcher before the oldest are dropped; 0 means the worker's
+    default (4096).
+    """
+    def __init__(
+        self,
+        *,
+        max_buffer: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_buffer", b"max_buffer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchStepsRequest: _TypeAlias = WatchStepsRequest  # noqa: Y015
+
+@_typing.final
+class PrefillChunk(_message.Message):
+    """A prefill chunk of one request in a step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEW_TOKENS_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    new_tokens: _builtins.int
+    """Prompt tokens this step computes for the request."""
+    context_tokens: _builtins.int
+    """Tokens already in the request's KV before this step (0 for a first chunk without a prefix
+    cache hit).
+    """
+    def __init__(
+        self,
+        *,
+        new_tokens: _builtins.int = ...,
+        context_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_tokens", b"context_tokens", "new_tokens", b"new_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefillChunk: _TypeAlias = PrefillChunk  # noqa: Y015
+
+@_typing.final
+class StepSample(_message.Message):
+    """One engine step (the shape of `core.perf.BatchShape` plus its time)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    START_S_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    PREFILL_CHUNKS_FIELD_NUMBER: _builtins.int
+    DECODE_CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_SEQS_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The engine's step counter (from 1 at start). Gaps: steps dropped for this watcher, or
+    (vLLM) steps that scheduled nothing (polling held KV / transfers), which are not reported.
+    """
+    start_s: _builtins.float
+    """When the step started, on the worker's monotonic clock (seconds, origin unspecified)."""
+    duration_s: _builtins.float
+    """How long the step took. vLLM: wall time of `engine.step()` (schedule, forward pass,
+    sampling, output processing). Simulated engine: the latency model's price of the step
+    (what the engine sleeps), not the wall time of the sleep.
+    """
+    num_seqs: _builtins.int
+    """Sequences in the step: prefill chunks + decodes."""
+    dropped: _builtins.int
+    """Samples this watcher has lost so far because it read too slowly (its buffer was full)."""
+    @_builtins.property
+    def prefill_chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___PrefillChunk]: ...
+    @_builtins.property
+    def decode_context_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Context (tokens in KV) of every sequence that decodes one token in this step."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        start_s: _builtins.float = ...,
+        duration_s: _builtins.float = ...,
+        prefill_chunks: _abc.Iterable[Global___PrefillChunk] | None = ...,
+        decode_context_tokens: _abc.Iterable[_builtins.int] | None = ...,
+        num_seqs: _builtins.int = ...,
+        dropped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_context_tokens", b"decode_context_tokens", "dropped", b"dropped", "duration_s", b"duration_s", "index", b"index", "num_seqs", b"num_seqs", "prefill_chunks", b"prefill_chunks", "start_s", b"start_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepSample: _TypeAlias = StepSample  # noqa: Y015

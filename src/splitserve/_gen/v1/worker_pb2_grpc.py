@@ -76,6 +76,11 @@ class WorkerStub:
                 request_serializer=splitserve_dot_v1_dot_worker__pb2.SetRoleRequest.SerializeToString,
                 response_deserializer=splitserve_dot_v1_dot_worker__pb2.SetRoleResponse.FromString,
                 _registered_method=True)
+        self.WatchSteps = channel.unary_stream(
+                '/splitserve.v1.Worker/WatchSteps',
+                request_serializer=splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.SerializeToString,
+                response_deserializer=splitserve_dot_v1_dot_worker__pb2.StepSample.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -138,6 +143,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchSteps(self, request, context):
+        """One StepSample per engine step from now on, until the caller goes away: what the step ran
+        and how long it took, measured inside the worker around the engine's step call with the
+        worker's clock (no gRPC or client time in it). For `splitserve profile` and online latency
+        fits. Costs nothing while nobody watches; each watcher has a bounded buffer that drops its
+        oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
+        that cannot report steps answer UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +197,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.SetRole,
                     request_deserializer=splitserve_dot_v1_dot_worker__pb2.SetRoleRequest.FromString,
                     response_serializer=splitserve_dot_v1_dot_worker__pb2.SetRoleResponse.SerializeToString,
+            ),
+            'WatchSteps': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSteps,
+                    request_deserializer=splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.FromString,
+                    response_serializer=splitserve_dot_v1_dot_worker__pb2.StepSample.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +420,33 @@ class Worker:
             '/splitserve.v1.Worker/SetRole',
             splitserve_dot_v1_dot_worker__pb2.SetRoleRequest.SerializeToString,
             splitserve_dot_v1_dot_worker__pb2.SetRoleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/splitserve.v1.Worker/WatchSteps',
+            splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.SerializeToString,
+            splitserve_dot_v1_dot_worker__pb2.StepSample.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,14 @@ class WorkerStub:
     """Stop accepting new work; optionally wait until in-flight work is done. resume=true re-opens."""
     SetRole: _grpc.UnaryUnaryMultiCallable[_worker_pb2.SetRoleRequest, _worker_pb2.SetRoleResponse]
     """Change the role at run time. Work in flight finishes under the old role."""
+    WatchSteps: _grpc.UnaryStreamMultiCallable[_worker_pb2.WatchStepsRequest, _worker_pb2.StepSample]
+    """One StepSample per engine step from now on, until the caller goes away: what the step ran
+    and how long it took, measured inside the worker around the engine's step call with the
+    worker's clock (no gRPC or client time in it). For `splitserve profile` and online latency
+    fits. Costs nothing while nobody watches; each watcher has a bounded buffer that drops its
+    oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
+    that cannot report steps answer UNIMPLEMENTED.
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -77,6 +85,14 @@ class WorkerAsyncStub(WorkerStub):
     """Stop accepting new work; optionally wait until in-flight work is done. resume=true re-opens."""
     SetRole: _aio.UnaryUnaryMultiCallable[_worker_pb2.SetRoleRequest, _worker_pb2.SetRoleResponse]  # type: ignore[assignment]
     """Change the role at run time. Work in flight finishes under the old role."""
+    WatchSteps: _aio.UnaryStreamMultiCallable[_worker_pb2.WatchStepsRequest, _worker_pb2.StepSample]  # type: ignore[assignment]
+    """One StepSample per engine step from now on, until the caller goes away: what the step ran
+    and how long it took, measured inside the worker around the engine's step call with the
+    worker's clock (no gRPC or client time in it). For `splitserve profile` and online latency
+    fits. Costs nothing while nobody watches; each watcher has a bounded buffer that drops its
+    oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
+    that cannot report steps answer UNIMPLEMENTED.
+    """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -144,5 +160,19 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.SetRoleResponse, _abc.Awaitable[_worker_pb2.SetRoleResponse]]:
         """Change the role at run time. Work in flight finishes under the old role."""
+
+    @_abc_1.abstractmethod
+    def WatchSteps(
+        self,
+        request: _worker_pb2.WatchStepsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.StepSample], _abc.AsyncIterator[_worker_pb2.StepSample]]:
+        """One StepSample per engine step from now on, until the caller goes away: what the step ran
+        and how long it took, measured inside the worker around the engine's step call with the
+        worker's clock (no gRPC or client time in it). For `splitserve profile` and online latency
+        fits. Costs nothing while nobody watches; each watcher has a bounded buffer that drops its
+        oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
+        that cannot report steps answer UNIMPLEMENTED.
+        """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

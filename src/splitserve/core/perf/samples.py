@@ -26,6 +26,9 @@ into a latency model:
   rest and `fit.fit` (DistServe A.4 reduced forms, NNLS) on the rest (cell medians, as for the
   table) are scored (MAPE) on the held-out cells.
 
+* `fit_steps`: with worker-reported steps (`splitserve profile --method steps`), the A.4 fit on
+  every step the worker ran, mixed prefill+decode steps included; `steps_csv` writes them.
+
 Pure: no clock, no files (CSV helpers take and return lines).
 """
 
@@ -432,3 +435,54 @@ def parse_samples_csv(lines: Iterable[str]) -> list[Measurement]:
             )
         )
     return out
+
+
+# -- worker-reported steps ----------------------------------------------------------------------
+
+STEP_COLUMNS = (
+    "index",
+    "start_s",
+    "duration_s",
+    "new_tokens",
+    "num_seqs",
+    "prefill_work",
+    "decode_context_sum",
+    "chunks",
+    "contexts",
+)
+
+ReportedStep = tuple[int, float, float, BatchShape]
+"""(step index, start on the worker clock, duration, shape): one `WatchSteps` sample."""
+
+
+def steps_csv(steps: Iterable[ReportedStep]) -> list[str]:
+    """Lines of the worker-reported steps CSV (`STEP_COLUMNS`)."""
+    lines = [",".join(STEP_COLUMNS)]
+    for index, start_s, duration_s, b in steps:
+        chunks = ";".join(f"{n}:{ctx}" for n, ctx in b.prefill_chunks)
+        contexts = ";".join(str(c) for c in b.decode_contexts)
+        lines.append(
+            f"{index},{start_s!r},{duration_s!r},{b.num_new_tokens},"
+            f"{len(b.prefill_chunks) + len(b.decode_contexts)},{prefill_attention_work(b)!r},"
+            f"{sum(b.decode_contexts)},{chunks},{contexts}"
+        )
+    return lines
+
+
+def fit_steps(steps: Sequence[ReportedStep], prior: ProfiledModel) -> dict[str, object]:
+    """The A.4 fit (NNLS) on every reported step, and how the steps split by kind."""
+    usable = [StepSample(b, d) for _i, _t, d, b in steps if not b.is_empty and d > 0]
+    mixed = sum(1 for s in usable if s.batch.prefill_chunks and s.batch.decode_contexts)
+    prefill = sum(1 for s in usable if s.batch.prefill_chunks and not s.batch.decode_contexts)
+    fitted = fit(usable, prior=prior, min_samples=len(COEFF_NAMES) + 1, max_mape=math.inf)
+    coeffs = dict(zip(COEFF_NAMES, fitted.coeffs, strict=True)) if fitted.coeffs else {}
+    return {
+        "steps": len(usable),
+        "prefill_only": prefill,
+        "decode_only": len(usable) - prefill - mixed,
+        "mixed": mixed,
+        "coefficients": coeffs,
+        "mape": fitted.mape,
+        "ready": fitted.ready,
+        "reason": fitted.reason,
+    }

@@ -15,6 +15,10 @@ one dedicated thread that owns it: requests and aborts reach that thread through
 come back to the asyncio loop with `call_soon_threadsafe`. The thread steps while vLLM has work
 (including KV held for a pull, whose release needs steps to notice) and sleeps otherwise.
 
+While a `WatchSteps` watcher is subscribed (`steps`), each step's shape is taken from the
+scheduler's output (the scheduler instance's `schedule()` is wrapped) and the step is timed around
+`engine.step()` with the worker's clock; with nobody watching the wrapper only checks that.
+
 The step policy runs inside vLLM's scheduler (`scheduler.py`); KV transfer is vLLM's
 NixlConnector (`kv_role="kv_both"`: every engine can both serve and pull KV). vLLM, torch and
 NIXL are imported when the engine starts, never at module import.
@@ -35,11 +39,19 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any
 
+from splitserve.core.clock import Clock, SystemClock
 from splitserve.core.errors import CapacityError, EngineError, KvTransferError
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import KvHandle
+from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request
-from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
+from splitserve.worker.engine import (
+    LoadSnapshot,
+    PrefillOutcome,
+    StepFeed,
+    StepSample,
+    TokenDelta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +139,18 @@ class VllmEngine:
 
     kind = "vllm"
 
-    def __init__(self, config: VllmEngineConfig, release_remote: ReleaseFn | None = None) -> None:
+    def __init__(
+        self,
+        config: VllmEngineConfig,
+        release_remote: ReleaseFn | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.steps: StepFeed | None = StepFeed()
+        """Step samples for `WatchSteps`: the scheduler output of each step (scheduled tokens
+        per request and their computed context), timed around `engine.step()`."""
+        self._step_shape: BatchShape | None = None
         self._release_remote = release_remote
         self._tasks: set[asyncio.Task[None]] = set()
         self.model = config.name
@@ -432,6 +454,7 @@ class VllmEngine:
             loop.call_soon_threadsafe(_set_exception, ready, e)
             return
         core = engine.engine_core.engine_core
+        self._tap_schedule(core.scheduler)
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
         loop.call_soon_threadsafe(_set_result, ready)
@@ -441,8 +464,14 @@ class VllmEngine:
                 self._drain(engine, block=not busy)
                 if not busy and not core.scheduler.has_requests():
                     continue
+                start_s = self.clock.now_s()
                 outs = engine.step()
+                end_s = self.clock.now_s()
                 self.num_steps += 1
+                shape, self._step_shape = self._step_shape, None
+                if shape is not None:  # someone watches and the step scheduled tokens
+                    sample = StepSample(self.num_steps, start_s, end_s - start_s, shape)
+                    loop.call_soon_threadsafe(self._publish, sample)
                 # Before dispatching: whoever sees a result then sees a load at least as new.
                 self._snapshot = self._read_load(core.scheduler)
                 for out in outs:
@@ -457,6 +486,24 @@ class VllmEngine:
             with contextlib.suppress(Exception):
                 core.shutdown()
             self._engine = None
+
+    def _tap_schedule(self, sched: Any) -> None:
+        """Wrap the scheduler's `schedule()` (on this instance) to keep each step's shape while
+        someone watches `WatchSteps`; otherwise the wrapper only checks `steps.active`."""
+        schedule = sched.schedule
+
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            out = schedule(*args, **kwargs)
+            feed = self.steps
+            if feed is not None and feed.active and out.total_num_scheduled_tokens > 0:
+                self._step_shape = step_shape(out, sched.requests)
+            return out
+
+        sched.schedule = tapped
+
+    def _publish(self, sample: StepSample) -> None:
+        if self.steps is not None:
+            self.steps.publish(sample)
 
     def _drain(self, engine: Any, block: bool) -> None:
         try:
@@ -580,6 +627,27 @@ class VllmEngine:
         from vllm.v1.metrics.reader import get_metrics_snapshot
 
         return list(get_metrics_snapshot())
+
+
+def step_shape(out: Any, requests: Mapping[str, Any]) -> BatchShape:
+    """The `BatchShape` of one vLLM `SchedulerOutput`: per scheduled request, its scheduled
+    tokens and its computed context before the step. A request past its prompt that computes one
+    token decodes; anything else (prompt chunks, recomputation after a preemption, the last
+    prompt position recomputed after a KV pull) is a prefill chunk (new tokens, context)."""
+    computed: dict[str, int] = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+    chunks: list[tuple[int, int]] = []
+    decodes: list[int] = []
+    for rid, n in out.num_scheduled_tokens.items():
+        ctx = int(computed.get(rid, 0))
+        req = requests.get(rid)
+        prompt = int(req.num_prompt_tokens) if req is not None else 0
+        if n == 1 and req is not None and ctx >= prompt:
+            decodes.append(ctx)
+        else:
+            chunks.append((int(n), ctx))
+    return BatchShape(prefill_chunks=tuple(chunks), decode_contexts=tuple(decodes))
 
 
 def local_cpu_env(cpu: int | None = None, kv_cache_gib: int = 1) -> dict[str, str]:

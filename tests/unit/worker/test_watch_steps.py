@@ -1,0 +1,176 @@
+"""`WatchSteps`: per-step samples from a real in-process sim worker over real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.core.perf import HARDWARE, MODELS, BatchShape, RooflineModel
+from splitserve.core.roles import Role
+from splitserve.worker.engine import StepFeed, StepSample
+from splitserve.worker.profiler import ProfileGrid, Profiler
+from splitserve.worker.server import step_from_pb
+from splitserve.worker.sim_engine import SimEngine
+from tests.fakes.fake_worker import FakeWorker
+from tests.unit.worker.conftest import RunningWorker, WorkerFactory
+
+SCALE = 0.05
+ROOFLINE = RooflineModel(MODELS["llama-2-7b"], HARDWARE["a100-80g"], time_scale=SCALE)
+
+
+def _feed(worker: RunningWorker) -> StepFeed:
+    engine = worker.service.engine
+    assert isinstance(engine, SimEngine)
+    assert engine.steps is not None
+    return engine.steps
+
+
+async def _until(cond: Any, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def _generate(worker: RunningWorker, rid: str, prompt: int, max_tokens: int) -> int:
+    req = worker_pb2.GenerateRequest(
+        request_id=rid,
+        prompt_token_ids=[16 + i % 500 for i in range(prompt)],
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    )
+    return sum([len(c.token_ids) async for c in worker.stub.Generate(req)])
+
+
+async def _watch(worker: RunningWorker, max_buffer: int = 0) -> Any:
+    call = worker.stub.WatchSteps(worker_pb2.WatchStepsRequest(max_buffer=max_buffer))
+    await _until(lambda: _feed(worker).num_subscribers >= 1)
+    return call
+
+
+async def _take(stream: AsyncIterator[Any], until_decodes: int) -> list[worker_pb2.StepSample]:
+    out: list[worker_pb2.StepSample] = []
+    decodes = 0
+    async for pb in stream:
+        out.append(pb)
+        decodes += len(pb.decode_context_tokens)
+        if decodes >= until_decodes:
+            return out
+    raise AssertionError("stream ended")
+
+
+async def test_samples_have_the_shapes_sent_and_the_roofline_price(
+    make_worker: WorkerFactory,
+) -> None:
+    worker = await make_worker(Role.MIXED, sim_time_scale=SCALE)
+    call = await _watch(worker)
+    stream = call.__aiter__()
+    assert await _generate(worker, "a", 100, 4) == 4
+    got = await _take(stream, 3)
+    samples = [step_from_pb(pb) for pb in got]
+    assert [s.batch for s in samples] == [
+        BatchShape(prefill_chunks=((100, 0),)),
+        BatchShape(decode_contexts=(100,)),
+        BatchShape(decode_contexts=(101,)),
+        BatchShape(decode_contexts=(102,)),
+    ]
+    assert [pb.num_seqs for pb in got] == [1, 1, 1, 1]
+    assert all(pb.dropped == 0 for pb in got)
+    idx = [s.index for s in samples]
+    assert idx == list(range(idx[0], idx[0] + 4))
+    for s in samples:  # the latency model's price of the reported shape, exactly
+        assert s.duration_s == pytest.approx(ROOFLINE.step_s(s.batch), rel=1e-12)
+    starts = [s.start_s for s in samples]
+    gaps = zip(starts, starts[1:], samples, strict=False)
+    assert all(b - a >= s.duration_s - 1e-3 for a, b, s in gaps)  # steps run back to back
+
+    # Two requests together: a batched prefill, then steps decoding both.
+    results = await asyncio.gather(_generate(worker, "b", 64, 3), _generate(worker, "c", 32, 3))
+    assert list(results) == [3, 3]
+    more = [step_from_pb(pb) for pb in await _take(stream, 4)]
+    chunks = sorted(c for s in more for c in s.batch.prefill_chunks)
+    assert chunks == [(32, 0), (64, 0)]
+    assert sorted(ctx for s in more for ctx in s.batch.decode_contexts) == [32, 33, 64, 65]
+    for s in more:
+        assert s.duration_s == pytest.approx(ROOFLINE.step_s(s.batch), rel=1e-12)
+    call.cancel()
+
+
+async def test_a_slow_watcher_does_not_block_the_engine(make_worker: WorkerFactory) -> None:
+    worker = await make_worker(Role.MIXED, sim_time_scale=0.01)
+    feed = _feed(worker)
+    idle = feed.subscribe(max_buffer=2)  # never read
+    stalled = await _watch(worker, max_buffer=2)  # a gRPC watcher that never reads either
+    assert await asyncio.wait_for(_generate(worker, "slow", 16, 40), timeout=20) == 40
+    assert idle.dropped == 40 - 2  # one prefill + 39 decode steps, two kept
+    last = [await idle.get(), await idle.get()]
+    assert [s.batch.decode_contexts for s in last] == [(53,), (54,)]
+    # The gRPC watcher, read late: what it missed is counted, the newest steps are there.
+    samples = []
+    async for pb in stalled:
+        samples.append(pb)
+        if tuple(pb.decode_context_tokens) == (54,):
+            break
+    assert samples[-1].index == last[-1].index
+    assert samples[-1].dropped + len(samples) <= 40
+    stalled.cancel()
+    idle.close()
+    await _until(lambda: feed.num_subscribers == 0)
+
+
+async def test_watchers_are_removed_when_they_cancel(make_worker: WorkerFactory) -> None:
+    worker = await make_worker(Role.MIXED)
+    feed = _feed(worker)
+    calls = [await _watch(worker) for _ in range(2)]
+    await _until(lambda: feed.num_subscribers == 2)
+    calls[0].cancel()
+    await _until(lambda: feed.num_subscribers == 1)
+    assert await _generate(worker, "x", 8, 2) == 2
+    async for pb in calls[1]:  # the other watcher still gets every step
+        assert [c.new_tokens for c in pb.prefill_chunks] == [8]
+        break
+    calls[1].cancel()
+    await _until(lambda: feed.num_subscribers == 0)
+    assert not feed.active
+
+
+async def test_engines_without_steps_answer_unimplemented(make_worker: WorkerFactory) -> None:
+    worker = await make_worker(Role.MIXED)
+    engine = worker.service.engine
+    assert isinstance(engine, SimEngine)
+    engine.steps = None
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in worker.stub.WatchSteps(worker_pb2.WatchStepsRequest()):
+            pass
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_nobody_watching_costs_nothing() -> None:
+    feed = StepFeed()
+    assert not feed.active
+    sub = feed.subscribe(max_buffer=3)
+    for i in range(5):
+        feed.publish(StepSample(i + 1, float(i), 0.01, BatchShape(decode_contexts=(i,))))
+    assert sub.dropped == 2
+    assert feed.active
+    sub.close()
+    sub.close()
+    assert not feed.active
+    assert feed.num_subscribers == 0
+
+
+async def test_a_worker_without_watch_steps_is_seen_as_such() -> None:
+    """An older worker (no WatchSteps in its servicer) answers UNIMPLEMENTED: the profiler's
+    `auto` then falls back to client-side timing."""
+    fake = FakeWorker()
+    address = await fake.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            profiler = Profiler(worker_pb2_grpc.WorkerStub(channel), ProfileGrid())
+            assert await profiler._watch_steps() is None
+    finally:
+        await fake.stop()
