@@ -153,10 +153,9 @@ class SplitwisePools:
 
 
 @dataclass(frozen=True, slots=True)
-class SplitwisePoolFilter:
-    """Keep the machines of the pool this phase goes to now (own → mixed → borrow)."""
+class _SplitwisePlugin:
+    """What the filter and the scorer share: the phase, the overload rule and the ledger hooks."""
 
-    kind: ClassVar[str] = "splitwise-pool"
     phase: Phase = Phase.PROMPT
     prompt_queue_threshold_tokens: int = PROMPT_QUEUE_THRESHOLD_TOKENS
     token_memory_watermark: float = 1.0
@@ -175,34 +174,23 @@ class SplitwisePoolFilter:
             self.in_mixed,
             self.reserved_of,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SplitwisePoolFilter(_SplitwisePlugin):
+    """Keep the machines of the pool this phase goes to now (own → mixed → borrow)."""
+
+    kind: ClassVar[str] = "splitwise-pool"
 
     def filter(self, req: RequestView, eps: Sequence[EndpointView]) -> Sequence[EndpointView]:
         return self.pools.keep(req, eps)
 
 
 @dataclass(frozen=True, slots=True)
-class SplitwiseOverflow:
+class SplitwiseOverflow(_SplitwisePlugin):
     """Tier bands (own > mixed > opposite > overloaded) with JSQ on the phase's queue inside."""
 
     kind: ClassVar[str] = "splitwise-overflow"
-    phase: Phase = Phase.PROMPT
-    prompt_queue_threshold_tokens: int = PROMPT_QUEUE_THRESHOLD_TOKENS
-    token_memory_watermark: float = 1.0
-    in_mixed: Callable[[EndpointId], bool] = field(default=_no_borrow, compare=False)
-    reserved_of: Callable[[EndpointId], int] | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "phase", Phase(self.phase))
-
-    @property
-    def pools(self) -> SplitwisePools:
-        return SplitwisePools(
-            self.phase,
-            self.prompt_queue_threshold_tokens,
-            self.token_memory_watermark,
-            self.in_mixed,
-            self.reserved_of,
-        )
 
     def score(self, req: RequestView, eps: Sequence[EndpointView]) -> Mapping[EndpointId, float]:
         pools = self.pools
