@@ -73,6 +73,20 @@ class BlockManager:
             self._held[rid] = self._held.get(rid, 0) + extra
         return True
 
+    def shrink(self, rid: RequestId, keep: int) -> int:
+        """Let `rid` keep only its first `keep` blocks (a partial checkpoint frees the tail);
+        returns how many were freed. Raises (and changes nothing) unless 0 <= keep <= held."""
+        held = self._held.get(rid, 0)
+        if not 0 <= keep <= held:
+            raise ValueError(f"cannot shrink {rid!r} to {keep} blocks: it holds {held}")
+        freed = held - keep
+        if keep:
+            self._held[rid] = keep
+        else:
+            self._held.pop(rid, None)
+        self._free += freed
+        return freed
+
     def free(self, rid: RequestId) -> int:
         """Release every block `rid` holds; returns how many. Unknown ids free nothing."""
         n = self._held.pop(rid, 0)

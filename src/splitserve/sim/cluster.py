@@ -131,7 +131,11 @@ class Cluster:
                     num_gpus=w.template.num_gpus,
                     busy_s=w.busy_s,
                     num_steps=w.num_steps,
-                    num_preemptions=w.engine.num_preemptions + w.engine.num_swaps_out,
+                    num_preemptions=(
+                        w.engine.num_preemptions
+                        + w.engine.num_swaps_out
+                        + w.engine.num_checkpoints  # partial swap-outs (0 unless used)
+                    ),
                 )
                 for w in self.workers
             ),

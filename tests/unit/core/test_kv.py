@@ -1,4 +1,4 @@
-"""Block ledger invariants: free + held == total; allocation is all-or-nothing."""
+"""Block ledger invariants: free + held == total; allocation and shrinking are all-or-nothing."""
 
 from __future__ import annotations
 
@@ -32,8 +32,27 @@ def test_grow_is_all_or_nothing() -> None:
     assert bm.num_free == 4
 
 
+def test_shrink_frees_the_tail_or_nothing() -> None:
+    bm = BlockManager(num_blocks=6, block_size=16)
+    a = RequestId("a")
+    assert bm.grow(a, 80)  # 5 blocks
+    assert bm.shrink(a, 2) == 3
+    assert (bm.blocks_held(a), bm.num_free) == (2, 4)
+    assert bm.shrink(a, 2) == 0
+    with pytest.raises(ValueError, match="holds 2"):
+        bm.shrink(a, 3)
+    with pytest.raises(ValueError, match="cannot shrink"):
+        bm.shrink(a, -1)
+    assert (bm.blocks_held(a), bm.num_free) == (2, 4)
+    assert bm.shrink(a, 0) == 2
+    assert a not in bm.held
+    assert bm.num_free == 6
+    assert bm.grow(a, 17)  # regrows from nothing
+    assert bm.blocks_held(a) == 2
+
+
 ops = st.lists(
-    st.tuples(st.sampled_from(["grow", "free"]), st.integers(0, 5), st.integers(0, 200)),
+    st.tuples(st.sampled_from(["grow", "free", "shrink"]), st.integers(0, 5), st.integers(0, 200)),
     max_size=60,
 )
 
@@ -50,7 +69,19 @@ def test_blocks_are_conserved(seq: list[tuple[str, int, int]]) -> None:
                 assert bm.blocks_held(rid) >= blocks_for(tokens, 16)
             else:
                 assert bm.blocks_held(rid) == before
+        elif op == "shrink":
+            keep = tokens % 8
+            free_before = bm.num_free
+            if keep <= before:
+                assert bm.shrink(rid, keep) == before - keep
+                assert bm.blocks_held(rid) == keep
+            else:
+                with pytest.raises(ValueError, match="cannot shrink"):
+                    bm.shrink(rid, keep)
+                assert bm.blocks_held(rid) == before
+                assert bm.num_free == free_before
         else:
             bm.free(rid)
+        assert 0 not in bm.held.values()
         assert bm.num_free + sum(bm.held.values()) == bm.num_blocks
         assert bm.num_free >= 0

@@ -66,8 +66,10 @@ PAPER_BAND = (
 MISSES = {
     # claim: (low, high) of ours in the quick run (9 req/s, 2 min); the paper's number is in the
     # comparison, and docs/reproductions/bros.md measures why each of these misses it.
-    "ShareGPT: BE throughput loss vs vLLM": (0.08, 0.25),  # paper 11 %: just outside
-    "ShareGPT: BE throughput loss vs RR": (-0.25, 0.0),  # paper +8.8 %: BROS beats RR on BE
+    # BROS checkpoints BE blocks to host (repro_bros.HOST_SWAP); with recompute only (HOST_SWAP
+    # 0) these two were 15.8 % and -12.5 %: the 2-minute trace is short for BE (see the docs).
+    "ShareGPT: BE throughput loss vs vLLM": (0.20, 0.35),  # paper 11 %
+    "ShareGPT: BE throughput loss vs RR": (0.0, 0.06),  # paper 8.8 %: same direction, smaller
     "ShareGPT: BROS TPOT attainment": (0.90, 1.0),  # paper 65 %
     "ShareGPT: RR TPOT attainment": (0.95, 1.0),  # paper 47 %
     "ShareGPT: TPOT attainment gain vs vLLM": (0.90, 1.01),  # paper 1.73×

@@ -42,6 +42,11 @@ class SeqView:
     predicted_output_tokens: Final[int | None]
     """Total output length predicted when the engine took the request (the engine's
     `OutputLengthPredictor`, e.g. the simulator's oracle); None when the engine has none."""
+    checkpointed_tokens: Final[int]
+    """Of its `num_computed_tokens`, how many have their KV in host memory, not in its blocks: the
+    tail a `StepDecision.checkpoint` copied out (a running sequence), or all of them (a swapped
+    one). The next chunk re-allocates their blocks and swaps them back in (priced by the owner).
+    0 unless the engine has host swap space and a policy used it."""
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class SeqView:
         deadline_s: float | None = None,
         slo_class: SloClassName = DEFAULT_SLO_CLASS.name,
         predicted_output_tokens: int | None = None,
+        checkpointed_tokens: int = 0,
     ) -> None:
         self.id = id
         self.arrival_s = arrival_s
@@ -70,6 +76,7 @@ class SeqView:
         self.deadline_s = deadline_s
         self.slo_class = slo_class
         self.predicted_output_tokens = predicted_output_tokens
+        self.checkpointed_tokens = checkpointed_tokens
 
     @property
     def num_known_tokens(self) -> int:
@@ -150,20 +157,28 @@ class StepDecision:
     memory (`StepView.host_free_tokens` must hold it), their blocks are freed and their progress
     is kept; they wait (`SeqView.swapped`) until a chunk swaps them back in. The owner prices
     the copies (`Step.swap_out_tokens`, `Step.swap_in_tokens`)."""
+    checkpoint: Final[tuple[tuple[RequestId, int], ...]]
+    """(running sequence, k): copy the KV in its last k blocks to host memory and free those
+    blocks (a partial, block-level swap-out; 0 < k <= `blocks_held`; not also preempted, swapped
+    out or scheduled in the same decision; the copied tokens must fit `host_free_tokens`). It
+    keeps its progress (`SeqView.checkpointed_tokens`); a later chunk re-allocates the blocks and
+    swaps the tokens back in. Checkpointing all its blocks is a `swap_out`: it then waits."""
 
     def __init__(
         self,
         chunks: tuple[tuple[RequestId, int], ...] = (),
         preempt: tuple[RequestId, ...] = (),
         swap_out: tuple[RequestId, ...] = (),
+        checkpoint: tuple[tuple[RequestId, int], ...] = (),
     ) -> None:
         self.chunks = chunks
         self.preempt = preempt
         self.swap_out = swap_out
+        self.checkpoint = checkpoint
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks and not self.preempt and not self.swap_out
+        return not self.chunks and not self.preempt and not self.swap_out and not self.checkpoint
 
 
 class BatchingPolicy(Protocol):

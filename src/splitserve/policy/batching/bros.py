@@ -25,24 +25,29 @@ keep their KV and wait (iteration-level preemption without eviction).
   (default: the paper's OPT-13B on 2× A100-40GB, roofline), so the estimate has the linear fit's
   error, as the paper's does. T̄ is an EWMA (α 0.2) of the estimates of dispatched batches.
 
-Bidirectional KV sharing (§5) is approximated, not reproduced. Our engine (`EngineModel`) keeps a
-whole-block ledger and preempts a sequence by dropping all its KV (recompute later); it has no
-slot-level sharing and no host swap. What the policy does instead:
+Bidirectional KV sharing (§5) is approximated at block granularity. Our engine (`EngineModel`)
+keeps a whole-block ledger with no slot-level sharing; given host swap space it can checkpoint
+the last k blocks of a running sequence (`StepDecision.checkpoint`: their KV to host, restored and
+priced before its next step), swap a whole sequence out, or preempt it (recompute). What the
+policy does:
 
-* FindPreemptBlock: when an RT request needs blocks and none are free, the policy preempts idle
-  running BE sequences, fewest blocks first (the least BE work lost; the paper takes the BE block
-  with the most empty slots), then less urgent idle RT sequences (the paper's extreme case, BE
-  first, then RT by residual time). The paper loses only the BE slots the RT overwrites (lazy
-  checkpoint to CPU) and keeps the rest in place; we lose the BE's whole KV and recompute its
-  prompt and outputs when it is next scheduled. The recompute is priced by the cost model (it is
-  a prefill), standing in for the paper's swap-in time T_swap = f(M_ckpt).
-* BE order by checkpointed slots becomes order by tokens to recompute (0 for a BE whose KV is
-  intact, fresh prompts included), so an evicted BE is packed after intact ones, as a
-  checkpointed one is in the paper.
-* Because reclaiming BE memory costs a full recompute here, a BE prompt (or recompute) is
-  admitted only while the blocks the RT requests need next stay free (`reserve_for_rt`, ours,
-  not the paper's): the waiting RT's next chunks plus one block per running RT. Without it a
-  10-minute run thrashes (ShareGPT 9 req/s: 47k evictions, TPOT attainment 27 %).
+* FindPreemptBlock: when an RT request needs blocks and none are free, the policy takes them off
+  idle running BE. With host space it checkpoints only the blocks the RT lacks off the tails of
+  the BE holding the most blocks (the paper lazily checkpoints only the BE slots the RT
+  overwrites; we move whole blocks, up to 15 slots more). What checkpoints cannot cover (host
+  full) is evicted as before: BE fewest blocks first, swapped out whole while the host has room,
+  else recomputed; then less urgent idle RT (the paper's extreme case, by residual time),
+  recomputed (swapped with `swap_rt`). Without host space every eviction recomputes (the
+  earlier approximation, bit for bit); the recompute is priced by the cost model (a prefill),
+  standing in for T_swap = f(M_ckpt). Swap-ins are priced by the owner, not the cost model.
+* BE order by checkpointed slots: by tokens to recompute, then by checkpointed tokens (0 for a
+  BE whose KV is intact, fresh prompts included), so an evicted or checkpointed BE is packed
+  after intact ones, as in the paper.
+* Because reclaiming BE memory costs a full recompute without host space, a BE prompt (or a
+  recompute, or a swap-in) is admitted only while the blocks the RT requests need next stay
+  free (`reserve_for_rt`, ours, not the paper's): the waiting RT's next chunks plus one block
+  per running RT. Without it a 10-minute run thrashes (ShareGPT 9 req/s: 47k evictions, TPOT
+  attainment 27 %).
 * Sub-block sharing (an RT and a BE tail in one block, saving under one block per pair) is not
   modelled. `kv_sharing=False` is the paper's "No Bi-cache" ablation: an RT request that cannot
   get blocks is itself preempted (recomputed) instead of taking BE memory.
@@ -134,6 +139,10 @@ class BrosParams:
     """Replace deferrable RT in a full batch by BE (ablation switch)."""
     kv_sharing: bool = True
     """RT may take BE memory (the Bi-cache, approximated); False = "No Bi-cache" ablation."""
+    swap_rt: bool = False
+    """With host swap space, swap out (rather than recompute) the idle RT evicted for a more
+    urgent one (the paper's extreme case). Off by default: a swapped RT returns as a cheap
+    decode that evicts the next RT, and runs cascade (docs/reproductions/bros.md)."""
     reserve_for_rt: bool = True
     """[ours] BE may take blocks for a prompt (or a recompute) only while the blocks RT requests
     need next stay free: our evictions recompute, where the paper's lazy checkpoint is cheap."""
@@ -349,6 +358,10 @@ class BrosPolicy:
         self._tokens: dict[RequestId, tuple[int, float]] = {}
         """RT request -> (outputs seen, when its current token group started)."""
         self._rr_turn_rt = True
+        self._host = 0
+        """Host swap space left in the decision being built (KV tokens)."""
+        self._checkpoint: list[tuple[RequestId, int]] = []
+        self._swap_out: list[RequestId] = []
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -412,6 +425,9 @@ class BrosPolicy:
     def decide(self, view: StepView) -> StepDecision:
         self._observe(view)
         p = self.params
+        self._host = view.host_free_tokens
+        if self._checkpoint or self._swap_out:
+            self._checkpoint, self._swap_out = [], []
         t_bar = self.t_bar if self.t_bar is not None else 0.0
         cands: list[_Cand] = []
         for seqs, running in ((view.running, True), (view.waiting, False)):
@@ -430,9 +446,12 @@ class BrosPolicy:
         if batch.items:
             a = p.ewma_alpha
             self.t_bar = est if self.t_bar is None else (1 - a) * self.t_bar + a * est
-        return StepDecision(
-            chunks=tuple((c.seq.id, c.n) for c in batch.items), preempt=tuple(preempt)
-        )
+        chunks = tuple((c.seq.id, c.n) for c in batch.items)
+        if self._checkpoint or self._swap_out:
+            return StepDecision(
+                chunks, tuple(preempt), tuple(self._swap_out), tuple(self._checkpoint)
+            )
+        return StepDecision(chunks=chunks, preempt=tuple(preempt))
 
     def _pack(self, view: StepView, cands: list[_Cand]) -> tuple[_Batch, list[RequestId]]:
         """Alg. 1 (reconstructed, research B5)."""
@@ -471,7 +490,7 @@ class BrosPolicy:
                 break
             if c.need > batch.free:
                 if p.kv_sharing:
-                    self._evict_for(c, cands, chosen, gone, batch, preempt)
+                    self._evict_for(c, cands, chosen, gone, batch, preempt, view.block_size)
                 elif c.running:
                     # No Bi-cache: the request failing to get blocks is recomputed.
                     preempt.append(c.seq.id)
@@ -511,9 +530,17 @@ class BrosPolicy:
         gone: set[RequestId],
         batch: _Batch,
         preempt: list[RequestId],
+        block_size: int,
     ) -> None:
-        """FindPreemptBlock, approximated: evict idle running BE (fewest blocks first), then
-        idle running RT less urgent than `c` (most slack first), until `c` fits."""
+        """FindPreemptBlock: take blocks from idle running BE, then from idle running RT less
+        urgent than `c` (most slack first), until `c` fits.
+
+        With host swap space (the engine's `checkpoint`), the blocks `c` lacks are first
+        checkpointed off the tails of idle BE, most blocks first: only those blocks' KV moves to
+        host (the paper's lazy checkpoint, at block granularity). What that cannot cover is then
+        evicted as before, BE fewest blocks first (swapped out whole while the host has room,
+        else dropped and recomputed), then RT (recomputed; swapped with `swap_rt`). Without host
+        space: eviction by recompute only, exactly as before."""
         idle = [
             v
             for v in cands
@@ -523,14 +550,37 @@ class BrosPolicy:
         victims += sorted((v for v in idle if v.rt and v.tau > c.tau), key=lambda v: -v.tau)
         if c.need > batch.free + sum(v.seq.blocks_held for v in victims):
             return  # not enough even with every victim gone: evict nobody
+        size = block_size
+        if self._host > 0:
+            for v in sorted((v for v in victims if not v.rt), key=lambda v: -v.seq.blocks_held):
+                short = c.need - batch.free
+                if short <= 0:
+                    return
+                s = v.seq
+                k = min(short, s.blocks_held)
+                on_gpu = s.num_computed_tokens - s.checkpointed_tokens
+                keep = (s.blocks_held - k) * size
+                moved = on_gpu - keep if on_gpu > keep else 0
+                if k == 0 or moved > self._host:
+                    continue
+                self._checkpoint.append((s.id, k))
+                self._host -= moved
+                gone.add(s.id)
+                batch.free += k
         for v in victims:
             if c.need <= batch.free:
                 return
-            if v.seq.blocks_held == 0:
+            s = v.seq
+            if s.blocks_held == 0 or s.id in gone:
                 continue
-            preempt.append(v.seq.id)
-            gone.add(v.seq.id)
-            batch.free += v.seq.blocks_held
+            moved = s.num_computed_tokens - s.checkpointed_tokens
+            if self._host > 0 and moved <= self._host and (self.params.swap_rt or not v.rt):
+                self._swap_out.append(s.id)
+                self._host -= moved
+            else:
+                preempt.append(s.id)
+            gone.add(s.id)
+            batch.free += s.blocks_held
 
     def _fill_be(
         self,
@@ -543,15 +593,16 @@ class BrosPolicy:
         t_bar: float,
         reserve: int,
     ) -> None:
-        """Lines 17-33: BE by swap-in (recompute) overhead, filling then replacing RT. A BE
-        prompt or recompute leaves `reserve` blocks free for RT."""
+        """Lines 17-33: BE by swap-in overhead (tokens to recompute, then checkpointed tokens),
+        filling then replacing RT. A BE prompt, recompute or swap-in leaves `reserve` blocks
+        free for RT."""
         p = self.params
         order = sorted(
             (c for c in be if c.seq.id not in gone),
-            key=lambda c: (c.recompute, not c.running, c.seq.arrival_s),
+            key=lambda c: (c.recompute, c.seq.checkpointed_tokens, not c.running, c.seq.arrival_s),
         )
         for c in order:
-            room = batch.free - (reserve if c.l_in else 0)
+            room = batch.free - (reserve if c.l_in or c.seq.checkpointed_tokens else 0)
             if len(batch.items) < self.bsz:
                 if c.need <= room and batch.est_with(c) <= tau_min:
                     batch.add(c)
@@ -567,7 +618,8 @@ class BrosPolicy:
             deferrable = now + t_new + v.left * t_bar <= v.deadline
             if (
                 deferrable
-                and c.recompute <= v.recompute
+                and c.recompute + c.seq.checkpointed_tokens
+                <= v.recompute + v.seq.checkpointed_tokens
                 and t_new <= tau_min
                 and c.need <= room + v.need
             ):

@@ -20,7 +20,11 @@ Optional features, off by default (nothing changes, nothing is allocated per ste
 * swap preemption: with `host_swap_tokens > 0` a decision may `swap_out` running sequences (KV
   to host, blocks freed, progress kept); a later chunk swaps one back in (blocks re-allocated).
   The step reports the tokens copied each way (`Step.swap_out_tokens` / `swap_in_tokens`) for the
-  owner to price; recompute (`preempt`) stays the default everywhere.
+  owner to price; recompute (`preempt`) stays the default everywhere;
+* partial checkpoint: with host space a decision may also `checkpoint` the last k blocks of a
+  running sequence (their KV to host, blocks freed, progress kept, still running); its next chunk
+  re-allocates them and swaps the tokens back in, priced like a swap. `SeqView.checkpointed_tokens`
+  shows what a sequence has on the host (views are patched only while some sequence has any).
 
 Invariants (property-tested): blocks are conserved (free + held == total); a sequence holds blocks
 only while it is transferring, running or holding KV for a pull; a decision the ledger cannot
@@ -88,7 +92,8 @@ class _Seq:
     predicted: int | None = None
     """The engine predictor's total output length (None without a predictor)."""
     swapped_tokens: int = 0
-    """KV tokens parked in host memory (> 0 only while swapped out)."""
+    """KV tokens parked in host memory: all computed ones while swapped out, the tail of its
+    computed tokens after a partial checkpoint (0 otherwise, and once swapped back in)."""
 
     @property
     def id(self) -> RequestId:
@@ -247,6 +252,13 @@ class EngineModel:
         """KV tokens swapped out to host memory now."""
         self.num_swaps_out = 0
         self.num_swaps_in = 0
+        """Swap-ins of any kind: whole swapped sequences and checkpointed tails brought back."""
+        self.num_checkpoints = 0
+        """Partial checkpoints (`StepDecision.checkpoint` of fewer blocks than held)."""
+        self.checkpointed_tokens = 0
+        """KV tokens copied to host by partial checkpoints, in all."""
+        self._on_host: set[RequestId] = set()
+        """Sequences with `swapped_tokens > 0` (views show them only while this is non-empty)."""
         self._finished: list[FinishedSeq] = []
         """Finished since the last decision (`StepView.finished`)."""
         self._seqs: dict[RequestId, _Seq] = {}
@@ -332,11 +344,15 @@ class EngineModel:
                 waiting_seqs.append(s)
         if len(waiting_seqs) > 1:
             waiting_seqs.sort(key=_arrival_key)
+        waiting = [s.view(held(s.request.id, 0)) for s in waiting_seqs]
+        if self._on_host:  # only with swaps or checkpoints in use: show the host tokens
+            running = self._with_host_tokens(running)
+            waiting = self._with_host_tokens(waiting)
         blocks = self.blocks
         finished = self._finished
         return StepView(
             now_s,
-            tuple([s.view(held(s.request.id, 0)) for s in waiting_seqs]),
+            tuple(waiting),
             tuple(running),
             blocks.num_free,
             blocks.num_blocks,
@@ -344,6 +360,29 @@ class EngineModel:
             tuple(finished) if finished else (),
             self.host_swap_tokens - self.host_used_tokens,
         )
+
+    def _with_host_tokens(self, views: list[SeqView]) -> list[SeqView]:
+        on_host, seqs = self._on_host, self._seqs
+        out: list[SeqView] = []
+        for v in views:
+            if v.id in on_host:
+                v = SeqView(
+                    v.id,
+                    v.arrival_s,
+                    v.num_prompt_tokens,
+                    v.num_output_tokens,
+                    v.num_computed_tokens,
+                    v.max_tokens,
+                    v.blocks_held,
+                    v.remote_kv,
+                    v.priority,
+                    v.deadline_s,
+                    v.slo_class,
+                    v.predicted_output_tokens,
+                    seqs[v.id].swapped_tokens,
+                )
+            out.append(v)
+        return out
 
     def schedule(self, now_s: float, max_repeat: int = 1) -> Step | None:
         """Decide and start the next step; None when there is nothing to run.
@@ -367,6 +406,10 @@ class EngineModel:
         swap_out = 0
         for rid in decision.swap_out:
             swap_out += self._swap_out(self._seqs[rid])
+        checkpoint = decision.checkpoint
+        if checkpoint:
+            for rid, k in checkpoint:
+                swap_out += self._checkpoint(self._seqs[rid], k)
         swap_in = 0
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
@@ -396,14 +439,20 @@ class EngineModel:
                 decode.append(computed)
             else:
                 prefill.append((n, computed))
-        swapped = decision.swap_out
+        swapped = decision.swap_out or checkpoint
         if not prefill and not decode and not transfers and not decision.preempt and not swapped:
             return None
         repeat = 1
         pure_decode = (
             decode and not prefill and not transfers and not decision.preempt and not swapped
         )
-        if max_repeat > 1 and pure_decode and not view.waiting and len(decode) == len(view.running):
+        if (
+            max_repeat > 1
+            and pure_decode
+            and not view.waiting
+            and len(decode) == len(view.running)
+            and not swap_in
+        ):
             repeat = self._steady_run_length(decision, max_repeat)
         batch = BatchShape(tuple(prefill), tuple(decode))
         if swap_out or swap_in:
@@ -688,16 +737,30 @@ class EngineModel:
                 raise ValueError(f"{self.policy.name}: cannot preempt {rid!r}: not running")
             free += self.blocks.blocks_held(rid)
             seen.add(rid)
-        if decision.swap_out:
+        if decision.swap_out or decision.checkpoint:
             host = self.host_swap_tokens - self.host_used_tokens
             for rid in decision.swap_out:
                 seq = self._seqs.get(rid)
                 if seq is None or seq.phase is not SeqPhase.RUNNING or rid in seen:
                     raise ValueError(f"{self.policy.name}: cannot swap out {rid!r}: not running")
-                host -= seq.num_computed
+                host -= seq.num_computed - seq.swapped_tokens
                 if host < 0:
                     raise ValueError(f"{self.policy.name}: swap-out exceeds the host swap space")
                 free += self.blocks.blocks_held(rid)
+                seen.add(rid)
+            for rid, k in decision.checkpoint:
+                seq = self._seqs.get(rid)
+                if seq is None or seq.phase is not SeqPhase.RUNNING or rid in seen:
+                    raise ValueError(f"{self.policy.name}: cannot checkpoint {rid!r}: not running")
+                h = self.blocks.blocks_held(rid)
+                if not 0 < k <= h:
+                    raise ValueError(
+                        f"{self.policy.name}: cannot checkpoint {k} blocks of {rid!r}: holds {h}"
+                    )
+                host -= self._checkpoint_tokens(seq, h, k)
+                if host < 0:
+                    raise ValueError(f"{self.policy.name}: checkpoint exceeds the host swap space")
+                free += k
                 seen.add(rid)
         seqs = self._seqs
         held = self.blocks.held.get
@@ -735,6 +798,8 @@ class EngineModel:
 
     def _preempt(self, seq: _Seq) -> None:
         self.blocks.free(seq.id)
+        if seq.swapped_tokens:  # a checkpointed tail is dropped with the rest
+            self._release_host(seq)
         seq.num_computed = 0
         seq.phase = SeqPhase.WAITING
         self.num_preemptions += 1
@@ -743,11 +808,14 @@ class EngineModel:
             seq.mode = RequestMode.GENERATE
 
     def _swap_out(self, seq: _Seq) -> int:
-        """Park `seq`'s computed KV in host memory and free its blocks; returns tokens copied."""
-        moved = seq.num_computed
+        """Park `seq`'s computed KV in host memory and free its blocks; returns tokens copied
+        (a tail checkpointed earlier is on the host already)."""
+        moved = seq.num_computed - seq.swapped_tokens
         self.blocks.free(seq.id)
         self.host_used_tokens += moved
-        seq.swapped_tokens = moved
+        seq.swapped_tokens = seq.num_computed
+        if seq.swapped_tokens:
+            self._on_host.add(seq.id)
         seq.phase = SeqPhase.WAITING
         self.num_swaps_out += 1
         if seq.mode is RequestMode.DECODE:
@@ -757,10 +825,37 @@ class EngineModel:
 
     def _swap_in(self, seq: _Seq) -> int:
         """`seq` is being resumed (its blocks already re-allocated): bring its KV back."""
-        moved = seq.num_computed
-        self.host_used_tokens -= moved
-        seq.swapped_tokens = 0
+        moved = seq.swapped_tokens
+        self._release_host(seq)
         self.num_swaps_in += 1
+        return moved
+
+    def _release_host(self, seq: _Seq) -> None:
+        self.host_used_tokens -= seq.swapped_tokens
+        seq.swapped_tokens = 0
+        self._on_host.discard(seq.id)
+
+    def _checkpoint_tokens(self, seq: _Seq, held: int, k: int) -> int:
+        """KV tokens that checkpointing the last `k` of the `held` blocks of `seq` copies: the
+        computed tokens still on the GPU past the first `held - k` blocks."""
+        on_gpu = seq.num_computed - seq.swapped_tokens
+        keep = (held - k) * self.blocks.block_size
+        return on_gpu - keep if on_gpu > keep else 0
+
+    def _checkpoint(self, seq: _Seq, k: int) -> int:
+        """Copy the KV in the last `k` blocks of running `seq` to host and free the blocks;
+        returns the tokens copied. All its blocks: a swap-out (it waits)."""
+        held = self.blocks.blocks_held(seq.id)
+        if k == held:
+            return self._swap_out(seq)
+        moved = self._checkpoint_tokens(seq, held, k)
+        self.blocks.shrink(seq.id, held - k)
+        self.num_checkpoints += 1
+        if moved:
+            self.host_used_tokens += moved
+            self.checkpointed_tokens += moved
+            seq.swapped_tokens += moved
+            self._on_host.add(seq.id)
         return moved
 
     def _steady_run_length(self, decision: StepDecision, max_repeat: int) -> int:
@@ -830,5 +925,5 @@ class EngineModel:
         self._epoch += 1
         self.blocks.free(seq.id)
         if seq.swapped_tokens:
-            self.host_used_tokens -= seq.num_computed
+            self._release_host(seq)
         del self._seqs[seq.id]

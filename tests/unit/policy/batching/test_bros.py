@@ -7,8 +7,11 @@ Invariants:
    Bsz_max (B11-3);
 3. BE fill and replacement: a full batch swaps its least urgent RT for a BE only when that RT can
    skip the step and still meet its deadline; intact BE go before BE that must recompute (B11-4);
-4. KV sharing (approximated): with no free blocks an RT request takes an idle BE's blocks (the BE
-   is preempted, fewest blocks first); with `kv_sharing=False` the RT that cannot grow is itself
+4. KV sharing: with no free blocks an RT request takes an idle BE's blocks. With host space it
+   checkpoints only the blocks it lacks off the tails of idle BE (most blocks first), falls back
+   to swapping a whole BE out, then to recompute when the host is full; without host space the
+   BE is preempted (recomputed), fewest blocks first; an idle RT victim is recomputed (swapped
+   with `swap_rt`); with `kv_sharing=False` the RT that cannot grow is itself
    recomputed (the paper's "No Bi-cache"); nothing is evicted when eviction cannot make room;
    RT requests whose deadline is out of reach run after reachable ones and before BE (research
    B10-4), most overdue first; a BE prompt leaves free the blocks RT requests need next;
@@ -31,7 +34,13 @@ from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.kv import BlockManager
 from splitserve.core.perf import BatchShape
 from splitserve.core.request import Request, SamplingSpec
-from splitserve.policy.batching import EngineModel, SeqView, StepView, make_batching_policy
+from splitserve.policy.batching import (
+    EngineModel,
+    SeqView,
+    StepDecision,
+    StepView,
+    make_batching_policy,
+)
 from splitserve.policy.batching.bros import (
     BEST_EFFORT,
     REALTIME,
@@ -80,8 +89,9 @@ def view(
     running: tuple[SeqView, ...] = (),
     waiting: tuple[SeqView, ...] = (),
     free: int = 1000,
+    host: int = 0,
 ) -> StepView:
-    return StepView(now, waiting, running, free, 10_000, 16)
+    return StepView(now, waiting, running, free, 10_000, 16, host_free_tokens=host)
 
 
 def ids(decision_chunks: tuple[tuple[RequestId, int], ...]) -> list[str]:
@@ -168,6 +178,67 @@ def test_rt_takes_be_blocks_when_memory_is_full() -> None:
     assert d.preempt == (RequestId("small"),)  # fewest blocks first: the least BE work lost
     assert ids(d.chunks)[0] == "rt"
     assert p.last_stop is Stop.EXHAUSTED
+
+
+def test_rt_checkpoints_only_the_blocks_it_lacks() -> None:
+    p = policy()
+    big = seq("big", prompt=320, outputs=5, rt=False)  # 324 computed, 21 blocks
+    small = seq("small", prompt=150, outputs=5, rt=False)  # 10 blocks
+    new_rt = seq("rt", prompt=100, arrival_s=0.0)  # needs 7 blocks
+    d = p.decide(view(0.01, running=(big, small), waiting=(new_rt,), free=0, host=1000))
+    assert d.checkpoint == ((RequestId("big"), 7),)  # the BE with the most blocks, its tail
+    assert d.preempt == ()
+    assert d.swap_out == ()
+    assert ids(d.chunks)[0] == "rt"
+    assert "big" not in ids(d.chunks)  # it sits this step out; "small" still runs
+    assert "small" in ids(d.chunks)
+
+
+def test_checkpoint_falls_back_to_swap_then_recompute() -> None:
+    p = policy()
+    a = seq("a", prompt=150, outputs=5, rt=False)  # 154 computed, 10 blocks
+    b = seq("b", prompt=36, outputs=5, rt=False)  # 40 computed, 3 blocks
+    new_rt = seq("rt", prompt=100)  # needs 7 blocks
+    # a's last 7 blocks hold 106 tokens: too many for 60; b's 3 blocks (40 tokens, all of it:
+    # the engine swaps it out) fit; a must then go whole, which the host cannot hold: recompute.
+    d = p.decide(view(0.01, running=(a, b), waiting=(new_rt,), free=0, host=60))
+    assert d.checkpoint == ((RequestId("b"), 3),)
+    assert d.preempt == (RequestId("a"),)
+    assert ids(d.chunks) == ["rt"]
+    # With room for a's tail, only a's last 7 blocks go (most blocks first).
+    d = policy().decide(view(0.01, running=(a, b), waiting=(new_rt,), free=0, host=200))
+    assert d.checkpoint == ((RequestId("a"), 7),)
+    assert d.preempt == ()
+    assert d.swap_out == ()
+
+
+def test_a_checkpointed_be_reports_its_swap_in_and_regrows() -> None:
+    p = policy()
+    be = SeqView(
+        RequestId("be"), 0.0, 320, 5, 324, 1000, 14, slo_class=BEST_EFFORT, checkpointed_tokens=100
+    )
+    fresh = seq("fresh", prompt=40, rt=False, arrival_s=0.5)
+    d = p.decide(view(1.0, running=(be,), waiting=(fresh,), free=100, host=0))
+    assert ids(d.chunks) == ["fresh", "be"]  # intact (fresh) BE first: by checkpointed tokens
+    d = policy().decide(view(1.0, running=(be,), free=6))  # 7 blocks to regrow: no room
+    assert d.chunks == ()
+
+
+@pytest.mark.parametrize("swap_rt", [False, True])
+def test_idle_rt_victims_recompute_unless_swap_rt(swap_rt: bool) -> None:
+    p = policy(swap_rt=swap_rt)
+    p.decide(view(0.0, running=(seq("slack", outputs=2),)))
+    idle_rt = seq("slack", prompt=150, outputs=3)  # 10 blocks, its token not due for a while
+    urgent = seq("rt", prompt=100, arrival_s=-0.3)  # TTFT due in 0.1 s, needs 7 blocks
+    p.bsz = 1  # room for one sequence: the urgent one
+    d = p.decide(view(0.01, running=(idle_rt,), waiting=(urgent,), free=0, host=10_000))
+    assert ids(d.chunks) == ["rt"]
+    if swap_rt:
+        assert d.swap_out == (RequestId("slack"),)
+        assert d.preempt == ()
+    else:
+        assert d.preempt == (RequestId("slack"),)
+        assert d.swap_out == ()
 
 
 def test_no_eviction_that_cannot_make_room() -> None:
@@ -257,7 +328,23 @@ def views(draw: st.DrawFn) -> StepView:
         arrival = draw(st.floats(0.0, 5.0))
         if kind == "decoding":
             outputs = draw(st.integers(1, 50))
-            running.append(seq(f"s{i}", prompt, outputs, arrival_s=arrival, rt=rt))
+            s = seq(f"s{i}", prompt, outputs, arrival_s=arrival, rt=rt)
+            lost = draw(st.integers(0, s.blocks_held - 1))  # blocks checkpointed away
+            if lost:
+                computed = s.num_computed_tokens
+                held = s.blocks_held - lost
+                s = SeqView(
+                    s.id,
+                    arrival,
+                    prompt,
+                    outputs,
+                    computed,
+                    1000,
+                    held,
+                    slo_class=s.slo_class,
+                    checkpointed_tokens=computed - held * 16,
+                )
+            running.append(s)
         elif kind == "preempted":
             outputs = draw(st.integers(1, 50))
             waiting.append(seq(f"s{i}", prompt, outputs, computed=0, arrival_s=arrival, rt=rt))
@@ -270,22 +357,41 @@ def views(draw: st.DrawFn) -> StepView:
             waiting.append(seq(f"s{i}", prompt, arrival_s=arrival, rt=rt))
     waiting.sort(key=lambda s: s.arrival_s)
     free = draw(st.integers(0, 120))
-    return StepView(draw(st.floats(5.0, 10.0)), tuple(waiting), tuple(running), free, 10_000, 16)
+    host = draw(st.sampled_from([0, 100, 1 << 20]))
+    now = draw(st.floats(5.0, 10.0))
+    return StepView(now, tuple(waiting), tuple(running), free, 10_000, 16, (), host)
 
 
-def assert_valid(
-    v: StepView, chunks: tuple[tuple[RequestId, int], ...], preempt: tuple[RequestId, ...]
-) -> None:
+def assert_valid(v: StepView, d: StepDecision) -> None:
     """`EngineModel._validate`'s rules, over a view."""
     by_id = {s.id: s for s in (*v.running, *v.waiting)}
     running = {s.id for s in v.running}
     free = v.free_blocks
+    host = v.host_free_tokens
     seen: set[RequestId] = set()
-    for rid in preempt:
+    chunks = d.chunks
+    for rid in d.preempt:
         assert rid in running
         assert rid not in seen
         free += by_id[rid].blocks_held
         seen.add(rid)
+    for rid in d.swap_out:
+        assert rid in running
+        assert rid not in seen
+        s = by_id[rid]
+        host -= s.num_computed_tokens - s.checkpointed_tokens
+        free += s.blocks_held
+        seen.add(rid)
+    for rid, k in d.checkpoint:
+        assert rid in running
+        assert rid not in seen
+        s = by_id[rid]
+        assert 0 < k <= s.blocks_held
+        on_gpu = s.num_computed_tokens - s.checkpointed_tokens
+        host -= max(0, on_gpu - (s.blocks_held - k) * v.block_size)
+        free += k
+        seen.add(rid)
+    assert host >= 0
     for rid, n in chunks:
         s = by_id[rid]
         assert rid not in seen
@@ -306,7 +412,7 @@ def test_decisions_are_valid_and_never_empty(
 ) -> None:
     p = policy(scheduler=scheduler, kv_sharing=kv_sharing, bsz_init=bsz)
     d = p.decide(v)
-    assert_valid(v, d.chunks, d.preempt)
+    assert_valid(v, d)
     runnable = [s for s in (*v.running, *v.waiting) if s.remote_kv or s.num_uncomputed_tokens > 0]
     evictable = sum(r.blocks_held for r in v.running)
     fits = any(
@@ -335,6 +441,8 @@ def test_decisions_never_read_max_tokens(v: StepView, cap: int) -> None:
             s.priority,
             s.deadline_s,
             s.slo_class,
+            s.predicted_output_tokens,
+            s.checkpointed_tokens,
         )
 
     other = StepView(
@@ -344,6 +452,8 @@ def test_decisions_never_read_max_tokens(v: StepView, cap: int) -> None:
         v.free_blocks,
         v.total_blocks,
         v.block_size,
+        v.finished,
+        v.host_free_tokens,
     )
     assert policy().decide(v) == policy().decide(other)
 
@@ -358,12 +468,19 @@ def test_decisions_never_read_max_tokens(v: StepView, cap: int) -> None:
     st.integers(30, 80),
     st.sampled_from(["bros", "rr"]),
     st.booleans(),
+    st.sampled_from([0, 64, 1 << 20]),
+    st.booleans(),
 )
 def test_engine_runs_every_workload_to_completion(
-    jobs: list[tuple[int, int, bool, float]], num_blocks: int, scheduler: str, kv_sharing: bool
+    jobs: list[tuple[int, int, bool, float]],
+    num_blocks: int,
+    scheduler: str,
+    kv_sharing: bool,
+    host: int,
+    swap_rt: bool,
 ) -> None:
-    p = policy(scheduler=scheduler, kv_sharing=kv_sharing)
-    engine = EngineModel(p, BlockManager(num_blocks, 16), tokens=None)
+    p = policy(scheduler=scheduler, kv_sharing=kv_sharing, swap_rt=swap_rt)
+    engine = EngineModel(p, BlockManager(num_blocks, 16), tokens=None, host_swap_tokens=host)
     for i, (prompt, out, rt, at) in enumerate(sorted(jobs, key=lambda j: j[3])):
         if -(-(prompt + out) // 16) > num_blocks:
             continue
@@ -380,6 +497,7 @@ def test_engine_runs_every_workload_to_completion(
         now += 0.02
         engine.complete(step, now)
     assert not engine.has_runnable_work
+    assert engine.host_used_tokens == 0
 
 
 # -- params and registry --------------------------------------------------------------------------
