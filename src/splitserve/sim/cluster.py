@@ -26,7 +26,8 @@ from mypy_extensions import mypyc_attr
 from splitserve.core.errors import CapacityError, NoEligibleEndpoint
 from splitserve.core.ids import RequestId
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.policy.batching.engine import RequestMode
+from splitserve.core.roles import Role
+from splitserve.policy.batching.engine import RequestMode, SeqPhase
 from splitserve.policy.placement.base import Path
 from splitserve.policy.placement.decider import PdDecider, PdDeciderParams
 from splitserve.policy.placement.profile import (
@@ -312,6 +313,55 @@ class Cluster:
         self._sync(worker, sim.now_s)
         worker.step = worker.engine.truncate(worker.step, 1)
         self._schedule_done(worker, sim)
+
+    def reassign(self, rid: RequestId, worker: int, sim: Simulator) -> bool:
+        """Move a request placed on a decode (or mixed) worker that has not started there to
+        worker index `worker` (Aladdin's Alg. 2 re-balancing). Not on the event path.
+
+        Movable: a split-phase request whose prompt is still on its prefill worker (only the
+        decode choice changes), or one waiting in its decode worker's queue with nothing
+        computed there (no blocks, no output beyond a split request's first token; a preempted
+        or swapped request is not movable). The target must take the same mode: a decode or
+        mixed worker for a split request, a mixed one for an aggregated request. Returns False,
+        changing nothing, when the request cannot move (finished, dropped, started, target
+        incompatible, already there, or too big for the target's KV)."""
+        req = self._live.get(rid)
+        if req is None or not 0 <= worker < len(self.workers) or worker == req.decode_worker:
+            return False
+        if req.decode_worker < 0:
+            return False
+        target = self.workers[worker]
+        split = req.prefill_worker >= 0
+        if split:
+            if target.role is Role.PREFILL:
+                return False
+        elif target.role is not Role.MIXED:
+            return False
+        old = self.workers[req.decode_worker]
+        engine = old.engine
+        phase = engine.phase(rid)
+        if phase is None:
+            if not split or req.counted_on != req.prefill_worker:
+                return False  # not yet on its decode engine only while prefilling
+            req.decode_worker = worker
+            return True
+        if phase is not SeqPhase.WAITING or engine.blocks.blocks_held(rid):
+            return False
+        if len(engine.output_ids(rid)) != (1 if split else 0):
+            return False
+        mode = RequestMode.DECODE if split else RequestMode.GENERATE
+        try:
+            target.engine.add(req.request, mode, first_token_id=0 if split else None)
+        except CapacityError:
+            return False
+        engine.abort(rid)
+        req.decode_worker = worker
+        old.changed()
+        target.changed()
+        if req.counted_on == old.index:
+            self._count_on(req, target)
+        self._touch(target, sim)
+        return True
 
     def _count_on(self, req: SimRequest, worker: SimWorker | None) -> None:
         """Move the router's in-flight count for `req` to `worker` (None: nowhere)."""

@@ -16,6 +16,14 @@ Departures, noted:
 * Split-phase: the decode worker is chosen at arrival (the live router's model, research D.5);
   a request counts against its decode worker from then on, as the paper's decode scheduler
   would count it once prefilled, slightly earlier.
+* Alg. 2 (`Rebalancer`, run by `AladdinCluster` every `interval_s`, the scheduling heartbeat,
+  100 ms by default, research C.9-8): per worker in use, the prediction error of its ongoing
+  requests and of those that finished early and would still run per their prediction (a
+  finished request counts until finish + (predicted − real)·T_dec); the requests not started on
+  their decode worker (split: still prefilling or waiting in the decode queue; mixed: waiting
+  in the queue) are the movable ones; `rebalance`'s moves are applied with `Cluster.reassign`
+  when (b)-(e) hold at the target (`AladdinPacking.check`), among workers in use only (a move
+  never opens a new bin). Off: `simulate_aladdin(..., rebalance=None)`.
 Pure: no I/O, no wall time.
 """
 
@@ -26,13 +34,23 @@ from typing import Any
 
 from splitserve.core.ids import EndpointId, PoolName, RequestId
 from splitserve.core.roles import Role
-from splitserve.policy.placement.aladdin import ConditionalMeanLengths, OngoingRequest, WorkerLoad
+from splitserve.policy.batching.engine import SeqPhase
+from splitserve.policy.placement.aladdin import (
+    AladdinPacking,
+    ConditionalMeanLengths,
+    OngoingRequest,
+    PredictionError,
+    WorkerLoad,
+    prediction_error,
+    rebalance,
+)
 from splitserve.policy.placement.decider import PdDeciderParams
 from splitserve.policy.placement.profile import PluginSpec, ProfileSpec, default_prefill_profile
 from splitserve.sim.cluster import Cluster, ClusterSpec
 from splitserve.sim.cluster_tetriinfer import RoutedMix
 from splitserve.sim.engine import Simulator
 from splitserve.sim.entities import PoolSpec, SimRequest, WorkerTemplate
+from splitserve.sim.events import Event, EventKind
 from splitserve.sim.metrics import SimResult
 from splitserve.sim.workload import WorkItem
 
@@ -73,6 +91,10 @@ class AladdinLoads:
             self._pred[req.id] = got
         return got
 
+    def invalidate(self) -> None:
+        """Requests moved between workers: the next read takes a fresh snapshot."""
+        self._at = (-1.0, -1, -1)
+
     def _snapshot(self, cluster: Cluster, now: float) -> dict[int, WorkerLoad]:
         self._open.extend(cluster.requests[self._seen :])
         self._seen = len(cluster.requests)
@@ -106,6 +128,169 @@ class AladdinLoads:
             self._loads = self._snapshot(cluster, sim.now_s)
             self._at = key
         return self._loads.get(cluster.router.worker_index(eid), WorkerLoad())
+
+
+class Rebalancer:
+    """Alg. 2 over a cluster's requests, once per heartbeat (see the module notes)."""
+
+    def __init__(
+        self,
+        packing: AladdinPacking,
+        loads: AladdinLoads,
+        interval_s: float = 0.1,
+        capped: bool = True,
+    ) -> None:
+        """`capped`: Alg. 2 reads the placement's predictions (capped at max_tokens, which
+        our workloads set to the true length, so no request finishes before its prediction);
+        False: the uncapped conditional mean (a sensitivity: the error of a predictor that
+        does not know max_tokens, not the one placement used)."""
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.capped = capped
+        self.packing = packing
+        self.loads = loads
+        self.interval_s = interval_s
+        self.num_heartbeats = 0
+        self.num_moves = 0
+        """Moves applied (a request moved twice counts twice)."""
+        self.num_refused = 0
+        """Moves `rebalance` proposed that (b)-(e) at the target or `reassign` refused."""
+        self._open: list[SimRequest] = []
+        self._seen = 0
+        self._early: list[tuple[float, int, int, int]] = []
+        """Finished early: (counts until, worker, real, predicted)."""
+
+    def heartbeat(self, cluster: Cluster, sim: Simulator) -> None:
+        self.num_heartbeats += 1
+        now = sim.now_s
+        loads, packing = self.loads, self.packing
+        self._open.extend(cluster.requests[self._seen :])
+        self._seen = len(cluster.requests)
+        still: list[SimRequest] = []
+        for r in self._open:
+            if r.dropped:
+                continue
+            if r.finish_s is not None:
+                pred = self._predicted(r)
+                if r.num_output_tokens < pred and r.decode_worker >= 0:
+                    until = r.finish_s + (pred - r.num_output_tokens) * packing.atgt_slo_s
+                    self._early.append((until, r.decode_worker, r.num_output_tokens, pred))
+                continue
+            still.append(r)
+        self._open = still
+        self._early = [e for e in self._early if e[0] > now]
+        workers = cluster.workers
+        ahead = {w.index: w.steps_done(now) for w in workers if w.step is not None}
+        ongoing: dict[int, list[OngoingRequest]] = {}
+        pending: dict[str, tuple[EndpointId, int]] = {}
+        by_id: dict[str, SimRequest] = {}
+        for r in still:
+            wi = r.decode_worker
+            if wi < 0:
+                continue
+            engine = workers[wi].engine
+            phase = engine.phase(r.id)
+            split = r.prefill_worker >= 0
+            pred = self._predicted(r)
+            if (phase is None and split) or (
+                phase is SeqPhase.WAITING
+                and not engine.blocks.blocks_held(r.id)
+                and r.num_output_tokens == (1 if split else 0)
+            ):
+                pending[str(r.id)] = (workers[wi].id, pred)
+                by_id[str(r.id)] = r
+                ongoing.setdefault(wi, [])
+                continue
+            started = r.first_token_s is not None
+            gen = r.num_output_tokens + (ahead.get(wi, 0) if started else 0)
+            ongoing.setdefault(wi, []).append(
+                OngoingRequest(
+                    r.item.num_prompt_tokens,
+                    min(gen, r.item.num_output_tokens),
+                    pred,
+                    decode_s=now - r.first_token_s if r.first_token_s is not None else 0.0,
+                    prefilled=started,
+                )
+            )
+        if not pending:
+            return
+        finished: dict[int, list[tuple[int, int]]] = {}
+        for _, wi, real, pred in self._early:
+            finished.setdefault(wi, []).append((real, pred))
+        errors: dict[EndpointId, PredictionError] = {}
+        index: dict[EndpointId, int] = {}
+        for wi in set(ongoing) | set(finished):
+            eid = workers[wi].id
+            index[eid] = wi
+            errors[eid] = prediction_error(ongoing.get(wi, ()), finished.get(wi, ()), loads.lengths)
+        moves = rebalance(errors, pending, packing.perf)
+        if not moves:
+            return
+        # (b)-(e) at the target, against its ongoing requests plus the pending ones there.
+        queued: dict[int, list[OngoingRequest]] = {}
+        for rid, (eid, _) in pending.items():
+            if rid not in moves:
+                r = by_id[rid]
+                queued.setdefault(index[eid], []).append(self._new(r))
+        moved = False
+        for rid, eid in sorted(moves.items()):
+            r = by_id[rid]
+            wi = index[eid]
+            here = ongoing.get(wi, []) + queued.get(wi, [])
+            blocks = workers[wi].engine.blocks
+            new = self._new(r)
+            cap = float(blocks.num_blocks * blocks.block_size)
+            if packing.check(new, WorkerLoad(tuple(here)), cap).feasible and cluster.reassign(
+                r.id, wi, sim
+            ):
+                queued.setdefault(wi, []).append(new)
+                self.num_moves += 1
+                moved = True
+            else:
+                queued.setdefault(r.decode_worker, []).append(new)
+                self.num_refused += 1
+        if moved:
+            loads.invalidate()
+
+    def _predicted(self, r: SimRequest) -> int:
+        lengths = self.loads.lengths
+        if self.capped or lengths is None:
+            return self.loads.predicted(r)
+        return lengths.predict(r.item.num_prompt_tokens)
+
+    def _new(self, r: SimRequest) -> OngoingRequest:
+        return OngoingRequest(
+            r.item.num_prompt_tokens,
+            0,
+            self._predicted(r),
+            prefilled=r.prefill_worker >= 0,
+        )
+
+
+class AladdinCluster(Cluster):
+    """A `Cluster` that runs `rebalancer` (Alg. 2) every heartbeat while work remains: a WAKE
+    event with no target, scheduled from the first arrival on."""
+
+    def __init__(
+        self, spec: ClusterSpec, items: Sequence[WorkItem], rebalancer: Rebalancer | None = None
+    ) -> None:
+        super().__init__(spec, items)
+        self.rebalancer = rebalancer
+
+    def start(self, sim: Simulator) -> None:
+        super().start(sim)
+        rb = self.rebalancer
+        if rb is not None and self.items:
+            sim.schedule(self.items[0].arrival_s + rb.interval_s, EventKind.WAKE)
+
+    def handle(self, event: Event, sim: Simulator) -> None:
+        rb = self.rebalancer
+        if event.kind is EventKind.WAKE and event.target < 0 and rb is not None:
+            rb.heartbeat(self, sim)
+            if self.num_arrived < len(self.items) or self.num_in_flight > 0:
+                sim.schedule(sim.now_s + rb.interval_s, EventKind.WAKE)
+            return
+        super().handle(event, sim)
 
 
 def _profile(
@@ -189,10 +374,12 @@ def simulate_aladdin(
     items: Sequence[WorkItem],
     loads: AladdinLoads | None = None,
     mix: RoutedMix | None = None,
+    rebalance: Rebalancer | None = None,
 ) -> SimResult:
-    """Run `items` to completion on a fresh cluster, binding `loads` / `mix` to it first."""
+    """Run `items` to completion on a fresh cluster, binding `loads` / `mix` to it first;
+    `rebalance`: run Alg. 2 each heartbeat (its loads must be `loads`; None: placement only)."""
     sim = Simulator()
-    cluster = Cluster(spec, items)
+    cluster = AladdinCluster(spec, items, rebalance)
     if loads is not None:
         loads.bind(cluster, sim)
     if mix is not None:

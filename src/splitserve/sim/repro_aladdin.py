@@ -16,7 +16,8 @@ Set-up, as the paper states it or as we infer it where it does not (docs/reprodu
   preset picks the same, reported in the Table 3 rows; fixed rather than taken from Eq 6 so
   the placement claims do not move with the all-reduce estimate), Eq 2/3 fitted to the
   roofline by least squares (planner.aladdin), conditional-mean output prediction from a
-  history sample, best-fit placement ("aladdin-pack", γ = 0.5). Its
+  history sample, best-fit placement ("aladdin-pack", γ = 0.5), Alg. 2 re-balancing each
+  `HEARTBEAT_S` (it moves nothing here: the doc says why). Its
   GPU count is the number of workers its Alg. 1 opens (a new bin only when no open worker
   fits) on a large pool, with θ from 0.9, 0.8, ..., 0.5 the one needing the fewest workers
   while meeting the target (the paper gives no θ).
@@ -45,7 +46,7 @@ import numpy as np
 from splitserve.core.ids import SloClassName
 from splitserve.core.perf import MODELS, HardwareSpec, RooflineModel
 from splitserve.core.request import SloClass
-from splitserve.policy.placement.aladdin import ConditionalMeanLengths
+from splitserve.policy.placement.aladdin import AladdinPacking, ConditionalMeanLengths
 from splitserve.policy.planner.aladdin import (
     AladdinPerfModel,
     FitReport,
@@ -57,7 +58,13 @@ from splitserve.policy.planner.aladdin import (
     optimal_gpus_per_worker,
     per_gpu_throughput,
 )
-from splitserve.sim.cluster_aladdin import AladdinLoads, mixed_spec, simulate_aladdin, split_spec
+from splitserve.sim.cluster_aladdin import (
+    AladdinLoads,
+    Rebalancer,
+    mixed_spec,
+    simulate_aladdin,
+    split_spec,
+)
 from splitserve.sim.cluster_tetriinfer import RoutedMix
 from splitserve.sim.entities import WorkerTemplate
 from splitserve.sim.metrics import attainment
@@ -95,6 +102,8 @@ TARGET = 1.0
 """P100: every request meets both SLOs (§6.4)."""
 CONSECUTIVE = 2
 """A baseline's count must meet the target together with the next one (see `baseline`)."""
+HEARTBEAT_S: float | None = 0.1
+"""Alg. 2's scheduling heartbeat (research C.9-8: 100 ms); None runs placement only."""
 TP_SIZES = (1, 2, 4)
 PAPER_TP = 1
 """Table 3: Llama2-13B on A100 -> 1 GPU per worker (Aladdin's and the JSQ ablation's size)."""
@@ -200,8 +209,10 @@ class Scenario:
         perf: Mapping[int, AladdinPerfModel],
         lengths: ConditionalMeanLengths,
         stats: LengthStats,
+        heartbeat_s: float | None = HEARTBEAT_S,
     ) -> None:
         self.mode = mode
+        self.heartbeat_s = heartbeat_s
         self.rate = rate
         self.items = workload(rate, setup)
         self.thetas = setup.thetas
@@ -241,7 +252,10 @@ class Scenario:
             num_prefill = math.ceil(self.rate / 8) + 1
             decode = _template(tp, DECODE_POLICY)
             spec = split_spec(prefill, num_prefill, decode, workers, placement, aladdin, loads, mix)
-        result = simulate_aladdin(spec, self.items, loads, mix)
+        rebalancer = None
+        if placement == "aladdin" and self.heartbeat_s is not None:
+            rebalancer = Rebalancer(AladdinPacking(**aladdin), loads, self.heartbeat_s)
+        result = simulate_aladdin(spec, self.items, loads, mix, rebalancer)
         used = sum(1 for w in result.workers if w.role != "prefill" and w.num_steps > 0)
         return attainment(result.requests, SLO), used
 
@@ -301,7 +315,8 @@ def _count_line(c: Count) -> str:
     )
 
 
-def aladdin(quick: bool = False) -> Reproduction:
+def aladdin(quick: bool = False, heartbeat_s: float | None = HEARTBEAT_S) -> Reproduction:
+    """`heartbeat_s`: Alg. 2's heartbeat (None: Alg. 1 placement only, no re-balancing)."""
     setup = QUICK if quick else FULL
     hist = history(setup.history)
     lengths = ConditionalMeanLengths.of(hist)
@@ -324,7 +339,7 @@ def aladdin(quick: bool = False) -> Reproduction:
         ("split", (("JSQ", "jsq", 0), ("power-of-two", "p2c", 0))),
     ):
         for rate in setup.rates:
-            sc = Scenario(mode, rate, setup, perf, lengths, stats)
+            sc = Scenario(mode, rate, setup, perf, lengths, stats, heartbeat_s)
             found = [sc.aladdin()]
             if not quick:
                 found.append(sc.aladdin(oracle=True))

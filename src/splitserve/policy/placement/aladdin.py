@@ -33,10 +33,9 @@ endpoint view alone: batch = max(in flight, running + waiting), context = KV blo
 then checks only the new request's peak against free KV.
 
 Alg. 2 (re-balancing new requests each heartbeat) is here as pure functions
-(`prediction_error`, `rebalance`: greedy pairwise moves, C.4.3 [REC]). Departure, noted: running
-it needs a hook that moves placed-but-not-started requests between workers; neither the router
-nor the simulator has one, so in the simulator this scorer places once (the model of prediction
-error is the θ margin and re-prediction).
+(`prediction_error`, `rebalance`: greedy pairwise moves, C.4.3 [REC]). The simulator runs them
+each heartbeat (`sim.cluster_aladdin.Rebalancer`, moving requests with `Cluster.reassign`); the
+live router has no such hook.
 Time-indexed KV is evaluated exactly at the iterations where some request finishes (the vector's
 peaks), not on a K-long grid: the same maxima, O(n log n).
 
@@ -282,7 +281,7 @@ def _kv_peak(perf: AladdinPerfModel, ctx: np.ndarray, rem: np.ndarray) -> float:
     return float(totals.max()) if len(totals) else 0.0
 
 
-# -- Alg. 2: prediction-error re-balancing of new requests (pure; no hook runs it yet) ---------
+# -- Alg. 2: prediction-error re-balancing of new requests (pure; sim.cluster_aladdin runs it) --
 
 
 @dataclass(frozen=True, slots=True)
