@@ -99,6 +99,11 @@ class SplitwisePools:
     reserved_of: Callable[[EndpointId], int] | None = field(default=None, compare=False)
     """KV blocks the owner has reserved on a machine; None = blocks in use (total - free)."""
 
+    @property
+    def pools(self) -> SplitwisePools:
+        """The pool rule itself (the filter and the scorer are pools with a plugin method)."""
+        return self
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
         if self.prompt_queue_threshold_tokens < 1:
@@ -153,31 +158,7 @@ class SplitwisePools:
 
 
 @dataclass(frozen=True, slots=True)
-class _SplitwisePlugin:
-    """What the filter and the scorer share: the phase, the overload rule and the ledger hooks."""
-
-    phase: Phase = Phase.PROMPT
-    prompt_queue_threshold_tokens: int = PROMPT_QUEUE_THRESHOLD_TOKENS
-    token_memory_watermark: float = 1.0
-    in_mixed: Callable[[EndpointId], bool] = field(default=_no_borrow, compare=False)
-    reserved_of: Callable[[EndpointId], int] | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "phase", Phase(self.phase))
-
-    @property
-    def pools(self) -> SplitwisePools:
-        return SplitwisePools(
-            self.phase,
-            self.prompt_queue_threshold_tokens,
-            self.token_memory_watermark,
-            self.in_mixed,
-            self.reserved_of,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SplitwisePoolFilter(_SplitwisePlugin):
+class SplitwisePoolFilter(SplitwisePools):
     """Keep the machines of the pool this phase goes to now (own → mixed → borrow)."""
 
     kind: ClassVar[str] = "splitwise-pool"
@@ -187,7 +168,7 @@ class SplitwisePoolFilter(_SplitwisePlugin):
 
 
 @dataclass(frozen=True, slots=True)
-class SplitwiseOverflow(_SplitwisePlugin):
+class SplitwiseOverflow(SplitwisePools):
     """Tier bands (own > mixed > opposite > overloaded) with JSQ on the phase's queue inside."""
 
     kind: ClassVar[str] = "splitwise-overflow"
