@@ -38,12 +38,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from splitserve.core.ids import PoolName
-from splitserve.core.perf import MODELS, BatchShape, RooflineModel
+from splitserve.core.perf import HARDWARE, MODELS, BatchShape, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.repro_tetriinfer import V100_32G
 from splitserve.sim.reproduce import Comparison, Reproduction
 from splitserve.sim.workload import PRESETS, LengthDist, LogNormal, WorkItem
 
@@ -55,6 +54,7 @@ HOST_LINK_BYTES_PER_S = 12e9
 HOST_SWAP_TOKENS = 1 << 40
 """1 TB of host DRAM: never the limit for one V100's KV."""
 
+V100_32G = HARDWARE["v100-32g"]
 MODEL = RooflineModel(MODELS["opt-13b"], V100_32G)
 KV_INT8 = replace(MODEL.shape.kv_layout, dtype_bytes=1)
 KV_TOKENS = int((V100_32G.memory_bytes * 0.9 - MODEL.shape.weight_bytes) // KV_INT8.bytes_per_token)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitserve.core.ids import PoolName
-from splitserve.core.perf import MODELS, HardwareSpec, RooflineModel
+from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.cluster_tetriinfer import RoutedMix, simulate_tetriinfer, tetriinfer_spec
@@ -37,10 +37,8 @@ from splitserve.sim.metrics import SimResult
 from splitserve.sim.reproduce import Comparison, Reproduction
 from splitserve.sim.workload import PRESETS, LengthDist, WorkItem
 
-V100_32G = HardwareSpec(
-    "v100-32g", 125e12, 0.9e12, 32e9, kv_link_bw_bytes_s=25e9, tp_link_bw_bytes_s=150e9
-)
-"""V100 SXM2 32 GB: 125 TFLOP/s fp16 tensor, 900 GB/s HBM2, NVLink 2 (150 GB/s one way)."""
+V100_32G = HARDWARE["v100-32g"]
+"""TetriInfer's V100 SXM2 32 GB (`core.perf.shapes.HARDWARE`)."""
 
 NUM_REQUESTS = 128
 RATE_PER_S = 3.0

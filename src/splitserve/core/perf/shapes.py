@@ -109,6 +109,11 @@ HARDWARE: dict[str, HardwareSpec] = _h(
     HardwareSpec("a100-40g", 312e12, 1.555e12, 40e9),
     HardwareSpec("h100-80g", 989e12, 3.35e12, 80e9, tp_link_bw_bytes_s=450e9),
     HardwareSpec("h200", 989e12, 4.8e12, 141e9, tp_link_bw_bytes_s=450e9),
+    # V100 SXM2 32 GB: 125 TFLOP/s fp16 tensor, 900 GB/s HBM2, NVLink 2 (150 GB/s one way);
+    # TetriInfer's and ALISE's testbeds.
+    HardwareSpec(
+        "v100-32g", 125e12, 0.9e12, 32e9, kv_link_bw_bytes_s=25e9, tp_link_bw_bytes_s=150e9
+    ),
     # A 2-core CPU as a stand-in (AVX-512 fp32): rough, for local runs of the tiny model only.
     HardwareSpec("cpu-2core", 2e11, 2e10, 8e9, 0.3, 0.5, 0.001, 2e9, 0.0001, 1e10),
 )
