@@ -76,6 +76,7 @@ from enum import StrEnum
 from typing import Any
 
 from splitserve.core.ids import RequestId, SloClassName
+from splitserve.core.kv import blocks_for
 from splitserve.core.perf import HARDWARE, MODELS, BatchShape, LatencyModel, RooflineModel
 from splitserve.core.request import DEFAULT_SLO_CLASS, SloClass
 from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
@@ -191,13 +192,9 @@ class _Cand:
         return self.running and s.num_output_tokens == 0 and s.num_computed_tokens > 0
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 def _need(seq: SeqView, n: int, block_size: int) -> int:
     tokens = seq.num_prompt_tokens if seq.remote_kv else seq.num_computed_tokens + n
-    extra = _blocks(tokens, block_size) - seq.blocks_held
+    extra = blocks_for(tokens, block_size) - seq.blocks_held
     return extra if extra > 0 else 0
 
 

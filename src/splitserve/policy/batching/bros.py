@@ -331,10 +331,6 @@ class _Batch:
         self.ctx -= c.ctx
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 class BrosPolicy:
     """Greedy priority packing with adaptive batch size (or the RR baseline)."""
 

@@ -55,6 +55,7 @@ from enum import StrEnum
 from typing import Any
 
 from splitserve.core.ids import RequestId
+from splitserve.core.kv import blocks_for
 from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
 
 
@@ -124,12 +125,8 @@ class TetriDecodeParams:
         return max(1, lower)
 
 
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 def _extra_blocks(seq: SeqView, tokens: int, block_size: int) -> int:
-    return max(0, _blocks(tokens, block_size) - seq.blocks_held)
+    return max(0, blocks_for(tokens, block_size) - seq.blocks_held)
 
 
 def _windowed(waiting: tuple[SeqView, ...], params: TetriPrefillParams) -> list[SeqView]:
@@ -294,15 +291,15 @@ class TetriDecodePolicy:
         if adm is Admission.RESERVE_STATIC:
             # Everything running grows to its predicted peak; the newcomer needs its own peak.
             future = sum(
-                max(0, _blocks(p + max(g_hat, g), size) - _blocks(p + g, size))
+                max(0, blocks_for(p + max(g_hat, g), size) - blocks_for(p + g, size))
                 for p, g_hat, g in batch
             )
-            return used_blocks + future + _blocks(prompt + predicted, size) <= total_blocks
+            return used_blocks + future + blocks_for(prompt + predicted, size) <= total_blocks
         # Reserve-dynamic: memory when the shortest remaining job in the batch finishes (what
         # is in use now, KV in transfer included, plus the batch's growth over tau steps).
         tau = min(max(0, g_hat - g) for _, g_hat, g in batch)
-        growth = sum(_blocks(p + g + tau, size) - _blocks(p + g, size) for p, _, g in batch)
-        return used_blocks + growth + _blocks(prompt + min(tau, predicted), size) <= total_blocks
+        growth = sum(blocks_for(p + g + tau, size) - blocks_for(p + g, size) for p, _, g in batch)
+        return used_blocks + growth + blocks_for(prompt + min(tau, predicted), size) <= total_blocks
 
 
 def make_prefill(**params: Any) -> BatchingPolicy:
