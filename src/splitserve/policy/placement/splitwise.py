@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
-from splitserve.core.errors import NoEligibleEndpoint
 from splitserve.core.ids import EndpointId
 from splitserve.core.kv import blocks_for
 from splitserve.core.roles import Role
@@ -192,19 +191,12 @@ class SplitwiseDecider(PdDecider):
     the request runs there whole (no KV transfer; SplitwiseSim's `p == t` case)."""
 
     def place(self, req: RequestView, eps: Sequence[EndpointView]) -> Placement:
-        decode = tuple(self.decode.rank(req, eps))
-        if not decode:
-            raise NoEligibleEndpoint(
-                f"no machine can take the token phase ({len(eps)} endpoints known)"
+        placement = super().place(req, eps)
+        if placement.path is Path.DISAGGREGATED and placement.prefill[0] == placement.decode[0]:
+            return Placement(
+                Path.AGGREGATED, placement.decode, reason="prompt and token machine coincide"
             )
-        if req.num_prompt_tokens < self.params.min_prompt_tokens_for_pd:
-            return Placement(Path.AGGREGATED, decode, reason="short prompt")
-        prefill = tuple(self.prefill.rank(req, eps))
-        if not prefill:
-            return Placement(Path.AGGREGATED, decode, reason="no prompt machine available")
-        if prefill[0] == decode[0]:
-            return Placement(Path.AGGREGATED, decode, reason="prompt and token machine coincide")
-        return Placement(Path.DISAGGREGATED, decode, prefill, reason="prompt and token machines")
+        return placement
 
 
 _conforms_filters: tuple[type[Filter], ...] = (SplitwisePoolFilter,)
