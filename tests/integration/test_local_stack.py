@@ -169,7 +169,11 @@ def test_chat_is_disaggregated_over_both_roles(stack: Stack, client: openai.Open
     assert after_d - before_d == n
     assert stack.total("decode", "splitserve_worker_kv_transfer_bytes_total") > 0
     routed = stack.sample(
-        "router", "splitserve_router_requests_total", outcome="ok", path="disaggregated"
+        "router",
+        "splitserve_router_requests_total",
+        outcome="ok",
+        path="disaggregated",
+        slo_class="default",
     )
     assert routed >= n
 
@@ -290,13 +294,21 @@ def test_role_change_at_run_time_reroutes_to_aggregated(
     try:
         time.sleep(0.5)  # a few load-report intervals: the router sees the new roles
         before = stack.sample(
-            "router", "splitserve_router_requests_total", outcome="ok", path="aggregated"
+            "router",
+            "splitserve_router_requests_total",
+            outcome="ok",
+            path="aggregated",
+            slo_class="default",
         )
         r = client.completions.create(model=MODEL, prompt="after the flip", max_tokens=5)
         assert r.usage is not None
         assert r.usage.completion_tokens == 5
         after = stack.sample(
-            "router", "splitserve_router_requests_total", outcome="ok", path="aggregated"
+            "router",
+            "splitserve_router_requests_total",
+            outcome="ok",
+            path="aggregated",
+            slo_class="default",
         )
         assert after == before + 1
     finally:

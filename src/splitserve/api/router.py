@@ -22,7 +22,40 @@ class PlacementSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     min_prompt_tokens_for_pd: int = Field(1, ge=0)
-    """Prompts shorter than this run aggregated on one decode (or mixed) worker."""
+    """Prompts shorter than this run aggregated on one decode (or mixed) worker (`Auto`)."""
+    profile: v1.PlacementProfile = v1.PlacementProfile.DEFAULT
+    """The placement profile (`router.placementProfile`)."""
+    disaggregation: v1.Disaggregation = v1.Disaggregation.AUTO
+    """When to split prefill and decode (`router.disaggregation`)."""
+
+
+class SloSettings(BaseModel):
+    """SLO classes and admission (the service's `sloClasses`, `defaultSloClass`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    classes: tuple[v1.SloClassSpec, ...] = ()
+    """The classes; empty: one class `default` (TTFT 2 s, TPOT 200 ms, not sheddable)."""
+    default_class: str | None = None
+    """Class of requests without `x-slo-class`; None: the first class."""
+    length_predictor: v1.LengthPredictor = v1.LengthPredictor.PER_CLASS
+    """The output-length predictor."""
+    queue_capacity: int = Field(1024, ge=0)
+    """Requests the admission queue holds at most."""
+    max_backlog_fraction: float = Field(0.5, gt=0)
+    """Room for one more request: the best worker's predicted prefill backlog is at most this
+    fraction of the tightest TTFT target of any class (once the latency model has data)."""
+    max_outstanding_per_worker: int | None = Field(None, ge=1)
+    """Also a cap on requests in flight or reserved per decode-capable worker; None: no cap."""
+
+    @model_validator(mode="after")
+    def _check_classes(self) -> SloSettings:
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError("slo classes: names must be unique")
+        if self.default_class is not None and self.default_class not in (names or ["default"]):
+            raise ValueError(f"default SLO class {self.default_class!r} is not one of {names}")
+        return self
 
 
 class PoolSettings(BaseModel):
@@ -127,6 +160,8 @@ class RouterConfig(BaseModel):
     """Worker pool watching."""
     dispatch: DispatchSettings = DispatchSettings()
     """Dispatch timeouts."""
+    slo: SloSettings = SloSettings()
+    """SLO classes and admission."""
     discovery: DiscoverySettings | None = None
     """Watch worker pods in Kubernetes (on top of `worker_addresses`); None: static list only."""
 
@@ -156,12 +191,21 @@ class ListenFile(_FileModel):
 
 
 class PlacementFile(_FileModel):
-    """`placement`: parsed and validated, not used yet (the router runs the default profile)."""
+    """`placement`: the service's `router.placementProfile`, `disaggregation`, predictor."""
 
-    profile: str = "default"
-    """Placement profile name. Ignored today: only `default` exists."""
+    profile: v1.PlacementProfile = v1.PlacementProfile.DEFAULT
+    """Placement profile name."""
     disaggregation: v1.Disaggregation = v1.Disaggregation.AUTO
-    """P/D split policy. Ignored today: the router always behaves as `Auto`."""
+    """When to split prefill and decode."""
+    length_predictor: v1.LengthPredictor = v1.LengthPredictor.PER_CLASS
+    """The output-length predictor."""
+
+
+class AdmissionFile(_FileModel):
+    """`admission`: the router's EDF queue."""
+
+    queue_capacity: int = Field(1024, ge=0)
+    """Requests the queue holds at most."""
 
 
 class EngineFile(_FileModel):
@@ -187,11 +231,13 @@ class RouterFile(_FileModel):
     discovery: DiscoverySettings | None = None
     """Worker discovery; None: static addresses only."""
     placement: PlacementFile = PlacementFile()
-    """Placement (ignored today)."""
+    """Placement profile, disaggregation, length predictor."""
+    admission: AdmissionFile = AdmissionFile()
+    """The admission queue."""
     slo_classes: tuple[v1.SloClassSpec, ...] = ()
-    """SLO classes. Validated, ignored today (the router does no SLO-aware admission yet)."""
+    """SLO classes (targets, priority, sheddable)."""
     default_slo_class: str | None = None
-    """Class of requests without `x-slo-class`. Ignored today."""
+    """Class of requests without `x-slo-class`."""
 
     @classmethod
     def from_configmap(cls, data: Mapping[str, Any]) -> tuple[RouterFile, tuple[str, ...]]:
@@ -222,7 +268,20 @@ class RouterFile(_FileModel):
             "http_port": self.listen.http_port,
             "grpc_port": self.listen.grpc_port,
             "discovery": self.discovery,
+            "placement": PlacementSettings(
+                profile=self.placement.profile, disaggregation=self.placement.disaggregation
+            ),
+            "slo": SloSettings(
+                classes=self.slo_classes,
+                default_class=self.default_slo_class,
+                length_predictor=self.placement.length_predictor,
+                queue_capacity=self.admission.queue_capacity,
+            ),
         }
+        if "placement" in overrides:  # flags override single fields, the file the rest
+            flags = overrides.pop("placement")
+            flags = flags.model_dump() if isinstance(flags, BaseModel) else dict(flags)
+            values["placement"] = values["placement"].model_copy(update=flags)
         values.update(overrides)
         return RouterConfig(**values)
 

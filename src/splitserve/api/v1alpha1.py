@@ -225,6 +225,9 @@ class SloClassSpec(Model):
     """Higher runs first when the router has to queue."""
     sheddable: bool = False
     """Requests that cannot meet their SLO are refused (HTTP 429) instead of queued."""
+    allow_overrides: bool = False
+    """Clients may set their own targets with `x-slo-ttft-ms` / `x-slo-tpot-ms`, within 1/4x to
+    4x of this class's targets. False: those headers are a 400 for this class."""
 
     @model_validator(mode="after")
     def _targets(self) -> SloClassSpec:
@@ -251,6 +254,30 @@ class Disaggregation(StrEnum):
     """Aggregated serving only (decode and mixed workers)."""
 
 
+class PlacementProfile(StrEnum):
+    DEFAULT = "default"
+    """Least-loaded + KV headroom + SLO headroom (TTFT on prefill, TPOT on decode)."""
+    LEAST_LOADED = "least-loaded"
+    """Least-loaded and KV headroom only (no SLO headroom)."""
+    TETRIINFER = "tetriinfer"
+    """TetriInfer: decode by power-of-two choices over the heavy:light decode mix."""
+    SPLITWISE = "splitwise"
+    """Splitwise: prompt, token and mixed pools with join-the-shortest-queue."""
+    ALADDIN = "aladdin"
+    """Aladdin: best-fit bin packing against TPOT and KV constraints."""
+    PAST_FUTURE = "past-future"
+    """Past-Future: the decode worker whose future peak KV use stays lowest."""
+
+
+class LengthPredictor(StrEnum):
+    PER_CLASS = "per-class"
+    """Learns online from finished requests, per SLO class and prompt-length bucket."""
+    BUCKETED = "bucketed"
+    """Learns online per prompt-length bucket, one table for every class."""
+    HISTORY = "history"
+    """The last finished lengths (Past-Future's window), whatever the prompt."""
+
+
 class RouterSpec(Model):
     replicas: int = Field(1, ge=0, le=1000)
     """Router pods (the router is stateless; scale it freely)."""
@@ -264,8 +291,13 @@ class RouterSpec(Model):
     """Kubernetes Service type of the router's Service."""
     disaggregation: Disaggregation = Disaggregation.AUTO
     """When to split prefill and decode onto different workers."""
-    placement_profile: str = Field("default", min_length=1, max_length=63)
-    """Name of the placement profile (filters, scorers, picker) the router uses."""
+    placement_profile: PlacementProfile = PlacementProfile.DEFAULT
+    """The placement profile (filters, scorers, picker) the router uses."""
+    length_predictor: LengthPredictor = LengthPredictor.PER_CLASS
+    """How the router predicts each request's output length (placement and admission)."""
+    admission_queue_capacity: int = Field(1024, ge=0, le=1_000_000)
+    """Requests the router holds in its earliest-deadline-first queue when workers are full;
+    beyond it sheddable requests get 429 first, then non-sheddable ones."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """CPU and memory of each router pod."""
 

@@ -17,6 +17,8 @@ PREFIX: Final = "splitserve_"
 _TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 _TPOT_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _E2E_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_TOKEN_BUCKETS: Final = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_LAG_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
 class RouterMetrics:
@@ -25,7 +27,7 @@ class RouterMetrics:
         self.requests = Counter(
             "splitserve_router_requests",
             "Requests finished by the router, by outcome and serving path.",
-            ["outcome", "path"],
+            ["outcome", "path", "slo_class"],
             registry=registry,
         )
         self.inflight = Gauge(
@@ -34,21 +36,21 @@ class RouterMetrics:
         self.ttft = Histogram(
             "splitserve_router_ttft_seconds",
             "Time to first token seen by the router.",
-            ["path"],
+            ["path", "slo_class"],
             buckets=_TTFT_BUCKETS,
             registry=registry,
         )
         self.tpot = Histogram(
             "splitserve_router_tpot_seconds",
             "Mean time per output token after the first, per request.",
-            ["path"],
+            ["path", "slo_class"],
             buckets=_TPOT_BUCKETS,
             registry=registry,
         )
         self.e2e = Histogram(
             "splitserve_router_e2e_seconds",
             "End-to-end request latency.",
-            ["path"],
+            ["path", "slo_class"],
             buckets=_E2E_BUCKETS,
             registry=registry,
         )
@@ -70,6 +72,97 @@ class RouterMetrics:
             "splitserve_router_endpoints",
             "Known worker endpoints by role and state.",
             ["role", "state"],
+            registry=registry,
+        )
+        # -- SLO classes, admission, placement (METRICS_CONTRACT: the autoscaler reads these) --
+        self.slo_requests = Counter(
+            "splitserve_router_slo_requests",
+            "Finished requests that met both their TTFT and TPOT deadlines (met) or not.",
+            ["slo_class", "result"],
+            registry=registry,
+        )
+        self.slo_misses = Counter(
+            "splitserve_router_slo_misses",
+            "Deadlines missed, by which one (ttft / tpot).",
+            ["slo_class", "slo"],
+            registry=registry,
+        )
+        self.admission = Counter(
+            "splitserve_router_admission",
+            "Admission decisions (admitted / queued / shed / rejected).",
+            ["slo_class", "outcome"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "splitserve_router_queue_depth",
+            "Requests waiting in the router's EDF admission queue.",
+            ["slo_class"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "splitserve_router_queue_wait_seconds",
+            "Time requests spent in the admission queue.",
+            ["slo_class"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.placements = Counter(
+            "splitserve_router_placements",
+            "Placement decisions by path (disaggregated / aggregated) and reason.",
+            ["path", "reason"],
+            registry=registry,
+        )
+        self.prediction_error = Histogram(
+            "splitserve_router_prediction_error_tokens",
+            "abs(predicted - actual) output tokens per finished request.",
+            ["slo_class"],
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_length = Histogram(
+            "splitserve_router_prompt_length_tokens",
+            "Prompt length per request.",
+            ["slo_class"],
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.output_length = Histogram(
+            "splitserve_router_output_length_tokens",
+            "Output length per finished request.",
+            ["slo_class"],
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.slo_target = Gauge(
+            "splitserve_router_slo_target_seconds",
+            "The class's configured latency target.",
+            ["slo_class", "slo"],
+            registry=registry,
+        )
+        self.slo_attainment_target = Gauge(
+            "splitserve_router_slo_attainment_target",
+            "The class's attainment target (0..1).",
+            ["slo_class"],
+            registry=registry,
+        )
+        # -- honest under starvation (issue 17 item 5) --
+        self.stale_fallbacks = Counter(
+            "splitserve_router_stale_load_fallbacks",
+            "Times a worker's load report went stale while its stream stayed up: the router "
+            "placed on its own view (in-flight and reserved work) instead.",
+            ["role"],
+            registry=registry,
+        )
+        self.unavailable = Counter(
+            "splitserve_router_unavailable",
+            "Requests answered 503, by the condition that caused it.",
+            ["condition"],
+            registry=registry,
+        )
+        self.loop_lag = Histogram(
+            "splitserve_router_event_loop_lag_seconds",
+            "How late the router's event loop ran a timer (scheduling lag).",
+            buckets=_LAG_BUCKETS,
             registry=registry,
         )
 

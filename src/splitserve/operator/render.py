@@ -300,9 +300,11 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             "grpcPort": spec.engine.grpc_port,
         },
         "placement": {
-            "profile": spec.router.placement_profile,
+            "profile": spec.router.placement_profile.value,
             "disaggregation": spec.router.disaggregation.value,
+            "lengthPredictor": spec.router.length_predictor.value,
         },
+        "admission": {"queueCapacity": spec.router.admission_queue_capacity},
         "sloClasses": classes,
         "defaultSloClass": default_class,
     }

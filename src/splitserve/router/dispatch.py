@@ -7,6 +7,15 @@ re-running prompt + tokens already emitted with `Generate`, so the stream carrie
 token duplicated or lost. Ending a stream early (client gone, stop string) sends a best-effort
 `Cancel(request_id)` to every worker involved. Worker INVALID_ARGUMENT / OUT_OF_RANGE /
 RESOURCE_EXHAUSTED mean the request can never fit: `InvalidRequest`, never retried.
+
+SLO-aware placement: each request gets its class, deadlines and predicted output length
+(`SloRuntime`), passes admission (`Admission`: dispatch now, wait in the EDF queue, or 429), and
+is placed by the decider of `router.placementProfile` under `router.disaggregation`. The
+placement *reserves* its share on the chosen decode and prefill workers at decision time
+(`PoolView.ledger`), so simultaneous requests see each other; the reservation turns into the
+worker's own load once the call to it starts, and leaves the ledger when the request leaves the
+worker. Each decision is counted by path and reason; the request's latencies feed the latency
+model of the workers it used (`PoolView.latency`).
 """
 
 from __future__ import annotations
@@ -21,26 +30,30 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from splitserve.api.router import DispatchSettings, PlacementSettings
+from splitserve.api.router import DispatchSettings, PlacementSettings, SloSettings
 from splitserve.core.clock import Clock
+from splitserve.core.errors import ConfigError, NoEligibleEndpoint
 from splitserve.core.ids import EndpointId
 from splitserve.core.request import FinishReason, Request
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import (
+    Disaggregation,
+    EndpointView,
     Path,
     PdDecider,
     PdDeciderParams,
     Placement,
     RequestView,
-    build_profile,
-    default_decode_profile,
-    default_prefill_profile,
 )
 from splitserve.router import messages
+from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
 from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
+from splitserve.router.ledger import Ledger
 from splitserve.router.pool_view import PoolView
+from splitserve.router.profiles import build_decider
 from splitserve.router.request_stats import RequestStats, outcome_of
+from splitserve.router.slo import RequestSlo, SloRuntime
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +85,33 @@ class _WorkerFailed(Exception):  # noqa: N818 - internal signal
         self.unreachable = unreachable
 
 
-def default_decider(settings: PlacementSettings | None = None) -> PdDecider:
-    """The decider with the default decode and prefill profiles."""
+def default_decider(
+    settings: PlacementSettings | None = None, ledger: Ledger | None = None
+) -> PdDecider:
+    """The decider of `settings.profile` under `settings.disaggregation`, over `ledger`."""
+    settings = settings or PlacementSettings()
     params = PdDeciderParams(
-        min_prompt_tokens_for_pd=(settings or PlacementSettings()).min_prompt_tokens_for_pd
+        min_prompt_tokens_for_pd=settings.min_prompt_tokens_for_pd,
+        mode=Disaggregation(settings.disaggregation.value),
     )
-    return PdDecider(
-        build_profile(default_decode_profile()), build_profile(default_prefill_profile()), params
-    )
+    return build_decider(settings.profile.value, ledger or Ledger(), params)
+
+
+def unavailable_condition(views: list[EndpointView]) -> str:
+    """The bounded label of why no decode-capable worker takes work (the 503's condition)."""
+    decode = [v for v in views if v.role.can_decode or not v.ready]
+    if not views:
+        return "no_workers"
+    if not decode:
+        return "no_decode_role"
+    for cond, hit in (
+        ("not_ready", lambda v: not v.ready),
+        ("fenced", lambda v: v.fenced),
+        ("draining", lambda v: v.draining),
+    ):
+        if all(hit(v) for v in decode):
+            return cond
+    return "mixed_conditions"
 
 
 class Dispatcher:
@@ -93,13 +125,22 @@ class Dispatcher:
         metrics: RouterMetrics,
         settings: DispatchSettings | None = None,
         decider: PdDecider | None = None,
+        slo: SloSettings | None = None,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.metrics = metrics
         self.settings = settings or DispatchSettings()
-        self.decider = decider or default_decider()
+        self.decider = decider or default_decider(ledger=pool.ledger)
         self.canceller = Canceller(self.settings.cancel_timeout_s)
+        self.slo = SloRuntime(slo or SloSettings(), clock, metrics)
+        self.admission = Admission(
+            pool,
+            self.slo.settings,
+            clock=clock,
+            metrics=metrics,
+            tightest_ttft_s=self.slo.tightest_ttft_s,
+        )
 
     def open(self, request: Request) -> Dispatch:
         """A dispatch for `request`; nothing runs until its `chunks()` are iterated."""
@@ -108,6 +149,7 @@ class Dispatcher:
     async def drain_background(self) -> None:
         """Wait for the cancels still going out (at shutdown, and in tests)."""
         await self.canceller.drain()
+        await self.admission.close()
 
 
 class Dispatch:
@@ -122,8 +164,22 @@ class Dispatch:
         self.endpoints: dict[EndpointId, worker_pb2_grpc.WorkerAsyncStub] = {}
         """Every worker the request was sent to."""
         self._stopped = False
-        self._stats = RequestStats(dispatcher.metrics, dispatcher.clock, request.num_prompt_tokens)
+        try:
+            self.slo: RequestSlo = dispatcher.slo.for_request(request)
+        except (ConfigError, ValueError) as err:  # the edges check first; gRPC callers too
+            raise InvalidRequest(str(err), getattr(err, "param", "x-slo-class")) from err
+        self._stats = RequestStats(
+            dispatcher.metrics, dispatcher.clock, request.num_prompt_tokens, self.slo.label
+        )
         self._deadline_s = self._stats.start_s + dispatcher.settings.request_timeout_s
+        self._ledger_eps: set[EndpointId] = set()
+        """Workers holding a ledger entry (reservation or running share) of this request."""
+        self._decode_eid: EndpointId | None = None
+        self._decode_batch = 0
+        """The decode worker's batch (with this request) when placed: the latency model's x."""
+        self._prefill_eid: EndpointId | None = None
+        self._call_start_s: dict[EndpointId, tuple[float, int]] = {}
+        """Per worker: when its call started and the prefill tokens ahead of ours then."""
 
     @property
     def num_output_tokens(self) -> int:
@@ -147,11 +203,23 @@ class Dispatch:
         self._stats.start()
         finished, error = False, None
         try:
-            self.placement = self._place()
+            d = self._d
+            await d.admission.enter(self.request.id, self.request.num_prompt_tokens, self.slo)
+            try:
+                self.placement = self._place()
+            finally:
+                d.admission.placed(self.request.num_prompt_tokens)
             self.path = self.placement.path
             async with contextlib.aclosing(self._run(self.placement)) as run:
                 async for chunk in run:
+                    first = self._stats.first_token_s is None
                     self._stats.on_tokens(len(chunk.token_ids), self._path_label())
+                    if first and self._stats.first_token_s is not None:
+                        self._observe_first_token()
+                    if self._decode_eid is not None:
+                        d.pool.ledger.progress(
+                            self._decode_eid, self.request.id, self._stats.num_output_tokens
+                        )
                     # Set before yielding: a consumer may close us as soon as it has the last one.
                     finished = chunk.finish_reason is not None
                     yield chunk
@@ -161,19 +229,49 @@ class Dispatch:
                 raise WorkersFailed("the worker stream ended without a finish reason")
         except BaseException as err:
             error = err
+            if isinstance(err, NoEligibleEndpoint):
+                cond = unavailable_condition(self._d.pool.views())
+                self._d.metrics.unavailable.labels(cond).inc()
+                log.warning(
+                    "request %s: no worker can take it (%s): %s", self.request.id, cond, err
+                )
             raise
         finally:
             if not finished and self.endpoints:
                 self._d.canceller.cancel_later(self.request.id, dict(self.endpoints))
+            for eid in self._ledger_eps:
+                self._d.pool.ledger.drop(eid, self.request.id)
             outcome = outcome_of(error, ended_on_purpose=finished or self._stopped)
             self._stats.finish(outcome, self._path_label())
+            if outcome == "ok":
+                self._observe_finish()
 
     def _place(self) -> Placement:
-        req = self.request
+        req, d = self.request, self._d
+        now_s = d.clock.now_s()
+        dl = self.slo.deadlines
         view = RequestView(
-            req.id, req.num_prompt_tokens, req.sampling.max_tokens, slo_class=req.slo_class
+            req.id,
+            req.num_prompt_tokens,
+            req.sampling.max_tokens,
+            slo_class=req.slo_class,
+            predicted_output_tokens=self.slo.predicted_output_tokens,
+            ttft_budget_s=dl.ttft_deadline_s - now_s
+            if dl.ttft_deadline_s != float("inf")
+            else None,
+            tpot_target_s=dl.tpot_s,
         )
-        placement = self._d.decider.place(view, self._d.pool.views())
+        views = d.pool.views()
+        placement = d.decider.place(view, views)
+        d.metrics.placements.labels(placement.path.value, placement.reason).inc()
+        by_id = {v.id: v for v in views}
+        # Reserve at decision time: the next placement (even in this same instant) sees it.
+        dv = by_id.get(placement.decode[0])
+        if dv is not None:
+            self._decode_batch = dv.batch + 1
+        self._reserve(placement.decode[0], dv, prefill=False)
+        if placement.prefill:
+            self._reserve(placement.prefill[0], by_id.get(placement.prefill[0]), prefill=True)
         log.debug(
             "placed %s: %s P=%s D=%s (%s)",
             req.id,
@@ -183,6 +281,46 @@ class Dispatch:
             placement.reason,
         )
         return placement
+
+    def _reserve(self, eid: EndpointId, v: EndpointView | None, *, prefill: bool) -> None:
+        self._d.pool.ledger.reserve(
+            eid,
+            self.request.id,
+            prefill=prefill,
+            num_prompt_tokens=self.request.num_prompt_tokens,
+            predicted_output_tokens=self.slo.predicted_output_tokens,
+            block_size=v.kv_block_size if v is not None else 16,
+        )
+        self._ledger_eps.add(eid)
+
+    def _observe_first_token(self) -> None:
+        """Feed the latency model: queue + prefill time of the worker that made token one."""
+        first_s = self._stats.first_token_s
+        eid = self._prefill_eid if self.path is Path.DISAGGREGATED else self._decode_eid
+        started = self._call_start_s.get(eid) if eid is not None else None
+        if first_s is None or eid is None or started is None:
+            return
+        start_s, ahead = started
+        self._d.pool.latency.observe_prefill(
+            eid, ahead + self.request.num_prompt_tokens, first_s - start_s
+        )
+
+    def _observe_finish(self) -> None:
+        st = self._stats
+        if self._decode_eid is not None and st.tpot_s is not None and self._decode_batch:
+            self._d.pool.latency.observe_decode(self._decode_eid, self._decode_batch, st.tpot_s)
+        end_s = st.end_s if st.end_s is not None else self._d.clock.now_s()
+        arrival = self.request.arrival_s
+        ttft = None if st.first_token_s is None else st.first_token_s - arrival
+        self._d.slo.finished(
+            self.slo,
+            self.request,
+            st.num_output_tokens,
+            ttft,
+            st.tpot_s,
+            end_s - arrival,
+            truncated=False,
+        )
 
     async def _run(self, placement: Placement) -> AsyncGenerator[Chunk, None]:
         first: worker_pb2.PrefillResponse | None = None
@@ -208,7 +346,7 @@ class Dispatch:
         for i, eid in enumerate(candidates):
             if i:
                 self._fallback("prefill_retry")
-            stub = self._involve(eid)
+            stub = self._involve(eid, prefill=True)
             if stub is None:
                 continue
             self._d.pool.acquire(eid)
@@ -223,6 +361,9 @@ class Dispatch:
                 continue
             finally:
                 self._d.pool.release(eid)
+                # The prompt is computed (or failed): no more prefill work of ours there.
+                self._d.pool.ledger.drop(eid, req.id)
+                self._ledger_eps.discard(eid)
             if resp.finish_reason in (
                 common_pb2.FINISH_REASON_ERROR,
                 common_pb2.FINISH_REASON_CANCELLED,
@@ -300,12 +441,28 @@ class Dispatch:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _involve(self, eid: EndpointId) -> worker_pb2_grpc.WorkerAsyncStub | None:
+    def _involve(
+        self, eid: EndpointId, *, prefill: bool = False
+    ) -> worker_pb2_grpc.WorkerAsyncStub | None:
+        pool = self._d.pool
         try:
-            stub = self._d.pool.stub(eid)
+            stub = pool.stub(eid)
         except KeyError:
             return None  # removed from the pool since placement
         self.endpoints[eid] = stub
+        # The ledger entry (reserved at placement, or new for a fallback worker) now runs there.
+        if eid not in self._ledger_eps:
+            self._reserve(eid, None, prefill=prefill)
+        try:
+            ahead = pool.view(eid).pending_prefill_tokens
+        except KeyError:
+            ahead = 0
+        pool.ledger.start(eid, self.request.id)
+        self._call_start_s[eid] = (self._d.clock.now_s(), ahead)
+        if prefill:
+            self._prefill_eid = eid
+        else:
+            self._decode_eid = eid
         return stub
 
     def _drop_kv(self, first: worker_pb2.PrefillResponse | None) -> None:

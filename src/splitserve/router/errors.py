@@ -26,3 +26,14 @@ class WorkersFailed(EngineError):  # noqa: N818
 
 class RequestTimeout(SplitserveError):  # noqa: N818
     """The request ran past the router's request timeout."""
+
+
+class Overloaded(SplitserveError):  # noqa: N818 - reads as a condition
+    """The router refuses the request for now (admission): HTTP 429 with `Retry-After`,
+    gRPC RESOURCE_EXHAUSTED. Shed (a sheddable class that cannot meet its SLO) or rejected
+    (the admission queue is full of requests that may not be shed)."""
+
+    def __init__(self, message: str, retry_after_s: float, slo_class: str) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.slo_class = slo_class

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from splitserve.core.clock import Clock
 from splitserve.core.ids import RequestId, SloClassName
-from splitserve.core.request import DEFAULT_SLO_CLASS, FinishReason, Request, SamplingSpec
+from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.policy.admission import SloOverrides, UnknownSloClass
+from splitserve.policy.admission.classes import BadOverride
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import InvalidRequest
@@ -32,7 +34,10 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    slo_class: str = DEFAULT_SLO_CLASS.name
+    slo_class: str = ""
+    """The `x-slo-class` header; empty: the service's default class."""
+    slo_overrides: tuple[tuple[str, str], ...] = ()
+    """(`x-slo-ttft-ms` / `x-slo-tpot-ms`, milliseconds) as the client sent them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,10 @@ class TextChunk:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     path: str = ""
+
+
+def _ms(value: str | None) -> float | None:
+    return None if value is None else float(value) / 1000
 
 
 class Generator:
@@ -112,13 +121,33 @@ class Generator:
             )
         except ValueError as err:
             raise InvalidRequest(str(err)) from err
+        slo_class = self._slo_class(params)
         return Request(
             id=RequestId(request_id),
             prompt_token_ids=tuple(prompt_token_ids),
             sampling=sampling,
             arrival_s=self.clock.now_s(),
-            slo_class=SloClassName(params.slo_class or DEFAULT_SLO_CLASS.name),
+            slo_class=SloClassName(slo_class),
+            tags=params.slo_overrides,
         )
+
+    def _slo_class(self, params: GenerationParams) -> str:
+        """The request's SLO class (the default when unnamed), its overrides checked."""
+        slo = self.dispatcher.slo
+        overrides = dict(params.slo_overrides)
+        try:
+            cls = slo.check(
+                params.slo_class,
+                SloOverrides(
+                    ttft_s=_ms(overrides.get("x-slo-ttft-ms")),
+                    tpot_s=_ms(overrides.get("x-slo-tpot-ms")),
+                ),
+            )
+        except BadOverride as err:
+            raise InvalidRequest(str(err), err.param) from err
+        except UnknownSloClass as err:
+            raise InvalidRequest(f"x-slo-class: {err}", "x-slo-class") from err
+        return cls.name
 
     async def stream(
         self, request: Request, stop: Sequence[str] = ()

@@ -16,8 +16,8 @@ import grpc
 
 from splitserve._gen.v1 import common_pb2, router_pb2, router_pb2_grpc
 from splitserve.core.errors import NoEligibleEndpoint, SplitserveError
-from splitserve.core.request import DEFAULT_SLO_CLASS, FinishReason, Request
-from splitserve.router.errors import InvalidRequest, RequestTimeout
+from splitserve.core.request import FinishReason, Request
+from splitserve.router.errors import InvalidRequest, Overloaded, RequestTimeout
 from splitserve.router.generation import GenerationParams, Generator
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ def status_for(err: SplitserveError) -> grpc.StatusCode:
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(err, NoEligibleEndpoint):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(err, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.UNAVAILABLE
 
 
@@ -52,7 +54,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
             prompt_ids = list(msg.prompt_token_ids.ids)
         else:
             raise InvalidRequest("set prompt or prompt_token_ids", "input")
-        params = GenerationParams(slo_class=msg.slo_class or DEFAULT_SLO_CLASS.name)
+        params = GenerationParams(slo_class=msg.slo_class)
         if msg.HasField("sampling"):
             s = msg.sampling
             params = GenerationParams(

@@ -40,6 +40,7 @@ from splitserve.router.pool_view import PoolView
 log = logging.getLogger(__name__)
 
 _SLO_HEADER = "x-slo-class"
+_SLO_OVERRIDE_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")
 
 
 class OpenAiApi:
@@ -98,7 +99,8 @@ class OpenAiApi:
             seed=req.seed,
             stop=req.stop_strings(),
             ignore_eos=req.ignore_eos,
-            slo_class=http.headers.get(_SLO_HEADER) or "default",
+            slo_class=http.headers.get(_SLO_HEADER) or "",
+            slo_overrides=_slo_overrides(http),
         )
 
     def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
@@ -154,6 +156,24 @@ class OpenAiApi:
             return api_error_from(err).response()
         body = stream_body(fmt, first, chunks, include_usage=req.include_usage)
         return StreamingResponse(body, media_type="text/event-stream")
+
+
+def _slo_overrides(http: HttpRequest) -> tuple[tuple[str, str], ...]:
+    out = []
+    for header in _SLO_OVERRIDE_HEADERS:
+        value = http.headers.get(header)
+        if value is None:
+            continue
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = float("nan")
+        if not 0 < ms < float("inf"):
+            raise ApiError(
+                400, f"{header}: must be a positive number of milliseconds", param=header
+            )
+        out.append((header, repr(ms)))
+    return tuple(out)
 
 
 def create_app(

@@ -1,7 +1,8 @@
 """OpenAI-style errors: `{"error": {message, type, param, code}}` with the matching status.
 
-Serving errors map as: `InvalidRequest` -> 400, `NoEligibleEndpoint` -> 503, `RequestTimeout`
--> 504, any other `SplitserveError` (every worker failed) -> 503, anything else -> 500.
+Serving errors map as: `InvalidRequest` -> 400, `Overloaded` (admission) -> 429 with
+`Retry-After`, `NoEligibleEndpoint` -> 503 naming the condition, `RequestTimeout` -> 504, any
+other `SplitserveError` (every worker failed) -> 503, anything else -> 500.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from splitserve.core.errors import NoEligibleEndpoint, SplitserveError
-from splitserve.router.errors import InvalidRequest, RequestTimeout
+from splitserve.router.errors import InvalidRequest, Overloaded, RequestTimeout
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type_
@@ -45,13 +48,18 @@ class ApiError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def api_error_from(err: BaseException) -> ApiError:
     """Map a serving error to its HTTP status and OpenAI error type."""
     if isinstance(err, InvalidRequest):
         return ApiError(400, str(err), param=err.param)
+    if isinstance(err, Overloaded):
+        retry = str(max(1, int(err.retry_after_s)))
+        return ApiError(
+            429, str(err), "requests", code="rate_limit_exceeded", headers={"Retry-After": retry}
+        )
     if isinstance(err, NoEligibleEndpoint):
         return ApiError(503, f"no worker can take the request: {err}", "service_unavailable")
     if isinstance(err, RequestTimeout):

@@ -3,8 +3,12 @@
 Each endpoint (id = its gRPC address) keeps one `grpc.aio` channel and one `WatchLoad` stream; the
 worker pushes a `LoadReport` about every 100 ms. When the stream breaks the endpoint is marked not
 ready and the stream is re-opened with exponential back-off. A report older than `stale_after_s`
-also counts as not ready. Placement reads frozen `EndpointView`s from `views()`; nothing here
-decides where a request goes.
+is not trusted: while its stream stays up the endpoint stays ready, but its load is the router's
+own view (its in-flight and reserved work, `Ledger`) instead of the stale report; that is logged
+at WARNING and counted (`splitserve_router_stale_load_fallbacks_total`), never silently turned
+into a 503. Each view carries the reservations placed on the worker and not yet started (so
+simultaneous placements see each other) and the latency model fitted for it (`LatencyBook`).
+Placement reads frozen `EndpointView`s from `views()`; nothing here decides where a request goes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from splitserve.core.ids import EndpointId
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
+from splitserve.router.latency import LatencyBook
+from splitserve.router.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,8 @@ class _Endpoint:
     connected: bool = False
     fenced: bool = False
     inflight: int = 0
+    stale: bool = False
+    """The report went stale while the stream stayed up (logged once per episode)."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -74,6 +82,11 @@ class PoolView:
         self._initial = list(dict.fromkeys(addresses))
         self._started = False
         self._changed = asyncio.Event()
+        self.ledger = Ledger()
+        """The router's own record of the work placed on each worker."""
+        self.latency = LatencyBook()
+        """Latency models fitted online per worker."""
+        self._listeners: list[Callable[[], None]] = []
 
     async def __aenter__(self) -> PoolView:
         await self.start()
@@ -125,6 +138,8 @@ class PoolView:
             with contextlib.suppress(asyncio.CancelledError):
                 await ep.task
         await ep.channel.close()
+        self.ledger.forget(ep.id)
+        self.latency.forget(ep.id)
         log.info("stopped watching worker %s", eid)
         self._notify()
 
@@ -164,6 +179,10 @@ class PoolView:
         now_s = self._clock.now_s()
         return [self._view(self._endpoints[eid], now_s) for eid in sorted(self._endpoints)]
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` after every change (membership, fencing, load reports)."""
+        self._listeners.append(listener)
+
     async def wait_for(
         self, predicate: Callable[[PoolView], bool], timeout_s: float | None = None
     ) -> None:
@@ -187,30 +206,77 @@ class PoolView:
 
     def _view(self, ep: _Endpoint, now_s: float) -> EndpointView:
         r = ep.report
-        fresh = now_s - ep.report_at_s <= self._settings.stale_after_s
+        res = self.ledger.reserved(ep.id)
+        inflight = ep.inflight + res.requests
         if r is None:
+            return EndpointView(ep.id, Role.MIXED, ready=False, fenced=ep.fenced, inflight=inflight)
+        stale = ep.connected and now_s - ep.report_at_s > self._settings.stale_after_s
+        if stale != ep.stale:
+            self._stale_changed(ep, stale, now_s)
+        rate, base, per = self.latency.estimates(ep.id)
+        role = _ROLES.get(r.role, Role.MIXED)
+        if stale:
+            # The router's own view: what it has in flight and reserved there, on the last
+            # known capacity (started work is counted by `inflight`, its KV is not known).
             return EndpointView(
-                ep.id, Role.MIXED, ready=False, fenced=ep.fenced, inflight=ep.inflight
+                id=ep.id,
+                role=role,
+                ready=r.role in _ROLES,
+                fenced=ep.fenced,
+                draining=r.draining,
+                kv_free_blocks=max(0, r.kv_blocks_total - res.kv_blocks),
+                kv_total_blocks=r.kv_blocks_total,
+                kv_block_size=r.kv_block_size or 16,
+                pending_prefill_tokens=sum(
+                    e.num_prompt_tokens for e in self.ledger.entries(ep.id) if e.prefill
+                ),
+                inflight=inflight,
+                prefill_tokens_per_s=rate,
+                decode_step_base_s=base,
+                decode_step_per_seq_s=per,
             )
         return EndpointView(
             id=ep.id,
-            role=_ROLES.get(r.role, Role.MIXED),
-            ready=ep.connected and fresh and r.role in _ROLES,
+            role=role,
+            ready=ep.connected and r.role in _ROLES,
             fenced=ep.fenced,
             draining=r.draining,
             num_waiting=r.num_waiting,
             num_running=r.num_running,
-            kv_free_blocks=r.kv_blocks_free,
+            kv_free_blocks=max(0, r.kv_blocks_free - res.kv_blocks),
             kv_total_blocks=r.kv_blocks_total,
             kv_block_size=r.kv_block_size or 16,
-            pending_prefill_tokens=r.num_pending_prefill_tokens,
-            inflight=ep.inflight,
+            pending_prefill_tokens=r.num_pending_prefill_tokens + res.prefill_tokens,
+            inflight=inflight,
+            prefill_tokens_per_s=rate,
+            decode_step_base_s=base,
+            decode_step_per_seq_s=per,
         )
+
+    def _stale_changed(self, ep: _Endpoint, stale: bool, now_s: float) -> None:
+        ep.stale = stale
+        if stale:
+            age = now_s - ep.report_at_s
+            log.warning(
+                "load report of %s is %.1f s old (stale after %.1f s) while its stream is up: "
+                "placing on the router's own view of it (in-flight and reserved work) until "
+                "reports resume; a starved CPU on the router or the worker delays reports",
+                ep.id,
+                age,
+                self._settings.stale_after_s,
+            )
+            if self._metrics is not None and ep.report is not None:
+                role = _ROLES.get(ep.report.role, Role.MIXED)
+                self._metrics.stale_fallbacks.labels(role.value).inc()
+        else:
+            log.warning("load reports of %s are fresh again", ep.id)
 
     def _notify(self) -> None:
         self._changed.set()
         if self._metrics is not None:
             self._update_gauge()
+        for listener in self._listeners:
+            listener()
 
     def _update_gauge(self) -> None:
         assert self._metrics is not None
@@ -240,6 +306,8 @@ class PoolView:
                     if ep.report is not None and 0 < report.seq <= ep.report.seq and ep.connected:
                         continue  # reordered or replayed
                     ep.report, ep.report_at_s, ep.connected = report, self._clock.now_s(), True
+                    if ep.stale:
+                        self._stale_changed(ep, False, ep.report_at_s)
                     got_report = True
                     self._notify()
                 log.warning("load stream of %s ended", ep.id)

@@ -27,6 +27,7 @@ from splitserve.router.discovery import KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
+from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.tokenizer import TextTokenizer
@@ -62,8 +63,10 @@ class RouterServer:
             clock=self.clock,
             metrics=self.metrics,
             settings=config.dispatch,
-            decider=default_decider(config.placement),
+            decider=default_decider(config.placement, self.pool.ledger),
+            slo=config.slo,
         )
+        self.loop_lag = LoopLagMonitor(self.metrics, self.clock)
         self.discovery: KubernetesDiscovery | None = None
         if config.discovery is not None:
             self.discovery = KubernetesDiscovery(self.pool, config.discovery, pod_source)
@@ -86,6 +89,7 @@ class RouterServer:
             default_max_tokens=self.config.default_max_tokens,
         )
         await self.pool.start()
+        self.loop_lag.start()
         if self.discovery is not None:
             await self.discovery.start()
         if self.config.grpc_port is not None:
@@ -150,6 +154,7 @@ class RouterServer:
         if self.discovery is not None:
             await self.discovery.stop()
         await self.pool.close()
+        await self.loop_lag.stop()
         log.info("router stopped")
 
 

@@ -212,4 +212,10 @@ def test_killing_the_prefill_worker_falls_back_to_aggregated(stack: dict[str, Pr
     assert path == "aggregated"
     assert after_ids == before_ids
     router_port = stack["router"].info["port"]
-    assert _metric(router_port, "splitserve_router_requests_total", path="aggregated", outcome="ok")
+    assert _metric(
+        router_port,
+        "splitserve_router_requests_total",
+        path="aggregated",
+        slo_class="default",
+        outcome="ok",
+    )

@@ -12,11 +12,11 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from splitserve.api.router import DispatchSettings, PoolSettings
+from splitserve.api.router import DispatchSettings, PlacementSettings, PoolSettings, SloSettings
 from splitserve.core.clock import SystemClock
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
-from splitserve.router.dispatch import Dispatcher
+from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
@@ -99,6 +99,8 @@ async def make_stack(tokenizer: TextTokenizer) -> AsyncIterator[StackFactory]:
         max_model_len: int = 4096,
         default_max_tokens: int = 256,
         dispatch: DispatchSettings | None = None,
+        slo: SloSettings | None = None,
+        placement: PlacementSettings | None = None,
         wait: bool = True,
     ) -> Stack:
         clock = SystemClock()
@@ -108,7 +110,14 @@ async def make_stack(tokenizer: TextTokenizer) -> AsyncIterator[StackFactory]:
             [w.address for w in workers], clock=clock, settings=FAST_POOL, metrics=metrics
         )
         await pool.start()
-        dispatcher = Dispatcher(pool, clock=clock, metrics=metrics, settings=dispatch)
+        dispatcher = Dispatcher(
+            pool,
+            clock=clock,
+            metrics=metrics,
+            settings=dispatch,
+            slo=slo,
+            decider=None if placement is None else default_decider(placement, pool.ledger),
+        )
         generator = Generator(
             dispatcher,
             tokenizer,

@@ -57,9 +57,27 @@ async def test_disaggregated_happy_path(
     await stack.dispatcher.drain_background()
     assert p.cancelled == []
     assert d.cancelled == []
-    assert stack.sample("splitserve_router_requests_total", outcome="ok", path="disaggregated") == 1
-    assert stack.sample("splitserve_router_ttft_seconds_count", path="disaggregated") == 1
-    assert stack.sample("splitserve_router_tpot_seconds_count", path="disaggregated") == 1
+    assert (
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="ok",
+            path="disaggregated",
+            slo_class="default",
+        )
+        == 1
+    )
+    assert (
+        stack.sample(
+            "splitserve_router_ttft_seconds_count", path="disaggregated", slo_class="default"
+        )
+        == 1
+    )
+    assert (
+        stack.sample(
+            "splitserve_router_tpot_seconds_count", path="disaggregated", slo_class="default"
+        )
+        == 1
+    )
     assert stack.sample("splitserve_router_completion_tokens_total") == 5
     assert stack.sample("splitserve_router_prompt_tokens_total") == len(PROMPT)
     assert stack.sample("splitserve_router_inflight_requests") == 0
@@ -117,7 +135,12 @@ async def test_aggregated_fallback_when_every_prefill_fails(
     assert dispatch.path is not None
     assert dispatch.path.value == "aggregated"
     assert stack.sample("splitserve_router_fallbacks_total", reason="prefill_to_aggregated") == 1
-    assert stack.sample("splitserve_router_requests_total", outcome="ok", path="aggregated") == 1
+    assert (
+        stack.sample(
+            "splitserve_router_requests_total", outcome="ok", path="aggregated", slo_class="default"
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize(
@@ -139,7 +162,12 @@ async def test_request_that_can_never_fit_is_rejected(
         await _run(stack.dispatcher.open(_request()))
     assert d.names() == []  # no fallback for a request that cannot fit anywhere
     assert (
-        stack.sample("splitserve_router_requests_total", outcome="rejected", path="disaggregated")
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="rejected",
+            path="disaggregated",
+            slo_class="default",
+        )
         == 1
     )
 
@@ -196,7 +224,15 @@ async def test_every_decode_worker_failing_is_an_error(
     stack = await make_stack(d1, d2)
     with pytest.raises(WorkersFailed):
         await _run(stack.dispatcher.open(_request()))
-    assert stack.sample("splitserve_router_requests_total", outcome="error", path="aggregated") == 1
+    assert (
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="error",
+            path="aggregated",
+            slo_class="default",
+        )
+        == 1
+    )
 
 
 async def test_no_decode_worker_is_no_eligible_endpoint(
@@ -207,7 +243,15 @@ async def test_no_decode_worker_is_no_eligible_endpoint(
     with pytest.raises(NoEligibleEndpoint):
         await _run(stack.dispatcher.open(_request()))
     assert p.names() == []
-    assert stack.sample("splitserve_router_requests_total", outcome="unavailable", path="none") == 1
+    assert (
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="unavailable",
+            path="none",
+            slo_class="default",
+        )
+        == 1
+    )
 
 
 async def test_fenced_decode_worker_gets_no_work(
@@ -251,7 +295,12 @@ async def test_cancelling_the_consumer_cancels_prefill_and_decode_workers(
     assert d.cancelled == ["gone"]
     await stack.dispatcher.drain_background()
     assert (
-        stack.sample("splitserve_router_requests_total", outcome="cancelled", path="disaggregated")
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="cancelled",
+            path="disaggregated",
+            slo_class="default",
+        )
         == 1
     )
     assert stack.sample("splitserve_router_inflight_requests") == 0
@@ -264,7 +313,13 @@ async def test_request_timeout(make_worker: WorkerFactory, make_stack: StackFact
     with pytest.raises(RequestTimeout):
         await _run(stack.dispatcher.open(_request()))
     assert (
-        stack.sample("splitserve_router_requests_total", outcome="timeout", path="aggregated") == 1
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="timeout",
+            path="aggregated",
+            slo_class="default",
+        )
+        == 1
     )
 
 
@@ -290,4 +345,9 @@ async def test_stop_string_cuts_text_and_cancels_workers(
     await d.wait_call("Cancel")
     assert d.cancelled == ["s1"]
     await stack.dispatcher.drain_background()
-    assert stack.sample("splitserve_router_requests_total", outcome="ok", path="aggregated") == 1
+    assert (
+        stack.sample(
+            "splitserve_router_requests_total", outcome="ok", path="aggregated", slo_class="default"
+        )
+        == 1
+    )

@@ -8,6 +8,8 @@ from typing import Any
 import grpc
 import pytest
 
+from splitserve.api import v1alpha1 as v1
+from splitserve.api.router import SloSettings
 from splitserve.core.roles import Role
 from splitserve.router.tokenizer import TextTokenizer
 from tests.unit.router.conftest import MODEL, StackFactory, WorkerFactory
@@ -277,7 +279,15 @@ async def test_failure_mid_stream_is_an_error_event(
     events = _events(r.text)
     assert events[-1] == "[DONE]"
     assert events[-2]["error"]["type"] == "server_error"
-    assert stack.sample("splitserve_router_requests_total", outcome="error", path="aggregated") == 1
+    assert (
+        stack.sample(
+            "splitserve_router_requests_total",
+            outcome="error",
+            path="aggregated",
+            slo_class="default",
+        )
+        == 1
+    )
 
 
 async def test_info_routes(
@@ -296,7 +306,10 @@ async def test_info_routes(
     assert ready.status_code == 200
     assert ready.json()["decode_endpoints"] == 1
     assert metrics.status_code == 200
-    assert 'splitserve_router_requests_total{outcome="ok",path="aggregated"} 1.0' in metrics.text
+    assert (
+        'splitserve_router_requests_total{outcome="ok",path="aggregated",slo_class="default"} 1.0'
+        in metrics.text
+    )
     assert all(line.startswith(("#", "splitserve_")) for line in metrics.text.splitlines() if line)
     assert missing.status_code == 404
     assert missing.json()["error"]["type"] == "invalid_request_error"
@@ -316,7 +329,8 @@ async def test_single_token_stream_over_prefill_and_decode(
 ) -> None:
     p = await make_worker(Role.PREFILL)
     d = await make_worker(Role.DECODE)
-    stack = await make_stack(p, d)
+    interactive = v1.SloClassSpec(name="interactive", ttft_ms=500, tpot_ms=50)
+    stack = await make_stack(p, d, slo=SloSettings(classes=(interactive,)))
     async with stack.client() as client:
         r = await client.post(
             "/v1/completions",

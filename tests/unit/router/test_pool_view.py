@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from prometheus_client import CollectorRegistry
 
 from splitserve.api.router import PoolSettings
 from splitserve.core.clock import ManualClock, SystemClock
+from splitserve.core.ids import EndpointId
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
@@ -108,16 +111,48 @@ async def test_reopens_a_load_stream_that_ends(make_worker: WorkerFactory) -> No
         await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
 
 
-async def test_stale_reports_mean_not_ready(make_worker: WorkerFactory) -> None:
+async def test_stale_reports_fall_back_to_the_routers_own_view(
+    make_worker: WorkerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 17 item 5: a stale report (stream still up) never silently makes a worker
+    unusable: the router places on its own in-flight and reserved work, says so at WARNING
+    and counts it."""
     d = await make_worker(Role.DECODE)
     clock = ManualClock(100.0)
     settings = PoolSettings(load_interval_s=60.0, stale_after_s=2.0)  # one report, then quiet
-    async with PoolView([d.address], clock=clock, settings=settings) as pool:
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    async with PoolView([d.address], clock=clock, settings=settings, metrics=metrics) as pool:
         await pool.wait_for(lambda pv: _ready(pv, d.address), 10)
+        eid = EndpointId(d.address)
+        pool.ledger.reserve(
+            eid,
+            "r1",
+            prefill=False,
+            num_prompt_tokens=20,
+            predicted_output_tokens=12,
+            block_size=16,
+        )
         clock.advance(1.9)
-        assert pool.view(d.address).ready
+        fresh = pool.view(d.address)
+        assert fresh.ready
+        assert fresh.inflight == 1
         clock.advance(0.2)
-        assert not pool.view(d.address).ready
+        with caplog.at_level(logging.WARNING, logger="splitserve.router.pool_view"):
+            stale = pool.view(d.address)
+            pool.view(d.address)  # logged and counted once per episode
+        assert stale.ready
+        assert stale.accepts_work
+        assert stale.inflight == 1  # the router's own view
+        assert stale.num_running == 0
+        assert stale.num_waiting == 0
+        assert stale.kv_free_blocks == fresh.kv_total_blocks - 2
+        assert [r.levelno for r in caplog.records] == [logging.WARNING]
+        assert "own view" in caplog.records[0].getMessage()
+        value = registry.get_sample_value(
+            "splitserve_router_stale_load_fallbacks_total", {"role": "decode"}
+        )
+        assert value == 1
 
 
 async def test_unreachable_address_is_never_ready() -> None:

@@ -150,7 +150,7 @@ async def test_whole_response_disconnect_cancels_the_worker(
     await m.wait_call("Cancel")
     assert m.cancelled == [m.requests("Generate")[0].request_id]
     await server.dispatcher.drain_background()
-    labels = {"outcome": "cancelled", "path": "aggregated"}
+    labels = {"outcome": "cancelled", "path": "aggregated", "slo_class": "default"}
     assert server.registry.get_sample_value("splitserve_router_requests_total", labels) == 1
 
 

@@ -10,7 +10,7 @@ from splitserve.policy.placement.base import (
     Scorer,
 )
 from splitserve.policy.placement.builtin import FILTERS, PICKERS, SCORERS
-from splitserve.policy.placement.decider import PdDecider, PdDeciderParams
+from splitserve.policy.placement.decider import Disaggregation, PdDecider, PdDeciderParams, why_none
 from splitserve.policy.placement.profile import (
     PluginSpec,
     Profile,
@@ -25,6 +25,7 @@ __all__ = [
     "FILTERS",
     "PICKERS",
     "SCORERS",
+    "Disaggregation",
     "EndpointView",
     "Filter",
     "Path",
@@ -41,4 +42,5 @@ __all__ = [
     "build_profile",
     "default_decode_profile",
     "default_prefill_profile",
+    "why_none",
 ]

@@ -36,7 +36,13 @@ class EndpointView:
     kv_block_size: Final[int]
     pending_prefill_tokens: Final[int]
     inflight: Final[int]
-    """Requests the router has sent and not yet seen finish (covers the gap between reports)."""
+    """Requests the router has sent or reserved here and not yet seen finish (covers the gap
+    between reports, and simultaneous placements: a reservation counts from decision time)."""
+    prefill_tokens_per_s: Final[float]
+    """The owner's fitted prefill throughput of this worker; 0 = no estimate yet."""
+    decode_step_base_s: Final[float]
+    """Fitted decode step time: base + per_seq * batch; both 0 = no estimate yet."""
+    decode_step_per_seq_s: Final[float]
 
     def __init__(
         self,
@@ -52,6 +58,9 @@ class EndpointView:
         kv_block_size: int = 16,
         pending_prefill_tokens: int = 0,
         inflight: int = 0,
+        prefill_tokens_per_s: float = 0.0,
+        decode_step_base_s: float = 0.0,
+        decode_step_per_seq_s: float = 0.0,
     ) -> None:
         self.id = id
         self.role = role
@@ -65,6 +74,14 @@ class EndpointView:
         self.kv_block_size = kv_block_size
         self.pending_prefill_tokens = pending_prefill_tokens
         self.inflight = inflight
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.decode_step_base_s = decode_step_base_s
+        self.decode_step_per_seq_s = decode_step_per_seq_s
+
+    @property
+    def batch(self) -> int:
+        """Requests on the worker as the router sees them (reported plus its own in flight)."""
+        return self.num_waiting + self.num_running + self.inflight
 
     @property
     def accepts_work(self) -> bool:
@@ -78,6 +95,10 @@ class RequestView:
     max_tokens: Final[int]
     slo_class: Final[SloClassName]
     predicted_output_tokens: Final[int | None]
+    ttft_budget_s: Final[float | None]
+    """Seconds left until the request's TTFT deadline at decision time (None: no SLO)."""
+    tpot_target_s: Final[float | None]
+    """The request's TPOT target (None: no SLO)."""
 
     def __init__(
         self,
@@ -86,12 +107,16 @@ class RequestView:
         max_tokens: int,
         slo_class: SloClassName = DEFAULT_SLO_CLASS.name,
         predicted_output_tokens: int | None = None,
+        ttft_budget_s: float | None = None,
+        tpot_target_s: float | None = None,
     ) -> None:
         self.id = id
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens
         self.slo_class = slo_class
         self.predicted_output_tokens = predicted_output_tokens
+        self.ttft_budget_s = ttft_budget_s
+        self.tpot_target_s = tpot_target_s
 
 
 class Filter(Protocol):

@@ -23,3 +23,7 @@ SCORERS.add("tetriinfer-p2c", "splitserve.policy.placement.tetriinfer:TetriPower
 FILTERS.add("splitwise-pool", "splitserve.policy.placement.splitwise:SplitwisePoolFilter")
 SCORERS.add("splitwise-overflow", "splitserve.policy.placement.splitwise:SplitwiseOverflow")
 SCORERS.add("aladdin-pack", "splitserve.policy.placement.aladdin:AladdinPacking")
+SCORERS.add("slo-ttft-headroom", "splitserve.policy.placement.slo:TtftHeadroom")
+SCORERS.add("slo-tpot-headroom", "splitserve.policy.placement.slo:TpotHeadroom")
+SCORERS.add("pastfuture-peak-kv", "splitserve.policy.placement.pastfuture:FuturePeakKv")
+PICKERS.add("fair-max-score", "splitserve.policy.placement.pickers:FairMaxScore")

@@ -21,3 +21,32 @@ class MaxScore:
 
 
 _conforms: tuple[type[Picker], ...] = (MaxScore,)
+
+
+class FairMaxScore:
+    """Highest total first; endpoints tied at the top take turns (a rotating offset), so equal
+    workers share a stream of requests instead of the smallest id taking every one.
+
+    Holds one counter (the rotation); deterministic for a given sequence of calls.
+    """
+
+    kind: ClassVar[str] = "fair-max-score"
+
+    def __init__(self, tolerance: float = 1e-9) -> None:
+        self.tolerance = tolerance
+        self._turn = 0
+
+    def order(self, totals: Mapping[EndpointId, float]) -> list[EndpointId]:
+        ranked = sorted(totals, key=lambda e: (-totals[e], e))
+        if len(ranked) < 2:
+            return ranked
+        best = totals[ranked[0]]
+        tied = [e for e in ranked if best - totals[e] <= self.tolerance]
+        if len(tied) < 2:
+            return ranked
+        k = self._turn % len(tied)
+        self._turn += 1
+        return tied[k:] + tied[:k] + ranked[len(tied) :]
+
+
+_conforms_fair: tuple[type[Picker], ...] = (FairMaxScore,)

@@ -57,9 +57,9 @@ def test_disaggregated_when_both_roles_available() -> None:
 @pytest.mark.parametrize(
     ("endpoints", "reason"),
     [
-        ([ep("d1")], "no prefill worker available"),
-        ([ep("d1"), ep("p1", Role.PREFILL, fenced=True)], "no prefill worker available"),
-        ([ep("d1"), ep("p1", Role.PREFILL, ready=False)], "no prefill worker available"),
+        ([ep("d1")], "no_prefill_worker"),
+        ([ep("d1"), ep("p1", Role.PREFILL, fenced=True)], "no_prefill_worker"),
+        ([ep("d1"), ep("p1", Role.PREFILL, ready=False)], "no_prefill_worker"),
     ],
     ids=["no-prefill", "prefill-fenced", "prefill-unready"],
 )
@@ -71,7 +71,7 @@ def test_aggregated_fallbacks(endpoints: list[EndpointView], reason: str) -> Non
 
 def test_short_prompts_run_aggregated() -> None:
     p = decider(min_pd=512).place(REQ, [ep("d1"), ep("p1", Role.PREFILL)])
-    assert (p.path, p.reason) == (Path.AGGREGATED, "short prompt")
+    assert (p.path, p.reason) == (Path.AGGREGATED, "short_prompt")
 
 
 def test_no_decode_worker_is_an_error() -> None:

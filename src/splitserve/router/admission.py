@@ -1,0 +1,223 @@
+"""Admission at the router's edge: the `policy.admission.AdmissionGate` driven live.
+
+Before a request is placed, `Admission.enter` asks the gate. Admitted: it goes on at once.
+Queued: it waits (EDF, priority first) until the pool has room, re-checked whenever the pool
+changes (load reports, fencing), a request leaves, and every `tick_s` while anything waits.
+Shed or rejected: `Overloaded` (HTTP 429 with `Retry-After` and an OpenAI-style body).
+
+`splitserve_router_admission_total` counts each arrival once, by its decision at arrival
+(admitted / queued / shed / rejected), so its rate summed over outcomes is the arrival rate. A
+queued request later shed ends with `splitserve_router_requests_total{outcome="shed"}`; one later
+admitted is in `splitserve_router_queue_wait_seconds`.
+
+Room for one more request (`has_room`):
+* with `max_outstanding_per_worker`: some decode-capable worker accepting work has fewer
+  requests in flight or reserved than the cap;
+* with a fitted latency model: the best prefill-capable worker's predicted backlog (pending
+  prefill tokens / fitted rate) is within `max_backlog_fraction` x the tightest TTFT target;
+* without either (cold start, no SLO numbers yet): always room, the wave-1 behaviour.
+Requests admitted from the queue but not yet placed count against the room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+
+from splitserve.api.router import SloSettings
+from splitserve.core.clock import Clock
+from splitserve.core.roles import Role
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.policy.admission import AdmissionGate, Entry, GateParams, Outcome
+from splitserve.policy.placement import EndpointView
+from splitserve.router.errors import Overloaded
+from splitserve.router.pool_view import PoolView
+from splitserve.router.slo import RequestSlo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    entry: Entry
+    future: asyncio.Future[None]
+    prompt_tokens: int
+
+
+class Admission:
+    def __init__(
+        self,
+        pool: PoolView,
+        settings: SloSettings,
+        *,
+        clock: Clock,
+        metrics: RouterMetrics,
+        tightest_ttft_s: float | None,
+        tick_s: float = 0.05,
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self.tick_s = tick_s
+        self.gate = AdmissionGate(GateParams(queue_capacity=settings.queue_capacity))
+        self._waiters: dict[str, _Waiter] = {}
+        self._admitting_requests = 0
+        self._admitting_tokens = 0
+        self._backlog_bound_s = (
+            None if tightest_ttft_s is None else settings.max_backlog_fraction * tightest_ttft_s
+        )
+        self._ticker: asyncio.Task[None] | None = None
+        pool.on_change(self.pump)
+
+    # -- room --------------------------------------------------------------------------------
+
+    def _prefill_side(self, views: list[EndpointView]) -> list[EndpointView]:
+        live = [v for v in views if v.accepts_work]
+        prefill = [v for v in live if v.role is Role.PREFILL]
+        return prefill or [v for v in live if v.role.can_decode]
+
+    def backlog_s(self, extra_tokens: int = 0) -> float | None:
+        """Predicted seconds before a new prompt starts prefilling on the best worker."""
+        best: float | None = None
+        for v in self._prefill_side(self.pool.views()):
+            if v.prefill_tokens_per_s <= 0:
+                return None  # a worker without an estimate: no prediction
+            s = (v.pending_prefill_tokens + extra_tokens) / v.prefill_tokens_per_s
+            best = s if best is None else min(best, s)
+        return best
+
+    def has_room(self) -> bool:
+        views = self.pool.views()
+        cap = self.settings.max_outstanding_per_worker
+        if cap is not None:
+            decode = [v for v in views if v.accepts_work and v.role.can_decode]
+            free = sum(max(0, cap - v.inflight) for v in decode)
+            if free - self._admitting_requests <= 0:
+                return False
+        if self._backlog_bound_s is not None:
+            backlog = self.backlog_s(self._admitting_tokens)
+            if backlog is not None and backlog > self._backlog_bound_s:
+                return False
+        return True
+
+    def predicted_ttft_s(self, entry: Entry, prompt_tokens: int) -> float | None:
+        """If `entry` waited its turn: the backlog plus prompts queued ahead plus its own."""
+        ahead = sum(
+            self._waiters[e.id].prompt_tokens
+            for e in self.gate.queue.ahead_of(entry)
+            if e.id in self._waiters
+        )
+        return self.backlog_s(self._admitting_tokens + ahead + prompt_tokens)
+
+    # -- the flow ----------------------------------------------------------------------------
+
+    async def enter(self, request_id: str, prompt_tokens: int, rs: RequestSlo) -> None:
+        """Return when the request may be placed; `placed()` must follow once it is.
+
+        Raises:
+            Overloaded: shed (sheddable, cannot meet its SLO) or rejected (queue full).
+        """
+        now_s = self.clock.now_s()
+        entry = Entry(
+            id=request_id,
+            priority=rs.cls.priority,
+            deadline_s=rs.deadlines.ttft_deadline_s,
+            sheddable=rs.cls.sheddable,
+            slo_class=rs.label,
+            enqueued_s=now_s,
+            seq=self.gate.next_seq(),
+        )
+        predicted = self.predicted_ttft_s(entry, prompt_tokens)
+        verdict, evicted = self.gate.arrive(
+            entry, room=self.has_room(), predicted_ttft_s=predicted, now_s=now_s
+        )
+        for e in evicted:
+            self._refuse(e, "shed", "pushed out of the full admission queue")
+        self.metrics.admission.labels(rs.label, verdict.outcome.value).inc()
+        if verdict.outcome is Outcome.ADMITTED:
+            self._admitting_requests += 1
+            self._admitting_tokens += prompt_tokens
+            return
+        if verdict.outcome is not Outcome.QUEUED:
+            log.info("request %s %s: %s", request_id, verdict.outcome.value, verdict.reason)
+            raise Overloaded(
+                f"SLO class {rs.cls.name!r}: {verdict.reason}; retry after "
+                f"{verdict.retry_after_s:g} s",
+                verdict.retry_after_s,
+                rs.label,
+            )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = _Waiter(entry, future, prompt_tokens)
+        self.metrics.queue_depth.labels(rs.label).inc()
+        self._ensure_ticker()
+        try:
+            await future
+        except BaseException:
+            if self.gate.queue.remove(request_id) is not None:  # client left while queued
+                self._forget(request_id)
+            raise
+        self.metrics.queue_wait.labels(rs.label).observe(self.clock.now_s() - now_s)
+
+    def placed(self, prompt_tokens: int) -> None:
+        """The request admitted by `enter` is placed (its reservations now count)."""
+        self._admitting_requests = max(0, self._admitting_requests - 1)
+        self._admitting_tokens = max(0, self._admitting_tokens - prompt_tokens)
+
+    def pump(self) -> None:
+        """Admit queued requests while there is room; shed hopeless sheddable ones."""
+        if not self._waiters:
+            return
+        now_s = self.clock.now_s()
+
+        def predicted(e: Entry) -> float | None:
+            w = self._waiters.get(e.id)
+            return None if w is None else self.predicted_ttft_s(e, w.prompt_tokens)
+
+        def room() -> bool:
+            return self.has_room()
+
+        admit, shed = self.gate.release(now_s, room, predicted)
+        for e in shed:
+            self._refuse(e, "shed", "its TTFT deadline can no longer be met")
+        for e in admit:
+            w = self._forget(e.id)
+            if w is None:
+                continue
+            self._admitting_requests += 1
+            self._admitting_tokens += w.prompt_tokens
+            if not w.future.done():
+                w.future.set_result(None)
+
+    def _refuse(self, e: Entry, outcome: str, why: str) -> None:
+        w = self._forget(e.id)
+        if w is None or w.future.done():
+            return
+        backlog = self.backlog_s()
+        retry = self.gate.retry_after(backlog if backlog is not None else math.inf)
+        log.info("request %s %s from the queue: %s", e.id, outcome, why)
+        w.future.set_exception(Overloaded(f"{why}; retry after {retry:g} s", retry, e.slo_class))
+
+    def _forget(self, request_id: str) -> _Waiter | None:
+        w = self._waiters.pop(request_id, None)
+        if w is not None:
+            self.metrics.queue_depth.labels(w.entry.slo_class).dec()
+        return w
+
+    def _ensure_ticker(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick(), name="admission-tick")
+
+    async def _tick(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self.tick_s)
+            self.pump()
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker

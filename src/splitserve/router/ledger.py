@@ -1,0 +1,142 @@
+"""The router's own view of the work it has placed on each worker (reservations and requests).
+
+A placement *reserves* its share on the chosen prefill and decode workers at decision time, so
+requests placed in the same instant see each other (no herding onto the worker that looked
+emptiest in the last load report). A reservation counts as one more request in flight, its
+prompt as pending prefill tokens (prefill side) and its prompt + predicted output as KV blocks
+(decode side) until the call to that worker starts; from then on the worker's own load reports
+count it. The entry stays until the request leaves the worker, feeding the placement plugins'
+per-worker inputs: TetriInfer's heavy/light mix, Splitwise's reserved KV, Aladdin's and
+Past-Future's ongoing requests. This is also the fallback view when load reports go stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from splitserve.core.ids import EndpointId
+from splitserve.core.kv import blocks_for
+from splitserve.policy.placement.aladdin import OngoingRequest, WorkerLoad
+from splitserve.policy.placement.tetriinfer import HeavyLightMix
+
+
+@dataclass(slots=True)
+class LedgerEntry:
+    request_id: str
+    prefill: bool
+    """A prefill-only share (disaggregated P); else decode or aggregated (the KV stays)."""
+    num_prompt_tokens: int
+    predicted_output_tokens: int
+    kv_blocks: int
+    started: bool = False
+    """The call to the worker has started (its load reports count it from then on)."""
+    num_generated_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What not-yet-started reservations add to a worker's reported load."""
+
+    requests: int = 0
+    prefill_tokens: int = 0
+    kv_blocks: int = 0
+
+
+_NONE = Reserved()
+
+
+class Ledger:
+    def __init__(self, heavy_threshold_tokens: int = 128) -> None:
+        self.heavy_threshold_tokens = heavy_threshold_tokens
+        self._by_ep: dict[EndpointId, dict[str, LedgerEntry]] = {}
+
+    def reserve(
+        self,
+        eid: EndpointId,
+        request_id: str,
+        *,
+        prefill: bool,
+        num_prompt_tokens: int,
+        predicted_output_tokens: int,
+        block_size: int,
+    ) -> None:
+        tokens = num_prompt_tokens + (1 if prefill else max(1, predicted_output_tokens))
+        self._by_ep.setdefault(eid, {})[request_id] = LedgerEntry(
+            request_id,
+            prefill,
+            num_prompt_tokens,
+            predicted_output_tokens,
+            blocks_for(tokens, max(1, block_size)),
+        )
+
+    def start(self, eid: EndpointId, request_id: str) -> None:
+        e = self._by_ep.get(eid, {}).get(request_id)
+        if e is not None:
+            e.started = True
+
+    def progress(self, eid: EndpointId, request_id: str, num_generated_tokens: int) -> None:
+        e = self._by_ep.get(eid, {}).get(request_id)
+        if e is not None:
+            e.num_generated_tokens = num_generated_tokens
+
+    def drop(self, eid: EndpointId, request_id: str) -> None:
+        entries = self._by_ep.get(eid)
+        if entries is not None:
+            entries.pop(request_id, None)
+            if not entries:
+                del self._by_ep[eid]
+
+    def forget(self, eid: EndpointId) -> None:
+        self._by_ep.pop(eid, None)
+
+    def entries(self, eid: EndpointId) -> Iterator[LedgerEntry]:
+        return iter(list(self._by_ep.get(eid, {}).values()))
+
+    def reserved(self, eid: EndpointId) -> Reserved:
+        entries = self._by_ep.get(eid)
+        if not entries:
+            return _NONE
+        n = tokens = blocks = 0
+        for e in entries.values():
+            if e.started:
+                continue
+            n += 1
+            if e.prefill:
+                tokens += e.num_prompt_tokens
+            else:
+                blocks += e.kv_blocks
+        return Reserved(n, tokens, blocks)
+
+    # -- the placement plugins' per-worker inputs --------------------------------------------
+
+    def mix_of(self, eid: EndpointId) -> HeavyLightMix:
+        """TetriInfer: decodes placed here and not finished, heavy (long predicted) or light."""
+        heavy = light = 0
+        for e in self._by_ep.get(eid, {}).values():
+            if e.prefill:
+                continue
+            if e.predicted_output_tokens >= self.heavy_threshold_tokens:
+                heavy += 1
+            else:
+                light += 1
+        return HeavyLightMix(heavy, light)
+
+    def reserved_of(self, eid: EndpointId) -> int:
+        """Splitwise: KV blocks reserved for the prompt + output of decodes placed here."""
+        return sum(e.kv_blocks for e in self._by_ep.get(eid, {}).values() if not e.prefill)
+
+    def load_of(self, eid: EndpointId) -> WorkerLoad:
+        """Aladdin / Past-Future: the requests decoding (or queued to decode) here."""
+        return WorkerLoad(
+            tuple(
+                OngoingRequest(
+                    e.num_prompt_tokens,
+                    e.num_generated_tokens,
+                    max(1, e.predicted_output_tokens),
+                    prefilled=e.started,
+                )
+                for e in self._by_ep.get(eid, {}).values()
+                if not e.prefill
+            )
+        )

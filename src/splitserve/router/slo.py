@@ -1,0 +1,144 @@
+"""The router's SLO runtime: classes, deadlines, length prediction, per-class metrics.
+
+One `SloRuntime` per router process. It turns the service's `sloClasses` into
+`policy.admission` classes, resolves each request's class (`x-slo-class`, default class) and
+per-request overrides (carried on `Request.tags`, see `OVERRIDE_TAGS`), gives every request
+absolute deadlines from the router's one injected clock, predicts its output length
+(`policy.predict`, learning from each finished request) and records the per-class metrics of
+the router's metric contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.api.router import SloSettings
+from splitserve.core.clock import Clock
+from splitserve.core.request import Request
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.policy.admission import (
+    Deadlines,
+    SloClassTable,
+    SloOverrides,
+    SloPolicyClass,
+    deadlines_for,
+)
+from splitserve.policy.predict import HistoryPredictor, HistoryWindow, LengthQuery
+from splitserve.policy.predict.bucketed import BucketedPredictor
+from splitserve.policy.predict.per_class import ClasslessPredictor, PerClassPredictor
+
+log = logging.getLogger(__name__)
+
+TTFT_TAG: Final = "x-slo-ttft-ms"
+TPOT_TAG: Final = "x-slo-tpot-ms"
+OVERRIDE_TAGS: Final = (TTFT_TAG, TPOT_TAG)
+"""`Request.tags` keys carrying a client's per-request overrides (milliseconds, as sent)."""
+
+
+def policy_class(spec: v1.SloClassSpec) -> SloPolicyClass:
+    ms = 1e-3
+    return SloPolicyClass(
+        name=spec.name,
+        ttft_s=None if spec.ttft_ms is None else spec.ttft_ms * ms,
+        tpot_s=None if spec.tpot_ms is None else spec.tpot_ms * ms,
+        percentile=spec.percentile,
+        attainment=spec.attainment,
+        priority=spec.priority,
+        sheddable=spec.sheddable,
+        job_completion_s=spec.job_completion_seconds,
+        allow_overrides=spec.allow_overrides,
+    )
+
+
+def overrides_of(request: Request) -> SloOverrides:
+    tags = dict(request.tags)
+    ttft, tpot = tags.get(TTFT_TAG), tags.get(TPOT_TAG)
+    return SloOverrides(
+        ttft_s=None if ttft is None else float(ttft) / 1000,
+        tpot_s=None if tpot is None else float(tpot) / 1000,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSlo:
+    """One request's class, deadlines and predicted output length."""
+
+    cls: SloPolicyClass
+    label: str
+    deadlines: Deadlines
+    predicted_output_tokens: int
+
+
+class SloRuntime:
+    def __init__(self, settings: SloSettings, clock: Clock, metrics: RouterMetrics) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self.table = SloClassTable(
+            (policy_class(c) for c in settings.classes), settings.default_class
+        )
+        names = self.table.names()
+        kind = settings.length_predictor
+        if kind is v1.LengthPredictor.PER_CLASS:
+            self.predictor: PerClassPredictor | ClasslessPredictor = PerClassPredictor(names)
+        elif kind is v1.LengthPredictor.BUCKETED:
+            self.predictor = ClasslessPredictor(BucketedPredictor())
+        else:
+            self.predictor = ClasslessPredictor(HistoryPredictor(HistoryWindow()))
+        for c in self.table.classes.values():
+            if c.ttft_s is not None:
+                metrics.slo_target.labels(c.name, "ttft").set(c.ttft_s)
+            if c.tpot_s is not None:
+                metrics.slo_target.labels(c.name, "tpot").set(c.tpot_s)
+            metrics.slo_attainment_target.labels(c.name).set(c.attainment)
+            metrics.queue_depth.labels(c.name)  # every class's series exists from the start
+        targets = [c.ttft_s for c in self.table.classes.values() if c.ttft_s is not None]
+        self.tightest_ttft_s: float | None = min(targets) if targets else None
+
+    def check(self, slo_class: str, overrides: SloOverrides) -> SloPolicyClass:
+        """The request's class, its overrides checked (the HTTP edge calls this first).
+
+        Raises:
+            UnknownSloClass, BadOverride: `core.errors.ConfigError`s naming the header.
+        """
+        cls = self.table.resolve(slo_class)
+        self.table.check_overrides(cls, overrides)
+        return cls
+
+    def for_request(self, request: Request) -> RequestSlo:
+        cls = self.table.resolve(request.slo_class)
+        overrides = self.table.check_overrides(cls, overrides_of(request))
+        deadlines = deadlines_for(cls, request.arrival_s, overrides)
+        query = LengthQuery(request.id, request.num_prompt_tokens, 0, request.sampling.max_tokens)
+        predicted = self.predictor.predict(cls.name, query)
+        self.metrics.prompt_length.labels(cls.name).observe(request.num_prompt_tokens)
+        return RequestSlo(cls, self.table.label(cls.name), deadlines, predicted)
+
+    def finished(
+        self,
+        rs: RequestSlo,
+        request: Request,
+        num_output_tokens: int,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        e2e_s: float,
+        truncated: bool,
+    ) -> None:
+        """Record a request that finished normally (`truncated`: cut by max_tokens or a stop
+        string the router applied; such lengths do not teach the predictor)."""
+        m, label = self.metrics, rs.label
+        m.output_length.labels(label).observe(num_output_tokens)
+        m.prediction_error.labels(label).observe(
+            abs(rs.predicted_output_tokens - num_output_tokens)
+        )
+        if not truncated and num_output_tokens > 0:
+            self.predictor.observe(rs.cls.name, request.num_prompt_tokens, num_output_tokens)
+        ttft_ok, tpot_ok = rs.deadlines.met(ttft_s if ttft_s is not None else e2e_s, tpot_s, e2e_s)
+        m.slo_requests.labels(label, "met" if ttft_ok and tpot_ok else "missed").inc()
+        if not ttft_ok:
+            m.slo_misses.labels(label, "ttft").inc()
+        if not tpot_ok:
+            m.slo_misses.labels(label, "tpot").inc()
