@@ -70,6 +70,10 @@ class Request:
     arrival_s: float
     slo_class: SloClassName = DEFAULT_SLO_CLASS.name
     tags: tuple[tuple[str, str], ...] = field(default=())
+    priority: int = 0
+    """The SLO class's priority (higher runs first), for step policies that use one."""
+    deadline_s: float | None = None
+    """First-token deadline on the holder's clock (the worker re-bases the router's budget)."""
 
     @property
     def num_prompt_tokens(self) -> int:

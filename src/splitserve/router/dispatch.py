@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -293,6 +294,18 @@ class Dispatch:
         )
         self._ledger_eps.add(eid)
 
+    def _slo_context(self) -> common_pb2.SloContext:
+        """The request's SLO for the worker's step policy, as budgets from now."""
+        dl, now_s = self.slo.deadlines, self._d.clock.now_s()
+        ttft = 0.0 if math.isinf(dl.ttft_deadline_s) else max(1e-6, dl.ttft_deadline_s - now_s)
+        done = dl.completion_deadline_s
+        return common_pb2.SloContext(
+            priority=self.slo.cls.priority,
+            ttft_budget_s=ttft,
+            tpot_target_s=dl.tpot_s or 0.0,
+            completion_budget_s=0.0 if done is None else max(1e-6, done - now_s),
+        )
+
     def _observe_first_token(self) -> None:
         """Feed the latency model: queue + prefill time of the worker that made token one."""
         first_s = self._stats.first_token_s
@@ -342,7 +355,7 @@ class Dispatch:
         self, candidates: Sequence[EndpointId]
     ) -> worker_pb2.PrefillResponse | None:
         req = self.request
-        msg = messages.prefill(req)
+        msg = messages.prefill(req, self._slo_context())
         for i, eid in enumerate(candidates):
             if i:
                 self._fallback("prefill_retry")
@@ -412,9 +425,14 @@ class Dispatch:
     ) -> aio.UnaryStreamCall:
         timeout_s = self._remaining_s()
         if kv is not None:
-            return stub.Decode(messages.decode(self.request, emitted[0], kv), timeout=timeout_s)
+            return stub.Decode(
+                messages.decode(self.request, emitted[0], kv, self._slo_context()),
+                timeout=timeout_s,
+            )
         # Aggregated, or taking over from a failed decode: prompt plus what the client has.
-        return stub.Generate(messages.generate(self.request, emitted), timeout=timeout_s)
+        return stub.Generate(
+            messages.generate(self.request, emitted, self._slo_context()), timeout=timeout_s
+        )
 
     async def _stream(
         self, eid: EndpointId, call: aio.UnaryStreamCall

@@ -34,16 +34,22 @@ def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
     )
 
 
-def prefill(req: Request) -> worker_pb2.PrefillRequest:
+def prefill(req: Request, slo: common_pb2.SloContext | None = None) -> worker_pb2.PrefillRequest:
     return worker_pb2.PrefillRequest(
         request_id=req.id,
         prompt_token_ids=req.prompt_token_ids,
         sampling=sampling(req, req.sampling.max_tokens),
         slo_class=req.slo_class,
+        slo=slo,
     )
 
 
-def decode(req: Request, first_token_id: int, kv: common_pb2.KvHandle) -> worker_pb2.DecodeRequest:
+def decode(
+    req: Request,
+    first_token_id: int,
+    kv: common_pb2.KvHandle,
+    slo: common_pb2.SloContext | None = None,
+) -> worker_pb2.DecodeRequest:
     return worker_pb2.DecodeRequest(
         request_id=req.id,
         prompt_token_ids=req.prompt_token_ids,
@@ -51,14 +57,18 @@ def decode(req: Request, first_token_id: int, kv: common_pb2.KvHandle) -> worker
         sampling=sampling(req, req.sampling.max_tokens),
         kv=kv,
         slo_class=req.slo_class,
+        slo=slo,
     )
 
 
-def generate(req: Request, emitted: Sequence[int] = ()) -> worker_pb2.GenerateRequest:
+def generate(
+    req: Request, emitted: Sequence[int] = (), slo: common_pb2.SloContext | None = None
+) -> worker_pb2.GenerateRequest:
     """The whole request, or (with `emitted`) the rest of it after the tokens already sent."""
     return worker_pb2.GenerateRequest(
         request_id=req.id,
         prompt_token_ids=[*req.prompt_token_ids, *emitted],
         sampling=sampling(req, req.sampling.max_tokens - len(emitted)),
         slo_class=req.slo_class,
+        slo=slo,
     )

@@ -108,14 +108,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # -- requests -------------------------------------------------------------------------------
 
     def _request(
-        self, rid: str, prompt: list[int], sampling: common_pb2.SamplingParams, slo: str
+        self,
+        rid: str,
+        prompt: list[int],
+        sampling: common_pb2.SamplingParams,
+        slo: str,
+        ctx: common_pb2.SloContext | None = None,
     ) -> Request:
+        now_s = self.clock.now_s()
+        budget = ctx.ttft_budget_s if ctx is not None else 0.0
         return Request(
             id=RequestId(rid),
             prompt_token_ids=tuple(prompt),
             sampling=sampling_from_pb(sampling),
-            arrival_s=self.clock.now_s(),
+            arrival_s=now_s,
             slo_class=SloClassName(slo or "default"),
+            priority=ctx.priority if ctx is not None else 0,
+            deadline_s=now_s + budget if budget > 0 else None,  # the router's budget, our clock
         )
 
     async def _admit(
@@ -144,7 +153,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.PrefillResponse:
         await self._admit(context, request.request_id, self.role.can_prefill, "prefill")
         req = self._request(
-            request.request_id, list(request.prompt_token_ids), request.sampling, request.slo_class
+            request.request_id,
+            list(request.prompt_token_ids),
+            request.sampling,
+            request.slo_class,
+            request.slo if request.HasField("slo") else None,
         )
         try:
             out = await self.engine.prefill(req)
@@ -175,7 +188,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if not request.HasField("kv"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
         req = self._request(
-            request.request_id, list(request.prompt_token_ids), request.sampling, request.slo_class
+            request.request_id,
+            list(request.prompt_token_ids),
+            request.sampling,
+            request.slo_class,
+            request.slo if request.HasField("slo") else None,
         )
         kv = kv_from_pb(request.kv)
         self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
@@ -188,7 +205,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         await self._admit(context, request.request_id, self.role.can_generate, "generate")
         req = self._request(
-            request.request_id, list(request.prompt_token_ids), request.sampling, request.slo_class
+            request.request_id,
+            list(request.prompt_token_ids),
+            request.sampling,
+            request.slo_class,
+            request.slo if request.HasField("slo") else None,
         )
         self.metrics.prefill_tokens.inc(req.num_prompt_tokens)
         async for chunk in self._relay("generate", req, self.engine.generate(req), context):

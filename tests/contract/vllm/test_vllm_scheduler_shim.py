@@ -243,3 +243,49 @@ def test_registered_policy_from_additional_config(tiny_model_dir: Path) -> None:
     # Decodes of "d" keep running while "p" prefills in 24-token chunks (stall-free).
     assert outs[1].tokens == (("d", 1), ("p", 23))
     assert outs[2].tokens == (("d", 1), ("p", 23))
+
+
+class RecordingFcfs:
+    """FCFS, remembering every view (to see what the shim put in each `SeqView`)."""
+
+    name = "recording-fcfs"
+
+    def __init__(self) -> None:
+        self.inner = FcfsPolicy(FcfsParams(max_num_batched_tokens=64))
+        self.views: list[StepView] = []
+
+    def decide(self, view: StepView) -> StepDecision:
+        self.views.append(view)
+        return self.inner.decide(view)
+
+
+def test_slo_class_priority_and_deadline_reach_the_seq_view(tiny_model_dir: Path) -> None:
+    """Issue 10 item 7: the router's SLO (class, priority, TTFT deadline), put on the vLLM
+    request by the engine adapter (`_extra_args`), arrives in the shim's `SeqView`."""
+    from splitserve.core.ids import SloClassName
+    from splitserve.core.request import Request as CoreRequest
+    from splitserve.core.request import SamplingSpec
+    from splitserve.worker.vllm_adapter.engine import _extra_args
+
+    policy = RecordingFcfs()
+    sched = make_scheduler(tiny_model_dir, with_policy(SplitserveScheduler, policy))
+    core = CoreRequest(
+        RequestId("slo"),
+        (1,) * 12,
+        SamplingSpec(max_tokens=2),
+        arrival_s=50.0,
+        slo_class=SloClassName("interactive"),
+        priority=9,
+        deadline_s=50.3,
+    )
+    req = make_request("slo", 12, 2, arrival=1000.0)
+    req.sampling_params.extra_args = _extra_args(core, None)
+    plain = make_request("plain", 12, 2, arrival=1001.0, priority=4)
+    run(sched, [(0, req), (0, plain)])
+    seqs = {s.id: s for s in policy.views[0].waiting}
+    got = seqs[RequestId("slo")]
+    assert got.slo_class == "interactive"
+    assert got.priority == 9
+    assert got.deadline_s == pytest.approx(1000.3)  # the offset, on vLLM's arrival clock
+    other = seqs[RequestId("plain")]
+    assert (other.slo_class, other.priority, other.deadline_s) == ("default", -4, None)

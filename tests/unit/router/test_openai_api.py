@@ -329,7 +329,7 @@ async def test_single_token_stream_over_prefill_and_decode(
 ) -> None:
     p = await make_worker(Role.PREFILL)
     d = await make_worker(Role.DECODE)
-    interactive = v1.SloClassSpec(name="interactive", ttft_ms=500, tpot_ms=50)
+    interactive = v1.SloClassSpec(name="interactive", ttft_ms=500, tpot_ms=50, priority=5)
     stack = await make_stack(p, d, slo=SloSettings(classes=(interactive,)))
     async with stack.client() as client:
         r = await client.post(
@@ -349,3 +349,7 @@ async def test_single_token_stream_over_prefill_and_decode(
     assert events[1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
     assert d.names() == []
     assert p.requests("Prefill")[0].slo_class == "interactive"
+    slo = p.requests("Prefill")[0].slo  # the class's priority and deadline reach the worker
+    assert slo.priority == 5
+    assert 0 < slo.ttft_budget_s <= 0.5
+    assert slo.tpot_target_s == 0.05

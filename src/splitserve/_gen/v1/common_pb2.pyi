@@ -103,6 +103,42 @@ class SamplingParams(_message.Message):
 Global___SamplingParams: _TypeAlias = SamplingParams  # noqa: Y015
 
 @_typing.final
+class SloContext(_message.Message):
+    """A request's SLO as the router resolved it, for the engine's step policy (SeqView). Times are
+    relative (the router's and the worker's clocks differ): the worker adds its own "now".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    TTFT_BUDGET_S_FIELD_NUMBER: _builtins.int
+    TPOT_TARGET_S_FIELD_NUMBER: _builtins.int
+    COMPLETION_BUDGET_S_FIELD_NUMBER: _builtins.int
+    priority: _builtins.int
+    """Higher runs first."""
+    ttft_budget_s: _builtins.float
+    """Seconds left to the first-token deadline when the router sent the call (0 = none)."""
+    tpot_target_s: _builtins.float
+    """The TPOT target in seconds (0 = none)."""
+    completion_budget_s: _builtins.float
+    """Seconds left to the whole request's deadline (0 = none)."""
+    def __init__(
+        self,
+        *,
+        priority: _builtins.int = ...,
+        ttft_budget_s: _builtins.float = ...,
+        tpot_target_s: _builtins.float = ...,
+        completion_budget_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_budget_s", b"completion_budget_s", "priority", b"priority", "tpot_target_s", b"tpot_target_s", "ttft_budget_s", b"ttft_budget_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SloContext: _TypeAlias = SloContext  # noqa: Y015
+
+@_typing.final
 class KvHandle(_message.Message):
     """Where a prefilled request's KV cache lives, for the decode worker to pull."""
 

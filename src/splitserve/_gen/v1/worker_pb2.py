@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from splitserve._gen.v1 import common_pb2 as splitserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asplitserve/v1/worker.proto\x12\rsplitserve.v1\x1a\x1asplitserve/v1/common.proto\"\x82\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\"\xd5\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x0f\n\x07queue_s\x18\x06 \x01(\x01\x12\x11\n\tprefill_s\x18\x07 \x01(\x01\"\xbe\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12#\n\x02kv\x18\x05 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x11\n\tslo_class\x18\x06 \x01(\t\"\x83\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10ReleaseKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\"\n\x11ReleaseKvResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10WatchLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"?\n\x0c\x44rainRequest\x12\x0c\n\x04wait\x18\x01 \x01(\x08\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0e\n\x06resume\x18\x03 \x01(\x08\"4\n\rDrainResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\"3\n\x0eSetRoleRequest\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\"^\n\x0fSetRoleResponse\x12%\n\x08previous\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\x12$\n\x07\x63urrent\x18\x02 \x01(\x0e\x32\x13.splitserve.v1.Role\"\'\n\x11WatchStepsRequest\x12\x12\n\nmax_buffer\x18\x01 \x01(\r\":\n\x0cPrefillChunk\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\r\"\xb7\x01\n\nStepSample\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x33\n\x0eprefill_chunks\x18\x04 \x03(\x0b\x32\x1b.splitserve.v1.PrefillChunk\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\x05 \x03(\r\x12\x10\n\x08num_seqs\x18\x06 \x01(\r\x12\x0f\n\x07\x64ropped\x18\x07 \x01(\x04\x32\x9d\x05\n\x06Worker\x12H\n\x07Prefill\x12\x1d.splitserve.v1.PrefillRequest\x1a\x1e.splitserve.v1.PrefillResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x1c.splitserve.v1.DecodeRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12G\n\x08Generate\x12\x1e.splitserve.v1.GenerateRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12\x45\n\x06\x43\x61ncel\x12\x1c.splitserve.v1.CancelRequest\x1a\x1d.splitserve.v1.CancelResponse\x12N\n\tReleaseKv\x12\x1f.splitserve.v1.ReleaseKvRequest\x1a .splitserve.v1.ReleaseKvResponse\x12I\n\tWatchLoad\x12\x1f.splitserve.v1.WatchLoadRequest\x1a\x19.splitserve.v1.LoadReport0\x01\x12\x42\n\x05\x44rain\x12\x1b.splitserve.v1.DrainRequest\x1a\x1c.splitserve.v1.DrainResponse\x12H\n\x07SetRole\x12\x1d.splitserve.v1.SetRoleRequest\x1a\x1e.splitserve.v1.SetRoleResponse\x12K\n\nWatchSteps\x12 .splitserve.v1.WatchStepsRequest\x1a\x19.splitserve.v1.StepSample0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asplitserve/v1/worker.proto\x12\rsplitserve.v1\x1a\x1asplitserve/v1/common.proto\"\xaa\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12&\n\x03slo\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"\xd5\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x0f\n\x07queue_s\x18\x06 \x01(\x01\x12\x11\n\tprefill_s\x18\x07 \x01(\x01\"\xe6\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12#\n\x02kv\x18\x05 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x11\n\tslo_class\x18\x06 \x01(\t\x12&\n\x03slo\x18\x07 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"\xab\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12&\n\x03slo\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10ReleaseKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\"\n\x11ReleaseKvResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10WatchLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"?\n\x0c\x44rainRequest\x12\x0c\n\x04wait\x18\x01 \x01(\x08\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0e\n\x06resume\x18\x03 \x01(\x08\"4\n\rDrainResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\"3\n\x0eSetRoleRequest\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\"^\n\x0fSetRoleResponse\x12%\n\x08previous\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\x12$\n\x07\x63urrent\x18\x02 \x01(\x0e\x32\x13.splitserve.v1.Role\"\'\n\x11WatchStepsRequest\x12\x12\n\nmax_buffer\x18\x01 \x01(\r\":\n\x0cPrefillChunk\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\r\"\xb7\x01\n\nStepSample\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x33\n\x0eprefill_chunks\x18\x04 \x03(\x0b\x32\x1b.splitserve.v1.PrefillChunk\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\x05 \x03(\r\x12\x10\n\x08num_seqs\x18\x06 \x01(\r\x12\x0f\n\x07\x64ropped\x18\x07 \x01(\x04\x32\x9d\x05\n\x06Worker\x12H\n\x07Prefill\x12\x1d.splitserve.v1.PrefillRequest\x1a\x1e.splitserve.v1.PrefillResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x1c.splitserve.v1.DecodeRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12G\n\x08Generate\x12\x1e.splitserve.v1.GenerateRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12\x45\n\x06\x43\x61ncel\x12\x1c.splitserve.v1.CancelRequest\x1a\x1d.splitserve.v1.CancelResponse\x12N\n\tReleaseKv\x12\x1f.splitserve.v1.ReleaseKvRequest\x1a .splitserve.v1.ReleaseKvResponse\x12I\n\tWatchLoad\x12\x1f.splitserve.v1.WatchLoadRequest\x1a\x19.splitserve.v1.LoadReport0\x01\x12\x42\n\x05\x44rain\x12\x1b.splitserve.v1.DrainRequest\x1a\x1c.splitserve.v1.DrainResponse\x12H\n\x07SetRole\x12\x1d.splitserve.v1.SetRoleRequest\x1a\x1e.splitserve.v1.SetRoleResponse\x12K\n\nWatchSteps\x12 .splitserve.v1.WatchStepsRequest\x1a\x19.splitserve.v1.StepSample0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,37 +34,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splitserve.v1.worker_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=74
-  _globals['_PREFILLREQUEST']._serialized_end=204
-  _globals['_PREFILLRESPONSE']._serialized_start=207
-  _globals['_PREFILLRESPONSE']._serialized_end=420
-  _globals['_DECODEREQUEST']._serialized_start=423
-  _globals['_DECODEREQUEST']._serialized_end=613
-  _globals['_GENERATEREQUEST']._serialized_start=616
-  _globals['_GENERATEREQUEST']._serialized_end=747
-  _globals['_CANCELREQUEST']._serialized_start=749
-  _globals['_CANCELREQUEST']._serialized_end=784
-  _globals['_CANCELRESPONSE']._serialized_start=786
-  _globals['_CANCELRESPONSE']._serialized_end=817
-  _globals['_RELEASEKVREQUEST']._serialized_start=819
-  _globals['_RELEASEKVREQUEST']._serialized_end=857
-  _globals['_RELEASEKVRESPONSE']._serialized_start=859
-  _globals['_RELEASEKVRESPONSE']._serialized_end=893
-  _globals['_WATCHLOADREQUEST']._serialized_start=895
-  _globals['_WATCHLOADREQUEST']._serialized_end=933
-  _globals['_DRAINREQUEST']._serialized_start=935
-  _globals['_DRAINREQUEST']._serialized_end=998
-  _globals['_DRAINRESPONSE']._serialized_start=1000
-  _globals['_DRAINRESPONSE']._serialized_end=1052
-  _globals['_SETROLEREQUEST']._serialized_start=1054
-  _globals['_SETROLEREQUEST']._serialized_end=1105
-  _globals['_SETROLERESPONSE']._serialized_start=1107
-  _globals['_SETROLERESPONSE']._serialized_end=1201
-  _globals['_WATCHSTEPSREQUEST']._serialized_start=1203
-  _globals['_WATCHSTEPSREQUEST']._serialized_end=1242
-  _globals['_PREFILLCHUNK']._serialized_start=1244
-  _globals['_PREFILLCHUNK']._serialized_end=1302
-  _globals['_STEPSAMPLE']._serialized_start=1305
-  _globals['_STEPSAMPLE']._serialized_end=1488
-  _globals['_WORKER']._serialized_start=1491
-  _globals['_WORKER']._serialized_end=2160
+  _globals['_PREFILLREQUEST']._serialized_end=244
+  _globals['_PREFILLRESPONSE']._serialized_start=247
+  _globals['_PREFILLRESPONSE']._serialized_end=460
+  _globals['_DECODEREQUEST']._serialized_start=463
+  _globals['_DECODEREQUEST']._serialized_end=693
+  _globals['_GENERATEREQUEST']._serialized_start=696
+  _globals['_GENERATEREQUEST']._serialized_end=867
+  _globals['_CANCELREQUEST']._serialized_start=869
+  _globals['_CANCELREQUEST']._serialized_end=904
+  _globals['_CANCELRESPONSE']._serialized_start=906
+  _globals['_CANCELRESPONSE']._serialized_end=937
+  _globals['_RELEASEKVREQUEST']._serialized_start=939
+  _globals['_RELEASEKVREQUEST']._serialized_end=977
+  _globals['_RELEASEKVRESPONSE']._serialized_start=979
+  _globals['_RELEASEKVRESPONSE']._serialized_end=1013
+  _globals['_WATCHLOADREQUEST']._serialized_start=1015
+  _globals['_WATCHLOADREQUEST']._serialized_end=1053
+  _globals['_DRAINREQUEST']._serialized_start=1055
+  _globals['_DRAINREQUEST']._serialized_end=1118
+  _globals['_DRAINRESPONSE']._serialized_start=1120
+  _globals['_DRAINRESPONSE']._serialized_end=1172
+  _globals['_SETROLEREQUEST']._serialized_start=1174
+  _globals['_SETROLEREQUEST']._serialized_end=1225
+  _globals['_SETROLERESPONSE']._serialized_start=1227
+  _globals['_SETROLERESPONSE']._serialized_end=1321
+  _globals['_WATCHSTEPSREQUEST']._serialized_start=1323
+  _globals['_WATCHSTEPSREQUEST']._serialized_end=1362
+  _globals['_PREFILLCHUNK']._serialized_start=1364
+  _globals['_PREFILLCHUNK']._serialized_end=1422
+  _globals['_STEPSAMPLE']._serialized_start=1425
+  _globals['_STEPSAMPLE']._serialized_end=1608
+  _globals['_WORKER']._serialized_start=1611
+  _globals['_WORKER']._serialized_end=2280
 # @@protoc_insertion_point(module_scope)

@@ -32,12 +32,15 @@ class PrefillRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     SLO_CLASS_FIELD_NUMBER: _builtins.int
+    SLO_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     slo_class: _builtins.str
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def sampling(self) -> _common_pb2.SamplingParams: ...
+    @_builtins.property
+    def slo(self) -> _common_pb2.SloContext: ...
     def __init__(
         self,
         *,
@@ -45,10 +48,11 @@ class PrefillRequest(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
         slo_class: _builtins.str = ...,
+        slo: _common_pb2.SloContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "slo", b"slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo_class", b"slo_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo", b"slo", "slo_class", b"slo_class"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -105,6 +109,7 @@ class DecodeRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     KV_FIELD_NUMBER: _builtins.int
     SLO_CLASS_FIELD_NUMBER: _builtins.int
+    SLO_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     first_token_id: _builtins.int
     slo_class: _builtins.str
@@ -114,6 +119,8 @@ class DecodeRequest(_message.Message):
     def sampling(self) -> _common_pb2.SamplingParams: ...
     @_builtins.property
     def kv(self) -> _common_pb2.KvHandle: ...
+    @_builtins.property
+    def slo(self) -> _common_pb2.SloContext: ...
     def __init__(
         self,
         *,
@@ -123,10 +130,11 @@ class DecodeRequest(_message.Message):
         sampling: _common_pb2.SamplingParams | None = ...,
         kv: _common_pb2.KvHandle | None = ...,
         slo_class: _builtins.str = ...,
+        slo: _common_pb2.SloContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kv", b"kv", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv", b"kv", "sampling", b"sampling", "slo", b"slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_token_id", b"first_token_id", "kv", b"kv", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo_class", b"slo_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_token_id", b"first_token_id", "kv", b"kv", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo", b"slo", "slo_class", b"slo_class"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -140,12 +148,15 @@ class GenerateRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     SLO_CLASS_FIELD_NUMBER: _builtins.int
+    SLO_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     slo_class: _builtins.str
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def sampling(self) -> _common_pb2.SamplingParams: ...
+    @_builtins.property
+    def slo(self) -> _common_pb2.SloContext: ...
     def __init__(
         self,
         *,
@@ -153,10 +164,11 @@ class GenerateRequest(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
         slo_class: _builtins.str = ...,
+        slo: _common_pb2.SloContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "slo", b"slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo_class", b"slo_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo", b"slo", "slo_class", b"slo_class"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

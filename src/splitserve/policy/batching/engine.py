@@ -114,8 +114,8 @@ class _Seq:
             r.sampling.max_tokens,
             blocks_held,
             self.mode is RequestMode.DECODE and self.phase is SeqPhase.WAITING,
-            0,
-            None,
+            r.priority,
+            r.deadline_s,
             r.slo_class,
             self.predicted,
         )
@@ -334,8 +334,8 @@ class EngineModel:
                         r.sampling.max_tokens,
                         held(rid, 0),
                         False,
-                        0,
-                        None,
+                        r.priority,
+                        r.deadline_s,
                         r.slo_class,
                         s.predicted,
                     )

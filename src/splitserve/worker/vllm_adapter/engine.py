@@ -37,7 +37,7 @@ import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from splitserve.core.clock import Clock, SystemClock
 from splitserve.core.errors import CapacityError, EngineError, KvTransferError
@@ -54,6 +54,9 @@ from splitserve.worker.engine import (
 )
 
 log = logging.getLogger(__name__)
+
+SLO_ARG: Final = "splitserve_slo"
+"""The `extra_args` key carrying a request's SLO class, priority and deadline to the shim."""
 
 KV_TRANSPORT = "nixl"
 
@@ -354,7 +357,7 @@ class VllmEngine:
             ignore_eos=s.ignore_eos,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": dict(kv_params)} if kv_params else None,
+            extra_args=_extra_args(request, kv_params),
         )
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), mode)
         self._streams[request.id] = stream
@@ -627,6 +630,22 @@ class VllmEngine:
         from vllm.v1.metrics.reader import get_metrics_snapshot
 
         return list(get_metrics_snapshot())
+
+
+def _extra_args(request: Request, kv_params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """vLLM `SamplingParams.extra_args`: the KV connector's params, and the request's SLO for
+    the scheduler shim's `SeqView` (`SLO_ARG`; the deadline as an offset from arrival, since
+    vLLM stamps its own arrival time)."""
+    extra: dict[str, Any] = {}
+    if kv_params:
+        extra["kv_transfer_params"] = dict(kv_params)
+    offset = None if request.deadline_s is None else request.deadline_s - request.arrival_s
+    extra[SLO_ARG] = {
+        "slo_class": str(request.slo_class),
+        "priority": request.priority,
+        "deadline_offset_s": offset,
+    }
+    return extra
 
 
 def step_shape(out: Any, requests: Mapping[str, Any]) -> BatchShape:

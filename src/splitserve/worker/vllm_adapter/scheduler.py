@@ -38,7 +38,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from splitserve.core.ids import RequestId
+from splitserve.core.ids import RequestId, SloClassName
 from splitserve.policy.batching import (
     BatchingPolicy,
     FcfsParams,
@@ -128,6 +128,9 @@ class PolicyHook:
         remote = bool(
             params.get("do_remote_prefill") and computed == 0 and r.status == RequestStatus.WAITING
         )
+        sp = getattr(r, "sampling_params", None)
+        slo = ((getattr(sp, "extra_args", None) or {}).get("splitserve_slo")) or {}
+        offset = slo.get("deadline_offset_s")
         return SeqView(
             id=RequestId(r.request_id),
             arrival_s=float(r.arrival_time),
@@ -137,7 +140,11 @@ class PolicyHook:
             max_tokens=int(r.max_tokens),
             blocks_held=len(self.sched.kv_cache_manager.get_block_ids(r.request_id)[0]),
             remote_kv=remote,
-            priority=-int(r.priority),  # vLLM: lower runs first; splitserve: higher runs first
+            # The router's SLO (the engine's `extra_args`); else vLLM's own priority, where
+            # lower runs first and splitserve's higher runs first.
+            priority=int(slo.get("priority", -int(r.priority))),
+            deadline_s=None if offset is None else float(r.arrival_time) + float(offset),
+            slo_class=SloClassName(str(slo.get("slo_class") or "default")),
         )
 
     # -- StepDecision -> vLLM ---------------------------------------------------------------
