@@ -12,10 +12,11 @@ API server enforces on `kubectl apply`). Tests keep the two in step.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.core.roles import Role
@@ -85,6 +86,20 @@ class EnvVar(Model):
     """Its value."""
 
 
+class BatchingPolicyName(StrEnum):
+    """Every registered `policy.batching` step policy (a test keeps this list equal to the
+    registry, so the CRD refuses an unknown name)."""
+
+    ACCELGEN = "accelgen"
+    ALISE = "alise"
+    BROS = "bros"
+    FCFS = "fcfs"
+    PASTFUTURE = "pastfuture"
+    SARATHI = "sarathi"
+    TETRIINFER_DECODE = "tetriinfer-decode"
+    TETRIINFER_PREFILL = "tetriinfer-prefill"
+
+
 class EngineSpec(Model):
     kind: EngineKind = EngineKind.VLLM
     """Which engine the workers run."""
@@ -100,6 +115,22 @@ class EngineSpec(Model):
     """Port of the worker's gRPC service (Prefill, Decode, Drain, SetRole, ...)."""
     metrics_port: int = Field(9090, ge=1, le=65535)
     """Port of the worker's Prometheus `/metrics` endpoint."""
+    batching: BatchingPolicyName = BatchingPolicyName.FCFS
+    """The engine's step policy; SLO-aware ones (`accelgen`, `bros`, `pastfuture`) act on each
+    request's class, priority and deadline, which the router sends with every call."""
+    batching_params: str = Field("{}", max_length=65536)
+    """Parameters of that step policy: a JSON object of its documented params."""
+
+    @field_validator("batching_params")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except ValueError as err:
+            raise ValueError(f"engine.batchingParams: not JSON: {err}") from err
+        if not isinstance(parsed, dict):
+            raise ValueError("engine.batchingParams: must be a JSON object")
+        return value
 
 
 class ResourceRequirements(Model):

@@ -228,6 +228,10 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
         args.append(f"--revision={spec.model.revision}")
     if spec.model.tokenizer:
         args.append(f"--tokenizer={spec.model.tokenizer}")
+    params = json.loads(spec.engine.batching_params)
+    if spec.engine.batching != v1.BatchingPolicyName.FCFS or params:
+        args.append(f"--batching={spec.engine.batching.value}")
+        args.append(f"--batching-params={json.dumps(params, sort_keys=True)}")
     extra = [*spec.engine.args, *group.engine_args]
     return [*args, "--", *extra] if extra else args
 
