@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from splitserve.api.router import RouterConfig, RouterFile
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
+from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.router.server import RouterServer
 
 
@@ -56,6 +57,7 @@ def router() -> None:
 @click.option("--min-prompt-tokens-for-pd", type=int, default=1, show_default=True)
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@slo_options
 @click.pass_context
 def serve_cmd(
     ctx: click.Context,
@@ -71,6 +73,11 @@ def serve_cmd(
     min_prompt_tokens_for_pd: int,
     ready_file: Path | None,
     log_level: str,
+    slo_classes: tuple[str, ...],
+    default_slo_class: str | None,
+    slo_config: Path | None,
+    placement_profile: str | None,
+    disaggregation: str | None,
 ) -> None:
     """Serve the OpenAI HTTP API and the gRPC Router over the given workers."""
     logs.setup(log_level, "router")
@@ -106,6 +113,18 @@ def serve_cmd(
             if tokenizer is not None:
                 explicit["tokenizer_dir"] = str(tokenizer)
             config = config_from_file(config_file, explicit)
+        slo, placement = slo_settings(
+            slo_classes,
+            default_slo_class,
+            slo_config,
+            placement_profile,
+            disaggregation,
+            config.placement,
+        )
+        update: dict[str, Any] = {"placement": placement}
+        if slo is not None:
+            update["slo"] = slo
+        config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
     host = config.http_host

@@ -21,7 +21,9 @@ from typing import Any
 
 import click
 
+from splitserve.api.router import PlacementSettings
 from splitserve.cli.process import die_with_parent
+from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -184,6 +186,7 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             "--log-level",
             opts["log_level"],
         ]
+        router_args += slo_args(opts)
         for w in workers:
             router_args += ["--worker", w.info["address"]]
         router = stack.spawn("router", router_args)
@@ -233,10 +236,19 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
     help="Where logs and ready files go. Default: a new temp dir.",
 )
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@slo_options
 def up(**opts: Any) -> None:
     """Run the router and workers locally until Ctrl-C."""
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
+    slo_settings(  # refuse bad SLO options here, before any process starts
+        opts["slo_classes"],
+        opts["default_slo_class"],
+        opts["slo_config"],
+        opts["placement_profile"],
+        opts["disaggregation"],
+        PlacementSettings(),
+    )
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     opts["served_model_name"] = opts["served_model_name"] or opts["model"]

@@ -1,0 +1,150 @@
+"""SLO options shared by `splitserve router serve` and `splitserve up`.
+
+`--slo-class NAME:key=value,...` declares one class with the `LLMService` CRD's keys
+(`ttftMs`, `tpotMs`, `percentile`, `attainment`, `priority`, `sheddable`,
+`jobCompletionSeconds`, `allowOverrides`), e.g. `--slo-class chat:ttftMs=300,tpotMs=40,priority=10`.
+`--slo-config FILE` reads the same things as YAML, shaped like an `LLMService` spec:
+`sloClasses: [...]`, `defaultSloClass: NAME`, and optionally
+`router: {placementProfile, disaggregation, lengthPredictor, admissionQueueCapacity}`.
+Classes given as flags come after the file's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import yaml
+from pydantic import ValidationError
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.api.router import PlacementSettings, SloSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_BOOL = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+def parse_slo_class(text: str) -> v1.SloClassSpec:
+    """`NAME:key=value,...` -> a validated class. Raises `click.BadParameter` naming the flag."""
+    name, _, rest = text.partition(":")
+    values: dict[str, Any] = {"name": name}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise click.BadParameter(f"{item!r}: expected key=value", param_hint="--slo-class")
+        values[key] = (
+            _BOOL.get(value.lower(), value) if key in ("sheddable", "allowOverrides") else value
+        )
+    try:
+        return v1.SloClassSpec.model_validate(values)
+    except ValidationError as err:
+        raise click.BadParameter(str(err), param_hint="--slo-class") from err
+
+
+def slo_options(f: F) -> F:
+    """The SLO flags, as click options."""
+    for opt in reversed(
+        [
+            click.option(
+                "--slo-class",
+                "slo_classes",
+                multiple=True,
+                help="An SLO class, NAME:ttftMs=..,tpotMs=..,priority=..,sheddable=true "
+                "(repeatable; the CRD's keys).",
+            ),
+            click.option("--default-slo-class", default=None, help="Class of unlabelled requests."),
+            click.option(
+                "--slo-config",
+                type=click.Path(path_type=Path, exists=True, dir_okay=False),
+                default=None,
+                help="YAML with sloClasses, defaultSloClass and router settings (as in a CRD).",
+            ),
+            click.option(
+                "--placement-profile",
+                type=click.Choice([p.value for p in v1.PlacementProfile]),
+                default=None,
+                help="Placement profile (default: default).",
+            ),
+            click.option(
+                "--disaggregation",
+                type=click.Choice([d.value for d in v1.Disaggregation]),
+                default=None,
+                help="When to split prefill and decode (default: Auto).",
+            ),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
+def slo_args(opts: dict[str, Any]) -> list[str]:
+    """The same options as command-line arguments (for `up` to pass to the router)."""
+    args: list[str] = []
+    for c in opts.get("slo_classes") or ():
+        args += ["--slo-class", c]
+    for flag, key in (
+        ("--default-slo-class", "default_slo_class"),
+        ("--slo-config", "slo_config"),
+        ("--placement-profile", "placement_profile"),
+        ("--disaggregation", "disaggregation"),
+    ):
+        if opts.get(key) is not None:
+            args += [flag, str(opts[key])]
+    return args
+
+
+def slo_settings(
+    slo_classes: Sequence[str],
+    default_slo_class: str | None,
+    slo_config: Path | None,
+    placement_profile: str | None,
+    disaggregation: str | None,
+    placement: PlacementSettings,
+) -> tuple[SloSettings | None, PlacementSettings]:
+    """(SLO settings or None when no SLO option was given, placement settings)."""
+    file: dict[str, Any] = {}
+    if slo_config is not None:
+        data = yaml.safe_load(slo_config.read_text())
+        if not isinstance(data, dict):
+            raise click.BadParameter(f"{slo_config}: not a YAML mapping", param_hint="--slo-config")
+        unknown = set(data) - {"sloClasses", "defaultSloClass", "router"}
+        if unknown:
+            raise click.BadParameter(
+                f"{slo_config}: unknown keys {sorted(unknown)}", param_hint="--slo-config"
+            )
+        file = data
+    router = dict(file.get("router") or {})
+    unknown_router = set(router) - {
+        "placementProfile",
+        "disaggregation",
+        "lengthPredictor",
+        "admissionQueueCapacity",
+    }
+    if unknown_router:
+        raise click.BadParameter(
+            f"{slo_config}: unknown router keys {sorted(unknown_router)}",
+            param_hint="--slo-config",
+        )
+    try:
+        classes = [v1.SloClassSpec.model_validate(c) for c in file.get("sloClasses") or ()]
+        classes += [parse_slo_class(c) for c in slo_classes]
+        update: dict[str, Any] = {}
+        if "placementProfile" in router or placement_profile:
+            update["profile"] = v1.PlacementProfile(placement_profile or router["placementProfile"])
+        if "disaggregation" in router or disaggregation:
+            update["disaggregation"] = v1.Disaggregation(disaggregation or router["disaggregation"])
+        placement = placement.model_copy(update=update)
+        default = default_slo_class or file.get("defaultSloClass")
+        if not classes and default is None and not router:
+            return None, placement
+        slo: dict[str, Any] = {"classes": tuple(classes), "default_class": default}
+        if "lengthPredictor" in router:
+            slo["length_predictor"] = v1.LengthPredictor(router["lengthPredictor"])
+        if "admissionQueueCapacity" in router:
+            slo["queue_capacity"] = int(router["admissionQueueCapacity"])
+        return SloSettings(**slo), placement
+    except (ValidationError, ValueError) as err:
+        raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

@@ -1,0 +1,85 @@
+"""`--slo-class`, `--slo-config`, `--placement-profile`, `--disaggregation` (router and up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.api.router import PlacementSettings
+from splitserve.cli.main import cli
+from splitserve.cli.slo_options import parse_slo_class, slo_args, slo_settings
+
+
+def test_parse_slo_class() -> None:
+    c = parse_slo_class("chat:ttftMs=300,tpotMs=40,priority=10,sheddable=true,allowOverrides=1")
+    assert (c.name, c.ttft_ms, c.tpot_ms, c.priority, c.sheddable, c.allow_overrides) == (
+        "chat",
+        300,
+        40,
+        10,
+        True,
+        True,
+    )
+    with pytest.raises(click.BadParameter, match="key=value"):
+        parse_slo_class("chat:ttftMs")
+    with pytest.raises(click.BadParameter, match="ttftMs and tpotMs"):
+        parse_slo_class("chat:ttftMs=300")
+
+
+def test_settings_from_file_and_flags(tmp_path: Path) -> None:
+    f = tmp_path / "slo.yaml"
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "sloClasses": [{"name": "batch", "jobCompletionSeconds": 600, "sheddable": True}],
+                "defaultSloClass": "batch",
+                "router": {"placementProfile": "tetriinfer", "admissionQueueCapacity": 3},
+            }
+        )
+    )
+    slo, placement = slo_settings(
+        ["chat:ttftMs=300,tpotMs=40"], None, f, None, "Never", PlacementSettings()
+    )
+    assert slo is not None
+    assert [c.name for c in slo.classes] == ["batch", "chat"]
+    assert slo.default_class == "batch"
+    assert slo.queue_capacity == 3
+    assert placement.profile is v1.PlacementProfile.TETRIINFER
+    assert placement.disaggregation is v1.Disaggregation.NEVER
+    none, same = slo_settings([], None, None, None, None, PlacementSettings())
+    assert none is None
+    assert same == PlacementSettings()
+    f.write_text(yaml.safe_dump({"sloClassez": []}))
+    with pytest.raises(click.BadParameter, match="unknown keys"):
+        slo_settings([], None, f, None, None, PlacementSettings())
+    with pytest.raises(click.BadParameter, match="default SLO class"):
+        slo_settings(["chat:ttftMs=3,tpotMs=4"], "gold", None, None, None, PlacementSettings())
+
+
+def test_up_passes_them_to_the_router() -> None:
+    opts = {
+        "slo_classes": ("a:ttftMs=1,tpotMs=2",),
+        "default_slo_class": "a",
+        "slo_config": None,
+        "placement_profile": "aladdin",
+        "disaggregation": None,
+    }
+    assert slo_args(opts) == [
+        "--slo-class",
+        "a:ttftMs=1,tpotMs=2",
+        "--default-slo-class",
+        "a",
+        "--placement-profile",
+        "aladdin",
+    ]
+
+
+def test_up_refuses_a_bad_class_before_starting_anything() -> None:
+    result = CliRunner().invoke(cli, ["up", "--slo-class", "x:ttftMs=oops,tpotMs=1"])
+    assert result.exit_code == 2
+    assert "--slo-class" in result.output
