@@ -42,6 +42,8 @@ class SloSettings(BaseModel):
     """The output-length predictor."""
     queue_capacity: int = Field(1024, ge=0)
     """Requests the admission queue holds at most."""
+    admission: bool = True
+    """False: every request is dispatched at once (the wave-1 router; benchmarks compare)."""
     max_backlog_fraction: float = Field(0.5, gt=0)
     """Room for one more request: the best worker's predicted prefill backlog is at most this
     fraction of the tightest TTFT target of any class (once the latency model has data)."""

@@ -5,7 +5,8 @@
 `jobCompletionSeconds`, `allowOverrides`), e.g. `--slo-class chat:ttftMs=300,tpotMs=40,priority=10`.
 `--slo-config FILE` reads the same things as YAML, shaped like an `LLMService` spec:
 `sloClasses: [...]`, `defaultSloClass: NAME`, and optionally
-`router: {placementProfile, disaggregation, lengthPredictor, admissionQueueCapacity}`.
+`router: {placementProfile, disaggregation, lengthPredictor, admissionQueueCapacity,
+admission}` (`admission: false` dispatches every request at once: the wave-1 router).
 Classes given as flags come after the file's.
 """
 
@@ -122,6 +123,7 @@ def slo_settings(
         "disaggregation",
         "lengthPredictor",
         "admissionQueueCapacity",
+        "admission",
     }
     if unknown_router:
         raise click.BadParameter(
@@ -145,6 +147,8 @@ def slo_settings(
             slo["length_predictor"] = v1.LengthPredictor(router["lengthPredictor"])
         if "admissionQueueCapacity" in router:
             slo["queue_capacity"] = int(router["admissionQueueCapacity"])
+        if "admission" in router:  # local switch (benchmarks): false = the wave-1 router
+            slo["admission"] = bool(router["admission"])
         return SloSettings(**slo), placement
     except (ValidationError, ValueError) as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

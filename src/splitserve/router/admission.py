@@ -122,6 +122,11 @@ class Admission:
             Overloaded: shed (sheddable, cannot meet its SLO) or rejected (queue full).
         """
         now_s = self.clock.now_s()
+        if not self.settings.admission:
+            self.metrics.admission.labels(rs.label, "admitted").inc()
+            self._admitting_requests += 1
+            self._admitting_tokens += prompt_tokens
+            return
         entry = Entry(
             id=request_id,
             priority=rs.cls.priority,
