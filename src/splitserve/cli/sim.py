@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from splitserve.sim.reproduce import REPRODUCTIONS
+from splitserve.sim.reproductions import REPRODUCTIONS
 
 
 @click.group()
@@ -95,4 +95,6 @@ def bench_cmd(
 
 def bundled_trace(kind: str) -> Path:
     """The Azure LLM inference trace (2023) shipped with the package: "conv" or "code"."""
-    return Path(__file__).resolve().parents[1] / "sim" / "traces" / f"azure_llm_2023_{kind}.csv"
+    from splitserve.sim.traces import bundled_trace as bundled
+
+    return bundled(kind)

@@ -21,7 +21,7 @@ from splitserve.sim.report import (
     requests_csv,
     summary_markdown,
 )
-from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
 
 
 @dataclass(frozen=True, slots=True)

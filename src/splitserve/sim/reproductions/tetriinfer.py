@@ -31,10 +31,14 @@ from splitserve.core.ids import PoolName
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
-from splitserve.sim.cluster_tetriinfer import RoutedMix, simulate_tetriinfer, tetriinfer_spec
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction
+from splitserve.sim.reproductions.tetriinfer_cluster import (
+    RoutedMix,
+    simulate_tetriinfer,
+    tetriinfer_spec,
+)
 from splitserve.sim.workload import PRESETS, LengthDist, WorkItem
 
 V100_32G = HARDWARE["v100-32g"]

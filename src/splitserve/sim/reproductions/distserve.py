@@ -1,9 +1,5 @@
-"""Paper headline comparisons, re-run in the simulator: paper number vs ours.
-
-Owns: each seed paper's set-up (model, hardware, SLOs, workload, systems compared) expressed as
-cluster specs, and the computation of our number. Pure: returns a `Reproduction`; the runner
-prints it and writes plots. `quick=True` uses fewer requests and a coarser bisection so the test
-suite can run it.
+"""DistServe's headline, re-run in the simulator: paper number vs ours. `quick=True` uses fewer
+requests and a coarser bisection so the test suite can run it.
 
 DistServe (research/seed-distserve-vidur-aladdin.md §A.6-A.7; seeds/distserve.txt §1, §6):
 per-GPU goodput at 90 % SLO attainment of disaggregated prefill/decode vs colocated vLLM, OPT-13B
@@ -15,9 +11,7 @@ per-GPU goodput, as Alg. 1 does; both sides use TP 1 (Fig. 11: TP 1 is vLLM's be
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -27,79 +21,9 @@ from splitserve.core.request import SloClass
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
-from splitserve.sim.metrics import Goodput, goodput, overall_attainment
-from splitserve.sim.report import markdown_table
+from splitserve.sim.metrics import goodput, overall_attainment
+from splitserve.sim.reproductions.common import Comparison, Reproduction, SystemResult
 from splitserve.sim.workload import PRESETS, Fixed, LengthDist, Poisson, WorkItem, synthetic
-
-BAND = 0.25
-"""A reproduced number counts as matching when within ±25 % of the paper's."""
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    name: str
-    paper: float
-    ours: float
-    paper_text: str
-    """The paper's claim as stated (ranges stay ranges)."""
-    paper_low: float
-    paper_high: float
-
-    @property
-    def within_band(self) -> bool:
-        return self.paper_low * (1 - BAND) <= self.ours <= self.paper_high * (1 + BAND)
-
-
-@dataclass(frozen=True, slots=True)
-class SystemResult:
-    name: str
-    num_gpus: int
-    goodput: Goodput
-
-    @property
-    def per_gpu(self) -> float:
-        return self.goodput.rate_per_s / self.num_gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Reproduction:
-    paper: str
-    comparisons: tuple[Comparison, ...]
-    systems: Mapping[str, tuple[SystemResult, ...]]
-    """Per workload: every system searched, in search order."""
-    notes: tuple[str, ...] = field(default=())
-
-    def markdown(self) -> str:
-        rows = [
-            [c.name, c.paper_text, c.ours, "yes" if c.within_band else "no"]
-            for c in self.comparisons
-        ]
-        out = [f"## {self.paper}: paper vs ours\n\n"]
-        out.append(markdown_table(["comparison", "paper", "ours", "within ±25 %"], rows))
-        for workload, systems in self.systems.items():
-            out.append(f"\n### {workload}: goodput at the attainment target\n\n")
-            out.append(
-                markdown_table(
-                    ["system", "GPUs", "goodput req/s", "per GPU req/s", "probes"],
-                    [
-                        [s.name, s.num_gpus, s.goodput.rate_per_s, s.per_gpu, len(s.goodput.probes)]
-                        for s in systems
-                    ],
-                )
-            )
-        if self.notes:
-            out.append("\n" + "\n".join(f"- {n}" for n in self.notes) + "\n")
-        return "".join(out)
-
-    def curves(self, workload: str) -> dict[str, list[tuple[float, float]]]:
-        """(rate per GPU, attainment) probes per system, for plotting."""
-        return {
-            s.name: [(r / s.num_gpus, a) for r, a in s.goodput.probes]
-            for s in self.systems[workload]
-        }
-
-
-# -- DistServe ----------------------------------------------------------------------------------
 
 _SLO = SloClass(SloClassName("default"), ttft_ms=200.0, tpot_ms=100.0, percentile=0.9)
 _VLLM_V0: Mapping[str, object] = {
@@ -230,26 +154,3 @@ def distserve(quick: bool = False) -> Reproduction:
         "Why ours is below the paper with Table-1 SLOs: docs/simulator.md § DistServe.",
     )
     return Reproduction("DistServe", tuple(comparisons), systems, notes)
-
-
-def _lazy(target: str) -> Callable[[bool], Reproduction]:
-    """A reproduction living in its own module (`module:function`), imported when run."""
-
-    def run(quick: bool) -> Reproduction:
-        module, attr = target.split(":")
-        fn: Callable[[bool], Reproduction] = getattr(importlib.import_module(module), attr)
-        return fn(quick)
-
-    return run
-
-
-REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
-    "distserve": distserve,
-    "tetriinfer": _lazy("splitserve.sim.repro_tetriinfer:tetriinfer"),
-    "pastfuture": _lazy("splitserve.sim.repro_pastfuture:pastfuture"),
-    "splitwise": _lazy("splitserve.sim.repro_splitwise:splitwise"),
-    "accelgen": _lazy("splitserve.sim.repro_accelgen:accelgen"),
-    "bros": _lazy("splitserve.sim.repro_bros:bros"),
-    "alise": _lazy("splitserve.sim.repro_alise:alise"),
-    "aladdin": _lazy("splitserve.sim.repro_aladdin:aladdin"),
-}

@@ -43,7 +43,7 @@ from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction
 from splitserve.sim.workload import PRESETS, LengthDist, LogNormal, WorkItem
 
 CONTEXT_TOKENS = 2048

@@ -36,10 +36,10 @@ from splitserve.core.perf import HARDWARE, MODELS, ModelShape, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.policy.batching.bros import BEST_EFFORT, PAPER_SLO, REALTIME
 from splitserve.sim.cluster import ClusterSpec
-from splitserve.sim.cluster_bros import simulate_hybrid
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import RequestRecord, SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.bros_cluster import simulate_hybrid
+from splitserve.sim.reproductions.common import Comparison, Reproduction
 from splitserve.sim.workload import LogNormal, Poisson, Uniform, WorkItem
 
 OPT_30B = ModelShape("opt-30b", 48, 7168, 28672, 56, 56, 50272, mlp_matrices=2)

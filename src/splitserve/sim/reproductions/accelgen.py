@@ -2,7 +2,7 @@
 
 Owns: AccelGen's evaluation set-up (research/seed-accelgen-bros.md A5-A6; seeds/accelgen.txt §3.1,
 §6.1) as a workload with per-request SLOs and the systems compared, run on one engine with the
-roofline model (`cluster_accelgen.run_engine`), and the computation of our numbers. Pure: returns
+roofline model (`accelgen_cluster.run_engine`), and the computation of our numbers. Pure: returns
 a `Reproduction`; the runner prints it.
 
 Set-up, as the paper states it or as we infer it where it does not:
@@ -47,8 +47,8 @@ from splitserve.policy.batching.accelgen import AccelGenParams, AccelGenPolicy
 from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
 from splitserve.policy.batching.fcfs import FcfsParams, FcfsPolicy
 from splitserve.policy.batching.sarathi import SarathiParams, SarathiPolicy
-from splitserve.sim.cluster_accelgen import EngineRun, run_engine
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.accelgen_cluster import EngineRun, run_engine
+from splitserve.sim.reproductions.common import Comparison, Reproduction
 from splitserve.sim.workload import WorkItem
 
 MODEL = RooflineModel(MODELS["opt-13b"], HARDWARE["a100-80g"])
