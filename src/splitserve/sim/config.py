@@ -15,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.core.errors import ConfigError
 from splitserve.core.ids import PoolName, SloClassName
-from splitserve.core.perf import HARDWARE, MODELS, LatencyModel, RooflineModel, parse_profile_csv
+from splitserve.core.perf import (
+    HARDWARE,
+    MODELS,
+    LatencyModel,
+    RooflineModel,
+    build_latency_model,
+    parse_profile_csv,
+)
 from splitserve.core.request import SloClass
 from splitserve.core.roles import parse_role
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
@@ -122,6 +129,13 @@ class ScenarioConfig(BaseModel):
     slo_classes: list[SloConfig] = Field(
         default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
     )
+    latency_model: str = "roofline"
+    """How steps are priced (`core.perf.catalog`): `roofline`, or a model built from published
+    GPU measurements: `distserve-a100`, `distserve-vllm-a100` (OPT-13B/66B), `vidur-a100`,
+    `vidur-h100` (Llama family). A GPU model needs `hardware` set to the GPU it was measured on."""
+    kv_link: str | None = None
+    """Price KV transfers with a measured link (`core.perf.kvlink.KV_LINKS`: `nvlink-a100`,
+    `infiniband-h100`, `nixl-loopback-cpu`, ...) instead of the latency model's default."""
     latency_profile: str | None = None
     """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
     instead of the roofline; relative paths are resolved against the scenario file."""
@@ -142,15 +156,27 @@ def latency_model(cfg: ScenarioConfig, tp: int) -> RooflineModel:
     return RooflineModel(shape, hw, tp=tp, time_scale=cfg.time_scale)
 
 
+def named_latency_model(cfg: ScenarioConfig, tp: int) -> LatencyModel:
+    """The scenario's `latency_model` (and `kv_link`) for a worker of `tp` GPUs."""
+    try:
+        return build_latency_model(
+            cfg.latency_model, cfg.model, cfg.hardware, tp, cfg.time_scale, cfg.kv_link
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
 def worker_template(
     cfg: ScenarioConfig, pool: PoolConfig, latency: LatencyModel | None = None
 ) -> WorkerTemplate:
+    """A pool's worker: priced by `latency` when given (a profile), else by the scenario's
+    named latency model; KV capacity always from the model shape on the hardware preset."""
     roofline = latency_model(cfg, pool.tp)
     blocks = roofline.kv_capacity_tokens(cfg.memory_utilization) // cfg.block_size
     if blocks < 1:
         raise ConfigError(f"{cfg.model} does not fit {cfg.hardware} x{pool.tp} with room for KV")
     return WorkerTemplate(
-        latency=latency or roofline,
+        latency=latency or named_latency_model(cfg, pool.tp),
         num_blocks=blocks,
         kv_layout=roofline.shape.kv_layout,
         block_size=cfg.block_size,
@@ -164,6 +190,11 @@ def cluster_spec(cfg: ScenarioConfig, profile_lines: Iterable[str] | None = None
     """Pools of roofline-priced workers, or table-priced when profile lines are given (KV
     capacity still comes from the model shape and hardware)."""
     latency: LatencyModel | None = None
+    if profile_lines is not None and (cfg.latency_model != "roofline" or cfg.kv_link):
+        raise ConfigError(
+            "set either `latency_profile` or `latency_model`/`kv_link`, not both "
+            f"(latency_model={cfg.latency_model!r}, kv_link={cfg.kv_link!r})"
+        )
     if profile_lines is not None:
         try:
             latency = parse_profile_csv(profile_lines)

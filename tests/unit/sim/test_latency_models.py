@@ -1,0 +1,78 @@
+"""A scenario picks its latency model by name: GPU-measured models change the simulated times,
+mismatched hardware and conflicting settings are refused, and a KV link prices transfers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitserve.core.errors import ConfigError
+from splitserve.core.perf import DistServeModel, VidurModel
+from splitserve.sim import runner
+from splitserve.sim.config import ScenarioConfig, cluster_spec
+
+BASE: dict[str, Any] = {
+    "model": "opt-13b",
+    "hardware": "a100-80g",
+    "pools": [
+        {"name": "prefill", "role": "prefill", "replicas": 1},
+        {"name": "decode", "role": "decode", "replicas": 1},
+    ],
+    "workload": {
+        "arrival": "poisson",
+        "rate_per_s": 1.0,
+        "num_requests": 30,
+        "prompt": {"kind": "fixed", "tokens": 512},
+        "output": {"kind": "fixed", "tokens": 16},
+    },
+}
+
+
+def _run(**over: Any) -> Any:
+    cfg = ScenarioConfig.model_validate({**BASE, **over})
+    return runner.run_scenario(cfg, None).result
+
+
+def test_named_models_build_the_right_workers() -> None:
+    spec = cluster_spec(ScenarioConfig.model_validate({**BASE, "latency_model": "distserve-a100"}))
+    assert all(isinstance(p.worker.latency, DistServeModel) for p in spec.pools)
+    vidur = {**BASE, "model": "llama-2-7b", "hardware": "h100-80g", "latency_model": "vidur-h100"}
+    spec = cluster_spec(ScenarioConfig.model_validate(vidur))
+    assert all(isinstance(p.worker.latency, VidurModel) for p in spec.pools)
+
+
+def test_distserve_vllm_fit_is_slower_than_distserve_engine_fit() -> None:
+    own = _run(latency_model="distserve-a100")
+    vllm = _run(latency_model="distserve-vllm-a100")
+    assert own.num_finished == vllm.num_finished == 30
+    assert vllm.busy_gpu_seconds > own.busy_gpu_seconds
+
+
+def test_kv_link_prices_the_transfer() -> None:
+    slow = _run(kv_link="nixl-loopback-cpu")
+    fast = _run(kv_link="nvlink-a100")
+    slow_kv = sum(r.kv_transfer_s for r in slow.requests)
+    fast_kv = sum(r.kv_transfer_s for r in fast.requests)
+    assert slow_kv > 10 * fast_kv > 0
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"latency_model": "vidur-h100", "model": "llama-2-7b"}, "measured on h100-80g"),
+        ({"latency_model": "distserve-a100", "model": "llama-2-7b"}, "no distserve fit"),
+        ({"latency_model": "nope"}, "unknown latency model"),
+        ({"kv_link": "carrier-pigeon"}, "unknown KV link"),
+    ],
+)
+def test_bad_latency_settings_are_refused(over: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        cluster_spec(ScenarioConfig.model_validate({**BASE, **over}))
+
+
+def test_profile_and_named_model_together_are_refused(tmp_path: Path) -> None:
+    cfg = ScenarioConfig.model_validate({**BASE, "latency_model": "distserve-a100"})
+    with pytest.raises(ConfigError, match="not both"):
+        cluster_spec(cfg, ["component,x,seconds", "gemm,1,0.01"])
