@@ -113,7 +113,10 @@ class GoodputConfig(BaseModel):
     tolerance: float = Field(0.05, gt=0)
 
 
-class ScenarioConfig(BaseModel):
+class ClusterConfig(BaseModel):
+    """The cluster half of a scenario: model, hardware, latency pricing and pools (what
+    `splitserve sim validate` replays a recorded run on)."""
+
     model_config = _STRICT
     name: str = "scenario"
     model: str = "opt-13b"
@@ -125,10 +128,6 @@ class ScenarioConfig(BaseModel):
     load_report_interval_s: float = Field(0.0, ge=0)
     """0: the router sees exact worker state; > 0: load reports this often (live: 0.1 s)."""
     pools: list[PoolConfig]
-    workload: WorkloadConfig
-    slo_classes: list[SloConfig] = Field(
-        default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
-    )
     latency_model: str = "roofline"
     """How steps are priced (`core.perf.catalog`): `roofline`, or a model built from published
     GPU measurements: `distserve-a100`, `distserve-vllm-a100` (OPT-13B/66B), `vidur-a100`,
@@ -139,6 +138,14 @@ class ScenarioConfig(BaseModel):
     latency_profile: str | None = None
     """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
     instead of the roofline; relative paths are resolved against the scenario file."""
+
+
+class ScenarioConfig(ClusterConfig):
+    model_config = _STRICT
+    workload: WorkloadConfig
+    slo_classes: list[SloConfig] = Field(
+        default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
+    )
     goodput: GoodputConfig | None = None
     """When set, also search the highest rate meeting the first class's attainment target."""
 
@@ -150,13 +157,13 @@ def _pick(table: Mapping[str, Any], name: str, what: str) -> Any:
         raise ConfigError(f"unknown {what} {name!r}; valid: {', '.join(sorted(table))}") from None
 
 
-def latency_model(cfg: ScenarioConfig, tp: int) -> RooflineModel:
+def latency_model(cfg: ClusterConfig, tp: int) -> RooflineModel:
     shape = _pick(MODELS, cfg.model, "model")
     hw = _pick(HARDWARE, cfg.hardware, "hardware")
     return RooflineModel(shape, hw, tp=tp, time_scale=cfg.time_scale)
 
 
-def named_latency_model(cfg: ScenarioConfig, tp: int) -> LatencyModel:
+def named_latency_model(cfg: ClusterConfig, tp: int) -> LatencyModel:
     """The scenario's `latency_model` (and `kv_link`) for a worker of `tp` GPUs."""
     try:
         return build_latency_model(
@@ -167,7 +174,7 @@ def named_latency_model(cfg: ScenarioConfig, tp: int) -> LatencyModel:
 
 
 def worker_template(
-    cfg: ScenarioConfig, pool: PoolConfig, latency: LatencyModel | None = None
+    cfg: ClusterConfig, pool: PoolConfig, latency: LatencyModel | None = None
 ) -> WorkerTemplate:
     """A pool's worker: priced by `latency` when given (a profile), else by the scenario's
     named latency model; KV capacity always from the model shape on the hardware preset."""
@@ -186,7 +193,7 @@ def worker_template(
     )
 
 
-def cluster_spec(cfg: ScenarioConfig, profile_lines: Iterable[str] | None = None) -> ClusterSpec:
+def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None) -> ClusterSpec:
     """Pools of roofline-priced workers, or table-priced when profile lines are given (KV
     capacity still comes from the model shape and hardware)."""
     latency: LatencyModel | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from splitserve.sim.reproductions.common import Reproduction
+from splitserve.sim.reproductions.common import LATENCY_SOURCES, Reproduction, latency_source
 
 
 def _lazy(target: str) -> Callable[[bool], Reproduction]:
@@ -35,4 +35,11 @@ REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
     "aladdin": _lazy("splitserve.sim.reproductions.aladdin:aladdin"),
 }
 
-__all__ = ["REPRODUCTIONS", "Reproduction"]
+
+def run(paper: str, quick: bool = False, latency: str = "roofline") -> Reproduction:
+    """Run `paper`'s reproduction with `latency`'s step pricing (`LATENCY_SOURCES`)."""
+    with latency_source(latency):
+        return REPRODUCTIONS[paper](quick)
+
+
+__all__ = ["LATENCY_SOURCES", "REPRODUCTIONS", "Reproduction", "run"]

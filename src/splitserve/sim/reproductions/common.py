@@ -6,11 +6,38 @@ Pure: the runner prints a `Reproduction` and writes its plots.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from splitserve.sim.metrics import Goodput
 from splitserve.sim.report import markdown_table
+
+LATENCY_SOURCES = ("roofline", "gpu")
+"""How a reproduction prices steps: `roofline` (analytical, the hardware preset's figures) or
+`gpu` (the nearest model built from published GPU measurements, `core.perf.catalog`; each
+paper's notes say which)."""
+
+_LATENCY: ContextVar[str] = ContextVar("reproduction_latency", default="roofline")
+
+
+@contextmanager
+def latency_source(name: str) -> Iterator[None]:
+    """Run the reproductions inside with `name`'s latency models (context-local, not global)."""
+    if name not in LATENCY_SOURCES:
+        raise ValueError(f"unknown latency source {name!r}; valid: {', '.join(LATENCY_SOURCES)}")
+    token = _LATENCY.set(name)
+    try:
+        yield
+    finally:
+        _LATENCY.reset(token)
+
+
+def use_gpu_models() -> bool:
+    """True inside `latency_source("gpu")`."""
+    return _LATENCY.get() == "gpu"
+
 
 BAND = 0.25
 """A reproduced number counts as matching when within ±25 % of the paper's."""

@@ -16,13 +16,19 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from splitserve.core.ids import PoolName, SloClassName
-from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+from splitserve.core.perf import HARDWARE, MODELS, DistServeModel, LatencyModel, RooflineModel
+from splitserve.core.perf.kvlink import kv_link
 from splitserve.core.request import SloClass
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import goodput, overall_attainment
-from splitserve.sim.reproductions.common import Comparison, Reproduction, SystemResult
+from splitserve.sim.reproductions.common import (
+    Comparison,
+    Reproduction,
+    SystemResult,
+    use_gpu_models,
+)
 from splitserve.sim.workload import PRESETS, Fixed, LengthDist, Poisson, WorkItem, synthetic
 
 _SLO = SloClass(SloClassName("default"), ttft_ms=200.0, tpot_ms=100.0, percentile=0.9)
@@ -35,10 +41,16 @@ _PREFILL: Mapping[str, object] = {"chunked_prefill": False, "max_num_batched_tok
 _DECODE: Mapping[str, object] = {"max_num_seqs": 256}
 
 
-def _template(params: Mapping[str, object]) -> WorkerTemplate:
+def _template(params: Mapping[str, object], engine: str) -> WorkerTemplate:
+    """A worker priced by the roofline, or (GPU models) by DistServe's own A100-80GB fit of
+    `engine` ("vllm" for the colocated baseline, "distserve" for its disaggregated engine),
+    with KV moved over NVLink (Vidur's A100 send/recv). KV capacity: the roofline's, 90 %."""
     model = RooflineModel(MODELS["opt-13b"], HARDWARE["a100-80g"])
+    latency: LatencyModel = model
+    if use_gpu_models():
+        latency = DistServeModel(engine, "opt-13b", 1, kv_link("nvlink-a100"))
     return WorkerTemplate(
-        latency=model,
+        latency=latency,
         num_blocks=model.kv_capacity_tokens(0.9) // 16,
         kv_layout=model.shape.kv_layout,
         policy_params=dict(params),
@@ -46,14 +58,14 @@ def _template(params: Mapping[str, object]) -> WorkerTemplate:
 
 
 def _colocated() -> ClusterSpec:
-    return ClusterSpec((PoolSpec(PoolName("vllm"), Role.MIXED, 1, _template(_VLLM_V0)),))
+    return ClusterSpec((PoolSpec(PoolName("vllm"), Role.MIXED, 1, _template(_VLLM_V0, "vllm")),))
 
 
 def _disaggregated(p: int, d: int) -> ClusterSpec:
     return ClusterSpec(
         (
-            PoolSpec(PoolName("prefill"), Role.PREFILL, p, _template(_PREFILL)),
-            PoolSpec(PoolName("decode"), Role.DECODE, d, _template(_DECODE)),
+            PoolSpec(PoolName("prefill"), Role.PREFILL, p, _template(_PREFILL, "distserve")),
+            PoolSpec(PoolName("decode"), Role.DECODE, d, _template(_DECODE, "distserve")),
         )
     )
 
@@ -148,7 +160,13 @@ def distserve(quick: bool = False) -> Reproduction:
             )
         )
     notes = (
-        "Model: roofline (core.perf.roofline) for OPT-13B on A100-80GB, TP 1, no profile.",
+        (
+            "Model: DistServe's published A100-80GB fits for OPT-13B TP 1 (core.perf.distserve): "
+            "vLLM's for the colocated baseline, DistServe's engine's for prefill and decode; KV "
+            "over NVLink (Vidur's A100 send/recv)."
+            if use_gpu_models()
+            else "Model: roofline (core.perf.roofline) for OPT-13B on A100-80GB, TP 1, no profile."
+        ),
         "SLO: TTFT 200 ms, TPOT 100 ms, 90 % of requests meeting both (DistServe Table 1, 13B).",
         "Colocated = vLLM v0.2 scheduling (prompts first, no chunked prefill).",
         "Why ours is below the paper with Table-1 SLOs: docs/simulator.md § DistServe.",
