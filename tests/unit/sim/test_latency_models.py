@@ -76,3 +76,25 @@ def test_profile_and_named_model_together_are_refused(tmp_path: Path) -> None:
     cfg = ScenarioConfig.model_validate({**BASE, "latency_model": "distserve-a100"})
     with pytest.raises(ConfigError, match="not both"):
         cluster_spec(cfg, ["component,x,seconds", "gemm,1,0.01"])
+
+
+def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
+    from splitserve.core.perf import RooflineModel
+    from splitserve.sim.reproductions import distserve, tetriinfer
+    from splitserve.sim.reproductions.common import latency_source, use_gpu_models
+
+    assert not use_gpu_models()
+    assert isinstance(distserve._colocated().pools[0].worker.latency, RooflineModel)
+    with latency_source("gpu"):
+        colocated = distserve._colocated().pools[0].worker.latency
+        prefill = distserve._disaggregated(1, 1).pools[0].worker.latency
+        tetri = tetriinfer.vllm_spec().pools[0].worker.latency
+    assert isinstance(colocated, DistServeModel)
+    assert colocated.engine == "vllm"
+    assert isinstance(prefill, DistServeModel)
+    assert prefill.engine == "distserve"
+    assert isinstance(tetri, DistServeModel)
+    assert tetri.tp == 2
+    assert not use_gpu_models()  # context-local: restored on exit
+    with pytest.raises(ValueError, match="unknown latency source"), latency_source("tpu"):
+        pass

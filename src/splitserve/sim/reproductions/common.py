@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from splitserve.core.perf import DistServeModel, LatencyModel
+from splitserve.core.perf.kvlink import kv_link
 from splitserve.sim.metrics import Goodput
 from splitserve.sim.report import markdown_table
 
@@ -37,6 +39,20 @@ def latency_source(name: str) -> Iterator[None]:
 def use_gpu_models() -> bool:
     """True inside `latency_source("gpu")`."""
     return _LATENCY.get() == "gpu"
+
+
+def gpu_or(roofline: LatencyModel, model: str = "opt-13b", tp: int = 1) -> LatencyModel:
+    """`roofline`, or inside `latency_source("gpu")` the nearest GPU-measured model for an OPT
+    set-up: DistServe's published fit of vLLM on A100-80GB for `model` at `tp` (KV over NVLink,
+    Vidur's A100 send/recv). Papers measured on other GPUs say so in their notes."""
+    if not use_gpu_models():
+        return roofline
+    return DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
+
+
+def latency_note(gpu_text: str) -> tuple[str, ...]:
+    """The note naming the latency model used, for a reproduction's notes (empty: roofline)."""
+    return (f"Latency (--latency gpu): {gpu_text}",) if use_gpu_models() else ()
 
 
 BAND = 0.25
