@@ -3,7 +3,7 @@ per-request log on, drive Poisson load through the official OpenAI client, stop,
 
 Usage:
     python tools/record_run.py OUT.jsonl --rate 2 --requests 60 --prompt 64:256 --output 8:32 \
-        [--seed 0] -- <splitserve up options, e.g. --prefill 1 --decode 1 --engine sim>
+        [--seed 0] [--profile-out DIR] -- <splitserve up options, e.g. --prefill 1 --decode 1>
 
 Prompts are random token ids (so their length is exact), outputs are forced to their length with
 `ignore_eos`. Each request is one non-streamed completion; the log (not the client) measures
@@ -53,7 +53,7 @@ async def drive(base_url: str, model: str, args: argparse.Namespace) -> tuple[in
                 extra_body={"ignore_eos": True},
             )
             ok += 1
-        except Exception as err:  # noqa: BLE001 - counted and reported, the run goes on
+        except Exception as err:
             failed += 1
             print(f"request {i} failed: {err}", file=sys.stderr)
 
@@ -80,13 +80,21 @@ def main() -> None:
     p.add_argument("--max-token-id", type=int, default=1000)
     p.add_argument("--model", default="splitserve-sim")
     p.add_argument("--run-dir", type=Path, default=None)
+    p.add_argument(
+        "--profile-out",
+        type=Path,
+        default=None,
+        help="After the load, run `splitserve profile` on the first worker into this directory.",
+    )
+    p.add_argument("--profile-args", default="", help="Extra `splitserve profile` options.")
     args = p.parse_args(argv[:cut])
     up_args = argv[cut + 1 :]
     run_dir = args.run_dir or args.out.with_suffix(".run")
     run_dir.mkdir(parents=True, exist_ok=True)
     args.out.unlink(missing_ok=True)
     env = {**os.environ, "SPLITSERVE_REQUEST_LOG": str(args.out.resolve())}
-    cmd = [sys.executable, "-m", "splitserve", "up", "--run-dir", str(run_dir), *up_args]
+    cmd = [sys.executable, "-m", "splitserve", "up", "--run-dir", str(run_dir), "--port", "0"]
+    cmd += up_args
     log = (run_dir / "up.out").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
@@ -102,6 +110,12 @@ def main() -> None:
         t0 = time.monotonic()
         ok, failed = asyncio.run(drive(base, args.model, args))
         print(f"{ok} ok, {failed} failed in {time.monotonic() - t0:.1f} s -> {args.out}")
+        if args.profile_out is not None:
+            worker = sorted(run_dir.glob("*-0.ready.json"))[0]
+            address = json.loads(worker.read_text())["address"]
+            prof = [sys.executable, "-m", "splitserve", "profile", "--worker", address]
+            prof += ["--out", str(args.profile_out), *args.profile_args.split()]
+            subprocess.run(prof, check=True)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -19,8 +19,10 @@ from splitserve.core.perf import (
     HARDWARE,
     MODELS,
     LatencyModel,
+    LinkedModel,
     RooflineModel,
     build_latency_model,
+    kv_link,
     parse_profile_csv,
 )
 from splitserve.core.request import SloClass
@@ -197,16 +199,21 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
     """Pools of roofline-priced workers, or table-priced when profile lines are given (KV
     capacity still comes from the model shape and hardware)."""
     latency: LatencyModel | None = None
-    if profile_lines is not None and (cfg.latency_model != "roofline" or cfg.kv_link):
+    if profile_lines is not None and cfg.latency_model != "roofline":
         raise ConfigError(
-            "set either `latency_profile` or `latency_model`/`kv_link`, not both "
-            f"(latency_model={cfg.latency_model!r}, kv_link={cfg.kv_link!r})"
+            "set either `latency_profile` or `latency_model`, not both "
+            f"(latency_model={cfg.latency_model!r})"
         )
     if profile_lines is not None:
         try:
             latency = parse_profile_csv(profile_lines)
         except ValueError as err:
             raise ConfigError(f"bad latency profile: {err}") from err
+        if cfg.kv_link is not None:
+            try:
+                latency = LinkedModel(latency, kv_link(cfg.kv_link), cfg.time_scale)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
     pools = tuple(
         PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
         for p in cfg.pools

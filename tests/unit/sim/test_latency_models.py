@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from splitserve.core.errors import ConfigError
-from splitserve.core.perf import DistServeModel, VidurModel
+from splitserve.core.perf import DistServeModel, LinkedModel, VidurModel, kv_link
 from splitserve.sim import runner
 from splitserve.sim.config import ScenarioConfig, cluster_spec
 
@@ -76,6 +76,18 @@ def test_profile_and_named_model_together_are_refused(tmp_path: Path) -> None:
     cfg = ScenarioConfig.model_validate({**BASE, "latency_model": "distserve-a100"})
     with pytest.raises(ConfigError, match="not both"):
         cluster_spec(cfg, ["component,x,seconds", "gemm,1,0.01"])
+
+
+def test_a_profile_takes_a_kv_link() -> None:
+    cfg = ScenarioConfig.model_validate({**BASE, "kv_link": "nixl-loopback-cpu"})
+    profile = [
+        "component,x,seconds",
+        *(f"{c},1,0.001\n{c},4096,0.01" for c in ("gemm", "prefill_attention", "decode_attention")),
+    ]
+    spec = cluster_spec(cfg, "\n".join(profile).splitlines())
+    latency = spec.pools[0].worker.latency
+    assert isinstance(latency, LinkedModel)
+    assert latency.kv_transfer_s(1 << 20) == kv_link("nixl-loopback-cpu").transfer_s(1 << 20)
 
 
 def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:

@@ -5,10 +5,10 @@ built from published GPU measurements (DistServe's A100 fits, Vidur's A100 / H10
 tables), chosen by name through `catalog`; KV-transfer costs from measured links (`kvlink`).
 """
 
-from splitserve.core.perf.catalog import LATENCY_MODELS, build_latency_model
+from splitserve.core.perf.catalog import LATENCY_MODELS, LinkedModel, build_latency_model
 from splitserve.core.perf.distserve import DistServeModel
 from splitserve.core.perf.fit import FittedModel, StepSample, fit
-from splitserve.core.perf.kvlink import KV_LINKS, KvLink, LinearLink, MeasuredLink
+from splitserve.core.perf.kvlink import KV_LINKS, KvLink, LinearLink, MeasuredLink, kv_link
 from splitserve.core.perf.protocol import BatchShape, LatencyModel
 from splitserve.core.perf.roofline import RooflineModel
 from splitserve.core.perf.shapes import HARDWARE, MODELS, HardwareSpec, ModelShape
@@ -27,6 +27,7 @@ __all__ = [
     "KvLink",
     "LatencyModel",
     "LinearLink",
+    "LinkedModel",
     "MeasuredLink",
     "ModelShape",
     "ProfileCurve",
@@ -36,5 +37,6 @@ __all__ = [
     "VidurModel",
     "build_latency_model",
     "fit",
+    "kv_link",
     "parse_profile_csv",
 ]
