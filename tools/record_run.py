@@ -92,13 +92,14 @@ def main() -> None:
     run_dir = args.run_dir or args.out.with_suffix(".run")
     run_dir.mkdir(parents=True, exist_ok=True)
     args.out.unlink(missing_ok=True)
+    ready = run_dir / "router.ready.json"
+    ready.unlink(missing_ok=True)  # a previous run's file would point at a stopped router
     env = {**os.environ, "SPLITSERVE_REQUEST_LOG": str(args.out.resolve())}
     cmd = [sys.executable, "-m", "splitserve", "up", "--run-dir", str(run_dir), "--port", "0"]
     cmd += up_args
     log = (run_dir / "up.out").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        ready = run_dir / "router.ready.json"
         deadline = time.monotonic() + 600
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
