@@ -20,6 +20,7 @@ from splitserve.core.perf import (
     MODELS,
     LatencyModel,
     LinkedModel,
+    OverheadModel,
     RooflineModel,
     build_latency_model,
     kv_link,
@@ -137,6 +138,9 @@ class ClusterConfig(BaseModel):
     kv_link: str | None = None
     """Price KV transfers with a measured link (`core.perf.kvlink.KV_LINKS`: `nvlink-a100`,
     `infiniband-h100`, `nixl-loopback-cpu`, ...) instead of the latency model's default."""
+    step_overhead_s: float = Field(0.0, ge=0)
+    """Added to every step's price: a live engine's cost beyond the model (scheduling, RPC,
+    event-loop delay), calibrated from a recorded run (`sim validate`). 0: none."""
     latency_profile: str | None = None
     """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
     instead of the roofline; relative paths are resolved against the scenario file."""
@@ -184,8 +188,11 @@ def worker_template(
     blocks = roofline.kv_capacity_tokens(cfg.memory_utilization) // cfg.block_size
     if blocks < 1:
         raise ConfigError(f"{cfg.model} does not fit {cfg.hardware} x{pool.tp} with room for KV")
+    priced = latency or named_latency_model(cfg, pool.tp)
+    if cfg.step_overhead_s > 0:
+        priced = OverheadModel(priced, cfg.step_overhead_s)
     return WorkerTemplate(
-        latency=latency or named_latency_model(cfg, pool.tp),
+        latency=priced,
         num_blocks=blocks,
         kv_layout=roofline.shape.kv_layout,
         block_size=cfg.block_size,

@@ -110,3 +110,12 @@ def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
     assert not use_gpu_models()  # context-local: restored on exit
     with pytest.raises(ValueError, match="unknown latency source"), latency_source("tpu"):
         pass
+
+
+def test_step_overhead_is_added_to_every_step() -> None:
+    base = _run()
+    slower = _run(step_overhead_s=0.005)
+    assert slower.num_finished == base.num_finished == 30
+    assert sum(w.num_steps for w in slower.workers) > 0
+    extra = slower.busy_gpu_seconds - base.busy_gpu_seconds
+    assert extra == pytest.approx(0.005 * sum(w.num_steps for w in slower.workers), rel=0.2)

@@ -5,7 +5,12 @@ built from published GPU measurements (DistServe's A100 fits, Vidur's A100 / H10
 tables), chosen by name through `catalog`; KV-transfer costs from measured links (`kvlink`).
 """
 
-from splitserve.core.perf.catalog import LATENCY_MODELS, LinkedModel, build_latency_model
+from splitserve.core.perf.catalog import (
+    LATENCY_MODELS,
+    LinkedModel,
+    OverheadModel,
+    build_latency_model,
+)
 from splitserve.core.perf.distserve import DistServeModel
 from splitserve.core.perf.fit import FittedModel, StepSample, fit
 from splitserve.core.perf.kvlink import KV_LINKS, KvLink, LinearLink, MeasuredLink, kv_link
@@ -30,6 +35,7 @@ __all__ = [
     "LinkedModel",
     "MeasuredLink",
     "ModelShape",
+    "OverheadModel",
     "ProfileCurve",
     "ProfiledModel",
     "RooflineModel",

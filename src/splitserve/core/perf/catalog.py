@@ -59,6 +59,30 @@ class LinkedModel:
         return self.link.transfer_s(num_bytes) * self.time_scale
 
 
+@dataclass(frozen=True, slots=True)
+class OverheadModel:
+    """Any latency model plus a fixed cost per non-empty step: a live engine's work beyond the
+    model's (scheduling, RPC, event-loop delay), calibrated from a recorded run."""
+
+    base: LatencyModel
+    overhead_s: float
+
+    def __post_init__(self) -> None:
+        if not self.overhead_s >= 0:
+            raise ValueError(f"step overhead must be >= 0, got {self.overhead_s}")
+
+    @property
+    def ready(self) -> bool:
+        return self.base.ready
+
+    def step_s(self, batch: BatchShape) -> float:
+        t = self.base.step_s(batch)
+        return t + self.overhead_s if t > 0 else t
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return self.base.kv_transfer_s(num_bytes)
+
+
 def _roofline(
     model: str, hardware: str, tp: int, time_scale: float, link: KvLink | None
 ) -> LatencyModel:
