@@ -23,7 +23,8 @@ import click
 
 from splitserve.cli.process import die_with_parent
 
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
+"""How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
 STOP_TIMEOUT_S = 10.0
 
 
