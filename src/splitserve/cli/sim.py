@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from splitserve.sim.reproduce import REPRODUCTIONS
+from splitserve.sim.reproductions import REPRODUCTIONS
 
 
 @click.group()
@@ -51,12 +51,48 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
     default=None,
     help="Write the table and attainment plots here.",
 )
-def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None) -> None:
+@click.option(
+    "--latency",
+    type=click.Choice(["roofline", "gpu"]),
+    default="roofline",
+    show_default=True,
+    help="Step pricing: the roofline, or the nearest model from published GPU measurements.",
+)
+def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -> None:
     """Re-run PAPER's headline comparison and print paper vs ours."""
     from splitserve.sim import runner
 
-    repro = runner.run_reproduction(paper, quick, out_dir)
+    repro = runner.run_reproduction(paper, quick, out_dir, latency)
     click.echo(repro.markdown())
+
+
+@sim.command("validate")
+@click.argument("recording", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Cluster YAML: a scenario's model, hardware, latency_model / latency_profile, pools.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write validation.md and requests.csv (measured vs simulated per request) here.",
+)
+@click.option("--target", type=float, default=0.05, show_default=True, help="Error target.")
+def validate_cmd(recording: Path, cluster_file: Path, out_dir: Path | None, target: float) -> None:
+    """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
+    from splitserve.core.errors import ConfigError
+    from splitserve.sim import runner
+
+    try:
+        _, text = runner.run_validation(recording, cluster_file, out_dir, target)
+    except (ConfigError, ValueError) as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(text)
 
 
 @sim.command("bench")
@@ -95,4 +131,6 @@ def bench_cmd(
 
 def bundled_trace(kind: str) -> Path:
     """The Azure LLM inference trace (2023) shipped with the package: "conv" or "code"."""
-    return Path(__file__).resolve().parents[1] / "sim" / "traces" / f"azure_llm_2023_{kind}.csv"
+    from splitserve.sim.traces import bundled_trace as bundled
+
+    return bundled(kind)

@@ -25,7 +25,8 @@ from splitserve.api.router import PlacementSettings
 from splitserve.cli.process import die_with_parent
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
+"""How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
 STOP_TIMEOUT_S = 10.0
 
 
@@ -132,6 +133,7 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         *common,
         *("--sim-shape", opts["sim_shape"], "--sim-hardware", opts["sim_hardware"]),
         *("--sim-time-scale", str(opts["sim_time_scale"])),
+        *("--sim-latency-model", opts.get("sim_latency_model") or "roofline"),
         *("--vocab-size", str(opts["vocab_size"])),
         *("--first-token-id", str(opts["first_token_id"])),
         *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
@@ -228,6 +230,12 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
 @click.option("--sim-shape", default="llama-2-7b", show_default=True)
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
+@click.option(
+    "--sim-latency-model",
+    default="roofline",
+    show_default=True,
+    help="Simulated engines' step pricing (roofline, distserve-a100, vidur-h100, ...).",
+)
 @click.option("--sim-kv-blocks", type=int, default=None)
 @click.option(
     "--run-dir",

@@ -53,6 +53,12 @@ def worker() -> None:
 @click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
+@click.option(
+    "--sim-latency-model",
+    default="roofline",
+    show_default=True,
+    help="Step pricing: roofline, distserve-a100, distserve-vllm-a100, vidur-a100, vidur-h100.",
+)
 @click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
 @click.option("--vocab-size", type=int, default=4096, show_default=True)
 @click.option("--first-token-id", type=int, default=16, show_default=True)
@@ -84,6 +90,7 @@ def serve_cmd(
     sim_shape: str,
     sim_hardware: str,
     sim_time_scale: float,
+    sim_latency_model: str,
     sim_kv_blocks: int | None,
     vocab_size: int,
     first_token_id: int,
@@ -123,6 +130,7 @@ def serve_cmd(
         sim_model_shape=sim_shape,
         sim_hardware=sim_hardware,
         sim_time_scale=sim_time_scale,
+        sim_latency_model=sim_latency_model,
         sim_num_kv_blocks=sim_kv_blocks,
         vocab_size=vocab_size,
         first_token_id=first_token_id,

@@ -18,6 +18,7 @@ from splitserve.policy.admission.classes import BadOverride
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import InvalidRequest
+from splitserve.router.request_log import RequestLog
 from splitserve.router.stops import StopStrings
 from splitserve.router.tokenizer import TextTokenizer
 
@@ -76,7 +77,10 @@ class Generator:
         clock: Clock,
         max_model_len: int,
         default_max_tokens: int,
+        request_log: RequestLog | None = None,
     ) -> None:
+        self.request_log = request_log
+        """When set, each completed request is written to it (`router.request_log`)."""
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
         self.clock = clock
@@ -162,8 +166,11 @@ class Generator:
         )
         stops = StopStrings(stop)
         final: TextChunk | None = None
+        first_token_s: float | None = None
         async with contextlib.aclosing(dispatch.chunks()) as chunks:
             async for chunk in chunks:
+                if first_token_s is None and chunk.token_ids:
+                    first_token_s = self.clock.now_s()
                 text = stops.feed(detok.push(chunk.token_ids))
                 reason = chunk.finish_reason
                 if stops.hit is None and reason is not None:
@@ -183,4 +190,9 @@ class Generator:
                 final = TextChunk(text, chunk.token_ids, reason, usage, path)
                 break
         if final is not None:
+            if self.request_log is not None:
+                self.request_log.record(
+                    request.id, request.arrival_s, request.num_prompt_tokens,
+                    dispatch.num_output_tokens, first_token_s, self.clock.now_s(), final.path, "ok",
+                )  # fmt: skip
             yield final

@@ -30,6 +30,7 @@ from splitserve.router.grpc_service import RouterService
 from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
+from splitserve.router.request_log import RequestLog
 from splitserve.router.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class RouterServer:
             clock=self.clock,
             max_model_len=self.config.max_model_len,
             default_max_tokens=self.config.default_max_tokens,
+            request_log=RequestLog.from_env(),  # SPLITSERVE_REQUEST_LOG=<path>: per-request log
         )
         await self.pool.start()
         self.loop_lag.start()

@@ -31,6 +31,7 @@ from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.report import markdown_table
+from splitserve.sim.traces import bundled_trace
 from splitserve.sim.workload import WorkItem, parse_azure_trace
 
 COMPILED_MODULES: tuple[str, ...] = (
@@ -198,7 +199,7 @@ def run_suite(
 
 def bundled_conv_trace() -> Path:
     """The Azure LLM inference 2023 conversation trace shipped with the package."""
-    return Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv"
+    return bundled_trace("conv")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

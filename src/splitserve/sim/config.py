@@ -15,7 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.core.errors import ConfigError
 from splitserve.core.ids import PoolName, SloClassName
-from splitserve.core.perf import HARDWARE, MODELS, LatencyModel, RooflineModel, parse_profile_csv
+from splitserve.core.perf import (
+    HARDWARE,
+    MODELS,
+    LatencyModel,
+    LinkedModel,
+    OverheadModel,
+    RooflineModel,
+    build_latency_model,
+    kv_link,
+    parse_profile_csv,
+)
 from splitserve.core.request import SloClass
 from splitserve.core.roles import parse_role
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
@@ -106,7 +116,10 @@ class GoodputConfig(BaseModel):
     tolerance: float = Field(0.05, gt=0)
 
 
-class ScenarioConfig(BaseModel):
+class ClusterConfig(BaseModel):
+    """The cluster half of a scenario: model, hardware, latency pricing and pools (what
+    `splitserve sim validate` replays a recorded run on)."""
+
     model_config = _STRICT
     name: str = "scenario"
     model: str = "opt-13b"
@@ -118,13 +131,27 @@ class ScenarioConfig(BaseModel):
     load_report_interval_s: float = Field(0.0, ge=0)
     """0: the router sees exact worker state; > 0: load reports this often (live: 0.1 s)."""
     pools: list[PoolConfig]
+    latency_model: str = "roofline"
+    """How steps are priced (`core.perf.catalog`): `roofline`, or a model built from published
+    GPU measurements: `distserve-a100`, `distserve-vllm-a100` (OPT-13B/66B), `vidur-a100`,
+    `vidur-h100` (Llama family). A GPU model needs `hardware` set to the GPU it was measured on."""
+    kv_link: str | None = None
+    """Price KV transfers with a measured link (`core.perf.kvlink.KV_LINKS`: `nvlink-a100`,
+    `infiniband-h100`, `nixl-loopback-cpu`, ...) instead of the latency model's default."""
+    step_overhead_s: float = Field(0.0, ge=0)
+    """Added to every step's price: a live engine's cost beyond the model (scheduling, RPC,
+    event-loop delay), calibrated from a recorded run (`sim validate`). 0: none."""
+    latency_profile: str | None = None
+    """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
+    instead of the roofline; relative paths are resolved against the scenario file."""
+
+
+class ScenarioConfig(ClusterConfig):
+    model_config = _STRICT
     workload: WorkloadConfig
     slo_classes: list[SloConfig] = Field(
         default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
     )
-    latency_profile: str | None = None
-    """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
-    instead of the roofline; relative paths are resolved against the scenario file."""
     goodput: GoodputConfig | None = None
     """When set, also search the highest rate meeting the first class's attainment target."""
 
@@ -136,21 +163,36 @@ def _pick(table: Mapping[str, Any], name: str, what: str) -> Any:
         raise ConfigError(f"unknown {what} {name!r}; valid: {', '.join(sorted(table))}") from None
 
 
-def latency_model(cfg: ScenarioConfig, tp: int) -> RooflineModel:
+def latency_model(cfg: ClusterConfig, tp: int) -> RooflineModel:
     shape = _pick(MODELS, cfg.model, "model")
     hw = _pick(HARDWARE, cfg.hardware, "hardware")
     return RooflineModel(shape, hw, tp=tp, time_scale=cfg.time_scale)
 
 
+def named_latency_model(cfg: ClusterConfig, tp: int) -> LatencyModel:
+    """The scenario's `latency_model` (and `kv_link`) for a worker of `tp` GPUs."""
+    try:
+        return build_latency_model(
+            cfg.latency_model, cfg.model, cfg.hardware, tp, cfg.time_scale, cfg.kv_link
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
 def worker_template(
-    cfg: ScenarioConfig, pool: PoolConfig, latency: LatencyModel | None = None
+    cfg: ClusterConfig, pool: PoolConfig, latency: LatencyModel | None = None
 ) -> WorkerTemplate:
+    """A pool's worker: priced by `latency` when given (a profile), else by the scenario's
+    named latency model; KV capacity always from the model shape on the hardware preset."""
     roofline = latency_model(cfg, pool.tp)
     blocks = roofline.kv_capacity_tokens(cfg.memory_utilization) // cfg.block_size
     if blocks < 1:
         raise ConfigError(f"{cfg.model} does not fit {cfg.hardware} x{pool.tp} with room for KV")
+    priced = latency or named_latency_model(cfg, pool.tp)
+    if cfg.step_overhead_s > 0:
+        priced = OverheadModel(priced, cfg.step_overhead_s)
     return WorkerTemplate(
-        latency=latency or roofline,
+        latency=priced,
         num_blocks=blocks,
         kv_layout=roofline.shape.kv_layout,
         block_size=cfg.block_size,
@@ -160,15 +202,25 @@ def worker_template(
     )
 
 
-def cluster_spec(cfg: ScenarioConfig, profile_lines: Iterable[str] | None = None) -> ClusterSpec:
+def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None) -> ClusterSpec:
     """Pools of roofline-priced workers, or table-priced when profile lines are given (KV
     capacity still comes from the model shape and hardware)."""
     latency: LatencyModel | None = None
+    if profile_lines is not None and cfg.latency_model != "roofline":
+        raise ConfigError(
+            "set either `latency_profile` or `latency_model`, not both "
+            f"(latency_model={cfg.latency_model!r})"
+        )
     if profile_lines is not None:
         try:
             latency = parse_profile_csv(profile_lines)
         except ValueError as err:
             raise ConfigError(f"bad latency profile: {err}") from err
+        if cfg.kv_link is not None:
+            try:
+                latency = LinkedModel(latency, kv_link(cfg.kv_link), cfg.time_scale)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
     pools = tuple(
         PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
         for p in cfg.pools

@@ -1,19 +1,27 @@
 """Runs scenarios and reproductions and writes their outputs: the simulator's only file I/O.
 
 Owns: reading a scenario file (YAML) and any trace it names, running it (and its goodput search
-when configured), and writing `summary.md`, `requests.csv`, `config.yaml` and PNG plots into an
-output directory. Everything it computes comes from the pure modules.
+when configured), replaying a recorded run for `sim validate`, and writing `summary.md`,
+`requests.csv`, `config.yaml` and PNG plots into an output directory. Everything it computes
+comes from the pure modules.
 """
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from splitserve.sim.cluster import simulate
-from splitserve.sim.config import ScenarioConfig, build_workload, cluster_spec, slo_classes
+from splitserve.sim.config import (
+    ClusterConfig,
+    ScenarioConfig,
+    build_workload,
+    cluster_spec,
+    slo_classes,
+)
 from splitserve.sim.metrics import SimResult, goodput, overall_attainment
 from splitserve.sim.report import (
     attainment_plot_png,
@@ -21,7 +29,9 @@ from splitserve.sim.report import (
     requests_csv,
     summary_markdown,
 )
-from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.common import latency_source
+from splitserve.sim.validate import Validation, parse_recording, replay
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +100,13 @@ def run_scenario(
     return ScenarioOutput(result, md, tuple(files))
 
 
-def run_reproduction(paper: str, quick: bool, out_dir: Path | None) -> Reproduction:
-    """Run one paper's headline comparison; write its table and plots when `out_dir` is set."""
-    repro = REPRODUCTIONS[paper](quick)
+def run_reproduction(
+    paper: str, quick: bool, out_dir: Path | None, latency: str = "roofline"
+) -> Reproduction:
+    """Run one paper's headline comparison; write its table and plots when `out_dir` is set.
+    `latency`: "roofline" or "gpu" (the nearest published GPU-measured model)."""
+    with latency_source(latency):
+        repro = REPRODUCTIONS[paper](quick)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         _write(out_dir / f"{paper}.md", repro.markdown())
@@ -100,6 +114,32 @@ def run_reproduction(paper: str, quick: bool, out_dir: Path | None) -> Reproduct
             png = attainment_plot_png(repro.curves(workload), 0.9, f"{repro.paper}: {workload}")
             _write_bytes(out_dir / f"{paper}-{i}.png", png)
     return repro
+
+
+def load_cluster(path: Path) -> ClusterConfig:
+    """A cluster file (a scenario without `workload`, `slo_classes`, `goodput`)."""
+    with path.open() as f:
+        return ClusterConfig.model_validate(yaml.safe_load(f))
+
+
+def run_validation(
+    recording: Path, cluster: Path, out_dir: Path | None = None, target: float = 0.05
+) -> tuple[Validation, str]:
+    """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
+    validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set."""
+    cfg = load_cluster(cluster)
+    spec = cluster_spec(cfg, _lines(cfg.latency_profile, cluster.parent))
+    with recording.open() as f:
+        rec = parse_recording(f)
+    v = replay(spec, rec)
+    text = f"## Validation: {recording.name} on {cfg.name} ({cfg.latency_model})\n\n"
+    text += v.markdown(target)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write(out_dir / "validation.md", text)
+        with (out_dir / "requests.csv").open("w", newline="") as f:
+            csv.writer(f).writerows(v.csv_rows())
+    return v, text
 
 
 def _write(path: Path, text: str) -> Path:

@@ -23,7 +23,7 @@ from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.clock import SystemClock
 from splitserve.core.errors import ConfigError
 from splitserve.core.kv import KvHandle
-from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+from splitserve.core.perf import HARDWARE, MODELS, RooflineModel, build_latency_model
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
@@ -64,6 +64,9 @@ class WorkerConfig:
     sim_model_shape: str = "llama-2-7b"
     sim_hardware: str = "a100-80g"
     sim_time_scale: float = 1.0
+    sim_latency_model: str = "roofline"
+    """How the simulated engine prices steps (`core.perf.catalog`): `roofline` on
+    `sim_hardware`, or a GPU-measured model (`distserve-a100`, `vidur-h100`, ...)."""
     sim_num_kv_blocks: int | None = None
     """None sizes the KV cache from the hardware's memory beside the weights."""
     block_size: int = 16
@@ -118,8 +121,18 @@ def build_sim_engine(
             f"unknown sim model shape or hardware {err}; shapes: {sorted(MODELS)}, "
             f"hardware: {sorted(HARDWARE)}"
         ) from None
-    latency = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=cfg.sim_time_scale)
-    num_blocks = cfg.sim_num_kv_blocks or max(1, latency.kv_capacity_tokens() // cfg.block_size)
+    roofline = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=cfg.sim_time_scale)
+    try:
+        latency = build_latency_model(
+            cfg.sim_latency_model,
+            cfg.sim_model_shape,
+            cfg.sim_hardware,
+            cfg.tensor_parallel_size,
+            cfg.sim_time_scale,
+        )
+    except ValueError as err:
+        raise ConfigError(f"--sim-latency-model: {err}") from None
+    num_blocks = cfg.sim_num_kv_blocks or max(1, roofline.kv_capacity_tokens() // cfg.block_size)
     policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
     if cfg.engine_args:
         log.warning("the sim engine ignores engine arguments: %s", " ".join(cfg.engine_args))

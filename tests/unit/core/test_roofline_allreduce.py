@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from splitserve.core.perf import HARDWARE, MODELS, BatchShape, HardwareSpec, RooflineModel
-from splitserve.sim.repro_aladdin import A100_80G_PCIE
+from splitserve.sim.reproductions.aladdin import A100_80G_PCIE
 
 BASE = HARDWARE["a100-80g"]
 LAT = replace(BASE, tp_allreduce_latency_s=6.6e-6, tp_allreduce_hop_latency_s=1.0e-6)

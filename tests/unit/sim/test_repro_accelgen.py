@@ -23,15 +23,15 @@ from splitserve.core.ids import SloClassName
 from splitserve.core.request import SloClass
 from splitserve.policy.batching.accelgen import AccelGenParams, AccelGenPolicy
 from splitserve.policy.batching.fcfs import FcfsPolicy
-from splitserve.sim.cluster_accelgen import run_engine
-from splitserve.sim.repro_accelgen import (
+from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.accelgen import (
     BLOCK_SIZE,
     MODEL,
     NUM_BLOCKS,
     QUICK_SYSTEMS,
     run_system,
 )
-from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.accelgen_cluster import run_engine
 from splitserve.sim.workload import WorkItem
 
 

@@ -27,10 +27,15 @@ import numpy as np
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement.aladdin import AladdinPacking, ConditionalMeanLengths
 from splitserve.sim.cluster import Cluster, ClusterSpec
-from splitserve.sim.cluster_aladdin import AladdinLoads, Rebalancer, simulate_aladdin, split_spec
 from splitserve.sim.engine import Simulator
-from splitserve.sim.repro_aladdin import PREFILL_POLICY, _template, fitted_models, history
-from splitserve.sim.reproduce import REPRODUCTIONS
+from splitserve.sim.reproductions import REPRODUCTIONS
+from splitserve.sim.reproductions.aladdin import PREFILL_POLICY, _template, fitted_models, history
+from splitserve.sim.reproductions.aladdin_cluster import (
+    AladdinLoads,
+    Rebalancer,
+    simulate_aladdin,
+    split_spec,
+)
 from splitserve.sim.workload import Fixed, Poisson, Uniform, synthetic
 
 BANDS = {

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.sim.repro_alise import (
+from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.alise import (
     CONTEXT_TOKENS,
     SHAREGPT,
     alise,
     rate_at_bound,
     workload,
 )
-from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
 
 
 @pytest.fixture(scope="module")

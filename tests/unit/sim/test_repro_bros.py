@@ -16,9 +16,9 @@ import pytest
 
 from splitserve.core.perf import MODELS
 from splitserve.policy.batching.bros import BEST_EFFORT, REALTIME
-from splitserve.sim.cluster_bros import HybridCluster, simulate_hybrid
 from splitserve.sim.engine import Simulator
-from splitserve.sim.repro_bros import (
+from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.bros import (
     BROS,
     DATASETS,
     QUICK_RATES,
@@ -29,7 +29,7 @@ from splitserve.sim.repro_bros import (
     spec,
     sweep,
 )
-from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.bros_cluster import HybridCluster, simulate_hybrid
 from splitserve.sim.workload import WorkItem
 
 

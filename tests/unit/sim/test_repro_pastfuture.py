@@ -19,9 +19,9 @@ import pytest
 
 from splitserve.policy.batching.pastfuture import PastFutureParams, PastFuturePolicy
 from splitserve.sim.cluster import ClusterSpec, simulate
-from splitserve.sim.cluster_pastfuture import run_token_level
-from splitserve.sim.repro_pastfuture import DATASETS, lengths, pastfuture
-from splitserve.sim.reproduce import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.pastfuture import DATASETS, lengths, pastfuture
+from splitserve.sim.reproductions.pastfuture_cluster import run_token_level
 from splitserve.sim.workload import Fixed, Poisson, synthetic
 from tests.unit.sim.builders import colocated, disaggregated
 

@@ -25,7 +25,10 @@ import pytest
 from splitserve.core.ids import SloClassName
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.sim.cluster import KvOverlap
-from splitserve.sim.cluster_splitwise import (
+from splitserve.sim.metrics import RequestRecord, SimResult
+from splitserve.sim.reproductions import REPRODUCTIONS
+from splitserve.sim.reproductions.splitwise import slowdowns
+from splitserve.sim.reproductions.splitwise_cluster import (
     A100,
     BLOOM_A100_PROMPT_MS,
     BLOOM_H100_TOKEN_MS,
@@ -37,9 +40,6 @@ from splitserve.sim.cluster_splitwise import (
     PoolLedger,
     simulate_splitwise,
 )
-from splitserve.sim.metrics import RequestRecord, SimResult
-from splitserve.sim.repro_splitwise import slowdowns
-from splitserve.sim.reproduce import REPRODUCTIONS
 from splitserve.sim.workload import WorkItem
 
 

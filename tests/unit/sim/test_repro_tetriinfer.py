@@ -17,10 +17,14 @@ import numpy as np
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement.tetriinfer import HeavyLightMix
 from splitserve.sim.cluster import Cluster
-from splitserve.sim.cluster_tetriinfer import RoutedMix, simulate_tetriinfer, tetriinfer_spec
 from splitserve.sim.engine import Simulator
-from splitserve.sim.repro_tetriinfer import QUICK_CLASSES, _template
-from splitserve.sim.reproduce import REPRODUCTIONS
+from splitserve.sim.reproductions import REPRODUCTIONS
+from splitserve.sim.reproductions.tetriinfer import QUICK_CLASSES, _template
+from splitserve.sim.reproductions.tetriinfer_cluster import (
+    RoutedMix,
+    simulate_tetriinfer,
+    tetriinfer_spec,
+)
 from splitserve.sim.workload import Fixed, Poisson, synthetic
 
 

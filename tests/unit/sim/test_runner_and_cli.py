@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from splitserve.cli.sim import sim
 from splitserve.core.errors import ConfigError
-from splitserve.sim import reproduce, runner
+from splitserve.sim import reproductions, runner
 from splitserve.sim.config import ScenarioConfig, build_workload
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction
 
 SCENARIO = {
     "name": "tiny",
@@ -104,7 +104,7 @@ def test_reproduce_command_prints_paper_vs_ours(monkeypatch: pytest.MonkeyPatch)
         calls.append(quick)
         return Reproduction("DistServe", (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0),), {})
 
-    monkeypatch.setitem(reproduce.REPRODUCTIONS, "distserve", fake)
+    monkeypatch.setitem(reproductions.REPRODUCTIONS, "distserve", fake)
     res = CliRunner().invoke(sim, ["reproduce", "distserve", "--quick"])
     assert res.exit_code == 0, res.output
     assert calls == [True]

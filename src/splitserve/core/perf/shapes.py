@@ -99,6 +99,8 @@ MODELS: dict[str, ModelShape] = _m(
     ModelShape("llama-2-13b", 40, 5120, 13824, 40, 40, 32000),
     ModelShape("llama-2-70b", 80, 8192, 28672, 64, 8, 32000),
     ModelShape("llama-3-8b", 32, 4096, 14336, 32, 8, 128256),
+    ModelShape("llama-3-70b", 80, 8192, 28672, 64, 8, 128256),
+    ModelShape("codellama-34b", 48, 8192, 22016, 64, 8, 32000),
     ModelShape("opt-13b", 40, 5120, 20480, 40, 40, 50272, mlp_matrices=2),
     ModelShape("opt-66b", 64, 9216, 36864, 72, 72, 50272, mlp_matrices=2),
     ModelShape("opt-175b", 96, 12288, 49152, 96, 96, 50272, mlp_matrices=2),

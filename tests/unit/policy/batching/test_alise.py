@@ -26,7 +26,7 @@ from splitserve.core.ids import RequestId
 from splitserve.policy.batching import SeqView, StepView, make_batching_policy
 from splitserve.policy.batching.alise import AliseParams, AlisePolicy
 from splitserve.policy.predict import OraclePredictor
-from splitserve.sim.cluster_pastfuture import run_token_level
+from splitserve.sim.reproductions.pastfuture_cluster import run_token_level
 
 
 def seq(

@@ -31,7 +31,7 @@ from splitserve.policy.batching.pastfuture import (
     future_peak_tokens,
     num_lists,
 )
-from splitserve.sim.cluster_pastfuture import run_token_level
+from splitserve.sim.reproductions.pastfuture_cluster import run_token_level
 
 pairs_st = st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=24)
 

@@ -1,9 +1,5 @@
-"""Paper headline comparisons, re-run in the simulator: paper number vs ours.
-
-Owns: each seed paper's set-up (model, hardware, SLOs, workload, systems compared) expressed as
-cluster specs, and the computation of our number. Pure: returns a `Reproduction`; the runner
-prints it and writes plots. `quick=True` uses fewer requests and a coarser bisection so the test
-suite can run it.
+"""DistServe's headline, re-run in the simulator: paper number vs ours. `quick=True` uses fewer
+requests and a coarser bisection so the test suite can run it.
 
 DistServe (research/seed-distserve-vidur-aladdin.md §A.6-A.7; seeds/distserve.txt §1, §6):
 per-GPU goodput at 90 % SLO attainment of disaggregated prefill/decode vs colocated vLLM, OPT-13B
@@ -15,91 +11,25 @@ per-GPU goodput, as Alg. 1 does; both sides use TP 1 (Fig. 11: TP 1 is vLLM's be
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from splitserve.core.ids import PoolName, SloClassName
-from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+from splitserve.core.perf import HARDWARE, MODELS, DistServeModel, LatencyModel, RooflineModel
+from splitserve.core.perf.kvlink import kv_link
 from splitserve.core.request import SloClass
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
-from splitserve.sim.metrics import Goodput, goodput, overall_attainment
-from splitserve.sim.report import markdown_table
+from splitserve.sim.metrics import goodput, overall_attainment
+from splitserve.sim.reproductions.common import (
+    Comparison,
+    Reproduction,
+    SystemResult,
+    use_gpu_models,
+)
 from splitserve.sim.workload import PRESETS, Fixed, LengthDist, Poisson, WorkItem, synthetic
-
-BAND = 0.25
-"""A reproduced number counts as matching when within ±25 % of the paper's."""
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    name: str
-    paper: float
-    ours: float
-    paper_text: str
-    """The paper's claim as stated (ranges stay ranges)."""
-    paper_low: float
-    paper_high: float
-
-    @property
-    def within_band(self) -> bool:
-        return self.paper_low * (1 - BAND) <= self.ours <= self.paper_high * (1 + BAND)
-
-
-@dataclass(frozen=True, slots=True)
-class SystemResult:
-    name: str
-    num_gpus: int
-    goodput: Goodput
-
-    @property
-    def per_gpu(self) -> float:
-        return self.goodput.rate_per_s / self.num_gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Reproduction:
-    paper: str
-    comparisons: tuple[Comparison, ...]
-    systems: Mapping[str, tuple[SystemResult, ...]]
-    """Per workload: every system searched, in search order."""
-    notes: tuple[str, ...] = field(default=())
-
-    def markdown(self) -> str:
-        rows = [
-            [c.name, c.paper_text, c.ours, "yes" if c.within_band else "no"]
-            for c in self.comparisons
-        ]
-        out = [f"## {self.paper}: paper vs ours\n\n"]
-        out.append(markdown_table(["comparison", "paper", "ours", "within ±25 %"], rows))
-        for workload, systems in self.systems.items():
-            out.append(f"\n### {workload}: goodput at the attainment target\n\n")
-            out.append(
-                markdown_table(
-                    ["system", "GPUs", "goodput req/s", "per GPU req/s", "probes"],
-                    [
-                        [s.name, s.num_gpus, s.goodput.rate_per_s, s.per_gpu, len(s.goodput.probes)]
-                        for s in systems
-                    ],
-                )
-            )
-        if self.notes:
-            out.append("\n" + "\n".join(f"- {n}" for n in self.notes) + "\n")
-        return "".join(out)
-
-    def curves(self, workload: str) -> dict[str, list[tuple[float, float]]]:
-        """(rate per GPU, attainment) probes per system, for plotting."""
-        return {
-            s.name: [(r / s.num_gpus, a) for r, a in s.goodput.probes]
-            for s in self.systems[workload]
-        }
-
-
-# -- DistServe ----------------------------------------------------------------------------------
 
 _SLO = SloClass(SloClassName("default"), ttft_ms=200.0, tpot_ms=100.0, percentile=0.9)
 _VLLM_V0: Mapping[str, object] = {
@@ -111,10 +41,16 @@ _PREFILL: Mapping[str, object] = {"chunked_prefill": False, "max_num_batched_tok
 _DECODE: Mapping[str, object] = {"max_num_seqs": 256}
 
 
-def _template(params: Mapping[str, object]) -> WorkerTemplate:
+def _template(params: Mapping[str, object], engine: str) -> WorkerTemplate:
+    """A worker priced by the roofline, or (GPU models) by DistServe's own A100-80GB fit of
+    `engine` ("vllm" for the colocated baseline, "distserve" for its disaggregated engine),
+    with KV moved over NVLink (Vidur's A100 send/recv). KV capacity: the roofline's, 90 %."""
     model = RooflineModel(MODELS["opt-13b"], HARDWARE["a100-80g"])
+    latency: LatencyModel = model
+    if use_gpu_models():
+        latency = DistServeModel(engine, "opt-13b", 1, kv_link("nvlink-a100"))
     return WorkerTemplate(
-        latency=model,
+        latency=latency,
         num_blocks=model.kv_capacity_tokens(0.9) // 16,
         kv_layout=model.shape.kv_layout,
         policy_params=dict(params),
@@ -122,14 +58,14 @@ def _template(params: Mapping[str, object]) -> WorkerTemplate:
 
 
 def _colocated() -> ClusterSpec:
-    return ClusterSpec((PoolSpec(PoolName("vllm"), Role.MIXED, 1, _template(_VLLM_V0)),))
+    return ClusterSpec((PoolSpec(PoolName("vllm"), Role.MIXED, 1, _template(_VLLM_V0, "vllm")),))
 
 
 def _disaggregated(p: int, d: int) -> ClusterSpec:
     return ClusterSpec(
         (
-            PoolSpec(PoolName("prefill"), Role.PREFILL, p, _template(_PREFILL)),
-            PoolSpec(PoolName("decode"), Role.DECODE, d, _template(_DECODE)),
+            PoolSpec(PoolName("prefill"), Role.PREFILL, p, _template(_PREFILL, "distserve")),
+            PoolSpec(PoolName("decode"), Role.DECODE, d, _template(_DECODE, "distserve")),
         )
     )
 
@@ -224,32 +160,15 @@ def distserve(quick: bool = False) -> Reproduction:
             )
         )
     notes = (
-        "Model: roofline (core.perf.roofline) for OPT-13B on A100-80GB, TP 1, no profile.",
+        (
+            "Model: DistServe's published A100-80GB fits for OPT-13B TP 1 (core.perf.distserve): "
+            "vLLM's for the colocated baseline, DistServe's engine's for prefill and decode; KV "
+            "over NVLink (Vidur's A100 send/recv)."
+            if use_gpu_models()
+            else "Model: roofline (core.perf.roofline) for OPT-13B on A100-80GB, TP 1, no profile."
+        ),
         "SLO: TTFT 200 ms, TPOT 100 ms, 90 % of requests meeting both (DistServe Table 1, 13B).",
         "Colocated = vLLM v0.2 scheduling (prompts first, no chunked prefill).",
         "Why ours is below the paper with Table-1 SLOs: docs/simulator.md § DistServe.",
     )
     return Reproduction("DistServe", tuple(comparisons), systems, notes)
-
-
-def _lazy(target: str) -> Callable[[bool], Reproduction]:
-    """A reproduction living in its own module (`module:function`), imported when run."""
-
-    def run(quick: bool) -> Reproduction:
-        module, attr = target.split(":")
-        fn: Callable[[bool], Reproduction] = getattr(importlib.import_module(module), attr)
-        return fn(quick)
-
-    return run
-
-
-REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
-    "distserve": distserve,
-    "tetriinfer": _lazy("splitserve.sim.repro_tetriinfer:tetriinfer"),
-    "pastfuture": _lazy("splitserve.sim.repro_pastfuture:pastfuture"),
-    "splitwise": _lazy("splitserve.sim.repro_splitwise:splitwise"),
-    "accelgen": _lazy("splitserve.sim.repro_accelgen:accelgen"),
-    "bros": _lazy("splitserve.sim.repro_bros:bros"),
-    "alise": _lazy("splitserve.sim.repro_alise:alise"),
-    "aladdin": _lazy("splitserve.sim.repro_aladdin:aladdin"),
-}

@@ -58,17 +58,17 @@ from splitserve.policy.planner.aladdin import (
     optimal_gpus_per_worker,
     per_gpu_throughput,
 )
-from splitserve.sim.cluster_aladdin import (
+from splitserve.sim.entities import WorkerTemplate
+from splitserve.sim.metrics import attainment
+from splitserve.sim.reproductions.aladdin_cluster import (
     AladdinLoads,
     Rebalancer,
     mixed_spec,
     simulate_aladdin,
     split_spec,
 )
-from splitserve.sim.cluster_tetriinfer import RoutedMix
-from splitserve.sim.entities import WorkerTemplate
-from splitserve.sim.metrics import attainment
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction
+from splitserve.sim.reproductions.tetriinfer_cluster import RoutedMix
 from splitserve.sim.workload import PRESETS, Poisson, WorkItem, synthetic
 
 A100_80G_PCIE = HardwareSpec(

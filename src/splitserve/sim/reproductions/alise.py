@@ -43,7 +43,7 @@ from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
 from splitserve.sim.workload import PRESETS, LengthDist, LogNormal, WorkItem
 
 CONTEXT_TOKENS = 2048
@@ -93,9 +93,10 @@ ALPACA = Dataset(
 
 def _fitted() -> dict[str, float]:
     """T0, alpha, beta of Eqs. 4-5, read off the roofline (the paper profiles them)."""
-    beta = MODEL.step_s(BatchShape((), (1,)))
-    alpha = (MODEL.step_s(BatchShape((), (2049,))) - beta) / 2048
-    t0 = MODEL.step_s(BatchShape(((1024, 0),))) / 1024
+    model = gpu_or(MODEL)
+    beta = model.step_s(BatchShape((), (1,)))
+    alpha = (model.step_s(BatchShape((), (2049,))) - beta) / 2048
+    t0 = model.step_s(BatchShape(((1024, 0),))) / 1024
     return {
         "prefill_s_per_token": t0,
         "decode_s_per_context_token": alpha,
@@ -133,7 +134,7 @@ def systems(dataset: Dataset) -> dict[str, System]:
 
 def spec(system: System) -> ClusterSpec:
     template = WorkerTemplate(
-        latency=MODEL,
+        latency=gpu_or(MODEL),
         num_blocks=KV_TOKENS // 16,
         kv_layout=KV_INT8,
         policy=system.policy,
@@ -345,4 +346,7 @@ def alise(quick: bool = False) -> Reproduction:
             "no Alpaca."
         )
     notes.append("Why rows miss the band: docs/reproductions/alise.md.")
+    notes += latency_note(
+        "DistServe's fit of vLLM for OPT-13B on A100-80GB (nearest: the paper used V100-32GB)."
+    )
     return Reproduction("ALISE", tuple(comparisons), {}, tuple(notes))

@@ -1,12 +1,12 @@
 """Past-Future (Gong et al., LightLLM) Table 1, re-run on our engine model: paper vs ours.
 
-Owns: the Table-1 set-up (research/seed-pastfuture-alise.md §A.9-A.10) expressed for the
-token-level driver `sim.cluster_pastfuture.run_token_level`, and the comparisons. Set-up as in the
-authors' simulator: Llama-2-7B sizing, 120,000 KV token slots, 3,000 requests per synthetic
-distribution with an infinite backlog, output cap 4,096, prefill budget 32,768 tokens per step,
-eviction = LIFO preemption, paper defaults (window 1,000, lists min(5, 200 // k + 1)). Systems:
-theoretical optimum (oracle lengths, reserve 0), Past-Future rho = 3 % and 10 %, aggressive
-omega = 99 %, conservative (phi = 100 %).
+Owns: the Table-1 set-up (research/seed-pastfuture-alise.md §A.9-A.10) expressed for the token-
+level driver `sim.reproductions.pastfuture_cluster.run_token_level`, and the comparisons. Set-up
+as in the authors' simulator: Llama-2-7B sizing, 120,000 KV token slots, 3,000 requests per
+synthetic distribution with an infinite backlog, output cap 4,096, prefill budget 32,768 tokens
+per step, eviction = LIFO preemption, paper defaults (window 1,000, lists min(5, 200 // k + 1)).
+Systems: theoretical optimum (oracle lengths, reserve 0), Past-Future rho = 3 % and 10 %,
+aggressive omega = 99 %, conservative (phi = 100 %).
 
 Scaling: every length and the capacity are divided by `scale` (8 full, 16 quick), and the
 admission cadence (10 decode steps in the artifact) by the same factor, so that the running batch
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitserve.policy.batching.pastfuture import PastFutureParams, PastFuturePolicy
-from splitserve.sim.cluster_pastfuture import TokenRun, run_token_level
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction
+from splitserve.sim.reproductions.pastfuture_cluster import TokenRun, run_token_level
 
 CAPACITY_TOKENS = 120_000
 MAX_OUTPUT_TOKENS = 4096

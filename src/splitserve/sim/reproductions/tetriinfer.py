@@ -31,10 +31,14 @@ from splitserve.core.ids import PoolName
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
-from splitserve.sim.cluster_tetriinfer import RoutedMix, simulate_tetriinfer, tetriinfer_spec
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
+from splitserve.sim.reproductions.tetriinfer_cluster import (
+    RoutedMix,
+    simulate_tetriinfer,
+    tetriinfer_spec,
+)
 from splitserve.sim.workload import PRESETS, LengthDist, WorkItem
 
 V100_32G = HARDWARE["v100-32g"]
@@ -70,7 +74,7 @@ QUICK_CLASSES = ("LPHD", "HPLD", "Mixed")
 def _template(policy: str, params: Mapping[str, object]) -> WorkerTemplate:
     model = RooflineModel(MODELS["opt-13b"], V100_32G, tp=2)
     return WorkerTemplate(
-        latency=model,
+        latency=gpu_or(model, tp=2),
         num_blocks=model.kv_capacity_tokens(0.9) // 16,
         kv_layout=model.shape.kv_layout,
         num_gpus=2,
@@ -189,4 +193,7 @@ def tetriinfer(quick: bool = False) -> Reproduction:
     if quick:
         notes.append(f"Quick: {', '.join(QUICK_CLASSES)} only, no burst sensitivity.")
     notes.append("Why some rows miss the band: docs/simulator.md § TetriInfer.")
+    notes += latency_note(
+        "DistServe's fit of vLLM for OPT-13B TP 2 on A100-80GB (nearest: the paper used V100s)."
+    )
     return Reproduction("TetriInfer", tuple(comparisons), {}, tuple(notes))

@@ -47,11 +47,11 @@ from splitserve.policy.placement.aladdin import (
 from splitserve.policy.placement.decider import PdDeciderParams
 from splitserve.policy.placement.profile import PluginSpec, ProfileSpec, default_prefill_profile
 from splitserve.sim.cluster import Cluster, ClusterSpec
-from splitserve.sim.cluster_tetriinfer import RoutedMix
 from splitserve.sim.engine import Simulator
 from splitserve.sim.entities import PoolSpec, SimRequest, WorkerTemplate
 from splitserve.sim.events import Event, EventKind
 from splitserve.sim.metrics import SimResult
+from splitserve.sim.reproductions.tetriinfer_cluster import RoutedMix
 from splitserve.sim.workload import WorkItem
 
 PLACEMENTS = ("aladdin", "jsq", "p2c")

@@ -36,10 +36,10 @@ from splitserve.core.perf import HARDWARE, MODELS, ModelShape, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.policy.batching.bros import BEST_EFFORT, PAPER_SLO, REALTIME
 from splitserve.sim.cluster import ClusterSpec
-from splitserve.sim.cluster_bros import simulate_hybrid
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import RequestRecord, SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.bros_cluster import simulate_hybrid
+from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
 from splitserve.sim.workload import LogNormal, Poisson, Uniform, WorkItem
 
 OPT_30B = ModelShape("opt-30b", 48, 7168, 28672, 56, 56, 50272, mlp_matrices=2)
@@ -91,14 +91,15 @@ def _template(
     host_swap: float = HOST_SWAP,
 ) -> WorkerTemplate:
     model = RooflineModel(shape, HARDWARE["a100-40g"], tp=tp)
+    latency = gpu_or(model, shape.name, tp) if shape.name == "opt-13b" else model
     merged = dict(params)
     num_blocks = model.kv_capacity_tokens(0.9) // 16
     host = 0
     if policy == "bros":
-        merged.setdefault("latency", model)
+        merged.setdefault("latency", latency)
         host = int(host_swap * num_blocks * 16)
     return WorkerTemplate(
-        latency=model,
+        latency=latency,
         num_blocks=num_blocks,
         kv_layout=model.shape.kv_layout,
         num_gpus=tp,
@@ -390,4 +391,8 @@ def reproduction(results: Sweep, quick: bool) -> Reproduction:
             "traces; no TTFT × gains, no ablations."
         )
     notes.append("Why some rows miss the band: docs/reproductions/bros.md.")
+    notes += latency_note(
+        "DistServe's fit of vLLM for OPT-13B on A100-80GB (nearest: the paper used A100-40GB; "
+        "KV capacity stays the 40 GB card's); other model shapes keep the roofline."
+    )
     return Reproduction("BROS", tuple(comparisons), {}, tuple(notes))

@@ -1,9 +1,10 @@
 """Splitwise's headline comparisons re-run in the simulator: throughput under the nine SLOs.
 
 Owns: Splitwise's evaluation set-up (research/seed-splitwise-tetriinfer.md A5-A6; seeds/
-splitwise.txt §V-VI) expressed as cluster designs (`sim/cluster_splitwise.py`) and workloads,
-the slowdown-SLO check (Table VI), the max-throughput and provisioning searches, and our numbers
-for each claim. Returns a `Reproduction`; the runner prints it. Reads the bundled Azure traces.
+splitwise.txt §V-VI) expressed as cluster designs (`sim/reproductions/splitwise_cluster.py`) and
+workloads, the slowdown-SLO check (Table VI), the max-throughput and provisioning searches, and
+our numbers for each claim. Returns a `Reproduction`; the runner prints it. Reads the bundled
+Azure traces.
 
 Set-up, as the paper states it or as we infer it where it does not:
 * BLOOM-176B on DGX-A100 / DGX-H100 machines (TP 8), SplitwiseSim's piece-wise linear profile.
@@ -29,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 
 from splitserve.sim.cluster import KvOverlap
-from splitserve.sim.cluster_splitwise import (
+from splitserve.sim.metrics import SimResult
+from splitserve.sim.reproductions.common import Comparison, Reproduction
+from splitserve.sim.reproductions.splitwise_cluster import (
     A100,
     H100,
     H100_CAP,
@@ -42,8 +44,7 @@ from splitserve.sim.cluster_splitwise import (
     MachineType,
     simulate_splitwise,
 )
-from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.traces import bundled_trace
 from splitserve.sim.workload import Poisson, WorkItem, items_from_pairs, parse_azure_trace
 
 SCALE = 5
@@ -61,13 +62,11 @@ SLO_LIMITS: dict[str, tuple[float, float, float]] = {
 """Table VI: P50 / P90 / P99 slowdown limits vs an uncontended DGX-A100."""
 QUANTILES = (50.0, 90.0, 99.0)
 
-_TRACES = Path(__file__).resolve().parent / "traces"
-
 
 @cache
 def trace_pairs(kind: str) -> tuple[tuple[int, int], ...]:
     """(prompt, output) tokens of every request of the Azure 2023 `code` or `conv` trace."""
-    with (_TRACES / f"azure_llm_2023_{kind}.csv").open() as f:
+    with bundled_trace(kind).open() as f:
         items = parse_azure_trace(f)
     return tuple((w.num_prompt_tokens, w.num_output_tokens) for w in items)
 

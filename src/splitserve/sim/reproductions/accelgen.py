@@ -2,7 +2,7 @@
 
 Owns: AccelGen's evaluation set-up (research/seed-accelgen-bros.md A5-A6; seeds/accelgen.txt §3.1,
 §6.1) as a workload with per-request SLOs and the systems compared, run on one engine with the
-roofline model (`cluster_accelgen.run_engine`), and the computation of our numbers. Pure: returns
+roofline model (`accelgen_cluster.run_engine`), and the computation of our numbers. Pure: returns
 a `Reproduction`; the runner prints it.
 
 Set-up, as the paper states it or as we infer it where it does not:
@@ -47,8 +47,8 @@ from splitserve.policy.batching.accelgen import AccelGenParams, AccelGenPolicy
 from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecision, StepView
 from splitserve.policy.batching.fcfs import FcfsParams, FcfsPolicy
 from splitserve.policy.batching.sarathi import SarathiParams, SarathiPolicy
-from splitserve.sim.cluster_accelgen import EngineRun, run_engine
-from splitserve.sim.reproduce import Comparison, Reproduction
+from splitserve.sim.reproductions.accelgen_cluster import EngineRun, run_engine
+from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
 from splitserve.sim.workload import WorkItem
 
 MODEL = RooflineModel(MODELS["opt-13b"], HARDWARE["a100-80g"])
@@ -88,7 +88,7 @@ def _bucketed(
 def isolated_prefill_s(prompt_tokens: int) -> float:
     """TTFT base of a prompt: the isolated prefill time at the middle of its 512-token bucket."""
     mid = (prompt_tokens // 512) * 512 + 256
-    return MODEL.step_s(BatchShape(((mid, 0),)))
+    return gpu_or(MODEL).step_s(BatchShape(((mid, 0),)))
 
 
 def workload(
@@ -199,6 +199,7 @@ QUICK_SYSTEMS = ("vLLM", "Sarathi", "AccelGen")
 
 
 def run_system(name: str, items: tuple[WorkItem, ...], slos: Mapping[str, SloClass]) -> Outcome:
+    model = gpu_or(MODEL)
     policy: BatchingPolicy
     if name == "vLLM":
         policy = WholePromptAdmission(
@@ -218,7 +219,7 @@ def run_system(name: str, items: tuple[WorkItem, ...], slos: Mapping[str, SloCla
     else:
         ag = AccelGenPolicy(
             AccelGenParams(
-                latency=MODEL,
+                latency=model,
                 slo_classes=tuple(slos.values()),
                 pivot_tokens=PIVOT_TOKENS,
                 slo_ordering=name != "AccelGen/Order",
@@ -226,9 +227,9 @@ def run_system(name: str, items: tuple[WorkItem, ...], slos: Mapping[str, SloCla
                 multi_resource=name != "AccelGen/Batch",
             )
         )
-        run = run_engine(items, ag, MODEL, NUM_BLOCKS, BLOCK_SIZE, lambda: ag.last_budget)
+        run = run_engine(items, ag, model, NUM_BLOCKS, BLOCK_SIZE, lambda: ag.last_budget)
         return Outcome.of(run, slos)
-    run = run_engine(items, policy, MODEL, NUM_BLOCKS, BLOCK_SIZE, lambda: budget)
+    run = run_engine(items, policy, model, NUM_BLOCKS, BLOCK_SIZE, lambda: budget)
     return Outcome.of(run, slos)
 
 
@@ -352,4 +353,7 @@ def accelgen(quick: bool = False) -> Reproduction:
     else:
         notes.append("Quick: vLLM, Sarathi and AccelGen only (no ablations), fewer requests.")
     notes.append("Why some rows miss the band: docs/reproductions/accelgen.md.")
+    notes += latency_note(
+        "DistServe's fit of vLLM for OPT-13B on A100-80GB (the paper's model and GPU)."
+    )
     return Reproduction("AccelGen", tuple(comparisons(out)), {}, tuple(notes))

@@ -1,0 +1,45 @@
+"""Paper reproductions: each seed paper's set-up and headline claims, re-run in the simulator.
+
+One module per paper (`<paper>.py`: workloads, systems compared, claims) and, where the paper
+needs a cluster of its own, `<paper>_cluster.py` (its set-up or driver); `common` holds what they
+share. `REPRODUCTIONS` maps a paper name to its run function, imported when run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from splitserve.sim.reproductions.common import LATENCY_SOURCES, Reproduction, latency_source
+
+
+def _lazy(target: str) -> Callable[[bool], Reproduction]:
+    """A reproduction living in its own module (`module:function`), imported when run."""
+
+    def run(quick: bool) -> Reproduction:
+        module, attr = target.split(":")
+        fn: Callable[[bool], Reproduction] = getattr(importlib.import_module(module), attr)
+        return fn(quick)
+
+    return run
+
+
+REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
+    "distserve": _lazy("splitserve.sim.reproductions.distserve:distserve"),
+    "tetriinfer": _lazy("splitserve.sim.reproductions.tetriinfer:tetriinfer"),
+    "pastfuture": _lazy("splitserve.sim.reproductions.pastfuture:pastfuture"),
+    "splitwise": _lazy("splitserve.sim.reproductions.splitwise:splitwise"),
+    "accelgen": _lazy("splitserve.sim.reproductions.accelgen:accelgen"),
+    "bros": _lazy("splitserve.sim.reproductions.bros:bros"),
+    "alise": _lazy("splitserve.sim.reproductions.alise:alise"),
+    "aladdin": _lazy("splitserve.sim.reproductions.aladdin:aladdin"),
+}
+
+
+def run(paper: str, quick: bool = False, latency: str = "roofline") -> Reproduction:
+    """Run `paper`'s reproduction with `latency`'s step pricing (`LATENCY_SOURCES`)."""
+    with latency_source(latency):
+        return REPRODUCTIONS[paper](quick)
+
+
+__all__ = ["LATENCY_SOURCES", "REPRODUCTIONS", "Reproduction", "run"]

@@ -1,0 +1,123 @@
+"""What every paper reproduction shares: the ±25 % band, a paper-vs-ours `Comparison`, one
+system's searched goodput (`SystemResult`) and the `Reproduction` a paper's run returns.
+
+Pure: the runner prints a `Reproduction` and writes its plots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from splitserve.core.perf import DistServeModel, LatencyModel
+from splitserve.core.perf.kvlink import kv_link
+from splitserve.sim.metrics import Goodput
+from splitserve.sim.report import markdown_table
+
+LATENCY_SOURCES = ("roofline", "gpu")
+"""How a reproduction prices steps: `roofline` (analytical, the hardware preset's figures) or
+`gpu` (the nearest model built from published GPU measurements, `core.perf.catalog`; each
+paper's notes say which)."""
+
+_LATENCY: ContextVar[str] = ContextVar("reproduction_latency", default="roofline")
+
+
+@contextmanager
+def latency_source(name: str) -> Iterator[None]:
+    """Run the reproductions inside with `name`'s latency models (context-local, not global)."""
+    if name not in LATENCY_SOURCES:
+        raise ValueError(f"unknown latency source {name!r}; valid: {', '.join(LATENCY_SOURCES)}")
+    token = _LATENCY.set(name)
+    try:
+        yield
+    finally:
+        _LATENCY.reset(token)
+
+
+def use_gpu_models() -> bool:
+    """True inside `latency_source("gpu")`."""
+    return _LATENCY.get() == "gpu"
+
+
+def gpu_or(roofline: LatencyModel, model: str = "opt-13b", tp: int = 1) -> LatencyModel:
+    """`roofline`, or inside `latency_source("gpu")` the nearest GPU-measured model for an OPT
+    set-up: DistServe's published fit of vLLM on A100-80GB for `model` at `tp` (KV over NVLink,
+    Vidur's A100 send/recv). Papers measured on other GPUs say so in their notes."""
+    if not use_gpu_models():
+        return roofline
+    return DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
+
+
+def latency_note(gpu_text: str) -> tuple[str, ...]:
+    """The note naming the latency model used, for a reproduction's notes (empty: roofline)."""
+    return (f"Latency (--latency gpu): {gpu_text}",) if use_gpu_models() else ()
+
+
+BAND = 0.25
+"""A reproduced number counts as matching when within ±25 % of the paper's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    name: str
+    paper: float
+    ours: float
+    paper_text: str
+    """The paper's claim as stated (ranges stay ranges)."""
+    paper_low: float
+    paper_high: float
+
+    @property
+    def within_band(self) -> bool:
+        return self.paper_low * (1 - BAND) <= self.ours <= self.paper_high * (1 + BAND)
+
+
+@dataclass(frozen=True, slots=True)
+class SystemResult:
+    name: str
+    num_gpus: int
+    goodput: Goodput
+
+    @property
+    def per_gpu(self) -> float:
+        return self.goodput.rate_per_s / self.num_gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Reproduction:
+    paper: str
+    comparisons: tuple[Comparison, ...]
+    systems: Mapping[str, tuple[SystemResult, ...]]
+    """Per workload: every system searched, in search order."""
+    notes: tuple[str, ...] = field(default=())
+
+    def markdown(self) -> str:
+        rows = [
+            [c.name, c.paper_text, c.ours, "yes" if c.within_band else "no"]
+            for c in self.comparisons
+        ]
+        out = [f"## {self.paper}: paper vs ours\n\n"]
+        out.append(markdown_table(["comparison", "paper", "ours", "within ±25 %"], rows))
+        for workload, systems in self.systems.items():
+            out.append(f"\n### {workload}: goodput at the attainment target\n\n")
+            out.append(
+                markdown_table(
+                    ["system", "GPUs", "goodput req/s", "per GPU req/s", "probes"],
+                    [
+                        [s.name, s.num_gpus, s.goodput.rate_per_s, s.per_gpu, len(s.goodput.probes)]
+                        for s in systems
+                    ],
+                )
+            )
+        if self.notes:
+            out.append("\n" + "\n".join(f"- {n}" for n in self.notes) + "\n")
+        return "".join(out)
+
+    def curves(self, workload: str) -> dict[str, list[tuple[float, float]]]:
+        """(rate per GPU, attainment) probes per system, for plotting."""
+        return {
+            s.name: [(r / s.num_gpus, a) for r, a in s.goodput.probes]
+            for s in self.systems[workload]
+        }

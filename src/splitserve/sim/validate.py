@@ -1,0 +1,258 @@
+"""Fidelity: replay a recorded run through the simulator and compare TTFT / TPOT / latency.
+
+Owns: the recording format (`parse_recording`: JSON lines as `router.request_log` writes them, or
+CSV with the same column names), the replay (the recorded arrivals, prompt and output lengths run
+on a `ClusterSpec`), and the comparison (`Validation`): per request, simulated vs measured, and
+the p50 / p90 / p99 of each metric, measured vs simulated, with their relative error.
+
+Required fields per request: `arrival_s`, `prompt_tokens`, `output_tokens`, `ttft_s`,
+`latency_s`; `tpot_s` may be empty / null for one-token outputs (and is derived from latency and
+TTFT when absent); `id` and `outcome` are optional (rows whose outcome is not `ok` are skipped and
+counted). Pure: takes lines, returns values; the runner reads and writes files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitserve.sim.cluster import ClusterSpec, simulate
+from splitserve.sim.report import markdown_table
+from splitserve.sim.workload import WorkItem
+
+METRICS = ("ttft_s", "tpot_s", "latency_s")
+QUANTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    tpot_s: float | None
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    requests: tuple[Recorded, ...]
+    skipped: int
+    """Rows left out because their outcome was not `ok`."""
+
+
+def _num(row: dict[str, object], key: str, line: int) -> float:
+    out = _opt(row, key, line)
+    if out is None:
+        raise ValueError(f"recording line {line}: missing {key!r}")
+    return out
+
+
+def _opt(row: dict[str, object], key: str, line: int) -> float | None:
+    value = row.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"recording line {line}: {key!r} is not a number: {value!r}") from None
+    if not math.isfinite(out) or out < 0:
+        raise ValueError(f"recording line {line}: {key!r} must be finite and >= 0, got {out}")
+    return out
+
+
+def parse_recording(lines: Iterable[str]) -> Recording:
+    """Recorded requests (JSON lines, or CSV with a header), sorted by arrival."""
+    text = [ln for ln in lines if ln.strip()]
+    if not text:
+        raise ValueError("the recording is empty")
+    rows: list[dict[str, object]]
+    if text[0].lstrip().startswith("{"):
+        rows = []
+        for i, ln in enumerate(text, 1):
+            try:
+                rows.append(json.loads(ln))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"recording line {i}: not JSON ({err.msg})") from None
+    else:
+        rows = [dict(r) for r in csv.DictReader(text)]
+    out: list[Recorded] = []
+    skipped = 0
+    for i, row in enumerate(rows, 1):
+        if str(row.get("outcome") or "ok") != "ok":
+            skipped += 1
+            continue
+        arrival = _num(row, "arrival_s", i)
+        prompt = _num(row, "prompt_tokens", i)
+        output = _num(row, "output_tokens", i)
+        ttft = _num(row, "ttft_s", i)
+        latency = _num(row, "latency_s", i)
+        tpot = _opt(row, "tpot_s", i)
+        if prompt < 1 or output < 1:
+            raise ValueError(f"recording line {i}: prompt and output tokens must be >= 1")
+        if tpot is None and output > 1:
+            tpot = (latency - ttft) / (output - 1)
+        out.append(
+            Recorded(
+                str(row.get("id") or f"line{i}"),
+                arrival,
+                int(prompt),
+                int(output),
+                ttft,
+                tpot,
+                latency,
+            )
+        )
+    if not out:
+        raise ValueError("the recording holds no completed (`ok`) requests")
+    out.sort(key=lambda r: r.arrival_s)
+    return Recording(tuple(out), skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One request: measured and simulated."""
+
+    recorded: Recorded
+    ttft_s: float
+    tpot_s: float | None
+    latency_s: float
+
+    def value(self, metric: str, simulated: bool) -> float | None:
+        src: object = self if simulated else self.recorded
+        v: float | None = getattr(src, metric)
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    metric: str
+    quantile: int
+    measured: float
+    simulated: float
+
+    @property
+    def rel_error(self) -> float:
+        return (self.simulated - self.measured) / self.measured if self.measured > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    pairs: tuple[Pair, ...]
+    skipped: int
+    unfinished: int
+    """Requests the simulation did not finish (none expected: it runs until all are done)."""
+
+    def values(self, metric: str, simulated: bool) -> list[float]:
+        return [
+            v
+            for p in self.pairs
+            if (v := p.value(metric, simulated)) is not None
+            and p.value(metric, not simulated) is not None
+        ]
+
+    def rows(self) -> list[Row]:
+        out = []
+        for metric in METRICS:
+            real = self.values(metric, False)
+            sim = self.values(metric, True)
+            if not real:
+                continue
+            for q in QUANTILES:
+                out.append(
+                    Row(metric, q, float(np.percentile(real, q)), float(np.percentile(sim, q)))
+                )
+        return out
+
+    def median_abs_rel_error(self, metric: str) -> float:
+        """Median over requests of |simulated - measured| / measured."""
+        errs = [
+            abs(s - r) / r
+            for p in self.pairs
+            if (r := p.value(metric, False)) is not None
+            and (s := p.value(metric, True)) is not None
+            and r > 0
+        ]
+        return float(np.median(errs)) if errs else math.nan
+
+    def markdown(self, target: float = 0.05) -> str:
+        rows = [
+            [
+                r.metric.removesuffix("_s"),
+                f"p{r.quantile}",
+                r.measured * 1e3,
+                r.simulated * 1e3,
+                f"{r.rel_error * 100:+.1f} %",
+                "yes" if abs(r.rel_error) <= target else "no",
+            ]
+            for r in self.rows()
+        ]
+        out = [
+            f"{len(self.pairs)} requests replayed ({self.skipped} not ok skipped, "
+            f"{self.unfinished} unfinished in the simulation)\n\n",
+            markdown_table(
+                [
+                    "metric",
+                    "quantile",
+                    "measured ms",
+                    "simulated ms",
+                    "error",
+                    f"within {target * 100:.0f} %",
+                ],
+                rows,
+            ),
+            "\nPer-request median |error|: "
+            + ", ".join(
+                f"{m.removesuffix('_s')} {self.median_abs_rel_error(m) * 100:.1f} %"
+                for m in METRICS
+            )
+            + "\n",
+        ]
+        return "".join(out)
+
+    def csv_rows(self) -> list[list[object]]:
+        head: list[object] = ["id", "arrival_s", "prompt_tokens", "output_tokens"]
+        for m in METRICS:
+            head += [f"measured_{m}", f"simulated_{m}"]
+        rows: list[list[object]] = [head]
+        for p in self.pairs:
+            r = p.recorded
+            row: list[object] = [r.id, r.arrival_s, r.prompt_tokens, r.output_tokens]
+            for m in METRICS:
+                row += [p.value(m, False), p.value(m, True)]
+            rows.append(row)
+        return rows
+
+
+def replay(spec: ClusterSpec, recording: Recording) -> Validation:
+    """Run the recorded arrivals and lengths on `spec`; pair each request with its measurement."""
+    reqs = recording.requests
+    t0 = reqs[0].arrival_s
+    items = tuple(WorkItem(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in reqs)
+    result = simulate(spec, items)
+    pairs: list[Pair] = []
+    unfinished = 0
+    for rec, sim in zip(reqs, result.requests, strict=True):
+        ttft, e2e = sim.ttft_s, sim.e2e_s
+        if ttft is None or e2e is None:
+            unfinished += 1
+            continue
+        pairs.append(Pair(rec, ttft, sim.tpot_s, e2e))
+    return Validation(tuple(pairs), recording.skipped, unfinished)
+
+
+def per_request_errors(v: Validation, metric: str) -> Sequence[float]:
+    """(simulated - measured) / measured per request, where both exist."""
+    return [
+        (s - r) / r
+        for p in v.pairs
+        if (r := p.value(metric, False)) is not None
+        and (s := p.value(metric, True)) is not None
+        and r > 0
+    ]

@@ -1,0 +1,121 @@
+"""A scenario picks its latency model by name: GPU-measured models change the simulated times,
+mismatched hardware and conflicting settings are refused, and a KV link prices transfers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitserve.core.errors import ConfigError
+from splitserve.core.perf import DistServeModel, LinkedModel, VidurModel, kv_link
+from splitserve.sim import runner
+from splitserve.sim.config import ScenarioConfig, cluster_spec
+
+BASE: dict[str, Any] = {
+    "model": "opt-13b",
+    "hardware": "a100-80g",
+    "pools": [
+        {"name": "prefill", "role": "prefill", "replicas": 1},
+        {"name": "decode", "role": "decode", "replicas": 1},
+    ],
+    "workload": {
+        "arrival": "poisson",
+        "rate_per_s": 1.0,
+        "num_requests": 30,
+        "prompt": {"kind": "fixed", "tokens": 512},
+        "output": {"kind": "fixed", "tokens": 16},
+    },
+}
+
+
+def _run(**over: Any) -> Any:
+    cfg = ScenarioConfig.model_validate({**BASE, **over})
+    return runner.run_scenario(cfg, None).result
+
+
+def test_named_models_build_the_right_workers() -> None:
+    spec = cluster_spec(ScenarioConfig.model_validate({**BASE, "latency_model": "distserve-a100"}))
+    assert all(isinstance(p.worker.latency, DistServeModel) for p in spec.pools)
+    vidur = {**BASE, "model": "llama-2-7b", "hardware": "h100-80g", "latency_model": "vidur-h100"}
+    spec = cluster_spec(ScenarioConfig.model_validate(vidur))
+    assert all(isinstance(p.worker.latency, VidurModel) for p in spec.pools)
+
+
+def test_distserve_vllm_fit_is_slower_than_distserve_engine_fit() -> None:
+    own = _run(latency_model="distserve-a100")
+    vllm = _run(latency_model="distserve-vllm-a100")
+    assert own.num_finished == vllm.num_finished == 30
+    assert vllm.busy_gpu_seconds > own.busy_gpu_seconds
+
+
+def test_kv_link_prices_the_transfer() -> None:
+    slow = _run(kv_link="nixl-loopback-cpu")
+    fast = _run(kv_link="nvlink-a100")
+    slow_kv = sum(r.kv_transfer_s for r in slow.requests)
+    fast_kv = sum(r.kv_transfer_s for r in fast.requests)
+    assert slow_kv > 10 * fast_kv > 0
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"latency_model": "vidur-h100", "model": "llama-2-7b"}, "measured on h100-80g"),
+        ({"latency_model": "distserve-a100", "model": "llama-2-7b"}, "no distserve fit"),
+        ({"latency_model": "nope"}, "unknown latency model"),
+        ({"kv_link": "carrier-pigeon"}, "unknown KV link"),
+    ],
+)
+def test_bad_latency_settings_are_refused(over: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        cluster_spec(ScenarioConfig.model_validate({**BASE, **over}))
+
+
+def test_profile_and_named_model_together_are_refused(tmp_path: Path) -> None:
+    cfg = ScenarioConfig.model_validate({**BASE, "latency_model": "distserve-a100"})
+    with pytest.raises(ConfigError, match="not both"):
+        cluster_spec(cfg, ["component,x,seconds", "gemm,1,0.01"])
+
+
+def test_a_profile_takes_a_kv_link() -> None:
+    cfg = ScenarioConfig.model_validate({**BASE, "kv_link": "nixl-loopback-cpu"})
+    profile = [
+        "component,x,seconds",
+        *(f"{c},1,0.001\n{c},4096,0.01" for c in ("gemm", "prefill_attention", "decode_attention")),
+    ]
+    spec = cluster_spec(cfg, "\n".join(profile).splitlines())
+    latency = spec.pools[0].worker.latency
+    assert isinstance(latency, LinkedModel)
+    assert latency.kv_transfer_s(1 << 20) == kv_link("nixl-loopback-cpu").transfer_s(1 << 20)
+
+
+def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
+    from splitserve.core.perf import RooflineModel
+    from splitserve.sim.reproductions import distserve, tetriinfer
+    from splitserve.sim.reproductions.common import latency_source, use_gpu_models
+
+    assert not use_gpu_models()
+    assert isinstance(distserve._colocated().pools[0].worker.latency, RooflineModel)
+    with latency_source("gpu"):
+        colocated = distserve._colocated().pools[0].worker.latency
+        prefill = distserve._disaggregated(1, 1).pools[0].worker.latency
+        tetri = tetriinfer.vllm_spec().pools[0].worker.latency
+    assert isinstance(colocated, DistServeModel)
+    assert colocated.engine == "vllm"
+    assert isinstance(prefill, DistServeModel)
+    assert prefill.engine == "distserve"
+    assert isinstance(tetri, DistServeModel)
+    assert tetri.tp == 2
+    assert not use_gpu_models()  # context-local: restored on exit
+    with pytest.raises(ValueError, match="unknown latency source"), latency_source("tpu"):
+        pass
+
+
+def test_step_overhead_is_added_to_every_step() -> None:
+    base = _run()
+    slower = _run(step_overhead_s=0.005)
+    assert slower.num_finished == base.num_finished == 30
+    assert sum(w.num_steps for w in slower.workers) > 0
+    extra = slower.busy_gpu_seconds - base.busy_gpu_seconds
+    assert extra == pytest.approx(0.005 * sum(w.num_steps for w in slower.workers), rel=0.2)
