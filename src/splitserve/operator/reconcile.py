@@ -130,6 +130,10 @@ def reconcile(
             desired=int(router["spec"].get("replicas", 0)),
             ready=int((router.get("status") or {}).get("readyReplicas", 0)),
         )
+    job_name = render.model_cache_job_name(spec, ref)
+    artifact = status.artifact_status(
+        spec, ref, applied.get(("Job", job_name)) if job_name else None
+    )
     previous = _previous_status(svc)
     decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))]
     new_status = status.service_status(
@@ -143,6 +147,7 @@ def reconcile(
         now=now,
         generation=svc["metadata"].get("generation"),
         decisions=decisions,
+        artifact=artifact,
     )
     wire = new_status.wire()
     current = svc.get("status") or {}
