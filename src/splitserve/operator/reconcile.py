@@ -54,7 +54,12 @@ def parse_spec(obj: Mapping[str, Any]) -> v1.LLMServiceSpec:
         return v1.LLMServiceSpec.model_validate(obj.get("spec") or {})
     except ValidationError as err:
         name = obj.get("metadata", {}).get("name")
-        raise ConfigError(f"LLMService {name}: invalid spec: {err}") from err
+        # Field paths and messages only: the input values may hold credentials.
+        details = "; ".join(
+            f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in err.errors(include_input=False, include_url=False)
+        )
+        raise ConfigError(f"LLMService {name}: invalid spec: {details}") from None
 
 
 def reconcile(
