@@ -688,7 +688,12 @@ class WorkerGroup(Model):
                 {
                     "rule": "!has(self.nodes) || self.nodes == 1",
                     "message": "nodes: multi-node workers (LeaderWorkerSet) are not supported yet",
-                }
+                },
+                {
+                    "rule": "!has(self.gpus) || self.gpus == 0 || !has(self.tensorParallel)"
+                    " || self.tensorParallel <= self.gpus",
+                    "message": "tensorParallel: needs at least as many gpus per pod",
+                },
             ]
         }
     )
