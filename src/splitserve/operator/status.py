@@ -169,6 +169,11 @@ def service_status(
     else:
         ready_reason, ready_message = "AllPoolsReady", "every pool has its desired ready workers"
     is_ready = not blocked and router_ready and not short
+    waiting = (v1.ArtifactPhase.PENDING, v1.ArtifactPhase.DOWNLOADING, v1.ArtifactPhase.FAILED)
+    if not is_ready and artifact is not None and artifact.phase in waiting:
+        # Workers wait for the model cache: say so rather than "no ready workers".
+        ready_reason = f"Model{artifact.phase.value}"
+        ready_message = f"model {artifact.source}: {artifact.message}"
 
     def cond(type_: str, status: bool, reason: str, message: str) -> v1.Condition:
         return _condition(prev.conditions, now, generation, type_, status, reason, message)

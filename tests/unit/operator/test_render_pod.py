@@ -544,3 +544,26 @@ def test_artifact_status_follows_the_download_job(
 
 def test_shm_and_cache_volumes_never_collide_with_user_volumes() -> None:
     assert {podspec.SHM_VOLUME, podspec.CACHE_VOLUME, podspec.MODEL_VOLUME} <= v1.RESERVED_VOLUMES
+
+
+def test_ready_condition_says_the_model_is_downloading() -> None:
+    spec = make_spec(model={"name": "m", "source": "hf://a/b", "cache": {"size": "1Gi"}})
+    job = {"status": {"active": 1, "startTime": "2026-01-01T00:00:00Z"}}
+    art = status.artifact_status(spec, REF, job)
+    st = status.service_status(
+        spec=spec,
+        ref=REF,
+        desired={},
+        workers=[],
+        pods=status.PodCounts(total=2),
+        router=None,
+        previous=None,
+        now="2026-01-01T00:01:00Z",
+        generation=1,
+        artifact=art,
+    )
+    ready = next(c for c in st.conditions if c.type == "Ready")
+    assert ready.status is v1.ConditionStatus.FALSE
+    assert ready.reason == "ModelDownloading"
+    assert "kubectl logs -n ml job/" in ready.message
+    assert st.model_artifact == art
