@@ -224,9 +224,16 @@ class ModelCacheSpec(Model):
     """Where the cache is mounted in the download Job and (read-only) in worker pods."""
     download_image: str | None = Field(None, max_length=1024)
     """Image of the download Job (needs Python with `huggingface_hub`). Left out: `engine.image`."""
+    download_pod: PodSettings | None = None
+    """Scheduling and pod settings of the download Job (e.g. tolerations, or a `nodeSelector`
+    for a `ReadWriteOnce` claim). Left out: the cluster's defaults."""
 
     @model_validator(mode="after")
     def _size(self) -> ModelCacheSpec:
+        if self.download_pod is not None and self.download_pod.resource_claims:
+            raise ValueError(
+                "model.cache.downloadPod.resourceClaims: the download needs no devices"
+            )
         if self.claim_name is None and self.size is None:
             raise ValueError("model.cache.size: required when the operator creates the claim")
         if self.size is not None and not re.match(QUANTITY, str(self.size)):

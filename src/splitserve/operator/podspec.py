@@ -216,10 +216,10 @@ def download_job(
     }
     if pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
-    body: Obj = {
-        "backoffLimit": DOWNLOAD_BACKOFF,
-        "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
-    }
+    meta: Obj = {"labels": dict(labels)}
+    if cache.download_pod is not None:
+        apply_pod_settings(pod, meta, container, cache.download_pod, own_selector=labels)
+    body: Obj = {"backoffLimit": DOWNLOAD_BACKOFF, "template": {"metadata": meta, "spec": pod}}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:8]
     return _short(service, "model", digest), body
 

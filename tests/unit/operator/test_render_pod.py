@@ -567,3 +567,34 @@ def test_ready_condition_says_the_model_is_downloading() -> None:
     assert ready.reason == "ModelDownloading"
     assert "kubectl logs -n ml job/" in ready.message
     assert st.model_artifact == art
+
+
+def test_download_job_takes_its_own_pod_settings() -> None:
+    cache = {
+        "size": "1Gi",
+        "accessMode": "ReadWriteOnce",
+        "downloadPod": {
+            "nodeSelector": {"kubernetes.io/hostname": "gpu-node-1"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "serviceAccountName": "model-reader",
+        },
+    }
+    spec = make_spec(model={"name": "m", "source": "hf://a/b", "cache": cache})
+    job = next(m for k, m in objects(spec).items() if k[0] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-node-1"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert pod["serviceAccountName"] == "model-reader"
+    pvc = objects(spec)[("PersistentVolumeClaim", "llama-model-cache")]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    with pytest.raises(ValidationError, match="the download needs no devices"):
+        make_spec(
+            model={
+                "name": "m",
+                "source": "hf://a/b",
+                "cache": {
+                    "size": "1Gi",
+                    "downloadPod": {"resourceClaims": [{"name": "g", "resourceClaimName": "c"}]},
+                },
+            }
+        )
