@@ -13,7 +13,7 @@ pytest.importorskip("celpy")
 
 from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
 
-env = st.fixed_dictionaries(
+env: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
     {"name": st.sampled_from(["A", "B"])},
     optional={
         "value": st.sampled_from(["", "1"]),
@@ -34,7 +34,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
         "model": {"name": "m", "source": "s"},
         "engine": {
             "image": "i",
-            "env": draw(st.lists(env, max_size=2, unique_by=lambda e: e["name"])),
+            "env": draw(st.lists(env, max_size=2, unique_by=lambda e: str(e["name"]))),
         },
         "workerGroups": [group],
         "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
