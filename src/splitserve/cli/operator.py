@@ -134,11 +134,13 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     except ValidationError as err:
         lines = [
             f"  spec.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors()
+            for e in err.errors(include_input=False)
         ]
         raise click.ClickException(
             f"{source.name}: invalid LLMService:\n" + "\n".join(lines)
         ) from None
+    except ValueError as err:
+        raise click.ClickException(f"{source.name}: {err}") from None
     for note in notes:
         click.echo(note, err=True)
     click.echo(dump_manifests(manifests), nl=False)

@@ -115,7 +115,9 @@ def hf_token_env(spec: v1.LLMServiceSpec) -> list[Obj]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": k8s(ref)}}]
 
 
-def artifact(spec: v1.LLMServiceSpec, service: str) -> Artifact:
+def artifact(spec: v1.LLMServiceSpec, service: str = "") -> Artifact:
+    """How the workers of `service` get the weights (`service` only names the claim the operator
+    creates; the model path does not depend on it)."""
     src = spec.model.parsed_source()
     token = hf_token_env(spec)
     if src.kind is v1.SourceKind.HF:

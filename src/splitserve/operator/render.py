@@ -214,7 +214,7 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
     The pod's name and IP reach the worker as `SPLITSERVE_POD_NAME` / `SPLITSERVE_POD_IP`
     (its worker id and the address it advertises).
     """
-    art = podspec.artifact(spec, "-")
+    art = podspec.artifact(spec)
     args = [
         "worker",
         "serve",
@@ -498,13 +498,17 @@ def render_documents(
     for i, doc in enumerate(docs):
         if doc is None:
             continue
-        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict):
+            raise ValueError(f"document {i}: not a Kubernetes object")
+        kind = doc.get("kind")
         if doc.get("apiVersion") != v1.API_VERSION or kind != "LLMService":
             notes.append(
                 f"document {i}: skipped {doc.get('apiVersion')} {kind} (not an LLMService)"
             )
             continue
         meta = doc.get("metadata") or {}
+        if not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise ValueError(f"document {i}: LLMService without metadata.name")
         ns = meta.get("namespace") or namespace or "default"
         spec = v1.LLMServiceSpec.model_validate(doc.get("spec") or {})
         out += render(spec, Observed(ServiceRef(meta["name"], ns, uid), router_image=router_image))

@@ -141,3 +141,19 @@ def test_render_cli_is_the_operators_render() -> None:
         list(yaml.safe_load_all(rendered(ROOT / "deploy/examples/llmservice-mixed.yaml")))
         == expected
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("apiVersion: splitserve.io/v1alpha1\nkind: LLMService\nspec: {}\n", "metadata.name"),
+        ("- a\n- b\n", "not a Kubernetes object"),
+        ("a: [\n", "not YAML"),
+    ],
+)
+def test_render_cli_refuses_broken_files(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text(text)
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1
+    assert needle in result.output
