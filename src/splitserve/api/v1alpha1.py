@@ -993,6 +993,11 @@ class LLMServiceSpec(Model):
                 raise ValueError("kvTransfer: the sim engine moves no KV caches (engine.kind vllm)")
             if self.model.cache is not None:
                 raise ValueError("model.cache: the sim engine loads no weights (engine.kind vllm)")
+        elif self.model.tokenizer is None and self.model.parsed_source().kind is SourceKind.FILE:
+            raise ValueError(
+                "model.tokenizer: required with a file:// source (the router cannot read the "
+                "worker image): give a Hugging Face id or a path in the router image"
+            )
         if self.router.pod.service_account_name is not None:
             raise ValueError("router.pod.serviceAccountName: the router uses its own account")
         return self

@@ -425,3 +425,27 @@ def merge_resources(base: Obj, extra: Mapping[str, str]) -> Obj:
     out["requests"] = dict(sorted(out["requests"].items()))
     out["limits"] = dict(sorted(out["limits"].items()))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The router's view of the model (it loads the tokenizer)
+
+
+def router_tokenizer(spec: v1.LLMServiceSpec) -> str | None:
+    """Where the router loads the tokenizer from, when it differs from `model.source` as
+    written: the directory the workers load (cache, claim, image volume) or the repository id
+    of an `hf://` URI. None: `model.tokenizer`, or the sim engine's own default."""
+    if spec.model.tokenizer or spec.engine.kind is not v1.EngineKind.VLLM:
+        return None
+    art = artifact(spec)
+    if art.source.kind is v1.SourceKind.FILE:
+        return None  # refused by the spec validator unless model.tokenizer is given
+    return None if art.model_arg == spec.model.source else art.model_arg
+
+
+def router_model_mounts(spec: v1.LLMServiceSpec, service: str) -> Artifact | None:
+    """The model volume for the router's pod, when the router reads the tokenizer from it."""
+    if router_tokenizer(spec) is None:
+        return None
+    art = artifact(spec, service)
+    return art if art.volumes else None

@@ -359,13 +359,20 @@ def model_artifact_manifests(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[M
     return out
 
 
+def _router_model(spec: v1.LLMServiceSpec) -> dict[str, Any]:
+    """`model` of the router's config: the tokenizer resolved to what the router can load."""
+    tokenizer = podspec.router_tokenizer(spec)
+    model = spec.model.wire()
+    return model if tokenizer is None else {**model, "tokenizer": tokenizer}
+
+
 def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
     """What the router reads from its ConfigMap (`router.yaml`)."""
     classes = [c.wire() for c in spec.slo_classes]
     default_class = spec.default_slo_class or (spec.slo_classes[0].name if classes else "default")
     return {
         "service": ref.name,
-        "model": spec.model.wire(),
+        "model": _router_model(spec),
         "engine": {"kind": spec.engine.kind.value},
         "listen": {"httpPort": spec.router.http_port, "grpcPort": spec.router.grpc_port},
         "discovery": {
@@ -434,6 +441,7 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_PATH, "readOnly": True}],
     }
     container["securityContext"] = podspec.container_security(ipc_lock=False)
+    container["env"] = [*container["env"], *podspec.hf_token_env(spec)]
     router_meta: dict[str, Any] = {"labels": labels, "annotations": {CONFIG_HASH: config_hash}}
     router_pod: dict[str, Any] = {
         "serviceAccountName": name,
@@ -441,6 +449,16 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
     }
+    model_art = podspec.router_model_mounts(spec, ref.name)
+    if model_art is not None:
+        # The router reads the tokenizer from the workers' model volume.
+        router_pod["volumes"] += model_art.volumes
+        container["volumeMounts"] = [*container["volumeMounts"], *model_art.mounts]
+        if model_art.marker is not None:
+            init = podspec.wait_container(spec, model_art)
+            init["image"] = container["image"]
+            init.pop("imagePullPolicy")
+            router_pod["initContainers"] = [init]
     podspec.apply_pod_settings(
         router_pod,
         router_meta,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from splitserve.api import v1alpha1 as v1
@@ -494,7 +495,7 @@ def test_hf_without_cache_downloads_in_each_pod() -> None:
 def test_in_place_sources_mount_read_only(
     source: str, volume: dict[str, Any] | None, model_arg: str
 ) -> None:
-    spec = make_spec(model={"name": "m", "source": source})
+    spec = make_spec(model={"name": "m", "source": source, "tokenizer": "org/tok"})
     pod = worker_pod(spec)
     c = pod["containers"][0]
     assert f"--model={model_arg}" in c["args"]
@@ -598,3 +599,39 @@ def test_download_job_takes_its_own_pod_settings() -> None:
                 },
             }
         )
+
+
+@pytest.mark.parametrize(
+    ("model", "tokenizer", "mounted"),
+    [
+        ({"source": "hf://a/b@v1"}, "a/b", False),
+        ({"source": "hf://a/b@v1", "cache": {"size": "1Gi"}}, "/models/hf/a/b/v1", True),
+        ({"source": "pvc://models/x"}, "/models/x", True),
+        ({"source": "oci://r/w:1"}, "/models", True),
+        ({"source": "pvc://models/x", "tokenizer": "org/tok"}, "org/tok", False),
+        ({"source": "file:///w", "tokenizer": "org/tok"}, "org/tok", False),
+    ],
+)
+def test_router_loads_the_tokenizer_the_workers_load(
+    model: dict[str, Any], tokenizer: str, mounted: bool
+) -> None:
+    spec = make_spec(model={"name": "m", "authSecret": {"name": "hf", "key": "t"}, **model})
+    out = objects(spec)
+    config = yaml.safe_load(out[("ConfigMap", "llama-router")]["data"]["router.yaml"])
+    assert config["model"]["tokenizer"] == tokenizer
+    pod = router_pod(spec)
+    c = pod["containers"][0]
+    assert env_of(c)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "t"}}
+    mounts = [m for m in c["volumeMounts"] if m["name"] in ("model", "model-cache")]
+    assert bool(mounts) == mounted
+    assert all(m["readOnly"] for m in mounts)
+    has_wait = "initContainers" in pod
+    assert has_wait == ("cache" in model and "tokenizer" not in model)
+
+
+def test_file_source_needs_a_tokenizer_for_the_router() -> None:
+    with pytest.raises(ValidationError, match=r"model\.tokenizer: required with a file:// source"):
+        make_spec(model={"name": "m", "source": "file:///w"})
+    sim = make_spec(engine={"kind": "sim", "image": "i"}, model={"name": "m", "source": "/w"})
+    config = yaml.safe_load(objects(sim)[("ConfigMap", "llama-router")]["data"]["router.yaml"])
+    assert "tokenizer" not in config["model"]  # the sim engine's own tokenizer
