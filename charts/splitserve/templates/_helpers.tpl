@@ -84,6 +84,13 @@ app.kubernetes.io/part-of: splitserve
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "create", "patch", "delete"]
+# The model cache (model.cache): its claim and download Jobs.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # Worker pods: role and fence labels, flip progress and deletion-cost annotations. get and
 # watch are unused by the operator but granted by the router's Role, which it creates (RBAC
 # lets nobody grant what they do not hold).

@@ -13,8 +13,10 @@ API server enforces on `kubectl apply`). Tests keep the two in step.
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -68,22 +70,595 @@ class PullPolicy(StrEnum):
     NEVER = "Never"
 
 
+# ---------------------------------------------------------------------------------------------
+# Cluster integration: model artifacts, env from Secrets, pod controls, KV transport.
+# Kubernetes objects keep their Kubernetes field names (camelCase on the wire) and meaning.
+
+DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""RFC 1123 subdomain: Secret, ConfigMap, PVC, PriorityClass and RuntimeClass names."""
+QUANTITY: Final = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+"""A Kubernetes resource quantity in its common forms (`512Mi`, `16Gi`, `1.5`)."""
+HF_REPO: Final = r"^[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?$"
+SECRETISH_ENV: Final = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)")
+"""Env names whose literal `value` would put a credential in the CR: use `valueFrom` instead."""
+
+
+class SourceKind(StrEnum):
+    HF = "hf"
+    """A Hugging Face repository, downloaded (once into `model.cache`, or by every pod)."""
+    PVC = "pvc"
+    """A directory on an existing PersistentVolumeClaim, mounted read-only."""
+    OCI = "oci"
+    """An OCI image holding the weights, mounted as an image volume (Kubernetes 1.33+)."""
+    FILE = "file"
+    """A path inside the worker container (baked into the image or mounted by `pod.volumes`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """`model.source` parsed: what kind of artifact, and where."""
+
+    kind: SourceKind
+    location: str
+    """HF repository id, PVC claim name, image reference or absolute path."""
+    path: str = ""
+    """PVC: the directory inside the claim ("" = its root)."""
+    revision: str | None = None
+    """HF: the revision after `@`."""
+
+
+def parse_model_source(text: str) -> ModelSource:
+    """`hf://org/name@rev`, `pvc://claim/dir`, `oci://registry/repo:tag`, `file:///path`.
+
+    Without a scheme (the v1alpha1 form): an absolute path is `file://`, anything else a
+    Hugging Face repository id.
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = ("file", text) if text.startswith("/") else ("hf", text)
+    if scheme == "hf":
+        repo, at, revision = rest.partition("@")
+        if not re.match(HF_REPO, repo) or (at and not revision):
+            raise ValueError(f"model.source: {text!r} is not hf://<org>/<name>[@<revision>]")
+        return ModelSource(SourceKind.HF, repo, revision=revision or None)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        if not re.match(DNS_SUBDOMAIN, claim) or ".." in path.split("/"):
+            raise ValueError(f"model.source: {text!r} is not pvc://<claim>/<path>")
+        return ModelSource(SourceKind.PVC, claim, path=path.strip("/"))
+    if scheme == "oci":
+        if not rest or any(c.isspace() for c in rest):
+            raise ValueError(f"model.source: {text!r} is not oci://<registry>/<repository>:<tag>")
+        return ModelSource(SourceKind.OCI, rest)
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ValueError(f"model.source: {text!r} is not file:///<absolute path>")
+        return ModelSource(SourceKind.FILE, rest)
+    raise ValueError(
+        f"model.source: unknown scheme {scheme!r}; use hf://, pvc://, oci:// or file://"
+    )
+
+
+class SecretKeyRef(Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    """Name of the Secret (or ConfigMap), in the service's namespace."""
+    key: str = Field(min_length=1, max_length=253)
+    """Key inside it."""
+    optional: bool | None = None
+    """Start the pod even if the object or key is missing."""
+
+
+class FieldRef(Model):
+    field_path: str = Field(min_length=1, max_length=253)
+    """Pod field (`metadata.name`, `status.podIP`, `spec.nodeName`, ...)."""
+    api_version: str | None = Field(None, max_length=63)
+    """Schema version of `fieldPath` (default `v1`)."""
+
+
+class EnvVarSource(Model):
+    """Exactly one source, as in a container's `env[].valueFrom`."""
+
+    secret_key_ref: SecretKeyRef | None = None
+    """A key of a Secret: the value never appears in the LLMService or anything the operator
+    writes."""
+    config_map_key_ref: SecretKeyRef | None = None
+    """A key of a ConfigMap."""
+    field_ref: FieldRef | None = None
+    """A field of the pod (downward API)."""
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvVarSource:
+        set_ = [
+            f for f in ("secret_key_ref", "config_map_key_ref", "field_ref") if getattr(self, f)
+        ]
+        if len(set_) != 1:
+            raise ValueError(
+                "valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef"
+            )
+        return self
+
+
+class ObjectRef(Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    """Name of the Secret or ConfigMap, in the service's namespace."""
+    optional: bool | None = None
+    """Start the pod even if it is missing."""
+
+
+class EnvFromSource(Model):
+    """Every key of a Secret or ConfigMap as environment variables (`envFrom`)."""
+
+    secret_ref: ObjectRef | None = None
+    """A Secret."""
+    config_map_ref: ObjectRef | None = None
+    """A ConfigMap."""
+    prefix: str | None = Field(None, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    """Prepended to every key."""
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvFromSource:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError("envFrom: set exactly one of secretRef, configMapRef")
+        return self
+
+
+class CacheAccessMode(StrEnum):
+    READ_WRITE_MANY = "ReadWriteMany"
+    """Pods on any node share the cache (NFS, CephFS, Filestore, EFS, ...)."""
+    READ_WRITE_ONCE = "ReadWriteOnce"
+    """One node only: every worker of the service must land on that node."""
+
+
+class ModelCacheSpec(Model):
+    """A shared read-many volume holding the weights: downloaded once, then read by every pod."""
+
+    claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """An existing PersistentVolumeClaim to use. Left out: the operator creates
+    `<service>-model-cache` (owned by the service: deleted with it)."""
+    size: Quantity | None = None
+    """Size of the claim the operator creates (required without `claimName`)."""
+    storage_class_name: str | None = Field(None, max_length=253)
+    """Storage class of the claim the operator creates. Left out: the cluster's default."""
+    access_mode: CacheAccessMode = CacheAccessMode.READ_WRITE_MANY
+    """Access mode of the claim the operator creates."""
+    mount_path: str = Field("/models", min_length=2, max_length=1024, pattern=r"^/[^:]*$")
+    """Where the cache is mounted in the download Job and (read-only) in worker pods."""
+    download_image: str | None = Field(None, max_length=1024)
+    """Image of the download Job (needs Python with `huggingface_hub`). Left out: `engine.image`."""
+    download_pod: PodSettings | None = None
+    """Scheduling and pod settings of the download Job (e.g. tolerations, or a `nodeSelector`
+    for a `ReadWriteOnce` claim). Left out: the cluster's defaults."""
+
+    @model_validator(mode="after")
+    def _size(self) -> ModelCacheSpec:
+        if self.download_pod is not None and self.download_pod.resource_claims:
+            raise ValueError(
+                "model.cache.downloadPod.resourceClaims: the download needs no devices"
+            )
+        if self.claim_name is None and self.size is None:
+            raise ValueError("model.cache.size: required when the operator creates the claim")
+        if self.size is not None and not re.match(QUANTITY, str(self.size)):
+            raise ValueError(f"model.cache.size: {self.size!r} is not a quantity (e.g. 200Gi)")
+        return self
+
+
+class Toleration(Model):
+    key: str | None = Field(None, max_length=316)
+    """Taint key (left out with `operator: Exists`: every taint)."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """`Equal` (default) or `Exists`."""
+    value: str | None = Field(None, max_length=63)
+    """Taint value (with `Equal`)."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to tolerate (left out: all)."""
+    toleration_seconds: int | None = Field(None, ge=0)
+    """`NoExecute`: how long the pod stays after the taint appears."""
+
+
+class TopologySpread(Model):
+    """A `topologySpreadConstraint`; its `labelSelector` is the pod's own group (or router)."""
+
+    topology_key: str = Field(min_length=1, max_length=316)
+    """Node label to spread over (`kubernetes.io/hostname`, `topology.kubernetes.io/zone`)."""
+    max_skew: int = Field(1, ge=1, le=1000)
+    """Most pods one domain may have above the least loaded one."""
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = "ScheduleAnyway"
+    """Hard or soft constraint."""
+
+
+class ResourceClaimRef(Model):
+    """A Dynamic Resource Allocation claim of the pod (`resourceClaims`), used by its container."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    """Name inside the pod."""
+    resource_claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """An existing ResourceClaim (shared by every pod)."""
+    resource_claim_template_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """A ResourceClaimTemplate (one claim per pod)."""
+
+    @model_validator(mode="after")
+    def _one(self) -> ResourceClaimRef:
+        if (self.resource_claim_name is None) == (self.resource_claim_template_name is None):
+            raise ValueError(
+                f"resourceClaims[{self.name}]: set one of resourceClaimName, "
+                "resourceClaimTemplateName"
+            )
+        return self
+
+
+class LabelSelectorRequirement(Model):
+    key: str = Field(min_length=1, max_length=316)
+    """Label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    """How `values` apply (`Gt` / `Lt`: node selectors only)."""
+    values: list[str] = Field(default_factory=list, max_length=64)
+    """Values for `In`, `NotIn`, `Gt`, `Lt`."""
+
+
+class NodeSelectorTerm(Model):
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=16)
+    """Node label requirements, all of which must hold."""
+
+
+class PreferredNodeTerm(Model):
+    weight: int = Field(ge=1, le=100)
+    """Weight of this preference."""
+    preference: NodeSelectorTerm
+    """Nodes preferred."""
+
+
+class NodeAffinity(Model):
+    required: list[NodeSelectorTerm] = Field(default_factory=list, max_length=16)
+    """`requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms` (any one must hold)."""
+    preferred: list[PreferredNodeTerm] = Field(default_factory=list, max_length=16)
+    """`preferredDuringSchedulingIgnoredDuringExecution`."""
+
+
+class LabelSelector(Model):
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    """Labels the pods must have."""
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=16)
+    """Label requirements, all of which must hold."""
+
+
+class PodAffinityTerm(Model):
+    topology_key: str = Field(min_length=1, max_length=316)
+    """Node label defining "together" (`kubernetes.io/hostname`: the same node)."""
+    label_selector: LabelSelector | None = None
+    """The other pods. Left out: the pods of the same worker group (or the router's pods)."""
+
+
+class PreferredPodTerm(Model):
+    weight: int = Field(ge=1, le=100)
+    """Weight of this preference."""
+    term: PodAffinityTerm
+    """`podAffinityTerm`."""
+
+
+class PodAffinity(Model):
+    required: list[PodAffinityTerm] = Field(default_factory=list, max_length=16)
+    """`requiredDuringSchedulingIgnoredDuringExecution`."""
+    preferred: list[PreferredPodTerm] = Field(default_factory=list, max_length=16)
+    """`preferredDuringSchedulingIgnoredDuringExecution`."""
+
+
+class Affinity(Model):
+    """Kubernetes pod affinity, with the long field names shortened (`required`, `preferred`)."""
+
+    node_affinity: NodeAffinity | None = None
+    """Nodes the pods must or should run on."""
+    pod_affinity: PodAffinity | None = None
+    """Pods these pods must or should run near (e.g. decode next to prefill for same-node RDMA)."""
+    pod_anti_affinity: PodAffinity | None = None
+    """Pods these pods must or should run away from (e.g. one worker per node)."""
+
+
+class PvcVolume(Model):
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    """The PersistentVolumeClaim."""
+    read_only: bool | None = None
+    """Mount read-only."""
+
+
+class HostPathVolume(Model):
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+    """Path on the node."""
+    type: Literal["", "Directory", "DirectoryOrCreate", "File", "FileOrCreate", "Socket"] | None = (
+        None
+    )
+    """What must be at `path`."""
+
+
+class EmptyDirVolume(Model):
+    medium: Literal["", "Memory"] | None = None
+    """`Memory` for tmpfs."""
+    size_limit: Quantity | None = None
+    """Most the volume may hold."""
+
+
+class ObjectVolume(Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    """The Secret or ConfigMap."""
+    optional: bool | None = None
+    """Start the pod even if it is missing."""
+
+
+class CsiVolume(Model):
+    driver: str = Field(min_length=1, max_length=253)
+    """CSI driver name."""
+    read_only: bool | None = None
+    """Mount read-only."""
+    volume_attributes: dict[str, str] = Field(default_factory=dict)
+    """Driver-specific attributes."""
+
+
+class ImageVolume(Model):
+    reference: str = Field(min_length=1, max_length=1024)
+    """OCI image reference (Kubernetes 1.33+ image volumes)."""
+    pull_policy: PullPolicy | None = None
+    """Pull policy of the image."""
+
+
+class NfsVolume(Model):
+    server: str = Field(min_length=1, max_length=253)
+    """NFS server."""
+    path: str = Field(min_length=1, max_length=4096)
+    """Exported path."""
+    read_only: bool | None = None
+    """Mount read-only."""
+
+
+class Volume(Model):
+    """An extra pod volume: exactly one source."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    """Volume name (referred to by `volumeMounts`)."""
+    persistent_volume_claim: PvcVolume | None = None
+    """A PersistentVolumeClaim."""
+    host_path: HostPathVolume | None = None
+    """A node directory (needs a privileged-enough namespace)."""
+    empty_dir: EmptyDirVolume | None = None
+    """Scratch space for the pod's lifetime."""
+    secret: ObjectVolume | None = None
+    """A Secret's keys as files."""
+    config_map: ObjectVolume | None = None
+    """A ConfigMap's keys as files."""
+    csi: CsiVolume | None = None
+    """An inline CSI volume."""
+    image: ImageVolume | None = None
+    """An OCI image's files."""
+    nfs: NfsVolume | None = None
+    """An NFS export."""
+
+    def source(self) -> tuple[str, dict[str, Any]]:
+        """(Kubernetes field name, body) of the one source."""
+        wire = self.wire()
+        wire.pop("name")
+        ((key, body),) = wire.items()
+        if key in ("secret", "configMap"):
+            body = {"secretName" if key == "secret" else "name": body.pop("name"), **body}
+        return key, body
+
+    @model_validator(mode="after")
+    def _one(self) -> Volume:
+        sources = [k for k in self.wire() if k != "name"]
+        if len(sources) != 1:
+            raise ValueError(
+                f"pod.volumes[{self.name}]: set exactly one source (persistentVolumeClaim, "
+                "hostPath, emptyDir, secret, configMap, csi, image, nfs)"
+            )
+        return self
+
+
+class VolumeMount(Model):
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    """One of `pod.volumes`."""
+    mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/[^:]*$")
+    """Where it appears in the container."""
+    sub_path: str | None = Field(None, max_length=4096)
+    """A path inside the volume to mount instead of its root."""
+    read_only: bool | None = None
+    """Mount read-only."""
+
+
+RESERVED_VOLUMES: Final = frozenset({"dshm", "model", "model-cache", "config", "tmp"})
+"""Volume names the operator uses itself."""
+
+
+class PodSettings(Model):
+    """Scheduling and pod-level settings, passed to the pod template as Kubernetes defines them."""
+
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra pod annotations (e.g. `k8s.v1.cni.cncf.io/networks` for an RDMA secondary network)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra pod labels (never the operator's own `splitserve.io/` labels)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the pods must run on."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    """Taints the pods tolerate (GPU nodes are usually tainted `nvidia.com/gpu:NoSchedule`)."""
+    affinity: Affinity | None = None
+    """Node affinity, pod affinity and anti-affinity."""
+    topology_spread: list[TopologySpread] = Field(default_factory=list, max_length=8)
+    """Spread the pods over nodes or zones."""
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """PriorityClass of the pods."""
+    runtime_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """RuntimeClass of the pods (e.g. `nvidia` where the NVIDIA runtime is not the default)."""
+    service_account_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """Workers only: the pods' ServiceAccount (e.g. for workload identity to a model store)."""
+    image_pull_secrets: list[str] = Field(default_factory=list, max_length=16)
+    """Secrets to pull private images with."""
+    volumes: list[Volume] = Field(default_factory=list, max_length=32)
+    """Extra pod volumes."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=32)
+    """Extra mounts in the main container."""
+    resource_claims: list[ResourceClaimRef] = Field(default_factory=list, max_length=16)
+    """Dynamic Resource Allocation claims (clusters that allocate GPUs or NICs through DRA);
+    the main container uses every one."""
+
+    @model_validator(mode="after")
+    def _check(self) -> PodSettings:
+        bad = [k for k in self.labels if k.startswith((f"{GROUP}/", "app.kubernetes.io/"))]
+        if bad:
+            raise ValueError(f"pod.labels: {bad[0]!r} is set by the operator")
+        names = [v.name for v in self.volumes]
+        if len(set(names)) != len(names):
+            raise ValueError("pod.volumes: names must be unique")
+        for v in self.volumes:
+            if v.name in RESERVED_VOLUMES:
+                raise ValueError(f"pod.volumes[{v.name}]: the name is used by the operator")
+        for m in self.volume_mounts:
+            if m.name not in names:
+                raise ValueError(f"pod.volumeMounts: no volume {m.name!r} in pod.volumes")
+        claims = [c.name for c in self.resource_claims]
+        if len(set(claims)) != len(claims):
+            raise ValueError("pod.resourceClaims: names must be unique")
+        return self
+
+
+class KvTransport(StrEnum):
+    RDMA = "rdma"
+    """InfiniBand / RoCE verbs (UCX `rc`): needs an RDMA device in the pod and `IPC_LOCK`."""
+    TCP = "tcp"
+    """Plain TCP over the pod network (works everywhere; slowest)."""
+    NVLINK = "nvlink"
+    """CUDA IPC over NVLink (UCX `cuda_ipc`): only between processes that share an IPC
+    namespace, so in practice only inside one pod; between pods on one node use RDMA."""
+
+
+class NixlBackend(StrEnum):
+    UCX = "UCX"
+    """Unified Communication X (NIXL's default): RDMA, TCP, shared memory, CUDA IPC."""
+    LIBFABRIC = "LIBFABRIC"
+    """OFI libfabric (e.g. AWS EFA)."""
+
+
+class KvTransferSpec(Model):
+    """How vLLM workers move KV caches (NIXL). Applies to `engine.kind: vllm` only."""
+
+    backend: NixlBackend = NixlBackend.UCX
+    """NIXL transfer backend."""
+    transports: list[KvTransport] = Field(default_factory=list, max_length=3)
+    """UCX transports to allow (`UCX_TLS`), besides shared memory and CUDA staging copies.
+    Empty: UCX picks among everything it finds."""
+    net_devices: str | None = Field(None, max_length=1024, pattern=r"^[-_.:,A-Za-z0-9]+$")
+    """`UCX_NET_DEVICES`: the NICs to use (e.g. `mlx5_0:1,mlx5_1:1`). Left out: all."""
+    rdma_resource: str | None = Field(None, max_length=253)
+    """Extended resource of the RDMA device plugin each worker requests
+    (e.g. `rdma/rdma_shared_device_a`, `rdma/ib`, `vpc.amazonaws.com/efa`)."""
+    rdma_count: int = Field(1, ge=1, le=64)
+    """How many `rdmaResource` devices each worker requests."""
+    ipc_lock: bool | None = None
+    """Add the `IPC_LOCK` capability (RDMA pins memory). Left out: when `transports` has `rdma`
+    or `rdmaResource` is set."""
+    side_channel_port: int = Field(5600, ge=1, le=65535)
+    """Port where decode workers fetch a prefill worker's NIXL metadata; the host is always the
+    pod IP."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=32)
+    """More UCX / NIXL / NCCL settings (`UCX_IB_GID_INDEX`, `UCX_RNDV_THRESH`, ...)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KvTransferSpec:
+        if len(set(self.transports)) != len(self.transports):
+            raise ValueError("kvTransfer.transports: entries must be distinct")
+        if self.backend is NixlBackend.LIBFABRIC and self.transports:
+            raise ValueError("kvTransfer.transports: UCX transports need backend UCX")
+        return self
+
+    @property
+    def wants_ipc_lock(self) -> bool:
+        if self.ipc_lock is not None:
+            return self.ipc_lock
+        return KvTransport.RDMA in self.transports or self.rdma_resource is not None
+
+
+class ArtifactPhase(StrEnum):
+    PENDING = "Pending"
+    DOWNLOADING = "Downloading"
+    READY = "Ready"
+    FAILED = "Failed"
+    PER_POD = "PerPod"
+    """No cache: every worker pod downloads the model when it starts."""
+
+
+class ArtifactStatus(Model):
+    """Where the model's weights are, and whether the workers can load them."""
+
+    source: str
+    """`model.source` as given."""
+    phase: ArtifactPhase
+    """Pending, Downloading, Ready, Failed or PerPod."""
+    path: str | None = None
+    """The directory the workers load from."""
+    job: str | None = None
+    """The download Job, when there is one."""
+    message: str = Field("", max_length=1024)
+    """What is going on, with what to do about it."""
+
+
 class ModelSpec(Model):
     name: str = Field(min_length=1, max_length=253)
     """The model name clients send in OpenAI requests (`model` field)."""
     source: str = Field(min_length=1, max_length=1024)
-    """Where the weights come from: a Hugging Face repository id or a path inside the pod."""
+    """Where the weights come from: `hf://org/name[@revision]`, `pvc://claim/dir`,
+    `oci://registry/repository:tag` (an image volume) or `file:///path` in the pod. Without a
+    scheme: a Hugging Face repository id, or an absolute path."""
     revision: str | None = Field(None, max_length=253)
     """Revision (branch, tag or commit) of `source`; every worker of the service must share it."""
     tokenizer: str | None = Field(None, max_length=1024)
     """Tokenizer repository id or path, when it differs from `source`."""
+    auth_secret: SecretKeyRef | None = None
+    """Secret key holding the Hugging Face token (`HF_TOKEN` in the download Job and workers)."""
+    cache: ModelCacheSpec | None = None
+    """Download an `hf://` model once into a shared volume; workers then load it without network."""
+
+    def parsed_source(self) -> ModelSource:
+        return parse_model_source(self.source)
+
+    @model_validator(mode="after")
+    def _source(self) -> ModelSpec:
+        src = self.parsed_source()
+        if src.revision and self.revision and src.revision != self.revision:
+            raise ValueError(
+                f"model.revision: {self.revision!r} differs from the source's @{src.revision}"
+            )
+        if self.cache is not None and src.kind is not SourceKind.HF:
+            raise ValueError(
+                f"model.cache: a {src.kind.value}:// source is read in place; the cache holds "
+                "hf:// downloads only"
+            )
+        return self
 
 
 class EnvVar(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.value) && has(self.valueFrom))",
+                    "message": "set value or valueFrom, not both",
+                }
+            ]
+        }
+    )
+
     name: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     """Environment variable name."""
-    value: str = Field("", max_length=32768)
-    """Its value."""
+    value: str | None = Field(None, max_length=32768)
+    """A literal value. Never a credential: use `valueFrom.secretKeyRef`."""
+    value_from: EnvVarSource | None = None
+    """Where the value comes from (a Secret or ConfigMap key, or a pod field)."""
+
+    @model_validator(mode="after")
+    def _source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env[{self.name}]: set value or valueFrom, not both")
+        if self.value and SECRETISH_ENV.search(self.name.upper()):
+            raise ValueError(
+                f"env[{self.name}].value: looks like a credential; a literal value would be "
+                "readable by anyone who can read the LLMService: use valueFrom.secretKeyRef"
+            )
+        return self
 
 
 class BatchingPolicyName(StrEnum):
@@ -111,6 +686,8 @@ class EngineSpec(Model):
     """Extra engine arguments, appended to every worker's command line."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment variables for every worker container."""
+    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=16)
+    """Secrets and ConfigMaps whose every key becomes an environment variable of the workers."""
     grpc_port: int = Field(50051, ge=1, le=65535)
     """Port of the worker's gRPC service (Prefill, Decode, Drain, SetRole, ...)."""
     metrics_port: int = Field(9090, ge=1, le=65535)
@@ -143,6 +720,22 @@ class ResourceRequirements(Model):
 class WorkerGroup(Model):
     """One Deployment of identical worker pods. Roles are assigned per pod, at run time."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.nodes) || self.nodes == 1",
+                    "message": "nodes: multi-node workers (LeaderWorkerSet) are not supported yet",
+                },
+                {
+                    "rule": "!has(self.gpus) || self.gpus == 0 || !has(self.tensorParallel)"
+                    " || self.tensorParallel <= self.gpus",
+                    "message": "tensorParallel: needs at least as many gpus per pod",
+                },
+            ]
+        }
+    )
+
     name: str = Field(min_length=1, max_length=40, pattern=DNS_LABEL)
     """Group name; the Deployment is called `<service>-<name>`."""
     roles: list[Role] = Field(min_length=1, max_length=3)
@@ -161,11 +754,38 @@ class WorkerGroup(Model):
     """Node labels the group's pods must run on."""
     engine_args: list[str] = Field(default_factory=list, max_length=128)
     """Engine arguments for this group only, after `engine.args`."""
+    shm_size: Quantity | None = None
+    """Size of the `/dev/shm` memory volume (NCCL, vLLM's workers). Left out: 2Gi per
+    tensor-parallel rank for groups with accelerators, none otherwise; `0`: none. Counts
+    against the pod's memory limit."""
+    nodes: int = Field(1, ge=1, le=64)
+    """Nodes per worker. Multi-node workers (tensor x pipeline parallel beyond one node, through
+    LeaderWorkerSet) are not supported yet: 1."""
+    pod: PodSettings = Field(default_factory=PodSettings)
+    """Scheduling and pod settings of the group's pods."""
 
     @model_validator(mode="after")
     def _distinct_roles(self) -> WorkerGroup:
         if len(set(self.roles)) != len(self.roles):
             raise ValueError(f"workerGroups[{self.name}].roles: roles must be distinct")
+        if self.nodes != 1:
+            raise ValueError(
+                f"workerGroups[{self.name}].nodes: multi-node workers (LeaderWorkerSet) are not "
+                "supported yet; keep tensorParallel within one node's GPUs (nodes: 1)"
+            )
+        if self.node_selector and self.pod.node_selector:
+            raise ValueError(
+                f"workerGroups[{self.name}]: set nodeSelector or pod.nodeSelector, not both"
+            )
+        if self.shm_size is not None and not re.match(QUANTITY, str(self.shm_size)):
+            raise ValueError(
+                f"workerGroups[{self.name}].shmSize: {self.shm_size!r} is not a quantity"
+            )
+        if self.gpus and self.tensor_parallel > self.gpus:
+            raise ValueError(
+                f"workerGroups[{self.name}].tensorParallel: {self.tensor_parallel} ranks need "
+                f"at least as many gpus per pod (gpus: {self.gpus})"
+            )
         return self
 
 
@@ -331,6 +951,8 @@ class RouterSpec(Model):
     beyond it sheddable requests get 429 first, then non-sheddable ones."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """CPU and memory of each router pod."""
+    pod: PodSettings = Field(default_factory=PodSettings)
+    """Scheduling and pod settings of the router's pods."""
 
 
 class ScalingMode(StrEnum):
@@ -423,6 +1045,25 @@ class LLMServiceSpec(Model):
     """Role changes of running workers."""
     planner: PlannerSpec = Field(default_factory=PlannerSpec)
     """The slow capacity planner."""
+    kv_transfer: KvTransferSpec | None = None
+    """KV-cache transport between prefill and decode workers (vLLM: NIXL backend, UCX
+    transports, RDMA devices). Left out: NIXL over UCX with UCX's own choice of transport."""
+
+    @model_validator(mode="after")
+    def _cluster(self) -> LLMServiceSpec:
+        if self.engine.kind is EngineKind.SIM:
+            if self.kv_transfer is not None:
+                raise ValueError("kvTransfer: the sim engine moves no KV caches (engine.kind vllm)")
+            if self.model.cache is not None:
+                raise ValueError("model.cache: the sim engine loads no weights (engine.kind vllm)")
+        elif self.model.tokenizer is None and self.model.parsed_source().kind is SourceKind.FILE:
+            raise ValueError(
+                "model.tokenizer: required with a file:// source (the router cannot read the "
+                "worker image): give a Hugging Face id or a path in the router image"
+            )
+        if self.router.pod.service_account_name is not None:
+            raise ValueError("router.pod.serviceAccountName: the router uses its own account")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> LLMServiceSpec:
@@ -534,6 +1175,8 @@ class LLMServiceStatus(Model):
     """In-cluster address of the OpenAI-compatible API."""
     conditions: list[Condition] = Field(default_factory=list)
     """Ready, Degraded, NotRoutable, ..."""
+    model_artifact: ArtifactStatus | None = None
+    """Where the weights are and whether the workers can load them (download progress)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TextIO
 
 import click
 
@@ -97,3 +98,49 @@ def run(
             liveness_endpoint=liveness,
         )
     )
+
+
+@operator.command("render")
+@click.option(
+    "-f",
+    "--filename",
+    "source",
+    type=click.File("r"),
+    required=True,
+    help="YAML file with LLMService documents ('-' reads stdin).",
+)
+@click.option(
+    "--namespace", "-n", default=None, help="For services whose metadata names none (default)."
+)
+@click.option(
+    "--router-image",
+    envvar="SPLITSERVE_ROUTER_IMAGE",
+    default="ghcr.io/splitserve/splitserve:latest",
+    show_default=True,
+    help="Router image for LLMServices that name none (as the operator's --router-image).",
+)
+def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None:
+    """Print every object the operator would create for the LLMServices in a file (dry run)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from splitserve.operator.render import dump_manifests, render_documents
+
+    try:
+        docs = list(yaml.safe_load_all(source.read()))
+        manifests, notes = render_documents(docs, namespace, router_image)
+    except yaml.YAMLError as err:
+        raise click.ClickException(f"{source.name}: not YAML: {err}") from err
+    except ValidationError as err:
+        lines = [
+            f"  spec.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors(include_input=False)
+        ]
+        raise click.ClickException(
+            f"{source.name}: invalid LLMService:\n" + "\n".join(lines)
+        ) from None
+    except ValueError as err:
+        raise click.ClickException(f"{source.name}: {err}") from None
+    for note in notes:
+        click.echo(note, err=True)
+    click.echo(dump_manifests(manifests), nl=False)

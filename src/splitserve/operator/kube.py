@@ -30,6 +30,8 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Event"): "events",
     ("apps/v1", "Deployment"): "deployments",
+    ("batch/v1", "Job"): "jobs",
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (v1.API_VERSION, "LLMService"): "llmservices",
@@ -44,6 +46,8 @@ OWNED_KINDS: Final = (
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("batch/v1", "Job"),
+    ("v1", "PersistentVolumeClaim"),
 )
 """Kinds an `LLMService` owns (what deletion and pruning look at)."""
 

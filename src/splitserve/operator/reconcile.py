@@ -54,7 +54,12 @@ def parse_spec(obj: Mapping[str, Any]) -> v1.LLMServiceSpec:
         return v1.LLMServiceSpec.model_validate(obj.get("spec") or {})
     except ValidationError as err:
         name = obj.get("metadata", {}).get("name")
-        raise ConfigError(f"LLMService {name}: invalid spec: {err}") from err
+        # Field paths and messages only: the input values may hold credentials.
+        details = "; ".join(
+            f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in err.errors(include_input=False, include_url=False)
+        )
+        raise ConfigError(f"LLMService {name}: invalid spec: {details}") from None
 
 
 def reconcile(
@@ -130,6 +135,10 @@ def reconcile(
             desired=int(router["spec"].get("replicas", 0)),
             ready=int((router.get("status") or {}).get("readyReplicas", 0)),
         )
+    job_name = render.model_cache_job_name(spec, ref)
+    artifact = status.artifact_status(
+        spec, ref, applied.get(("Job", job_name)) if job_name else None
+    )
     previous = _previous_status(svc)
     decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))]
     new_status = status.service_status(
@@ -143,6 +152,7 @@ def reconcile(
         now=now,
         generation=svc["metadata"].get("generation"),
         decisions=decisions,
+        artifact=artifact,
     )
     wire = new_status.wire()
     current = svc.get("status") or {}

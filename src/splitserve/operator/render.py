@@ -26,6 +26,7 @@ import yaml
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
+from splitserve.operator import podspec
 
 Manifest = dict[str, Any]
 
@@ -159,6 +160,7 @@ def render(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manifest]:
     desired = desired_replicas(spec, observed)
     sizes = group_replicas(spec, desired)
     out: list[Manifest] = [llm_pool(spec, observed, role) for role, _ in spec.pools.items()]
+    out += model_artifact_manifests(spec, observed.service)
     out += [worker_deployment(spec, observed.service, g, sizes[g.name]) for g in spec.worker_groups]
     out += router_manifests(spec, observed)
     return out
@@ -212,11 +214,12 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
     The pod's name and IP reach the worker as `SPLITSERVE_POD_NAME` / `SPLITSERVE_POD_IP`
     (its worker id and the address it advertises).
     """
+    art = podspec.artifact(spec)
     args = [
         "worker",
         "serve",
         f"--engine={spec.engine.kind.value}",
-        f"--model={spec.model.source}",
+        f"--model={art.model_arg}",
         f"--served-model-name={spec.model.name}",
         f"--role={group.roles[0].value}",
         "--host=0.0.0.0",
@@ -224,8 +227,10 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
         f"--metrics-port={spec.engine.metrics_port}",
         f"--tensor-parallel-size={group.tensor_parallel}",
     ]
-    if spec.model.revision:
-        args.append(f"--revision={spec.model.revision}")
+    if art.revision_arg:
+        args.append(f"--revision={art.revision_arg}")
+    if spec.kv_transfer is not None and spec.engine.kind is v1.EngineKind.VLLM:
+        args.append(f"--nixl-port={spec.kv_transfer.side_channel_port}")
     if spec.model.tokenizer:
         args.append(f"--tokenizer={spec.model.tokenizer}")
     params = json.loads(spec.engine.batching_params)
@@ -242,17 +247,28 @@ def worker_deployment(
     name = group_deployment_name(ref.name, group.name)
     selector = worker_selector(ref.name, group.name)
     labels = {**service_labels(ref.name, "worker"), **selector}
+    art = podspec.artifact(spec, ref.name)
+    volumes, mounts = podspec.volumes_and_mounts(art, podspec.shm_size(group))
+    kv = spec.kv_transfer if spec.engine.kind is v1.EngineKind.VLLM else None
+    ports = [
+        {"name": "grpc", "containerPort": spec.engine.grpc_port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": spec.engine.metrics_port, "protocol": "TCP"},
+    ]
+    if kv is not None:
+        ports.append({"name": "nixl", "containerPort": kv.side_channel_port, "protocol": "TCP"})
     container: dict[str, Any] = {
         "name": "worker",
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy.value,
         "command": ["splitserve"],
         "args": worker_args(spec, group),
-        "env": [*_downward_env(), *({"name": e.name, "value": e.value} for e in spec.engine.env)],
-        "ports": [
-            {"name": "grpc", "containerPort": spec.engine.grpc_port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": spec.engine.metrics_port, "protocol": "TCP"},
+        "env": [
+            *_downward_env(),
+            *art.env,
+            *podspec.kv_env(spec, group),
+            *(podspec.env_var(e) for e in spec.engine.env),
         ],
+        "ports": ports,
         "readinessProbe": {
             "grpc": {"port": spec.engine.grpc_port},
             "periodSeconds": 5,
@@ -263,15 +279,38 @@ def worker_deployment(
             "periodSeconds": 10,
             "failureThreshold": 180,
         },
-        "resources": _resources(group.resources, group.gpus, group.gpu_resource),
+        "resources": podspec.merge_resources(
+            _resources(group.resources, group.gpus, group.gpu_resource),
+            podspec.kv_resources(spec) if kv is not None else {},
+        ),
+        "securityContext": podspec.container_security(
+            ipc_lock=kv is not None and kv.wants_ipc_lock
+        ),
     }
+    if spec.engine.env_from:
+        container["envFrom"] = podspec.env_from(spec)
+    if mounts:
+        container["volumeMounts"] = mounts
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # A drain can take as long as the longest generation.
         "terminationGracePeriodSeconds": int(spec.flipping.drain_timeout_seconds) + 30,
+        "securityContext": podspec.pod_security(),
     }
+    if art.marker is not None:
+        pod_spec["initContainers"] = [podspec.wait_container(spec, art)]
+    if volumes:
+        pod_spec["volumes"] = volumes
     if group.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(group.node_selector.items()))
+    template_meta: dict[str, Any] = {"labels": labels}
+    podspec.apply_pod_settings(
+        pod_spec,
+        template_meta,
+        container,
+        group.pod,
+        own_selector=selector,
+    )
     meta = _meta(ref, name, "worker")
     meta["labels"] = labels
     return {
@@ -281,9 +320,54 @@ def worker_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def model_cache_job_name(spec: v1.LLMServiceSpec, ref: ServiceRef) -> str | None:
+    """The download Job of the service's model, if it has one."""
+    art = podspec.artifact(spec, ref.name)
+    if art.marker is None:
+        return None
+    labels = service_labels(ref.name, "model-download")
+    return podspec.download_job(spec, art, labels, ref.name)[0]
+
+
+def model_artifact_manifests(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]:
+    """The model cache's PersistentVolumeClaim (when the operator creates it) and download Job."""
+    art = podspec.artifact(spec, ref.name)
+    cache = spec.model.cache
+    if cache is None or art.marker is None or art.cache_claim is None:
+        return []
+    out: list[Manifest] = []
+    if art.claim_created:
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": _meta(ref, art.cache_claim, "model-cache"),
+                "spec": podspec.cache_claim_spec(cache),
+            }
+        )
+    labels = service_labels(ref.name, "model-download")
+    job_name, body = podspec.download_job(spec, art, labels, ref.name)
+    out.append(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": _meta(ref, job_name, "model-download"),
+            "spec": body,
+        }
+    )
+    return out
+
+
+def _router_model(spec: v1.LLMServiceSpec) -> dict[str, Any]:
+    """`model` of the router's config: the tokenizer resolved to what the router can load."""
+    tokenizer = podspec.router_tokenizer(spec)
+    model = spec.model.wire()
+    return model if tokenizer is None else {**model, "tokenizer": tokenizer}
 
 
 def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
@@ -292,7 +376,7 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
     default_class = spec.default_slo_class or (spec.slo_classes[0].name if classes else "default")
     return {
         "service": ref.name,
-        "model": spec.model.wire(),
+        "model": _router_model(spec),
         "engine": {"kind": spec.engine.kind.value},
         "listen": {"httpPort": spec.router.http_port, "grpcPort": spec.router.grpc_port},
         "discovery": {
@@ -342,7 +426,7 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
     }
     http, grpc = spec.router.http_port, spec.router.grpc_port
-    container = {
+    container: dict[str, Any] = {
         "name": "router",
         "image": spec.router.image or observed.router_image,
         "command": ["splitserve"],
@@ -362,6 +446,32 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "resources": _resources(spec.router.resources),
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_PATH, "readOnly": True}],
     }
+    container["securityContext"] = podspec.container_security(ipc_lock=False)
+    container["env"] = [*container["env"], *podspec.hf_token_env(spec)]
+    router_meta: dict[str, Any] = {"labels": labels, "annotations": {CONFIG_HASH: config_hash}}
+    router_pod: dict[str, Any] = {
+        "serviceAccountName": name,
+        "securityContext": podspec.pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": name}}],
+    }
+    model_art = podspec.router_model_mounts(spec, ref.name)
+    if model_art is not None:
+        # The router reads the tokenizer from the workers' model volume.
+        router_pod["volumes"] += model_art.volumes
+        container["volumeMounts"] = [*container["volumeMounts"], *model_art.mounts]
+        if model_art.marker is not None:
+            init = podspec.wait_container(spec, model_art)
+            init["image"] = container["image"]
+            init.pop("imagePullPolicy")
+            router_pod["initContainers"] = [init]
+    podspec.apply_pod_settings(
+        router_pod,
+        router_meta,
+        container,
+        spec.router.pod,
+        own_selector=selector,
+    )
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -369,14 +479,7 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "spec": {
             "replicas": spec.router.replicas,
             "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {CONFIG_HASH: config_hash}},
-                "spec": {
-                    "serviceAccountName": name,
-                    "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": name}}],
-                },
-            },
+            "template": {"metadata": router_meta, "spec": router_pod},
         },
     }
     service = {
@@ -402,3 +505,47 @@ def router_endpoint(spec: v1.LLMServiceSpec, ref: ServiceRef) -> str:
 def fingerprint(manifests: list[Manifest]) -> str:
     """A stable digest of rendered manifests (for tests and logs)."""
     return hashlib.sha256(json.dumps(manifests, sort_keys=True).encode()).hexdigest()
+
+
+DRY_RUN_UID: Final = "00000000-0000-0000-0000-000000000000"
+"""The owner UID in a dry run (the API server assigns the real one)."""
+
+
+def render_documents(
+    docs: list[Any], namespace: str | None, router_image: str, uid: str = DRY_RUN_UID
+) -> tuple[list[Manifest], list[str]]:
+    """(every object the operator would create, notes on documents that are not LLMServices)
+    for the `LLMService`s among YAML documents: `splitserve operator render`. A fresh cluster:
+    no `LLMPool` exists yet, so each pool starts at the service's `replicas`."""
+    out: list[Manifest] = []
+    notes: list[str] = []
+    for i, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise ValueError(f"document {i}: not a Kubernetes object")
+        kind = doc.get("kind")
+        if doc.get("apiVersion") != v1.API_VERSION or kind != "LLMService":
+            notes.append(
+                f"document {i}: skipped {doc.get('apiVersion')} {kind} (not an LLMService)"
+            )
+            continue
+        meta = doc.get("metadata") or {}
+        if not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise ValueError(f"document {i}: LLMService without metadata.name")
+        ns = meta.get("namespace") or namespace or "default"
+        spec = v1.LLMServiceSpec.model_validate(doc.get("spec") or {})
+        out += render(spec, Observed(ServiceRef(meta["name"], ns, uid), router_image=router_image))
+    return out, notes
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases (objects that share a dict are written out twice)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_manifests(manifests: list[Manifest]) -> str:
+    """Manifests as one multi-document YAML text, stable for diffs (keys in render order)."""
+    return yaml.dump_all(manifests, Dumper=_PlainDumper, sort_keys=False, width=100)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
-from splitserve.operator import render
+from splitserve.operator import podspec, render
 from splitserve.policy.planner.flip import WorkerObs
 
 MAX_DECISIONS = 10
@@ -143,6 +144,7 @@ def service_status(
     now: str,
     generation: int | None,
     decisions: Sequence[str] = (),
+    artifact: v1.ArtifactStatus | None = None,
 ) -> v1.LLMServiceStatus:
     prev = previous or v1.LLMServiceStatus()
     pools = pool_statuses(desired, workers)
@@ -167,6 +169,11 @@ def service_status(
     else:
         ready_reason, ready_message = "AllPoolsReady", "every pool has its desired ready workers"
     is_ready = not blocked and router_ready and not short
+    waiting = (v1.ArtifactPhase.PENDING, v1.ArtifactPhase.DOWNLOADING, v1.ArtifactPhase.FAILED)
+    if not is_ready and artifact is not None and artifact.phase in waiting:
+        # Workers wait for the model cache: say so rather than "no ready workers".
+        ready_reason = f"Model{artifact.phase.value}"
+        ready_message = f"model {artifact.source}: {artifact.message}"
 
     def cond(type_: str, status: bool, reason: str, message: str) -> v1.Condition:
         return _condition(prev.conditions, now, generation, type_, status, reason, message)
@@ -194,4 +201,56 @@ def service_status(
         decisions=kept,
         router_endpoint=render.router_endpoint(spec, ref),
         conditions=conditions,
+        model_artifact=artifact,
+    )
+
+
+def artifact_status(
+    spec: v1.LLMServiceSpec, ref: render.ServiceRef, job: Mapping[str, Any] | None
+) -> v1.ArtifactStatus:
+    """The model artifact's state, from the download Job (when the model has a cache)."""
+    art = podspec.artifact(spec, ref.name)
+    src = spec.model.source
+    kind = art.source.kind
+    if kind is v1.SourceKind.HF and art.marker is None:
+        return v1.ArtifactStatus(
+            source=src,
+            phase=v1.ArtifactPhase.PER_POD,
+            message="no model.cache: every worker pod downloads the model when it starts",
+        )
+    if art.marker is None:
+        where = {
+            v1.SourceKind.PVC: f"claim {art.source.location}",
+            v1.SourceKind.OCI: f"image volume {art.source.location}",
+            v1.SourceKind.FILE: "the worker image",
+        }[kind]
+        return v1.ArtifactStatus(
+            source=src,
+            phase=v1.ArtifactPhase.READY,
+            path=art.directory,
+            message=f"read in place from {where} (its contents are not checked by the operator)",
+        )
+    name = render.model_cache_job_name(spec, ref)
+    st = (job or {}).get("status") or {}
+    where = f"kubectl logs -n {ref.namespace} job/{name}"
+    failed = any(
+        c.get("type") == "Failed" and c.get("status") == "True" for c in st.get("conditions", [])
+    )
+    if int(st.get("succeeded", 0)) > 0:
+        phase, msg = v1.ArtifactPhase.READY, f"downloaded into claim {art.cache_claim}"
+    elif failed:
+        reason = next(
+            (c.get("message", "") for c in st.get("conditions", []) if c.get("type") == "Failed"),
+            "",
+        )
+        phase, msg = v1.ArtifactPhase.FAILED, f"download failed: {reason} ({where})"
+    elif int(st.get("active", 0)) > 0:
+        since = st.get("startTime", "?")
+        retries = int(st.get("failed", 0))
+        phase = v1.ArtifactPhase.DOWNLOADING
+        msg = f"downloading since {since}, {retries} failed attempt(s) ({where})"
+    else:
+        phase, msg = v1.ArtifactPhase.PENDING, f"download Job {name} not started yet"
+    return v1.ArtifactStatus(
+        source=src, phase=phase, path=art.directory, job=name, message=msg[:1024]
     )

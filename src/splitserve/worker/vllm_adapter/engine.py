@@ -592,6 +592,10 @@ class VllmEngine:
             }
             if cfg.kv_buffer_device:
                 kvc["kv_buffer_device"] = cfg.kv_buffer_device
+            # NIXL transfer backends (UCX, LIBFABRIC); the operator sets this from kvTransfer.
+            backends = os.environ.get("SPLITSERVE_NIXL_BACKENDS", "")
+            if backends:
+                kvc["kv_connector_extra_config"]["backends"] = backends.split(",")
             args["kv_transfer_config"] = kvc
         if cfg.use_scheduler_shim:
             extra = {"batching": cfg.batching, "params": dict(cfg.batching_params)}
