@@ -24,8 +24,11 @@ decisions):
 - rate limits: at most `max(max_step_up, ⌈current·max_step_up_fraction⌉)` workers added and
   `max_step_down` removed per tick;
 - SLO feedback: a class missing its TTFT (TPOT) target with enough samples, or a queue above
-  `queue_per_worker` per worker, puts the prefill (decode) side under *pressure*: at least one
-  more worker, and no scale-down while it lasts. The model can be wrong; the feedback is not;
+  `queue_per_worker` per worker, puts the prefill (decode) side under *pressure*: one more
+  worker per tick, or enough for the queue at `queue_per_worker` each (unless workers already
+  started for the pool are not serving yet: their effect is awaited first), and no scale-down
+  while it lasts. The model can be wrong; the
+  feedback is not;
 - min / max per pool always win (a prefill floor never blocks the decode pool's scale-down:
   pools are decided independently).
 
@@ -312,9 +315,14 @@ def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, s
         if c.ttft_missed() and ttft_role is not None:
             assert c.ttft_s is not None
             assert c.ttft_target_s is not None
-            out.setdefault(ttft_role, []).append(
-                f"class {c.name}: TTFT {pct} {_fmt_s(c.ttft_s)} > {_fmt_s(c.ttft_target_s)}"
-            )
+            line = f"class {c.name}: TTFT {pct} {_fmt_s(c.ttft_s)} > {_fmt_s(c.ttft_target_s)}"
+            out.setdefault(ttft_role, []).append(line)
+            # The first token also waits for the decode side (KV pull, admission): when decode
+            # workers have requests queued, they share the blame.
+            dec = obs.pools.get(Role.DECODE) if ttft_role is Role.PREFILL else None
+            dq = dec.queued if dec is not None else None
+            if dec is not None and dq is not None and dec.current > 0 and dq > dec.current:
+                out.setdefault(Role.DECODE, []).append(f"{line}; decode queue {dq}")
         if c.tpot_missed() and tpot_role is not None:
             assert c.tpot_s is not None
             assert c.tpot_target_s is not None
@@ -399,9 +407,20 @@ def decide(
         up_target = b.clamp(math.ceil(w / params.target_utilization - _EPS))
         down_now = b.clamp(math.ceil(w / params.scale_down_utilization - _EPS))
         why = pressure.get(role, "")
+        starting = p.ready is not None and p.ready < p.current
         if why:
-            up_target = max(up_target, b.clamp(p.current + 1))
+            # One more worker per tick of pressure, unless workers already on their way (started
+            # or flipping in, not serving yet) are still to show their effect.
+            if not starting:
+                # Enough workers for the queue at `queue_per_worker` each (a backlog the
+                # model did not foresee), and at least one more.
+                q = p.queued or 0
+                by_queue = math.ceil(q / params.queue_per_worker - _EPS)
+                up_target = max(up_target, b.clamp(max(p.current + 1, by_queue)))
             down_now = max(down_now, p.current)
+        # Never recommend scaling down below what this tick scales up to (pressure can lift the
+        # up target above the model's scale-down count): the window then holds the new size.
+        down_now = max(down_now, up_target)
         history.append((now, role, down_now))
         down_target = max(h[2] for h in history if h[1] is role)
         basis = (
@@ -419,9 +438,9 @@ def decide(
         elif up_target > cur:
             step = max(params.max_step_up, math.ceil(cur * params.max_step_up_fraction))
             desired, kind = min(up_target, cur + step), Kind.SCALE_UP
-            cause = (
-                f"under pressure ({why})" if why else f"{basis} at {params.target_utilization:.0%}"
-            )
+            cause = f"{basis} at {params.target_utilization:.0%}"
+            if why:
+                cause = f"under pressure ({why}); {cause}"
             reason = f"{role.value} {cur} -> {desired}: {cause}"
         elif down_target < cur and not why and watched_long_enough:
             desired = max(down_target, cur - params.max_step_down)
@@ -434,6 +453,11 @@ def decide(
             desired, kind = cur, Kind.HOLD
             if why and b.max_replicas is not None and cur >= b.max_replicas:
                 reason = f"{role.value} held at max {cur}: {why}"
+            elif why and starting:
+                reason = (
+                    f"{role.value} held at {cur}: {why}; waiting for "
+                    f"{cur - (p.ready or 0)} worker(s) to start serving"
+                )
             elif down_target < cur and not watched_long_enough:
                 reason = (
                     f"{role.value} held at {cur}: watched < {params.scale_down_stabilization_s:g} s"
