@@ -489,7 +489,7 @@ class Decision(Model):
     """What was decided and why."""
     reason: str | None = Field(None, max_length=128)
     """One CamelCase word for machines (Load, SLOPressure, Stabilized, Bounds, SignalsMissing)."""
-    inputs: dict[str, str] = Field(default_factory=dict, max_length=32)
+    inputs: dict[str, str] | None = Field(None, max_length=32)
     """The observed inputs the decision was made from (rate, lengths, attainment, ...)."""
 
 

@@ -393,7 +393,9 @@ class Controller:
         decisions = [v1.Decision.model_validate(d) for d in status.get("decisions") or []]
         for kind, word, message, inputs, _ in entries:
             decisions.append(
-                v1.Decision(time=now, kind=kind, message=message[:1024], reason=word, inputs=inputs)
+                v1.Decision(
+                    time=now, kind=kind, message=message[:1024], reason=word, inputs=inputs or None
+                )
             )
         classes = [
             v1.SloClassStatus(
@@ -440,8 +442,8 @@ class Controller:
             result.wrote.append(f"event {word}")
 
     def _staleness(self, label: str, obs: Observation, st: _ServiceState) -> None:
-        snap = st.window.snapshots[-1] if st.window.snapshots else None
-        age = obs.time_s - snap.time_s if snap and snap.routers else float("inf")
+        good = st.window.last_good_s
+        age = obs.time_s - good if good is not None else float("inf")
         self.metrics.staleness.labels(label, "router").set(age)
         has_loads = any(p.workers for p in obs.pools.values())
         self.metrics.staleness.labels(label, "worker-load").set(0.0 if has_loads else float("inf"))

@@ -136,10 +136,14 @@ class Window:
         self.window_s = window_s
         self.max_age_s = max_age_s
         self.snapshots: deque[Snapshot] = deque()
+        self.last_good_s: float | None = None
+        """When every router last answered."""
         self.last_lengths: tuple[float, float] | None = None
         """The last known mean prompt / output lengths (an idle window has none)."""
 
     def add(self, snap: Snapshot) -> None:
+        if snap.routers and not snap.failed:
+            self.last_good_s = snap.time_s
         self.snapshots.append(snap)
         # Keep one snapshot at or before the window start (the base of the differences).
         while len(self.snapshots) > 2 and self.snapshots[1].time_s <= snap.time_s - self.window_s:
@@ -159,8 +163,8 @@ class Window:
                 now_s, self.window_s, None, None, None, (), pools, problems=tuple(problems)
             )
         new = self.snapshots[-1]
-        age = now_s - new.time_s
-        if age > self.max_age_s:
+        age = now_s - self.last_good_s if self.last_good_s is not None else float("inf")
+        if self.last_good_s is not None and age > self.max_age_s:
             problems.append(
                 SignalProblem("router metrics", SignalState.STALE, f"last scrape {age:.0f} s ago")
             )
