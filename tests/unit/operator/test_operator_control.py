@@ -357,3 +357,33 @@ def test_prometheus_source_reads_router_series_per_pod() -> None:
     }
     assert seen[0].startswith("http://prom:9090/api/v1/query?query=")
     assert "svc-router-" in seen[0]
+
+
+def test_metrics_and_healthz_endpoint() -> None:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from splitserve.operator.control import server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    registry = CollectorRegistry()
+    OperatorMetrics(registry).slo_at_risk.labels("default/svc").set(1)
+    ticks = {"default/svc": (100.0, 10.0)}
+    now = [110.0]
+    srv = server.serve(registry, server.health_of(lambda: ticks, lambda: now[0]), "127.0.0.1", port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+            assert 'splitserve_operator_slo_at_risk{service="default/svc"} 1.0' in r.read().decode()
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
+            assert r.status == 200
+        now[0] = 200.0  # no tick for 100 s at a 10 s interval
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + "/healthz", timeout=5)
+        assert err.value.code == 503
+    finally:
+        srv.shutdown()
+        srv.server_close()
