@@ -964,13 +964,44 @@ class ScalingMode(StrEnum):
     """People own `replicas` (`kubectl scale llmpool/...`); the operator never writes it."""
 
 
+class MetricsSource(StrEnum):
+    ROUTER = "Router"
+    """Scrape `/metrics` of every ready router pod directly."""
+    PROMETHEUS = "Prometheus"
+    """Query Prometheus (`scaling.prometheusUrl`) for the routers' series."""
+
+
 class ScalingSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.metricsSource) || self.metricsSource != 'Prometheus'"
+                    " || has(self.prometheusUrl)",
+                    "message": "metricsSource Prometheus needs prometheusUrl",
+                }
+            ]
+        }
+    )
+
     mode: ScalingMode = ScalingMode.MANAGED
     """Who owns each pool's `replicas`."""
     interval_seconds: float = Field(30.0, gt=0, le=3600)
     """How often the autoscaler runs (Managed mode)."""
     scale_down_stabilization_seconds: float = Field(300.0, ge=0, le=86400)
     """The autoscaler scales down only after the lower size was wanted this long."""
+    window_seconds: float = Field(60.0, gt=0, le=3600)
+    """The window the autoscaler's rates, percentiles and attainment are computed over."""
+    metrics_source: MetricsSource = MetricsSource.ROUTER
+    """Where the autoscaler reads the routers' SLO metrics."""
+    prometheus_url: str | None = Field(None, max_length=1024)
+    """Prometheus base URL (`http://prometheus.monitoring:9090`) for `metricsSource: Prometheus`."""
+
+    @model_validator(mode="after")
+    def _prometheus(self) -> ScalingSpec:
+        if self.metrics_source is MetricsSource.PROMETHEUS and not self.prometheus_url:
+            raise ValueError("scaling: metricsSource Prometheus needs prometheusUrl")
+        return self
 
 
 class FlippingSpec(Model):
@@ -1147,6 +1178,10 @@ class SloClassStatus(Model):
     """Observed TTFT at the class's percentile, in milliseconds."""
     tpot_ms: float | None = None
     """Observed TPOT at the class's percentile, in milliseconds."""
+    goodput: float | None = None
+    """Requests per second of the class that met their SLO (recent window)."""
+    requests: int | None = None
+    """Requests of the class that finished in the window."""
 
 
 class Decision(Model):
@@ -1156,6 +1191,10 @@ class Decision(Model):
     """scale, flip, plan, ..."""
     message: str = Field(max_length=1024)
     """What was decided and why."""
+    reason: str | None = Field(None, max_length=128)
+    """One CamelCase word for machines (Load, SLOPressure, Stabilized, Bounds, SignalsMissing)."""
+    inputs: dict[str, str] | None = Field(None, max_length=32)
+    """The observed inputs the decision was made from (rate, lengths, attainment, ...)."""
 
 
 class LLMServiceStatus(Model):

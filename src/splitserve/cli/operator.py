@@ -50,6 +50,15 @@ def operator() -> None:
     metavar="URL",
     help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz.",
 )
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="SPLITSERVE_OPERATOR_METRICS_PORT",
+    default=0,
+    show_default=True,
+    help="Serve the control loop's /metrics and /healthz on this port (0: off; the chart "
+    "sets 8081).",
+)
 @click.option("--kubeconfig", envvar="KUBECONFIG", default=None, help="Out-of-cluster config.")
 @click.option(
     "--log-level",
@@ -65,6 +74,7 @@ def run(
     interval: float,
     drain_wait: float,
     liveness: str | None,
+    metrics_port: int,
     kubeconfig: str | None,
     log_level: str,
 ) -> None:
@@ -90,6 +100,10 @@ def run(
             kubeconfig=kubeconfig,
         )
     )
+    if metrics_port:
+        from splitserve.operator.control import runtime
+
+        runtime.serve("0.0.0.0", metrics_port)
     asyncio.run(
         kopf.operator(
             standalone=True,

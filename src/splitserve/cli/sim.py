@@ -134,3 +134,47 @@ def bundled_trace(kind: str) -> Path:
     from splitserve.sim.traces import bundled_trace as bundled
 
     return bundled(kind)
+
+
+@sim.command("autoscale")
+@click.option(
+    "--scenario",
+    "scenarios",
+    multiple=True,
+    type=click.Choice(["azure-conv", "azure-code", "step-5x", "mix-shift"]),
+    help="Scenario to run (repeatable). Default: all four.",
+)
+@click.option("--quick", is_flag=True, help="Shorter workloads (seconds, for checks).")
+@click.option(
+    "--no-search",
+    is_flag=True,
+    help="Skip the search for the smallest static split that meets the target (slow part).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write summary.md and one PNG per scenario here.",
+)
+def autoscale_cmd(
+    scenarios: tuple[str, ...], quick: bool, no_search: bool, out_dir: Path | None
+) -> None:
+    """Replay traces with the autoscaler and flipper in the loop vs static provisioning."""
+    from splitserve.sim import autoscale_eval
+
+    def lines(kind: str) -> list[str]:
+        return bundled_trace(kind).read_text().splitlines()
+
+    names = scenarios or autoscale_eval.SCENARIOS
+    report = autoscale_eval.run(
+        names, lines, quick=quick, search=not no_search, plots=bool(out_dir)
+    )
+    click.echo(report.markdown)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.md").write_text(report.markdown)
+        click.echo(f"wrote {out_dir / 'summary.md'}")
+        for name, data in report.plots.items():
+            (out_dir / name).write_bytes(data)
+            click.echo(f"wrote {out_dir / name}")

@@ -235,3 +235,63 @@ class WorkerMetrics:
 def metric_names(registry: CollectorRegistry) -> set[str]:
     """Every sample name a registry exposes (for checks that dashboards name real series)."""
     return {s.name for m in registry.collect() for s in m.samples}
+
+
+_LOOP_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class OperatorMetrics:
+    """The control loop's metrics (`splitserve operator run` serves them on `/metrics`).
+
+    Label values are bounded: `service` is `<namespace>/<name>`, `kind` and `reason` come from
+    fixed sets (`policy.planner.autoscaler.Kind`; `operator.control.loop.REASONS`), `role` from
+    the roles, `source` from the signal sources.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.decisions = Counter(
+            "splitserve_operator_decisions",
+            "Control-loop decisions per pool, by kind (scale-up, scale-down, flip, hold, bounds, "
+            "no-signal) and reason.",
+            ["service", "kind", "reason"],
+            registry=registry,
+        )
+        self.desired = Gauge(
+            "splitserve_operator_pool_desired_replicas",
+            "Workers the control loop wants in the pool (Managed: written; else recommended).",
+            ["service", "role"],
+            registry=registry,
+        )
+        self.current = Gauge(
+            "splitserve_operator_pool_current_replicas",
+            "Workers the pool had when the loop decided.",
+            ["service", "role"],
+            registry=registry,
+        )
+        self.loop_duration = Histogram(
+            "splitserve_operator_loop_duration_seconds",
+            "Duration of one control-loop tick (observe, decide, act) for one service.",
+            ["service"],
+            buckets=_LOOP_BUCKETS,
+            registry=registry,
+        )
+        self.staleness = Gauge(
+            "splitserve_operator_signal_staleness_seconds",
+            "Age of the newest usable sample of a signal source (router metrics, worker load) at "
+            "the last tick; +Inf when the source gave none.",
+            ["service", "source"],
+            registry=registry,
+        )
+        self.attainment = Gauge(
+            "splitserve_operator_slo_attainment",
+            "Observed SLO attainment per class over the loop's window.",
+            ["service", "slo_class"],
+            registry=registry,
+        )
+        self.slo_at_risk = Gauge(
+            "splitserve_operator_slo_at_risk",
+            "1 while the service's SLOAtRisk condition is True.",
+            ["service"],
+            registry=registry,
+        )

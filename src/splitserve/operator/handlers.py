@@ -24,6 +24,7 @@ import kopf
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.errors import ConfigError
 from splitserve.operator import reconcile as rc
+from splitserve.operator.control import runtime as control
 from splitserve.operator.kube import Kube, KubeError, RestKube
 from splitserve.operator.render import ServiceRef
 from splitserve.operator.workers import GrpcWorkerClient, WorkerClient
@@ -149,6 +150,14 @@ def control_loop(
             logger.exception("reconcile failed; retrying in %.1fs", _state.config.interval_s)
 
 
+def autoscale_loop(
+    name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+) -> None:
+    """The closed control loop (`operator.control`), every `scaling.intervalSeconds`."""
+    if namespace is not None:
+        control.daemon(_kube, _lock(namespace, name), namespace, name, stopped, logger)
+
+
 def delete_service(name: str, namespace: str | None, uid: str, logger: Logger, **_: Any) -> None:
     if namespace is None:
         return
@@ -200,3 +209,4 @@ kopf.daemon(v1.GROUP, v1.VERSION, SERVICES, cancellation_backoff=1.0, cancellati
     control_loop
 )
 kopf.on.event(v1.GROUP, v1.VERSION, POOLS, when=replicas_changed)(pool_changed)
+kopf.daemon(v1.GROUP, v1.VERSION, SERVICES, cancellation_timeout=10.0)(autoscale_loop)

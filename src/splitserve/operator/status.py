@@ -188,6 +188,9 @@ def service_status(
         ),
         cond("NotRoutable", blocked, nr_reason, nr_message),
     ]
+    # Conditions other writers own (the control loop's SLOAtRisk) are kept as they are.
+    ours = {c.type for c in conditions}
+    conditions += [c for c in prev.conditions if c.type not in ours]
     new_decisions = [
         v1.Decision(time=now, kind=d.split(" ", 1)[0], message=d[:1024]) for d in decisions
     ]

@@ -1,0 +1,80 @@
+"""The control loop inside `splitserve operator run`: one `Controller` per process, its metrics
+registry, the `/metrics` + `/healthz` server, and the per-service daemon body the kopf handler
+calls (`operator.handlers.autoscale_loop`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from splitserve.obs.metrics import OperatorMetrics
+from splitserve.operator.control import server
+from splitserve.operator.control.loop import Controller, LoadProbe, http_get, run_daemon
+from splitserve.operator.kube import Kube
+
+
+@dataclass
+class ControlConfig:
+    get: Callable[[str], str] = http_get
+    """HTTP GET of a router's /metrics or a Prometheus query (tests pass a fake)."""
+    loads: LoadProbe | None = None
+    """Worker load reports (None: gRPC WatchLoad)."""
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+
+@dataclass
+class _Runtime:
+    config: ControlConfig = field(default_factory=ControlConfig)
+    controller: Controller | None = None
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    metrics: OperatorMetrics | None = None
+
+
+_rt = _Runtime()
+
+
+def configure(config: ControlConfig) -> None:
+    """Set the loop's I/O (before the operator starts)."""
+    global _rt
+    _rt = _Runtime(config=config)
+
+
+def controller(kube: Callable[[], Kube]) -> Controller:
+    with _rt.guard:
+        if _rt.controller is None:
+            _rt.metrics = _rt.metrics or OperatorMetrics(_rt.config.registry)
+            _rt.controller = Controller(
+                kube(), _rt.metrics, get=_rt.config.get, loads=_rt.config.loads
+            )
+        return _rt.controller
+
+
+def serve(host: str, port: int) -> ThreadingHTTPServer:
+    """Serve `/metrics` and `/healthz` for the loop."""
+    with _rt.guard:
+        _rt.metrics = _rt.metrics or OperatorMetrics(_rt.config.registry)
+
+    def ticks() -> dict[str, tuple[float, float]]:
+        return _rt.controller.last_ticks() if _rt.controller is not None else {}
+
+    return server.serve(
+        _rt.config.registry, server.health_of(ticks, time.monotonic), host=host, port=port
+    )
+
+
+def daemon(
+    kube: Callable[[], Kube],
+    lock: threading.Lock,
+    namespace: str,
+    name: str,
+    stopped: Any,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    run_daemon(lambda: controller(kube), lock, namespace, name, stopped, logger)

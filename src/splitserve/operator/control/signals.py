@@ -1,0 +1,260 @@
+"""Router metrics -> the control loop's `Observation` (policy.planner.signals).
+
+The routers export cumulative counters and histograms (names in METRICS_CONTRACT, `RouterMetrics`
+in obs/metrics.py). One scrape of every router is a `Snapshot`; the `Window` keeps the snapshots
+of the last `window_s` per service and turns the difference between the newest and the oldest
+into per-class TTFT / TPOT percentiles (histogram buckets, interpolated as Prometheus'
+`histogram_quantile` does), attainment, goodput, arrival rate, length mix, queue depth and shed
+count. A router whose counters went down restarted: its newest values count from zero, as
+Prometheus' `increase` does.
+
+Missing or stale data is explicit: no router answered, a router did not answer this time, the
+SLO metrics are absent (a router without them), or only one snapshot so far (rates need two).
+Each becomes a `SignalProblem`, and the policies then hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from splitserve.core.roles import Role
+from splitserve.policy.planner.signals import (
+    ClassSignal,
+    Observation,
+    PoolSignal,
+    SignalProblem,
+    SignalState,
+)
+
+P = "splitserve_router_"
+ADMISSION = P + "admission_total"
+SLO_REQUESTS = P + "slo_requests_total"
+QUEUE_DEPTH = P + "queue_depth"
+TTFT = P + "ttft_seconds"
+TPOT = P + "tpot_seconds"
+PROMPT_LEN = P + "prompt_length_tokens"
+OUTPUT_LEN = P + "output_length_tokens"
+REQUIRED = (ADMISSION, SLO_REQUESTS)
+"""Without these the loop cannot see load or SLOs (a router without the SLO metrics)."""
+
+Labels = tuple[tuple[str, str], ...]
+Samples = dict[tuple[str, Labels], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition, keyed by (sample name, sorted labels)."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One scrape of the service's routers."""
+
+    time_s: float
+    routers: Mapping[str, Samples]
+    """Router address -> its samples (only routers that answered)."""
+    failed: Mapping[str, str] = field(default_factory=dict)
+    """Router address -> why it did not answer."""
+
+
+def _increase(new: Samples, old: Samples | None) -> Samples:
+    """Per-series increase of cumulative values; a decrease means a restart (count from 0)."""
+    out: Samples = {}
+    for key, v in new.items():
+        before = (old or {}).get(key)
+        out[key] = v if before is None or v < before else v - before
+    return out
+
+
+def _sum(samples: Samples, name: str, **match: str) -> float:
+    return sum(
+        v
+        for (n, labels), v in samples.items()
+        if n == name and all(dict(labels).get(k) == want for k, want in match.items())
+    )
+
+
+def _has(samples: Samples, name: str) -> bool:
+    return any(n == name for n, _ in samples)
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' `histogram_quantile` over (upper bound, cumulative count) pairs."""
+    pts = sorted(buckets)
+    if not pts or pts[-1][1] <= 0:
+        return None
+    total = pts[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in pts:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le  # in the +Inf bucket: the largest finite bound, as Prometheus
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def _quantile(samples: Samples, name: str, q: float, **match: str) -> float | None:
+    by_le: dict[float, float] = {}
+    for (n, labels), v in samples.items():
+        if n != name + "_bucket":
+            continue
+        d = dict(labels)
+        if all(d.get(k) == want for k, want in match.items()):
+            le = float(d["le"])
+            by_le[le] = by_le.get(le, 0.0) + v
+    return histogram_quantile(q, list(by_le.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassTargets:
+    """A class's targets from the `LLMService` spec (the source of truth)."""
+
+    name: str
+    ttft_s: float | None
+    tpot_s: float | None
+    percentile: float
+    attainment: float
+
+
+class Window:
+    """The snapshots of the last `window_s` of one service, and the Observation they give."""
+
+    def __init__(self, window_s: float, max_age_s: float) -> None:
+        self.window_s = window_s
+        self.max_age_s = max_age_s
+        self.snapshots: deque[Snapshot] = deque()
+        self.last_good_s: float | None = None
+        """When every router last answered."""
+        self.last_lengths: tuple[float, float] | None = None
+        """The last known mean prompt / output lengths (an idle window has none)."""
+
+    def add(self, snap: Snapshot) -> None:
+        if snap.routers and not snap.failed:
+            self.last_good_s = snap.time_s
+        self.snapshots.append(snap)
+        # Keep one snapshot at or before the window start (the base of the differences).
+        while len(self.snapshots) > 2 and self.snapshots[1].time_s <= snap.time_s - self.window_s:
+            self.snapshots.popleft()
+
+    def observe(
+        self,
+        now_s: float,
+        classes: Sequence[ClassTargets],
+        pools: Mapping[Role, PoolSignal],
+        extra_problems: Iterable[SignalProblem] = (),
+    ) -> Observation:
+        problems = list(extra_problems)
+        if not self.snapshots:
+            problems.append(SignalProblem("router metrics", SignalState.MISSING, "no scrape yet"))
+            return Observation(
+                now_s, self.window_s, None, None, None, (), pools, problems=tuple(problems)
+            )
+        new = self.snapshots[-1]
+        age = now_s - self.last_good_s if self.last_good_s is not None else float("inf")
+        if self.last_good_s is not None and age > self.max_age_s:
+            problems.append(
+                SignalProblem("router metrics", SignalState.STALE, f"last scrape {age:.0f} s ago")
+            )
+        for addr, why in sorted(new.failed.items()):
+            problems.append(SignalProblem(f"router {addr}", SignalState.MISSING, why))
+        if not new.routers and not new.failed:
+            problems.append(
+                SignalProblem("router metrics", SignalState.MISSING, "no ready router pod")
+            )
+        for addr, samples in sorted(new.routers.items()):
+            absent = [m for m in REQUIRED if not _has(samples, m.removesuffix("_total") + "_total")]
+            if absent:
+                problems.append(
+                    SignalProblem(
+                        f"router {addr}",
+                        SignalState.MISSING,
+                        f"no {', '.join(absent)} (a router without the SLO metrics)",
+                    )
+                )
+        old = self.snapshots[0] if len(self.snapshots) > 1 else None
+        if old is None:
+            problems.append(
+                SignalProblem(
+                    "router metrics", SignalState.MISSING, "one scrape so far (rates need two)"
+                )
+            )
+            return Observation(
+                now_s, self.window_s, None, None, None, (), pools, problems=tuple(problems)
+            )
+        span = new.time_s - old.time_s
+        delta: Samples = {}
+        for addr, samples in new.routers.items():
+            for key, v in _increase(samples, old.routers.get(addr)).items():
+                delta[key] = delta.get(key, 0.0) + v
+        gauges: Samples = {}
+        for samples in new.routers.values():
+            for key, v in samples.items():
+                gauges[key] = gauges.get(key, 0.0) + v
+
+        arrivals = _sum(delta, ADMISSION)
+        rate = arrivals / span if span > 0 else None
+        n_prompt = _sum(delta, PROMPT_LEN + "_count")
+        n_output = _sum(delta, OUTPUT_LEN + "_count")
+        prompt = _sum(delta, PROMPT_LEN + "_sum") / n_prompt if n_prompt else None
+        output = _sum(delta, OUTPUT_LEN + "_sum") / n_output if n_output else None
+        if prompt is not None and output is not None:
+            self.last_lengths = (prompt, output)
+        elif self.last_lengths is not None:
+            prompt = prompt if prompt is not None else self.last_lengths[0]
+            output = output if output is not None else self.last_lengths[1]
+        signals = []
+        for c in classes:
+            met = _sum(delta, SLO_REQUESTS, slo_class=c.name, result="met")
+            missed = _sum(delta, SLO_REQUESTS, slo_class=c.name, result="missed")
+            n = met + missed
+            shed = _sum(delta, ADMISSION, slo_class=c.name, outcome="shed") + _sum(
+                delta, ADMISSION, slo_class=c.name, outcome="rejected"
+            )
+            signals.append(
+                ClassSignal(
+                    c.name,
+                    c.ttft_s,
+                    c.tpot_s,
+                    c.percentile,
+                    c.attainment,
+                    requests=int(n),
+                    ttft_s=_quantile(delta, TTFT, c.percentile, slo_class=c.name),
+                    tpot_s=_quantile(delta, TPOT, c.percentile, slo_class=c.name),
+                    attainment=met / n if n else None,
+                    goodput_per_s=met / span if span > 0 else None,
+                    shed=int(shed),
+                )
+            )
+        shed_all = _sum(delta, ADMISSION, outcome="shed") + _sum(
+            delta, ADMISSION, outcome="rejected"
+        )
+        queue = (
+            _sum(gauges, QUEUE_DEPTH)
+            if any(_has(s, QUEUE_DEPTH) for s in new.routers.values())
+            else None
+        )
+        return Observation(
+            now_s,
+            span,
+            rate,
+            prompt,
+            output,
+            tuple(signals),
+            pools,
+            router_queue=int(queue) if queue is not None else None,
+            shed=int(shed_all),
+            problems=tuple(problems),
+        )

@@ -1,0 +1,511 @@
+"""The SLO-driven autoscaler: joint sizing of the prefill and decode pools, one tick at a time.
+
+Aladdin-style (research/seed-distserve-vidur-aladdin.md, Aladdin §; `policy.planner.aladdin`):
+
+- prefill workers from the arrival rate × prompt work against the TTFT target: one prefill of
+  the mean prompt takes `S = k₁·l_in + c₁` (Eq 2); a prefill worker is treated as an M/D/1 queue,
+  whose mean wait is `ρ·S / (2(1 − ρ))`, so it may run at the utilisation `ρ*` where
+  `S + wait <= ttft_budget` (capped by `target_utilization`). Needed: `rate·S / ρ*` workers.
+- decode workers from the KV and compute demand of the predicted lengths against the TPOT
+  target: Eq 6's tokens/s per worker (`per_gpu_throughput`: the smaller of the KV bound and the
+  batch that still decodes within the TPOT target). Needed: `rate·E[l_out] / (T·util)` workers.
+- a mixed pool (aggregated serving) does both works.
+
+Around the sizing, what keeps it from flapping (anchors.md §3 item 2: no oscillation, explained
+decisions):
+
+- forecast: Holt's linear smoothing of the per-tick arrival rate, looked `horizon_s` ahead, and
+  never below the rate just observed (sizing for a rise before it arrives);
+- hysteresis: scale up when the `target_utilization` count exceeds the pool; scale down only to
+  the `scale_down_utilization` count (lower utilisation, so more workers), so a load that sits
+  between the two thresholds moves nothing;
+- `scale_down_stabilization_s`: scale down to the largest scale-down recommendation of the whole
+  window (as the Kubernetes HPA does), and only once the loop has watched for a whole window;
+- rate limits: at most `max(max_step_up, ⌈current·max_step_up_fraction⌉)` workers added and
+  `max_step_down` removed per tick;
+- SLO feedback: a class missing its TTFT (TPOT) target with enough samples, or a queue above
+  `queue_per_worker` per worker, puts the prefill (decode) side under *pressure*: one more
+  worker per tick, or enough for the queue at `queue_per_worker` each (unless workers already
+  started for the pool are not serving yet: their effect is awaited first), and no scale-down
+  while it lasts. The model can be wrong; the
+  feedback is not;
+- min / max per pool always win (a prefill floor never blocks the decode pool's scale-down:
+  pools are decided independently).
+
+Invariants (hypothesis-tested in tests/unit/policy/planner/test_planner_autoscaler.py): the
+desired size is always within the bounds; monotone in the arrival rate (same state); under a
+constant or slowly varying load no scale direction reverses within a stabilization window; after
+a step the size converges and stays.
+
+Pure: the clock is the observation's `time_s`; the state is passed in and returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from splitserve.core.roles import Role
+from splitserve.policy.planner.aladdin import (
+    AladdinPerfModel,
+    LengthStats,
+    PlannerParams,
+    per_gpu_throughput,
+)
+from splitserve.policy.planner.signals import ClassSignal, Observation
+
+_EPS = 1e-9
+
+
+class Kind(StrEnum):
+    SCALE_UP = "scale-up"
+    SCALE_DOWN = "scale-down"
+    HOLD = "hold"
+    BOUNDS = "bounds"
+    """The pool was outside its min / max and is brought back."""
+    FLIP = "flip"
+    NO_SIGNAL = "no-signal"
+    """Signals missing or stale: nothing is done."""
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerParams:
+    interval_s: float = 30.0
+    """Tick period (`scaling.intervalSeconds`)."""
+    scale_down_stabilization_s: float = 300.0
+    """`scaling.scaleDownStabilizationSeconds`."""
+    target_utilization: float = 0.8
+    """Scale up when the pool would run above this."""
+    scale_down_utilization: float = 0.6
+    """Scale down only to a size that runs at or below this (< target: the hysteresis band)."""
+    ttft_budget_fraction: float = 0.5
+    """Share of the TTFT target the model's mean prefill time + mean wait may use (the rest
+    covers the spread up to the class percentile and the KV transfer)."""
+    forecast_alpha: float = 0.5
+    """Holt level smoothing (1: no smoothing)."""
+    forecast_beta: float = 0.3
+    """Holt trend smoothing (0: no trend)."""
+    horizon_s: float = 30.0
+    """How far ahead the rate is forecast: about the time a new worker takes to serve."""
+    max_step_up: int = 4
+    max_step_up_fraction: float = 1.0
+    max_step_down: int = 1
+    min_samples: int = 20
+    """Finished requests a class needs in the window before its SLO misses count as pressure."""
+    queue_per_worker: float = 4.0
+    """Queued requests per worker above which the role is under pressure."""
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.scale_down_stabilization_s < 0 or self.horizon_s < 0:
+            raise ValueError("interval_s must be > 0, stabilization and horizon >= 0")
+        if not 0 < self.scale_down_utilization <= self.target_utilization <= 1:
+            raise ValueError("need 0 < scale_down_utilization <= target_utilization <= 1")
+        if not 0 < self.forecast_alpha <= 1 or not 0 <= self.forecast_beta <= 1:
+            raise ValueError("forecast_alpha in (0, 1], forecast_beta in [0, 1]")
+        if self.max_step_up < 1 or self.max_step_down < 1 or self.max_step_up_fraction < 0:
+            raise ValueError("max_step_up and max_step_down must be >= 1")
+        if not 0 < self.ttft_budget_fraction <= 1:
+            raise ValueError("ttft_budget_fraction must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    min_replicas: int = 0
+    max_replicas: int | None = None
+
+    def clamp(self, n: int) -> int:
+        n = max(self.min_replicas, n)
+        return n if self.max_replicas is None else min(self.max_replicas, n)
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """The latency targets the pools are sized for: the strictest class's."""
+
+    ttft_s: float
+    tpot_s: float
+
+    @classmethod
+    def of(cls, classes: tuple[ClassSignal, ...], default: Targets | None = None) -> Targets:
+        base = default or Targets(2.0, 0.2)
+        ttfts = [c.ttft_target_s for c in classes if c.ttft_target_s is not None]
+        tpots = [c.tpot_target_s for c in classes if c.tpot_target_s is not None]
+        return cls(min(ttfts, default=base.ttft_s), min(tpots, default=base.tpot_s))
+
+
+# -- sizing (the model) -------------------------------------------------------------------------
+
+
+def prefill_utilization(service_s: float, budget_s: float, cap: float) -> float:
+    """Largest M/D/1 utilisation with `service + mean wait <= budget` (at most `cap`; a small
+    floor when even an idle worker misses the budget: the pool is then sized by `cap`'s
+    fraction of it, and the SLO feedback adds the rest)."""
+    if service_s <= 0:
+        return cap
+    slack = (budget_s - service_s) / service_s
+    if slack <= 0:
+        return min(cap, 0.1)
+    return min(cap, 2 * slack / (1 + 2 * slack))
+
+
+def prefill_work(
+    rate: float,
+    mean_prompt: float,
+    perf: AladdinPerfModel,
+    ttft_s: float,
+    budget_fraction: float,
+    cap: float,
+) -> float:
+    """Prefill workers needed (fractional) for `rate` requests/s at the TTFT target."""
+    service = perf.prefill_s(mean_prompt)
+    if rate <= 0 or service <= 0:
+        return 0.0
+    return rate * service / prefill_utilization(service, ttft_s * budget_fraction, cap)
+
+
+def decode_work(rate: float, stats: LengthStats, perf: AladdinPerfModel, tpot_s: float) -> float:
+    """Decode workers needed (fractional, at 100 %) for `rate` requests/s at the TPOT target."""
+    if rate <= 0:
+        return 0.0
+    params = PlannerParams(atgt_slo_s=tpot_s)
+    per_worker = per_gpu_throughput(perf, stats, params) * perf.num_gpus
+    if per_worker <= 0:
+        # The worker cannot meet the TPOT target at any batch: size by raw decode speed and let
+        # the SLO feedback report it (never divide by zero, never claim zero work).
+        per_worker = 1.0 / max(perf.decode_s(stats.mean_context, 1), _EPS)
+    return rate * stats.mean_output_tokens / per_worker
+
+
+def work_by_role(
+    roles: tuple[Role, ...],
+    rate: float,
+    stats: LengthStats,
+    perf: AladdinPerfModel,
+    targets: Targets,
+    params: AutoscalerParams,
+) -> dict[Role, float]:
+    """Worker-equivalents of work per role at `rate`, before the utilisation margin."""
+    pre = prefill_work(
+        rate,
+        stats.mean_prompt_tokens,
+        perf,
+        targets.ttft_s,
+        params.ttft_budget_fraction,
+        params.target_utilization,
+    )
+    # prefill_work already holds its own utilisation; express it at 100 % like decode's.
+    pre *= params.target_utilization
+    dec = decode_work(rate, stats, perf, targets.tpot_s)
+    out: dict[Role, float] = {}
+    has_p, has_d = Role.PREFILL in roles, Role.DECODE in roles
+    for role in roles:
+        if role is Role.PREFILL:
+            out[role] = pre
+        elif role is Role.DECODE:
+            out[role] = dec + (0.0 if has_p else pre)
+        else:  # mixed: whatever the split pools do not cover
+            out[role] = (0.0 if has_p else pre) + (0.0 if has_d else dec)
+    return out
+
+
+# -- forecast -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Holt's linear smoothing of the arrival rate."""
+
+    level: float | None = None
+    trend: float = 0.0
+
+    def update(self, rate: float, params: AutoscalerParams) -> Forecast:
+        if self.level is None:
+            return Forecast(rate, 0.0)
+        a, b = params.forecast_alpha, params.forecast_beta
+        level = a * rate + (1 - a) * (self.level + self.trend)
+        trend = b * (level - self.level) + (1 - b) * self.trend
+        return Forecast(level, trend)
+
+    def ahead(self, params: AutoscalerParams) -> float:
+        """The rate `horizon_s` ahead (>= 0)."""
+        if self.level is None:
+            return 0.0
+        return max(0.0, self.level + self.trend * params.horizon_s / params.interval_s)
+
+
+# -- state and decisions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerState:
+    forecast: Forecast = field(default_factory=Forecast)
+    since_s: float | None = None
+    """When the loop first saw a usable observation (scale-down needs a whole window of it)."""
+    history: tuple[tuple[float, Role, int], ...] = ()
+    """(time, role, scale-down recommendation) within the stabilization window."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDecision:
+    role: Role
+    current: int
+    desired: int
+    kind: Kind
+    reason: str
+    work: float = 0.0
+    """Worker-equivalents of work at 100 % utilisation (forecast rate)."""
+    up_target: int = 0
+    """Workers at `target_utilization`, bounded."""
+    down_target: int = 0
+    """The stabilized scale-down recommendation (largest over the window), bounded."""
+    pressure: str = ""
+    """Why the role is under SLO / queue pressure ('' when it is not)."""
+
+    @property
+    def headroom(self) -> int:
+        """Workers the pool could give away now without breaking its scale-down rule."""
+        if self.pressure or self.desired > self.current:
+            return 0
+        return max(0, self.current - self.down_target)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    time_s: float
+    pools: Mapping[Role, PoolDecision]
+    held: str = ""
+    """Non-empty when the loop did nothing because its signals are missing or stale."""
+    at_risk: tuple[str, ...] = ()
+    """One actionable line per SLO class at risk."""
+    rate_per_s: float | None = None
+    forecast_per_s: float | None = None
+
+    @property
+    def desired(self) -> dict[Role, int]:
+        return {r: p.desired for r, p in self.pools.items()}
+
+    def changes(self) -> list[PoolDecision]:
+        return [p for p in self.pools.values() if p.desired != p.current]
+
+
+def _side(role_of: str, roles: tuple[Role, ...]) -> Role | None:
+    """The pool responsible for TTFT ('prefill') or TPOT ('decode') work."""
+    order = {
+        "prefill": (Role.PREFILL, Role.MIXED, Role.DECODE),
+        "decode": (Role.DECODE, Role.MIXED),
+    }[role_of]
+    return next((r for r in order if r in roles), None)
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.3g} s"
+
+
+def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, str]:
+    """Which roles are under pressure, and why (SLO misses with enough samples, queues)."""
+    roles = tuple(obs.pools)
+    out: dict[Role, list[str]] = {}
+    for c in obs.classes:
+        if c.requests < params.min_samples:
+            continue
+        pct = f"p{round(c.percentile * 100)}"
+        ttft_role, tpot_role = _side("prefill", roles), _side("decode", roles)
+        if c.ttft_missed() and ttft_role is not None:
+            assert c.ttft_s is not None
+            assert c.ttft_target_s is not None
+            line = f"class {c.name}: TTFT {pct} {_fmt_s(c.ttft_s)} > {_fmt_s(c.ttft_target_s)}"
+            out.setdefault(ttft_role, []).append(line)
+            # The first token also waits for the decode side (KV pull, admission): when decode
+            # workers have requests queued, they share the blame.
+            dec = obs.pools.get(Role.DECODE) if ttft_role is Role.PREFILL else None
+            dq = dec.queued if dec is not None else None
+            if dec is not None and dq is not None and dec.current > 0 and dq > dec.current:
+                out.setdefault(Role.DECODE, []).append(f"{line}; decode queue {dq}")
+        if c.tpot_missed() and tpot_role is not None:
+            assert c.tpot_s is not None
+            assert c.tpot_target_s is not None
+            out.setdefault(tpot_role, []).append(
+                f"class {c.name}: TPOT {pct} {_fmt_s(c.tpot_s)} > {_fmt_s(c.tpot_target_s)}"
+            )
+        if c.attainment_missed() and not (c.ttft_missed() or c.tpot_missed()):
+            assert c.attainment is not None
+            # Latency percentiles met but attainment not: the tail misses. Blame the side
+            # whose observed latency is closest to its target.
+            side = "decode"
+            if (
+                c.ttft_s is not None
+                and c.ttft_target_s
+                and c.tpot_s is not None
+                and c.tpot_target_s
+                and c.ttft_s / c.ttft_target_s >= c.tpot_s / c.tpot_target_s
+            ):
+                side = "prefill"
+            role = _side(side, roles)
+            if role is not None:
+                out.setdefault(role, []).append(
+                    f"class {c.name}: attainment {c.attainment:.1%} < {c.attainment_target:.0%}"
+                )
+    for role, pool in obs.pools.items():
+        q = pool.queued
+        if q is not None and pool.current > 0 and q > params.queue_per_worker * pool.current:
+            out.setdefault(role, []).append(
+                f"{role.value} queue {q} > {params.queue_per_worker:g} per worker"
+            )
+    return {r: "; ".join(v) for r, v in out.items()}
+
+
+def decide(
+    obs: Observation,
+    state: AutoscalerState,
+    perf: AladdinPerfModel,
+    params: AutoscalerParams,
+    targets: Targets | None = None,
+) -> tuple[Decision, AutoscalerState]:
+    """One tick: the desired size of each pool in `obs.pools`, and the next state.
+
+    An unusable observation (missing / stale signals) changes nothing, not even the state,
+    except for pools outside their bounds, which are still brought back within them.
+    """
+    now = obs.time_s
+    bounds = {r: Bounds(p.min_replicas, p.max_replicas) for r, p in obs.pools.items()}
+    if not obs.usable:
+        why = obs.why_unusable()
+        held: dict[Role, PoolDecision] = {}
+        for role, p in obs.pools.items():
+            want = bounds[role].clamp(p.current)
+            kind = Kind.BOUNDS if want != p.current else Kind.NO_SIGNAL
+            reason = (
+                f"{role.value} {p.current} -> {want}: outside min/max"
+                if want != p.current
+                else f"{role.value} held at {p.current}: {why}"
+            )
+            held[role] = PoolDecision(role, p.current, want, kind, reason)
+        return Decision(now, held, held=why), state
+    assert obs.arrival_rate_per_s is not None
+    assert obs.mean_prompt_tokens is not None
+    assert obs.mean_output_tokens is not None
+
+    rate = max(0.0, obs.arrival_rate_per_s)
+    forecast = state.forecast.update(rate, params)
+    rate_f = max(rate, forecast.ahead(params))
+    stats = LengthStats(max(0.0, obs.mean_prompt_tokens), max(1.0, obs.mean_output_tokens))
+    tgt = targets or Targets.of(obs.classes)
+    roles = tuple(obs.pools)
+    work = work_by_role(roles, rate_f, stats, perf, tgt, params)
+    pressure = pressure_by_role(obs, params)
+    since = state.since_s if state.since_s is not None else now
+    window_start = now - params.scale_down_stabilization_s
+    watched_long_enough = now - since >= params.scale_down_stabilization_s - _EPS
+
+    history = [h for h in state.history if h[0] > window_start - _EPS]
+    pools: dict[Role, PoolDecision] = {}
+    for role, p in obs.pools.items():
+        b = bounds[role]
+        w = work[role]
+        up_target = b.clamp(math.ceil(w / params.target_utilization - _EPS))
+        down_now = b.clamp(math.ceil(w / params.scale_down_utilization - _EPS))
+        why = pressure.get(role, "")
+        starting = p.ready is not None and p.ready < p.current
+        if why:
+            # One more worker per tick of pressure, unless workers already on their way (started
+            # or flipping in, not serving yet) are still to show their effect.
+            if not starting:
+                # Enough workers for the queue at `queue_per_worker` each (a backlog the
+                # model did not foresee), and at least one more.
+                q = p.queued or 0
+                by_queue = math.ceil(q / params.queue_per_worker - _EPS)
+                up_target = max(up_target, b.clamp(max(p.current + 1, by_queue)))
+            down_now = max(down_now, p.current)
+        # Never recommend scaling down below what this tick scales up to (pressure can lift the
+        # up target above the model's scale-down count): the window then holds the new size.
+        down_now = max(down_now, up_target)
+        history.append((now, role, down_now))
+        down_target = max(h[2] for h in history if h[1] is role)
+        basis = (
+            f"forecast {rate_f:.3g} req/s (observed {rate:.3g}), "
+            f"prompt {stats.mean_prompt_tokens:.0f} / output {stats.mean_output_tokens:.0f} "
+            f"tokens: {w:.2f} worker-equivalents"
+        )
+        cur = p.current
+        if b.clamp(cur) != cur:
+            desired, kind = b.clamp(cur), Kind.BOUNDS
+            reason = (
+                f"{role.value} {cur} -> {desired}: "
+                f"outside min {b.min_replicas} / max {b.max_replicas}"
+            )
+        elif up_target > cur:
+            step = max(params.max_step_up, math.ceil(cur * params.max_step_up_fraction))
+            desired, kind = min(up_target, cur + step), Kind.SCALE_UP
+            cause = f"{basis} at {params.target_utilization:.0%}"
+            if why:
+                cause = f"under pressure ({why}); {cause}"
+            reason = f"{role.value} {cur} -> {desired}: {cause}"
+        elif down_target < cur and not why and watched_long_enough:
+            desired = max(down_target, cur - params.max_step_down)
+            kind = Kind.SCALE_DOWN
+            reason = (
+                f"{role.value} {cur} -> {desired}: {basis}; at most {down_target} wanted for "
+                f"{params.scale_down_stabilization_s:g} s at {params.scale_down_utilization:.0%}"
+            )
+        else:
+            desired, kind = cur, Kind.HOLD
+            if why and b.max_replicas is not None and cur >= b.max_replicas:
+                reason = f"{role.value} held at max {cur}: {why}"
+            elif why and starting:
+                reason = (
+                    f"{role.value} held at {cur}: {why}; waiting for "
+                    f"{cur - (p.ready or 0)} worker(s) to start serving"
+                )
+            elif down_target < cur and not watched_long_enough:
+                reason = (
+                    f"{role.value} held at {cur}: watched < {params.scale_down_stabilization_s:g} s"
+                )
+            else:
+                reason = f"{role.value} held at {cur}: {basis}"
+        pools[role] = PoolDecision(role, cur, desired, kind, reason, w, up_target, down_target, why)
+
+    at_risk = _risk_lines(obs, pools)
+    new_state = AutoscalerState(forecast, since, tuple(history))
+    return Decision(now, pools, "", at_risk, rate, rate_f), new_state
+
+
+def _risk_lines(obs: Observation, pools: Mapping[Role, PoolDecision]) -> tuple[str, ...]:
+    """`class chat: TTFT p90 2.4 s > 2 s; prefill pool at max 8` — one line per class at risk."""
+    roles = tuple(pools)
+    lines = []
+    for c in obs.class_at_risk():
+        pct = f"p{round(c.percentile * 100)}"
+        parts = []
+        sides = []
+        if c.ttft_missed():
+            assert c.ttft_s is not None
+            assert c.ttft_target_s is not None
+            parts.append(f"TTFT {pct} {_fmt_s(c.ttft_s)} > {_fmt_s(c.ttft_target_s)}")
+            sides.append(_side("prefill", roles))
+        if c.tpot_missed():
+            assert c.tpot_s is not None
+            assert c.tpot_target_s is not None
+            parts.append(f"TPOT {pct} {_fmt_s(c.tpot_s)} > {_fmt_s(c.tpot_target_s)}")
+            sides.append(_side("decode", roles))
+        if c.attainment_missed():
+            assert c.attainment is not None
+            parts.append(f"attainment {c.attainment:.1%} < {c.attainment_target:.0%}")
+        line = f"class {c.name}: " + ", ".join(parts)
+        for role in dict.fromkeys(s for s in sides if s is not None):
+            d = pools[role]
+            mx = obs.pools[role].max_replicas
+            if mx is not None and d.desired >= mx:
+                line += f"; {role.value} pool at max {mx}"
+            elif d.desired > d.current:
+                line += f"; scaling {role.value} {d.current} -> {d.desired}"
+        lines.append(line)
+    return tuple(lines)
+
+
+def with_desired(decision: Decision, role: Role, desired: int, kind: Kind, reason: str) -> Decision:
+    """A copy of `decision` with one pool's outcome replaced (the flipper's edits)."""
+    pools = dict(decision.pools)
+    pools[role] = replace(pools[role], desired=desired, kind=kind, reason=reason)
+    return replace(decision, pools=pools)

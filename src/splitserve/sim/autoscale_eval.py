@@ -1,0 +1,251 @@
+"""`splitserve sim autoscale`: the control loop's evaluation, autoscaled vs static provisioning.
+
+Scenarios (each one workload, one SLO class `chat`: TTFT 2 s, TPOT 100 ms at p90, Llama-2-13B on
+A100-80GB workers, prefill and decode pools):
+
+- `azure-conv`, `azure-code`: the bundled Azure LLM inference traces (2023), one hour each,
+  replayed at their recorded times;
+- `step-5x`: Poisson arrivals at 1 req/s, 5× for 10 minutes, then back (lengths bootstrapped from
+  the conversation trace): the reaction-time test;
+- `mix-shift`: a constant 4 req/s whose length mix switches from the conversation trace's to the
+  code trace's (long prompts, short outputs): prefill needs more workers and decode fewer, the
+  case for flips.
+
+Each is run autoscaled, then on static pools two ways: sized for the peak as the loop itself
+found it (`static-peak`: the largest pool sizes the autoscaled run reached), and the smallest
+static prefill + decode split that meets the class's attainment target on the whole workload,
+found by searching with the simulator (`static-best`: hindsight, no real operator knows it in
+advance). GPU-hours count every worker from its start (cold start included) to its exit (drain
+included). Pure apart from the PNG rendering (matplotlib's Agg canvas, bytes returned).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from splitserve.core.roles import Role
+from splitserve.sim.autoscale import (
+    ROLES,
+    RunResult,
+    Setup,
+    run_autoscaled,
+    run_static,
+    step_workload,
+    with_class,
+)
+from splitserve.sim.workload import WorkItem, parse_azure_trace
+
+SCENARIOS = ("azure-conv", "azure-code", "step-5x", "mix-shift")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    items: tuple[WorkItem, ...]
+    step_at_s: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    scenario: Scenario
+    autoscaled: RunResult
+    static_peak: RunResult
+    static_best: RunResult | None
+    """None when no static split up to the search limit met the target."""
+
+    @property
+    def gpu_ratio_peak(self) -> float:
+        return self.autoscaled.gpu_hours / self.static_peak.gpu_hours
+
+    @property
+    def gpu_ratio_best(self) -> float | None:
+        if self.static_best is None:
+            return None
+        return self.autoscaled.gpu_hours / self.static_best.gpu_hours
+
+
+def build_scenario(
+    name: str, trace_lines: Callable[[str], Iterable[str]], quick: bool = False, seed: int = 0
+) -> Scenario:
+    """The scenario's workload; `trace_lines("conv" | "code")` gives a bundled trace's lines."""
+    rng = np.random.default_rng(seed)
+    limit = 3000 if quick else None
+    if name in ("azure-conv", "azure-code"):
+        kind = name.split("-")[1]
+        items = with_class(parse_azure_trace(trace_lines(kind), max_requests=limit), "chat")
+        return Scenario(name, items, note=f"Azure LLM 2023 {kind} trace, recorded arrival times")
+    conv = _pairs(trace_lines("conv"))
+    if name == "step-5x":
+        before, during, after = (120.0, 240.0, 300.0) if quick else (300.0, 600.0, 900.0)
+        items = step_workload(conv, 1.0, 5.0, before, during, after, rng)
+        return Scenario(name, items, before, note=f"1 req/s, 5x from {before:g} s for {during:g} s")
+    if name == "mix-shift":
+        code = _pairs(trace_lines("code"))
+        half = 300.0 if quick else 900.0
+        first = step_workload(conv, 4.0, 1.0, half, 0.0, 0.0, rng)
+        second = step_workload(code, 4.0, 1.0, half, 0.0, 0.0, rng)
+        items = first + tuple(
+            WorkItem(w.arrival_s + half, w.num_prompt_tokens, w.num_output_tokens, w.slo_class)
+            for w in second
+        )
+        return Scenario(
+            name, items, half, note=f"4 req/s; conv lengths, code lengths from {half:g} s"
+        )
+    raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}")
+
+
+def _pairs(lines: Iterable[str]) -> list[tuple[int, int]]:
+    return [(w.num_prompt_tokens, w.num_output_tokens) for w in parse_azure_trace(lines)]
+
+
+def min_static(
+    items: Sequence[WorkItem], setup: Setup, target: float, start: Mapping[Role, int]
+) -> RunResult | None:
+    """A small static (prefill, decode) split meeting `target` attainment: from `start` (which
+    must meet it; else None), take prefill workers away while it still meets, then decode
+    workers. Scanning down from a size that meets keeps every run near capacity (an overloaded
+    run's queue grows without bound and is slow to simulate). Not an exhaustive search: a split
+    with fewer workers may exist where one pool can only shrink after the other grew."""
+    pools = {r: max(1, start.get(r, 1)) for r in ROLES}
+    best = run_static(items, setup, pools, "static-best")
+    if best.attainment < target:
+        return None
+    for role in ROLES:
+        while pools[role] > 1:
+            trial = {**pools, role: pools[role] - 1}
+            r = run_static(items, setup, trial, "static-best")
+            if r.attainment < target:
+                break
+            pools, best = trial, r
+    return best
+
+
+def evaluate(scenario: Scenario, setup: Setup, search: bool = True) -> Evaluation:
+    auto = run_autoscaled(scenario.items, setup, step_at_s=scenario.step_at_s)
+    peak = run_static(scenario.items, setup, auto.peak_workers, "static-peak")
+    target = min(c.attainment for c in setup.classes)
+    best = min_static(scenario.items, setup, target, auto.peak_workers) if search else None
+    return Evaluation(scenario, auto, peak, best)
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def _fmt_pools(p: Mapping[Role, int]) -> str:
+    return "P" + str(p.get(Role.PREFILL, 0)) + ":D" + str(p.get(Role.DECODE, 0))
+
+
+def _opt(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
+    c = setup.classes[0]
+    p = setup.params
+    head = (
+        f"Setup: {setup.model} on {setup.hardware} (TP {setup.tp}) workers, class `{c.name}` "
+        f"TTFT {c.ttft_s:g} s / TPOT {c.tpot_s * 1000:g} ms at p{round(c.percentile * 100)}, "
+        f"attainment target {c.attainment:.0%}; loop every {p.interval_s:g} s, "
+        f"window {setup.window_s:g} s, "
+        f"scale-down stabilization {p.scale_down_stabilization_s:g} s, "
+        f"cold start {setup.startup_s:g} s, flips {'on' if setup.flipping else 'off'}.\n\n"
+    )
+    rows = [
+        "| scenario | run | pools | attainment | GPU-h | vs static-peak | vs static-best "
+        "| scale actions | flips | oscillations | reaction (s) | capacity ready (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in evals:
+        a = e.autoscaled
+        ratio_best = e.gpu_ratio_best
+        rows.append(
+            f"| {e.scenario.name} | autoscaled | up to {_fmt_pools(a.peak_workers)} "
+            f"| {a.attainment:.2%} | {a.gpu_hours:.2f} | {e.gpu_ratio_peak:.2f}x "
+            f"| {_opt(ratio_best, '.2f')}{'x' if ratio_best is not None else ''} "
+            f"| {a.num_scale_actions} | {a.num_flips} | {a.oscillations} "
+            f"| {_opt(a.reaction_s, '.0f')} | {_opt(a.ready_s, '.0f')} |"
+        )
+        for s in (e.static_peak, e.static_best):
+            if s is None:
+                continue
+            rows.append(
+                f"| {e.scenario.name} | {s.label} | {_fmt_pools(s.peak_workers)} "
+                f"| {s.attainment:.2%} | {s.gpu_hours:.2f} | | | | | | | |"
+            )
+    notes = [f"- `{e.scenario.name}`: {e.scenario.note}" for e in evals]
+    return head + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def plot_png(e: Evaluation) -> bytes:
+    """Load, workers per role and attainment over time: autoscaled vs the two static runs."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ticks = e.autoscaled.ticks
+    t = [x.time_s / 60 for x in ticks]
+    fig = Figure(figsize=(9, 7.5))
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
+    ax1.plot(t, [x.arrival_rate_per_s for x in ticks], color="black")
+    ax1.set_ylabel("arrivals (req/s)")
+    ax1.set_title(f"{e.scenario.name}: autoscaled vs static")
+    colors = {Role.PREFILL: "tab:blue", Role.DECODE: "tab:orange"}
+    for role in ROLES:
+        ax2.step(
+            t,
+            [x.workers[role] for x in ticks],
+            where="post",
+            color=colors[role],
+            label=f"{role.value} (autoscaled)",
+        )
+        for s, style in ((e.static_peak, ":"), (e.static_best, "--")):
+            if s is not None:
+                ax2.axhline(
+                    s.peak_workers.get(role, 0),
+                    color=colors[role],
+                    linestyle=style,
+                    label=f"{role.value} ({s.label})",
+                )
+    ax2.set_ylabel("workers")
+    ax2.legend(fontsize=7, ncol=2, loc="upper right")
+    att = [(x.time_s / 60, x.attainment) for x in ticks if x.attainment is not None]
+    ax3.plot(
+        [a for a, _ in att], [b for _, b in att], color="tab:green", label="autoscaled (window)"
+    )
+    target = e.autoscaled.classes[0] if e.autoscaled.classes else None
+    ax3.axhline(0.99, color="grey", linestyle=":", label="target")
+    ax3.set_ylim(min(0.5, *(b for _, b in att)) if att else 0.5, 1.01)
+    ax3.set_ylabel("attainment")
+    ax3.set_xlabel("minutes")
+    ax3.legend(fontsize=7, loc="lower right")
+    del target
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    markdown: str
+    plots: Mapping[str, bytes] = field(default_factory=dict)
+    evaluations: tuple[Evaluation, ...] = ()
+
+
+def run(
+    names: Sequence[str],
+    trace_lines: Callable[[str], Iterable[str]],
+    setup: Setup | None = None,
+    quick: bool = False,
+    search: bool = True,
+    plots: bool = True,
+) -> Report:
+    setup = setup or Setup()
+    evals = tuple(evaluate(build_scenario(n, trace_lines, quick), setup, search) for n in names)
+    pngs = {f"autoscale_{e.scenario.name}.png": plot_png(e) for e in evals} if plots else {}
+    return Report(markdown(evals, setup), pngs, evals)

@@ -1,0 +1,389 @@
+"""The live control loop (operator.control) against the in-memory API server, with a fake
+router's metrics text and fake worker load reports."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.core.roles import Role
+from splitserve.obs.metrics import OperatorMetrics
+from splitserve.operator import reconcile as rc
+from splitserve.operator.control.loop import Controller, prometheus_samples
+from splitserve.operator.control.signals import Snapshot, Window, histogram_quantile, parse
+from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
+from splitserve.policy.planner.signals import PoolSignal, SignalState, WorkerLoad
+from tests.fakes.router_metrics import FakeRouterMetrics
+
+NS = "default"
+ROUTER = "10.1.0.1:8000"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Loads:
+    def __init__(self) -> None:
+        self.queued: dict[str, int] = {}
+
+    def load(self, address: str) -> WorkerLoad:
+        return WorkerLoad(address, Role.MIXED, self.queued.get(address, 0), 1, 0.3)
+
+
+class Env:
+    def __init__(self, mode: str = "Managed", **spec: Any) -> None:
+        self.kube = MemoryKube()
+        self.workers = FakeWorkers()
+        self.router = FakeRouterMetrics()
+        self.clock = Clock()
+        self.loads = Loads()
+        self.down = False
+        self.registry = CollectorRegistry()
+        body: dict[str, Any] = {
+            "model": {"name": "m", "source": "org/m"},
+            "engine": {"kind": "sim", "image": "img:1"},
+            "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
+            "pools": {
+                "prefill": {"replicas": 1, "minReplicas": 1, "maxReplicas": 6},
+                "decode": {"replicas": 1, "minReplicas": 1, "maxReplicas": 6},
+            },
+            "sloClasses": [{"name": "chat", "ttftMs": 2000, "tpotMs": 100}],
+            "scaling": {
+                "mode": mode,
+                "intervalSeconds": 10,
+                "scaleDownStabilizationSeconds": 60,
+                "windowSeconds": 30,
+            },
+        }
+        body.update(spec)
+        self.kube.create(
+            {
+                "apiVersion": v1.API_VERSION,
+                "kind": "LLMService",
+                "metadata": {"name": "svc", "namespace": NS},
+                "spec": body,
+            }
+        )
+        self.reconcile()
+        for i in range(2):
+            self.kube.create(worker_pod("svc", "w", f"svc-w-{i}", ip=f"10.0.0.{i + 1}"))
+        router = worker_pod("svc", "w", "svc-router-0", ip="10.1.0.1")
+        router["metadata"]["labels"][v1.LABEL_COMPONENT] = "router"
+        self.kube.create(router)
+        self.reconcile()
+        self.wall = itertools.count()
+        self.controller = Controller(
+            self.kube,
+            OperatorMetrics(self.registry),
+            get=self.get,
+            loads=self.loads,
+            clock=self.clock,
+            wall=lambda: (
+                datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+                + datetime.timedelta(seconds=next(self.wall))
+            ),
+        )
+
+    def get(self, url: str) -> str:
+        assert url == f"http://{ROUTER}/metrics"
+        if self.down:
+            raise OSError("connection refused")
+        return self.router.text()
+
+    def reconcile(self) -> None:
+        rc.reconcile(
+            self.kube,
+            self.workers,
+            NS,
+            "svc",
+            rc.Settings(drain_wait_s=0.0),
+            "2026-01-01T00:00:00Z",
+        )
+
+    def tick(self, advance: float = 10.0, **serve: Any) -> Any:
+        if serve:
+            self.router.serve(**serve)
+        self.clock.t += advance
+        return self.controller.tick(NS, "svc")
+
+    def svc(self) -> dict[str, Any]:
+        obj = self.kube.get(v1.API_VERSION, "LLMService", NS, "svc")
+        assert obj is not None
+        return obj
+
+    def pools_spec(self) -> dict[str, int]:
+        return {r: p["replicas"] for r, p in self.svc()["spec"]["pools"].items()}
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.svc().get("status") or {})
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next(c for c in self.status()["conditions"] if c["type"] == kind)
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.kube.list("v1", "Event", NS)
+
+
+def test_first_tick_holds_and_says_rates_need_two_scrapes() -> None:
+    env = Env()
+    result = env.tick(0.0)
+    assert result.decision.held
+    assert "one scrape so far" in result.decision.held
+    assert env.pools_spec() == {"prefill": 1, "decode": 1}
+    assert env.condition("SLOAtRisk")["status"] == "Unknown"
+    held = [d for d in env.status()["decisions"] if d["kind"] == "hold"]
+    assert held[-1]["reason"] == "SignalsMissing"
+    assert any(e["reason"] == "SignalsMissing" for e in env.events())
+
+
+def test_managed_scales_up_on_load_then_down_after_stabilization() -> None:
+    env = Env()
+    env.tick(0.0)
+    # 30 req/s of 2000-token prompts for a window: more workers on both sides.
+    result = None
+    for _ in range(3):
+        result = env.tick(n=300, prompt=2000, output=200)
+    assert result is not None
+    pools = env.pools_spec()
+    assert pools["prefill"] > 1
+    assert pools["decode"] > 1
+    decisions = env.status()["decisions"]
+    ups = [d for d in decisions if d["kind"] == "scale"]
+    assert ups
+    assert ups[0]["reason"] == "Load"
+    assert "arrivalRate" in ups[0]["inputs"]
+    assert "prefill 1 ->" in ups[0]["message"]
+    assert any(e["reason"] == "Load" for e in env.events())
+    assert env.condition("SLOAtRisk")["status"] == "False"
+    classes = env.status()["sloClasses"]
+    assert classes[0]["name"] == "chat"
+    assert classes[0]["attainment"] == 1.0
+    assert env.status()["sloAttainment"] == "100.0%"
+    peak = env.pools_spec()
+    # Load falls to almost nothing: no scale-down before the 60 s window has passed...
+    for _ in range(5):
+        env.tick(n=1, prompt=2000, output=200)
+        assert env.pools_spec() == peak
+    # ...then one worker per tick, down to the minimum.
+    for _ in range(30):
+        env.tick(n=1, prompt=2000, output=200)
+    assert env.pools_spec() == {"prefill": 1, "decode": 1}
+    downs = [d for d in env.status()["decisions"] if d["reason"] == "Stabilized"]
+    assert downs
+
+
+def test_external_mode_writes_only_recommendations() -> None:
+    env = Env(mode="External")
+    env.tick(0.0)
+    for _ in range(3):
+        env.tick(n=300, prompt=2000, output=200)
+    assert env.pools_spec() == {"prefill": 1, "decode": 1}
+    pool = env.kube.get(v1.API_VERSION, "LLMPool", NS, "svc-prefill")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 1
+    assert pool["status"]["recommendedReplicas"] > 1
+    kinds = {d["kind"] for d in env.status()["decisions"]}
+    assert "recommend" in kinds
+    assert "scale" not in kinds
+
+
+def test_stale_metrics_cause_no_action() -> None:
+    env = Env()
+    env.tick(0.0)
+    env.tick(n=10)
+    env.down = True
+    before = env.pools_spec()
+    result = env.tick(n=600, prompt=4000)  # a surge the loop cannot see
+    assert result.decision.held
+    assert "scrape failed" in result.decision.held
+    assert env.pools_spec() == before
+    # The router stays down: the last good scrape goes stale.
+    result = env.tick(30.0)
+    assert "stale" in result.decision.held
+    assert env.condition("SLOAtRisk")["status"] == "Unknown"
+    assert env.pools_spec() == before
+    text = _metrics(env)
+    assert 'splitserve_operator_decisions_total{kind="no-signal",reason="SignalsStale"' in text
+
+
+def test_slo_at_risk_condition_names_class_and_pool_at_max() -> None:
+    env = Env(pools={"prefill": {"replicas": 2, "maxReplicas": 2}, "decode": {"replicas": 1}})
+    env.tick(0.0)
+    env.tick(n=100, ttft_s=3.0, met=False, prompt=500, output=100)
+    cond = env.condition("SLOAtRisk")
+    assert cond["status"] == "True"
+    assert cond["message"].startswith("class chat: TTFT p90 ")
+    assert "prefill pool at max 2" in cond["message"]
+    assert any(e["reason"] == "SLOAtRisk" and e["type"] == "Warning" for e in env.events())
+    assert env.status()["sloAttainment"] == "0.0%"
+    # The reconcile keeps the condition it does not own.
+    env.reconcile()
+    assert env.condition("SLOAtRisk")["status"] == "True"
+
+
+def test_flip_before_scale_out_through_the_flip_machine() -> None:
+    env = Env(pools={"prefill": {"replicas": 1, "maxReplicas": 6}, "decode": {"replicas": 3}})
+    for i in range(2, 4):
+        env.kube.create(worker_pod("svc", "w", f"svc-w-{i}", ip=f"10.0.0.{i + 1}"))
+    env.reconcile()
+    env.tick(0.0)
+    # Light load with short outputs: after a stabilization window decode starts giving back.
+    for _ in range(12):
+        env.tick(n=10, prompt=600, output=20)
+        if env.pools_spec()["decode"] < 3:
+            break
+    assert env.pools_spec()["decode"] == 2
+    # Prompts grow: prefill needs more; the decode worker still spare flips instead of a new pod.
+    env.tick(n=150, prompt=4000, output=20)
+    assert env.pools_spec()["decode"] == 1
+    assert env.pools_spec()["prefill"] > 2
+    flips = [d for d in env.status()["decisions"] if d["kind"] == "flip"]
+    assert flips, env.status()["decisions"]
+    assert flips[-1]["reason"] == "Rebalance"
+    assert "decode -> prefill" in flips[-1]["message"]
+    # The reconcile carries it out with the flip machine: fence, drain, SetRole, relabel.
+    env.reconcile()
+    assert ("drain", "10.0.0.4:50051") in env.workers.calls or any(
+        m == "drain" for m, _ in env.workers.calls
+    )
+    assert any(m == "set_role" for m, _ in env.workers.calls)
+
+
+def test_operator_metrics_exposed() -> None:
+    env = Env()
+    env.tick(0.0)
+    env.tick(n=50)
+    text = _metrics(env)
+    for name in (
+        "splitserve_operator_decisions_total",
+        "splitserve_operator_pool_desired_replicas",
+        "splitserve_operator_pool_current_replicas",
+        "splitserve_operator_loop_duration_seconds_count",
+        "splitserve_operator_signal_staleness_seconds",
+        "splitserve_operator_slo_attainment",
+    ):
+        assert name in text
+
+
+def _metrics(env: Env) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(env.registry).decode()
+
+
+# -- the window ---------------------------------------------------------------------------------
+
+
+def test_histogram_quantile_matches_prometheus_interpolation() -> None:
+    buckets = [(0.5, 10.0), (1.0, 30.0), (2.0, 40.0), (float("inf"), 40.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.75)
+    assert histogram_quantile(0.9, buckets) == pytest.approx(1.6)
+    assert histogram_quantile(0.9, []) is None
+
+
+def test_window_counts_router_restart_from_zero() -> None:
+    fake = FakeRouterMetrics()
+    fake.serve(100)
+    w = Window(60.0, 30.0)
+    w.add(Snapshot(0.0, {ROUTER: parse(fake.text())}))
+    restarted = FakeRouterMetrics()
+    restarted.serve(20)
+    w.add(Snapshot(10.0, {ROUTER: parse(restarted.text())}))
+    pools = {Role.PREFILL: PoolSignal(Role.PREFILL, 1)}
+    from splitserve.operator.control.signals import ClassTargets
+
+    obs = w.observe(10.0, [ClassTargets("chat", 2.0, 0.1, 0.9, 0.9)], pools)
+    assert obs.arrival_rate_per_s == pytest.approx(2.0)
+    assert obs.classes[0].requests == 20
+
+
+def test_window_missing_slo_metrics_is_explicit() -> None:
+    w = Window(60.0, 30.0)
+    text = "# TYPE splitserve_router_requests_total counter\nsplitserve_router_requests_total 5\n"
+    w.add(Snapshot(0.0, {ROUTER: parse(text)}))
+    w.add(Snapshot(10.0, {ROUTER: parse(text)}))
+    obs = w.observe(10.0, [], {})
+    assert not obs.usable
+    assert any(
+        p.state is SignalState.MISSING and "without the SLO metrics" in p.reason
+        for p in obs.problems
+    )
+
+
+def test_prometheus_source_reads_router_series_per_pod() -> None:
+    import json
+
+    body = {
+        "status": "success",
+        "data": {
+            "result": [
+                {
+                    "metric": {
+                        "__name__": "splitserve_router_admission_total",
+                        "pod": "svc-router-abc",
+                        "namespace": "default",
+                        "slo_class": "chat",
+                        "outcome": "admitted",
+                    },
+                    "value": [0, "42"],
+                }
+            ]
+        },
+    }
+    seen: list[str] = []
+
+    def get(url: str) -> str:
+        seen.append(url)
+        return json.dumps(body)
+
+    out = prometheus_samples("http://prom:9090/", "default", "svc", get)
+    assert out == {
+        "svc-router-abc": {
+            (
+                "splitserve_router_admission_total",
+                (("outcome", "admitted"), ("slo_class", "chat")),
+            ): 42.0
+        }
+    }
+    assert seen[0].startswith("http://prom:9090/api/v1/query?query=")
+    assert "svc-router-" in seen[0]
+
+
+def test_metrics_and_healthz_endpoint() -> None:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from splitserve.operator.control import server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    registry = CollectorRegistry()
+    OperatorMetrics(registry).slo_at_risk.labels("default/svc").set(1)
+    ticks = {"default/svc": (100.0, 10.0)}
+    now = [110.0]
+    srv = server.serve(registry, server.health_of(lambda: ticks, lambda: now[0]), "127.0.0.1", port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+            assert 'splitserve_operator_slo_at_risk{service="default/svc"} 1.0' in r.read().decode()
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
+            assert r.status == 200
+        now[0] = 200.0  # no tick for 100 s at a 10 s interval
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + "/healthz", timeout=5)
+        assert err.value.code == 503
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -1,0 +1,64 @@
+"""The control loop in the simulator (sim.autoscale, sim.autoscale_eval): short workloads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from click.testing import CliRunner
+
+from splitserve.cli.sim import bundled_trace, sim
+from splitserve.core.roles import Role
+from splitserve.policy.planner.autoscaler import AutoscalerParams
+from splitserve.sim import autoscale_eval
+from splitserve.sim.autoscale import Setup, reversals, run_autoscaled, run_static, step_workload
+
+PAIRS = [(1500, 200), (3000, 150), (800, 100)]
+SETUP = Setup(
+    params=AutoscalerParams(interval_s=10.0, scale_down_stabilization_s=60.0, horizon_s=20.0),
+    startup_s=10.0,
+)
+
+
+def lines(kind: str) -> Iterable[str]:
+    return bundled_trace(kind).read_text().splitlines()
+
+
+def test_step_scales_up_within_two_ticks_and_back_down_without_oscillating() -> None:
+    items = step_workload(PAIRS, 1.5, 5.0, 60.0, 120.0, 200.0, np.random.default_rng(1))
+    r = run_autoscaled(items, SETUP, step_at_s=60.0)
+    assert r.reaction_s is not None
+    assert r.reaction_s <= 2 * SETUP.params.interval_s
+    assert r.oscillations == 0
+    counts = [sum(t.workers.values()) for t in r.ticks]
+    assert max(counts) > counts[0]
+    assert counts[-1] < max(counts)  # scaled back after the step
+    for t in r.ticks:
+        assert all(SETUP.min_replicas <= n <= SETUP.max_replicas for n in t.workers.values())
+    static = run_static(items, SETUP, r.peak_workers)
+    assert r.gpu_hours < static.gpu_hours
+
+
+def test_reversals_counts_direction_changes_within_a_window() -> None:
+    assert reversals([1, 2, 3, 2, 2, 2], window_ticks=3) == 1
+    assert reversals([1, 2, 2, 2, 2, 1], window_ticks=3) == 0
+    assert reversals([3, 2, 3], window_ticks=5) == 1
+
+
+def test_eval_report_has_every_column_and_a_png() -> None:
+    scenario = autoscale_eval.build_scenario("step-5x", lines, quick=True)
+    short = autoscale_eval.Scenario(scenario.name, scenario.items[:300], 120.0, scenario.note)
+    e = autoscale_eval.evaluate(short, SETUP, search=False)
+    md = autoscale_eval.markdown([e], SETUP)
+    assert "| step-5x | autoscaled |" in md
+    assert "| step-5x | static-peak |" in md
+    png = autoscale_eval.plot_png(e)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert e.static_peak.peak_workers == e.autoscaled.peak_workers
+    assert set(e.autoscaled.peak_workers) == {Role.PREFILL, Role.DECODE}
+
+
+def test_cli_rejects_unknown_scenario() -> None:
+    result = CliRunner().invoke(sim, ["autoscale", "--scenario", "nope"])
+    assert result.exit_code != 0
+    assert "nope" in result.output
