@@ -52,10 +52,14 @@ from splitserve.worker.engine import (
     StepSample,
     TokenDelta,
 )
+from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
+from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 
 log = logging.getLogger(__name__)
 
 KV_TRANSPORT = "nixl"
+PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
+"""`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -94,6 +98,16 @@ class VllmEngineConfig:
     workers on one host)."""
     kv_hold_timeout_s: float = 30.0
     """How long a prefilled KV stays held if no decode engine pulls it (vLLM's KV lease)."""
+    nixl_progress_thread: bool = False
+    """Run NIXL's progress thread. vLLM 0.32 starts it with no delay between polls, so it spins a
+    whole core even when nothing moves. Off (the default), the engine's own polls progress the
+    transfers: the decode engine checks its reads every step, the prefill engine its
+    notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
+    cpus: tuple[int, ...] | None = None
+    """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
+    None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",
+    "0,2"), else no pinning. Either way the engine undoes vLLM's CPU NixlConnector pinning its
+    engine thread to the machine's last core."""
     batching: str | None = None
     """A registered `policy.batching` name run inside vLLM's scheduler (None: FCFS)."""
     batching_params: Mapping[str, Any] = field(default_factory=dict)
@@ -599,7 +613,16 @@ class VllmEngine:
         if cfg.use_scheduler_shim and "scheduler_cls" not in cfg.engine_args:
             sc = vllm_config.scheduler_config
             sc.scheduler_cls = scheduler_cls_for(bool(sc.async_scheduling))
-        engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+        cpus = cfg.cpus if cfg.cpus is not None else cpus_from_env()
+        original = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        if cpus:
+            pin_process(cpus)  # threads vLLM and torch start while building inherit it
+        progress = cfg.nixl_progress_thread or os.environ.get(PROGRESS_THREAD_ENV, "") == "1"
+        with nixl_progress_thread(progress):
+            engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+        if cpus or original:
+            # vLLM's CPU NixlConnector pinned this thread to the machine's last core: undo it.
+            pin_process(cpus or original)
         mc = vllm_config.model_config
         pc = vllm_config.parallel_config
         itemsize = int(getattr(mc.dtype, "itemsize", 2))

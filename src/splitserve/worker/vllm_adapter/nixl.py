@@ -1,0 +1,48 @@
+"""NIXL settings vLLM's NixlConnector does not expose (vLLM 0.32, nixl 1.5).
+
+vLLM builds its NIXL agent with `nixl_agent_config(num_threads=..., capture_telemetry=True)`:
+NIXL's progress thread on, and nixl's Python API starts it with `pthrDelay = 0` (no pause between
+polls). That thread spins a whole core from start to exit, transfers or not.
+`progress_thread(False)` has vLLM build the agent without it while the engine is built; every
+transfer is then progressed by the connector's own polls (`check_xfer_state` on the reading side
+every engine step, `get_new_notifs` on the serving side every step while KV is held).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+_WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+
+
+@contextlib.contextmanager
+def progress_thread(enabled: bool) -> Iterator[None]:
+    """While the engine is built inside this block, vLLM's NIXL agents get NIXL's progress
+    thread only if `enabled`. Without nixl (or with another connector) it does nothing."""
+    if enabled:
+        yield
+        return
+    import importlib
+
+    try:
+        worker = importlib.import_module(_WORKER_MODULE)
+    except ImportError:  # no nixl, or a vLLM without this module: nothing to configure
+        yield
+        return
+    namespace = vars(worker)  # the module's globals, where vLLM's worker looks the name up
+    original = namespace.get("nixl_agent_config")
+    if original is None:
+        yield
+        return
+
+    def without_progress_thread(*args: Any, **kwargs: Any) -> Any:
+        kwargs["enable_prog_thread"] = False
+        return original(*args, **kwargs)
+
+    namespace["nixl_agent_config"] = without_progress_thread
+    try:
+        yield
+    finally:
+        namespace["nixl_agent_config"] = original
