@@ -46,3 +46,30 @@ def progress_thread(enabled: bool) -> Iterator[None]:
         yield
     finally:
         namespace["nixl_agent_config"] = original
+
+
+def clip_pulls(scheduler: Any, key: str) -> bool:
+    """Make vLLM's scheduler pull, for a request whose `kv_transfer_params[key]` says how many
+    of its prompt tokens the prefill computed, that many and no more.
+
+    The decode engine continues a request from the prefill's first token: its prompt is the
+    original prompt plus that token, whose KV nobody has computed yet. vLLM's NixlConnector
+    would count every prompt token as remote (then recompute the last one), so it would ask for
+    one block too many whenever the prompt fills its last block exactly; clipped, the first step
+    computes the first token's position and samples the second. Returns False when the
+    scheduler has no connector (nothing to clip)."""
+    connector = getattr(scheduler, "connector", None)
+    if connector is None:
+        return False
+    matched = connector.get_num_new_matched_tokens
+
+    def clipped(request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        count, is_async = matched(request, num_computed_tokens)
+        params = request.kv_transfer_params
+        if not params or key not in params or not count:
+            return count, is_async
+        count = min(count, int(params[key]) - num_computed_tokens)
+        return (count, is_async) if count > 0 else (0, False)
+
+    connector.get_num_new_matched_tokens = clipped
+    return True
