@@ -27,6 +27,7 @@ from splitserve.router.discovery import KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
+from splitserve.router.kv_warm import KvPairWarmer
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.tokenizer import TextTokenizer
@@ -72,6 +73,7 @@ class RouterServer:
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: aio.Server | None = None
+        self._kv_warm: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
@@ -86,6 +88,7 @@ class RouterServer:
             default_max_tokens=self.config.default_max_tokens,
         )
         await self.pool.start()
+        self._kv_warm = asyncio.create_task(KvPairWarmer(self.pool).run(), name="warm-kv")
         if self.discovery is not None:
             await self.discovery.start()
         if self.config.grpc_port is not None:
@@ -149,6 +152,10 @@ class RouterServer:
             await asyncio.wait_for(self.dispatcher.drain_background(), _SHUTDOWN_GRACE_S)
         if self.discovery is not None:
             await self.discovery.stop()
+        if self._kv_warm is not None:
+            self._kv_warm.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._kv_warm
         await self.pool.close()
         log.info("router stopped")
 

@@ -122,6 +122,29 @@ def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EnginePro
         assert prefill.call("release", RequestId(f"steps-{i}")) is True
 
 
+def test_a_pair_is_warmed_before_any_request(engines: tuple[EngineProc, EngineProc]) -> None:
+    """`warm_kv` does vLLM's NIXL handshake ahead of requests (what WorkerKv.WarmKv runs).
+
+    Runs before `test_roles_swap_without_restart`, whose pull (the prefill engine reading from
+    the decode engine) then finds the pair set up."""
+    prefill, decode = engines
+    transport, endpoint = decode.call("endpoint")
+    assert transport == "nixl"
+    assert endpoint["host"] == "127.0.0.1"
+    assert endpoint["port"] not in (0, 5600)
+    assert endpoint["tp_size"] == 1
+    assert prefill.call("warm", endpoint) is True, "never pulled in this direction yet"
+    assert prefill.call("warm", endpoint) is False, "already warm"
+    _, own = prefill.call("endpoint")
+    assert prefill.call("warm", own) is False, "itself"
+    assert own["engine_id"] != endpoint["engine_id"]
+    with pytest.raises(RuntimeError, match="KvTransferError: not a NIXL endpoint"):
+        prefill.call("warm", {"host": "127.0.0.1"})
+    unreachable = {**endpoint, "engine_id": "nobody", "port": free_ports(1)[0]}
+    with pytest.raises(RuntimeError, match="KvTransferError: NIXL handshake"):
+        prefill.call("warm", unreachable, timeout_s=300.0)
+
+
 def test_roles_swap_without_restart(engines: tuple[EngineProc, EngineProc]) -> None:
     """The decode engine prefills and the prefill engine decodes: one engine serves any role."""
     first_engine, second_engine = engines
