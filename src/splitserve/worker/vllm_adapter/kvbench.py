@@ -66,9 +66,11 @@ def start_worker(
     *,
     env: dict[str, str] | None = None,
     engine_args: Sequence[str] = (),
+    engine: str = "vllm",
     timeout_s: float = 300.0,
 ) -> WorkerProc:
-    """`splitserve worker serve --engine vllm` on one core; returns when it is ready."""
+    """`splitserve worker serve` on one core; returns when it is ready. `engine="sim"`: the
+    simulated engine timing `model` (a `core.perf` shape) on the `cpu-2core` preset."""
     from splitserve.worker.vllm_adapter.engine import local_cpu_env
 
     ready = run_dir / f"{name}.ready.json"
@@ -77,11 +79,14 @@ def start_worker(
     penv = {**os.environ, **local_cpu_env(cpu=cpu), "VLLM_CACHE_ROOT": str(run_dir / "cache")}
     penv.update(env or {})
     argv = [
-        *(sys.executable, "-m", "splitserve", "worker", "serve", "--engine", "vllm"),
-        *("--role", role, "--model", model, "--served-model-name", "bench"),
-        *("--nixl-port", "0", "--ready-file", str(ready), "--log-level", "WARNING"),
-        *("--", "--dtype", "float32", *engine_args),
+        *(sys.executable, "-m", "splitserve", "worker", "serve", "--engine", engine),
+        *("--role", role, "--served-model-name", "bench"),
+        *("--ready-file", str(ready), "--log-level", "WARNING"),
     ]
+    if engine == "vllm":
+        argv += ["--model", model, "--nixl-port", "0", "--", "--dtype", "float32", *engine_args]
+    else:
+        argv += ["--model", "bench", "--sim-shape", model, "--sim-hardware", "cpu-2core"]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=penv)
     deadline = time.monotonic() + timeout_s
@@ -153,6 +158,9 @@ class Timing:
     tokens: list[int]
     end_s: float
     kv_bytes: float = 0.0
+    """Bytes NIXL moved (the decode worker's vLLM metrics)."""
+    handle_bytes: float = 0.0
+    """Bytes the KV handle announced (the engine's own count; the sim engine's model)."""
     xfer_s: float = 0.0
     token_times_s: list[float] = field(default_factory=list)
 
@@ -169,12 +177,15 @@ class Client:
         self._channels: dict[str, Any] = {}
         self._stub_cls = worker_pb2_grpc.WorkerStub
 
-    def stub(self, address: str) -> Any:
+    def channel(self, address: str) -> Any:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._grpc.aio.insecure_channel(address)
             self._channels[address] = ch
-        return self._stub_cls(ch)
+        return ch
+
+    def stub(self, address: str) -> Any:
+        return self._stub_cls(self.channel(address))
 
     async def close(self) -> None:
         for ch in self._channels.values():
@@ -201,6 +212,7 @@ class Client:
         t1 = time.perf_counter() - t0
         tokens = [out.first_token_id]
         times = [t1]
+        kv_bytes = float(out.kv.num_bytes) if out.HasField("kv") else 0.0
         call = self.stub(decode).Decode(
             worker_pb2.DecodeRequest(
                 request_id=rid,
@@ -217,7 +229,9 @@ class Client:
             for t in chunk.token_ids:
                 tokens.append(t)
                 times.append(now)
-        return _timing("pd", prompt, tokens, times)
+        t = _timing("pd", prompt, tokens, times)
+        t.handle_bytes = kv_bytes
+        return t
 
     async def generate(self, address: str, rid: str, prompt: list[int], max_tokens: int) -> Timing:
         from splitserve._gen.v1 import worker_pb2
