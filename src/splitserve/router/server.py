@@ -28,6 +28,7 @@ from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
 from splitserve.router.loop_lag import LoopLagMonitor
+from splitserve.router.kv_warm import KvPairWarmer
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.request_log import RequestLog
@@ -76,6 +77,7 @@ class RouterServer:
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: aio.Server | None = None
+        self._kv_warm: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
@@ -92,6 +94,7 @@ class RouterServer:
         )
         await self.pool.start()
         self.loop_lag.start()
+        self._kv_warm = asyncio.create_task(KvPairWarmer(self.pool).run(), name="warm-kv")
         if self.discovery is not None:
             await self.discovery.start()
         if self.config.grpc_port is not None:
@@ -155,6 +158,10 @@ class RouterServer:
             await asyncio.wait_for(self.dispatcher.drain_background(), _SHUTDOWN_GRACE_S)
         if self.discovery is not None:
             await self.discovery.stop()
+        if self._kv_warm is not None:
+            self._kv_warm.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._kv_warm
         await self.pool.close()
         await self.loop_lag.stop()
         log.info("router stopped")

@@ -30,6 +30,7 @@ from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.worker.engine import Engine
+from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
 from splitserve.worker.sim_engine import SimEngine, SimEngineConfig
 
@@ -243,6 +244,9 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     collector = getattr(engine, "metrics_collector", None)
     if collector is not None:  # vLLM's own metrics, renamed through one mapping table
         registry.register(collector())
+    kv_warm = KvWarmService(engine, address) if isinstance(engine, KvPeerEngine) else None
+    if kv_warm is not None:  # KV pairs set up before requests (the router's WarmKv)
+        worker_pb2_grpc.add_WorkerKvServicer_to_server(kv_warm, server)
     await start(server, service)
     metrics_port = None
     http_server = None
@@ -276,6 +280,8 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         await server.stop(grace=1.0)
         await engine.stop()
         await release.close()
+        if kv_warm is not None:
+            await kv_warm.close()
         if http_server is not None:
             http_server.shutdown()
 

@@ -91,8 +91,17 @@ MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="session")
-def vllm_worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`splitserve worker serve --engine vllm` (mixed) on the tiny model, one core; its address.
+def vllm_worker(vllm_worker_info: dict[str, object]) -> str:
+    """The session vLLM worker's gRPC address (see `vllm_worker_info`)."""
+    return str(vllm_worker_info["address"])
+
+
+@pytest.fixture(scope="session")
+def vllm_worker_info(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, object]]:
+    """`splitserve worker serve --engine vllm` (mixed) on the tiny model, pinned to core 0; its
+    ready file (address, pid, ...).
 
     One process for the session: the profile and WatchSteps tests share it (vLLM's start is most
     of their time). Tests using it must leave it idle.
@@ -110,12 +119,12 @@ def vllm_worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300  # slow on a loaded shared machine
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM worker did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield str(json.loads(ready.read_text())["address"])
+        yield dict(json.loads(ready.read_text()))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -2,6 +2,7 @@
 
 `python engine_proc.py PORT MODEL_DIR NIXL_PORT CPU` serves pickled commands on 127.0.0.1:PORT:
 ("generate", Request), ("prefill", Request), ("decode", Request, first, KvHandle),
+("decode_steps", Request, first, KvHandle), ("endpoint",), ("warm", endpoint),
 ("generate_cancel", Request), ("release", RequestId), ("released",), ("load",), ("metrics",),
 ("stop",).
 Each answer is ("ok", value) or ("error", text). Two of these (prefill and decode) exercise P/D
@@ -68,6 +69,18 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 value = await engine.prefill(cmd[1])
             elif op == "decode":
                 value = [d async for d in engine.decode(cmd[1], cmd[2], cmd[3])]
+            elif op == "decode_steps":  # the decode's tokens and the engine steps it took
+                assert engine.steps is not None
+                sub = engine.steps.subscribe()
+                try:
+                    deltas = [d async for d in engine.decode(cmd[1], cmd[2], cmd[3])]
+                    samples = []
+                    with contextlib.suppress(TimeoutError):  # the last ones may still come
+                        while True:
+                            samples.append(await asyncio.wait_for(sub.get(), 0.5))
+                finally:
+                    sub.close()
+                value = (deltas, [s.batch for s in samples])
             elif op == "generate_cancel":
                 got = []
                 async for d in engine.generate(cmd[1]):
@@ -75,6 +88,10 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                     if len(got) == 1:
                         assert await engine.cancel(cmd[1].id)
                 value = (got, engine.in_flight, await engine.cancel(cmd[1].id))
+            elif op == "endpoint":
+                value = engine.kv_endpoint()
+            elif op == "warm":
+                value = await engine.warm_kv(cmd[1])
             elif op == "release":
                 value = await engine.release_kv(cmd[1])
             elif op == "released":

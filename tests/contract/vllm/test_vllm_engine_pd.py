@@ -61,6 +61,8 @@ PROMPTS = [
     [1, *range(5, 40)],
     [1, *range(300, 500, 3)],
     [1, *[(i * 37) % 2000 + 3 for i in range(150)]],  # > one 128-token CPU block
+    [1, *[(i * 53) % 1900 + 7 for i in range(127)]],  # fills its 128-token block exactly
+    [1, *[(i * 29) % 1800 + 11 for i in range(255)]],  # two full blocks
 ]
 
 
@@ -88,6 +90,59 @@ def test_pd_is_token_identical_to_aggregated(engines: tuple[EngineProc, EnginePr
     # The decode engine told the source (through the runtime's ReleaseKv client) once per pull.
     released = decode.call("released")
     assert released == [f"127.0.0.1:{prefill.port}/pd-{i}" for i in range(len(PROMPTS))]
+
+
+def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EngineProc]) -> None:
+    """The decode engine's first step computes the first token's position over the pulled prompt
+    and samples token 2: one step per token it streams, each a decode (one token), none spent
+    recomputing the prompt's last position. Tokens match aggregated one by one."""
+    prefill, decode = engines
+    max_tokens = 6
+    for i, prompt in enumerate((PROMPTS[1], PROMPTS[3])):
+        aggregated = _tokens(
+            decode.call("generate", _request(f"steps-agg-{i}", prompt, max_tokens))
+        )
+        outcome: PrefillOutcome = prefill.call(
+            "prefill", _request(f"steps-{i}", prompt, max_tokens)
+        )
+        assert outcome.first_token_id == aggregated[0]
+        deltas, shapes = decode.call(
+            "decode_steps",
+            _request(f"steps-{i}", prompt, max_tokens),
+            outcome.first_token_id,
+            outcome.kv,
+        )
+        got = [outcome.first_token_id, *_tokens(deltas)]
+        for position, (want, have) in enumerate(zip(aggregated, got, strict=True)):
+            assert have == want, f"prompt {i}: token {position + 1} differs"
+        assert all(not s.prefill_chunks for s in shapes), shapes
+        contexts = [c for s in shapes for c in s.decode_contexts]
+        # Token 1's position is prompt index len(prompt); token k's is len(prompt) + k - 1.
+        assert contexts == [len(prompt) + k for k in range(max_tokens - 1)], contexts
+        assert prefill.call("release", RequestId(f"steps-{i}")) is True
+
+
+def test_a_pair_is_warmed_before_any_request(engines: tuple[EngineProc, EngineProc]) -> None:
+    """`warm_kv` does vLLM's NIXL handshake ahead of requests (what WorkerKv.WarmKv runs).
+
+    Runs before `test_roles_swap_without_restart`, whose pull (the prefill engine reading from
+    the decode engine) then finds the pair set up."""
+    prefill, decode = engines
+    transport, endpoint = decode.call("endpoint")
+    assert transport == "nixl"
+    assert endpoint["host"] == "127.0.0.1"
+    assert endpoint["port"] not in (0, 5600)
+    assert endpoint["tp_size"] == 1
+    assert prefill.call("warm", endpoint) is True, "never pulled in this direction yet"
+    assert prefill.call("warm", endpoint) is False, "already warm"
+    _, own = prefill.call("endpoint")
+    assert prefill.call("warm", own) is False, "itself"
+    assert own["engine_id"] != endpoint["engine_id"]
+    with pytest.raises(RuntimeError, match="KvTransferError: not a NIXL endpoint"):
+        prefill.call("warm", {"host": "127.0.0.1"})
+    unreachable = {**endpoint, "engine_id": "nobody", "port": free_ports(1)[0]}
+    with pytest.raises(RuntimeError, match="KvTransferError: NIXL handshake"):
+        prefill.call("warm", unreachable, timeout_s=300.0)
 
 
 def test_roles_swap_without_restart(engines: tuple[EngineProc, EngineProc]) -> None:

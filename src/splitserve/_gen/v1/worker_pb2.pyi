@@ -463,3 +463,96 @@ class StepSample(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StepSample: _TypeAlias = StepSample  # noqa: Y015
+
+@_typing.final
+class KvEndpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvEndpointRequest: _TypeAlias = KvEndpointRequest  # noqa: Y015
+
+@_typing.final
+class KvEndpointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSPORT_FIELD_NUMBER: _builtins.int
+    PARAMS_JSON_FIELD_NUMBER: _builtins.int
+    transport: _builtins.str
+    """As in KvHandle: "nixl" (the simulated engine serves no WorkerKv)."""
+    params_json: _builtins.str
+    """Engine-specific, JSON (vLLM + NIXL: engine_id, host, port, tp_size, dcp_size, pp_size)."""
+    def __init__(
+        self,
+        *,
+        transport: _builtins.str = ...,
+        params_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["params_json", b"params_json", "transport", b"transport"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvEndpointResponse: _TypeAlias = KvEndpointResponse  # noqa: Y015
+
+@_typing.final
+class WarmKvRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PEERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """gRPC addresses (host:port) of the workers this one pulls KV from."""
+
+    def __init__(
+        self,
+        *,
+        peers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["peers", b"peers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WarmKvRequest: _TypeAlias = WarmKvRequest  # noqa: Y015
+
+@_typing.final
+class WarmKvResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WARMED_FIELD_NUMBER: _builtins.int
+    ALREADY_WARM_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def warmed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Peers set up by this call, and peers that already were."""
+
+    @_builtins.property
+    def already_warm(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def failed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Peers that could not be set up, each as "address: why"."""
+
+    def __init__(
+        self,
+        *,
+        warmed: _abc.Iterable[_builtins.str] | None = ...,
+        already_warm: _abc.Iterable[_builtins.str] | None = ...,
+        failed: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_warm", b"already_warm", "failed", b"failed", "warmed", b"warmed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WarmKvResponse: _TypeAlias = WarmKvResponse  # noqa: Y015

@@ -456,3 +456,130 @@ class Worker:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorkerKvStub:
+    """KV-transfer set-up between workers, beside `Worker` (a separate service, so a worker that has
+    no KV transport simply does not serve it).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.KvEndpoint = channel.unary_unary(
+                '/splitserve.v1.WorkerKv/KvEndpoint',
+                request_serializer=splitserve_dot_v1_dot_worker__pb2.KvEndpointRequest.SerializeToString,
+                response_deserializer=splitserve_dot_v1_dot_worker__pb2.KvEndpointResponse.FromString,
+                _registered_method=True)
+        self.WarmKv = channel.unary_unary(
+                '/splitserve.v1.WorkerKv/WarmKv',
+                request_serializer=splitserve_dot_v1_dot_worker__pb2.WarmKvRequest.SerializeToString,
+                response_deserializer=splitserve_dot_v1_dot_worker__pb2.WarmKvResponse.FromString,
+                _registered_method=True)
+
+
+class WorkerKvServicer:
+    """KV-transfer set-up between workers, beside `Worker` (a separate service, so a worker that has
+    no KV transport simply does not serve it).
+    """
+
+    def KvEndpoint(self, request, context):
+        """Where other workers pull this worker's KV from (vLLM + NIXL: the engine id and the NIXL
+        side channel).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WarmKv(self, request, context):
+        """Set up KV transfer from these workers now (NIXL: fetch their metadata and connect), so that
+        no request pays for it. The router calls it on decode-capable workers, naming the
+        prefill-capable ones, whenever a worker joins, comes back or changes role. Idempotent: a
+        pair already set up (the same peer engine) costs one KvEndpoint call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkerKvServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'KvEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvEndpoint,
+                    request_deserializer=splitserve_dot_v1_dot_worker__pb2.KvEndpointRequest.FromString,
+                    response_serializer=splitserve_dot_v1_dot_worker__pb2.KvEndpointResponse.SerializeToString,
+            ),
+            'WarmKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.WarmKv,
+                    request_deserializer=splitserve_dot_v1_dot_worker__pb2.WarmKvRequest.FromString,
+                    response_serializer=splitserve_dot_v1_dot_worker__pb2.WarmKvResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'splitserve.v1.WorkerKv', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('splitserve.v1.WorkerKv', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkerKv:
+    """KV-transfer set-up between workers, beside `Worker` (a separate service, so a worker that has
+    no KV transport simply does not serve it).
+    """
+
+    @staticmethod
+    def KvEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitserve.v1.WorkerKv/KvEndpoint',
+            splitserve_dot_v1_dot_worker__pb2.KvEndpointRequest.SerializeToString,
+            splitserve_dot_v1_dot_worker__pb2.KvEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WarmKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitserve.v1.WorkerKv/WarmKv',
+            splitserve_dot_v1_dot_worker__pb2.WarmKvRequest.SerializeToString,
+            splitserve_dot_v1_dot_worker__pb2.WarmKvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

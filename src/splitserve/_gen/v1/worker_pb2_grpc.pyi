@@ -176,3 +176,70 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class WorkerKvStub:
+    """KV-transfer set-up between workers, beside `Worker` (a separate service, so a worker that has
+    no KV transport simply does not serve it).
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> WorkerKvAsyncStub: ...
+    KvEndpoint: _grpc.UnaryUnaryMultiCallable[_worker_pb2.KvEndpointRequest, _worker_pb2.KvEndpointResponse]
+    """Where other workers pull this worker's KV from (vLLM + NIXL: the engine id and the NIXL
+    side channel).
+    """
+    WarmKv: _grpc.UnaryUnaryMultiCallable[_worker_pb2.WarmKvRequest, _worker_pb2.WarmKvResponse]
+    """Set up KV transfer from these workers now (NIXL: fetch their metadata and connect), so that
+    no request pays for it. The router calls it on decode-capable workers, naming the
+    prefill-capable ones, whenever a worker joins, comes back or changes role. Idempotent: a
+    pair already set up (the same peer engine) costs one KvEndpoint call.
+    """
+
+@_typing.type_check_only
+class WorkerKvAsyncStub(WorkerKvStub):
+    """KV-transfer set-up between workers, beside `Worker` (a separate service, so a worker that has
+    no KV transport simply does not serve it).
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    KvEndpoint: _aio.UnaryUnaryMultiCallable[_worker_pb2.KvEndpointRequest, _worker_pb2.KvEndpointResponse]  # type: ignore[assignment]
+    """Where other workers pull this worker's KV from (vLLM + NIXL: the engine id and the NIXL
+    side channel).
+    """
+    WarmKv: _aio.UnaryUnaryMultiCallable[_worker_pb2.WarmKvRequest, _worker_pb2.WarmKvResponse]  # type: ignore[assignment]
+    """Set up KV transfer from these workers now (NIXL: fetch their metadata and connect), so that
+    no request pays for it. The router calls it on decode-capable workers, naming the
+    prefill-capable ones, whenever a worker joins, comes back or changes role. Idempotent: a
+    pair already set up (the same peer engine) costs one KvEndpoint call.
+    """
+
+class WorkerKvServicer(metaclass=_abc_1.ABCMeta):
+    """KV-transfer set-up between workers, beside `Worker` (a separate service, so a worker that has
+    no KV transport simply does not serve it).
+    """
+
+    @_abc_1.abstractmethod
+    def KvEndpoint(
+        self,
+        request: _worker_pb2.KvEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.KvEndpointResponse, _abc.Awaitable[_worker_pb2.KvEndpointResponse]]:
+        """Where other workers pull this worker's KV from (vLLM + NIXL: the engine id and the NIXL
+        side channel).
+        """
+
+    @_abc_1.abstractmethod
+    def WarmKv(
+        self,
+        request: _worker_pb2.WarmKvRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.WarmKvResponse, _abc.Awaitable[_worker_pb2.WarmKvResponse]]:
+        """Set up KV transfer from these workers now (NIXL: fetch their metadata and connect), so that
+        no request pays for it. The router calls it on decode-capable workers, naming the
+        prefill-capable ones, whenever a worker joins, comes back or changes role. Idempotent: a
+        pair already set up (the same peer engine) costs one KvEndpoint call.
+        """
+
+def add_WorkerKvServicer_to_server(servicer: WorkerKvServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

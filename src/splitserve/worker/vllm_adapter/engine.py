@@ -5,9 +5,11 @@ One engine serves every role, so a role change needs no restart or reload:
 * `prefill` runs the prompt with `max_tokens=1` and `kv_transfer_params={"do_remote_decode":
   True}`; vLLM keeps the KV blocks (for a lease, `kv_hold_timeout_s`) and answers with the
   `kv_transfer_params` a decode engine needs, which become `KvHandle(transport="nixl", params=...)`;
-* `decode` hands those params back to vLLM (`do_remote_prefill`): its NixlConnector pulls the KV
-  from the prefill engine, vLLM recomputes the last prompt position, samples the first token again
-  (dropped here: the caller already has it) and streams the rest;
+* `decode` continues the request from the prefill's first token: it hands vLLM the prompt plus
+  that token with the prefill's params (`do_remote_prefill`); vLLM's NixlConnector pulls the
+  prompt's KV from the prefill engine (no more: `nixl.clip_pulls`), and the first step computes
+  the first token's position and samples the second — no step is spent recomputing the prompt's
+  last position or re-sampling a token the caller already has;
 * `generate` runs the whole request (aggregated).
 
 vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
@@ -34,9 +36,8 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from splitserve.core.clock import Clock, SystemClock
@@ -52,6 +53,9 @@ from splitserve.worker.engine import (
     StepSample,
     TokenDelta,
 )
+from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
+from splitserve.worker.vllm_adapter.nixl import clip_pulls
+from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,11 @@ SLO_ARG: Final = "splitserve_slo"
 """The `extra_args` key carrying a request's SLO class, priority and deadline to the shim."""
 
 KV_TRANSPORT = "nixl"
+HANDOFF_KEY = "splitserve_prefilled_tokens"
+"""In a decode's `kv_transfer_params`: how many tokens of its prompt the prefill computed (the
+prompt; the decode's prompt has the first token appended). vLLM pulls that many, no more."""
+PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
+"""`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -97,6 +106,16 @@ class VllmEngineConfig:
     workers on one host)."""
     kv_hold_timeout_s: float = 30.0
     """How long a prefilled KV stays held if no decode engine pulls it (vLLM's KV lease)."""
+    nixl_progress_thread: bool = False
+    """Run NIXL's progress thread. vLLM 0.32 starts it with no delay between polls, so it spins a
+    whole core even when nothing moves. Off (the default), the engine's own polls progress the
+    transfers: the decode engine checks its reads every step, the prefill engine its
+    notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
+    cpus: tuple[int, ...] | None = None
+    """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
+    None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",
+    "0,2"), else no pinning. Either way the engine undoes vLLM's CPU NixlConnector pinning its
+    engine thread to the machine's last core."""
     batching: str | None = None
     """A registered `policy.batching` name run inside vLLM's scheduler (None: FCFS)."""
     batching_params: Mapping[str, Any] = field(default_factory=dict)
@@ -115,7 +134,6 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[_Item]
     mode: str
-    skip_first: bool = False
     num_out: int = 0
     submitted_s: float = field(default_factory=time.monotonic)
 
@@ -166,7 +184,7 @@ class VllmEngine:
         self._snapshot = LoadSnapshot(0, 0, 0, 0, 0, 0, 0)
         self._engine: Any = None
         self._bytes_per_token = 0
-        self._side_channel = ("", 0)
+        self._endpoint: dict[str, Any] = {}
         self.num_steps = 0
         self.prefill_tokens = 0
         self.generated_tokens = 0
@@ -263,11 +281,27 @@ class VllmEngine:
         if not self.config.kv_connector:
             raise KvTransferError("this engine has no KV connector configured")
         self._check_fits(request, request.sampling.max_tokens)
-        params = {**dict(kv.params), "do_remote_prefill": True, "do_remote_decode": False}
-        stream = self._submit(request, "decode", kv_params=params)
-        stream.skip_first = True
+        if request.sampling.max_tokens <= 1:  # the first token was the last: nothing to decode
+            self._release(kv)
+            yield TokenDelta((), FinishReason.LENGTH)
+            return
+        # Decode starts from the prefill's first token: the prompt plus that token, with the KV
+        # of the prompt pulled (HANDOFF_KEY clips vLLM's pull to the tokens the prefill
+        # computed). Its first step computes the first token's position and samples token 2.
+        params = {
+            **dict(kv.params),
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            HANDOFF_KEY: request.num_prompt_tokens,
+        }
+        continued = replace(
+            request,
+            prompt_token_ids=(*request.prompt_token_ids, first_token_id),
+            sampling=replace(request.sampling, max_tokens=request.sampling.max_tokens - 1),
+        )
+        stream = self._submit(continued, "decode", kv_params=params)
         self.kv_pulled_bytes += kv.num_bytes
-        deltas = self._deltas(request.id, stream, first_token_id, pulled=kv)
+        deltas = self._deltas(request.id, stream, pulled=kv)
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 yield delta
@@ -315,6 +349,72 @@ class VllmEngine:
     def in_flight(self) -> int:
         return len(self._streams) + len(self._held)
 
+    # -- KV pairs (warm-up before any request) ----------------------------------------------
+
+    def kv_endpoint(self) -> tuple[str, dict[str, Any]] | None:
+        """Where decode engines pull this engine's KV from: vLLM's engine id and the NIXL side
+        channel (what `KvHandle.params` carries as remote_engine_id / remote_host / ...)."""
+        return (KV_TRANSPORT, dict(self._endpoint)) if self._endpoint else None
+
+    async def warm_kv(self, endpoint: Mapping[str, Any]) -> bool:
+        """Set up NIXL with the engine at `endpoint` (another engine's `kv_endpoint()`) before
+        any request pulls from it: vLLM's handshake (fetch its metadata over the side channel,
+        register its agent) and a UCX connection. A request's first pull then costs what the
+        tenth does. True: set up now; False: it already was (or it is this engine).
+
+        Raises:
+            KvTransferError: no KV connector here, or the peer could not be reached.
+        """
+        if not self._endpoint:
+            raise KvTransferError("this engine has no KV connector configured")
+        try:
+            eid = str(endpoint["engine_id"])
+            where = (str(endpoint["host"]), int(endpoint["port"]))
+            sizes = tuple(int(endpoint.get(k, 1)) for k in ("tp_size", "dcp_size", "pp_size"))
+        except (KeyError, TypeError, ValueError) as err:
+            raise KvTransferError(f"not a NIXL endpoint: {dict(endpoint)!r} ({err})") from None
+        if eid == self._endpoint["engine_id"]:
+            return False
+        # vLLM's connector expects its handshakes started from the engine thread.
+        pending = await self._in_engine_thread(
+            lambda _engine: _nixl_worker()._ensure_handshake(eid, *where, *sizes)
+        )
+        if pending is None:
+            return False
+        try:
+            await asyncio.wrap_future(pending)
+        except Exception as err:
+            raise KvTransferError(f"NIXL handshake with {where} failed: {err}") from err
+
+        def connect(_engine: Any) -> int:
+            worker = _nixl_worker()
+            agents = list(worker._remote_agents.get(eid, {}).values())
+            for agent in agents:
+                worker.nixl_wrapper.make_connection(agent)
+            return len(agents)
+
+        await self._in_engine_thread(connect)
+        log.info("KV pair warm: engine %s at %s:%d", eid, *where)
+        return True
+
+    async def _in_engine_thread(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` in the engine thread between steps; its result or exception."""
+        if self._thread is None or self._engine is None:
+            raise EngineError("engine is not started")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def command(engine: Any) -> None:
+            try:
+                value = fn(engine)
+            except Exception as err:
+                loop.call_soon_threadsafe(_set_exception, done, err)
+            else:
+                loop.call_soon_threadsafe(_set_value, done, value)
+
+        self._commands.put(command)
+        return await done
+
     # -- helpers on the asyncio side --------------------------------------------------------
 
     def _check_fits(self, request: Request, new_tokens: int) -> None:
@@ -344,15 +444,11 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         s = request.sampling
-        seed = s.seed
-        if seed is None and s.temperature > 0 and mode != "generate":
-            # Prefill and decode both sample the first token: the same seed makes them agree.
-            seed = zlib.crc32(request.id.encode()) & 0x7FFFFFFF
         sampling = SamplingParams(
             max_tokens=max_tokens or s.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
-            seed=seed,
+            seed=s.seed,
             stop_token_ids=list(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
             detokenize=False,
@@ -387,7 +483,6 @@ class VllmEngine:
         self,
         rid: RequestId,
         stream: _Stream,
-        expect_first: int | None = None,
         pulled: KvHandle | None = None,
     ) -> AsyncGenerator[TokenDelta, None]:
         source = pulled
@@ -406,16 +501,6 @@ class VllmEngine:
                 if pulled is not None and (ids or out.finish_reason is not None):
                     self._release(pulled)  # the KV is here (or the request ended): free the source
                     pulled = None
-                if stream.skip_first and ids:
-                    if expect_first is not None and ids[0] != expect_first:
-                        log.warning(
-                            "decode of %s re-sampled first token %d, prefill gave %d",
-                            rid,
-                            ids[0],
-                            expect_first,
-                        )
-                    ids = ids[1:]
-                    stream.skip_first = False
                 if out.error:
                     yield TokenDelta(ids, FinishReason.ERROR, out.error)
                     return
@@ -458,6 +543,7 @@ class VllmEngine:
             return
         core = engine.engine_core.engine_core
         self._tap_schedule(core.scheduler)
+        clip_pulls(core.scheduler, HANDOFF_KEY)
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
         loop.call_soon_threadsafe(_set_result, ready)
@@ -606,7 +692,16 @@ class VllmEngine:
         if cfg.use_scheduler_shim and "scheduler_cls" not in cfg.engine_args:
             sc = vllm_config.scheduler_config
             sc.scheduler_cls = scheduler_cls_for(bool(sc.async_scheduling))
-        engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+        cpus = cfg.cpus if cfg.cpus is not None else cpus_from_env()
+        original = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        if cpus:
+            pin_process(cpus)  # threads vLLM and torch start while building inherit it
+        progress = cfg.nixl_progress_thread or os.environ.get(PROGRESS_THREAD_ENV, "") == "1"
+        with nixl_progress_thread(progress):
+            engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+        if cpus or original:
+            # vLLM's CPU NixlConnector pinned this thread to the machine's last core: undo it.
+            pin_process(cpus or original)
         mc = vllm_config.model_config
         pc = vllm_config.parallel_config
         itemsize = int(getattr(mc.dtype, "itemsize", 2))
@@ -614,6 +709,18 @@ class VllmEngine:
             2 * mc.get_num_layers(pc) * mc.get_num_kv_heads(pc) * mc.get_head_size() * itemsize
         )
         self._max_model_len = int(mc.max_model_len)
+        kvt = vllm_config.kv_transfer_config
+        if cfg.kv_connector and kvt is not None:
+            import vllm.envs as envs
+
+            self._endpoint = {
+                "engine_id": str(kvt.engine_id),
+                "host": str(envs.VLLM_NIXL_SIDE_CHANNEL_HOST),
+                "port": int(envs.VLLM_NIXL_SIDE_CHANNEL_PORT),
+                "tp_size": int(pc.tensor_parallel_size),
+                "dcp_size": int(pc.decode_context_parallel_size),
+                "pp_size": int(pc.pipeline_parallel_size),
+            }
         return engine
 
     # -- observation (for metrics and tests) -------------------------------------------------
@@ -655,8 +762,9 @@ def _extra_args(request: Request, kv_params: Mapping[str, Any] | None) -> dict[s
 def step_shape(out: Any, requests: Mapping[str, Any]) -> BatchShape:
     """The `BatchShape` of one vLLM `SchedulerOutput`: per scheduled request, its scheduled
     tokens and its computed context before the step. A request past its prompt that computes one
-    token decodes; anything else (prompt chunks, recomputation after a preemption, the last
-    prompt position recomputed after a KV pull) is a prefill chunk (new tokens, context)."""
+    token decodes (so does the first step of a decode continued from a prefill's first token);
+    anything else (prompt chunks, recomputation after a preemption) is a prefill chunk (new
+    tokens, context)."""
     computed: dict[str, int] = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
     cached = out.scheduled_cached_reqs
     computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
@@ -666,11 +774,18 @@ def step_shape(out: Any, requests: Mapping[str, Any]) -> BatchShape:
         ctx = int(computed.get(rid, 0))
         req = requests.get(rid)
         prompt = int(req.num_prompt_tokens) if req is not None else 0
-        if n == 1 and req is not None and ctx >= prompt:
+        if n == 1 and req is not None and (ctx >= prompt or _continues(req, ctx)):
             decodes.append(ctx)
         else:
             chunks.append((int(n), ctx))
     return BatchShape(prefill_chunks=tuple(chunks), decode_contexts=tuple(decodes))
+
+
+def _continues(req: Any, ctx: int) -> bool:
+    """A decode continued from a prefill's first token computes that token's position first: a
+    decode step (one token over the pulled prompt), although vLLM counts the token as prompt."""
+    params = getattr(req, "kv_transfer_params", None) or {}
+    return ctx == int(req.num_prompt_tokens) - 1 and HANDOFF_KEY in params
 
 
 def local_cpu_env(cpu: int | None = None, kv_cache_gib: int = 1) -> dict[str, str]:
@@ -702,11 +817,26 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _nixl_worker() -> Any:
+    """vLLM's NIXL connector worker in this process (the in-process engine's only one)."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group
+
+    worker = getattr(get_kv_transfer_group(), "connector_worker", None)
+    if worker is None:
+        raise KvTransferError("vLLM's KV connector has no NIXL worker in this process")
+    return worker
+
+
+def _set_value(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
 def _set_result(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
 
-def _set_exception(fut: asyncio.Future[None], exc: BaseException) -> None:
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)

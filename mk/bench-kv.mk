@@ -1,0 +1,22 @@
+# The KV-handoff benchmark (issue 21). Not part of `make test`: it measures, it asserts nothing.
+#
+# `make bench-kv` starts real `splitserve worker serve --engine vllm` processes (one core each)
+# on a generated 22 M-parameter fp32 model (32 KiB of KV per token) and drives them over gRPC
+# the way the router does: P/D vs aggregated vs the same-process control at three prompt lengths
+# (TTFT, token-1 -> token-2 gap, KV bytes, NIXL transfer time, raw NIXL READ of the same bytes,
+# idle CPU per worker), an interference run (steady decodes while long prompts arrive, TPOT
+# p50/p99 with and without disaggregation), and the same with the simulated engine. Prints
+# Markdown to out/bench-kv.md (raw numbers in out/bench-kv.json), summarised by hand in
+# docs/benchmarks.md. Needs .venv-vllm (`make venv-vllm`). About 15 min on an idle 2-core
+# machine; much longer when the machine is shared. KVBENCH_ARGS go to the module, e.g.
+# `--runs single --lengths 128,2048 --repeat 5`, `--progress-thread`, `--cold`.
+
+KVBENCH_ARGS ?=
+# mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.
+KVBENCH_VENV ?= .venv-vllm
+
+.PHONY: bench-kv
+bench-kv: $(KVBENCH_VENV)/.installed
+	@mkdir -p out
+	OMP_NUM_THREADS=1 $(KVBENCH_VENV)/bin/python -m splitserve.worker.vllm_adapter.kvbench \
+	  --json out/bench-kv.json $(KVBENCH_ARGS) | tee out/bench-kv.md

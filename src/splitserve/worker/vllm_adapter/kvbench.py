@@ -1,0 +1,384 @@
+"""`make bench-kv`: what the KV handoff costs on the real engine, and what disaggregation buys.
+
+Not a test: it measures and prints a Markdown report (summarised by hand in docs/benchmarks.md).
+Everything runs on this machine: real `splitserve worker serve --engine vllm` processes (one core
+each) driven over their gRPC API the way the router drives them (Prefill, then Decode with the
+returned KV handle; or Generate), and NIXL's own two-process READ for the raw bandwidth.
+
+Runs, interleaved so that load from other processes on a shared machine hits every mode alike:
+
+* **single**: one request at a time at several prompt lengths, in three modes:
+  `pd` (prefill worker -> NIXL -> decode worker), `agg` (the decode worker alone; the prefill
+  worker stopped) and `control` (Generate on the decode worker while the idle prefill worker
+  runs: what the mere presence of a second engine costs). Per request: TTFT, the token-1 ->
+  token-2 gap, KV bytes and NIXL transfer time (the decode worker's vLLM metrics), and the raw
+  NIXL READ time for the same bytes measured in the same run.
+* **idle**: CPU per idle worker process (/proc), with NIXL's progress thread off and on.
+* **interference**: a steady stream of decoding requests while long prompts arrive, with and
+  without disaggregation: decode TPOT p50/p99 (see `interference`).
+
+Timings here are wall-clock on a shared machine: compare modes within one run, as ratios.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+
+
+# -- worker processes ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class WorkerProc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    address: str
+    metrics_port: int
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def start_worker(
+    run_dir: Path,
+    name: str,
+    role: str,
+    model: str,
+    cpu: int,
+    *,
+    env: dict[str, str] | None = None,
+    engine_args: Sequence[str] = (),
+    engine: str = "vllm",
+    timeout_s: float = 300.0,
+) -> WorkerProc:
+    """`splitserve worker serve` on one core; returns when it is ready. `engine="sim"`: the
+    simulated engine timing `model` (a `core.perf` shape) on the `cpu-2core` preset."""
+    from splitserve.worker.vllm_adapter.engine import local_cpu_env
+
+    ready = run_dir / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)
+    log = run_dir / f"{name}.log"
+    penv = {**os.environ, **local_cpu_env(cpu=cpu), "VLLM_CACHE_ROOT": str(run_dir / "cache")}
+    penv.update(env or {})
+    argv = [
+        *(sys.executable, "-m", "splitserve", "worker", "serve", "--engine", engine),
+        *("--role", role, "--served-model-name", "bench"),
+        *("--ready-file", str(ready), "--log-level", "WARNING"),
+    ]
+    if engine == "vllm":
+        argv += ["--model", model, "--nixl-port", "0", "--", "--dtype", "float32", *engine_args]
+    else:
+        argv += ["--model", "bench", "--sim-shape", model, "--sim-hardware", "cpu-2core"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=penv)
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise RuntimeError(f"worker {name} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    info = json.loads(ready.read_text())
+    return WorkerProc(name, proc, str(info["address"]), int(info["metrics_port"]), log)
+
+
+def stop_worker(w: WorkerProc) -> None:
+    if w.proc.poll() is None:
+        w.proc.send_signal(signal.SIGTERM)
+        try:
+            w.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+
+
+def scrape(w: WorkerProc) -> dict[str, float]:
+    """The worker's /metrics as {name: value} (unlabelled samples; labelled ones summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(workers: Sequence[WorkerProc], seconds: float) -> dict[str, float]:
+    """Fraction of one core each worker used over `seconds` with nothing to do."""
+    before = {w.name: cpu_seconds(w.pid) for w in workers}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    dt = time.monotonic() - t0
+    return {w.name: (cpu_seconds(w.pid) - before[w.name]) / dt for w in workers}
+
+
+# -- requests over gRPC -------------------------------------------------------------------------
+
+
+def prompt_of(length: int, seed: int, vocab: int = 2000) -> list[int]:
+    rng = random.Random(seed)
+    return [1, *(rng.randrange(3, vocab) for _ in range(length - 1))]
+
+
+@dataclass(slots=True)
+class Timing:
+    """One request: seconds from the first call."""
+
+    mode: str
+    prompt_tokens: int
+    ttft_s: float
+    token2_s: float
+    """Gap between the first and the second token reaching the client."""
+    tokens: list[int]
+    end_s: float
+    kv_bytes: float = 0.0
+    """Bytes NIXL moved (the decode worker's vLLM metrics)."""
+    handle_bytes: float = 0.0
+    """Bytes the KV handle announced (the engine's own count; the sim engine's model)."""
+    xfer_s: float = 0.0
+    token_times_s: list[float] = field(default_factory=list)
+
+
+class Client:
+    """gRPC stubs for the workers, used the way the router uses them."""
+
+    def __init__(self) -> None:
+        import grpc
+
+        from splitserve._gen.v1 import worker_pb2_grpc
+
+        self._grpc = grpc
+        self._channels: dict[str, Any] = {}
+        self._stub_cls = worker_pb2_grpc.WorkerStub
+
+    def channel(self, address: str) -> Any:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._grpc.aio.insecure_channel(address)
+            self._channels[address] = ch
+        return ch
+
+    def stub(self, address: str) -> Any:
+        return self._stub_cls(self.channel(address))
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+    @staticmethod
+    def _sampling(max_tokens: int) -> Any:
+        from splitserve._gen.v1 import common_pb2
+
+        return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    async def pd(
+        self, prefill: str, decode: str, rid: str, prompt: list[int], max_tokens: int
+    ) -> Timing:
+        from splitserve._gen.v1 import worker_pb2
+
+        t0 = time.perf_counter()
+        out = await self.stub(prefill).Prefill(
+            worker_pb2.PrefillRequest(
+                request_id=rid, prompt_token_ids=prompt, sampling=self._sampling(max_tokens)
+            )
+        )
+        t1 = time.perf_counter() - t0
+        tokens = [out.first_token_id]
+        times = [t1]
+        kv_bytes = float(out.kv.num_bytes) if out.HasField("kv") else 0.0
+        call = self.stub(decode).Decode(
+            worker_pb2.DecodeRequest(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                first_token_id=out.first_token_id,
+                sampling=self._sampling(max_tokens),
+                kv=out.kv,
+            )
+        )
+        async for chunk in call:
+            if chunk.error:
+                raise RuntimeError(f"decode of {rid}: {chunk.error}")
+            now = time.perf_counter() - t0
+            for t in chunk.token_ids:
+                tokens.append(t)
+                times.append(now)
+        t = _timing("pd", prompt, tokens, times)
+        t.handle_bytes = kv_bytes
+        return t
+
+    async def generate(self, address: str, rid: str, prompt: list[int], max_tokens: int) -> Timing:
+        from splitserve._gen.v1 import worker_pb2
+
+        t0 = time.perf_counter()
+        tokens: list[int] = []
+        times: list[float] = []
+        call = self.stub(address).Generate(
+            worker_pb2.GenerateRequest(
+                request_id=rid, prompt_token_ids=prompt, sampling=self._sampling(max_tokens)
+            )
+        )
+        async for chunk in call:
+            if chunk.error:
+                raise RuntimeError(f"generate of {rid}: {chunk.error}")
+            now = time.perf_counter() - t0
+            for t in chunk.token_ids:
+                tokens.append(t)
+                times.append(now)
+        return _timing("agg", prompt, tokens, times)
+
+
+def _timing(mode: str, prompt: list[int], tokens: list[int], times: list[float]) -> Timing:
+    if len(times) < 2:
+        raise RuntimeError(f"{mode}: fewer than 2 tokens came back")
+    return Timing(
+        mode=mode,
+        prompt_tokens=len(prompt),
+        ttft_s=times[0],
+        token2_s=times[1] - times[0],
+        tokens=tokens,
+        end_s=times[-1],
+        token_times_s=times,
+    )
+
+
+# -- raw NIXL -----------------------------------------------------------------------------------
+
+
+def _nixl_target(conn: Any, nbytes: int, progress_thread: bool) -> None:
+    import numpy as np
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent("target", nixl_agent_config(enable_prog_thread=progress_thread))
+    buf = np.ones(nbytes, dtype=np.uint8)
+    addr = int(buf.ctypes.data)
+    agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
+    conn.send((agent.get_agent_metadata(), addr))
+    while not conn.poll(0.001):
+        agent.get_new_notifs()  # progress (transports that need the target's help)
+    conn.recv()
+
+
+def _nixl_reader(conn: Any, nbytes: int, repeat: int, progress_thread: bool, out: Any) -> None:
+    import numpy as np
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent("reader", nixl_agent_config(enable_prog_thread=progress_thread))
+    buf = np.full(nbytes, 2, dtype=np.uint8)  # touched, as vLLM's KV cache is: no page faults
+    addr = int(buf.ctypes.data)
+    agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
+    meta, remote_addr = conn.recv()
+    peer = agent.add_remote_agent(meta)
+    local = agent.get_xfer_descs([(addr, nbytes, 0)], "DRAM")
+    remote = agent.get_xfer_descs([(remote_addr, nbytes, 0)], "DRAM")
+    times = []
+    for _ in range(repeat + 1):  # the first read sets up the connection: not counted
+        handle = agent.initialize_xfer("READ", local, remote, peer)
+        t0 = time.perf_counter()
+        state = agent.transfer(handle)
+        while state == "PROC":
+            state = agent.check_xfer_state(handle)
+        times.append(time.perf_counter() - t0)
+        if state != "DONE":
+            raise RuntimeError(f"NIXL READ failed: {state}")
+        agent.release_xfer_handle(handle)
+    conn.send("done")
+    out.put(times[1:])
+
+
+def raw_nixl_read_s(nbytes: int, repeat: int = 5, progress_thread: bool = False) -> list[float]:
+    """Seconds per NIXL READ of `nbytes` (one descriptor) between two fresh processes."""
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    out = ctx.Queue()
+    target = ctx.Process(target=_nixl_target, args=(a, nbytes, progress_thread))
+    reader = ctx.Process(target=_nixl_reader, args=(b, nbytes, repeat, progress_thread, out))
+    target.start()
+    reader.start()
+    try:
+        times: list[float] = out.get(timeout=120)
+    finally:
+        reader.join(30)
+        target.join(30)
+        for p in (reader, target):
+            if p.is_alive():
+                p.kill()
+    return times
+
+
+# -- the runs -----------------------------------------------------------------------------------
+
+
+def xfer_delta(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
+    """(transfers, bytes, seconds) the decode worker's NIXL metrics counted in between."""
+    base = "splitserve_worker_vllm_kv_transfer_"
+    n = after.get(base + "seconds_count", 0) - before.get(base + "seconds_count", 0)
+    b = after.get(base + "bytes_sum", 0) - before.get(base + "bytes_sum", 0)
+    s = after.get(base + "seconds_sum", 0) - before.get(base + "seconds_sum", 0)
+    return n, b, s
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+@contextlib.contextmanager
+def workers(
+    run_dir: Path, model: str, specs: Sequence[tuple[str, str, int]], **kw: Any
+) -> Iterator[list[WorkerProc]]:
+    started: list[WorkerProc] = []
+    try:
+        for name, role, cpu in specs:
+            started.append(start_worker(run_dir, name, role, model, cpu, **kw))
+        yield started
+    finally:
+        for w in started:
+            stop_worker(w)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from splitserve.worker.vllm_adapter import kvbench_runs
+
+    kvbench_runs.main(argv)
+
+
+if __name__ == "__main__":
+    main()

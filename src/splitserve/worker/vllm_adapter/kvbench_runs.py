@@ -1,0 +1,495 @@
+"""The runs of `make bench-kv` (see `kvbench`): `python -m splitserve.worker.vllm_adapter.kvbench`.
+
+Prints Markdown tables; `--json FILE` also writes the raw numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from splitserve.worker.vllm_adapter.kvbench import (
+    Client,
+    MiB,
+    Timing,
+    WorkerProc,
+    idle_cpu,
+    med,
+    ms,
+    pct,
+    prompt_of,
+    raw_nixl_read_s,
+    scrape,
+    workers,
+    xfer_delta,
+)
+
+BENCH_MODEL: dict[str, Any] = {
+    "num_layers": 8,
+    "hidden_size": 512,
+    "num_heads": 4,
+    "num_kv_heads": 4,
+    "intermediate_size": 1024,
+    "max_position_embeddings": 4096,
+}
+"""About 22 M parameters, fp32: 32 KiB of KV per token (2 x 8 layers x 512 x 4 bytes)."""
+
+
+def bench_model(path: Path) -> str:
+    from splitserve.worker.vllm_adapter.tiny_model import TinyModelSpec, write_tiny_model
+
+    if not (path / "config.json").exists():
+        write_tiny_model(path, TinyModelSpec(**BENCH_MODEL))
+    return str(path)
+
+
+def engine_args(max_model_len: int) -> list[str]:
+    return ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_model_len)]
+
+
+# -- single requests ----------------------------------------------------------------------------
+
+
+async def _single(
+    p: WorkerProc,
+    d: WorkerProc,
+    lengths: Sequence[int],
+    repeat: int,
+    max_tokens: int,
+    warm: bool,
+) -> dict[str, list[Timing]]:
+    """P/D and control (Generate on D beside an idle P), interleaved per request."""
+    client = Client()
+    out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
+    try:
+        if warm:  # what the router does when the workers join (`WorkerKv.WarmKv`)
+            from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+
+            stub = worker_pb2_grpc.WorkerKvStub(client.channel(d.address))
+            warmed = await stub.WarmKv(worker_pb2.WarmKvRequest(peers=[p.address]), timeout=120)
+            if warmed.failed:
+                raise RuntimeError(f"WarmKv failed: {list(warmed.failed)}")
+        for rep in range(repeat + 1):  # round 0 warms every path up: not counted
+            for n in lengths:
+                # Every request its own prompt: no prefix-cache hit on either worker.
+                prompt = prompt_of(n, seed=1000 * rep + n)
+                before = scrape(d)
+                t = await client.pd(p.address, d.address, f"pd-{rep}-{n}", prompt, max_tokens)
+                _, nbytes, secs = xfer_delta(before, scrape(d))
+                t.kv_bytes, t.xfer_s = nbytes, secs
+                other = prompt_of(n, seed=1000 * rep + n + 500)
+                c = await client.generate(d.address, f"ctl-{rep}-{n}", other, max_tokens)
+                c.mode = "control"
+                if rep:
+                    out["pd"].append(t)
+                    out["control"].append(c)
+                elif n == lengths[0]:
+                    out["first"].append(t)  # the first request on this pair
+    finally:
+        await client.close()
+    return out
+
+
+async def _agg(d: WorkerProc, lengths: Sequence[int], repeat: int, max_tokens: int) -> list[Timing]:
+    client = Client()
+    out = []
+    try:
+        for rep in range(repeat + 1):
+            for n in lengths:
+                prompt = prompt_of(n, seed=1000 * rep + n + 700)
+                t = await client.generate(d.address, f"agg-{rep}-{n}", prompt, max_tokens)
+                if rep:
+                    out.append(t)
+    finally:
+        await client.close()
+    return out
+
+
+def run_single(
+    run_dir: Path,
+    model: str,
+    lengths: Sequence[int],
+    repeat: int,
+    max_tokens: int,
+    env: dict[str, str],
+    idle_s: float,
+    engine: str = "vllm",
+    warm: bool = True,
+) -> dict[str, Any]:
+    args = engine_args(max(lengths) + max_tokens + 16) if engine == "vllm" else []
+    kw: dict[str, Any] = {"env": env, "engine_args": args, "engine": engine}
+    res: dict[str, Any] = {}
+    pair = [("prefill", "prefill", 0), ("decode", "decode", 1)]
+    with workers(run_dir, model, pair, **kw) as (p, d):
+        time.sleep(2.0)
+        res["idle_cpu"] = idle_cpu([p, d], idle_s)
+        warm_it = warm and engine == "vllm"
+        timings = asyncio.run(_single(p, d, lengths, repeat, max_tokens, warm_it))
+        res["idle_cpu_after"] = idle_cpu([p, d], idle_s)
+    with workers(run_dir, model, [("decode", "mixed", 1)], **kw) as (d,):
+        timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens))
+    res["timings"] = timings
+    raw: dict[int, list[float]] = {}
+    if engine == "vllm":
+        for t in timings["pd"]:
+            nbytes = int(t.kv_bytes)
+            if nbytes and nbytes not in raw:
+                raw[nbytes] = raw_nixl_read_s(nbytes, repeat=max(3, repeat))
+    res["raw"] = raw
+    res["warm"] = warm and engine == "vllm"
+    return res
+
+
+def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
+    t: dict[str, list[Timing]] = res["timings"]
+    lines = [
+        "| prompt | mode | TTFT ms | token-1 -> token-2 ms | KV MiB | NIXL xfer ms | raw NIXL ms "
+        "| xfer / raw GB/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for n in lengths:
+        for mode in ("agg", "control", "pd"):
+            rows = [x for x in t[mode] if x.prompt_tokens == n]
+            if not rows:
+                continue
+            kv = med([x.kv_bytes for x in rows])
+            xf = med([x.xfer_s for x in rows])
+            raw_cell = bw = ""
+            if mode == "pd" and kv:
+                raw: list[float] = res["raw"].get(int(kv)) or []
+                r = med(raw)
+                raw_cell = ms(r)
+                bw = f"{kv / xf / 1e9:.2f} / {kv / r / 1e9:.2f} ({100 * r / xf:.0f} %)"
+            lines.append(
+                f"| {n} | {mode} | {ms(med([x.ttft_s for x in rows]))} "
+                f"| {ms(med([x.token2_s for x in rows]))} "
+                f"| {kv / MiB:.1f} | {ms(xf) if xf else ''} | {raw_cell} | {bw} |"
+                if mode == "pd"
+                else f"| {n} | {mode} | {ms(med([x.ttft_s for x in rows]))} "
+                f"| {ms(med([x.token2_s for x in rows]))} | | | | |"
+            )
+    first = t.get("first", [])
+    later = [x for x in t["pd"] if first and x.prompt_tokens == first[0].prompt_tokens]
+    if first and later:
+        f = first[0]
+        lines.append("")
+        lines.append(
+            f"First P/D request on the pair ({f.prompt_tokens} tokens, "
+            f"{'after WarmKv' if res.get('warm') else 'cold'}): TTFT {ms(f.ttft_s)} ms, "
+            f"token-1 -> token-2 {ms(f.token2_s)} ms; later ones (median): TTFT "
+            f"{ms(med([x.ttft_s for x in later]))} ms, token-1 -> token-2 "
+            f"{ms(med([x.token2_s for x in later]))} ms."
+        )
+    idle = res["idle_cpu"]
+    after = res["idle_cpu_after"]
+    lines.append("")
+    lines.append(
+        "Idle CPU per worker (share of one core): "
+        + ", ".join(
+            f"{k} {100 * v:.1f} % (after the run {100 * after[k]:.1f} %)" for k, v in idle.items()
+        )
+    )
+    return "\n".join(lines)
+
+
+# -- interference ---------------------------------------------------------------------------
+
+
+async def _stream_loop(
+    client: Client,
+    route: Any,
+    name: str,
+    prompt_len: int,
+    max_tokens: int,
+    stop: asyncio.Event,
+    gaps: list[float],
+) -> None:
+    """One steady decoding client: request after request, recording inter-token gaps."""
+    i = 0
+    while not stop.is_set():
+        prompt = prompt_of(prompt_len, seed=hash((name, i)) & 0xFFFF)
+        t = await route(client, f"{name}-{i}", prompt, max_tokens)
+        times = t.token_times_s
+        gaps.extend(b - a for a, b in itertools.pairwise(times[1:]))
+        i += 1
+
+
+async def _interference(
+    routes: list[Any],
+    streams: int,
+    long_len: int,
+    long_every_s: float,
+    duration_s: float,
+    short_len: int,
+    stream_tokens: int,
+) -> dict[str, Any]:
+    client = Client()
+    stop = asyncio.Event()
+    gaps: list[float] = []
+    longs: list[Timing] = []
+    try:
+        tasks = [
+            asyncio.create_task(
+                _stream_loop(
+                    client, routes[k % len(routes)], f"s{k}", short_len, stream_tokens, stop, gaps
+                )
+            )
+            for k in range(streams)
+        ]
+        await asyncio.sleep(2.0)  # steady state before the long prompts
+        del gaps[:]
+        t_end = time.monotonic() + duration_s
+        k = 0
+        long_tasks = []
+        while time.monotonic() < t_end:
+            route = routes[k % len(routes)]
+            prompt = prompt_of(long_len, seed=90_000 + k)
+            long_tasks.append(asyncio.create_task(route(client, f"long-{k}", prompt, 2)))
+            k += 1
+            await asyncio.sleep(long_every_s)
+        stop.set()
+        longs = list(await asyncio.gather(*long_tasks))
+        await asyncio.gather(*tasks)
+    finally:
+        await client.close()
+    return {
+        "tpot_p50_s": pct(gaps, 50),
+        "tpot_p90_s": pct(gaps, 90),
+        "tpot_p99_s": pct(gaps, 99),
+        "tpot_max_s": max(gaps) if gaps else float("nan"),
+        "num_gaps": len(gaps),
+        "long_prompts": len(longs),
+        "long_ttft_p50_s": med([t.ttft_s for t in longs]),
+    }
+
+
+def _pd_route(p: WorkerProc, d: WorkerProc) -> Any:
+    async def route(client: Client, rid: str, prompt: list[int], max_tokens: int) -> Timing:
+        return await client.pd(p.address, d.address, rid, prompt, max_tokens)
+
+    return route
+
+
+def _agg_route(w: WorkerProc) -> Any:
+    async def route(client: Client, rid: str, prompt: list[int], max_tokens: int) -> Timing:
+        return await client.generate(w.address, rid, prompt, max_tokens)
+
+    return route
+
+
+def run_interference(
+    run_dir: Path,
+    model: str,
+    env: dict[str, str],
+    engine: str,
+    *,
+    streams: int,
+    long_len: int,
+    long_every_s: float,
+    duration_s: float,
+    short_len: int = 32,
+    stream_tokens: int = 64,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Two workers either way, one core each: P/D (prefill + decode) or aggregated (two mixed
+    workers, streams and long prompts split between them)."""
+    args = [*engine_args(long_len + stream_tokens + 16), *extra_args] if engine == "vllm" else []
+    kw: dict[str, Any] = {"env": env, "engine_args": args, "engine": engine}
+    res: dict[str, Any] = {}
+    shape: dict[str, Any] = {
+        "streams": streams,
+        "long_len": long_len,
+        "long_every_s": long_every_s,
+        "duration_s": duration_s,
+        "short_len": short_len,
+        "stream_tokens": stream_tokens,
+    }
+    with workers(run_dir, model, [("prefill", "prefill", 0), ("decode", "decode", 1)], **kw) as (
+        p,
+        d,
+    ):
+        res["pd"] = asyncio.run(_interference([_pd_route(p, d)], **shape))
+    with workers(run_dir, model, [("mixed0", "mixed", 0), ("mixed1", "mixed", 1)], **kw) as (
+        a,
+        b,
+    ):
+        res["agg"] = asyncio.run(_interference([_agg_route(a), _agg_route(b)], **shape))
+    res["shape"] = shape
+    return res
+
+
+def report_interference(res: dict[str, Any]) -> str:
+    sh = res["shape"]
+    lines = [
+        f"{sh['streams']} steady streams ({sh['short_len']}-token prompts, {sh['stream_tokens']} "
+        f"tokens each, back to back) while a {sh['long_len']}-token prompt arrives every "
+        f"{sh['long_every_s']} s for {sh['duration_s']} s; two workers, one core each.",
+        "",
+        "| mode | decode TPOT p50 ms | p90 ms | p99 ms | max ms | gaps | long prompts "
+        "| long-prompt TTFT p50 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, label in (("agg", "aggregated (2 mixed)"), ("pd", "P/D (1 prefill + 1 decode)")):
+        r = res[mode]
+        lines.append(
+            f"| {label} | {ms(r['tpot_p50_s'])} | {ms(r['tpot_p90_s'])} | {ms(r['tpot_p99_s'])} "
+            f"| {ms(r['tpot_max_s'])} | {r['num_gaps']} | {r['long_prompts']} "
+            f"| {ms(r['long_ttft_p50_s'])} |"
+        )
+    return "\n".join(lines)
+
+
+# -- entry --------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="kvbench", description=__doc__)
+    ap.add_argument("--runs", default="single,interference,sim")
+    ap.add_argument("--lengths", default="128,512,2048")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--idle-s", type=float, default=5.0)
+    ap.add_argument("--model", default="", help="model dir (default: the bench model, generated)")
+    ap.add_argument("--sim-shape", default="tiny", help="core.perf shape for the sim runs")
+    ap.add_argument("--progress-thread", action="store_true", help="NIXL progress thread on")
+    ap.add_argument("--cold", action="store_true", help="no WarmKv before the first request")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--long-len", type=int, default=2048)
+    ap.add_argument("--long-every-s", type=float, default=3.0)
+    ap.add_argument("--duration-s", type=float, default=30.0)
+    ap.add_argument("--json", default="", help="also write the raw numbers here")
+    args = ap.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    runs = set(args.runs.split(","))
+    unknown = runs - {"single", "interference", "sim"}
+    if unknown:
+        raise SystemExit(f"unknown runs: {sorted(unknown)}")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "splitserve"
+    model = args.model or bench_model(cache / "kvbench-model")
+    env = {"SPLITSERVE_NIXL_PROGRESS_THREAD": "1"} if args.progress_thread else {}
+    load = os.getloadavg()
+    print(f"# bench-kv ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, load average at start "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min); model {model}; "
+        f"NIXL progress thread {'on' if args.progress_thread else 'off'}\n"
+    )
+    results: dict[str, Any] = {}
+    interference = {
+        "streams": args.streams,
+        "long_len": args.long_len,
+        "long_every_s": args.long_every_s,
+        "duration_s": args.duration_s,
+    }
+    with tempfile.TemporaryDirectory(prefix="kvbench-") as tmp:
+        run_dir = Path(tmp)
+        if "single" in runs:
+            res = run_single(
+                run_dir,
+                model,
+                lengths,
+                args.repeat,
+                args.max_tokens,
+                env,
+                args.idle_s,
+                warm=not args.cold,
+            )
+            print("## vLLM, one request at a time\n")
+            print(report_single(res, lengths))
+            print()
+            results["single"] = _jsonable(res)
+        if "interference" in runs:
+            res = run_interference(run_dir, model, env, "vllm", **interference)
+            print("## vLLM, decodes while long prompts arrive\n")
+            print(report_interference(res))
+            print()
+            results["interference"] = _jsonable(res)
+        if "sim" in runs:
+            res = run_single(
+                run_dir,
+                args.sim_shape,
+                lengths,
+                args.repeat,
+                args.max_tokens,
+                {},
+                args.idle_s,
+                engine="sim",
+            )
+            print(f"## Simulated engine ({args.sim_shape} on cpu-2core), one request at a time\n")
+            print(report_sim(res, lengths, results.get("single")))
+            print()
+            results["sim_single"] = _jsonable(res)
+            res = run_interference(run_dir, args.sim_shape, {}, "sim", **interference)
+            print("## Simulated engine, decodes while long prompts arrive\n")
+            print(report_interference(res))
+            print()
+            results["sim_interference"] = _jsonable(res)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def report_sim(res: dict[str, Any], lengths: Sequence[int], real: dict[str, Any] | None) -> str:
+    """The sim engine's P/D vs aggregated, and its KV model (`kv_transfer_s`) against the NIXL
+    transfers measured in the vLLM run of the same invocation (same byte counts)."""
+    from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+
+    t: dict[str, list[Timing]] = res["timings"]
+    lines = [
+        "| prompt | mode | TTFT ms | token-1 -> token-2 ms | KV MiB (handle) |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for n in lengths:
+        for mode in ("agg", "pd"):
+            rows = [x for x in t[mode] if x.prompt_tokens == n]
+            if rows:
+                kv = med([x.handle_bytes for x in rows]) / MiB if mode == "pd" else float("nan")
+                lines.append(
+                    f"| {n} | {mode} | {ms(med([x.ttft_s for x in rows]))} "
+                    f"| {ms(med([x.token2_s for x in rows]))} | "
+                    + (f"{kv:.2f} |" if mode == "pd" else " |")
+                )
+    if real:
+        model = RooflineModel(MODELS["tiny"], HARDWARE["cpu-2core"])
+        lines += [
+            "",
+            "The simulator's KV model (cpu-2core: link latency + bytes / link bandwidth) for the "
+            "bytes vLLM moved above:",
+            "",
+            "| prompt | KV MiB | vLLM NIXL xfer ms (measured) | sim kv_transfer_s ms "
+            "| raw NIXL ms |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for n in lengths:
+            measured = [x for x in real["timings"]["pd"] if x["prompt_tokens"] == n]
+            if not measured:
+                continue
+            kv = med([x["kv_bytes"] for x in measured])
+            raw = real["raw"].get(str(int(kv)), [])
+            lines.append(
+                f"| {n} | {kv / MiB:.1f} | {ms(med([x['xfer_s'] for x in measured]))} "
+                f"| {ms(model.kv_transfer_s(int(kv)))} | {ms(med(raw)) if raw else ''} |"
+            )
+    return "\n".join(lines)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Timing):
+        return {k: getattr(x, k) for k in x.__slots__}
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+__all__ = ["main", "pct"]

@@ -1,0 +1,75 @@
+"""NIXL settings vLLM's NixlConnector does not expose (vLLM 0.32, nixl 1.5).
+
+vLLM builds its NIXL agent with `nixl_agent_config(num_threads=..., capture_telemetry=True)`:
+NIXL's progress thread on, and nixl's Python API starts it with `pthrDelay = 0` (no pause between
+polls). That thread spins a whole core from start to exit, transfers or not.
+`progress_thread(False)` has vLLM build the agent without it while the engine is built; every
+transfer is then progressed by the connector's own polls (`check_xfer_state` on the reading side
+every engine step, `get_new_notifs` on the serving side every step while KV is held).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+_WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+
+
+@contextlib.contextmanager
+def progress_thread(enabled: bool) -> Iterator[None]:
+    """While the engine is built inside this block, vLLM's NIXL agents get NIXL's progress
+    thread only if `enabled`. Without nixl (or with another connector) it does nothing."""
+    if enabled:
+        yield
+        return
+    import importlib
+
+    try:
+        worker = importlib.import_module(_WORKER_MODULE)
+    except ImportError:  # no nixl, or a vLLM without this module: nothing to configure
+        yield
+        return
+    namespace = vars(worker)  # the module's globals, where vLLM's worker looks the name up
+    original = namespace.get("nixl_agent_config")
+    if original is None:
+        yield
+        return
+
+    def without_progress_thread(*args: Any, **kwargs: Any) -> Any:
+        kwargs["enable_prog_thread"] = False
+        return original(*args, **kwargs)
+
+    namespace["nixl_agent_config"] = without_progress_thread
+    try:
+        yield
+    finally:
+        namespace["nixl_agent_config"] = original
+
+
+def clip_pulls(scheduler: Any, key: str) -> bool:
+    """Make vLLM's scheduler pull, for a request whose `kv_transfer_params[key]` says how many
+    of its prompt tokens the prefill computed, that many and no more.
+
+    The decode engine continues a request from the prefill's first token: its prompt is the
+    original prompt plus that token, whose KV nobody has computed yet. vLLM's NixlConnector
+    would count every prompt token as remote (then recompute the last one), so it would ask for
+    one block too many whenever the prompt fills its last block exactly; clipped, the first step
+    computes the first token's position and samples the second. Returns False when the
+    scheduler has no connector (nothing to clip)."""
+    connector = getattr(scheduler, "connector", None)
+    if connector is None:
+        return False
+    matched = connector.get_num_new_matched_tokens
+
+    def clipped(request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        count, is_async = matched(request, num_computed_tokens)
+        params = request.kv_transfer_params
+        if not params or key not in params or not count:
+            return count, is_async
+        count = min(count, int(params[key]) - num_computed_tokens)
+        return (count, is_async) if count > 0 else (0, False)
+
+    connector.get_num_new_matched_tokens = clipped
+    return True
