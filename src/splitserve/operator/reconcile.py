@@ -242,7 +242,11 @@ def _reconcile(
             role = Role(manifest["spec"]["role"])
             have = pool_replicas.get(role)
             want = manifest["spec"].get("replicas")
-            if have is not None and want is not None and have != want:
+            # Someone else's change: not what the operator wrote last (its own resize is not).
+            wrote = next(
+                (p.desired for p in (previous.pools if previous else []) if p.role is role), None
+            )
+            if have is not None and want is not None and have != want and have != wrote:
                 message = (
                     f"kubectl scale llmpool/{manifest['metadata']['name']} --replicas={have} "
                     f"was reverted to {want}: in Managed mode spec.pools.{role.value}.replicas "
