@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Self
 
-from splitserve.operator.testing import ApiCall
+from tests.fakes.rbac import ApiCall
 
 
 class KmockThread:
@@ -50,6 +50,8 @@ class KmockThread:
                 path=r.url.path,
                 params=dict(r.params),
                 user_agent=str(r.headers.get("User-Agent", "")),
+                authorization=str(r.headers.get("Authorization", "")),
+                body=r.data,
             )
             for r in list(self.emulator)
         ]

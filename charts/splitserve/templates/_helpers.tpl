@@ -62,9 +62,13 @@ app.kubernetes.io/part-of: splitserve
   verbs: ["list", "watch"]
 {{- end -}}
 
-{{/* The rules the operator needs where it manages LLMServices (a Role, or the ClusterRole). */}}
+{{/* The rules the operator needs where it manages LLMServices (a Role, or the ClusterRole).
+     Exactly what it uses: tests/unit/operator/test_operator_rbac.py derives the rules from the
+     operator's API calls and compares. */}}
 {{- define "splitserve.managerRules" -}}
-# The custom resources: kopf patches finalizers and its annotations; status via the subresource.
+# The custom resources: kopf watches services and patches their finalizer and annotations; the
+# operator creates, merge-patches and prunes pools; every object it reads is watched (a cache),
+# and read directly only when a create conflicts.
 - apiGroups: ["splitserve.io"]
   resources: ["llmservices"]
   verbs: ["get", "list", "watch", "patch"]
@@ -74,15 +78,21 @@ app.kubernetes.io/part-of: splitserve
 - apiGroups: ["splitserve.io"]
   resources: ["llmservices/status", "llmpools/status"]
   verbs: ["patch"]
-# What an LLMService owns (read, created, merge-patched, pruned; never watched).
+# Children point at their LLMService with blockOwnerDeletion: the
+# OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift) requires this.
+- apiGroups: ["splitserve.io"]
+  resources: ["llmservices/finalizers"]
+  verbs: ["update"]
+# What an LLMService owns.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
+<<<<<<< HEAD
   verbs: ["get", "list", "create", "patch", "delete"]
 # The model cache (model.cache): its claim and download Jobs.
 - apiGroups: [""]
@@ -94,11 +104,17 @@ app.kubernetes.io/part-of: splitserve
 # Worker pods: role and fence labels, flip progress and deletion-cost annotations. get and
 # watch are unused by the operator but granted by the router's Role, which it creates (RBAC
 # lets nobody grant what they do not hold).
+=======
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Worker pods: role and fence labels, flip progress and deletion-cost annotations. get is
+# granted by the router's Role, which the operator creates (RBAC lets nobody grant what they
+# do not hold).
+>>>>>>> opreal
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]
-# kopf posts Kubernetes events about the objects it handles.
-- apiGroups: ["", "events.k8s.io"]
+# Events on LLMServices (decisions, flip steps, failures); a repeat bumps its count.
+- apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}

@@ -152,7 +152,13 @@ def _convert(node: JsonSchema, defs: Mapping[str, JsonSchema], *, openapi: bool)
             node = {**real[0], **rest}
         elif sorted(b.get("type", "") for b in real) == ["integer", "string"]:
             if openapi:
-                node = {**rest, "x-kubernetes-int-or-string": True}
+                # As controller-gen writes `resource.Quantity`: `kubectl explain` shows an
+                # int-or-string, and a sibling `pattern` checks the string form.
+                node = {
+                    **rest,
+                    "anyOf": [{"type": "integer"}, {"type": "string"}],
+                    "x-kubernetes-int-or-string": True,
+                }
             else:
                 node = {**rest, "type": ["integer", "string"]}
         else:

@@ -16,9 +16,18 @@ import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from splitserve.core.roles import Role
@@ -31,8 +40,27 @@ DNS_LABEL: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """RFC 1035 label: what Kubernetes accepts in names that become Service and Deployment names."""
 CLASS_NAME: Final = r"^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$"
 
-Quantity = int | str
-"""A Kubernetes resource quantity (`2`, `500m`, `16Gi`)."""
+QUANTITY_PATTERN: Final = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""What Kubernetes accepts as a resource quantity (`resource.Quantity`'s grammar)."""
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value) is None:
+        raise ValueError(f"{value!r} is not a quantity (examples: 2, 500m, 1.5, 16Gi)")
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_quantity),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+    ),
+]
+"""A Kubernetes resource quantity (`2`, `500m`, `16Gi`), checked by pattern; int-or-string."""
 
 
 class Model(BaseModel):
@@ -789,13 +817,44 @@ class WorkerGroup(Model):
         return self
 
 
+_MIN_OVER_MAX: Final = "(has(self.maxReplicas) && self.minReplicas > self.maxReplicas)"
+_NEGATIVE: Final = "self.replicas < 0 || self.minReplicas < 0"
+_MIN_MAX_RULE: Final[JsonValue] = {
+    "rule": "!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+    "message": "minReplicas must be <= maxReplicas",
+    "messageExpression": "'minReplicas (' + string(self.minReplicas) + ') must be <= maxReplicas ('"
+    " + string(self.maxReplicas) + ')'",
+}
+# One message per mistake: the range rules stay quiet when min > max (reported above) or a value
+# is negative (the schema's `minimum` reports it).
 _POOL_CEL: Final[list[JsonValue]] = [
-    {"rule": "self.replicas >= self.minReplicas", "message": "replicas must be >= minReplicas"},
+    _MIN_MAX_RULE,
     {
-        "rule": "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+        "rule": f"{_MIN_OVER_MAX} || {_NEGATIVE} || self.replicas >= self.minReplicas",
+        "message": "replicas must be >= minReplicas",
+        "messageExpression": "'replicas (' + string(self.replicas) + ') must be >= minReplicas ('"
+        " + string(self.minReplicas) + ')'",
+    },
+    {
+        "rule": f"!has(self.maxReplicas) || {_MIN_OVER_MAX} || {_NEGATIVE}"
+        " || self.replicas <= self.maxReplicas",
         "message": "replicas must be <= maxReplicas",
+        "messageExpression": "'replicas (' + string(self.replicas) + ') must be <= maxReplicas ('"
+        " + string(self.maxReplicas) + ')'",
     },
 ]
+
+
+def _check_bounds(replicas: int | None, min_replicas: int, max_replicas: int | None) -> None:
+    """The CEL rules above, for the operator and `splitserve.operator.validate`."""
+    if max_replicas is not None and min_replicas > max_replicas:
+        raise ValueError(f"minReplicas ({min_replicas}) must be <= maxReplicas ({max_replicas})")
+    if replicas is None:
+        return
+    if replicas < min_replicas:
+        raise ValueError(f"replicas ({replicas}) must be >= minReplicas ({min_replicas})")
+    if max_replicas is not None and replicas > max_replicas:
+        raise ValueError(f"replicas ({replicas}) must be <= maxReplicas ({max_replicas})")
 
 
 class PoolSpec(Model):
@@ -812,19 +871,14 @@ class PoolSpec(Model):
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
-        if self.replicas < self.min_replicas:
-            raise ValueError(
-                f"replicas ({self.replicas}) must be >= minReplicas ({self.min_replicas})"
-            )
-        if self.max_replicas is not None and self.replicas > self.max_replicas:
-            raise ValueError(
-                f"replicas ({self.replicas}) must be <= maxReplicas ({self.max_replicas})"
-            )
+        _check_bounds(self.replicas, self.min_replicas, self.max_replicas)
         return self
 
 
 class Pools(Model):
     """One pool per role. At least one must be set."""
+
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
 
     prefill: PoolSpec | None = None
     """Workers that run prompts and hand the KV cache to decode workers."""
@@ -1225,6 +1279,8 @@ class LLMServiceStatus(Model):
 class LLMPoolSpec(Model):
     """The size of one role of one `LLMService`. Scale it with `kubectl scale llmpool/...`."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_MIN_MAX_RULE]})
+
     service: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
     """The `LLMService` this pool belongs to (same namespace)."""
     role: Role
@@ -1235,6 +1291,12 @@ class LLMPoolSpec(Model):
     """The operator's autoscaler never goes below this."""
     max_replicas: int | None = Field(None, ge=0, le=10000)
     """The operator's autoscaler never goes above this."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LLMPoolSpec:
+        # `replicas` is whoever scaled it last (kubectl, an HPA); only the bounds must agree.
+        _check_bounds(None, self.min_replicas, self.max_replicas)
+        return self
 
 
 class LLMPoolStatus(Model):

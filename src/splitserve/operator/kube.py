@@ -6,15 +6,17 @@ create-or-merge-patch with a client-side diff, so applying the same manifest twi
 nothing the second time.
 
 `Kube` is the protocol the reconciler uses; `RestKube` speaks HTTP through the official client's
-configuration (kubeconfig or in-cluster), `splitserve.operator.testing.MemoryKube` keeps objects in
-a dict for tests.
+configuration (kubeconfig or in-cluster), `CachedKube` serves reads from watch-fed caches; tests
+use an in-memory fake (`tests/fakes/kube.py`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from splitserve.api import v1alpha1 as v1
@@ -57,11 +59,40 @@ REQUEST_TIMEOUT_S: Final = 30.0
 """No call to the API server may block a reconcile (and the operator's shutdown) for longer."""
 
 
+PERMANENT: Final = frozenset({400, 403, 422})
+"""Answers that repeating the same request cannot change: bad request, forbidden, invalid."""
+
+REASONS: Final[Mapping[int, str]] = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+}
+
+
 class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
+    def __init__(self, status: int, message: str, target: str = "") -> None:
+        super().__init__(f"{status}: {target + ': ' if target else ''}{message}")
         self.status = status
         self.message = message
+        self.target = target
+        """What the operator was doing, e.g. `create Deployment tiny-w`."""
+
+    @property
+    def permanent(self) -> bool:
+        """The same request would fail again: retry only after a change (or a long back-off)."""
+        return self.status in PERMANENT
+
+    @property
+    def reason(self) -> str:
+        """One CamelCase word, for conditions and Events."""
+        return REASONS.get(self.status, "ServerError" if self.status >= 500 else "ApiError")
+
+    def about(self, target: str) -> KubeError:
+        """The same error, naming what the operator was doing."""
+        return KubeError(self.status, self.message, target)
 
 
 def resource_path(
@@ -78,7 +109,11 @@ def resource_path(
 
 
 class Kube(Protocol):
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
+    def get(
+        self, api_version: str, kind: str, namespace: str, name: str, *, live: bool = False
+    ) -> Obj | None:
+        """The object, or None. `live`: from the API server even where a cache could answer."""
+        ...
 
     def list(
         self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str] | None = None
@@ -136,17 +171,33 @@ def merge_diff(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Obj:
 
 
 def apply(kube: Kube, obj: Obj) -> tuple[str, Obj]:
-    """Create `obj`, or merge-patch the fields that differ. Returns (action, object)."""
+    """Create `obj`, or merge-patch the fields that differ. Returns (action, object).
+
+    A failure names the object and the verb (`KubeError.target`).
+    """
     md = obj["metadata"]
-    current = kube.get(obj["apiVersion"], obj["kind"], md["namespace"], md["name"])
-    if current is None:
-        return "created", kube.create(obj)
-    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
-    diff = merge_diff(current, body)
-    if not diff:
-        return "unchanged", current
-    patched = kube.patch(obj["apiVersion"], obj["kind"], md["namespace"], md["name"], diff)
-    return "patched", patched
+    api_version, kind, namespace, name = obj["apiVersion"], obj["kind"], md["namespace"], md["name"]
+    verb = "create"
+    try:
+        current = kube.get(api_version, kind, namespace, name)
+        if current is None:
+            try:
+                return "created", kube.create(obj)
+            except KubeError as err:
+                if err.status != 409:
+                    raise
+                # Created meanwhile (or a cache that has not seen it yet): patch it instead.
+                current = kube.get(api_version, kind, namespace, name, live=True)
+                if current is None:
+                    raise
+        verb = "patch"
+        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
+        diff = merge_diff(current, body)
+        if not diff:
+            return "unchanged", current
+        return "patched", kube.patch(api_version, kind, namespace, name, diff)
+    except KubeError as err:
+        raise err.about(f"{verb} {kind} {name}") from err
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -191,10 +242,12 @@ class RestKube:
                 message = json.loads(data).get("message", "")
             except ValueError:
                 message = data.decode(errors="replace")[:500]
-            raise KubeError(response.status, f"{method} {path}: {message}")
+            raise KubeError(response.status, message, f"{method} {path}")
         return json.loads(data) if data else None
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+    def get(
+        self, api_version: str, kind: str, namespace: str, name: str, *, live: bool = False
+    ) -> Obj | None:
         try:
             out: Obj = self._call("GET", resource_path(api_version, kind, namespace, name))
         except KubeError as err:
@@ -241,3 +294,162 @@ class RestKube:
                 return False
             raise
         return True
+
+
+def load_configuration(path: str | None) -> Any:
+    """The official client's `Configuration`: from `path` when given, else in-cluster (the pod's
+    ServiceAccount), else the default kubeconfig. kopf's login uses the same object, so the
+    operator's own calls and kopf's run as one identity."""
+    import kubernetes
+
+    cfg = kubernetes.client.Configuration()
+    if path:
+        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cfg
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return cfg
+
+
+def _newer(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether `new` is at least as recent as `old` (resourceVersions compare as integers on
+    every API server in use; anything else counts as newer)."""
+    if old is None:
+        return True
+    a = str(new.get("metadata", {}).get("resourceVersion", ""))
+    b = str(old.get("metadata", {}).get("resourceVersion", ""))
+    if a.isdigit() and b.isdigit():
+        return int(a) >= int(b)
+    return True
+
+
+class Store:
+    """Objects of some kinds, kept current by watch events (kopf `on.event` handlers).
+
+    A kind is *primed* in a namespace by one live list the first time it is read there; from
+    then on the watch keeps it current and reads cost no request. Thread-safe (kopf feeds it on
+    its event loop, reconciles read it from worker threads).
+    """
+
+    def __init__(
+        self,
+        kinds: Iterable[tuple[str, str]],
+        keep: Callable[[Mapping[str, Any]], bool] = lambda obj: True,
+    ) -> None:
+        self.kinds = frozenset(kinds)
+        self.keep = keep
+        """Which objects to hold (the watch feeding the store must apply the same filter)."""
+        self._objects: dict[tuple[str, str, str], dict[str, Obj]] = {}
+        self._primed: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+
+    def caches(self, api_version: str, kind: str) -> bool:
+        return (api_version, kind) in self.kinds
+
+    def primed(self, api_version: str, kind: str, namespace: str) -> bool:
+        with self._lock:
+            return (api_version, kind, namespace) in self._primed
+
+    def prime(self, api_version: str, kind: str, namespace: str, items: Iterable[Obj]) -> None:
+        with self._lock:
+            bucket = self._objects.setdefault((api_version, kind, namespace), {})
+            for obj in items:
+                if not self.keep(obj):
+                    continue
+                name = str(obj["metadata"]["name"])
+                if _newer(obj, bucket.get(name)):
+                    bucket[name] = obj
+            self._primed.add((api_version, kind, namespace))
+
+    def put(self, obj: Mapping[str, Any]) -> None:
+        md = obj["metadata"]
+        key = (str(obj["apiVersion"]), str(obj["kind"]), str(md.get("namespace", "")))
+        if key[:2] not in self.kinds or not self.keep(obj):
+            return
+        with self._lock:
+            bucket = self._objects.setdefault(key, {})
+            if _newer(obj, bucket.get(str(md["name"]))):
+                bucket[str(md["name"])] = copy.deepcopy(dict(obj))
+
+    def remove(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        with self._lock:
+            self._objects.get((api_version, kind, namespace), {}).pop(name, None)
+
+    def event(self, type_: str | None, obj: Mapping[str, Any]) -> None:
+        """A watch event (`ADDED`, `MODIFIED`, `DELETED`; kopf's initial listing has None)."""
+        if type_ == "DELETED":
+            md = obj["metadata"]
+            self.remove(obj["apiVersion"], obj["kind"], md.get("namespace", ""), md["name"])
+        else:
+            self.put(obj)
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            obj = self._objects.get((api_version, kind, namespace), {}).get(name)
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def list(
+        self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str] | None
+    ) -> list[Obj]:
+        with self._lock:
+            bucket = self._objects.get((api_version, kind, namespace), {})
+            return [copy.deepcopy(o) for _, o in sorted(bucket.items()) if matches(o, labels)]
+
+
+class CachedKube:
+    """A `Kube` whose reads of cached kinds come from a `Store`; writes go to `inner` and their
+    answers update the store at once (a reconcile sees its own writes)."""
+
+    def __init__(self, inner: Kube, store: Store) -> None:
+        self.inner = inner
+        self.store = store
+
+    def _ready(self, api_version: str, kind: str, namespace: str) -> bool:
+        if not self.store.caches(api_version, kind):
+            return False
+        if not self.store.primed(api_version, kind, namespace):
+            items = self.inner.list(api_version, kind, namespace)
+            self.store.prime(api_version, kind, namespace, items)
+        return True
+
+    def get(
+        self, api_version: str, kind: str, namespace: str, name: str, *, live: bool = False
+    ) -> Obj | None:
+        if live or not self._ready(api_version, kind, namespace):
+            obj = self.inner.get(api_version, kind, namespace, name, live=live)
+            if obj is not None:
+                self.store.put(obj)
+            return obj
+        return self.store.get(api_version, kind, namespace, name)
+
+    def list(
+        self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str] | None = None
+    ) -> list[Obj]:
+        if not self._ready(api_version, kind, namespace):
+            return self.inner.list(api_version, kind, namespace, labels)
+        return self.store.list(api_version, kind, namespace, labels)
+
+    def create(self, obj: Obj) -> Obj:
+        out = self.inner.create(obj)
+        self.store.put(out)
+        return out
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Obj,
+        subresource: str | None = None,
+    ) -> Obj:
+        out = self.inner.patch(api_version, kind, namespace, name, patch, subresource)
+        self.store.put(out)
+        return out
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        gone = self.inner.delete(api_version, kind, namespace, name)
+        self.store.remove(api_version, kind, namespace, name)
+        return gone

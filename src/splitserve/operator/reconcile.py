@@ -3,17 +3,30 @@
 1. read the service, its `LLMPool`s and its worker pods;
 2. plan role assignments and flips (`policy.planner.flip`) and carry out their steps, recording
    each step on the pod before the next one (so a restarted operator resumes);
-3. mark the pods no pool needs as cheapest to delete (`pod-deletion-cost`);
+3. fence and drain the workers no pool needs; once drained, mark them cheapest to delete
+   (`pod-deletion-cost`) and let their Deployment shrink, so the ReplicaSet removes exactly
+   those pods (until then the Deployment keeps its size);
 4. apply `render(spec, observed)` with create / merge-patch, and delete owned objects that are
    no longer rendered;
-5. write `LLMPool` and `LLMService` status, only when it changed.
+5. write `LLMPool` and `LLMService` status, only when it changed; post an Event for each
+   decision, flip step, condition change and failure.
+
+Pool sizes set through `LLMPool`s (Manual, External) settle for `Settings.coalesce_s` before
+the operator acts on them: `kubectl scale` of prefill down and decode up, one after the other,
+is one flip and not a pod deleted and another created.
+
+A reconcile that fails leaves `Ready=False` / `Degraded=True` naming the object, the field of
+the spec it came from and the API server's answer, and an Event; the caller decides how soon
+to retry (`KubeError.permanent`).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -22,8 +35,9 @@ from pydantic import ValidationError
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role
-from splitserve.operator import observe, render, status
-from splitserve.operator.kube import OWNED_KINDS, Kube, Obj, apply, covers, owned_by
+from splitserve.operator import observe, render, status, validate
+from splitserve.operator.events import EventType, Recorder
+from splitserve.operator.kube import OWNED_KINDS, Kube, KubeError, Obj, apply, covers, owned_by
 from splitserve.operator.workers import WorkerCallError, WorkerClient
 from splitserve.policy.planner import flip
 
@@ -40,6 +54,8 @@ class Settings:
     """Router image for services that name none."""
     drain_wait_s: float = 2.0
     """How long one Drain call may block a reconcile; a longer drain resumes next tick."""
+    coalesce_s: float = 2.0
+    """Pool sizes changed through `LLMPool`s settle this long before the operator acts."""
 
 
 @dataclass(slots=True)
@@ -47,6 +63,49 @@ class Outcome:
     status: v1.LLMServiceStatus | None = None
     actions: list[str] = field(default_factory=list)
     """What changed in the cluster, e.g. `created Deployment tiny-workers`."""
+    settle_s: float = 0.0
+    """> 0: pool sizes changed within the coalescing window; reconcile again after this long."""
+
+
+class Coalescer:
+    """Debounces pool sizes set through `LLMPool`s, per service.
+
+    `replicas` returns the sizes to act on: the last settled ones while any pool of the service
+    changed less than `window_s` ago (each change restarts the window), the new ones after.
+    A service seen for the first time (or after an operator restart) is settled at once.
+    """
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._seen: dict[tuple[str, str], tuple[dict[Role, int], dict[Role, int], float]] = {}
+        self._lock = threading.Lock()
+
+    def replicas(
+        self, key: tuple[str, str], observed: Mapping[Role, int]
+    ) -> tuple[dict[Role, int], float]:
+        """(sizes to act on, seconds until the window closes; 0 when settled)."""
+        now = self.clock()
+        current = dict(observed)
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is None or self.window_s <= 0:
+                self._seen[key] = (current, current, now - self.window_s)
+                return current, 0.0
+            last, acted, changed_at = seen
+            # A pool seen for the first time (just created) counts as it is, at once.
+            acted = {**{r: n for r, n in current.items() if r not in last}, **acted}
+            if any(last.get(r, n) != n for r, n in current.items()):
+                changed_at = now
+            wait = changed_at + self.window_s - now
+            if wait <= 0:
+                acted = current
+            self._seen[key] = (current, acted, changed_at)
+            return {r: acted.get(r, n) for r, n in current.items()}, max(0.0, wait)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
 
 
 def parse_spec(obj: Mapping[str, Any]) -> v1.LLMServiceSpec:
@@ -54,40 +113,106 @@ def parse_spec(obj: Mapping[str, Any]) -> v1.LLMServiceSpec:
         return v1.LLMServiceSpec.model_validate(obj.get("spec") or {})
     except ValidationError as err:
         name = obj.get("metadata", {}).get("name")
+<<<<<<< HEAD
         # Field paths and messages only: the input values may hold credentials.
         details = "; ".join(
             f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
             for e in err.errors(include_input=False, include_url=False)
         )
         raise ConfigError(f"LLMService {name}: invalid spec: {details}") from None
+=======
+        raise ConfigError(
+            f"LLMService {name}: invalid spec: " + "; ".join(validate.spec_errors(err))
+        ) from err
+
+
+def spec_field(spec: v1.LLMServiceSpec, service: str, kind: str, name: str) -> str:
+    """The part of the spec an object the operator writes comes from (for failure messages)."""
+    for group in spec.worker_groups:
+        if name == render.group_deployment_name(service, group.name):
+            return f"spec.workerGroups[{group.name}]"
+    for role, _ in spec.pools.items():
+        if kind == "LLMPool" and name == render.pool_name(service, role):
+            return f"spec.pools.{role.value}"
+    if kind == "Pod":
+        return "spec.workerGroups"
+    return "spec.router"
+
+
+def failure_message(err: KubeError, spec: v1.LLMServiceSpec | None, service: str) -> str:
+    """`<verb> <Kind> <name> (from <field>): <status> <reason>: <what the API server said>`."""
+    target = err.target or "request"
+    parts = target.split(" ")
+    where = ""
+    if spec is not None and len(parts) == 3:
+        where = f" (from {spec_field(spec, service, parts[1], parts[2])})"
+    return f"{target}{where}: {err.status} {err.reason}: {err.message}"
+>>>>>>> opreal
 
 
 def reconcile(
-    kube: Kube, workers: WorkerClient, namespace: str, name: str, settings: Settings, now: str
+    kube: Kube,
+    workers: WorkerClient,
+    namespace: str,
+    name: str,
+    settings: Settings,
+    now: str,
+    *,
+    events: Recorder | None = None,
+    coalescer: Coalescer | None = None,
 ) -> Outcome:
-    """Bring the service's children, roles and status in line. Returns what it did."""
+    """Bring the service's children, roles and status in line. Returns what it did.
+
+    Raises `ConfigError` (invalid spec) or `KubeError` after reporting either in status and as
+    an Event.
+    """
     svc = kube.get(*SERVICE, namespace, name)
     if svc is None or svc["metadata"].get("deletionTimestamp"):
         return Outcome()
+    events = events or Recorder()
+    spec: v1.LLMServiceSpec | None = None
     try:
         spec = parse_spec(svc)
+        return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer)
     except ConfigError as err:
-        _report_invalid(kube, svc, str(err), now)
+        report_failure(kube, svc, "InvalidSpec", str(err), now, events)
         raise
+    except KubeError as err:
+        report_failure(kube, svc, err.reason, failure_message(err, spec, name), now, events)
+        raise
+
+
+def _reconcile(
+    kube: Kube,
+    workers: WorkerClient,
+    svc: Obj,
+    spec: v1.LLMServiceSpec,
+    settings: Settings,
+    now: str,
+    events: Recorder,
+    coalescer: Coalescer | None,
+) -> Outcome:
+    namespace, name = str(svc["metadata"]["namespace"]), str(svc["metadata"]["name"])
     ref = render.ServiceRef(name, namespace, str(svc["metadata"]["uid"]))
     out = Outcome()
+
+    def event(type_: EventType, reason: str, message: str) -> None:
+        events.post(kube, svc, type_, reason, message, now)
 
     pools = {
         Role(p["spec"]["role"]): p
         for p in kube.list(*POOL, namespace, {v1.LABEL_SERVICE: name})
         if owned_by(p, ref.uid) and p.get("spec", {}).get("role") in set(Role)
     }
+    pool_replicas = {r: int(p["spec"].get("replicas", 0)) for r, p in pools.items()}
+    if coalescer is not None and spec.scaling.mode is not v1.ScalingMode.MANAGED:
+        pool_replicas, out.settle_s = coalescer.replicas((namespace, name), pool_replicas)
     observed = render.Observed(
-        service=ref,
-        pool_replicas={r: int(p["spec"].get("replicas", 0)) for r, p in pools.items()},
-        router_image=settings.router_image,
+        service=ref, pool_replicas=pool_replicas, router_image=settings.router_image
     )
     desired = render.desired_replicas(spec, observed)
+    previous = _previous_status(svc)
+    overrides = _overrides(spec, name, pools, previous, svc["metadata"].get("generation"))
 
     # Roles first: pods marked as surplus before a Deployment shrinks are the ones it deletes.
     pods = {
@@ -105,11 +230,39 @@ def reconcile(
     )
     for reason in plan.reasons:
         log.info("%s/%s: %s", namespace, name, reason)
+        if reason.startswith(("assign ", "flip ")):
+            event("Normal", "Assigned" if reason.startswith("assign ") else "FlipStarted", reason)
     for pod_name, progress in plan.steps:
-        pods[pod_name] = run_flip(kube, workers, pods[pod_name], progress, spec, settings, now)
-    _mark_surplus(kube, pods, set(plan.surplus))
+        pods[pod_name] = run_flip(
+            kube, workers, pods[pod_name], progress, spec, settings, now, event
+        )
+    sizes = render.group_replicas(spec, desired)
+    retire = _to_retire(pods, plan.surplus, sizes)
+    drained, held = _retire(kube, workers, pods, retire, spec, settings, now, event)
+    _mark_surplus(kube, pods, drained)
 
     manifests = render.render(spec, observed)
+    for manifest in manifests:
+        group = render_group(manifest, spec, name)
+        if group is not None and held.get(group):
+            # Drain first: the Deployment shrinks only by the workers already drained.
+            manifest["spec"]["replicas"] += held[group]
+        if manifest["kind"] == "LLMPool" and spec.scaling.mode is v1.ScalingMode.MANAGED:
+            role = Role(manifest["spec"]["role"])
+            have = pool_replicas.get(role)
+            want = manifest["spec"].get("replicas")
+            # Someone else's change: not what the operator wrote last (its own resize is not).
+            wrote = next(
+                (p.desired for p in (previous.pools if previous else []) if p.role is role), None
+            )
+            if have is not None and want is not None and have != want and have != wrote:
+                message = (
+                    f"kubectl scale llmpool/{manifest['metadata']['name']} --replicas={have} "
+                    f"was reverted to {want}: in Managed mode spec.pools.{role.value}.replicas "
+                    "decides; edit the LLMService, or set spec.scaling.mode to Manual"
+                )
+                event("Warning", "ScaleReverted", message)
+                overrides.append(("ScaleReverted", message))
     applied: dict[tuple[str, str], Obj] = {}
     for manifest in manifests:
         action, obj = apply(kube, manifest)
@@ -135,11 +288,14 @@ def reconcile(
             desired=int(router["spec"].get("replicas", 0)),
             ready=int((router.get("status") or {}).get("readyReplicas", 0)),
         )
+<<<<<<< HEAD
     job_name = render.model_cache_job_name(spec, ref)
     artifact = status.artifact_status(
         spec, ref, applied.get(("Job", job_name)) if job_name else None
     )
     previous = _previous_status(svc)
+=======
+>>>>>>> opreal
     decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))]
     new_status = status.service_status(
         spec=spec,
@@ -152,36 +308,113 @@ def reconcile(
         now=now,
         generation=svc["metadata"].get("generation"),
         decisions=decisions,
+<<<<<<< HEAD
         artifact=artifact,
+=======
+        overrides=overrides,
+>>>>>>> opreal
     )
-    wire = new_status.wire()
-    current = svc.get("status") or {}
-    if not (covers(current, wire) and covers(wire, _ours(current))):
-        kube.patch(*SERVICE, namespace, name, {"status": wire}, "status")
+    _post_transitions(previous, new_status, event)
+    _write_status(kube, svc, new_status)
+    if _status_changed(svc, new_status):
         out.actions.append(f"status LLMService {name}")
     out.status = new_status
     return out
 
 
-def _report_invalid(kube: Kube, svc: Mapping[str, Any], message: str, now: str) -> None:
-    """An invalid spec (one the CRD schema let through) shows in status, not only in logs."""
+def render_group(manifest: Mapping[str, Any], spec: v1.LLMServiceSpec, service: str) -> str | None:
+    """The worker group a rendered Deployment runs, or None."""
+    if manifest["kind"] != "Deployment":
+        return None
+    for group in spec.worker_groups:
+        if manifest["metadata"]["name"] == render.group_deployment_name(service, group.name):
+            return group.name
+    return None
+
+
+def _overrides(
+    spec: v1.LLMServiceSpec,
+    service: str,
+    pools: Mapping[Role, Obj],
+    previous: v1.LLMServiceStatus | None,
+    generation: int | None,
+) -> list[tuple[str, str]]:
+    """What a person set that the operator does not apply, and why (`SpecApplied=False`)."""
+    out: list[tuple[str, str]] = []
+    mode = spec.scaling.mode
+    if mode is not v1.ScalingMode.MANAGED:
+        for role, pool_spec in spec.pools.items():
+            pool = pools.get(role)
+            if pool is None:
+                continue
+            have = int(pool["spec"].get("replicas", 0))
+            if have != pool_spec.replicas:
+                pool_name = render.pool_name(service, role)
+                out.append(
+                    (
+                        "PoolReplicasDecide",
+                        f"spec.pools.{role.value}.replicas ({pool_spec.replicas}) is not applied: "
+                        f"in {mode.value} mode LLMPool {pool_name}'s spec.replicas ({have}) "
+                        f"decides (kubectl scale llmpool/{pool_name} --replicas=N)",
+                    )
+                )
+    # A revert stays explained until the service changes.
+    for c in previous.conditions if previous else []:
+        kept = c.type == "SpecApplied" and c.reason == "ScaleReverted"
+        if kept and c.observed_generation == generation:
+            out.append((c.reason, c.message))
+    return out
+
+
+WARNING_REASONS: Final = frozenset(
+    {*status.HINTS, "InvalidSpec", "Forbidden", "Invalid", "BadRequest", "NotFound", "Conflict"}
+    | {"ApiError", "ServerError", "TooManyRequests", "ScaleReverted", "PoolReplicasDecide"}
+)
+
+
+def _post_transitions(
+    previous: v1.LLMServiceStatus | None,
+    new: v1.LLMServiceStatus,
+    event: Callable[[EventType, str, str], None],
+) -> None:
+    """An Event per condition whose status or reason changed."""
+    before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
+    for c in new.conditions:
+        if before.get(c.type) == (c.status, c.reason):
+            continue
+        type_: EventType = "Warning" if c.reason in WARNING_REASONS else "Normal"
+        event(type_, c.reason, f"{c.type}={c.status.value}: {c.message}")
+
+
+def _status_changed(svc: Mapping[str, Any], new: v1.LLMServiceStatus) -> bool:
+    wire = new.wire()
+    current = svc.get("status") or {}
+    return not (covers(current, wire) and covers(wire, _ours(current)))
+
+
+def _write_status(kube: Kube, svc: Mapping[str, Any], new: v1.LLMServiceStatus) -> None:
+    if _status_changed(svc, new):
+        md = svc["metadata"]
+        kube.patch(*SERVICE, md["namespace"], md["name"], {"status": new.wire()}, "status")
+
+
+def report_failure(
+    kube: Kube, svc: Mapping[str, Any], reason: str, message: str, now: str, events: Recorder
+) -> None:
+    """A failed reconcile shows in status (`Ready=False`, `Degraded=True`) and as an Event.
+
+    Reporting is best effort: a status the API server refuses too is logged, not raised (the
+    caller raises the original error).
+    """
     md = svc["metadata"]
-    cond = v1.Condition(
-        type="Ready",
-        status=v1.ConditionStatus.FALSE,
-        reason="InvalidSpec",
-        message=message[:4096],
-        last_transition_time=now,
-        observed_generation=md.get("generation"),
-    )
-    current = (svc.get("status") or {}).get("conditions") or []
-    if [c.get("reason") for c in current] != ["InvalidSpec"] or current[0].get(
-        "message"
-    ) != message[:4096]:
-        patch = {
-            "status": {"conditions": [cond.wire()], "observedGeneration": md.get("generation")}
-        }
-        kube.patch(*SERVICE, md["namespace"], md["name"], patch, "status")
+    previous = _previous_status(svc)
+    new = status.failed_status(previous, reason, message, now, md.get("generation"))
+    new = new.model_copy(update={"observed_generation": md.get("generation")})
+    events.post(kube, svc, "Warning", reason, message, now)
+    try:
+        _write_status(kube, svc, new)
+    except KubeError as err:
+        log.warning("%s/%s: cannot write status either: %s", md["namespace"], md["name"], err)
 
 
 def _ours(status_obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,6 +438,7 @@ def run_flip(
     spec: v1.LLMServiceSpec,
     settings: Settings,
     now: str,
+    event: Callable[[EventType, str, str], None] | None = None,
 ) -> Obj:
     """Carry out a flip from its current step as far as it goes now; record each step done.
 
@@ -228,13 +462,14 @@ def run_flip(
                     log.info("%s: draining, %d request(s) in flight", md["name"], in_flight)
                     return pod
                 if in_flight > 0:
-                    log.warning(
-                        "%s: drain timed out after %.0fs with %d request(s) in flight; "
-                        "switching role anyway (they finish under the old role)",
-                        md["name"],
-                        waited,
-                        in_flight,
+                    message = (
+                        f"{md['name']}: drain timed out after {waited:.0f}s with {in_flight} "
+                        "request(s) in flight; switching role anyway (they finish under the old "
+                        "role)"
                     )
+                    log.warning("%s", message)
+                    if event is not None:
+                        event("Warning", "DrainTimedOut", message)
             elif current.step is flip.Step.SET_ROLE:
                 workers.set_role(address, current.target)
             elif current.step is flip.Step.RELABEL:
@@ -248,16 +483,118 @@ def run_flip(
             log.warning(
                 "%s: flip step %s failed, retrying later: %s", md["name"], current.step, err
             )
+            if event is not None:
+                event("Warning", "FlipStepFailed", f"{md['name']}: {current.step.value}: {err}")
             return pod
         nxt = current.advanced()
         notes[v1.ANNOTATION_FLIP] = nxt.encode() if nxt else None
         meta: dict[str, Any] = {"annotations": notes}
         if labels:
             meta["labels"] = labels
-        pod = kube.patch("v1", "Pod", md["namespace"], md["name"], {"metadata": meta})
+        try:
+            pod = kube.patch("v1", "Pod", md["namespace"], md["name"], {"metadata": meta})
+        except KubeError as err:
+            raise err.about(f"patch Pod {md['name']}") from err
+        if event is not None and current.source is not None:
+            move = f"{current.source.value} -> {current.target.value}"
+            event("Normal", "FlipStep", f"{md['name']}: {current.step.value} done ({move})")
         md = pod["metadata"]
         current = nxt
     return pod
+
+
+def _to_retire(
+    pods: Mapping[str, Obj], surplus: Sequence[str], sizes: Mapping[str, int]
+) -> set[str]:
+    """The surplus workers that must go because their group's Deployment shrinks (a surplus in
+    a group that keeps its size is for a flip to take). Workers already retiring go first."""
+    per_group: dict[str, int] = {}
+    for pod in pods.values():
+        group = (pod["metadata"].get("labels") or {}).get(v1.LABEL_GROUP, "")
+        per_group[group] = per_group.get(group, 0) + 1
+    shrink = {g: n - sizes[g] for g, n in per_group.items() if g in sizes and n > sizes[g]}
+
+    def retiring(name: str) -> bool:
+        return observe.RETIRE_SINCE in (pods[name]["metadata"].get("annotations") or {})
+
+    out: set[str] = set()
+    for name in sorted(surplus, key=lambda n: (not retiring(n), n)):
+        group = (pods[name]["metadata"].get("labels") or {}).get(v1.LABEL_GROUP, "")
+        if shrink.get(group, 0) > 0:
+            out.add(name)
+            shrink[group] -= 1
+    return out
+
+
+def _retire(
+    kube: Kube,
+    workers: WorkerClient,
+    pods: dict[str, Obj],
+    surplus: set[str],
+    spec: v1.LLMServiceSpec,
+    settings: Settings,
+    now: str,
+    event: Callable[[EventType, str, str], None],
+) -> tuple[set[str], dict[str, int]]:
+    """Fence and drain the workers no pool needs, before their Deployment shrinks.
+
+    Returns (drained surplus workers, {group: surplus workers still draining}); the caller
+    keeps each group's Deployment that much larger until they are drained. A worker that is
+    surplus no more (the pool grew back) is re-opened.
+    """
+    drained: set[str] = set()
+    held: dict[str, int] = {}
+    for name, pod in pods.items():
+        md = pod["metadata"]
+        notes = md.get("annotations") or {}
+        retiring = observe.RETIRE_SINCE in notes
+        if name not in surplus:
+            if retiring and v1.ANNOTATION_FLIP not in notes:
+                try:
+                    if observe.pod_ready(pod):
+                        workers.resume(observe.pod_address(pod, spec.engine.grpc_port))
+                except WorkerCallError as err:
+                    log.warning("%s: resume failed, retrying later: %s", name, err)
+                    continue
+                meta: Obj = {
+                    "labels": {v1.LABEL_FENCED: None},
+                    "annotations": {observe.RETIRE_SINCE: None},
+                }
+                pods[name] = _patch_pod(kube, pod, meta)
+                event("Normal", "Kept", f"{name}: needed again, re-opened")
+            continue
+        group = (md.get("labels") or {}).get(v1.LABEL_GROUP, "")
+        if not observe.pod_ready(pod):
+            drained.add(name)  # nothing in flight on a worker that is not serving
+            continue
+        if not retiring:
+            meta = {
+                "labels": {v1.LABEL_FENCED: "true"},
+                "annotations": {observe.RETIRE_SINCE: now},
+            }
+            pod = pods[name] = _patch_pod(kube, pod, meta)
+            event("Normal", "Retiring", f"{name}: not needed by any pool; draining before removal")
+        address = observe.pod_address(pod, spec.engine.grpc_port)
+        try:
+            in_flight = workers.drain(address, timeout_s=settings.drain_wait_s)
+        except WorkerCallError as err:
+            log.warning("%s: drain failed, retrying later: %s", name, err)
+            in_flight = -1
+        since = (pod["metadata"].get("annotations") or {}).get(observe.RETIRE_SINCE)
+        waited = _seconds_between(since, now)
+        if in_flight == 0 or waited >= spec.flipping.drain_timeout_seconds:
+            drained.add(name)
+        else:
+            held[group] = held.get(group, 0) + 1
+    return drained, held
+
+
+def _patch_pod(kube: Kube, pod: Mapping[str, Any], meta: Obj) -> Obj:
+    md = pod["metadata"]
+    try:
+        return kube.patch("v1", "Pod", md["namespace"], md["name"], {"metadata": meta})
+    except KubeError as err:
+        raise err.about(f"patch Pod {md['name']}") from err
 
 
 def _queue_lengths(
@@ -278,7 +615,11 @@ def _queue_lengths(
 
 def _seconds_since(md: Mapping[str, Any], now: str) -> float:
     """Seconds since the flip fenced the worker (0 when unknown)."""
-    since = (md.get("annotations") or {}).get(v1.ANNOTATION_FLIP_SINCE)
+    return _seconds_between((md.get("annotations") or {}).get(v1.ANNOTATION_FLIP_SINCE), now)
+
+
+def _seconds_between(since: Any, now: str) -> float:
+    """Seconds from the RFC 3339 time `since` to `now` (0 when unknown)."""
     try:
         start = datetime.datetime.strptime(str(since), RFC3339)
         end = datetime.datetime.strptime(now, RFC3339)
@@ -287,13 +628,13 @@ def _seconds_since(md: Mapping[str, Any], now: str) -> float:
     return (end - start).total_seconds()
 
 
-def _mark_surplus(kube: Kube, pods: Mapping[str, Obj], surplus: set[str]) -> None:
+def _mark_surplus(kube: Kube, pods: dict[str, Obj], drained: set[str]) -> None:
+    """Drained surplus workers are the cheapest to delete; every other worker is not marked."""
     for name, pod in pods.items():
         have = (pod["metadata"].get("annotations") or {}).get(observe.DELETION_COST)
-        want = observe.SURPLUS_COST if name in surplus else None
+        want = observe.SURPLUS_COST if name in drained else None
         if have != want:
-            patch = {"metadata": {"annotations": {observe.DELETION_COST: want}}}
-            kube.patch("v1", "Pod", pod["metadata"]["namespace"], name, patch)
+            pods[name] = _patch_pod(kube, pod, {"annotations": {observe.DELETION_COST: want}})
 
 
 def prune(kube: Kube, ref: render.ServiceRef, keep: set[tuple[str, str]]) -> list[str]:

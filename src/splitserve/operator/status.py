@@ -7,6 +7,14 @@ Conditions (each with a reason a person can act on):
   replica missing); the service may still serve.
 - `NotRoutable`: the router cannot serve any request: no ready worker that can generate
   (decode or mixed), or no worker pod at all ("selector ... matched 0 pods").
+- `SpecApplied`: False when the operator does not honour something a person set: a pool's
+  `replicas` in the service while the `LLMPool` decides (Manual, External), or a
+  `kubectl scale llmpool` it reverted (Managed).
+
+Pods that are not ready say why, from their conditions (`Unschedulable` with the scheduler's
+message, `ImagePullFailed`, `CrashLooping`, `ContainerConfigError`), each with its own hint.
+A reconcile that fails leaves `Ready=False` and `Degraded=True` with the API server's reason
+(`Forbidden`, `Invalid`, `BadRequest`, `InvalidSpec`) and a message naming object and field.
 
 `lastTransitionTime` only moves when a condition's status changes, so a status computed twice
 from the same observation is identical.
@@ -16,7 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+<<<<<<< HEAD
 from typing import Any
+=======
+from typing import Final
+>>>>>>> opreal
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
@@ -27,12 +39,51 @@ MAX_DECISIONS = 10
 
 
 @dataclass(frozen=True, slots=True)
+class PodProblem:
+    """Why one worker pod is not ready (`observe.pod_problem`)."""
+
+    reason: str
+    """Unschedulable, ImagePullFailed, CrashLooping, ContainerConfigError."""
+    pod: str
+    message: str
+
+
+HINTS: Final[Mapping[str, str]] = {
+    "Unschedulable": "no node can run it: check free capacity for the group's gpus and "
+    "resources, its nodeSelector and node taints (kubectl describe pod -n {ns} {pod})",
+    "ImagePullFailed": "check engine.image and the image pull secret "
+    "(kubectl describe pod -n {ns} {pod})",
+    "CrashLooping": "the worker exits after starting: kubectl logs -n {ns} {pod} --previous",
+    "ContainerConfigError": "a Secret or ConfigMap it needs is missing, or its command is wrong "
+    "(kubectl describe pod -n {ns} {pod})",
+}
+
+
+@dataclass(frozen=True, slots=True)
 class PodCounts:
     """Worker pods of the service, whatever their state."""
 
     total: int = 0
     ready: int = 0
     unassigned: int = 0
+    problems: tuple[PodProblem, ...] = ()
+    """Pods not ready for a reason other than starting up."""
+
+
+def problem_summary(problems: Sequence[PodProblem], namespace: str) -> tuple[str, str] | None:
+    """(reason, message) for the most common problem, or None."""
+    if not problems:
+        return None
+    by_reason: dict[str, list[PodProblem]] = {}
+    for p in problems:
+        by_reason.setdefault(p.reason, []).append(p)
+    reason, group = max(by_reason.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    first = group[0]
+    hint = HINTS.get(reason, "").format(ns=namespace, pod=first.pod)
+    message = f"{len(group)} worker pod(s) {reason}: {first.pod}: {first.message}"
+    if hint:
+        message += f"; {hint}"
+    return reason, message
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +165,9 @@ def _not_routable(
             "scheduling errors",
         )
     if pods.ready == 0:
+        problem = problem_summary(pods.problems, namespace)
+        if problem is not None:
+            return True, problem[0], f"{pods.total} worker pod(s), none ready; {problem[1]}"
         return (
             True,
             "NoReadyWorkers",
@@ -144,8 +198,14 @@ def service_status(
     now: str,
     generation: int | None,
     decisions: Sequence[str] = (),
+<<<<<<< HEAD
     artifact: v1.ArtifactStatus | None = None,
+=======
+    overrides: Sequence[tuple[str, str]] = (),
+>>>>>>> opreal
 ) -> v1.LLMServiceStatus:
+    """`overrides`: (reason, message) per change a person made that the operator does not
+    honour (`SpecApplied=False`)."""
     prev = previous or v1.LLMServiceStatus()
     pools = pool_statuses(desired, workers)
     summary = v1.RoleSummary(**{r.value: f"{p.ready}/{p.desired}" for r, p in pools.items()})
@@ -169,24 +229,35 @@ def service_status(
     else:
         ready_reason, ready_message = "AllPoolsReady", "every pool has its desired ready workers"
     is_ready = not blocked and router_ready and not short
+<<<<<<< HEAD
     waiting = (v1.ArtifactPhase.PENDING, v1.ArtifactPhase.DOWNLOADING, v1.ArtifactPhase.FAILED)
     if not is_ready and artifact is not None and artifact.phase in waiting:
         # Workers wait for the model cache: say so rather than "no ready workers".
         ready_reason = f"Model{artifact.phase.value}"
         ready_message = f"model {artifact.source}: {artifact.message}"
+=======
+    problem = problem_summary(pods.problems, ref.namespace)
+    degraded_reason = "PoolsBelowDesired" if short else "AsDesired"
+    degraded_message = "; ".join(short) if short else "nothing runs below what was asked"
+    if short and problem is not None:
+        degraded_reason, degraded_message = problem[0], f"{degraded_message}; {problem[1]}"
+        if ready_reason == "PoolsBelowDesired":
+            ready_reason, ready_message = degraded_reason, degraded_message
+>>>>>>> opreal
 
     def cond(type_: str, status: bool, reason: str, message: str) -> v1.Condition:
         return _condition(prev.conditions, now, generation, type_, status, reason, message)
 
     conditions = [
         cond("Ready", is_ready, ready_reason, ready_message),
-        cond(
-            "Degraded",
-            bool(short),
-            "PoolsBelowDesired" if short else "AsDesired",
-            "; ".join(short) if short else "nothing runs below what was asked",
-        ),
+        cond("Degraded", bool(short), degraded_reason, degraded_message),
         cond("NotRoutable", blocked, nr_reason, nr_message),
+        cond(
+            "SpecApplied",
+            not overrides,
+            overrides[0][0] if overrides else "AsSpecified",
+            "; ".join(m for _, m in overrides) if overrides else "the spec is applied as written",
+        ),
     ]
     # Conditions other writers own (the control loop's SLOAtRisk) are kept as they are.
     ours = {c.type for c in conditions}
@@ -257,3 +328,19 @@ def artifact_status(
     return v1.ArtifactStatus(
         source=src, phase=phase, path=art.directory, job=name, message=msg[:1024]
     )
+
+
+def failed_status(
+    previous: v1.LLMServiceStatus | None,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None,
+) -> v1.LLMServiceStatus:
+    """The last status with `Ready=False` and `Degraded=True` for a reconcile that failed."""
+    prev = previous or v1.LLMServiceStatus()
+    message = message[:4096]
+    ready = _condition(prev.conditions, now, generation, "Ready", False, reason, message)
+    degraded = _condition(prev.conditions, now, generation, "Degraded", True, reason, message)
+    rest = [c for c in prev.conditions if c.type not in ("Ready", "Degraded")]
+    return prev.model_copy(update={"conditions": [ready, degraded, *rest]})

@@ -10,6 +10,7 @@ the spec with the pydantic model, which also enforces the cross-field (CEL) rule
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from copy import deepcopy
@@ -22,6 +23,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from splitserve.api import v1alpha1 as v1
+
+FIELD_PREFIX = re.compile(r"^[A-Za-z][\w.\[\]]*: ")
+"""A message that starts with the field it is about (`pools.decode: ...`)."""
 
 SPEC_MODELS: Mapping[str, type[BaseModel]] = {
     "LLMService": v1.LLMServiceSpec,
@@ -60,6 +64,18 @@ def _path(parts: Iterable[Any]) -> str:
     return out or "<root>"
 
 
+def spec_errors(err: ValidationError) -> list[str]:
+    """One line per mistake, naming the field under `spec`; no library boilerplate (links)."""
+    out = []
+    for e in err.errors(include_url=False):
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["loc"]:
+            out.append(f"{_path(('spec', *e['loc']))}: {msg}")
+        else:  # spec-level rules may name their field in the message ("pools.decode: ...")
+            out.append(f"spec.{msg}" if FIELD_PREFIX.match(msg) else f"spec: {msg}")
+    return out
+
+
 def validate_object(obj: Mapping[str, Any], schemas: Mapping[tuple[str, str], Any]) -> list[str]:
     """Errors for one object, each naming the field (`spec.pools.decode.replicas: ...`)."""
     key = (str(obj.get("apiVersion")), str(obj.get("kind")))
@@ -76,11 +92,7 @@ def validate_object(obj: Mapping[str, Any], schemas: Mapping[tuple[str, str], An
         try:
             model.model_validate(obj.get("spec", {}))
         except ValidationError as err:
-            for e in err.errors():
-                msg = e["msg"].removeprefix("Value error, ")
-                # Spec-level rules name their field in the message ("pools.decode: ...").
-                where = f"spec.{msg}" if not e["loc"] else f"{_path(('spec', *e['loc']))}: {msg}"
-                errors.append(f"{key[1]}/{name}: {where}")
+            errors += [f"{key[1]}/{name}: {line}" for line in spec_errors(err)]
     return errors
 
 

@@ -29,8 +29,7 @@ from typing import Any
 
 import pytest
 from tests.fakes.kmock_thread import KmockThread
-
-from splitserve.operator.testing import ApiCall
+from tests.fakes.rbac import ApiCall
 
 TARGET = os.environ.get("TARGET", "kmock")
 if TARGET == "kmock":

@@ -8,6 +8,7 @@ mark them ready. Workers are `FakeWorkers` (no gRPC), which record the flip prot
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,18 +16,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from tests.fakes.kube import FakeWorkers, worker_pod
+from tests.fakes.rbac import KOPF_NEEDS, ApiCall, chart_rules, denied, needed, watches
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
 from splitserve.operator import handlers
 from splitserve.operator.kube import KubeError, RestKube, resource_path
 from splitserve.operator.reconcile import Settings
-from splitserve.operator.testing import ApiCall, FakeWorkers, chart_rules, denied, worker_pod
 from splitserve.policy.planner.flip import FlipProgress, Step
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration, pytest.mark.timeout(120)]
 
 NS = "default"
+TARGET = os.environ.get("TARGET", "kmock")
 T = TypeVar("T")
 
 
@@ -54,6 +57,23 @@ def kube(api_server: str) -> RestKube:
     return kube
 
 
+OPERATOR_TOKEN = "operator-sa-token"
+
+
+def operator_kubeconfig(api_server: str) -> str:
+    """On kmock: a copy of the test's kubeconfig with a token of its own, so the recorded calls
+    show which identity made them (`$KUBECONFIG` stays the tokenless one)."""
+    if TARGET != "kmock":
+        return api_server
+    import yaml
+
+    config = yaml.safe_load(Path(api_server).read_text())
+    config["users"] = [{"name": "test", "user": {"token": OPERATOR_TOKEN}}]
+    path = Path(api_server).with_name("operator-kubeconfig")
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
 @contextmanager
 def operator(api_server: str, workers: FakeWorkers) -> Iterator[Any]:
     from kopf.testing import KopfRunner
@@ -62,7 +82,7 @@ def operator(api_server: str, workers: FakeWorkers) -> Iterator[Any]:
         handlers.OperatorConfig(
             settings=Settings(router_image="router:test", drain_wait_s=0.0),
             interval_s=0.3,
-            kubeconfig=api_server,
+            kubeconfig=operator_kubeconfig(api_server),
             workers=workers,
         )
     )
@@ -145,6 +165,11 @@ def roles(kube: RestKube, service: str) -> list[str]:
     return sorted((p["metadata"].get("labels") or {}).get(v1.LABEL_ROLE, "-") for p in pods)
 
 
+def fenced(kube: RestKube, service: str) -> list[str]:
+    pods = kube.list("v1", "Pod", NS, {v1.LABEL_SERVICE: service})
+    return [p["metadata"]["name"] for p in pods if v1.LABEL_FENCED in p["metadata"]["labels"]]
+
+
 def condition(kube: RestKube, service: str, type_: str) -> dict[str, Any] | None:
     svc = kube.get(v1.API_VERSION, "LLMService", NS, service)
     for c in ((svc or {}).get("status") or {}).get("conditions") or []:
@@ -221,11 +246,13 @@ def test_create_update_scale_flip_delete(
         scale(kube, svc, Role.PREFILL, 0)
         scale(kube, svc, Role.DECODE, 3)
         wait_for("flip", lambda: roles(kube, svc) == ["decode", "decode", "decode"])
+        wait_for("unfenced", lambda: not fenced(kube, svc))
+        # One flip: no worker was retired on the way (the two scales were coalesced).
         assert [m for m, _ in workers.calls if m != "load"][:3] == [
             "drain",
             "set_role",
             "resume",
-        ]
+        ], " ".join(m for m, _ in workers.calls)
         pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode")
         assert pool is not None
         assert pool["spec"]["replicas"] == 3  # Manual mode: the operator did not write it back
@@ -248,13 +275,16 @@ def test_create_update_scale_flip_delete(
     cleanup(kube, svc)
     assert "Traceback" not in runner.output, runner.output[-3000:]
     if api_calls is not None:
-        # Every call the operator made is allowed by the chart's RBAC.
-        operator_calls = [
-            c for c in api_calls() if c.user_agent.startswith(("kopf/", "splitserve-operator"))
-        ]
-        assert operator_calls
+        # One identity: kopf's own calls use --kubeconfig too, not $KUBECONFIG.
+        ours = [c for c in api_calls() if c.user_agent.startswith(("kopf/", "splitserve-op"))]
+        assert ours
+        assert {c.authorization for c in ours} == {f"Bearer {OPERATOR_TOKEN}"}
+        # Every call the operator and kopf made is allowed by the chart's RBAC ...
         helpers = Path(__file__).resolve().parents[3] / "charts/splitserve/templates/_helpers.tpl"
-        assert denied(operator_calls, chart_rules(helpers)) == []
+        assert denied(ours, chart_rules(helpers)) == []
+        # ... and kopf needed only what the unit test's derivation assumes of it.
+        kopf_calls = [c for c in ours if c.user_agent.startswith("kopf/")]
+        assert needed(kopf_calls) <= KOPF_NEEDS | watches(handlers.CACHED_KINDS)
 
 
 def test_operator_restart_mid_flip_resumes(api_server: str, kube: RestKube) -> None:
@@ -287,6 +317,7 @@ def test_operator_restart_mid_flip_resumes(api_server: str, kube: RestKube) -> N
     fresh = FakeWorkers()
     with operator(api_server, fresh):
         wait_for("flip done", lambda: roles(kube, svc) == ["decode", "decode", "prefill"])
+        wait_for("unfenced", lambda: not fenced(kube, svc))
         methods = [m for m, _ in fresh.calls if m != "load"]
         assert methods[:3] == ["drain", "set_role", "resume"]
         pod = kube.get("v1", "Pod", NS, victim)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from tests.fakes.fake_worker import FakeWorker, Script
 from tests.fakes.ports import free_port_on_all
+from tests.fakes.rbac import ApiCall, allowed, attributes
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import DiscoverySettings, PoolSettings
@@ -28,7 +29,6 @@ from splitserve.core.clock import SystemClock
 from splitserve.core.errors import NoEligibleEndpoint
 from splitserve.core.ids import RequestId
 from splitserve.core.roles import Role
-from splitserve.operator.testing import ApiCall, allowed, attributes
 from splitserve.policy.placement import RequestView
 from splitserve.router.discovery import KubernetesDiscovery, KubernetesPodSource
 from splitserve.router.dispatch import default_decider

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from splitserve.api import crds
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.chart import ChartValues
 from splitserve.cli import gen_k8s
 
@@ -32,7 +33,11 @@ def test_schema_is_structural(kind: crds.Kind) -> None:
     schema = crds.openapi_schema(kind)
     for path, node in walk(schema):
         assert "$ref" not in node, path
-        assert "anyOf" not in node, path
+        # anyOf only as structural schemas allow it: int-or-string's two branches.
+        int_or_string = node.get("x-kubernetes-int-or-string") is True
+        assert "anyOf" not in node or (
+            int_or_string and node["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+        ), path
         assert "oneOf" not in node, path
         assert "title" not in node, path
         assert not node.get("uniqueItems"), path
@@ -80,7 +85,9 @@ def test_quantities_are_int_or_string() -> None:
     spec = crds.openapi_schema(crds.LLM_SERVICE)["properties"]["spec"]
     requests = spec["properties"]["workerGroups"]["items"]["properties"]["resources"]
     assert requests["properties"]["requests"]["additionalProperties"] == {
-        "x-kubernetes-int-or-string": True
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": v1.QUANTITY_PATTERN,
     }
 
 

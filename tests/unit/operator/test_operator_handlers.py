@@ -12,7 +12,7 @@ import pytest
 from splitserve.api import v1alpha1 as v1
 from splitserve.operator import handlers
 from splitserve.operator.kube import KubeError
-from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
+from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
 
 NS = "default"
 LOG = logging.getLogger("test")
@@ -54,13 +54,53 @@ def test_reconcile_handler_creates_children(kube: MemoryKube) -> None:
     assert kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode") is not None
 
 
-def test_invalid_spec_is_permanent_and_reported(kube: MemoryKube) -> None:
+def test_invalid_spec_is_reported_and_backed_off(
+    kube: MemoryKube, caplog: pytest.LogCaptureFixture
+) -> None:
     create_service(kube, pools={"mixed": {"replicas": 1}})
-    with pytest.raises(kopf.PermanentError, match=r"pools\.mixed"):
+    with caplog.at_level(logging.DEBUG, logger="test"):
         handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
     svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
     assert svc is not None
-    assert svc["status"]["conditions"][0]["reason"] == "InvalidSpec"
+    ready = svc["status"]["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert "spec.pools.mixed" in ready["message"]
+    assert "errors.pydantic.dev" not in ready["message"]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].exc_info is None  # one line, no traceback
+    # The daemon's next ticks are inside the back-off: no request, no log line.
+    writes = len(kube.writes)
+    handlers.control_loop(name="tiny", namespace=NS, stopped=StopAfter(3), logger=LOG)  # type: ignore[arg-type]
+    assert len(kube.writes) == writes
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+    events = [o for k, o in kube.objects.items() if k[1] == "Event"]
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", "InvalidSpec")]
+    assert events[0]["involvedObject"]["name"] == "tiny"
+
+
+def test_forbidden_is_permanent_reported_with_object_and_field(
+    kube: MemoryKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_service(kube)
+    real_create = kube.create
+
+    def forbid_deployments(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Deployment":
+            raise KubeError(403, 'deployments.apps is forbidden: User "sa" cannot create')
+        return real_create(obj)
+
+    monkeypatch.setattr(kube, "create", forbid_deployments)
+    handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)  # does not raise
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    conds = {c["type"]: c for c in svc["status"]["conditions"]}
+    assert conds["Ready"]["status"] == "False"
+    assert conds["Ready"]["reason"] == "Forbidden"
+    assert conds["Degraded"]["status"] == "True"
+    message = conds["Ready"]["message"]
+    assert message.startswith("create Deployment tiny-w (from spec.workerGroups[w]): 403 ")
+    assert ("default", "tiny") in handlers._state.failures
 
 
 def test_conflicts_are_temporary(kube: MemoryKube, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +118,7 @@ def test_delete_handler_removes_owned_objects(kube: MemoryKube) -> None:
     svc = create_service(kube)
     handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
     handlers.delete_service(name="tiny", namespace=NS, uid=svc["metadata"]["uid"], logger=LOG)
-    assert [k for k in kube.objects if k[1] != "LLMService"] == []
+    assert [k for k in kube.objects if k[1] not in ("LLMService", "Event")] == []
 
 
 def test_pool_event_reconciles_on_replica_change_only(kube: MemoryKube) -> None:

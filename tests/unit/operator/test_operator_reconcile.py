@@ -11,8 +11,8 @@ from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role
 from splitserve.operator import reconcile as rc
 from splitserve.operator import render
-from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
 from splitserve.policy.planner.flip import FlipProgress, Step
+from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
 
 NS = "default"
 NOW = "2026-01-01T00:00:00Z"
@@ -221,7 +221,7 @@ def test_update_prunes_and_delete_removes_everything() -> None:
     ref = render.ServiceRef("tiny", NS, svc["metadata"]["uid"])
     deleted = rc.delete_owned(kube, ref)
     assert len(deleted) == 8
-    left = [k for k in kube.objects if k[1] != "LLMService"]
+    left = [k for k in kube.objects if k[1] not in ("LLMService", "Event")]
     assert left == []
 
 

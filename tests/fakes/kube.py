@@ -2,22 +2,18 @@
 
 `MemoryKube` implements `kube.Kube` with real JSON merge-patch semantics (RFC 7386), server-side
 metadata (uid, resourceVersion, generation) and status-subresource isolation; `FakeWorkers`
-implements `workers.WorkerClient` and records every call; `denied` checks recorded API calls
-against the chart's RBAC rules.
+implements `workers.WorkerClient` and records every call. RBAC checks of recorded API calls are
+in `tests.fakes.rbac`; controllers that act on the stored objects in `tests.fakes.controllers`.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from splitserve.core.roles import Role
 from splitserve.operator.kube import KubeError, Obj, matches
@@ -50,7 +46,9 @@ class MemoryKube:
     def _key(api_version: str, kind: str, namespace: str, name: str) -> Key:
         return (api_version, kind, namespace, name)
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+    def get(
+        self, api_version: str, kind: str, namespace: str, name: str, *, live: bool = False
+    ) -> Obj | None:
         obj = self.objects.get(self._key(api_version, kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
@@ -175,96 +173,3 @@ def worker_pod(
         "spec": {"containers": [{"name": "worker", "image": "img"}]},
         "status": status,
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# RBAC: check recorded API calls against the chart's rules (an offline stand-in for the authorizer)
-
-
-@dataclass(frozen=True)
-class ApiCall:
-    """One request an API server answered (as recorded by a test server)."""
-
-    method: str
-    path: str
-    params: dict[str, str]
-    user_agent: str = ""
-
-
-@dataclass(frozen=True)
-class RbacAttributes:
-    """What the authorizer sees: (API group, resource[/subresource], verb, namespaced)."""
-
-    group: str
-    resource: str
-    verb: str
-    namespaced: bool
-
-
-def chart_rules(helpers: Path) -> dict[str, list[dict[str, Any]]]:
-    """{"cluster": discovery rules, "namespace": manager rules} from the chart's `_helpers.tpl`."""
-    text = helpers.read_text()
-
-    def block(name: str) -> list[dict[str, Any]]:
-        match = re.search(
-            r'define "' + re.escape(name) + r'" -\}\}\n(.*?)\{\{- end -\}\}', text, re.S
-        )
-        assert match, name
-        rules: list[dict[str, Any]] = yaml.safe_load(match.group(1))
-        return rules
-
-    return {
-        "cluster": block("splitserve.discoveryRules"),
-        "namespace": block("splitserve.managerRules"),
-    }
-
-
-def attributes(call: ApiCall) -> RbacAttributes | None:
-    """None for non-resource URLs (discovery: /api, /apis/<g>/<v>), which everyone may read."""
-    parts = call.path.strip("/").split("/")
-    if parts[0] == "api" and len(parts) >= 2:
-        group, rest = "", parts[2:]
-    elif parts[0] == "apis" and len(parts) >= 3:
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    if not rest:
-        return None
-    namespaced = False
-    if rest[0] == "namespaces" and len(rest) >= 3:
-        namespaced, rest = True, rest[2:]
-    resource, name, sub = (
-        rest[0],
-        rest[1] if len(rest) > 1 else None,
-        rest[2] if len(rest) > 2 else None,
-    )
-    method = call.method.upper()
-    if method == "GET":
-        verb = "watch" if call.params.get("watch") in ("true", "1") else ("get" if name else "list")
-    else:
-        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
-    return RbacAttributes(group, f"{resource}/{sub}" if sub else resource, verb, namespaced)
-
-
-def allowed(attrs: RbacAttributes, rules: Sequence[dict[str, Any]]) -> bool:
-    return any(
-        attrs.group in r["apiGroups"]
-        and attrs.resource in r["resources"]
-        and attrs.verb in r["verbs"]
-        for r in rules
-    )
-
-
-def denied(
-    calls: Iterable[ApiCall], rules: dict[str, list[dict[str, Any]]]
-) -> list[RbacAttributes]:
-    """Calls the chart's namespaced Role (or, cluster-scoped, its ClusterRole) would refuse."""
-    out = []
-    for call in calls:
-        attrs = attributes(call)
-        if attrs is None:
-            continue
-        scope = rules["namespace"] if attrs.namespaced else rules["cluster"]
-        if not allowed(attrs, scope) and attrs not in out:
-            out.append(attrs)
-    return out

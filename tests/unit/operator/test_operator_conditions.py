@@ -1,0 +1,134 @@
+"""Conditions and Events a user reads: why pods are not ready, and changes the operator does not
+honour (over a Deployment controller and kubelet that behave like the real ones)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.operator import observe
+from tests.fakes.kube import MemoryKube
+from tests.unit.operator.test_operator_controllers import NS, World
+
+GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available"
+
+
+def conditions(kube: MemoryKube) -> dict[str, dict[str, Any]]:
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    return {c["type"]: c for c in svc["status"]["conditions"]}
+
+
+def events(kube: MemoryKube) -> list[tuple[str, str, str]]:
+    return [
+        (o["type"], o["reason"], o["message"])
+        for k, o in sorted(kube.objects.items())
+        if k[1] == "Event"
+    ]
+
+
+def test_unschedulable_pods_say_why_with_the_scheduler_message() -> None:
+    world = World()
+    world.kubelet.unschedulable = GPU
+    world.tick(3)
+    conds = conditions(world.kube)
+    nr = conds["NotRoutable"]
+    assert (nr["status"], nr["reason"]) == ("True", "Unschedulable")
+    assert "Insufficient nvidia.com/gpu" in nr["message"]
+    assert "capacity" in nr["message"]
+    assert "image pulls" not in nr["message"]
+    assert conds["Ready"]["reason"] == "Unschedulable"
+    assert any(t == "Warning" and r == "Unschedulable" for t, r, _ in events(world.kube))
+
+
+def test_image_pull_errors_are_their_own_reason() -> None:
+    world = World()
+    world.kubelet.bad_images = {"img:1"}
+    world.tick(3)
+    nr = conditions(world.kube)["NotRoutable"]
+    assert nr["reason"] == "ImagePullFailed"
+    assert "engine.image" in nr["message"]
+
+
+def test_crash_loops_are_read_from_container_states() -> None:
+    pod = {
+        "metadata": {"name": "p"},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "restartCount": 4,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}},
+                }
+            ],
+        },
+    }
+    problem = observe.pod_problem(pod)
+    assert problem is not None
+    assert problem.reason == "CrashLooping"
+    assert "restarted 4 time(s), last exit code 1 (Error)" in problem.message
+    starting = {"metadata": {"name": "q"}, "status": {"phase": "Pending"}}
+    assert observe.pod_problem(starting) is None  # still starting: the old hint
+
+
+def test_manual_mode_explains_that_the_pool_decides() -> None:
+    world = World()
+    world.tick(3)
+    assert conditions(world.kube)["SpecApplied"]["status"] == "True"
+    world.kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {"spec": {"pools": {"decode": {"replicas": 4}}}},
+    )
+    world.tick()
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "PoolReplicasDecide")
+    assert "spec.pools.decode.replicas (4) is not applied" in applied["message"]
+    assert "kubectl scale llmpool/tiny-decode" in applied["message"]
+    assert any(r == "PoolReplicasDecide" for _, r, _ in events(world.kube))
+
+
+def test_managed_mode_says_it_reverted_a_kubectl_scale() -> None:
+    world = World(scaling={"mode": "Managed"})
+    world.tick(3)
+    world.scale("decode", 5)
+    world.tick()
+    pool = world.kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 2  # reverted ...
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "ScaleReverted")  # ... and said
+    assert "--replicas=5 was reverted to 2" in applied["message"]
+    assert ("Warning", "ScaleReverted") in {(t, r) for t, r, _ in events(world.kube)}
+    world.tick(2)  # still explained on the next ticks ...
+    assert conditions(world.kube)["SpecApplied"]["reason"] == "ScaleReverted"
+    world.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": {"decode": {"replicas": 3}}}}
+    )
+    world.tick()  # ... until the service changes
+    assert conditions(world.kube)["SpecApplied"]["status"] == "True"
+
+
+def test_decisions_and_flip_steps_are_events() -> None:
+    world = World()
+    world.tick(3)
+    world.scale("prefill", 0)
+    world.scale("decode", 3)
+    world.tick()
+    world.clock.t += 3
+    world.tick(3)
+    reasons = [r for _, r, _ in events(world.kube)]
+    assert "Assigned" in reasons
+    assert "FlipStarted" in reasons
+    steps = [m for _, r, m in events(world.kube) if r == "FlipStep"]
+    assert {m.split(": ")[1].split(" ")[0] for m in steps} == {
+        "fence",
+        "drain",
+        "set-role",
+        "relabel",
+        "unfence",
+    }
