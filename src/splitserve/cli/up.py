@@ -125,6 +125,7 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
             *common,
             *("--served-model-name", opts["served_model_name"], "--nixl-port", "0"),
             *("--", "--max-model-len", str(opts["max_model_len"])),
+            *opts["engine_args"],
         ]
     return [
         *common,
@@ -233,10 +234,16 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
     help="Where logs and ready files go. Default: a new temp dir.",
 )
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def up(**opts: Any) -> None:
-    """Run the router and workers locally until Ctrl-C."""
+    """Run the router and workers locally until Ctrl-C.
+
+    Arguments after `--` go to every worker's engine (vLLM engine arguments, e.g.
+    `-- --dtype bfloat16 --max-num-seqs 8`).
+    """
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
+    opts["engine_args"] = checked_engine_args(opts)
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     opts["served_model_name"] = opts["served_model_name"] or opts["model"]
@@ -294,6 +301,33 @@ def up(**opts: Any) -> None:
         stack.stop()
     click.echo("stopped")
     sys.exit(code)
+
+
+def checked_engine_args(opts: dict[str, Any]) -> list[str]:
+    """The engine arguments after `--`, checked; vLLM's get the local stack's dtype (up_engine)."""
+    from splitserve.cli.up_engine import (
+        EngineArgsError,
+        bf16_pd_warning,
+        host_cpu_flags,
+        vllm_engine_args,
+    )
+
+    user = list(opts["engine_args"])
+    if opts["engine"] != "vllm":
+        if user:
+            raise click.UsageError(
+                f"engine arguments after `--` ({' '.join(user)}) are for --engine vllm; "
+                "the simulated engine takes none (see `splitserve up --help` for its options)"
+            )
+        return []
+    try:
+        args = vllm_engine_args(user)
+    except EngineArgsError as err:
+        raise click.UsageError(str(err)) from None
+    warning = bf16_pd_warning(args, opts["prefill"] > 0, host_cpu_flags())
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    return args
 
 
 def default_tokenizer_path() -> Path:
