@@ -134,6 +134,7 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         *("--vocab-size", str(opts["vocab_size"])),
         *("--first-token-id", str(opts["first_token_id"])),
         *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
+        *("--sim-max-model-len", str(opts["max_model_len"])),
         *(["--token-ids-file", str(opts["token_ids_file"])] if opts.get("token_ids_file") else []),
     ]
 

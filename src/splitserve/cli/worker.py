@@ -54,6 +54,12 @@ def worker() -> None:
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
 @click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
+@click.option(
+    "--sim-max-model-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Context limit of the simulated engine (prompt + new tokens). Default: none.",
+)
 @click.option("--vocab-size", type=int, default=4096, show_default=True)
 @click.option("--first-token-id", type=int, default=16, show_default=True)
 @click.option(
@@ -85,6 +91,7 @@ def serve_cmd(
     sim_hardware: str,
     sim_time_scale: float,
     sim_kv_blocks: int | None,
+    sim_max_model_len: int | None,
     vocab_size: int,
     first_token_id: int,
     token_ids_file: Path | None,
@@ -124,6 +131,7 @@ def serve_cmd(
         sim_hardware=sim_hardware,
         sim_time_scale=sim_time_scale,
         sim_num_kv_blocks=sim_kv_blocks,
+        sim_max_model_len=sim_max_model_len,
         vocab_size=vocab_size,
         first_token_id=first_token_id,
         token_ids=token_ids,

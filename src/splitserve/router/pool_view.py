@@ -2,7 +2,9 @@
 
 Each endpoint (id = its gRPC address) keeps one `grpc.aio` channel and one `WatchLoad` stream; the
 worker pushes a `LoadReport` about every 100 ms. When the stream breaks the endpoint is marked not
-ready and the stream is re-opened with exponential back-off. A report older than `stale_after_s`
+ready and the stream is re-opened with exponential back-off; the re-opened call waits for the
+channel to connect, and channels retry every <= 0.5 s, so a restarted worker is re-admitted within
+about a second of listening. A report older than `stale_after_s`
 also counts as not ready. Placement reads frozen `EndpointView`s from `views()`; nothing here
 decides where a request goes.
 """
@@ -20,6 +22,7 @@ from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.api.router import PoolSettings
+from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 from splitserve.core.clock import Clock
 from splitserve.core.ids import EndpointId
 from splitserve.core.roles import Role
@@ -103,7 +106,7 @@ class PoolView:
         eid = EndpointId(address)
         if eid in self._endpoints:
             return eid
-        channel = aio.insecure_channel(address)
+        channel = aio.insecure_channel(address, options=FAST_RECONNECT_OPTIONS)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
         ep = _Endpoint(eid, channel, stub)
         self._endpoints[eid] = ep
@@ -235,7 +238,9 @@ class PoolView:
         while True:
             got_report = False
             try:
-                call = ep.stub.WatchLoad(request)
+                # wait_for_ready: the call waits for the channel to connect (retried every
+                # <= 0.5 s, core/channels.py) and starts the moment the worker listens again.
+                call = ep.stub.WatchLoad(request, wait_for_ready=True)
                 async for report in call:
                     if ep.report is not None and 0 < report.seq <= ep.report.seq and ep.connected:
                         continue  # reordered or replayed
