@@ -91,6 +91,9 @@ class Fault:
     recovered_s: float | None = None
     """From the fault (SIGKILL) or its end (SIGCONT, router SIGTERM) until the router(s) saw the
     whole pool ready again."""
+    readmitted_s: float | None = None
+    """SIGKILL: from the restarted worker writing its ready file (listening) until every router
+    saw the whole pool ready again (gRPC reconnect + load stream)."""
 
 
 # -- the stack ----------------------------------------------------------------------------------
@@ -200,6 +203,10 @@ def chaos_stack(cfg: ChaosConfig) -> Iterator[ChaosStack]:
                 proc.wait()
 
 
+def _finish_name(value: int) -> str:
+    return common_pb2.FinishReason.Name(common_pb2.FinishReason.ValueType(value))
+
+
 # -- the client -----------------------------------------------------------------------------------
 
 
@@ -230,6 +237,9 @@ async def _one(
                 if chunk.finish_reason:
                     o.finish = chunk.finish_reason
             o.replica, o.moved = replica, attempt > 0
+            if o.finish not in (common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP):
+                # Ended by the router (shutdown, worker failure) rather than by the request.
+                o.error = f"finish_reason {_finish_name(o.finish)}"
             return
         except grpc.aio.AioRpcError as err:
             retryable = err.code() == grpc.StatusCode.UNAVAILABLE and not got_any
@@ -299,6 +309,9 @@ async def _apply(stack: ChaosStack, cfg: ChaosConfig, fault: Fault) -> None:
                     break
             await asyncio.sleep(0.05)
         fault.recovered_s = await _wait_recovered(stack, fault.at_s)
+        if fault.recovered_s is not None:
+            ready_at = (stack.run_dir / f"{target}.ready.json").stat().st_mtime
+            fault.readmitted_s = max(0.0, time.time() - ready_at)
     elif kind == "SIGSTOP":
         pid = stack.pid(target)
         os.kill(pid, signal.SIGSTOP)
@@ -400,7 +413,16 @@ def summarize(
                                   stack.tokens)  # fmt: skip
         handovers += bool(points)
         if not ok:
-            corrupted.append({"index": o.index, "handovers": points})
+            corrupted.append(
+                {
+                    "index": o.index,
+                    "handovers": points,
+                    "tokens": len(o.tokens),
+                    "reference_tokens": len(reference[o.index].tokens),
+                    "finish": _finish_name(o.finish),
+                    "replica": o.replica,
+                }
+            )
     return {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
         "reference_failed": ref_failed,
@@ -418,6 +440,9 @@ def summarize(
                 "at_s": round(f.at_s - min(o.start_s for o in faulted), 1),
                 "in_flight_at_fault": sum(o.start_s <= f.at_s <= o.end_s for o in faulted),
                 "recovered_s": None if f.recovered_s is None else round(f.recovered_s, 2),
+                "readmitted_after_ready_s": (
+                    None if f.readmitted_s is None else round(f.readmitted_s, 2)
+                ),
             }
             for f in faults
         ],

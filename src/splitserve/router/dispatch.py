@@ -264,9 +264,12 @@ class Dispatch:
                             return
             except _WorkerFailed as err:
                 log.warning("request %s failed on %s: %s", self.request.id, eid, err)
-                self._d.canceller.cancel_later(self.request.id, {eid: stub})  # whatever it holds
                 if kv is not None and err.kv_lost and len(emitted) == num_before:
-                    queue.insert(i + 1, eid)  # the worker is fine: generate there instead
+                    # The worker is fine and already ended the decode: generate there instead.
+                    # No Cancel to it: a late one would cancel the retry (same request id).
+                    queue.insert(i + 1, eid)
+                else:
+                    self._d.canceller.cancel_later(self.request.id, {eid: stub})
                 if kv is not None and (len(emitted) > num_before or not err.unreachable):
                     self._drop_kv(first)
                     kv = None
