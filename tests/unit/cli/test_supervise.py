@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from splitserve.cli.supervise import (
@@ -9,6 +12,7 @@ from splitserve.cli.supervise import (
     MAX_QUICK_CRASHES,
     STABLE_S,
     History,
+    Supervisor,
     next_action,
     respawn_args,
 )
@@ -66,3 +70,62 @@ def test_a_restarted_router_keeps_its_http_and_grpc_ports() -> None:
         ["router", "serve", "--port", "0"], {"port": 8123, "grpc_port": 50123}, "router"
     )
     assert out[-4:] == ["--port", "8123", "--grpc-port", "50123"]
+
+
+class _FakeChild:
+    def __init__(self, name: str, ready_file: Path) -> None:
+        self.name = name
+        self.ready_file = ready_file
+        self.code: int | None = None
+        self.info: dict[str, object] = {"port": 1, "address": "127.0.0.1:1"}
+
+    def exited(self) -> int | None:
+        return self.code
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "boom"
+
+
+class _FakeStack:
+    def __init__(self, children: list[_FakeChild]) -> None:
+        self.children = children
+        self.respawned: list[str] = []
+
+    def respawn(self, child: _FakeChild) -> None:
+        self.respawned.append(child.name)
+        child.code = None
+
+
+def test_supervisor_restarts_after_the_back_off_and_sees_it_ready(tmp_path: Path) -> None:
+    now = [0.0]
+    child = _FakeChild("decode-0", tmp_path / "decode-0.ready.json")
+    stack = _FakeStack([child])
+    messages: list[str] = []
+    sup = Supervisor(stack, "restart", messages.append, clock=lambda: now[0])  # type: ignore[arg-type]
+    now[0] = 5.0
+    child.code = -9
+    assert sup.tick()
+    assert sup.states() == {"decode-0": "waiting"}
+    now[0] = 5.5
+    assert sup.tick()
+    assert stack.respawned == []  # 1 s back-off not over
+    now[0] = 6.1
+    assert sup.tick()
+    assert stack.respawned == ["decode-0"]
+    assert sup.states() == {"decode-0": "starting"}
+    child.ready_file.write_text(json.dumps({"address": "127.0.0.1:1", "port": 1}))
+    assert sup.tick()
+    assert sup.states() == {"decode-0": "running"}
+    assert any("restarting in 1 s" in m for m in messages)
+
+
+def test_supervisor_stop_and_down_policies(tmp_path: Path) -> None:
+    a = _FakeChild("prefill-0", tmp_path / "a.json")
+    down = Supervisor(_FakeStack([a]), "down", lambda _m: None)  # type: ignore[arg-type]
+    a.code = 1
+    assert down.tick()
+    assert down.states() == {"prefill-0": "down"}
+    b = _FakeChild("router", tmp_path / "b.json")
+    stop = Supervisor(_FakeStack([b]), "stop", lambda _m: None)  # type: ignore[arg-type]
+    b.code = 1
+    assert not stop.tick()
