@@ -287,7 +287,9 @@ async def _inject(stack: ChaosStack, cfg: ChaosConfig, faults: list[Fault], star
         await _apply(stack, cfg, fault)
 
 
-async def _wait_recovered(stack: ChaosStack, since_s: float, timeout_s: float = 60) -> float | None:
+async def _wait_recovered(
+    stack: ChaosStack, since_s: float, timeout_s: float = 120
+) -> float | None:
     while time.monotonic() - since_s < timeout_s:
         if all(stack.ready_endpoints(r) == 4 for r in range(len(stack.routers))):
             return time.monotonic() - since_s
@@ -302,7 +304,7 @@ async def _apply(stack: ChaosStack, cfg: ChaosConfig, fault: Fault) -> None:
         old = stack.pid(target)
         os.kill(old, signal.SIGKILL)
         fault.end_s = time.monotonic()
-        deadline = fault.at_s + 60  # restarted by `up` (a new pid), then re-admitted
+        deadline = fault.at_s + 120  # restarted by `up` (a new pid), then re-admitted
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 if stack.pid(target) != old:
@@ -323,7 +325,7 @@ async def _apply(stack: ChaosStack, cfg: ChaosConfig, fault: Fault) -> None:
         old = stack.pid(target)
         os.kill(old, signal.SIGTERM)
         fault.end_s = time.monotonic()
-        deadline = fault.at_s + 60
+        deadline = fault.at_s + 120
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 if stack.pid(target) != old and stack.ready_endpoints(0) == 4:
