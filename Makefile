@@ -24,14 +24,19 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 venv: $(STAMP)
 
 # With the vLLM venv present (`make venv-vllm`), `make run` serves a tiny random Llama model with
-# vLLM workers; otherwise simulated engines. Either way: one prefill, one decode, one router.
+# vLLM workers (float32 on CPU: see docs/engines.md); otherwise simulated engines. Either way: one
+# prefill, one decode, one router, and clients use the model name the README shows (RUN_MODEL).
+# RUN_ARGS go to `splitserve up`, e.g. `make run RUN_ARGS="-- --dtype bfloat16"` (vLLM).
 TINY_MODEL ?= $(HOME)/.cache/splitserve/tiny-llama
+RUN_MODEL  ?= splitserve-sim
+RUN_ARGS   ?=
 run: $(STAMP)
 	@if [ -x .venv-vllm/bin/splitserve ] && [ -f .venv-vllm/.installed ]; then \
 	  [ -f $(TINY_MODEL)/config.json ] || .venv-vllm/bin/splitserve gen tiny-model $(TINY_MODEL); \
-	  exec .venv-vllm/bin/splitserve up --engine vllm --model $(TINY_MODEL) --served-model-name tiny; \
+	  exec .venv-vllm/bin/splitserve up --engine vllm --model $(TINY_MODEL) \
+	    --served-model-name $(RUN_MODEL) $(RUN_ARGS); \
 	else \
-	  exec $(VENV)/bin/splitserve up; \
+	  exec $(VENV)/bin/splitserve up --model $(RUN_MODEL) $(RUN_ARGS); \
 	fi
 
 -include mk/*.mk

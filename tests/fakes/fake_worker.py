@@ -48,6 +48,8 @@ class Script:
     hold: asyncio.Event | None = None
     """Streams wait for this event before each token after the first `hold_after` tokens."""
     hold_after: int = 0
+    prefill_hold: asyncio.Event | None = None
+    """Prefill waits for this event before answering (a frozen prefill worker)."""
     token_delay_s: float = 0.0
     draining: bool = False
     kv_blocks_free: int = 1000
@@ -156,6 +158,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.PrefillRequest, context: Any
     ) -> worker_pb2.PrefillResponse:
         self._record("Prefill", request)
+        if self.script.prefill_hold is not None:
+            await self.script.prefill_hold.wait()
         if self.script.prefill_abort is not None:
             await context.abort(self.script.prefill_abort, "scripted prefill failure")
         start = self._start_index(request.prompt_token_ids)

@@ -329,9 +329,14 @@ def test_real_prometheus_scrapes_the_stack_and_evaluates_our_rules(
 ) -> None:
     """Prometheus (Debian's, installed by `make test`) scrapes router and workers, and the shipped
     recording rules produce series from what it scraped."""
-    prometheus = shutil.which("prometheus")
+    prometheus = shutil.which("prometheus") or shutil.which(
+        "prometheus", path=os.environ.get("SPLITSERVE_PROMETHEUS_BIN_DIR", "") or None
+    )
     if prometheus is None:
-        pytest.fail("prometheus is not installed (make rules-check installs it)")
+        why = "prometheus is not installed (`make promtool` installs or unpacks it, see mk/)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
     rules = Path(__file__).resolve().parents[2] / "deploy/prometheus/splitserve-rules.yaml"
     targets = [f"127.0.0.1:{w['metrics_port']}" for w in stack.workers.values()]
     router_port = stack.router["port"]

@@ -90,6 +90,11 @@ class DispatchSettings(BaseModel):
     """Longest a request may run end to end before the router gives up and cancels it."""
     cancel_timeout_s: float = Field(1.0, gt=0)
     """How long a best-effort `Cancel` to a worker may take."""
+    token_stall_timeout_s: float = Field(30.0, gt=0)
+    """Longest a worker may go without producing the request's next token (the first token of a
+    prefill included) before the router treats it as dead and moves the request to another
+    worker: a frozen (SIGSTOP) or wedged worker keeps its connection open and would otherwise hold
+    the request until `request_timeout_s`."""
 
 
 class DiscoverySettings(BaseModel):

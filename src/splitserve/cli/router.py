@@ -19,7 +19,7 @@ import click
 import yaml
 from pydantic import ValidationError
 
-from splitserve.api.router import RouterConfig, RouterFile
+from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
@@ -55,6 +55,13 @@ def router() -> None:
 @click.option("--max-model-len", type=int, default=4096, show_default=True)
 @click.option("--default-max-tokens", type=int, default=256, show_default=True)
 @click.option("--min-prompt-tokens-for-pd", type=int, default=1, show_default=True)
+@click.option(
+    "--token-stall-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DispatchSettings().token_stall_timeout_s,
+    show_default=True,
+    help="A worker with no next token for this long is treated as dead (request moved).",
+)
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @slo_options
@@ -71,6 +78,7 @@ def serve_cmd(
     max_model_len: int,
     default_max_tokens: int,
     min_prompt_tokens_for_pd: int,
+    token_stall_timeout_s: float,
     ready_file: Path | None,
     log_level: str,
     slo_classes: tuple[str, ...],
@@ -93,6 +101,10 @@ def serve_cmd(
         "placement": (
             "min_prompt_tokens_for_pd",
             {"min_prompt_tokens_for_pd": min_prompt_tokens_for_pd},
+        ),
+        "dispatch": (
+            "token_stall_timeout_s",
+            DispatchSettings(token_stall_timeout_s=token_stall_timeout_s),
         ),
     }
     try:

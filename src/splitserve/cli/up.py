@@ -2,8 +2,9 @@
 
 Starts N prefill + M decode (+ K mixed) workers and one router, waits until every one is ready
 (each writes a ready file with its bound ports, so there is no port racing), prints the endpoint,
-and on Ctrl-C / SIGTERM stops everything it started. Children also die with `up` if it is killed
-outright (PR_SET_PDEATHSIG), so no orphans are left behind.
+keeps serving when one of them exits (restarted on the same ports with back-off, or marked down:
+`--on-exit`, supervise.py), and on Ctrl-C / SIGTERM stops everything it started. Children also
+die with `up` if it is killed outright (PR_SET_PDEATHSIG), so no orphans are left behind.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import click
 from splitserve.api.router import PlacementSettings
 from splitserve.cli.process import die_with_parent
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
+from splitserve.cli.supervise import Supervisor, on_exit_option
 
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
@@ -38,6 +40,9 @@ class Child:
     ready_file: Path
     proc: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+    """`splitserve` arguments (without the ready file), for a restart."""
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self, env: dict[str, str]) -> None:
         log = self.log_path.open("ab")
@@ -67,19 +72,29 @@ class Stack:
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         ready = self.run_dir / f"{name}.ready.json"
-        ready.unlink(missing_ok=True)
-        # Our options go before a `--` (what follows it belongs to the engine).
-        cut = args.index("--") if "--" in args else len(args)
-        argv = [
-            *(sys.executable, "-m", "splitserve"),
-            *args[:cut],
-            *("--ready-file", str(ready)),
-            *args[cut:],
-        ]
-        child = Child(name, argv, self.run_dir / f"{name}.log", ready)
-        child.start({**self.env, **(env or {})})
+        child = Child(name, [], self.run_dir / f"{name}.log", ready, args=args, env=env or {})
+        self._start(child, args)
         self.children.append(child)
         return child
+
+    def respawn(self, child: Child) -> None:
+        """Start an exited child again on the ports it had (supervise.py decides when)."""
+        from splitserve.cli.supervise import respawn_args
+
+        role = "router" if child.name == "router" else "worker"
+        self._start(child, respawn_args(child.args, child.info, role))
+
+    def _start(self, child: Child, args: list[str]) -> None:
+        child.ready_file.unlink(missing_ok=True)
+        # Our options go before a `--` (what follows it belongs to the engine).
+        cut = args.index("--") if "--" in args else len(args)
+        child.argv = [
+            *(sys.executable, "-m", "splitserve"),
+            *args[:cut],
+            *("--ready-file", str(child.ready_file)),
+            *args[cut:],
+        ]
+        child.start({**self.env, **child.env})
 
     def wait_ready(self, children: list[Child], timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -128,6 +143,7 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
             *common,
             *("--served-model-name", opts["served_model_name"], "--nixl-port", "0"),
             *("--", "--max-model-len", str(opts["max_model_len"])),
+            *opts["engine_args"],
         ]
     return [
         *common,
@@ -137,6 +153,7 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         *("--vocab-size", str(opts["vocab_size"])),
         *("--first-token-id", str(opts["first_token_id"])),
         *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
+        *("--sim-max-model-len", str(opts["max_model_len"])),
         *(["--token-ids-file", str(opts["token_ids_file"])] if opts.get("token_ids_file") else []),
     ]
 
@@ -189,6 +206,8 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             opts["log_level"],
         ]
         router_args += slo_args(opts)
+        if opts.get("token_stall_timeout_s"):
+            router_args += ["--token-stall-timeout-s", str(opts["token_stall_timeout_s"])]
         for w in workers:
             router_args += ["--worker", w.info["address"]]
         router = stack.spawn("router", router_args)
@@ -245,8 +264,21 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
 )
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @slo_options
+@on_exit_option()
+@click.option(
+    "--token-stall-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Router: a worker with no next token for this long is treated as dead. "
+    "Default: the router's.",
+)
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def up(**opts: Any) -> None:
-    """Run the router and workers locally until Ctrl-C."""
+    """Run the router and workers locally until Ctrl-C.
+
+    Arguments after `--` go to every worker's engine (vLLM engine arguments, e.g.
+    `-- --dtype bfloat16 --max-num-seqs 8`).
+    """
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
     slo_settings(  # refuse bad SLO options here, before any process starts
@@ -257,6 +289,7 @@ def up(**opts: Any) -> None:
         opts["disaggregation"],
         PlacementSettings(),
     )
+    opts["engine_args"] = checked_engine_args(opts)
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     opts["served_model_name"] = opts["served_model_name"] or opts["model"]
@@ -298,14 +331,10 @@ def up(**opts: Any) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     code = 0
+    supervisor = Supervisor(stack, opts["on_exit"], lambda msg: click.echo(msg, err=True))
     try:
         while not stopping["signal"]:
-            dead = stack.first_exited()
-            if dead is not None:
-                click.echo(
-                    f"{dead.name} exited ({dead.exited()}); stopping. Log tail:\n{dead.log_tail()}",
-                    err=True,
-                )
+            if not supervisor.tick():
                 code = 1
                 break
             time.sleep(0.2)
@@ -316,12 +345,40 @@ def up(**opts: Any) -> None:
     sys.exit(code)
 
 
+def checked_engine_args(opts: dict[str, Any]) -> list[str]:
+    """The engine arguments after `--`, checked; vLLM's get the local stack's dtype (up_engine)."""
+    from splitserve.cli.up_engine import (
+        EngineArgsError,
+        bf16_pd_warning,
+        host_cpu_flags,
+        vllm_engine_args,
+    )
+
+    user = list(opts["engine_args"])
+    if opts["engine"] != "vllm":
+        if user:
+            raise click.UsageError(
+                f"engine arguments after `--` ({' '.join(user)}) are for --engine vllm; "
+                "the simulated engine takes none (see `splitserve up --help` for its options)"
+            )
+        return []
+    try:
+        args = vllm_engine_args(user)
+    except EngineArgsError as err:
+        raise click.UsageError(str(err)) from None
+    warning = bf16_pd_warning(args, opts["prefill"] > 0, host_cpu_flags())
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    return args
+
+
 def default_tokenizer_path() -> Path:
-    """The default tokenizer, built once into the user cache."""
+    """The default tokenizer, built once into its own folder of the user cache (the cache holds
+    other things too: `make run`'s tiny model, benchmark models)."""
     from splitserve.router.tokenizer import default_tokenizer_dir
 
     cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", Path.home() / ".cache" / "splitserve"))
-    return default_tokenizer_dir(cache)
+    return default_tokenizer_dir(cache / "tokenizer")
 
 
 def tokenizer_vocab(path: Path) -> tuple[int, int, list[int]]:

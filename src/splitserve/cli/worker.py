@@ -60,6 +60,12 @@ def worker() -> None:
     help="Step pricing: roofline, distserve-a100, distserve-vllm-a100, vidur-a100, vidur-h100.",
 )
 @click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
+@click.option(
+    "--sim-max-model-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Context limit of the simulated engine (prompt + new tokens). Default: none.",
+)
 @click.option("--vocab-size", type=int, default=4096, show_default=True)
 @click.option("--first-token-id", type=int, default=16, show_default=True)
 @click.option(
@@ -92,6 +98,7 @@ def serve_cmd(
     sim_time_scale: float,
     sim_latency_model: str,
     sim_kv_blocks: int | None,
+    sim_max_model_len: int | None,
     vocab_size: int,
     first_token_id: int,
     token_ids_file: Path | None,
@@ -132,6 +139,7 @@ def serve_cmd(
         sim_time_scale=sim_time_scale,
         sim_latency_model=sim_latency_model,
         sim_num_kv_blocks=sim_kv_blocks,
+        sim_max_model_len=sim_max_model_len,
         vocab_size=vocab_size,
         first_token_id=first_token_id,
         token_ids=token_ids,

@@ -4,7 +4,10 @@ Disaggregated: `Prefill` on the best prefill worker P (on failure the next P, th
 then `Decode` on decode worker D with P's KV handle. Aggregated: `Generate` on D. When D fails
 the next D takes over: with the KV handle if D never got to pull it (UNAVAILABLE), otherwise by
 re-running prompt + tokens already emitted with `Generate`, so the stream carries on with no
-token duplicated or lost. Ending a stream early (client gone, stop string) sends a best-effort
+token duplicated or lost. A worker that produces no token for `token_stall_timeout_s` (frozen,
+wedged) is treated as failed the same way. A decode whose KV pull fails (ABORTED: the prefill
+worker died or no longer holds the KV) is re-run with `Generate` on the same worker before the
+next one is tried. Ending a stream early (client gone, stop string) sends a best-effort
 `Cancel(request_id)` to every worker involved. Worker INVALID_ARGUMENT / OUT_OF_RANGE /
 RESOURCE_EXHAUSTED mean the request can never fit: `InvalidRequest`, never retried.
 
@@ -20,6 +23,7 @@ model of the workers it used (`PoolView.latency`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -81,9 +85,13 @@ class Chunk:
 class _WorkerFailed(Exception):  # noqa: N818 - internal signal
     """One worker call failed in a way another worker may not (internal to the retry loops)."""
 
-    def __init__(self, eid: EndpointId, detail: str, *, unreachable: bool = False) -> None:
+    def __init__(
+        self, eid: EndpointId, detail: str, *, unreachable: bool = False, kv_lost: bool = False
+    ) -> None:
         super().__init__(f"{eid}: {detail}")
         self.unreachable = unreachable
+        self.kv_lost = kv_lost
+        """The worker is fine but could not read the prefilled KV (ABORTED)."""
 
 
 def default_decider(
@@ -364,9 +372,9 @@ class Dispatch:
                 continue
             self._d.pool.acquire(eid)
             try:
-                resp: worker_pb2.PrefillResponse = await stub.Prefill(
-                    msg, timeout=self._remaining_s()
-                )
+                # The first token is a token: a prefill worker that stalls is given up on too.
+                timeout_s = min(self._remaining_s(), self._d.settings.token_stall_timeout_s)
+                resp: worker_pb2.PrefillResponse = await stub.Prefill(msg, timeout=timeout_s)
             except aio.AioRpcError as err:
                 self._raise_if_final(eid, err)
                 log.warning("prefill of %s on %s failed: %s", req.id, eid, err.code())
@@ -391,7 +399,8 @@ class Dispatch:
     ) -> AsyncGenerator[Chunk, None]:
         emitted: list[int] = [first.first_token_id] if first is not None else []
         kv = first.kv if first is not None and first.HasField("kv") else None
-        for i, eid in enumerate(candidates):
+        queue = list(candidates)
+        for i, eid in enumerate(queue):
             if i:
                 self._fallback("decode_retry" if kv is not None else "generate_retry")
             stub = self._involve(eid)
@@ -409,7 +418,12 @@ class Dispatch:
                             return
             except _WorkerFailed as err:
                 log.warning("request %s failed on %s: %s", self.request.id, eid, err)
-                self._d.canceller.cancel_later(self.request.id, {eid: stub})  # whatever it holds
+                if kv is not None and err.kv_lost and len(emitted) == num_before:
+                    # The worker is fine and already ended the decode: generate there instead.
+                    # No Cancel to it: a late one would cancel the retry (same request id).
+                    queue.insert(i + 1, eid)
+                else:
+                    self._d.canceller.cancel_later(self.request.id, {eid: stub})
                 if kv is not None and (len(emitted) > num_before or not err.unreachable):
                     self._drop_kv(first)
                     kv = None
@@ -437,8 +451,18 @@ class Dispatch:
     async def _stream(
         self, eid: EndpointId, call: aio.UnaryStreamCall
     ) -> AsyncGenerator[tuple[tuple[int, ...], FinishReason | None], None]:
+        stall_s = self._d.settings.token_stall_timeout_s
+        chunks = aiter(call)
         try:
-            async for chunk in call:
+            while True:
+                try:
+                    async with asyncio.timeout(stall_s):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    self._d.metrics.fallbacks.labels("token_stall").inc()
+                    raise _WorkerFailed(eid, f"no token for {stall_s:g} s (stalled)") from None
                 if chunk.finish_reason == common_pb2.FINISH_REASON_ERROR:
                     raise _WorkerFailed(eid, f"worker error: {chunk.error or 'unknown'}")
                 if chunk.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
@@ -452,7 +476,10 @@ class Dispatch:
         except aio.AioRpcError as err:
             self._raise_if_final(eid, err)
             unreachable = err.code() == grpc.StatusCode.UNAVAILABLE
-            raise _WorkerFailed(eid, str(err.code()), unreachable=unreachable) from err
+            kv_lost = err.code() == grpc.StatusCode.ABORTED
+            raise _WorkerFailed(
+                eid, str(err.code()), unreachable=unreachable, kv_lost=kv_lost
+            ) from err
         finally:
             call.cancel()
         raise _WorkerFailed(eid, "stream ended without a finish reason")

@@ -2,13 +2,15 @@
 
 Each endpoint (id = its gRPC address) keeps one `grpc.aio` channel and one `WatchLoad` stream; the
 worker pushes a `LoadReport` about every 100 ms. When the stream breaks the endpoint is marked not
-ready and the stream is re-opened with exponential back-off. A report older than `stale_after_s`
-is not trusted: while its stream stays up the endpoint stays ready, but its load is the router's
-own view (its in-flight and reserved work, `Ledger`) instead of the stale report; that is logged
-at WARNING and counted (`splitserve_router_stale_load_fallbacks_total`), never silently turned
-into a 503. Each view carries the reservations placed on the worker and not yet started (so
-simultaneous placements see each other) and the latency model fitted for it (`LatencyBook`).
-Placement reads frozen `EndpointView`s from `views()`; nothing here decides where a request goes.
+ready and the stream is re-opened with exponential back-off; the re-opened call waits for the
+channel to connect, and channels retry every <= 0.5 s, so a restarted worker is re-admitted within
+about a second of listening. A report older than `stale_after_s` is not trusted: while its stream
+stays up the endpoint stays ready, but its load is the router's own view (its in-flight and
+reserved work, `Ledger`) instead of the stale report; that is logged at WARNING and counted
+(`splitserve_router_stale_load_fallbacks_total`), never silently turned into a 503. Each view
+carries the reservations placed on the worker and not yet started (so simultaneous placements see
+each other) and the latency model fitted for it (`LatencyBook`). Placement reads frozen
+`EndpointView`s from `views()`; nothing here decides where a request goes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.api.router import PoolSettings
+from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 from splitserve.core.clock import Clock
 from splitserve.core.ids import EndpointId
 from splitserve.core.roles import Role
@@ -116,7 +119,7 @@ class PoolView:
         eid = EndpointId(address)
         if eid in self._endpoints:
             return eid
-        channel = aio.insecure_channel(address)
+        channel = aio.insecure_channel(address, options=FAST_RECONNECT_OPTIONS)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
         ep = _Endpoint(eid, channel, stub)
         self._endpoints[eid] = ep
@@ -301,7 +304,9 @@ class PoolView:
         while True:
             got_report = False
             try:
-                call = ep.stub.WatchLoad(request)
+                # wait_for_ready: the call waits for the channel to connect (retried every
+                # <= 0.5 s, core/channels.py) and starts the moment the worker listens again.
+                call = ep.stub.WatchLoad(request, wait_for_ready=True)
                 async for report in call:
                     if ep.report is not None and 0 < report.seq <= ep.report.seq and ep.connected:
                         continue  # reordered or replayed

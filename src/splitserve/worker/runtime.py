@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 from splitserve.core.clock import SystemClock
 from splitserve.core.errors import ConfigError
 from splitserve.core.kv import KvHandle
@@ -70,6 +72,8 @@ class WorkerConfig:
     `sim_hardware`, or a GPU-measured model (`distserve-a100`, `vidur-h100`, ...)."""
     sim_num_kv_blocks: int | None = None
     """None sizes the KV cache from the hardware's memory beside the weights."""
+    sim_max_model_len: int | None = None
+    """Context limit of the simulated engine (prompt + new tokens); None: KV capacity only."""
     block_size: int = 16
     vocab_size: int = 4096
     first_token_id: int = 16
@@ -84,28 +88,64 @@ class WorkerConfig:
     several workers on one host)."""
 
 
+RELEASE_CHANNELS_MAX = 64
+"""Most ReleaseKv channels a worker keeps open (least recently used ones are closed)."""
+RELEASE_CHANNEL_CLOSE_GRACE_S = 5.0
+
+
 class _ReleaseClient:
-    """Tells prefill workers their KV was pulled (ReleaseKv), one channel per source."""
+    """Tells prefill workers their KV was pulled (ReleaseKv), one channel per source address.
 
-    def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+    The channels are a bounded LRU cache: prefill workers come and go (restarts, scaling, new
+    pod IPs), so an unbounded map would grow for the life of the decode worker. An evicted
+    channel is closed with a grace period, so a call still using it finishes.
+    """
 
-    async def __call__(self, kv: KvHandle) -> None:
+    def __init__(self, max_channels: int = RELEASE_CHANNELS_MAX) -> None:
+        if max_channels < 1:
+            raise ValueError(f"max_channels must be >= 1, got {max_channels}")
+        self.max_channels = max_channels
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    async def __call__(self, kv: KvHandle) -> bool | None:
+        """Whether the source held that KV (None: the handle names no source)."""
         if not kv.source_address:
-            return
-        channel = self._channels.get(kv.source_address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(kv.source_address)
-            self._channels[kv.source_address] = channel
-        stub = worker_pb2_grpc.WorkerStub(channel)
-        await stub.ReleaseKv(
+            return None
+        stub = worker_pb2_grpc.WorkerStub(self._channel(kv.source_address))
+        resp = await stub.ReleaseKv(
             worker_pb2.ReleaseKvRequest(request_id=kv.source_request_id), timeout=5.0
         )
+        return bool(resp.found)
+
+    async def notify(self, kv: KvHandle) -> None:
+        """ReleaseKv without the answer (the vLLM engine's hook: NIXL checks the KV itself)."""
+        await self(kv)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is not None:
+            self._channels.move_to_end(address)
+            return channel
+        channel = grpc.aio.insecure_channel(address, options=FAST_RECONNECT_OPTIONS)
+        self._channels[address] = channel
+        while len(self._channels) > self.max_channels:
+            _, old = self._channels.popitem(last=False)
+            task = asyncio.create_task(old.close(grace=RELEASE_CHANNEL_CLOSE_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return channel
 
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+        for task in list(self._closing):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def build_sim_engine(
@@ -153,6 +193,7 @@ def build_sim_engine(
             kv_bytes_per_token=shape.kv_layout.bytes_per_token,
             kv_hold_timeout_s=cfg.kv_hold_timeout_s,
             address=address,
+            max_model_len=cfg.sim_max_model_len,
         ),
         policy,
         latency,
@@ -216,7 +257,7 @@ def build_vllm_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) 
         engine_args=extra,
         **direct,
     )
-    return VllmEngine(config, release_remote=release)
+    return VllmEngine(config, release_remote=release.notify)
 
 
 async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -46,6 +47,9 @@ FINISH_TO_PB = {
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
 DEFAULT_LOAD_INTERVAL_S = 0.1
+MIN_LOAD_INTERVAL_S = 0.01
+"""The shortest `WatchLoad` interval a caller may ask for: a shorter one would pin a core."""
+MAX_LOAD_INTERVAL_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,11 @@ class WorkerIdentity:
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
+    """The sampling spec of a request. Raises `ValueError` naming the field for bad values."""
+    for name in ("temperature", "top_p"):
+        value = getattr(pb, name)
+        if not math.isfinite(value):
+            raise ValueError(f"sampling.{name} must be a finite number, got {value}")
     return SamplingSpec(
         max_tokens=pb.max_tokens or 16,
         temperature=pb.temperature,
@@ -107,25 +116,47 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _request(
+    async def _request(
         self,
+        context: grpc.aio.ServicerContext,
         rid: str,
         prompt: list[int],
         sampling: common_pb2.SamplingParams,
         slo: str,
         ctx: common_pb2.SloContext | None = None,
+        *,
+        new_tokens: int | None = None,
     ) -> Request:
+        """The core request with the router's SLO context (class, priority, TTFT budget on our
+        clock), or INVALID_ARGUMENT naming what is wrong (bad sampling values, an empty prompt,
+        prompt + new tokens beyond the engine's context limit)."""
         now_s = self.clock.now_s()
         budget = ctx.ttft_budget_s if ctx is not None else 0.0
-        return Request(
-            id=RequestId(rid),
-            prompt_token_ids=tuple(prompt),
-            sampling=sampling_from_pb(sampling),
-            arrival_s=now_s,
-            slo_class=SloClassName(slo or "default"),
-            priority=ctx.priority if ctx is not None else 0,
-            deadline_s=now_s + budget if budget > 0 else None,  # the router's budget, our clock
-        )
+        try:
+            req = Request(
+                id=RequestId(rid),
+                prompt_token_ids=tuple(prompt),
+                sampling=sampling_from_pb(sampling),
+                arrival_s=now_s,
+                slo_class=SloClassName(slo or "default"),
+                priority=ctx.priority if ctx is not None else 0,
+                deadline_s=now_s + budget if budget > 0 else None,  # the router's budget, our clock
+            )
+            self._check_context(req, req.sampling.max_tokens if new_tokens is None else new_tokens)
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("unreachable") from err
+        return req
+
+    def _check_context(self, req: Request, new_tokens: int) -> None:
+        if req.num_prompt_tokens == 0:
+            raise ValueError("prompt_token_ids must hold at least one token")
+        limit = getattr(self.engine, "max_model_len", None)
+        if isinstance(limit, int) and limit > 0 and req.num_prompt_tokens + new_tokens > limit:
+            raise ValueError(
+                f"prompt ({req.num_prompt_tokens} tokens) + max_tokens ({new_tokens}) is more "
+                f"than this worker's context limit (max_model_len {limit})"
+            )
 
     async def _admit(
         self, context: grpc.aio.ServicerContext, rid: str, allowed: bool, what: str
@@ -152,12 +183,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefillResponse:
         await self._admit(context, request.request_id, self.role.can_prefill, "prefill")
-        req = self._request(
+        req = await self._request(
+            context,
             request.request_id,
             list(request.prompt_token_ids),
             request.sampling,
             request.slo_class,
             request.slo if request.HasField("slo") else None,
+            new_tokens=1,
         )
         try:
             out = await self.engine.prefill(req)
@@ -187,7 +220,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._admit(context, request.request_id, self.role.can_decode, "decode")
         if not request.HasField("kv"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
-        req = self._request(
+        req = await self._request(
+            context,
             request.request_id,
             list(request.prompt_token_ids),
             request.sampling,
@@ -204,7 +238,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         await self._admit(context, request.request_id, self.role.can_generate, "generate")
-        req = self._request(
+        req = await self._request(
+            context,
             request.request_id,
             list(request.prompt_token_ids),
             request.sampling,
@@ -290,7 +325,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def WatchLoad(  # noqa: N802
         self, request: worker_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.LoadReport]:
-        interval_s = request.interval_s if request.interval_s > 0 else DEFAULT_LOAD_INTERVAL_S
+        interval_s = request.interval_s or DEFAULT_LOAD_INTERVAL_S
+        if not MIN_LOAD_INTERVAL_S <= interval_s <= MAX_LOAD_INTERVAL_S:  # NaN fails too
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"interval_s must be 0 (the default, {DEFAULT_LOAD_INTERVAL_S} s) or between "
+                f"{MIN_LOAD_INTERVAL_S} and {MAX_LOAD_INTERVAL_S} s, got {request.interval_s}",
+            )
         while True:
             yield self.load_report()
             await asyncio.sleep(interval_s)

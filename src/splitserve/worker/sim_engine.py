@@ -5,6 +5,12 @@ tokens the simulator uses) in an asyncio task: schedule a step, sleep for the la
 price of that step, complete it, hand tokens to the waiting callers. KV "transfers" between
 simulated workers cost `LatencyModel.kv_transfer_s(bytes)`; the decode side then tells the
 prefill side to free its blocks through `ReleaseKv` (what NIXL's notification does for vLLM).
+
+KV handles are checked like a real engine checks them: a handle of another transport, for another
+prompt length, or without a source request is refused (`ValueError` -> INVALID_ARGUMENT); a
+handle the source no longer holds (unknown, released, expired, or the source is gone) fails the
+decode with `KvTransferError` (-> ABORTED), as a failed NIXL read does. So "prefill dies while
+holding KV" behaves as it does with vLLM, without vLLM.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from splitserve.core.clock import Clock
-from splitserve.core.errors import EngineError
+from splitserve.core.errors import EngineError, KvTransferError
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import BlockManager, KvHandle
 from splitserve.core.perf.protocol import LatencyModel
@@ -34,8 +40,11 @@ from splitserve.worker.engine import (
 
 log = logging.getLogger(__name__)
 
-ReleaseFn = Callable[[KvHandle], Awaitable[None]]
-"""Tells a prefill worker its KV was pulled (the server wires this to ReleaseKv over gRPC)."""
+ReleaseFn = Callable[[KvHandle], Awaitable[bool | None]]
+"""Tells a prefill worker its KV was pulled (the server wires this to ReleaseKv over gRPC).
+Returns whether the source held that KV (None: it cannot tell); raises if it is unreachable."""
+
+KV_TRANSPORT = "sim"
 
 
 @dataclass(slots=True)
@@ -47,6 +56,8 @@ class _Pending:
     queue: asyncio.Queue[TokenDelta] = field(default_factory=asyncio.Queue)
     prefilled: asyncio.Future[PrefillOutcome] | None = None
     kv_source: KvHandle | None = None
+    failure: Exception | None = None
+    """Raised to the caller after its last delta (a KV pull that failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +69,8 @@ class SimEngineConfig:
     kv_hold_timeout_s: float = 30.0
     address: str = ""
     """This worker's gRPC address, put into KV handles for ReleaseKv."""
+    max_model_len: int | None = None
+    """Context limit: prompt + new tokens (None: only the KV capacity limits a request)."""
 
 
 class SimEngine:
@@ -75,6 +88,8 @@ class SimEngine:
     ) -> None:
         self.config = config
         self.model = config.model
+        self.max_model_len = config.max_model_len or 0
+        """The context limit the worker server enforces (0: none)."""
         self.latency = latency
         self.clock = clock
         self._release_remote = release_remote
@@ -126,6 +141,7 @@ class SimEngine:
     async def decode(
         self, request: Request, first_token_id: int, kv: KvHandle
     ) -> AsyncIterator[TokenDelta]:
+        check_kv_handle(request, kv)
         self._admit(request, RequestMode.DECODE, first_token_id, kv)
         async for delta in self._stream(request.id):
             yield delta
@@ -197,6 +213,8 @@ class SimEngine:
         try:
             while True:
                 delta = await pending.queue.get()
+                if pending.failure is not None:
+                    raise pending.failure
                 yield delta
                 if delta.finish_reason is not None:
                     return
@@ -269,7 +287,7 @@ class SimEngine:
         """The KV a prefill holds covers the prompt (the first token's KV is the decoder's job)."""
         num_tokens = request.num_prompt_tokens
         return KvHandle(
-            transport="sim",
+            transport=KV_TRANSPORT,
             source_address=self.config.address,
             source_request_id=request.id,
             num_tokens=num_tokens,
@@ -277,18 +295,58 @@ class SimEngine:
         )
 
     async def _transfer(self, rid: RequestId) -> None:
-        """Pull a prefilled request's KV: wait the modelled time, then tell the source."""
+        """Pull a prefilled request's KV: wait the modelled time, then have the source confirm
+        it held that KV and free it (ReleaseKv). A source that is gone or does not hold the KV
+        fails the decode, as a failed NIXL read does."""
         pending = self._pending.get(rid)
         kv = pending.kv_source if pending is not None else None
         try:
             if kv is not None:
                 await asyncio.sleep(self.latency.kv_transfer_s(kv.num_bytes))
+                failure = await self._confirm_source(kv)
+                if failure is not None:
+                    self._fail(rid, failure)
+                    return
             if self._core.finish_transfer(rid):
                 self._wake.set()
-            if kv is not None and self._release_remote is not None:
-                try:
-                    await self._release_remote(kv)
-                except Exception:  # the source frees on its own timeout anyway
-                    log.warning("could not release KV of %s at %s", rid, kv.source_address)
         finally:
             self._transfers.pop(rid, None)
+
+    async def _confirm_source(self, kv: KvHandle) -> KvTransferError | None:
+        if self._release_remote is None:
+            return None  # in-process use with no source to ask
+        try:
+            held = await self._release_remote(kv)
+        except Exception as err:
+            return KvTransferError(
+                f"KV of request {kv.source_request_id!r} could not be read from "
+                f"{kv.source_address}: the source is unreachable ({type(err).__name__})"
+            )
+        if held is False:
+            return KvTransferError(
+                f"KV of request {kv.source_request_id!r} is not held by {kv.source_address} "
+                "(unknown handle, already released, or its hold expired)"
+            )
+        return None
+
+    def _fail(self, rid: RequestId, err: Exception) -> None:
+        """End a request with `err` raised to its caller."""
+        self._core.abort(rid)
+        pending = self._pending.get(rid)
+        if pending is not None:
+            pending.failure = err
+        self._finish(rid, TokenDelta((), FinishReason.ERROR, error=str(err)))
+        self._wake.set()
+
+
+def check_kv_handle(request: Request, kv: KvHandle) -> None:
+    """Refuse a handle this engine could never read (`ValueError`, naming the field)."""
+    if kv.transport != KV_TRANSPORT:
+        raise ValueError(f"kv.transport is {kv.transport!r}; this engine reads {KV_TRANSPORT!r}")
+    if not kv.source_request_id:
+        raise ValueError("kv.source_request_id is empty: the handle names no prefilled request")
+    if kv.num_tokens != request.num_prompt_tokens:
+        raise ValueError(
+            f"kv.num_tokens ({kv.num_tokens}) does not cover the prompt "
+            f"({request.num_prompt_tokens} tokens)"
+        )

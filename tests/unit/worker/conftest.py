@@ -24,6 +24,7 @@ class RunningWorker:
     stub: worker_pb2_grpc.WorkerStub
     address: str
     registry: CollectorRegistry
+    server: grpc.aio.Server
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -65,7 +66,9 @@ async def make_worker() -> AsyncIterator[WorkerFactory]:
             await release.close()
 
         cleanups.append(cleanup)
-        return RunningWorker(service, worker_pb2_grpc.WorkerStub(channel), address, registry)
+        return RunningWorker(
+            service, worker_pb2_grpc.WorkerStub(channel), address, registry, server
+        )
 
     yield factory
     for c in reversed(cleanups):
