@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
+from typing import Any
 
 import uvicorn
 from grpc import aio
@@ -121,7 +123,9 @@ class RouterServer:
             lifespan="off",
             access_log=False,
         )
-        sock = cfg.bind_socket()
+        cfg.load()
+        cfg.http_protocol_class = _nodelay_protocol(cfg.http_protocol_class)
+        sock = bind_tcp_socket(self.config.http_host, self.config.http_port)
         self.http_port = int(sock.getsockname()[1])
         self._http = uvicorn.Server(cfg)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="uvicorn")
@@ -151,6 +155,71 @@ class RouterServer:
             await self.discovery.stop()
         await self.pool.close()
         log.info("router stopped")
+
+
+def bind_tcp_socket(host: str, port: int) -> socket.socket:
+    """A bound (not yet listening) TCP socket whose accepted connections get `TCP_NODELAY`.
+
+    The protocol is named (`IPPROTO_TCP`, not 0) because asyncio turns `TCP_NODELAY` on for an
+    accepted socket only when `sock.proto == IPPROTO_TCP`, and `socket.accept()` copies the
+    listener's proto: a listener made with proto 0 (as `uvicorn.Config.bind_socket` makes it)
+    hands out connections with Nagle's algorithm on, and every keep-alive response whose
+    headers and body go out in two writes waits ~40 ms for the client's delayed ACK.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _nodelay_protocol(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+    """`base` with the two socket options that keep a keep-alive round trip free of stalls.
+
+    - `TCP_NODELAY` on every connection (whatever the event loop): our response's headers and
+      body are two writes, and Nagle would hold the body until the client ACKs the headers.
+    - `TCP_QUICKACK` after each read: a client with Nagle on (Python's clients write headers and
+      body separately) holds its body until we ACK its headers, and Linux delays that ACK by
+      40 ms. Setting the option sends a pending ACK at once (Linux only; a no-op elsewhere).
+    """
+
+    class NoDelay(base):  # type: ignore[valid-type,misc]
+        _edge_sock: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            sock = transport.get_extra_info("socket")
+            if set_nodelay(sock):
+                self._edge_sock = sock
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            if self._edge_sock is not None and _QUICKACK is not None:
+                with contextlib.suppress(OSError):
+                    self._edge_sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            super().data_received(data)
+
+    NoDelay.__name__ = NoDelay.__qualname__ = f"NoDelay{base.__name__}"
+    return NoDelay
+
+
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+def set_nodelay(sock: Any) -> bool:
+    """Turn Nagle's algorithm off on a TCP socket; False (and nothing done) for other sockets."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        return False
+    return True
 
 
 def _discovery_note(config: RouterConfig) -> str:
