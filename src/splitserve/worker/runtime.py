@@ -24,6 +24,7 @@ from splitserve.core.clock import SystemClock
 from splitserve.core.errors import ConfigError
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+from splitserve.core.perf.protocol import LatencyModel
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
@@ -31,7 +32,7 @@ from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.worker.engine import Engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
-from splitserve.worker.sim_engine import SimEngine, SimEngineConfig
+from splitserve.worker.sim_engine import SimEngine, SimEngineConfig, ZeroDelay
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,12 @@ def build_sim_engine(
             f"unknown sim model shape or hardware {err}; shapes: {sorted(MODELS)}, "
             f"hardware: {sorted(HARDWARE)}"
         ) from None
-    latency = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=cfg.sim_time_scale)
-    num_blocks = cfg.sim_num_kv_blocks or max(1, latency.kv_capacity_tokens() // cfg.block_size)
+    if cfg.sim_time_scale < 0:
+        raise ConfigError(f"sim_time_scale must be >= 0 (0: no delay), got {cfg.sim_time_scale}")
+    scale = cfg.sim_time_scale or 1.0
+    roofline = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=scale)
+    num_blocks = cfg.sim_num_kv_blocks or max(1, roofline.kv_capacity_tokens() // cfg.block_size)
+    latency: LatencyModel = roofline if cfg.sim_time_scale > 0 else ZeroDelay(roofline)
     policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
     if cfg.engine_args:
         log.warning("the sim engine ignores engine arguments: %s", " ".join(cfg.engine_args))
