@@ -10,6 +10,7 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
+from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.clock import Clock
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.request import DEFAULT_SLO_CLASS, FinishReason, Request, SamplingSpec
@@ -17,7 +18,7 @@ from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDet
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.stops import StopStrings
-from splitserve.router.tokenizer import TextTokenizer
+from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,71 @@ class Generator:
         clock: Clock,
         max_model_len: int,
         default_max_tokens: int,
+        edge: EdgeSettings | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
         self.clock = clock
         self.max_model_len = max_model_len
         self.default_max_tokens = default_max_tokens
+        self.edge = edge or EdgeSettings()
+        self.max_prompt_chars = self.edge.prompt_chars_limit(max_model_len)
+        self.tokenizing = Tokenizing(
+            tokenizer,
+            inline_max_chars=self.edge.inline_tokenize_max_chars,
+            threads=self.edge.tokenizer_threads,
+        )
+
+    def check_stops(self, stops: Sequence[str]) -> tuple[str, ...]:
+        """`stops` within the edge limits.
+
+        Raises:
+            InvalidRequest: too many stop strings, or one too long.
+        """
+        edge = self.edge
+        if len(stops) > edge.max_stop_strings:
+            raise InvalidRequest(
+                f"at most {edge.max_stop_strings} stop strings are allowed, got {len(stops)} "
+                "(edge.max_stop_strings)",
+                "stop",
+            )
+        for stop in stops:
+            if len(stop) > edge.max_stop_string_chars:
+                raise InvalidRequest(
+                    f"a stop string may have at most {edge.max_stop_string_chars} characters, "
+                    f"got {len(stop)} (edge.max_stop_string_chars)",
+                    "stop",
+                )
+        return tuple(stops)
+
+    def _check_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_prompt_chars:
+            raise InvalidRequest(
+                f"the prompt has {num_chars} characters, more than the {self.max_prompt_chars} "
+                "this router tokenizes (edge.max_prompt_chars); it cannot fit the model's "
+                f"context of {self.max_model_len} tokens",
+                param,
+            )
+
+    async def encode(self, text: str, param: str = "prompt") -> list[int]:
+        """Tokenize a prompt (off the event loop when long), after the character limit."""
+        self._check_chars(len(text), param)
+        return await self.tokenizing.encode(text)
+
+    async def encode_chat(self, messages: Sequence[MessageLike]) -> list[int]:
+        """Render and tokenize chat messages, after the character limit.
+
+        Raises:
+            InvalidRequest: too long, or the chat template rejected the messages.
+        """
+        self._check_chars(sum(len(m.get("content") or "") for m in messages), "messages")
+        try:
+            return await self.tokenizing.chat(messages)
+        except ValueError as err:
+            raise InvalidRequest(str(err), "messages") from err
+
+    def close(self) -> None:
+        self.tokenizing.close()
 
     def build_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: GenerationParams

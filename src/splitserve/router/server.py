@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
-from typing import Any
 
 import uvicorn
 from grpc import aio
@@ -29,6 +27,7 @@ from splitserve.router.discovery import KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
+from splitserve.router.http_edge import ConnectionCount, bind_tcp_socket, edge_protocol
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.tokenizer import TextTokenizer
@@ -74,6 +73,8 @@ class RouterServer:
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: aio.Server | None = None
+        self.connections = ConnectionCount()
+        self._generator: Generator | None = None
 
     async def start(self) -> None:
         """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
@@ -86,7 +87,9 @@ class RouterServer:
             clock=self.clock,
             max_model_len=self.config.max_model_len,
             default_max_tokens=self.config.default_max_tokens,
+            edge=self.config.edge,
         )
+        self._generator = generator
         await self.pool.start()
         if self.discovery is not None:
             await self.discovery.start()
@@ -122,9 +125,13 @@ class RouterServer:
             log_config=None,
             lifespan="off",
             access_log=False,
+            http="httptools",
+            timeout_keep_alive=max(1, round(self.config.edge.idle_timeout_s)),
         )
         cfg.load()
-        cfg.http_protocol_class = _nodelay_protocol(cfg.http_protocol_class)
+        cfg.http_protocol_class = edge_protocol(
+            cfg.http_protocol_class, self.config.edge, self.connections
+        )
         sock = bind_tcp_socket(self.config.http_host, self.config.http_port)
         self.http_port = int(sock.getsockname()[1])
         self._http = uvicorn.Server(cfg)
@@ -154,72 +161,9 @@ class RouterServer:
         if self.discovery is not None:
             await self.discovery.stop()
         await self.pool.close()
+        if self._generator is not None:
+            self._generator.close()
         log.info("router stopped")
-
-
-def bind_tcp_socket(host: str, port: int) -> socket.socket:
-    """A bound (not yet listening) TCP socket whose accepted connections get `TCP_NODELAY`.
-
-    The protocol is named (`IPPROTO_TCP`, not 0) because asyncio turns `TCP_NODELAY` on for an
-    accepted socket only when `sock.proto == IPPROTO_TCP`, and `socket.accept()` copies the
-    listener's proto: a listener made with proto 0 (as `uvicorn.Config.bind_socket` makes it)
-    hands out connections with Nagle's algorithm on, and every keep-alive response whose
-    headers and body go out in two writes waits ~40 ms for the client's delayed ACK.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def _nodelay_protocol(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
-    """`base` with the two socket options that keep a keep-alive round trip free of stalls.
-
-    - `TCP_NODELAY` on every connection (whatever the event loop): our response's headers and
-      body are two writes, and Nagle would hold the body until the client ACKs the headers.
-    - `TCP_QUICKACK` after each read: a client with Nagle on (Python's clients write headers and
-      body separately) holds its body until we ACK its headers, and Linux delays that ACK by
-      40 ms. Setting the option sends a pending ACK at once (Linux only; a no-op elsewhere).
-    """
-
-    class NoDelay(base):  # type: ignore[valid-type,misc]
-        _edge_sock: Any = None
-
-        def connection_made(self, transport: Any) -> None:
-            sock = transport.get_extra_info("socket")
-            if set_nodelay(sock):
-                self._edge_sock = sock
-            super().connection_made(transport)
-
-        def data_received(self, data: bytes) -> None:
-            if self._edge_sock is not None and _QUICKACK is not None:
-                with contextlib.suppress(OSError):
-                    self._edge_sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
-            super().data_received(data)
-
-    NoDelay.__name__ = NoDelay.__qualname__ = f"NoDelay{base.__name__}"
-    return NoDelay
-
-
-_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
-
-
-def set_nodelay(sock: Any) -> bool:
-    """Turn Nagle's algorithm off on a TCP socket; False (and nothing done) for other sockets."""
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return False
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:
-        return False
-    return True
 
 
 def _discovery_note(config: RouterConfig) -> str:
