@@ -1,7 +1,8 @@
 """Errors the router raises while serving a request; the HTTP and gRPC faces map them.
 
 `NoEligibleEndpoint` (from `core.errors`) -> 503 / UNAVAILABLE; `InvalidRequest` -> 400 /
-INVALID_ARGUMENT; `WorkersFailed` -> 503 / UNAVAILABLE; `RequestTimeout` -> 504 / DEADLINE_EXCEEDED.
+INVALID_ARGUMENT; `WorkersFailed` -> 503 / UNAVAILABLE; `RequestTimeout` -> 504 / DEADLINE_EXCEEDED;
+`RouterShuttingDown` -> 503 / UNAVAILABLE (an error event on a stream already under way).
 """
 
 from __future__ import annotations
@@ -26,3 +27,7 @@ class WorkersFailed(EngineError):  # noqa: N818
 
 class RequestTimeout(SplitserveError):  # noqa: N818
     """The request ran past the router's request timeout."""
+
+
+class RouterShuttingDown(SplitserveError):  # noqa: N818
+    """The router is shutting down and its drain grace period is over: the request is cut."""

@@ -5,6 +5,7 @@ Shared by the OpenAI HTTP face and the gRPC face, so both count, cut and stream 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Sequence
@@ -15,8 +16,8 @@ from splitserve.core.clock import Clock
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.request import DEFAULT_SLO_CLASS, FinishReason, Request, SamplingSpec
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
-from splitserve.router.dispatch import Dispatcher
-from splitserve.router.errors import InvalidRequest
+from splitserve.router.dispatch import Chunk, Dispatch, Dispatcher
+from splitserve.router.errors import InvalidRequest, RouterShuttingDown
 from splitserve.router.stops import StopStrings
 from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing
 
@@ -57,6 +58,17 @@ class TextChunk:
     path: str = ""
 
 
+class _Running:
+    """One stream in progress: the task iterating it (it changes: a streamed HTTP answer's first
+    chunk is read by the handler, the rest by Starlette's body task) and whether it was cut."""
+
+    __slots__ = ("cut", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[object] | None = None
+        self.cut = False
+
+
 class Generator:
     """Builds validated requests and streams their text."""
 
@@ -82,6 +94,31 @@ class Generator:
             inline_max_chars=self.edge.inline_tokenize_max_chars,
             threads=self.edge.tokenizer_threads,
         )
+        self._running: set[_Running] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Until no stream is running (True) or `timeout_s` passed (False)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def cut_all(self) -> int:
+        """End every running stream now with `RouterShuttingDown`; returns how many."""
+        cut = 0
+        for running in list(self._running):
+            if running.task is not None and not running.task.done() and not running.cut:
+                running.cut = True
+                running.task.cancel()
+                cut += 1
+        return cut
 
     def check_stops(self, stops: Sequence[str]) -> tuple[str, ...]:
         """`stops` within the edge limits.
@@ -193,8 +230,11 @@ class Generator:
         )
         stops = StopStrings(stop)
         final: TextChunk | None = None
-        async with contextlib.aclosing(dispatch.chunks()) as chunks:
-            async for chunk in chunks:
+        running = _Running()
+        self._running.add(running)
+        self._idle.clear()
+        try:
+            async for chunk in self._chunks(dispatch, running):
                 text = stops.feed(detok.push(chunk.token_ids))
                 reason = chunk.finish_reason
                 if stops.hit is None and reason is not None:
@@ -213,5 +253,28 @@ class Generator:
                 path = dispatch.path.value if dispatch.path is not None else ""
                 final = TextChunk(text, chunk.token_ids, reason, usage, path)
                 break
+        finally:
+            self._running.discard(running)
+            if not self._running:
+                self._idle.set()
         if final is not None:
             yield final
+
+    async def _chunks(self, dispatch: Dispatch, running: _Running) -> AsyncGenerator[Chunk, None]:
+        """`dispatch.chunks()`, turning a cut (`cut_all`) into `RouterShuttingDown`."""
+        async with contextlib.aclosing(dispatch.chunks()) as chunks:
+            while True:
+                running.task = asyncio.current_task()
+                try:
+                    chunk = await anext(chunks, None)
+                except asyncio.CancelledError:
+                    task = running.task
+                    if not running.cut or task is None:
+                        raise
+                    task.uncancel()
+                    raise RouterShuttingDown(
+                        "the router is shutting down and its drain grace period is over"
+                    ) from None
+                if chunk is None:
+                    return
+                yield chunk

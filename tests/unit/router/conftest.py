@@ -161,4 +161,4 @@ async def make_router(
 
     yield factory
     for server in servers:
-        await server.stop()
+        await server.stop(grace_s=1)
