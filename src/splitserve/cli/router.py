@@ -55,6 +55,23 @@ def router() -> None:
 @click.option("--default-max-tokens", type=int, default=256, show_default=True)
 @click.option("--min-prompt-tokens-for-pd", type=int, default=1, show_default=True)
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Router processes sharing the HTTP and gRPC ports (SO_REUSEPORT; the kernel spreads "
+    "connections). Each runs its own event loop on its own core; a supervisor restarts one "
+    "that dies and drains them all on SIGTERM.",
+)
+@click.option("--reuse-port", is_flag=True, hidden=True, help="Bind with SO_REUSEPORT.")
+@click.option(
+    "--config-json",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    hidden=True,
+    help="A whole RouterConfig as JSON (what --processes hands its children).",
+)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @click.pass_context
 def serve_cmd(
@@ -70,10 +87,16 @@ def serve_cmd(
     default_max_tokens: int,
     min_prompt_tokens_for_pd: int,
     ready_file: Path | None,
+    processes: int,
+    reuse_port: bool,
+    config_json: Path | None,
     log_level: str,
 ) -> None:
     """Serve the OpenAI HTTP API and the gRPC Router over the given workers."""
     logs.setup(log_level, "router")
+    if config_json is not None:
+        _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
+        return
     flags: dict[str, Any] = {
         "worker_addresses": ("workers", workers),
         "model_name": ("model", model),
@@ -108,10 +131,19 @@ def serve_cmd(
             config = config_from_file(config_file, explicit)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
+    if processes > 1:
+        from splitserve.cli.router_processes import supervise
+
+        supervise(config, processes, ready_file)
+        return
+    _serve(config, ready_file, reuse_port)
+
+
+def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> None:
     host = config.http_host
 
     async def main(stop: asyncio.Event) -> None:
-        server = RouterServer(config)
+        server = RouterServer(config, reuse_port=reuse_port)
         await server.start()
         if ready_file is not None:
             info = {
@@ -134,7 +166,17 @@ def serve_cmd(
         finally:
             await server.stop()
 
+    _use_uvloop()
     run_until_signalled(main)
+
+
+def _use_uvloop() -> None:
+    """uvloop as the event loop when installed (a cheaper loop for the router's hot path)."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:

@@ -60,9 +60,13 @@ class RouterServer:
         tokenizer: TextTokenizer | None = None,
         registry: CollectorRegistry | None = None,
         pod_source: PodSource | None = None,
+        reuse_port: bool = False,
     ) -> None:
-        """`pod_source` replaces the Kubernetes API for discovery (tests)."""
+        """`pod_source` replaces the Kubernetes API for discovery (tests). `reuse_port`: bind
+        both ports with `SO_REUSEPORT`, so several router processes share them (the kernel
+        spreads new connections across the processes)."""
         self.config = config
+        self.reuse_port = reuse_port
         self.clock: Clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
@@ -107,7 +111,7 @@ class RouterServer:
         if self.discovery is not None:
             await self.discovery.start()
         if self.config.grpc_port is not None:
-            self._grpc = aio.server()
+            self._grpc = aio.server(options=[("grpc.so_reuseport", int(self.reuse_port))])
             router_pb2_grpc.add_RouterServicer_to_server(RouterService(generator), self._grpc)
             address = f"{self.config.grpc_host}:{self.config.grpc_port}"
             self.grpc_port = self._grpc.add_insecure_port(address)
@@ -147,7 +151,9 @@ class RouterServer:
         cfg.http_protocol_class = edge_protocol(
             cfg.http_protocol_class, self.config.edge, self.connections
         )
-        sock = bind_tcp_socket(self.config.http_host, self.config.http_port)
+        sock = bind_tcp_socket(
+            self.config.http_host, self.config.http_port, reuse_port=self.reuse_port
+        )
         self.http_port = int(sock.getsockname()[1])
         self._http = _UvicornServer(cfg)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="uvicorn")
