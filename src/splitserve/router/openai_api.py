@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from splitserve.core.errors import SplitserveError
@@ -97,11 +98,14 @@ class OpenAiApi:
             raise _too_large(limit)
         parts: list[bytes] = []
         size = 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise _too_large(limit)
-            parts.append(part)
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise _too_large(limit)
+                parts.append(part)
+        except ClientDisconnect:  # gone, or timed out by the edge (which answered it already)
+            raise ApiError(499, "the client went away before sending its request") from None
         return b"".join(parts)
 
     def reject(self, err: ApiError, client_id: str | None = None) -> Response:
@@ -266,6 +270,12 @@ def create_app(
             return api.reject(api_error_from(err), client_id)
         return await api.serve(http, request, req, fmt, client_id)
 
+    schema = openapi_document(model_name)
+
+    @app.get("/openapi.json")
+    async def openapi() -> dict[str, Any]:
+        return schema
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "splitserve"}
@@ -288,6 +298,67 @@ def create_app(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def openapi_document(model_name: str) -> dict[str, Any]:
+    """The router's OpenAPI 3.1 description: the request bodies as the wire models validate them
+    (unknown fields are ignored), and the error body every 4xx / 5xx carries."""
+    ref = "#/components/schemas/{model}"
+    schemas: dict[str, Any] = {}
+
+    def body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+        js = model.model_json_schema(ref_template=ref)
+        schemas.update(js.pop("$defs", {}))
+        schemas[model.__name__] = js
+        return {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": ref.format(model=model.__name__)}}},
+        }
+
+    error = {
+        "description": "an OpenAI-style error",
+        "content": {"application/json": {"schema": {"$ref": ref.format(model="Error")}}},
+    }
+    schemas["Error"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "integer", "null"]},
+                },
+            }
+        },
+    }
+    answers = {
+        "200": {"description": "the completion (JSON, or server-sent events when streamed)"},
+        **dict.fromkeys(("400", "404", "408", "413", "429", "503", "504"), error),
+    }
+
+    def post(model: type[pydantic.BaseModel], summary: str) -> dict[str, Any]:
+        return {"post": {"summary": summary, "requestBody": body(model), "responses": answers}}
+
+    def get(summary: str) -> dict[str, Any]:
+        return {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"splitserve router ({model_name})", "version": "v1"},
+        "paths": {
+            "/v1/completions": post(wire.CompletionRequest, "a text completion"),
+            "/v1/chat/completions": post(wire.ChatCompletionRequest, "a chat completion"),
+            "/v1/models": get("the served model"),
+            "/health": get("the process is up"),
+            "/ready": get("a decode-capable worker accepts work"),
+            "/metrics": get("Prometheus metrics"),
+        },
+        "components": {"schemas": schemas},
+    }
 
 
 def _add_error_handlers(app: FastAPI) -> None:
