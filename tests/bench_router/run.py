@@ -61,9 +61,13 @@ class Procs:
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def spawn(self, name: str, args: list[str], core: int) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, name: str, args: list[str], core: int, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen(["taskset", "-c", str(core), *args], stdout=out, stderr=out)
+            proc = subprocess.Popen(
+                ["taskset", "-c", str(core), *args], stdout=out, stderr=out, env=env
+            )
         self.procs.append(proc)
         return proc
 
@@ -195,6 +199,12 @@ def main() -> None:
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--out", default="out/bench-router.md")
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[200, 1024])
+    parser.add_argument(
+        "--router-src",
+        default=None,
+        help="run the splitserve router from this src/ directory (e.g. an older tree from "
+        "`git archive`) to compare before / after; the workers stay this tree's",
+    )
     args = parser.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("bench-router needs 2 cores (router on one, load on the other)")
@@ -221,12 +231,16 @@ def main() -> None:
             )  # fmt: skip
             workers[role] = _wait_file(ready, p)["address"]
         http_port = _free_port()
+        router_env = None
+        if args.router_src:
+            router_env = {**os.environ, "PYTHONPATH": str(Path(args.router_src).resolve())}
         router = procs.spawn(
             "router",
             [py, "-m", "splitserve", "router", "serve", "--worker", workers["prefill"],
              "--worker", workers["decode"], "--model", "bench", "--tokenizer", str(tok_dir),
              "--port", str(http_port), "--grpc-port", "0", "--log-level", "WARNING"],
             ROUTER_CORE,
+            router_env,
         )  # fmt: skip
         _wait_http(http_port, "/ready")
         peer_port = fake_p = fake_d = 0

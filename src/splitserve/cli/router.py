@@ -141,6 +141,7 @@ def serve_cmd(
 
 def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> None:
     host = config.http_host
+    _raise_fd_limit(config.edge.max_connections)
 
     async def main(stop: asyncio.Event) -> None:
         server = RouterServer(config, reuse_port=reuse_port)
@@ -168,6 +169,31 @@ def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> N
 
     _use_uvloop()
     run_until_signalled(main)
+
+
+_FD_HEADROOM = 1024
+"""File descriptors beyond the client connections: worker channels, tokenizer files, logs."""
+
+
+def _raise_fd_limit(max_connections: int) -> None:
+    """Raise the soft open-files limit so `max_connections` clients fit (the process would
+    otherwise hit EMFILE first, and asyncio logs an accept error per attempt)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + _FD_HEADROOM
+    if soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < want:
+        logging.getLogger(__name__).warning(
+            "open-files limit %d is below edge.max_connections %d + %d; lower max_connections "
+            "or raise the hard limit",
+            new,
+            max_connections,
+            _FD_HEADROOM,
+        )
 
 
 def _use_uvloop() -> None:
