@@ -21,6 +21,8 @@ class Result:
     e2e_s: list[float] = field(default_factory=list)
     errors: int = 0
     wall_s: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+    """Non-200 answers by status line."""
 
     @property
     def done(self) -> int:
@@ -59,6 +61,8 @@ class _Conn:
         head = await self.reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             result.errors += 1
+            status = head.split(b"\r\n", 1)[0].decode("latin-1")
+            result.statuses[status] = result.statuses.get(status, 0) + 1
             return False
         first: float | None = None
         buf = b""

@@ -187,6 +187,7 @@ def measure(
         "cpu_ms_per_req": cpu / max(1, sat.done) * 1e3,
         "sat_rps": sat.done / sat.wall_s,
         "sat_errors": sat.errors,
+        "sat_statuses": sat.statuses,
         "rss_mb": _rss_mb(pid),
         "best_rate": max(ok_rates, default=0),
         "rates": {r: round((p99 - base_p99) * 1e3, 2) for r, (p99, _, _) in rates.items()},
