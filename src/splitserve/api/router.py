@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
+from splitserve.api.router_edge import EdgeSettings
 
 
 class PlacementSettings(BaseModel):
@@ -171,6 +172,8 @@ class RouterConfig(BaseModel):
     """SLO classes and admission."""
     discovery: DiscoverySettings | None = None
     """Watch worker pods in Kubernetes (on top of `worker_addresses`); None: static list only."""
+    edge: EdgeSettings = EdgeSettings()
+    """Client-facing limits and timeouts (body size, prompt length, connections, drain)."""
 
 
 # ---------------------------------------------------------------------------------------------

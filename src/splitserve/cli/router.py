@@ -63,6 +63,23 @@ def router() -> None:
     help="A worker with no next token for this long is treated as dead (request moved).",
 )
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Router processes sharing the HTTP and gRPC ports (SO_REUSEPORT; the kernel spreads "
+    "connections). Each runs its own event loop on its own core; a supervisor restarts one "
+    "that dies and drains them all on SIGTERM.",
+)
+@click.option("--reuse-port", is_flag=True, hidden=True, help="Bind with SO_REUSEPORT.")
+@click.option(
+    "--config-json",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    hidden=True,
+    help="A whole RouterConfig as JSON (what --processes hands its children).",
+)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @slo_options
 @click.pass_context
@@ -80,6 +97,9 @@ def serve_cmd(
     min_prompt_tokens_for_pd: int,
     token_stall_timeout_s: float,
     ready_file: Path | None,
+    processes: int,
+    reuse_port: bool,
+    config_json: Path | None,
     log_level: str,
     slo_classes: tuple[str, ...],
     default_slo_class: str | None,
@@ -89,6 +109,9 @@ def serve_cmd(
 ) -> None:
     """Serve the OpenAI HTTP API and the gRPC Router over the given workers."""
     logs.setup(log_level, "router")
+    if config_json is not None:
+        _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
+        return
     flags: dict[str, Any] = {
         "worker_addresses": ("workers", workers),
         "model_name": ("model", model),
@@ -139,10 +162,20 @@ def serve_cmd(
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
+    if processes > 1:
+        from splitserve.cli.router_processes import supervise
+
+        supervise(config, processes, ready_file)
+        return
+    _serve(config, ready_file, reuse_port)
+
+
+def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> None:
     host = config.http_host
+    _raise_fd_limit(config.edge.max_connections)
 
     async def main(stop: asyncio.Event) -> None:
-        server = RouterServer(config)
+        server = RouterServer(config, reuse_port=reuse_port)
         await server.start()
         if ready_file is not None:
             info = {
@@ -165,7 +198,42 @@ def serve_cmd(
         finally:
             await server.stop()
 
+    _use_uvloop()
     run_until_signalled(main)
+
+
+_FD_HEADROOM = 1024
+"""File descriptors beyond the client connections: worker channels, tokenizer files, logs."""
+
+
+def _raise_fd_limit(max_connections: int) -> None:
+    """Raise the soft open-files limit so `max_connections` clients fit (the process would
+    otherwise hit EMFILE first, and asyncio logs an accept error per attempt)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + _FD_HEADROOM
+    if soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < want:
+        logging.getLogger(__name__).warning(
+            "open-files limit %d is below edge.max_connections %d + %d; lower max_connections "
+            "or raise the hard limit",
+            new,
+            max_connections,
+            _FD_HEADROOM,
+        )
+
+
+def _use_uvloop() -> None:
+    """uvloop as the event loop when installed (a cheaper loop for the router's hot path)."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:

@@ -52,7 +52,14 @@ def worker() -> None:
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
-@click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
+@click.option(
+    "--sim-time-scale",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Multiplies the sim engine's step times; 0: no delay (tokens as fast as the engine "
+    "loop runs, to measure the router alone).",
+)
 @click.option(
     "--sim-latency-model",
     default="roofline",

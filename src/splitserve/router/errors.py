@@ -1,7 +1,8 @@
 """Errors the router raises while serving a request; the HTTP and gRPC faces map them.
 
 `NoEligibleEndpoint` (from `core.errors`) -> 503 / UNAVAILABLE; `InvalidRequest` -> 400 /
-INVALID_ARGUMENT; `WorkersFailed` -> 503 / UNAVAILABLE; `RequestTimeout` -> 504 / DEADLINE_EXCEEDED.
+INVALID_ARGUMENT; `WorkersFailed` -> 503 / UNAVAILABLE; `RequestTimeout` -> 504 / DEADLINE_EXCEEDED;
+`RouterShuttingDown` -> 503 / UNAVAILABLE (an error event on a stream already under way).
 """
 
 from __future__ import annotations
@@ -37,3 +38,7 @@ class Overloaded(SplitserveError):  # noqa: N818 - reads as a condition
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.slo_class = slo_class
+
+
+class RouterShuttingDown(SplitserveError):  # noqa: N818
+    """The router is shutting down and its drain grace period is over: the request is cut."""

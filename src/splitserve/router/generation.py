@@ -5,22 +5,24 @@ Shared by the OpenAI HTTP face and the gRPC face, so both count, cut and stream 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
+from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.clock import Clock
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.policy.admission import SloOverrides, UnknownSloClass
 from splitserve.policy.admission.classes import BadOverride
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
-from splitserve.router.dispatch import Dispatcher
-from splitserve.router.errors import InvalidRequest
+from splitserve.router.dispatch import Chunk, Dispatch, Dispatcher
+from splitserve.router.errors import InvalidRequest, RouterShuttingDown
 from splitserve.router.request_log import RequestLog
 from splitserve.router.stops import StopStrings
-from splitserve.router.tokenizer import TextTokenizer
+from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,15 @@ class TextChunk:
     path: str = ""
 
 
+class _Running:
+    """One stream in progress: the task iterating it (it changes: a streamed HTTP answer's first
+    chunk is read by the handler, the rest by Starlette's body task) and whether it was cut."""
+
+    __slots__ = ("cut", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[object] | None = None
+        self.cut = False
 def _ms(value: str | None) -> float | None:
     return None if value is None else float(value) / 1000
 
@@ -78,6 +89,7 @@ class Generator:
         max_model_len: int,
         default_max_tokens: int,
         request_log: RequestLog | None = None,
+        edge: EdgeSettings | None = None,
     ) -> None:
         self.request_log = request_log
         """When set, each completed request is written to it (`router.request_log`)."""
@@ -86,6 +98,89 @@ class Generator:
         self.clock = clock
         self.max_model_len = max_model_len
         self.default_max_tokens = default_max_tokens
+        self.edge = edge or EdgeSettings()
+        self.max_prompt_chars = self.edge.prompt_chars_limit(max_model_len)
+        self.tokenizing = Tokenizing(
+            tokenizer,
+            inline_max_chars=self.edge.inline_tokenize_max_chars,
+            threads=self.edge.tokenizer_threads,
+        )
+        self._running: set[_Running] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Until no stream is running (True) or `timeout_s` passed (False)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def cut_all(self) -> int:
+        """End every running stream now with `RouterShuttingDown`; returns how many."""
+        cut = 0
+        for running in list(self._running):
+            if running.task is not None and not running.task.done() and not running.cut:
+                running.cut = True
+                running.task.cancel()
+                cut += 1
+        return cut
+
+    def check_stops(self, stops: Sequence[str]) -> tuple[str, ...]:
+        """`stops` within the edge limits.
+
+        Raises:
+            InvalidRequest: too many stop strings, or one too long.
+        """
+        edge = self.edge
+        if len(stops) > edge.max_stop_strings:
+            raise InvalidRequest(
+                f"at most {edge.max_stop_strings} stop strings are allowed, got {len(stops)} "
+                "(edge.max_stop_strings)",
+                "stop",
+            )
+        for stop in stops:
+            if len(stop) > edge.max_stop_string_chars:
+                raise InvalidRequest(
+                    f"a stop string may have at most {edge.max_stop_string_chars} characters, "
+                    f"got {len(stop)} (edge.max_stop_string_chars)",
+                    "stop",
+                )
+        return tuple(stops)
+
+    def _check_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_prompt_chars:
+            raise InvalidRequest(
+                f"the prompt has {num_chars} characters, more than the {self.max_prompt_chars} "
+                "this router tokenizes (edge.max_prompt_chars); it cannot fit the model's "
+                f"context of {self.max_model_len} tokens",
+                param,
+            )
+
+    async def encode(self, text: str, param: str = "prompt") -> list[int]:
+        """Tokenize a prompt (off the event loop when long), after the character limit."""
+        self._check_chars(len(text), param)
+        return await self.tokenizing.encode(text)
+
+    async def encode_chat(self, messages: Sequence[MessageLike]) -> list[int]:
+        """Render and tokenize chat messages, after the character limit.
+
+        Raises:
+            InvalidRequest: too long, or the chat template rejected the messages.
+        """
+        self._check_chars(sum(len(m.get("content") or "") for m in messages), "messages")
+        try:
+            return await self.tokenizing.chat(messages)
+        except ValueError as err:
+            raise InvalidRequest(str(err), "messages") from err
+
+    def close(self) -> None:
+        self.tokenizing.close()
 
     def build_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: GenerationParams
@@ -167,8 +262,11 @@ class Generator:
         stops = StopStrings(stop)
         final: TextChunk | None = None
         first_token_s: float | None = None
-        async with contextlib.aclosing(dispatch.chunks()) as chunks:
-            async for chunk in chunks:
+        running = _Running()
+        self._running.add(running)
+        self._idle.clear()
+        try:
+            async for chunk in self._chunks(dispatch, running):
                 if first_token_s is None and chunk.token_ids:
                     first_token_s = self.clock.now_s()
                 text = stops.feed(detok.push(chunk.token_ids))
@@ -189,6 +287,10 @@ class Generator:
                 path = dispatch.path.value if dispatch.path is not None else ""
                 final = TextChunk(text, chunk.token_ids, reason, usage, path)
                 break
+        finally:
+            self._running.discard(running)
+            if not self._running:
+                self._idle.set()
         if final is not None:
             if self.request_log is not None:
                 self.request_log.record(
@@ -196,3 +298,22 @@ class Generator:
                     dispatch.num_output_tokens, first_token_s, self.clock.now_s(), final.path, "ok",
                 )  # fmt: skip
             yield final
+
+    async def _chunks(self, dispatch: Dispatch, running: _Running) -> AsyncGenerator[Chunk, None]:
+        """`dispatch.chunks()`, turning a cut (`cut_all`) into `RouterShuttingDown`."""
+        async with contextlib.aclosing(dispatch.chunks()) as chunks:
+            while True:
+                running.task = asyncio.current_task()
+                try:
+                    chunk = await anext(chunks, None)
+                except asyncio.CancelledError:
+                    task = running.task
+                    if not running.cut or task is None:
+                        raise
+                    task.uncancel()
+                    raise RouterShuttingDown(
+                        "the router is shutting down and its drain grace period is over"
+                    ) from None
+                if chunk is None:
+                    return
+                yield chunk

@@ -46,10 +46,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(self, generator: Generator) -> None:
         self.generator = generator
 
-    def _request(self, msg: router_pb2.RouterGenerateRequest) -> Request:
+    async def _request(self, msg: router_pb2.RouterGenerateRequest) -> Request:
         which = msg.WhichOneof("input")
         if which == "prompt":
-            prompt_ids = self.generator.tokenizer.encode(msg.prompt)
+            prompt_ids = await self.generator.encode(msg.prompt)
         elif which == "prompt_token_ids":
             prompt_ids = list(msg.prompt_token_ids.ids)
         else:
@@ -65,19 +65,24 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 ignore_eos=s.ignore_eos,
                 slo_class=params.slo_class,
             )
-        request_id = msg.request_id or f"grpc-{uuid.uuid4().hex}"
-        return self.generator.build_request(request_id, prompt_ids, params)
+        # The router's own id: a caller's `request_id` is only a label echoed in the chunks, so
+        # no caller can reach (cancel, collide with) another caller's request.
+        return self.generator.build_request(f"grpc-{uuid.uuid4().hex}", prompt_ids, params)
 
     async def Generate(  # noqa: N802 - the gRPC method name
         self, request: router_pb2.RouterGenerateRequest, context: Any
     ) -> AsyncGenerator[router_pb2.RouterGenerateChunk, None]:
         try:
-            req = self._request(request)
-            stream = self.generator.stream(req, tuple(request.stop))
+            stops = self.generator.check_stops(request.stop)
+            req = await self._request(request)
+            label = request.request_id or req.id
+            if request.request_id:
+                log.debug("gRPC request %s is the caller's %r", req.id, request.request_id)
+            stream = self.generator.stream(req, stops)
             async with contextlib.aclosing(stream) as chunks:
                 async for chunk in chunks:
                     out = router_pb2.RouterGenerateChunk(
-                        request_id=req.id, text=chunk.text, token_ids=chunk.token_ids
+                        request_id=label, text=chunk.text, token_ids=chunk.token_ids
                     )
                     if chunk.finish_reason is not None:
                         out.finish_reason = _FINISH[chunk.finish_reason]

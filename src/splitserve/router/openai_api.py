@@ -14,18 +14,20 @@ handling, whole responses through a watcher on the ASGI `receive` channel.
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pydantic
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from splitserve.core.errors import SplitserveError
@@ -40,7 +42,20 @@ from splitserve.router.pool_view import PoolView
 log = logging.getLogger(__name__)
 
 _SLO_HEADER = "x-slo-class"
+<<<<<<< HEAD
 _SLO_OVERRIDE_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")
+=======
+_ID_HEADER = "x-request-id"
+_CLIENT_ID_OK = re.compile(r"[\x21-\x7e]{1,128}")
+"""A client's `x-request-id` is echoed back only if it is 1-128 visible ASCII characters."""
+
+
+def client_request_id(http: HttpRequest) -> str | None:
+    """The client's `x-request-id`, if it is safe to echo. Only a label: the router never uses
+    it to find, cancel or route a request (its own ids are minted here)."""
+    value = http.headers.get(_ID_HEADER)
+    return value if value is not None and _CLIENT_ID_OK.fullmatch(value) else None
+>>>>>>> edge
 
 
 class OpenAiApi:
@@ -63,11 +78,12 @@ class OpenAiApi:
 
     # -- parsing ---------------------------------------------------------------------------
 
-    @staticmethod
-    async def read_body(request: HttpRequest, model: type[wire.SamplingFields]) -> Any:
+    async def read_body(self, request: HttpRequest, model: type[wire.SamplingFields]) -> Any:
+        raw = await self._read_limited(request)
         try:
-            body = json.loads(await request.body())
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            body = orjson.loads(raw)
+        except (orjson.JSONDecodeError, RecursionError) as err:
+            # orjson also refuses lone surrogates and nesting deeper than 1024 levels.
             raise ApiError(400, f"the request body is not valid JSON: {err}") from err
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
@@ -77,6 +93,34 @@ class OpenAiApi:
             first = err.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
             raise ApiError(400, f"{param}: {first['msg']}", param=param) from err
+
+    async def _read_limited(self, request: HttpRequest) -> bytes:
+        """The body, refused with 413 as soon as it is known to exceed `edge.max_body_bytes`."""
+        limit = self.generator.edge.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise _too_large(limit)
+                parts.append(part)
+        except ClientDisconnect:  # gone, or timed out by the edge (which answered it already)
+            raise ApiError(499, "the client went away before sending its request") from None
+        return b"".join(parts)
+
+    def reject(self, err: ApiError, client_id: str | None = None) -> Response:
+        """Answer a request refused before dispatch, counting it (outcome `rejected`)."""
+        self.generator.dispatcher.metrics.requests.labels("rejected", "none").inc()
+        response = err.response()
+        if err.status == 413:
+            response.headers["connection"] = "close"  # do not read the rest of the body
+        if client_id is not None:
+            response.headers[_ID_HEADER] = client_id
+        return response
 
     def check_common(self, req: wire.SamplingFields) -> None:
         if req.model != self.model_name:
@@ -97,13 +141,13 @@ class OpenAiApi:
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
-            stop=req.stop_strings(),
+            stop=self.generator.check_stops(req.stop_strings()),
             ignore_eos=req.ignore_eos,
             slo_class=http.headers.get(_SLO_HEADER) or "",
             slo_overrides=_slo_overrides(http),
         )
 
-    def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
+    async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
         if req.echo or req.logprobs or req.suffix or (req.best_of or 1) > 1:
             raise ApiError(400, "echo, logprobs, suffix and best_of are not supported")
         prompt: Any = req.prompt
@@ -112,17 +156,17 @@ class OpenAiApi:
                 raise ApiError(400, "only one prompt per request is supported", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return self.generator.tokenizer.encode(prompt)
+            return await self.generator.encode(prompt)
         return list(prompt)
 
-    def chat_prompt(self, req: wire.ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, req: wire.ChatCompletionRequest) -> list[int]:
         if req.logprobs:
             raise ApiError(400, "logprobs are not supported", param="logprobs")
         try:
             messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            return self.generator.tokenizer.apply_chat_template(messages)
         except ValueError as err:
             raise ApiError(400, str(err), param="messages") from err
+        return await self.generator.encode_chat(messages)
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -132,7 +176,9 @@ class OpenAiApi:
         request: Request,
         req: wire.SamplingFields,
         fmt: wire.Formatter,
+        client_id: str | None,
     ) -> Response:
+        headers = {_ID_HEADER: client_id} if client_id is not None else None
         chunks = self.generator.stream(request, req.stop_strings())
         if not req.stream:
             try:
@@ -141,9 +187,10 @@ class OpenAiApi:
                 log.info("client left before %s finished", request.id)
                 return Response(status_code=499)
             except SplitserveError as err:
-                return api_error_from(err).response()
+                return _with_headers(api_error_from(err).response(), headers)
             assert last.usage is not None
-            return JSONResponse(fmt.response(text, last.finish_reason, last.usage))
+            whole = orjson.dumps(fmt.response(text, last.finish_reason, last.usage))
+            return Response(whole, media_type="application/json", headers=headers)
         # Wait for the first tokens before answering, so placement and rejection errors still
         # get a proper status code instead of an error event inside a 200 stream.
         try:
@@ -153,9 +200,24 @@ class OpenAiApi:
             return Response(status_code=499)
         except SplitserveError as err:
             await chunks.aclose()
-            return api_error_from(err).response()
+            return _with_headers(api_error_from(err).response(), headers)
         body = stream_body(fmt, first, chunks, include_usage=req.include_usage)
-        return StreamingResponse(body, media_type="text/event-stream")
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than {limit} bytes (edge.max_body_bytes)",
+        param=None,
+        code="request_too_large",
+    )
+
+
+def _with_headers(response: Response, headers: dict[str, str] | None) -> Response:
+    if headers:
+        response.headers.update(headers)
+    return response
 
 
 def _slo_overrides(http: HttpRequest) -> tuple[tuple[str, str], ...]:
@@ -200,36 +262,42 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(http: HttpRequest) -> Response:
+        client_id = client_request_id(http)
         try:
             req = await api.read_body(http, wire.CompletionRequest)
             api.check_common(req)
-            prompt = api.completion_prompt(req)
+            params = api.params(req, req.max_tokens, http)
+            prompt = await api.completion_prompt(req)
             fmt = formatter(chat=False)
-            request = generator.build_request(
-                fmt.response_id, prompt, api.params(req, req.max_tokens, http)
-            )
+            request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
-            return err.response()
+            return api.reject(err, client_id)
         except InvalidRequest as err:
-            return api_error_from(err).response()
-        return await api.serve(http, request, req, fmt)
+            return api.reject(api_error_from(err), client_id)
+        return await api.serve(http, request, req, fmt, client_id)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HttpRequest) -> Response:
+        client_id = client_request_id(http)
         try:
             req = await api.read_body(http, wire.ChatCompletionRequest)
             api.check_common(req)
-            prompt = api.chat_prompt(req)
-            fmt = formatter(chat=True)
             max_tokens = req.max_completion_tokens or req.max_tokens
-            request = generator.build_request(
-                fmt.response_id, prompt, api.params(req, max_tokens, http)
-            )
+            params = api.params(req, max_tokens, http)
+            prompt = await api.chat_prompt(req)
+            fmt = formatter(chat=True)
+            request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
-            return err.response()
+            return api.reject(err, client_id)
         except InvalidRequest as err:
-            return api_error_from(err).response()
-        return await api.serve(http, request, req, fmt)
+            return api.reject(api_error_from(err), client_id)
+        return await api.serve(http, request, req, fmt, client_id)
+
+    schema = openapi_document(model_name)
+
+    @app.get("/openapi.json")
+    async def openapi() -> dict[str, Any]:
+        return schema
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -253,6 +321,67 @@ def create_app(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def openapi_document(model_name: str) -> dict[str, Any]:
+    """The router's OpenAPI 3.1 description: the request bodies as the wire models validate them
+    (unknown fields are ignored), and the error body every 4xx / 5xx carries."""
+    ref = "#/components/schemas/{model}"
+    schemas: dict[str, Any] = {}
+
+    def body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+        js = model.model_json_schema(ref_template=ref)
+        schemas.update(js.pop("$defs", {}))
+        schemas[model.__name__] = js
+        return {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": ref.format(model=model.__name__)}}},
+        }
+
+    error = {
+        "description": "an OpenAI-style error",
+        "content": {"application/json": {"schema": {"$ref": ref.format(model="Error")}}},
+    }
+    schemas["Error"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "integer", "null"]},
+                },
+            }
+        },
+    }
+    answers = {
+        "200": {"description": "the completion (JSON, or server-sent events when streamed)"},
+        **dict.fromkeys(("400", "404", "408", "413", "429", "503", "504"), error),
+    }
+
+    def post(model: type[pydantic.BaseModel], summary: str) -> dict[str, Any]:
+        return {"post": {"summary": summary, "requestBody": body(model), "responses": answers}}
+
+    def get(summary: str) -> dict[str, Any]:
+        return {"get": {"summary": summary, "responses": {"200": {"description": summary}}}}
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"splitserve router ({model_name})", "version": "v1"},
+        "paths": {
+            "/v1/completions": post(wire.CompletionRequest, "a text completion"),
+            "/v1/chat/completions": post(wire.ChatCompletionRequest, "a chat completion"),
+            "/v1/models": get("the served model"),
+            "/health": get("the process is up"),
+            "/ready": get("a decode-capable worker accepts work"),
+            "/metrics": get("Prometheus metrics"),
+        },
+        "components": {"schemas": schemas},
+    }
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -13,7 +13,12 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from splitserve.core.errors import NoEligibleEndpoint, SplitserveError
-from splitserve.router.errors import InvalidRequest, Overloaded, RequestTimeout
+from splitserve.router.errors import (
+    InvalidRequest,
+    Overloaded,
+    RequestTimeout,
+    RouterShuttingDown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,8 @@ def api_error_from(err: BaseException) -> ApiError:
         return ApiError(503, f"no worker can take the request: {err}", "service_unavailable")
     if isinstance(err, RequestTimeout):
         return ApiError(504, str(err), "timeout")
+    if isinstance(err, RouterShuttingDown):
+        return ApiError(503, str(err), "service_unavailable", code="router_shutting_down")
     if isinstance(err, SplitserveError):
         return ApiError(503, f"the request failed on every worker tried: {err}", "server_error")
     log.error("unexpected error while serving: %r", err, exc_info=err)

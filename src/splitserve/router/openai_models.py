@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.core.request import FinishReason
@@ -108,6 +109,21 @@ class Formatter:
         self.chat = chat
         self.response_id = response_id
         self._head: dict[str, Any] = {"id": response_id, "created": created, "model": model}
+        self._delta_parts: dict[bool, tuple[bytes, bytes]] = {}
+
+    def delta_event(self, text: str, *, with_usage: bool) -> bytes:
+        """The SSE event of a mid-stream chunk (no finish reason), as bytes.
+
+        The hot path of a stream: the bytes around the text are built once per response and
+        only the text is encoded per event; the event equals `sse(self.chunk(text, None, ...))`.
+        """
+        parts = self._delta_parts.get(with_usage)
+        if parts is None:
+            marker = "\ue000"
+            body = self.chunk(marker, None, with_usage=with_usage)
+            head, _, tail = orjson.dumps(body).partition(orjson.dumps(marker))
+            parts = self._delta_parts[with_usage] = (b"data: " + head, tail + b"\n\n")
+        return parts[0] + orjson.dumps(text) + parts[1]
 
     def _choice(self, text: str, reason: FinishReason | None, *, stream: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {

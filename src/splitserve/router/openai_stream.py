@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
+import orjson
 from starlette.requests import Request as HttpRequest
 
 from splitserve.core.errors import SplitserveError
@@ -21,15 +21,15 @@ from splitserve.router.generation import TextChunk, Usage
 from splitserve.router.openai_errors import api_error_from
 
 T = TypeVar("T")
-DONE = "data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
 
 
 class ClientGone(Exception):  # noqa: N818 - a condition, like the core errors
     """The HTTP client disconnected before the answer was ready."""
 
 
-def sse(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 async def _wait_disconnect(request: HttpRequest) -> None:
@@ -72,7 +72,7 @@ async def stream_body(
     chunks: AsyncGenerator[TextChunk, None],
     *,
     include_usage: bool,
-) -> AsyncGenerator[str, None]:
+) -> AsyncGenerator[bytes, None]:
     """SSE events for a stream whose first chunk the caller already has."""
     usage: Usage | None = None
     try:
@@ -80,7 +80,10 @@ async def stream_body(
             yield sse(fmt.role_chunk(with_usage=include_usage))
         chunk: TextChunk | None = first
         while chunk is not None:
-            if chunk.text or chunk.finish_reason is not None:
+            if chunk.finish_reason is None:
+                if chunk.text:
+                    yield fmt.delta_event(chunk.text, with_usage=include_usage)
+            else:
                 yield sse(fmt.chunk(chunk.text, chunk.finish_reason, with_usage=include_usage))
             usage = chunk.usage or usage
             chunk = None if chunk.finish_reason is not None else await anext(chunks, None)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
 import uvicorn
 from grpc import aio
@@ -29,6 +30,7 @@ from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
 from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.kv_warm import KvPairWarmer
+from splitserve.router.http_edge import ConnectionCount, bind_tcp_socket, edge_protocol
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.request_log import RequestLog
@@ -37,6 +39,17 @@ from splitserve.router.tokenizer import TextTokenizer
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 2.0
+_CUT_S = 3.0
+"""After the drain grace: time for cut streams to send their error events and close."""
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn without its own SIGINT / SIGTERM handling: the process's signal handler calls
+    `RouterServer.stop()`, which drains (uvicorn's would start its own shutdown first)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class RouterServer:
@@ -50,9 +63,13 @@ class RouterServer:
         tokenizer: TextTokenizer | None = None,
         registry: CollectorRegistry | None = None,
         pod_source: PodSource | None = None,
+        reuse_port: bool = False,
     ) -> None:
-        """`pod_source` replaces the Kubernetes API for discovery (tests)."""
+        """`pod_source` replaces the Kubernetes API for discovery (tests). `reuse_port`: bind
+        both ports with `SO_REUSEPORT`, so several router processes share them (the kernel
+        spreads new connections across the processes)."""
         self.config = config
+        self.reuse_port = reuse_port
         self.clock: Clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
@@ -78,6 +95,9 @@ class RouterServer:
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: aio.Server | None = None
         self._kv_warm: asyncio.Task[None] | None = None
+        self.connections = ConnectionCount()
+        self._generator: Generator | None = None
+        self.draining = False
 
     async def start(self) -> None:
         """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
@@ -91,14 +111,16 @@ class RouterServer:
             max_model_len=self.config.max_model_len,
             default_max_tokens=self.config.default_max_tokens,
             request_log=RequestLog.from_env(),  # SPLITSERVE_REQUEST_LOG=<path>: per-request log
+            edge=self.config.edge,
         )
+        self._generator = generator
         await self.pool.start()
         self.loop_lag.start()
         self._kv_warm = asyncio.create_task(KvPairWarmer(self.pool).run(), name="warm-kv")
         if self.discovery is not None:
             await self.discovery.start()
         if self.config.grpc_port is not None:
-            self._grpc = aio.server()
+            self._grpc = aio.server(options=[("grpc.so_reuseport", int(self.reuse_port))])
             router_pb2_grpc.add_RouterServicer_to_server(RouterService(generator), self._grpc)
             address = f"{self.config.grpc_host}:{self.config.grpc_port}"
             self.grpc_port = self._grpc.add_insecure_port(address)
@@ -129,10 +151,20 @@ class RouterServer:
             log_config=None,
             lifespan="off",
             access_log=False,
+            http="httptools",
+            timeout_keep_alive=max(1, round(self.config.edge.idle_timeout_s)),
+            # A backstop: our own drain cuts streams at the grace period and waits _CUT_S more.
+            timeout_graceful_shutdown=round(self.config.edge.drain_grace_s + 2 * _CUT_S),
         )
-        sock = cfg.bind_socket()
+        cfg.load()
+        cfg.http_protocol_class = edge_protocol(
+            cfg.http_protocol_class, self.config.edge, self.connections
+        )
+        sock = bind_tcp_socket(
+            self.config.http_host, self.config.http_port, reuse_port=self.reuse_port
+        )
         self.http_port = int(sock.getsockname()[1])
-        self._http = uvicorn.Server(cfg)
+        self._http = _UvicornServer(cfg)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="uvicorn")
         while not self._http.started:  # uvicorn offers no event for "listening"
             if self._http_task.done():
@@ -141,19 +173,34 @@ class RouterServer:
             await asyncio.sleep(0.01)
 
     async def wait(self) -> None:
-        """Until the HTTP server exits (uvicorn handles SIGINT / SIGTERM in the main thread)."""
+        """Until the HTTP server exits (after `stop()`, or on a fatal error)."""
         if self._http_task is not None:
             await asyncio.shield(self._http_task)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain, then shut down: stop accepting (both ports), let in-flight requests finish for
+        `grace_s` (default `edge.drain_grace_s`), cut the rest (a streamed answer ends with an
+        error event, a whole one is a 503, a gRPC call UNAVAILABLE), close worker channels."""
+        grace = self.config.edge.drain_grace_s if grace_s is None else grace_s
+        self.draining = True
+        if self._http is not None:
+            self._http.should_exit = True  # closes the listener, then waits for connections
+        grpc_stop = None
+        if self._grpc is not None:
+            grpc_stop = asyncio.create_task(self._grpc.stop(grace + _CUT_S))
+        generator = self._generator
+        if generator is not None and generator.num_running:
+            log.info("draining: %d requests in flight, grace %g s", generator.num_running, grace)
+            if not await generator.wait_idle(grace):
+                num_cut = generator.cut_all()
+                log.warning("cut %d requests still running after the %g s grace", num_cut, grace)
         if self._http is not None and self._http_task is not None:
-            self._http.should_exit = True
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._http_task), _SHUTDOWN_GRACE_S + 1)
+                await asyncio.wait_for(asyncio.shield(self._http_task), _CUT_S)
             if not self._http_task.done():
                 self._http_task.cancel()
-        if self._grpc is not None:
-            await self._grpc.stop(grace=_SHUTDOWN_GRACE_S)
+        if grpc_stop is not None:
+            await grpc_stop
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.dispatcher.drain_background(), _SHUTDOWN_GRACE_S)
         if self.discovery is not None:
@@ -164,6 +211,8 @@ class RouterServer:
                 await self._kv_warm
         await self.pool.close()
         await self.loop_lag.stop()
+        if self._generator is not None:
+            self._generator.close()
         log.info("router stopped")
 
 
@@ -173,7 +222,7 @@ def _discovery_note(config: RouterConfig) -> str:
 
 
 async def serve(config: RouterConfig, ready: asyncio.Event | None = None) -> None:
-    """Run the router until cancelled or until the HTTP server exits (a signal).
+    """Run the router until cancelled (then drain and stop) or until the HTTP server exits.
 
     Args:
         config: the router's configuration.

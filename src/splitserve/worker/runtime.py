@@ -26,6 +26,7 @@ from splitserve.core.clock import SystemClock
 from splitserve.core.errors import ConfigError
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel, build_latency_model
+from splitserve.core.perf.protocol import LatencyModel
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
@@ -34,7 +35,7 @@ from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.worker.engine import Engine
 from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
-from splitserve.worker.sim_engine import SimEngine, SimEngineConfig
+from splitserve.worker.sim_engine import SimEngine, SimEngineConfig, ZeroDelay
 
 log = logging.getLogger(__name__)
 
@@ -162,17 +163,22 @@ def build_sim_engine(
             f"unknown sim model shape or hardware {err}; shapes: {sorted(MODELS)}, "
             f"hardware: {sorted(HARDWARE)}"
         ) from None
-    roofline = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=cfg.sim_time_scale)
+    if cfg.sim_time_scale < 0:
+        raise ConfigError(f"sim_time_scale must be >= 0 (0: no delay), got {cfg.sim_time_scale}")
+    scale = cfg.sim_time_scale or 1.0
+    roofline = RooflineModel(shape, hw, tp=cfg.tensor_parallel_size, time_scale=scale)
     try:
-        latency = build_latency_model(
+        latency: LatencyModel = build_latency_model(
             cfg.sim_latency_model,
             cfg.sim_model_shape,
             cfg.sim_hardware,
             cfg.tensor_parallel_size,
-            cfg.sim_time_scale,
+            scale,
         )
     except ValueError as err:
         raise ConfigError(f"--sim-latency-model: {err}") from None
+    if cfg.sim_time_scale == 0:
+        latency = ZeroDelay(latency)  # prices nothing; the wrapped model still sizes the KV cache
     num_blocks = cfg.sim_num_kv_blocks or max(1, roofline.kv_capacity_tokens() // cfg.block_size)
     policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
     if cfg.engine_args:

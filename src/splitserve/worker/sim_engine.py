@@ -25,7 +25,7 @@ from splitserve.core.clock import Clock
 from splitserve.core.errors import EngineError, KvTransferError
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import BlockManager, KvHandle
-from splitserve.core.perf.protocol import LatencyModel
+from splitserve.core.perf.protocol import BatchShape, LatencyModel
 from splitserve.core.request import FinishReason, Request
 from splitserve.policy.batching.base import BatchingPolicy
 from splitserve.policy.batching.engine import EngineModel, RequestMode, Step, StepResult
@@ -71,6 +71,28 @@ class SimEngineConfig:
     """This worker's gRPC address, put into KV handles for ReleaseKv."""
     max_model_len: int | None = None
     """Context limit: prompt + new tokens (None: only the KV capacity limits a request)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroDelay:
+    """A latency model that prices every step and KV transfer at zero (`--sim-time-scale 0`).
+
+    The engine then produces tokens as fast as its own loop runs (one event-loop turn per step):
+    a backend that costs nothing, for measuring what the router adds on its own. The wrapped
+    model still sizes the KV cache.
+    """
+
+    base: LatencyModel
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def step_s(self, batch: BatchShape) -> float:
+        return 0.0
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return 0.0
 
 
 class SimEngine:

@@ -12,7 +12,13 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from splitserve.api.router import DispatchSettings, PlacementSettings, PoolSettings, SloSettings
+from splitserve.api.router import (
+    DispatchSettings,
+    PlacementSettings,
+    PoolSettings,
+    RouterConfig,
+    SloSettings,
+)
 from splitserve.core.clock import SystemClock
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
@@ -20,6 +26,7 @@ from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
+from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer, build_default_tokenizer
 from tests.fakes.fake_worker import FakeWorker, Script
 
@@ -138,3 +145,35 @@ async def make_stack(tokenizer: TextTokenizer) -> AsyncIterator[StackFactory]:
     for stack in stacks:
         await stack.dispatcher.drain_background()
         await stack.pool.close()
+
+
+ServerFactory = Callable[..., Coroutine[Any, Any, RouterServer]]
+
+
+@pytest.fixture
+async def make_router(
+    tokenizer: TextTokenizer, tokenizer_dir: Path
+) -> AsyncIterator[ServerFactory]:
+    servers: list[RouterServer] = []
+
+    async def factory(*addresses: str, **overrides: Any) -> RouterServer:
+        config = RouterConfig(
+            model_name=MODEL,
+            tokenizer_dir=str(tokenizer_dir),
+            worker_addresses=addresses,
+            http_host="127.0.0.1",
+            http_port=0,
+            grpc_host="127.0.0.1",
+            grpc_port=0,
+            pool=FAST_POOL,
+            **overrides,
+        )
+        server = RouterServer(config, tokenizer=tokenizer)
+        await server.start()
+        servers.append(server)
+        await server.pool.wait_for(lambda p: all(v.ready for v in p.views()), 10)
+        return server
+
+    yield factory
+    for server in servers:
+        await server.stop(grace_s=1)

@@ -1,0 +1,26 @@
+# Router cost benchmark (issue 17): `make bench-router`. Not part of `make test`.
+#
+# Starts zero-delay sim workers (`--sim-time-scale 0`) and the splitserve router (pinned to core
+# 0), and vllm-router (PyPI, pinned, in its own venv) in P/D mode over fake OpenAI backends on the
+# same core; drives both with our own bounded load generator (closed and open loop) from core 1;
+# prints the figures side by side as ratios and writes out/bench-router.md, plus a py-spy flame
+# graph of our router at saturation (out/flame-splitserve-*.svg). Summarised by hand in
+# docs/benchmarks.md. Needs 2+ cores and `taskset`. ~5 minutes on the 2-core dev machine.
+
+BENCH_ROUTER_VENV   ?= .venv-bench-router
+VLLM_ROUTER_VERSION ?= 0.1.17
+PY_SPY_VERSION      ?= 0.4.1
+BENCH_ROUTER_ARGS   ?=
+
+.PHONY: bench-router
+
+$(BENCH_ROUTER_VENV)/.installed:
+	python3 -m venv $(BENCH_ROUTER_VENV)
+	$(BENCH_ROUTER_VENV)/bin/pip install -q vllm-router==$(VLLM_ROUTER_VERSION) \
+	  py-spy==$(PY_SPY_VERSION)
+	touch $@
+
+bench-router: $(STAMP) $(BENCH_ROUTER_VENV)/.installed
+	@mkdir -p out
+	$(PY) -m tests.bench_router.run --vllm-router $(BENCH_ROUTER_VENV)/bin/vllm-router \
+	  --py-spy $(BENCH_ROUTER_VENV)/bin/py-spy --out out/bench-router.md $(BENCH_ROUTER_ARGS)

@@ -1,0 +1,225 @@
+"""The router's HTTP connections: socket options, a connection limit and per-phase timeouts.
+
+`edge_protocol(base, settings)` wraps uvicorn's httptools protocol class; each connection then
+
+- turns Nagle's algorithm off (`TCP_NODELAY`) and sends ACKs at once after each read
+  (`TCP_QUICKACK`), so no keep-alive round trip waits 40 ms for a delayed ACK;
+- counts against `max_connections`: one over the limit is answered 429 and closed, so idle
+  connections cannot use up the process's file descriptors and lock everyone out;
+- is timed per phase: `idle_timeout_s` while no request is in progress (closed silently),
+  `header_timeout_s` from a request's first byte to the end of its headers, and
+  `body_timeout_s` from there to the end of its body (both answered 408 and closed). Once the
+  request is read, the request deadline of the dispatcher applies instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any, Final
+
+import orjson
+
+from splitserve.api.router_edge import EdgeSettings
+from splitserve.router.openai_errors import error_body
+
+log = logging.getLogger(__name__)
+
+_QUICKACK: Final[int | None] = getattr(socket, "TCP_QUICKACK", None)
+MAX_HEADER_BYTES: Final = 64 << 10
+"""Request line plus headers; more is answered 431 (uvicorn's parser sets no limit)."""
+
+
+def bind_tcp_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound (not yet listening) TCP socket whose accepted connections get `TCP_NODELAY`.
+
+    The protocol is named (`IPPROTO_TCP`, not 0) because asyncio turns `TCP_NODELAY` on for an
+    accepted socket only when `sock.proto == IPPROTO_TCP`, and `socket.accept()` copies the
+    listener's proto: a listener made with proto 0 (as `uvicorn.Config.bind_socket` makes it)
+    hands out connections with Nagle's algorithm on.
+
+    `reuse_port`: several processes bind the same port and the kernel spreads connections.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def set_nodelay(sock: Any) -> bool:
+    """Turn Nagle's algorithm off on a TCP socket; False (and nothing done) for other sockets."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        return False
+    return True
+
+
+def error_response(status: int, reason: str, message: str, type_: str, code: str) -> bytes:
+    """A whole HTTP/1.1 response with an OpenAI error body that closes the connection."""
+    body = orjson.dumps(error_body(message, type_, None, code))
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class ConnectionCount:
+    """Open connections of one HTTP server (shared by its protocol instances)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.refused = 0
+        self.timed_out = 0
+
+
+_IDLE, _HEADERS, _BODY, _SERVING = range(4)
+
+
+def edge_protocol(
+    base: type[asyncio.Protocol], settings: EdgeSettings, count: ConnectionCount
+) -> type[asyncio.Protocol]:
+    """`base` (uvicorn's `HttpToolsProtocol`) with the edge's socket options, limit and timers."""
+    limit = settings.max_connections
+    idle_s = settings.idle_timeout_s
+    header_s = settings.header_timeout_s
+    body_s = settings.body_timeout_s
+    quickack = _QUICKACK
+
+    class EdgeProtocol(base):  # type: ignore[valid-type,misc]
+        _edge_sock: Any = None
+        _edge_timer: asyncio.TimerHandle | None = None
+        _edge_phase = _IDLE
+        _edge_header_bytes = 0
+        _edge_counted = False
+
+        def connection_made(self, transport: Any) -> None:
+            sock = transport.get_extra_info("socket")
+            if set_nodelay(sock):
+                self._edge_sock = sock
+            if count.open >= limit:
+                count.refused += 1
+                log.warning("refusing a connection: %d open (max_connections)", count.open)
+                transport.write(
+                    error_response(
+                        429,
+                        "Too Many Requests",
+                        f"the router has {count.open} open connections, its limit "
+                        "(edge.max_connections); retry later",
+                        "rate_limit_error",
+                        "too_many_connections",
+                    )
+                )
+                transport.close()
+                return
+            count.open += 1
+            self._edge_counted = True
+            super().connection_made(transport)
+            self._edge_arm(idle_s, _IDLE)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self._edge_counted:
+                return
+            self._edge_counted = False
+            count.open -= 1
+            self._edge_cancel()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._edge_sock is not None and quickack is not None:
+                with contextlib.suppress(OSError):
+                    self._edge_sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
+            if self._edge_phase == _HEADERS:
+                self._edge_header_bytes += len(data)
+                if self._edge_header_bytes > MAX_HEADER_BYTES:
+                    self._edge_refuse(
+                        431,
+                        "Request Header Fields Too Large",
+                        f"the request line and headers exceed {MAX_HEADER_BYTES} bytes",
+                        "headers_too_large",
+                    )
+                    return
+            super().data_received(data)
+
+        # httptools parser callbacks (the parser calls them on this object)
+        def on_message_begin(self) -> None:
+            self._edge_header_bytes = 0
+            self._edge_arm(header_s, _HEADERS)
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._edge_arm(body_s, _BODY)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._edge_cancel()
+            self._edge_phase = _SERVING
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._edge_phase == _SERVING:  # else a pipelined request is being read
+                self._edge_phase = _IDLE
+                # uvicorn's keep-alive timer (timeout_keep_alive = idle_timeout_s) takes over
+
+        def _edge_arm(self, delay_s: float, phase: int) -> None:
+            self._edge_cancel()
+            self._edge_phase = phase
+            loop = asyncio.get_running_loop()
+            self._edge_timer = loop.call_later(delay_s, self._edge_expired, phase)
+
+        def _edge_cancel(self) -> None:
+            if self._edge_timer is not None:
+                self._edge_timer.cancel()
+                self._edge_timer = None
+
+        def _edge_expired(self, phase: int) -> None:
+            self._edge_timer = None
+            if self._edge_phase != phase or self.transport.is_closing():
+                return
+            count.timed_out += 1
+            if phase == _IDLE:
+                self.transport.close()
+                return
+            what = "headers" if phase == _HEADERS else "body"
+            limit_s = header_s if phase == _HEADERS else body_s
+            name = "header_timeout_s" if phase == _HEADERS else "body_timeout_s"
+            self._edge_refuse(
+                408,
+                "Request Timeout",
+                f"the request {what} did not arrive within {limit_s:g} s (edge.{name})",
+                "request_timeout",
+            )
+
+        def _edge_refuse(self, status: int, reason: str, message: str, code: str) -> None:
+            self._edge_cancel()
+            self._edge_phase = _SERVING
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                # The app is waiting for the body: tell it the client is gone.
+                cycle.disconnected = True
+                cycle.message_event.set()
+                if cycle.response_started:
+                    self.transport.close()
+                    return
+            self.transport.write(
+                error_response(status, reason, message, "invalid_request_error", code)
+            )
+            self.transport.close()
+
+    EdgeProtocol.__name__ = EdgeProtocol.__qualname__ = f"Edge{base.__name__}"
+    return EdgeProtocol

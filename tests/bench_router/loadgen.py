@@ -1,0 +1,148 @@
+"""A bounded HTTP load generator for streamed OpenAI requests (`make bench-router`).
+
+Closed loop (`concurrency` clients, each on its own keep-alive connection, one request at a
+time) or open loop (Poisson arrivals at `rate` per second, each on a free keep-alive connection
+or a new one). Both stop after `count` requests or `max_s` seconds, whichever comes first.
+TTFT is the time from sending a request to its first SSE event; E2E to `data: [DONE]`.
+Raw asyncio streams, so the generator's own cost per request stays small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Result:
+    ttft_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    wall_s: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+    """Non-200 answers by status line."""
+
+    @property
+    def done(self) -> int:
+        return len(self.e2e_s)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def request_bytes(port: int, path: str, body: bytes) -> bytes:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> _Conn:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        return cls(reader, writer)
+
+    async def stream(self, raw: bytes, result: Result) -> bool:
+        """One request; records its times. False: the connection is no longer usable."""
+        start = time.perf_counter()
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            result.errors += 1
+            status = head.split(b"\r\n", 1)[0].decode("latin-1")
+            result.statuses[status] = result.statuses.get(status, 0) + 1
+            return False
+        first: float | None = None
+        buf = b""
+        while True:
+            data = await self.reader.read(65536)
+            if not data:
+                result.errors += 1
+                return False
+            if first is None and b"data: " in data:
+                first = time.perf_counter()
+            buf = buf[-32:] + data
+            if b"data: [DONE]" in buf:
+                end = time.perf_counter()
+                break
+        # the chunked terminator may trail the [DONE] event in a later read
+        if not buf.endswith(b"0\r\n\r\n"):
+            await self.reader.readuntil(b"0\r\n\r\n")
+        assert first is not None
+        result.ttft_s.append(first - start)
+        result.e2e_s.append(end - start)
+        return True
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def closed_loop(port: int, raw: bytes, concurrency: int, count: int, max_s: float) -> Result:
+    result = Result()
+    issued = 0
+    deadline = time.perf_counter() + max_s
+
+    async def client() -> None:
+        nonlocal issued
+        conn = await _Conn.open(port)
+        while issued < count and time.perf_counter() < deadline:
+            issued += 1
+            if not await conn.stream(raw, result):
+                conn.close()
+                conn = await _Conn.open(port)
+        conn.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+async def open_loop(port: int, raw: bytes, rate: float, count: int, max_s: float) -> Result:
+    result = Result()
+    idle: list[_Conn] = []
+    rng = random.Random(1)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one() -> None:
+        conn = idle.pop() if idle else await _Conn.open(port)
+        try:
+            ok = await conn.stream(raw, result)
+        except (OSError, asyncio.IncompleteReadError):
+            result.errors += 1
+            ok = False
+        if ok:
+            idle.append(conn)
+        else:
+            conn.close()
+
+    start = time.perf_counter()
+    next_s = start
+    for _ in range(count):
+        next_s += rng.expovariate(rate)
+        delay = next_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if time.perf_counter() - start > max_s:
+            break
+        task = asyncio.create_task(one())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=max_s)
+    result.wall_s = time.perf_counter() - start
+    for conn in idle:
+        conn.close()
+    return result

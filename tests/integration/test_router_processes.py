@@ -1,0 +1,114 @@
+"""Two router processes on one stack (issue 17 item 3, issue 12 item 4): `splitserve router serve
+--processes 2` shares the ports with SO_REUSEPORT; a router process that dies is replaced while
+the other keeps serving, and SIGTERM drains both (an in-flight stream finishes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+MODEL = "splitserve-sim"
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "splitserve", *args], stdout=out, stderr=out, env=env
+        )
+
+
+def _ready(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"{path.name} not ready"
+        time.sleep(0.1)
+    info: dict[str, Any] = json.loads(path.read_text())
+    return info
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[dict[str, Any], subprocess.Popen[bytes]]]:
+    env = {**os.environ, "SPLITSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        worker = _spawn(
+            ["worker", "serve", "--role", "mixed", "--sim-time-scale", "0.2",
+             "--port", "0", "--metrics-port", "0", "--ready-file", str(tmp_path / "w.json")],
+            tmp_path / "worker.log",
+            env,
+        )  # fmt: skip
+        procs.append(worker)
+        address = _ready(tmp_path / "w.json", worker)["address"]
+        router = _spawn(
+            ["router", "serve", "--worker", address, "--port", "0", "--grpc-port", "0",
+             "--processes", "2", "--ready-file", str(tmp_path / "r.json")],
+            tmp_path / "router.log",
+            env,
+        )  # fmt: skip
+        procs.append(router)
+        yield _ready(tmp_path / "r.json", router), router
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _complete(base: str, **extra: Any) -> dict[str, Any]:
+    # A new connection per request, so the kernel spreads them over both processes.
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 4, **extra}
+    with httpx.Client(timeout=30) as client:
+        r = client.post(f"{base}/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def test_two_router_processes_share_the_port_survive_a_death_and_drain(
+    stack: tuple[dict[str, Any], subprocess.Popen[bytes]],
+) -> None:
+    info, supervisor = stack
+    base = f"http://127.0.0.1:{info['port']}"
+    assert len(info["pids"]) == 2
+    for _ in range(8):
+        assert _complete(base)["usage"]["completion_tokens"] == 4
+
+    os.kill(info["pids"][0], signal.SIGKILL)  # one process dies: the other keeps serving
+    for _ in range(8):
+        assert _complete(base)["choices"][0]["finish_reason"] == "length"
+
+    # SIGTERM drains: a stream already under way finishes, with its finish reason.
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 200, "stream": True}
+    events: list[str] = []
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{base}/v1/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+                break
+        supervisor.send_signal(signal.SIGTERM)
+        events += [line[6:] for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    assert supervisor.wait(60) == 0

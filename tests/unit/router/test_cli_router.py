@@ -1,0 +1,42 @@
+"""`splitserve router serve` process set-up: the open-files limit and `--processes`."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+from click.testing import CliRunner
+
+from splitserve.cli import router as cli_router
+
+
+def test_open_files_limit_is_raised_to_fit_the_connection_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1 << 20))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: calls.append(limits))
+    cli_router._raise_fd_limit(4096)
+    assert calls == [(4096 + cli_router._FD_HEADROOM, 1 << 20)]
+
+    calls.clear()
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (100_000, 100_000))
+    cli_router._raise_fd_limit(4096)
+    assert calls == []
+
+
+def test_open_files_limit_capped_by_the_hard_limit_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 2048))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: calls.append(limits))
+    cli_router._raise_fd_limit(4096)
+    assert calls == [(2048, 2048)]
+    assert "max_connections" in caplog.text
+
+
+def test_processes_must_be_positive() -> None:
+    result = CliRunner().invoke(cli_router.router, ["serve", "--processes", "0"])
+    assert result.exit_code == 2
+    assert "--processes" in result.output

@@ -1,0 +1,277 @@
+"""Issue 12 items 1 and 2 at the HTTP / gRPC edge: limits answered with clear 4xx, slow and idle
+clients timed out, bad JSON refused, tokenizing off the event loop, the router's own request ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc import aio
+
+from splitserve._gen.v1 import router_pb2, router_pb2_grpc
+from splitserve.api.router_edge import EdgeSettings
+from splitserve.core.roles import Role
+from splitserve.router.server import RouterServer
+from splitserve.router.tokenizer import TextTokenizer
+from tests.unit.router.conftest import MODEL, ServerFactory, WorkerFactory
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def _url(server: RouterServer, path: str) -> str:
+    return f"http://127.0.0.1:{server.http_port}{path}"
+
+
+def _rejected(server: RouterServer) -> float:
+    labels = {"outcome": "rejected", "path": "none"}
+    return server.registry.get_sample_value("splitserve_router_requests_total", labels) or 0.0
+
+
+async def _raw(server: RouterServer, data: bytes, *, read_s: float = 20) -> bytes:
+    """Send raw bytes on a fresh connection and read until the router closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(read_s):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+def _status_and_body(raw: bytes) -> tuple[int, dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+async def test_body_over_the_limit_is_413(make_router: ServerFactory) -> None:
+    server = await make_router(edge=EdgeSettings(max_body_bytes=4096))
+    big = {"model": MODEL, "prompt": "x" * 10_000}
+    async with httpx.AsyncClient() as client:
+        r = await client.post(_url(server, COMPLETIONS), json=big)
+        assert r.status_code == 413
+        assert "edge.max_body_bytes" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "request_too_large"
+        assert (await client.get(_url(server, "/health"))).status_code == 200
+    # No Content-Length: the body is counted while it is read.
+    chunk = b"3e8\r\n" + b" " * 1000 + b"\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+    status, body = _status_and_body(await _raw(server, head + chunk * 10 + b"0\r\n\r\n"))
+    assert status == 413
+    assert body["error"]["code"] == "request_too_large"
+    assert _rejected(server) == 2
+
+
+async def test_prompt_characters_are_limited_before_tokenizing(
+    make_router: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await make_router(edge=EdgeSettings(max_prompt_chars=100))
+    tokenizer = server._generator.tokenizer if server._generator else None
+    assert tokenizer is not None
+    calls: list[str] = []
+    for name in ("encode", "apply_chat_template"):
+        monkeypatch.setattr(tokenizer, name, lambda *a, _n=name, **k: calls.append(_n))
+    async with httpx.AsyncClient() as client:
+        r = await client.post(_url(server, COMPLETIONS), json={"model": MODEL, "prompt": "y" * 101})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "prompt"
+        assert "edge.max_prompt_chars" in r.json()["error"]["message"]
+        messages = [{"role": "user", "content": "z" * 60}] * 2
+        r = await client.post(_url(server, CHAT), json={"model": MODEL, "messages": messages})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "messages"
+    assert calls == []
+
+
+async def test_stop_strings_are_limited_on_both_faces(
+    make_worker: WorkerFactory, make_router: ServerFactory
+) -> None:
+    m = await make_worker(Role.MIXED)
+    edge = EdgeSettings(max_stop_strings=2, max_stop_string_chars=8)
+    server = await make_router(m.address, edge=edge)
+    async with httpx.AsyncClient() as client:
+        for stop, what in ((["a", "b", "c"], "max_stop_strings"), (["x" * 9], "chars")):
+            body = {"model": MODEL, "prompt": "hi", "stop": stop}
+            r = await client.post(_url(server, COMPLETIONS), json=body)
+            assert r.status_code == 400
+            assert r.json()["error"]["param"] == "stop"
+            assert what in r.json()["error"]["message"]
+    async with aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        req = router_pb2.RouterGenerateRequest(prompt="hi", stop=["a", "b", "c"])
+        with pytest.raises(aio.AioRpcError) as err:
+            _ = [c async for c in stub.Generate(req)]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert m.names() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        pytest.param(b"[" * 1100 + b"]" * 1100, "depth", id="nested-array"),
+        pytest.param(b'{"a":' * 1100 + b"1" + b"}" * 1100, "depth", id="nested-object"),
+        pytest.param(b'{"model": "m", "prompt": "a\\ud800b"}', "surrogate", id="prompt"),
+        pytest.param(b'{"model": "\\udc00"}', "surrogate", id="model"),
+        pytest.param(
+            b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+            "surrogate",
+            id="chat-content",
+        ),
+        pytest.param(b"\xff\xfe{}", "utf-8", id="bad-utf8"),
+    ],
+)
+async def test_bad_json_is_a_clear_400(make_router: ServerFactory, body: bytes, field: str) -> None:
+    server = await make_router()
+    async with httpx.AsyncClient() as client:
+        for path in (COMPLETIONS, CHAT):
+            r = await client.post(
+                _url(server, path), content=body, headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["type"] == "invalid_request_error"
+            assert "not valid JSON" in error["message"]
+        assert (await client.get(_url(server, "/health"))).status_code == 200
+
+
+async def test_connection_limit_answers_429_and_recovers(make_router: ServerFactory) -> None:
+    server = await make_router(edge=EdgeSettings(max_connections=2))
+    held = [await asyncio.open_connection("127.0.0.1", server.http_port) for _ in range(2)]
+    async with asyncio.timeout(10):
+        while server.connections.open < 2:  # noqa: ASYNC110 - polls the server's own count
+            await asyncio.sleep(0.01)
+    status, body = _status_and_body(await _raw(server, b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n"))
+    assert status == 429
+    assert body["error"]["code"] == "too_many_connections"
+    assert "edge.max_connections" in body["error"]["message"]
+    for _, writer in held:
+        writer.close()
+    async with asyncio.timeout(10):
+        while server.connections.open:  # noqa: ASYNC110 - polls the server's own count
+            await asyncio.sleep(0.01)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(_url(server, "/health"))).status_code == 200
+
+
+async def test_slow_headers_and_slow_body_get_408(make_router: ServerFactory) -> None:
+    edge = EdgeSettings(header_timeout_s=0.2, body_timeout_s=0.2, idle_timeout_s=30)
+    server = await make_router(edge=edge)
+    status, body = _status_and_body(await _raw(server, b"POST /v1/completions HTTP/1.1\r\nHo"))
+    assert status == 408
+    assert "edge.header_timeout_s" in body["error"]["message"]
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 100\r\n\r\n{"
+    status, body = _status_and_body(await _raw(server, head))
+    assert status == 408
+    assert "edge.body_timeout_s" in body["error"]["message"]
+    assert server.connections.timed_out == 2
+
+
+async def test_idle_connections_are_closed(make_router: ServerFactory) -> None:
+    server = await make_router(edge=EdgeSettings(idle_timeout_s=0.2))
+    assert await _raw(server, b"") == b""  # never sent a byte: closed without an answer
+    # After a keep-alive response, uvicorn's keep-alive timer (whole seconds, >= 1) closes it.
+    raw = await _raw(server, b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 200")
+    assert server.connections.open == 0
+
+
+async def test_long_prompts_are_tokenized_off_the_event_loop(
+    make_worker: WorkerFactory,
+    make_router: ServerFactory,
+    tokenizer: TextTokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m = await make_worker(Role.MIXED)
+    server = await make_router(m.address, edge=EdgeSettings(inline_tokenize_max_chars=10))
+    gate = threading.Event()
+    threads: list[str] = []
+    real = tokenizer.encode
+
+    def blocking_encode(text: str) -> list[int]:
+        threads.append(threading.current_thread().name)
+        if len(text) > 10:
+            gate.wait(20)  # a tokenizer busy with a huge prompt
+        return real(text)
+
+    monkeypatch.setattr(tokenizer, "encode", blocking_encode)
+    async with httpx.AsyncClient(timeout=20) as client:
+        slow = asyncio.create_task(
+            client.post(_url(server, COMPLETIONS), json={"model": MODEL, "prompt": "p" * 50})
+        )
+        async with asyncio.timeout(10):
+            while not threads:  # noqa: ASYNC110 - set from the tokenizer thread
+                await asyncio.sleep(0.01)
+        # The loop still serves others while that prompt is being tokenized.
+        assert (await client.get(_url(server, "/health"))).status_code == 200
+        short = await client.post(_url(server, COMPLETIONS), json={"model": MODEL, "prompt": "s"})
+        assert short.status_code == 200
+        assert not slow.done()
+        gate.set()
+        assert (await slow).status_code == 200
+    assert threads[0].startswith("tokenize")  # the long one, in the pool
+    assert not threads[1].startswith("tokenize")  # the short one, inline
+
+
+async def test_request_ids_are_the_routers_own(
+    make_worker: WorkerFactory, make_router: ServerFactory
+) -> None:
+    m = await make_worker(Role.MIXED)
+    server = await make_router(m.address)
+    headers = {"x-request-id": "mine-1"}
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    async with httpx.AsyncClient() as client:
+        a = await client.post(_url(server, COMPLETIONS), json=body, headers=headers)
+        b = await client.post(_url(server, COMPLETIONS), json=body, headers=headers)
+        bad = await client.post(_url(server, COMPLETIONS), json={"model": "x"}, headers=headers)
+    assert a.headers["x-request-id"] == b.headers["x-request-id"] == "mine-1"
+    assert bad.headers["x-request-id"] == "mine-1"
+    assert a.json()["id"] != b.json()["id"]
+    seen = [r.request_id for r in m.requests("Generate")]
+    assert len(set(seen)) == 2
+    assert "mine-1" not in seen
+
+
+async def test_a_grpc_caller_cannot_cancel_anothers_request(
+    make_worker: WorkerFactory, make_router: ServerFactory, tokenizer: TextTokenizer
+) -> None:
+    hold = asyncio.Event()
+    m = await make_worker(Role.MIXED, hold=hold, hold_after=1)
+    server = await make_router(m.address)
+    async with aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        req = router_pb2.RouterGenerateRequest(
+            request_id="same", prompt_token_ids=router_pb2.TokenIds(ids=[1, 2])
+        )
+        victim = stub.Generate(req)
+        first = await anext(aiter(victim))
+        assert first.request_id == "same"  # the caller's label, echoed
+        attacker = stub.Generate(req)
+        await anext(aiter(attacker))
+        attacker.cancel()
+        await m.wait_call("Cancel")
+        hold.set()
+        rest = [c async for c in victim]
+    assert rest[-1].finish_reason != 0
+    got = [*first.token_ids, *(t for c in rest for t in c.token_ids)]
+    assert got == list(m.script.completion)
+    ids = [r.request_id for r in m.requests("Generate")]
+    assert len(set(ids)) == 2
+    assert m.cancelled == [ids[1]]
+
+
+def test_error_body_is_openai_shaped() -> None:
+    from splitserve.router.http_edge import error_response
+
+    raw = error_response(429, "Too Many Requests", "m", "rate_limit_error", "c")
+    status, body = _status_and_body(raw)
+    assert status == 429
+    assert body == {
+        "error": {"message": "m", "type": "rate_limit_error", "param": None, "code": "c"}
+    }
