@@ -31,10 +31,7 @@ import kopf
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.errors import ConfigError
 from splitserve.operator import reconcile as rc
-<<<<<<< HEAD
 from splitserve.operator.control import runtime as control
-from splitserve.operator.kube import Kube, KubeError, RestKube
-=======
 from splitserve.operator.events import Recorder
 from splitserve.operator.kube import (
     OWNED_KINDS,
@@ -46,7 +43,6 @@ from splitserve.operator.kube import (
     Store,
     load_configuration,
 )
->>>>>>> opreal
 from splitserve.operator.render import ServiceRef
 from splitserve.operator.workers import GrpcWorkerClient, WorkerClient
 

@@ -113,17 +113,10 @@ def parse_spec(obj: Mapping[str, Any]) -> v1.LLMServiceSpec:
         return v1.LLMServiceSpec.model_validate(obj.get("spec") or {})
     except ValidationError as err:
         name = obj.get("metadata", {}).get("name")
-<<<<<<< HEAD
-        # Field paths and messages only: the input values may hold credentials.
-        details = "; ".join(
-            f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
-            for e in err.errors(include_input=False, include_url=False)
-        )
-        raise ConfigError(f"LLMService {name}: invalid spec: {details}") from None
-=======
+        # Field paths and messages only (`spec_errors`): the input values may hold credentials.
         raise ConfigError(
             f"LLMService {name}: invalid spec: " + "; ".join(validate.spec_errors(err))
-        ) from err
+        ) from None
 
 
 def spec_field(spec: v1.LLMServiceSpec, service: str, kind: str, name: str) -> str:
@@ -147,7 +140,6 @@ def failure_message(err: KubeError, spec: v1.LLMServiceSpec | None, service: str
     if spec is not None and len(parts) == 3:
         where = f" (from {spec_field(spec, service, parts[1], parts[2])})"
     return f"{target}{where}: {err.status} {err.reason}: {err.message}"
->>>>>>> opreal
 
 
 def reconcile(
@@ -288,14 +280,10 @@ def _reconcile(
             desired=int(router["spec"].get("replicas", 0)),
             ready=int((router.get("status") or {}).get("readyReplicas", 0)),
         )
-<<<<<<< HEAD
     job_name = render.model_cache_job_name(spec, ref)
     artifact = status.artifact_status(
         spec, ref, applied.get(("Job", job_name)) if job_name else None
     )
-    previous = _previous_status(svc)
-=======
->>>>>>> opreal
     decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))]
     new_status = status.service_status(
         spec=spec,
@@ -308,11 +296,8 @@ def _reconcile(
         now=now,
         generation=svc["metadata"].get("generation"),
         decisions=decisions,
-<<<<<<< HEAD
         artifact=artifact,
-=======
         overrides=overrides,
->>>>>>> opreal
     )
     _post_transitions(previous, new_status, event)
     _write_status(kube, svc, new_status)

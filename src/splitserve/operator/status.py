@@ -24,11 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-<<<<<<< HEAD
-from typing import Any
-=======
-from typing import Final
->>>>>>> opreal
+from typing import Any, Final
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
@@ -198,11 +194,8 @@ def service_status(
     now: str,
     generation: int | None,
     decisions: Sequence[str] = (),
-<<<<<<< HEAD
     artifact: v1.ArtifactStatus | None = None,
-=======
     overrides: Sequence[tuple[str, str]] = (),
->>>>>>> opreal
 ) -> v1.LLMServiceStatus:
     """`overrides`: (reason, message) per change a person made that the operator does not
     honour (`SpecApplied=False`)."""
@@ -229,13 +222,6 @@ def service_status(
     else:
         ready_reason, ready_message = "AllPoolsReady", "every pool has its desired ready workers"
     is_ready = not blocked and router_ready and not short
-<<<<<<< HEAD
-    waiting = (v1.ArtifactPhase.PENDING, v1.ArtifactPhase.DOWNLOADING, v1.ArtifactPhase.FAILED)
-    if not is_ready and artifact is not None and artifact.phase in waiting:
-        # Workers wait for the model cache: say so rather than "no ready workers".
-        ready_reason = f"Model{artifact.phase.value}"
-        ready_message = f"model {artifact.source}: {artifact.message}"
-=======
     problem = problem_summary(pods.problems, ref.namespace)
     degraded_reason = "PoolsBelowDesired" if short else "AsDesired"
     degraded_message = "; ".join(short) if short else "nothing runs below what was asked"
@@ -243,7 +229,11 @@ def service_status(
         degraded_reason, degraded_message = problem[0], f"{degraded_message}; {problem[1]}"
         if ready_reason == "PoolsBelowDesired":
             ready_reason, ready_message = degraded_reason, degraded_message
->>>>>>> opreal
+    waiting = (v1.ArtifactPhase.PENDING, v1.ArtifactPhase.DOWNLOADING, v1.ArtifactPhase.FAILED)
+    if not is_ready and artifact is not None and artifact.phase in waiting:
+        # Workers wait for the model cache: say so rather than "no ready workers".
+        ready_reason = f"Model{artifact.phase.value}"
+        ready_message = f"model {artifact.source}: {artifact.message}"
 
     def cond(type_: str, status: bool, reason: str, message: str) -> v1.Condition:
         return _condition(prev.conditions, now, generation, type_, status, reason, message)

@@ -67,7 +67,7 @@ def _path(parts: Iterable[Any]) -> str:
 def spec_errors(err: ValidationError) -> list[str]:
     """One line per mistake, naming the field under `spec`; no library boilerplate (links)."""
     out = []
-    for e in err.errors(include_url=False):
+    for e in err.errors(include_url=False, include_input=False):  # inputs may be credentials
         msg = str(e["msg"]).removeprefix("Value error, ")
         if e["loc"]:
             out.append(f"{_path(('spec', *e['loc']))}: {msg}")
