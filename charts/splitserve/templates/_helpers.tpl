@@ -92,24 +92,17 @@ app.kubernetes.io/part-of: splitserve
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-<<<<<<< HEAD
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The model cache (model.cache): its claim and download Jobs.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "create", "patch", "delete"]
-# Worker pods: role and fence labels, flip progress and deletion-cost annotations. get and
-# watch are unused by the operator but granted by the router's Role, which it creates (RBAC
-# lets nobody grant what they do not hold).
-=======
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Worker pods: role and fence labels, flip progress and deletion-cost annotations. get is
 # granted by the router's Role, which the operator creates (RBAC lets nobody grant what they
 # do not hold).
->>>>>>> opreal
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]

@@ -42,9 +42,7 @@ from splitserve.router.pool_view import PoolView
 log = logging.getLogger(__name__)
 
 _SLO_HEADER = "x-slo-class"
-<<<<<<< HEAD
 _SLO_OVERRIDE_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")
-=======
 _ID_HEADER = "x-request-id"
 _CLIENT_ID_OK = re.compile(r"[\x21-\x7e]{1,128}")
 """A client's `x-request-id` is echoed back only if it is 1-128 visible ASCII characters."""
@@ -55,7 +53,6 @@ def client_request_id(http: HttpRequest) -> str | None:
     it to find, cancel or route a request (its own ids are minted here)."""
     value = http.headers.get(_ID_HEADER)
     return value if value is not None and _CLIENT_ID_OK.fullmatch(value) else None
->>>>>>> edge
 
 
 class OpenAiApi:
