@@ -73,6 +73,8 @@ class _Running:
     def __init__(self) -> None:
         self.task: asyncio.Task[object] | None = None
         self.cut = False
+
+
 def _ms(value: str | None) -> float | None:
     return None if value is None else float(value) / 1000
 

@@ -74,7 +74,7 @@ def _decode_with(scorers: tuple[PluginSpec, ...], name: str) -> ProfileSpec:
 
 
 def _splitwise(phase: str, ledger: Ledger) -> ProfileSpec:
-    # As `sim.cluster_splitwise._profile`, with the router's reserved KV.
+    # As `sim.reproductions.splitwise_cluster._profile`, with the router's reserved KV.
     params: dict[str, Any] = {"phase": phase, "reserved_of": ledger.reserved_of}
     return ProfileSpec(
         name=f"splitwise-{phase}",

@@ -28,9 +28,9 @@ from splitserve.router.discovery import KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
-from splitserve.router.loop_lag import LoopLagMonitor
-from splitserve.router.kv_warm import KvPairWarmer
 from splitserve.router.http_edge import ConnectionCount, bind_tcp_socket, edge_protocol
+from splitserve.router.kv_warm import KvPairWarmer
+from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.request_log import RequestLog

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
@@ -16,7 +17,6 @@ from splitserve.obs.metrics import OperatorMetrics
 from splitserve.operator import reconcile as rc
 from splitserve.operator.control.loop import Controller, prometheus_samples
 from splitserve.operator.control.signals import Snapshot, Window, histogram_quantile, parse
-from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
 from splitserve.policy.planner.signals import PoolSignal, SignalState, WorkerLoad
 from tests.fakes.router_metrics import FakeRouterMetrics
 

@@ -24,9 +24,9 @@ from splitserve.policy.placement.splitwise import SplitwiseDecider
 from splitserve.policy.placement.tetriinfer import HeavyLightMix, TetriPowerOfTwo
 from splitserve.router.ledger import Ledger
 from splitserve.router.profiles import PROFILES, build_decider, profile_specs
-from splitserve.sim.cluster_aladdin import AladdinLoads, split_spec
-from splitserve.sim.cluster_splitwise import A100, splitwise_spec
-from splitserve.sim.cluster_tetriinfer import RoutedMix, tetriinfer_spec
+from splitserve.sim.reproductions.aladdin_cluster import AladdinLoads, split_spec
+from splitserve.sim.reproductions.splitwise_cluster import A100, splitwise_spec
+from splitserve.sim.reproductions.tetriinfer_cluster import RoutedMix, tetriinfer_spec
 from tests.unit.sim.builders import tiny_template as template
 
 

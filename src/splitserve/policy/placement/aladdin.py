@@ -27,15 +27,15 @@ As a scorer (`AladdinPacking`, registered as "aladdin-pack"):
   nothing feasible the least-violating worker ranks first.
 
 Inputs beyond `EndpointView`: the ongoing requests per endpoint come from `load_of`, a function
-the owner injects (the simulator reads its own request table, `sim.cluster_aladdin`; a live router
-would read its request table and token counters). Without it, the scorer falls back to the
+the owner injects (the simulator reads its own request table,
+`sim.reproductions.aladdin_cluster`; a live router would read its request table and token counters). Without it, the scorer falls back to the
 endpoint view alone: batch = max(in flight, running + waiting), context = KV blocks in use; (e)
 then checks only the new request's peak against free KV.
 
 Alg. 2 (re-balancing new requests each heartbeat) is here as pure functions
 (`prediction_error`, `rebalance`: greedy pairwise moves, C.4.3 [REC]). The simulator runs them
-each heartbeat (`sim.cluster_aladdin.Rebalancer`, moving requests with `Cluster.reassign`); the
-live router has no such hook.
+each heartbeat (`sim.reproductions.aladdin_cluster.Rebalancer`, moving requests with
+`Cluster.reassign`); the live router has no such hook.
 Time-indexed KV is evaluated exactly at the iterations where some request finishes (the vector's
 peaks), not on a K-long grid: the same maxima, O(n log n).
 
@@ -281,7 +281,8 @@ def _kv_peak(perf: AladdinPerfModel, ctx: np.ndarray, rem: np.ndarray) -> float:
     return float(totals.max()) if len(totals) else 0.0
 
 
-# -- Alg. 2: prediction-error re-balancing of new requests (pure; sim.cluster_aladdin runs it) --
+# -- Alg. 2: prediction-error re-balancing of new requests (pure; run by the simulator's
+# sim.reproductions.aladdin_cluster) --
 
 
 @dataclass(frozen=True, slots=True)

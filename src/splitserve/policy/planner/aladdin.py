@@ -291,7 +291,7 @@ def min_workers(
     (cheap when the guess is close); if not, gallop up from guess + 1. Raises ValueError when
     even `limit` workers fail. An oracle judged on one short run at P100 is not monotone (one
     unlucky request decides it); give it a target below 1 or average seeds, or scan as
-    `sim.repro_aladdin` does, rather than trust a bisection on it."""
+    `sim.reproductions.aladdin` does, rather than trust a bisection on it."""
     if start < 1 or limit < start:
         raise ValueError("need 1 <= start <= limit")
     if guess is not None and start <= guess <= limit:
