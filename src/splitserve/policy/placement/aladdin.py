@@ -30,7 +30,8 @@ Inputs beyond `EndpointView`: the ongoing requests per endpoint come from `load_
 the owner injects (the simulator reads its own request table,
 `sim.reproductions.aladdin_cluster`; a live router would read its request table and token
 counters). Without it, the scorer falls back to the endpoint view alone: batch = max(in flight,
-running + waiting), context = KV blocks in use; (e) then checks only the new request's peak against free KV.
+running + waiting), context = KV blocks in use; (e) then checks only the new request's peak
+against free KV.
 
 Alg. 2 (re-balancing new requests each heartbeat) is here as pure functions
 (`prediction_error`, `rebalance`: greedy pairwise moves, C.4.3 [REC]). The simulator runs them
