@@ -46,6 +46,13 @@ def test_engine_model_puts_priority_and_deadline_in_the_seq_view() -> None:
     assert (seq.slo_class, seq.priority, seq.deadline_s) == ("interactive", 7, 5.5)
 
 
+class _AbortingContext:
+    """A servicer context whose `abort` fails the test (the request must be valid)."""
+
+    async def abort(self, code: object, details: str) -> None:
+        raise AssertionError(f"aborted: {code} {details}")
+
+
 async def test_worker_rebases_the_routers_budget_on_its_own_clock(
     make_worker: WorkerFactory,
 ) -> None:
@@ -57,11 +64,12 @@ async def test_worker_rebases_the_routers_budget_on_its_own_clock(
         Request(RequestId("r"), (1, 2), SamplingSpec(max_tokens=2), 0.0, SloClassName("batch")),
         slo=ctx,
     )
-    req = w.service._request(
-        msg.request_id, list(msg.prompt_token_ids), msg.sampling, msg.slo_class, msg.slo
+    ctx_ = _AbortingContext()
+    req = await w.service._request(
+        ctx_, msg.request_id, list(msg.prompt_token_ids), msg.sampling, msg.slo_class, msg.slo
     )
     assert req.slo_class == "batch"
     assert req.priority == 3
     assert req.deadline_s == 100.25
-    none = w.service._request("x", [1], msg.sampling, "", None)
+    none = await w.service._request(ctx_, "x", [1], msg.sampling, "", None)
     assert (none.slo_class, none.priority, none.deadline_s) == ("default", 0, None)
