@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from splitserve.operator.testing import FakeWorkers, MemoryKube, worker_pod
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
@@ -18,6 +17,7 @@ from splitserve.operator import reconcile as rc
 from splitserve.operator.control.loop import Controller, prometheus_samples
 from splitserve.operator.control.signals import Snapshot, Window, histogram_quantile, parse
 from splitserve.policy.planner.signals import PoolSignal, SignalState, WorkerLoad
+from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
 from tests.fakes.router_metrics import FakeRouterMetrics
 
 NS = "default"

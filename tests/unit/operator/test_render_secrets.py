@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from splitserve.operator.testing import FakeWorkers, MemoryKube
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.cli.operator import operator
 from splitserve.core.errors import ConfigError
 from splitserve.operator import reconcile as rc
+from tests.fakes.kube import FakeWorkers, MemoryKube
 
 NS = "ml"
 NOW = "2026-01-01T00:00:00Z"
