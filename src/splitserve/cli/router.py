@@ -167,8 +167,12 @@ def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> N
         finally:
             await server.stop()
 
+    policy = asyncio.get_event_loop_policy()
     _use_uvloop()
-    run_until_signalled(main)
+    try:
+        run_until_signalled(main)
+    finally:
+        asyncio.set_event_loop_policy(policy)  # this process's later loops are not ours
 
 
 _FD_HEADROOM = 1024
