@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
+from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
@@ -72,6 +73,14 @@ def router() -> None:
     "connections). Each runs its own event loop on its own core; a supervisor restarts one "
     "that dies and drains them all on SIGTERM.",
 )
+@click.option(
+    "--edge",
+    "edge_values",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An edge limit (repeatable), e.g. --edge max_body_bytes=1048576 --edge "
+    "header_timeout_s=5: any field of RouterConfig.edge (docs/reliability.md).",
+)
 @click.option("--reuse-port", is_flag=True, hidden=True, help="Bind with SO_REUSEPORT.")
 @click.option(
     "--config-json",
@@ -98,6 +107,7 @@ def serve_cmd(
     token_stall_timeout_s: float,
     ready_file: Path | None,
     processes: int,
+    edge_values: tuple[str, ...],
     reuse_port: bool,
     config_json: Path | None,
     log_level: str,
@@ -113,6 +123,7 @@ def serve_cmd(
         _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
         return
     flags: dict[str, Any] = {
+        "edge": ("edge_values", edge_settings(edge_values)),
         "worker_addresses": ("workers", workers),
         "model_name": ("model", model),
         "http_host": ("host", host),
@@ -198,8 +209,12 @@ def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> N
         finally:
             await server.stop()
 
+    policy = asyncio.get_event_loop_policy()
     _use_uvloop()
-    run_until_signalled(main)
+    try:
+        run_until_signalled(main)
+    finally:
+        asyncio.set_event_loop_policy(policy)  # this process's later loops are not ours
 
 
 _FD_HEADROOM = 1024
@@ -234,6 +249,30 @@ def _use_uvloop() -> None:
     except ImportError:
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def edge_settings(values: tuple[str, ...]) -> EdgeSettings:
+    """`EdgeSettings` from `KEY=VALUE` strings (values read as JSON where they parse).
+
+    Raises:
+        click.BadParameter: not KEY=VALUE, an unknown key, or a bad value (named).
+    """
+    fields: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--edge")
+        if key not in EdgeSettings.model_fields:
+            known = ", ".join(EdgeSettings.model_fields)
+            raise click.BadParameter(f"unknown key {key!r}; known: {known}", param_hint="--edge")
+        try:
+            fields[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            fields[key] = raw
+    try:
+        return EdgeSettings(**fields)
+    except ValidationError as err:
+        raise click.BadParameter(str(err), param_hint="--edge") from err
 
 
 def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:

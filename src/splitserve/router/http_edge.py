@@ -143,8 +143,9 @@ def edge_protocol(
             if self._edge_sock is not None and quickack is not None:
                 with contextlib.suppress(OSError):
                     self._edge_sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
-            if self._edge_phase == _HEADERS:
-                self._edge_header_bytes += len(data)
+            if self._edge_phase <= _HEADERS:  # idle or reading a request's head
+                end = data.find(b"\r\n\r\n")
+                self._edge_header_bytes += len(data) if end < 0 else end
                 if self._edge_header_bytes > MAX_HEADER_BYTES:
                     self._edge_refuse(
                         431,
@@ -157,11 +158,11 @@ def edge_protocol(
 
         # httptools parser callbacks (the parser calls them on this object)
         def on_message_begin(self) -> None:
-            self._edge_header_bytes = 0
             self._edge_arm(header_s, _HEADERS)
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
+            self._edge_header_bytes = 0
             self._edge_arm(body_s, _BODY)
             super().on_headers_complete()
 

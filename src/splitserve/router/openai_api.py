@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -242,8 +242,8 @@ def create_app(
     model_name: str,
     registry: CollectorRegistry,
     unix_time: Callable[[], float],
-) -> FastAPI:
-    """The router's FastAPI app. `unix_time` stamps `created` fields (the only wall-clock use)."""
+) -> EdgeApp:
+    """The router's ASGI app. `unix_time` stamps `created` fields (the only wall-clock use)."""
     api = OpenAiApi(generator, pool, model_name=model_name, registry=registry, unix_time=unix_time)
     app = FastAPI(title="splitserve router", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
@@ -317,7 +317,41 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    hot: dict[str, Handler] = {
+        "/v1/completions": completions,
+        "/v1/chat/completions": chat_completions,
+    }
+    return EdgeApp(app, hot)
+
+
+Handler = Callable[[HttpRequest], Awaitable[Response]]
+
+
+class EdgeApp:
+    """The FastAPI app with its two completion routes called directly.
+
+    FastAPI's middleware stack, routing and exception wrappers cost ~0.5 ms per request on the
+    development machine (measured in-process: 715 µs through FastAPI against 204 µs direct, for
+    a request answered 404), more than the rest of a small request. The completion handlers
+    catch their own errors and build their own responses, so `POST` to either path goes straight
+    to its handler; everything else (and any other method on those paths) goes through FastAPI.
+    """
+
+    def __init__(self, app: FastAPI, hot: dict[str, Handler]) -> None:
+        self.fastapi = app
+        self._hot = hot
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._hot.get(scope["path"])
+            if handler is not None:
+                try:
+                    response = await handler(HttpRequest(scope, receive, send))
+                except Exception as err:  # a bug: answer like FastAPI would, in our format
+                    response = api_error_from(err).response()
+                await response(scope, receive, send)
+                return
+        await self.fastapi(scope, receive, send)
 
 
 def openapi_document(model_name: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from splitserve.api.router import (
@@ -24,7 +23,7 @@ from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
-from splitserve.router.openai_api import create_app
+from splitserve.router.openai_api import EdgeApp, create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer, build_default_tokenizer
@@ -72,12 +71,12 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 @dataclass
 class Stack:
-    """A router without its ports: pool view, dispatcher, generator, the FastAPI app."""
+    """A router without its ports: pool view, dispatcher, generator, the ASGI app."""
 
     pool: PoolView
     dispatcher: Dispatcher
     generator: Generator
-    app: FastAPI
+    app: EdgeApp
     registry: CollectorRegistry
     workers: list[FakeWorker] = field(default_factory=list)
 

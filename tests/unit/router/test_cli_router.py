@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import resource
 
+import click
 import pytest
 from click.testing import CliRunner
 
+from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import router as cli_router
 
 
@@ -40,3 +42,20 @@ def test_processes_must_be_positive() -> None:
     result = CliRunner().invoke(cli_router.router, ["serve", "--processes", "0"])
     assert result.exit_code == 2
     assert "--processes" in result.output
+
+
+def test_edge_flags_set_the_limits_and_refuse_bad_ones() -> None:
+    edge = cli_router.edge_settings(("max_body_bytes=2048", "header_timeout_s=2.5"))
+    assert edge.max_body_bytes == 2048
+    assert edge.header_timeout_s == 2.5
+    assert cli_router.edge_settings(()) == EdgeSettings()
+    for bad, why in (
+        ("nokey", "KEY=VALUE"),
+        ("max_bodies=1", "unknown key"),
+        ("max_body_bytes=1", "1024"),
+    ):
+        with pytest.raises(click.BadParameter, match=why):
+            cli_router.edge_settings((bad,))
+    result = CliRunner().invoke(cli_router.router, ["serve", "--edge", "bogus=1"])
+    assert result.exit_code == 2
+    assert "--edge" in result.output

@@ -597,7 +597,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
     configs: list[RouterConfig] = []
 
     class NoServer:
-        def __init__(self, config: RouterConfig) -> None:
+        def __init__(self, config: RouterConfig, *, reuse_port: bool = False) -> None:
             configs.append(config)
             self.http_port, self.grpc_port = 1, 2
 

@@ -275,3 +275,43 @@ def test_error_body_is_openai_shaped() -> None:
     assert body == {
         "error": {"message": "m", "type": "rate_limit_error", "param": None, "code": "c"}
     }
+
+
+async def test_oversized_headers_get_431(make_router: ServerFactory) -> None:
+    server = await make_router()
+    junk = b"x-junk: " + b"a" * 70_000 + b"\r\n"
+    raw = await _raw(server, b"GET /health HTTP/1.1\r\nHost: r\r\n" + junk + b"\r\n")
+    status, body = _status_and_body(raw)
+    assert status == 431
+    assert body["error"]["code"] == "headers_too_large"
+
+
+async def test_a_large_body_in_one_read_is_not_mistaken_for_headers(
+    make_router: ServerFactory,
+) -> None:
+    server = await make_router()
+    body = json.dumps({"model": MODEL, "prompt": [1] * 60_000}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: {len(body)}\r\n"
+    raw = await _raw(server, head.encode() + b"Connection: close\r\n\r\n" + body)
+    status, answer = _status_and_body(raw)
+    assert status == 400
+    assert answer["error"]["param"] == "prompt"  # too long for the context, not a header error
+
+
+async def test_hot_routes_bypass_fastapi_but_keep_its_answers(
+    make_router: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await make_router()
+    assert server._generator is not None
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(server._generator, "build_request", broken)
+    async with httpx.AsyncClient() as client:
+        r = await client.get(_url(server, COMPLETIONS))  # not POST: FastAPI answers
+        assert r.status_code == 405
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        r = await client.post(_url(server, COMPLETIONS), json={"model": MODEL, "prompt": [1]})
+        assert r.status_code == 500  # a bug still gets an OpenAI-style body
+        assert r.json()["error"]["type"] == "server_error"
