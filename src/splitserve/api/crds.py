@@ -148,9 +148,9 @@ def _convert(node: JsonSchema, defs: Mapping[str, JsonSchema], *, openapi: bool)
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if rest.get("default", 0) is None:
             del rest["default"]
-        if len(real) == 1:
-            node = {**real[0], **rest}
-        elif sorted(b.get("type", "") for b in real) == ["integer", "string"]:
+        if len(real) == 1:  # `X | None`; X may be an int-or-string itself (`Quantity | None`)
+            return _convert({**real[0], **rest}, defs, openapi=openapi)
+        if sorted(b.get("type", "") for b in real) == ["integer", "string"]:
             if openapi:
                 # As controller-gen writes `resource.Quantity`: `kubectl explain` shows an
                 # int-or-string, and a sibling `pattern` checks the string form.
