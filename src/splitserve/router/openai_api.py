@@ -109,9 +109,14 @@ class OpenAiApi:
             raise ApiError(499, "the client went away before sending its request") from None
         return b"".join(parts)
 
-    def reject(self, err: ApiError, client_id: str | None = None) -> Response:
-        """Answer a request refused before dispatch, counting it (outcome `rejected`)."""
-        self.generator.dispatcher.metrics.requests.labels("rejected", "none").inc()
+    def reject(
+        self, err: ApiError, client_id: str | None = None, slo_header: str | None = None
+    ) -> Response:
+        """Answer a request refused before dispatch, counting it (outcome `rejected`, labelled
+        with the class it asked for: a declared class, or `other`)."""
+        table = self.generator.dispatcher.slo.table
+        label = table.label(slo_header or table.default.name)
+        self.generator.dispatcher.metrics.requests.labels("rejected", "none", label).inc()
         response = err.response()
         if err.status == 413:
             response.headers["connection"] = "close"  # do not read the rest of the body
@@ -268,9 +273,9 @@ def create_app(
             fmt = formatter(chat=False)
             request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
-            return api.reject(err, client_id)
+            return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
         except InvalidRequest as err:
-            return api.reject(api_error_from(err), client_id)
+            return api.reject(api_error_from(err), client_id, http.headers.get(_SLO_HEADER))
         return await api.serve(http, request, req, fmt, client_id)
 
     @app.post("/v1/chat/completions")
@@ -285,9 +290,9 @@ def create_app(
             fmt = formatter(chat=True)
             request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
-            return api.reject(err, client_id)
+            return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
         except InvalidRequest as err:
-            return api.reject(api_error_from(err), client_id)
+            return api.reject(api_error_from(err), client_id, http.headers.get(_SLO_HEADER))
         return await api.serve(http, request, req, fmt, client_id)
 
     schema = openapi_document(model_name)

@@ -57,7 +57,12 @@ async def test_a_decode_stream_that_stalls_moves_to_another_worker(
         await d1.wait_call("Cancel")  # the stalled worker is told to drop the request
         await p.wait_call("Cancel")  # and the KV held for it is released
         assert stack.sample("splitserve_router_fallbacks_total", reason="token_stall") == 1
-        assert stack.sample("splitserve_router_requests_total", outcome="ok", path="disaggregated")
+        assert stack.sample(
+            "splitserve_router_requests_total",
+            outcome="ok",
+            path="disaggregated",
+            slo_class="default",
+        )
     finally:
         frozen.set()
 

@@ -30,7 +30,7 @@ def _url(server: RouterServer, path: str) -> str:
 
 
 def _rejected(server: RouterServer) -> float:
-    labels = {"outcome": "rejected", "path": "none"}
+    labels = {"outcome": "rejected", "path": "none", "slo_class": "default"}
     return server.registry.get_sample_value("splitserve_router_requests_total", labels) or 0.0
 
 
