@@ -48,6 +48,7 @@ def test_up_passes_the_option_to_simulated_workers() -> None:
         "vocab_size": 4096,
         "first_token_id": 16,
         "sim_kv_blocks": None,
+        "max_model_len": 4096,
     }
     args = worker_args("prefill", "p0", opts)
     assert args[args.index("--sim-latency-model") + 1] == "vidur-h100"
