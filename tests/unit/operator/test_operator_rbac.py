@@ -138,6 +138,28 @@ def operator_calls() -> list[ApiCall]:
     )
     run()
     rc.delete_owned(kube, render.ServiceRef("s", NS, svc["metadata"]["uid"]))
+    # A model with a cache the operator creates: its claim and download Job, then deletion.
+    cached = memory.create(
+        {
+            "apiVersion": v1.API_VERSION,
+            "kind": "LLMService",
+            "metadata": {"name": "c", "namespace": NS},
+            "spec": {
+                "model": {"name": "m", "source": "hf://org/m", "cache": {"size": "1Gi"}},
+                "engine": {"kind": "vllm", "image": "img:1"},
+                "workerGroups": [{"name": "w", "roles": ["decode"]}],
+                "pools": {"decode": {"replicas": 1}},
+                "scaling": {"mode": "Manual"},
+            },
+        }
+    )
+    rc.reconcile(kube, workers, NS, "c", rc.Settings(drain_wait_s=0.0), NOW)
+    for api_version, kind in (("batch/v1", "Job"), ("v1", "PersistentVolumeClaim")):
+        for obj in memory.list(api_version, kind, NS):  # drift, merge-patched back
+            patch = {"metadata": {"labels": {"app.kubernetes.io/name": "x"}}}
+            memory.patch(api_version, kind, NS, obj["metadata"]["name"], patch)
+    rc.reconcile(kube, workers, NS, "c", rc.Settings(drain_wait_s=0.0), NOW)
+    rc.delete_owned(kube, render.ServiceRef("c", NS, cached["metadata"]["uid"]))
     return kube.calls + stale.calls
 
 
