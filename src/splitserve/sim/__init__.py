@@ -3,6 +3,8 @@
 Layout: `events` (frozen events, the ordered queue), `engine` (the loop and its clock),
 `entities` (requests, workers, pools, router), `cluster` (the world and `simulate`), `workload`
 (arrivals, lengths, traces), `metrics` (TTFT/TPOT/attainment/goodput), `report` (tables, plots),
-`reproductions/` (one module per paper: set-ups and headline comparisons), `runner` and `bench`
-(the only modules doing I/O or reading wall time). Nothing is global: two simulators can run in
-one process."""
+`config` (scenario and cluster files), `validate` (replaying a recorded run: simulated vs
+measured), `reproductions/` (one module per paper: set-ups and headline comparisons), `traces/`
+(the bundled Azure traces), `runner` and `bench` (the only modules doing I/O or reading wall
+time). Nothing is global: two simulators can run in one process.
+"""

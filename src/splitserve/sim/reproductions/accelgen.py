@@ -48,7 +48,13 @@ from splitserve.policy.batching.base import BatchingPolicy, SeqView, StepDecisio
 from splitserve.policy.batching.fcfs import FcfsParams, FcfsPolicy
 from splitserve.policy.batching.sarathi import SarathiParams, SarathiPolicy
 from splitserve.sim.reproductions.accelgen_cluster import EngineRun, run_engine
-from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
+from splitserve.sim.reproductions.common import (
+    Comparison,
+    Reproduction,
+    gpu_or,
+    latency_note,
+    pricing,
+)
 from splitserve.sim.workload import WorkItem
 
 MODEL = RooflineModel(MODELS["opt-13b"], HARDWARE["a100-80g"])
@@ -336,7 +342,7 @@ def accelgen(quick: bool = False) -> Reproduction:
     systems = SYSTEMS if not quick else QUICK_SYSTEMS
     out = run_all(n, RATE_PER_S, systems)
     notes = [
-        f"Set-up: OPT-13B on one A100-80GB (roofline), KV 12 GB = {NUM_BLOCKS} blocks of "
+        f"Set-up: OPT-13B on one A100-80GB ({pricing()}), KV 12 GB = {NUM_BLOCKS} blocks of "
         f"{BLOCK_SIZE}; {n} requests, Fig. 8a lengths (long prompts capped at 10K), Poisson "
         f"{RATE_PER_S:g} req/s; TTFT = isolated bucket prefill × U[0.5, 1.5], TBT = 0.1875 s × "
         "U[0.75, 1.25].",

@@ -43,7 +43,13 @@ from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
+from splitserve.sim.reproductions.common import (
+    Comparison,
+    Reproduction,
+    gpu_or,
+    latency_note,
+    pricing,
+)
 from splitserve.sim.workload import PRESETS, LengthDist, LogNormal, WorkItem
 
 CONTEXT_TOKENS = 2048
@@ -306,7 +312,7 @@ def alise(quick: bool = False) -> Reproduction:
     )
     comparisons += _memory_rows(SHAREGPT, share)
     notes = [
-        f"Set-up: OPT-13B on 1 V100-32GB (roofline), INT8 KV ({KV_TOKENS} tokens), host link "
+        f"Set-up: OPT-13B on 1 V100-32GB ({pricing()}), INT8 KV ({KV_TOKENS} tokens), host link "
         f"{HOST_LINK_BYTES_PER_S / 1e9:g} GB/s overlapped with compute; Poisson arrivals for "
         f"{seconds:g} s per point. vLLM = FCFS of 2023 (prompts first, no chunking, recompute); "
         "ALISE = alise policy, swap preemption, engine oracle with the paper's mean prediction "

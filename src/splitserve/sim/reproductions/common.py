@@ -50,6 +50,11 @@ def gpu_or(roofline: LatencyModel, model: str = "opt-13b", tp: int = 1) -> Laten
     return DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
 
 
+def pricing() -> str:
+    """How steps are priced in this context, for set-up notes."""
+    return "GPU-measured model, see the latency note" if use_gpu_models() else "roofline"
+
+
 def latency_note(gpu_text: str) -> tuple[str, ...]:
     """The note naming the latency model used, for a reproduction's notes (empty: roofline)."""
     return (f"Latency (--latency gpu): {gpu_text}",) if use_gpu_models() else ()

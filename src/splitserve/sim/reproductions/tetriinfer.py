@@ -33,7 +33,13 @@ from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import SimResult
-from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
+from splitserve.sim.reproductions.common import (
+    Comparison,
+    Reproduction,
+    gpu_or,
+    latency_note,
+    pricing,
+)
 from splitserve.sim.reproductions.tetriinfer_cluster import (
     RoutedMix,
     simulate_tetriinfer,
@@ -169,9 +175,10 @@ def tetriinfer(quick: bool = False) -> Reproduction:
     names: Sequence[str] = QUICK_CLASSES if quick else tuple(c.name for c in CLASSES)
     comparisons: list[Comparison] = []
     notes = [
-        "Set-up: OPT-13B, V100-32GB, TP 2 per instance (roofline). vLLM = 1 colocated instance "
-        "(prompts first, no chunked prefill, 16 sequences max); TetriInfer = 1 prefill "
-        "(ChunkSize 512, SJF, window 16) + 1 decode (reserve-dynamic, G 200 lower end) instance.",
+        f"Set-up: OPT-13B, V100-32GB, TP 2 per instance ({pricing()}). "
+        "vLLM = 1 colocated instance (prompts first, no chunked prefill, 16 sequences max); "
+        "TetriInfer = 1 prefill (ChunkSize 512, SJF, window 16) + 1 decode (reserve-dynamic, "
+        "G 200 lower end) instance.",
         f"Workload: {NUM_REQUESTS} requests per class, ShareGPT-shaped lengths within the class "
         f"ranges, Poisson arrivals at {RATE_PER_S:g} req/s (the paper states no arrival process).",
         "Ours = 1 − TetriInfer / vLLM; a reduction matches within ±25 % of the paper's.",
