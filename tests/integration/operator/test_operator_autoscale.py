@@ -2,7 +2,7 @@
 
 The routers are a fake metrics endpoint (METRICS_CONTRACT names; the real router emits them with
 the SLO-router work) injected through `operator.control.runtime.configure`; workers are
-`FakeWorkers` plus a fake load probe. The fake router serves `rate` requests per second between scrapes.
+`FakeWorkers` plus a fake load probe; the fake router serves `rate` requests/s between scrapes.
 """
 
 from __future__ import annotations
