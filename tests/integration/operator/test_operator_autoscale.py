@@ -105,9 +105,7 @@ def kube(api_server: str) -> RestKube:
     return kube
 
 
-def test_managed_scales_up_and_stale_metrics_hold(
-    api_server: str, kube: RestKube
-) -> None:
+def test_managed_scales_up_and_stale_metrics_hold(api_server: str, kube: RestKube) -> None:
     router = Router()
     runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
     svc = "auto"
@@ -171,7 +169,7 @@ def test_external_mode_writes_only_recommendations(api_server: str, kube: RestKu
 
             def recommended() -> bool:
                 pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-prefill") or {}
-                return (pool.get("status") or {}).get("recommendedReplicas", 0) > 1
+                return int((pool.get("status") or {}).get("recommendedReplicas", 0)) > 1
 
             wait_for("recommendation", recommended, timeout=90)
             pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-prefill") or {}
