@@ -14,6 +14,7 @@ from splitserve import __version__
 from splitserve.cli.gen_k8s import gen_k8s
 from splitserve.cli.gen_model import tiny_model
 from splitserve.cli.operator import operator
+from splitserve.cli.plan import plan
 from splitserve.cli.profile import profile
 from splitserve.cli.router import router
 from splitserve.cli.sim import sim
@@ -58,6 +59,7 @@ for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
 cli.add_command(up)
 cli.add_command(router)
 cli.add_command(operator)
+cli.add_command(plan)
 cli.add_command(profile)
 cli.add_command(sim)
 cli.add_command(worker)

@@ -387,3 +387,38 @@ def test_metrics_and_healthz_endpoint() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_prometheus_metrics_source_drives_the_loop() -> None:
+    import json
+
+    env = Env(
+        scaling={
+            "mode": "Managed",
+            "intervalSeconds": 10,
+            "windowSeconds": 30,
+            "metricsSource": "Prometheus",
+            "prometheusUrl": "http://prom:9090",
+        }
+    )
+    seen: list[str] = []
+
+    def prom(url: str) -> str:
+        # Prometheus answers with the router's series, labelled with its pod.
+        seen.append(url)
+        result = [
+            {
+                "metric": {"__name__": name, "pod": "svc-router-0", **dict(labels)},
+                "value": [0, str(value)],
+            }
+            for (name, labels), value in parse(env.router.text()).items()
+        ]
+        return json.dumps({"status": "success", "data": {"result": result}})
+
+    env.controller.get = prom
+    env.tick(0.0)
+    for _ in range(3):
+        env.tick(n=300, prompt=2000, output=200)
+    assert seen
+    assert all(u.startswith("http://prom:9090/api/v1/query?") for u in seen)
+    assert env.pools_spec()["prefill"] > 1

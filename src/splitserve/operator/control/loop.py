@@ -384,9 +384,11 @@ class Controller:
                 if any(pr.state is SignalState.STALE for pr in obs.problems)
                 else "SignalsMissing"
             )
-            if decision.held != st.last_held:
+            # One decision and Event when the set of missing / stale signals changes, not one
+            # per tick as their details (ages) change.
+            if _held_key(obs) != st.last_held:
                 entries.append(("hold", word, f"no action: {decision.held}", {}, True))
-        st.last_held = decision.held
+        st.last_held = _held_key(obs) if decision.held else ""
         self._staleness(label, obs, st)
 
         status = svc.get("status") or {}
@@ -479,6 +481,16 @@ class Controller:
             log.warning("event %s for %s not posted: %s", reason, md["name"], err)
 
 
+def _held_key(obs: Observation) -> str:
+    """Which signals are missing or stale, without their changing details."""
+    keys = [f"{p.signal} {p.state.value}" for p in obs.problems]
+    if not keys and obs.arrival_rate_per_s is None:
+        keys.append("arrival rate missing")
+    if not keys and (obs.mean_prompt_tokens is None or obs.mean_output_tokens is None):
+        keys.append("length mix missing")
+    return ", ".join(keys)
+
+
 def _differs(current: object, wanted: object) -> bool:
     return bool(current != wanted)
 
@@ -549,11 +561,8 @@ def _slo_condition(
     generation: int | None,
 ) -> v1.Condition:
     if decision.held:
-        status, reason, message = (
-            v1.ConditionStatus.UNKNOWN,
-            "NoSignal",
-            f"no SLO signal: {decision.held}",
-        )
+        status, reason = v1.ConditionStatus.UNKNOWN, "NoSignal"
+        message = f"no SLO signal ({_held_key(obs)}): see status.decisions"
     elif decision.at_risk:
         status, reason, message = v1.ConditionStatus.TRUE, "SLOAtRisk", "; ".join(decision.at_risk)
     elif all(c.attainment is None for c in obs.classes):

@@ -1,0 +1,118 @@
+"""`splitserve plan`: an `LLMService` for a model, hardware, SLO and workload, by simulation.
+
+Thin: builds the workload and calls `splitserve.sim.plan`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--model", default="llama-2-13b", show_default=True, help="Model preset.")
+@click.option("--hardware", default="a100-80g", show_default=True, help="Hardware preset.")
+@click.option("--source", default=None, help="Weights (HF id or path) for the printed service.")
+@click.option("--name", default="planned", show_default=True, help="LLMService name.")
+@click.option("--rate", type=float, default=None, help="Arrival rate (req/s); rescales a trace.")
+@click.option("--prompt-median", type=float, default=1000.0, show_default=True)
+@click.option("--output-median", type=float, default=200.0, show_default=True)
+@click.option("--sigma", type=float, default=0.6, show_default=True, help="Lognormal spread.")
+@click.option(
+    "--trace",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens) instead of --*-median.",
+)
+@click.option("--requests", "num_requests", type=int, default=1000, show_default=True)
+@click.option("--ttft-ms", type=float, default=2000.0, show_default=True)
+@click.option("--tpot-ms", type=float, default=100.0, show_default=True)
+@click.option("--percentile", type=float, default=0.9, show_default=True)
+@click.option("--attainment", type=float, default=0.99, show_default=True)
+@click.option("--tp", "tps", default="1,2,4,8", show_default=True, help="TP degrees to try.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def plan(
+    model: str,
+    hardware: str,
+    source: str | None,
+    name: str,
+    rate: float | None,
+    prompt_median: float,
+    output_median: float,
+    sigma: float,
+    trace: Path | None,
+    num_requests: int,
+    ttft_ms: float,
+    tpot_ms: float,
+    percentile: float,
+    attainment: float,
+    tps: str,
+    seed: int,
+) -> None:
+    """Search pool sizes and TP with the simulator; print the candidates and an LLMService."""
+    import numpy as np
+
+    from splitserve.core.perf import HARDWARE, MODELS
+    from splitserve.core.roles import Role
+    from splitserve.sim import plan as planner
+    from splitserve.sim.autoscale import SloTarget, with_class
+    from splitserve.sim.workload import LogNormal, Poisson, parse_azure_trace, scale_to_rate
+    from splitserve.sim.workload import synthetic as make_synthetic
+
+    if model not in MODELS:
+        raise click.BadParameter(
+            f"unknown model; valid: {', '.join(sorted(MODELS))}", param_hint="--model"
+        )
+    if hardware not in HARDWARE:
+        raise click.BadParameter(
+            f"unknown hardware; valid: {', '.join(sorted(HARDWARE))}", param_hint="--hardware"
+        )
+    try:
+        degrees = tuple(int(x) for x in tps.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter("comma-separated integers", param_hint="--tp") from None
+    if not degrees or min(degrees) < 1:
+        raise click.BadParameter("at least one degree >= 1", param_hint="--tp")
+    if not 0 < attainment <= 1 or not 0 < percentile <= 1:
+        raise click.BadParameter("must be in (0, 1]", param_hint="--attainment/--percentile")
+    if trace is not None:
+        items = parse_azure_trace(trace.read_text().splitlines(), max_requests=num_requests)
+        if rate is not None:
+            items = scale_to_rate(items, rate)
+    else:
+        if rate is None:
+            raise click.UsageError("give --rate (or --trace)")
+        items = make_synthetic(
+            Poisson(rate),
+            LogNormal(prompt_median, sigma),
+            LogNormal(output_median, sigma),
+            num_requests,
+            np.random.default_rng(seed),
+        )
+    items = with_class(items, "default")
+    slo = SloTarget("default", ttft_ms / 1000, tpot_ms / 1000, percentile, attainment)
+    candidates = planner.plan(items, model, hardware, slo, degrees)
+    if not candidates:
+        raise click.ClickException(f"{model} fits on none of TP {tps} of {hardware}")
+    click.echo("| TP | prefill | decode | GPUs | attainment | TTFT p | TPOT p |")
+    click.echo("|---|---|---|---|---|---|---|")
+    for c in candidates:
+        if c.result is None:
+            click.echo(f"| {c.tp} | - | - | - | target not met up to the limit | | |")
+            continue
+        cls = c.result.classes[0]
+        click.echo(
+            f"| {c.tp} | {c.pools[Role.PREFILL]} | {c.pools[Role.DECODE]} "
+            f"| {c.gpus} | {c.result.attainment:.2%} | {cls.ttft_p or 0:.3f} s "
+            f"| {(cls.tpot_p or 0) * 1000:.1f} ms |"
+        )
+    best = candidates[0]
+    if best.result is None:
+        raise click.ClickException("no candidate met the attainment target")
+    click.echo(
+        f"\n# predicted attainment {best.result.attainment:.2%} on {len(items)} simulated "
+        f"requests; P:D = {best.pools[Role.PREFILL]}:{best.pools[Role.DECODE]}"
+        "; searched: TP per service, pool sizes (not per-pool TP, mixed pools, other hardware)"
+    )
+    click.echo(planner.service_yaml(name, model, source or model, slo, best))

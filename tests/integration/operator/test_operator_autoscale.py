@@ -1,0 +1,181 @@
+"""The control loop inside the real operator (kopf) against an API server (kmock by default).
+
+The routers are a fake metrics endpoint (METRICS_CONTRACT names; the real router emits them with
+the SLO-router work) injected through `operator.control.runtime.configure`; workers are
+`FakeWorkers` plus a fake load probe; the fake router serves `rate` requests/s between scrapes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from tests.fakes.router_metrics import FakeRouterMetrics
+from tests.integration.operator.test_operator_lifecycle import (
+    NS,
+    cleanup,
+    operator,
+    service_body,
+    start_pods,
+    wait_for,
+)
+
+from splitserve.api import v1alpha1 as v1
+from splitserve.core.roles import Role
+from splitserve.operator.control import runtime
+from splitserve.operator.kube import RestKube
+from splitserve.operator.testing import FakeWorkers, worker_pod
+from splitserve.policy.planner.signals import WorkerLoad
+
+pytestmark = [pytest.mark.k8s, pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+class Router:
+    """Serves `rate` requests per second of wall time between scrapes (ticks may be slow on a
+    busy machine; the rate the loop sees stays the rate asked for)."""
+
+    def __init__(self) -> None:
+        self.metrics = FakeRouterMetrics()
+        self.rate = 0.0
+        self.prompt = 2000
+        self.down = False
+        self.lock = threading.Lock()
+        self.last = time.monotonic()
+
+    def get(self, url: str) -> str:
+        with self.lock:
+            now = time.monotonic()
+            n, self.last = int(self.rate * (now - self.last)), now
+            if self.down:
+                raise OSError("connection refused")
+            if n:
+                self.metrics.serve(n, prompt=self.prompt, output=200)
+            return self.metrics.text()
+
+
+class Loads:
+    def load(self, address: str) -> WorkerLoad:
+        return WorkerLoad(address, Role.MIXED, 0, 1, 0.2)
+
+
+def autoscaled_body(name: str, mode: str) -> dict[str, Any]:
+    return service_body(
+        name,
+        pools={
+            "prefill": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
+            "decode": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
+        },
+        sloClasses=[{"name": "chat", "ttftMs": 2000, "tpotMs": 100}],
+        scaling={
+            "mode": mode,
+            "intervalSeconds": 1,
+            "scaleDownStabilizationSeconds": 600,
+            "windowSeconds": 3,
+        },
+    )
+
+
+def start_router(kube: RestKube, service: str) -> None:
+    pod = worker_pod(service, "w", f"{service}-router-0", ip="10.9.0.1")
+    pod["metadata"]["labels"][v1.LABEL_COMPONENT] = "router"
+    status = pod.pop("status")
+    kube.create(pod)
+    kube.patch("v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status")
+
+
+def pools(kube: RestKube, service: str) -> dict[str, int]:
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, service) or {}
+    return {r: p.get("replicas", 0) for r, p in (svc.get("spec") or {}).get("pools", {}).items()}
+
+
+def decisions(kube: RestKube, service: str) -> list[dict[str, Any]]:
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, service) or {}
+    return list((svc.get("status") or {}).get("decisions") or [])
+
+
+@pytest.fixture
+def kube(api_server: str) -> RestKube:
+    import kubernetes
+
+    client = kubernetes.config.new_client_from_config(config_file=api_server)  # type: ignore[no-untyped-call]
+    kube = RestKube(client)
+    kube.client.user_agent = "splitserve-tests"
+    return kube
+
+
+def test_managed_scales_up_and_stale_metrics_hold(api_server: str, kube: RestKube) -> None:
+    router = Router()
+    runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
+    svc = "auto"
+    try:
+        with operator(api_server, FakeWorkers()):
+            kube.create(autoscaled_body(svc, "Managed"))
+            wait_for("pools", lambda: kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode"))
+            start_pods(kube, svc, 2)
+            start_router(kube, svc)
+            # 40 requests/s of 2000-token prompts: more prefill workers.
+            router.rate = 40.0
+            wait_for("scale up", lambda: pools(kube, svc).get("prefill", 0) > 1, timeout=90)
+            ups = [d for d in decisions(kube, svc) if d["kind"] == "scale"]
+            assert ups[0].get("reason") in ("Load", "SLOPressure"), decisions(kube, svc)
+            events = [
+                e
+                for e in kube.list("v1", "Event", NS)
+                if e.get("involvedObject", {}).get("name") == svc
+            ]
+            assert any(e["reason"] in ("Load", "SLOPressure") for e in events)
+            # The Deployment follows the pools (the reconcile sizes it).
+            wait_for(
+                "deployment grows",
+                lambda: (
+                    (kube.get("apps/v1", "Deployment", NS, f"{svc}-w") or {})
+                    .get("spec", {})
+                    .get("replicas", 0)
+                    > 2
+                ),
+            )
+            # The router goes away: no action, the reason recorded.
+            router.down = True
+            router.rate = 40.0
+            wait_for(
+                "hold recorded",
+                lambda: any(
+                    d["kind"] == "hold" and "scrape failed" in d["message"]
+                    for d in decisions(kube, svc)
+                ),
+                timeout=30,
+            )
+            held_at = pools(kube, svc)
+            time.sleep(3)
+            assert pools(kube, svc) == held_at
+            cleanup(kube, svc)
+    finally:
+        runtime.configure(runtime.ControlConfig())
+
+
+def test_external_mode_writes_only_recommendations(api_server: str, kube: RestKube) -> None:
+    router = Router()
+    runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
+    svc = "advice"
+    try:
+        with operator(api_server, FakeWorkers()):
+            kube.create(autoscaled_body(svc, "External"))
+            wait_for("pools", lambda: kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-prefill"))
+            start_pods(kube, svc, 2)
+            start_router(kube, svc)
+            router.rate = 40.0
+
+            def recommended() -> bool:
+                pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-prefill") or {}
+                return int((pool.get("status") or {}).get("recommendedReplicas", 0)) > 1
+
+            wait_for("recommendation", recommended, timeout=90)
+            pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-prefill") or {}
+            assert pool["spec"]["replicas"] == 1
+            assert pools(kube, svc) == {"prefill": 1, "decode": 1}
+            assert any(d["kind"] == "recommend" for d in decisions(kube, svc))
+            cleanup(kube, svc)
+    finally:
+        runtime.configure(runtime.ControlConfig())

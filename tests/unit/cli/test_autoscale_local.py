@@ -1,0 +1,84 @@
+"""The local control loop over a fake fleet: a load step starts a worker within two ticks and
+it is stopped after the stabilization window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from splitserve.cli.autoscale_local import LocalLoop, LocalWorker
+from splitserve.core.roles import Role
+from splitserve.operator.control.signals import ClassTargets
+from splitserve.policy.planner.autoscaler import AutoscalerParams
+from splitserve.policy.planner.signals import WorkerLoad
+from tests.fakes.router_metrics import FakeRouterMetrics
+
+
+class FakeFleet:
+    def __init__(self) -> None:
+        self.ws: dict[str, LocalWorker] = {}
+        self.n = 0
+        self.calls: list[str] = []
+        for role in (Role.PREFILL, Role.DECODE):
+            self.start(role)
+
+    def workers(self) -> Sequence[LocalWorker]:
+        return list(self.ws.values())
+
+    def start(self, role: Role) -> str:
+        name = f"w{self.n}"
+        self.n += 1
+        self.ws[name] = LocalWorker(name, role, f"127.0.0.1:{7000 + self.n}")
+        self.calls.append(f"start {role.value}")
+        return name
+
+    def stop(self, name: str) -> None:
+        self.calls.append(f"stop {self.ws.pop(name).role.value}")
+
+    def set_role(self, name: str, role: Role) -> None:
+        w = self.ws[name]
+        self.ws[name] = LocalWorker(w.name, role, w.address)
+        self.calls.append(f"flip {name} {role.value}")
+
+
+class Loads:
+    def load(self, address: str) -> WorkerLoad:
+        return WorkerLoad(address, Role.MIXED, 0, 1, 0.1)
+
+
+def test_load_step_adds_a_worker_within_two_ticks_and_removes_it_after_stabilization() -> None:
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    params = AutoscalerParams(interval_s=5.0, scale_down_stabilization_s=30.0, horizon_s=5.0)
+    loop = LocalLoop(
+        fleet,
+        "http://127.0.0.1:8000/metrics",
+        [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
+        params=params,
+        window_s=10.0,
+        get=lambda url: router.text(),
+        loads=Loads(),
+        clock=lambda: now[0],
+    )
+
+    def tick(n: int) -> None:
+        router.serve(n, "default", prompt=2000, output=100)
+        now[0] += params.interval_s
+        loop.tick()
+
+    tick(5)
+    tick(5)
+    assert fleet.calls == ["start prefill", "start decode"]
+    tick(100)  # the step: 20 req/s of 2000-token prompts
+    tick(100)
+    started = [c for c in fleet.calls[2:] if c.startswith(("start", "flip"))]
+    assert started, loop.log
+    peak = len(fleet.ws)
+    for _ in range(5):  # back to light load: nothing stops within the 30 s window
+        tick(2)
+    assert len(fleet.ws) == peak
+    for _ in range(20):
+        tick(2)
+    assert len(fleet.ws) < peak
+    assert any(c.startswith("stop") for c in fleet.calls)
+    assert {w.role for w in fleet.ws.values()} == {Role.PREFILL, Role.DECODE}
