@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from splitserve.operator.testing import FakeWorkers, worker_pod
 from tests.fakes.router_metrics import FakeRouterMetrics
 from tests.integration.operator.test_operator_lifecycle import (
     NS,
@@ -26,7 +27,6 @@ from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
 from splitserve.operator.control import runtime
 from splitserve.operator.kube import RestKube
-from splitserve.operator.testing import FakeWorkers, worker_pod
 from splitserve.policy.planner.signals import WorkerLoad
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration, pytest.mark.timeout(600)]
