@@ -45,7 +45,7 @@ class SloSettings(BaseModel):
     """Requests the admission queue holds at most."""
     admission: bool = True
     """False: every request is dispatched at once (the wave-1 router; benchmarks compare)."""
-    max_backlog_fraction: float = Field(0.5, gt=0)
+    max_backlog_fraction: float = Field(0.25, gt=0)
     """Room for one more request: the best worker's predicted prefill backlog is at most this
     fraction of the tightest TTFT target of any class (once the latency model has data)."""
     max_outstanding_per_worker: int | None = Field(None, ge=1)

@@ -106,7 +106,7 @@ class Stack:
         self.log = (run_dir / "up.log").open("w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
-    def base_url(self, timeout_s: float = 120) -> str:
+    def base_url(self, timeout_s: float = 600) -> str:
         ready = self.run_dir / "up" / "router.ready.json"
         deadline = time.monotonic() + timeout_s
         while not ready.exists():

@@ -182,17 +182,13 @@ class Admission:
             w = self._waiters.get(e.id)
             return None if w is None else self.predicted_ttft_s(e, w.prompt_tokens)
 
-        def room() -> bool:
-            return self.has_room()
-
-        admit, shed = self.gate.release(now_s, room, predicted)
-        for e in shed:
-            self._refuse(e, "shed", "its TTFT deadline can no longer be met")
-        for e in admit:
+        for gone in self.gate.expire(now_s, predicted):
+            self._refuse(gone, "shed", "its TTFT deadline can no longer be met")
+        while (e := self.gate.admit_next(self.has_room())) is not None:
             w = self._forget(e.id)
             if w is None:
                 continue
-            self._admitting_requests += 1
+            self._admitting_requests += 1  # counted before the next room check
             self._admitting_tokens += w.prompt_tokens
             if not w.future.done():
                 w.future.set_result(None)

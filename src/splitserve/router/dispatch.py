@@ -186,7 +186,6 @@ class Dispatch:
         self._decode_eid: EndpointId | None = None
         self._decode_batch = 0
         """The decode worker's batch (with this request) when placed: the latency model's x."""
-        self._prefill_eid: EndpointId | None = None
         self._call_start_s: dict[EndpointId, tuple[float, int]] = {}
         """Per worker: when its call started and the prefill tokens ahead of ours then."""
 
@@ -315,9 +314,13 @@ class Dispatch:
         )
 
     def _observe_first_token(self) -> None:
-        """Feed the latency model: queue + prefill time of the worker that made token one."""
+        """Aggregated: feed the decode worker's prefill rate from the time to its first token
+        (the prompt tokens ahead of ours, plus ours). Disaggregated requests feed it from the
+        prefill worker's own report (`PrefillResponse.prefill_s`) instead."""
+        if self.path is not Path.AGGREGATED:
+            return
         first_s = self._stats.first_token_s
-        eid = self._prefill_eid if self.path is Path.DISAGGREGATED else self._decode_eid
+        eid = self._decode_eid
         started = self._call_start_s.get(eid) if eid is not None else None
         if first_s is None or eid is None or started is None:
             return
@@ -391,6 +394,10 @@ class Dispatch:
             ):
                 log.warning("prefill of %s on %s ended with %s", req.id, eid, resp.finish_reason)
                 continue
+            if resp.prefill_s > 0:  # the worker's own report of the prefill's engine time
+                self._d.pool.latency.observe_prefill(
+                    eid, resp.num_prompt_tokens or req.num_prompt_tokens, resp.prefill_s
+                )
             return resp
         return None
 
@@ -504,9 +511,7 @@ class Dispatch:
             ahead = 0
         pool.ledger.start(eid, self.request.id)
         self._call_start_s[eid] = (self._d.clock.now_s(), ahead)
-        if prefill:
-            self._prefill_eid = eid
-        else:
+        if not prefill:
             self._decode_eid = eid
         return stub
 

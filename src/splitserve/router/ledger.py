@@ -108,6 +108,12 @@ class Ledger:
                 blocks += e.kv_blocks
         return Reserved(n, tokens, blocks)
 
+    def prefill_tokens(self, eid: EndpointId) -> int:
+        """Prompt tokens of the prefills the router has placed on `eid` and not seen return
+        (reserved or running): a floor for the worker's pending prefill tokens, which its load
+        reports only show a report later."""
+        return sum(e.num_prompt_tokens for e in self._by_ep.get(eid, {}).values() if e.prefill)
+
     # -- the placement plugins' per-worker inputs --------------------------------------------
 
     def mix_of(self, eid: EndpointId) -> HeavyLightMix:

@@ -230,9 +230,7 @@ class PoolView:
                 kv_free_blocks=max(0, r.kv_blocks_total - res.kv_blocks),
                 kv_total_blocks=r.kv_blocks_total,
                 kv_block_size=r.kv_block_size or 16,
-                pending_prefill_tokens=sum(
-                    e.num_prompt_tokens for e in self.ledger.entries(ep.id) if e.prefill
-                ),
+                pending_prefill_tokens=self.ledger.prefill_tokens(ep.id),
                 inflight=inflight,
                 prefill_tokens_per_s=rate,
                 decode_step_base_s=base,
@@ -249,7 +247,11 @@ class PoolView:
             kv_free_blocks=max(0, r.kv_blocks_free - res.kv_blocks),
             kv_total_blocks=r.kv_blocks_total,
             kv_block_size=r.kv_block_size or 16,
-            pending_prefill_tokens=r.num_pending_prefill_tokens + res.prefill_tokens,
+            # The report lags ~one interval behind calls just sent: the router's own outstanding
+            # prefills are a floor (a burst in one instant must not all see an idle worker).
+            pending_prefill_tokens=max(
+                r.num_pending_prefill_tokens, self.ledger.prefill_tokens(ep.id)
+            ),
             inflight=inflight,
             prefill_tokens_per_s=rate,
             decode_step_base_s=base,

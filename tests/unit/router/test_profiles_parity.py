@@ -114,6 +114,8 @@ def test_ledger_answers_the_plugins_inputs() -> None:
     assert ledger.reserved_of(d) == 15 + 2  # ceil(232/16) + ceil(26/16)
     assert ledger.reserved(d).requests == 2
     assert ledger.reserved(EndpointId("p")).prefill_tokens == 32
+    ledger.start(EndpointId("p"), "a")
+    assert ledger.prefill_tokens(EndpointId("p")) == 32  # running prefills still count
     ledger.start(d, "a")
     ledger.progress(d, "a", 50)
     assert ledger.reserved(d).requests == 1  # started work is the worker's to report

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings
 from splitserve.core.clock import ManualClock
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView, Path, PdDeciderParams
 from splitserve.router.dispatch import Dispatch, Dispatcher, default_decider
+from splitserve.router.ledger import Ledger
 from splitserve.router.pool_view import PoolView
 from splitserve.sim.cluster import Cluster, ClusterSpec
 from splitserve.sim.engine import Simulator
@@ -33,9 +35,13 @@ class RecordedPool:
 
     def __init__(self) -> None:
         self.current: list[EndpointView] = []
+        self.ledger = Ledger()  # the live dispatcher reserves here; recorded views ignore it
 
     def views(self) -> list[EndpointView]:
         return list(self.current)
+
+    def on_change(self, listener: object) -> None:
+        pass
 
 
 def _records(spec: ClusterSpec, n: int) -> list[PlacementRecord]:
@@ -68,7 +74,11 @@ def test_live_placement_matches_simulator(spec: ClusterSpec, min_pd: int, paths:
         cast(PoolView, pool),
         clock=ManualClock(),
         metrics=RouterMetrics(CollectorRegistry()),
-        decider=default_decider(PlacementSettings(min_prompt_tokens_for_pd=min_pd)),
+        decider=default_decider(
+            PlacementSettings(
+                min_prompt_tokens_for_pd=min_pd, profile=v1.PlacementProfile.LEAST_LOADED
+            )
+        ),
     )
     seen = set()
     for rec in records:

@@ -10,8 +10,9 @@ request would get its first token if it waited its turn. The gate decides:
 * otherwise **queued** in the `EdfQueue`; a full queue evicts the lowest-ranked sheddable entry
   (shed) or, holding only non-sheddable ones, **rejects** the newcomer (429, `queue full`);
 * at each release (a request finished, a worker reported) queued entries are admitted in EDF
-  order while there is room; sheddable entries whose TTFT deadline can no longer be met are
-  shed. Non-sheddable entries wait however late they are (they are never shed).
+  order one at a time while there is room (`admit_next`; the owner counts each before asking
+  again); sheddable entries whose TTFT deadline can no longer be met are
+  shed (`expire`). Non-sheddable entries wait however late they are (they are never shed).
 
 Pure: the owner passes `now_s` and its predictions; the gate keeps only the queue.
 """
@@ -88,16 +89,11 @@ class AdmissionGate:
             return Verdict(outcome, self.retry_after(backlog), "the admission queue is full"), []
         return Verdict(Outcome.QUEUED), pushed.evicted
 
-    def release(
-        self,
-        now_s: float,
-        room: Callable[[], bool],
-        predicted_ttft_s: Callable[[Entry], float | None],
-    ) -> tuple[list[Entry], list[Entry]]:
-        """(entries to admit now, in order; sheddable entries to shed as hopeless).
-
-        `room()` is asked before each admission (the owner reserves as it admits).
-        """
+    def expire(
+        self, now_s: float, predicted_ttft_s: Callable[[Entry], float | None]
+    ) -> list[Entry]:
+        """Remove and return the queued sheddable entries that can no longer meet their TTFT
+        deadline (past it, or predicted to miss it)."""
         shed: list[Entry] = []
         for e in self.queue:
             if not e.sheddable:
@@ -106,7 +102,11 @@ class AdmissionGate:
             if now_s > e.deadline_s or (predicted is not None and now_s + predicted > e.deadline_s):
                 self.queue.remove(e.id)
                 shed.append(e)
-        admit: list[Entry] = []
-        while len(self.queue) and room():
-            admit.append(self.queue.pop())
-        return admit, shed
+        return shed
+
+    def admit_next(self, room: bool) -> Entry | None:
+        """The head of the queue when there is room (the owner accounts for it, then asks
+        again), else None."""
+        if not room or not len(self.queue):
+            return None
+        return self.queue.pop()

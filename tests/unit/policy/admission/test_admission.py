@@ -163,17 +163,20 @@ def test_gate_admits_queues_and_sheds() -> None:
         ].outcome
         is Outcome.REJECTED
     )
-    admit, shed = gate.release(0.0, lambda: True, lambda e: None)
-    assert [e.id for e in admit] == ["u", "k"]
-    assert shed == []
+    assert gate.expire(0.0, lambda e: None) == []
+    assert gate.admit_next(room=False) is None
+    first, second = gate.admit_next(room=True), gate.admit_next(room=True)
+    assert first is not None
+    assert second is not None
+    assert [first.id, second.id] == ["u", "k"]
+    assert gate.admit_next(room=True) is None
 
 
 def test_gate_release_sheds_hopeless_sheddable_entries_only() -> None:
     gate = AdmissionGate()
     gate.arrive(Entry("s", 0, 1.0, True, seq=1), room=False, predicted_ttft_s=None, now_s=0.0)
     gate.arrive(Entry("k", 0, 1.0, False, seq=2), room=False, predicted_ttft_s=None, now_s=0.0)
-    admit, shed = gate.release(2.0, lambda: False, lambda e: None)
-    assert admit == []
+    shed = gate.expire(2.0, lambda e: None)
     assert [e.id for e in shed] == ["s"]
     assert [e.id for e in gate.queue] == ["k"]
 
