@@ -66,8 +66,9 @@ class PoolSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    load_interval_s: float = Field(0.1, gt=0)
-    """Interval the router asks workers to push load reports at."""
+    load_interval_s: float = Field(0.1, ge=0.01, le=3600)
+    """Interval the router asks workers to push load reports at (workers refuse less than
+    0.01 s: a shorter one would pin a core)."""
     stale_after_s: float = Field(2.0, gt=0)
     """An endpoint whose last load report is older than this counts as not ready."""
     reconnect_min_s: float = Field(0.05, gt=0)

@@ -186,7 +186,7 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             stack.spawn(name, worker_args(role, name, opts), worker_env(n, opts, run_dir))
             for n, (role, name) in enumerate(names)
         ]
-        stack.wait_ready(workers)
+        stack.wait_ready(workers, opts.get("ready_timeout_s") or READY_TIMEOUT_S)
         router_args = [
             "router",
             "serve",
@@ -211,7 +211,7 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
         for w in workers:
             router_args += ["--worker", w.info["address"]]
         router = stack.spawn("router", router_args)
-        stack.wait_ready([router])
+        stack.wait_ready([router], opts.get("ready_timeout_s") or READY_TIMEOUT_S)
     except BaseException:
         stack.stop()
         raise
@@ -265,6 +265,13 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @slo_options
 @on_exit_option()
+@click.option(
+    "--ready-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=READY_TIMEOUT_S,
+    show_default=True,
+    help="How long workers and the router may take to start (vLLM on a busy CPU: more).",
+)
 @click.option(
     "--token-stall-timeout-s",
     type=click.FloatRange(min=0, min_open=True),

