@@ -75,7 +75,15 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
             cache=cache,
         )
     )
-    args = ["run", "--standalone", "--namespace", NS, "-m", "splitserve.operator.handlers"]
+    args = [
+        "run",
+        "--quiet",
+        "--standalone",
+        "--namespace",
+        NS,
+        "-m",
+        "splitserve.operator.handlers",
+    ]
     try:
         with KopfRunner(args, timeout=120):
             for i in range(n):
