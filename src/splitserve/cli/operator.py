@@ -49,7 +49,13 @@ def operator() -> None:
     metavar="URL",
     help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz.",
 )
-@click.option("--kubeconfig", envvar="KUBECONFIG", default=None, help="Out-of-cluster config.")
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=None,
+    help="Identity of every call the operator makes, kopf's own included. "
+    "Default: the pod's ServiceAccount, else ~/.kube/config.",
+)
 @click.option(
     "--log-level",
     envvar="SPLITSERVE_LOG_LEVEL",
