@@ -55,7 +55,7 @@ def ours(call: Any) -> bool:
     return str(call.user_agent).startswith(("kopf/", "splitserve-operator"))
 
 
-def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str, float]:
+def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str, float] | None:
     from kopf.testing import KopfRunner
 
     server = KmockServer().start()
@@ -75,7 +75,8 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
             cache=cache,
         )
     )
-    args = ["run", "--standalone", "--namespace", NS, "-m", "splitserve.operator.handlers"]
+    args = ["run", "--quiet", "--standalone", "-n", NS, "-m", "splitserve.operator.handlers"]
+    result: dict[str, float] | None = None
     try:
         with KopfRunner(args, timeout=120):
             for i in range(n):
@@ -88,24 +89,41 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
                     kube.patch(
                         "v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status"
                     )
-            # Settled: every service has its status and two intervals pass without a write.
-            deadline = time.monotonic() + 300
-            quiet_for = 2 * interval_s + 1
-            last_writes, quiet_since = -1, time.monotonic()
-            while time.monotonic() < deadline:
-                writes = sum(
-                    1 for c in server.calls() if ours(c) and c.method in ("POST", "PATCH", "DELETE")
-                )
-                if writes != last_writes:
-                    last_writes, quiet_since = writes, time.monotonic()
-                elif time.monotonic() - quiet_since >= quiet_for:
-                    break
-                time.sleep(0.5)
+            settle(server, n, interval_s)
             before = [c for c in server.calls() if ours(c)]
             time.sleep(window_s)
             during = [c for c in server.calls() if ours(c)][len(before) :]
+            result = summary(during, n, window_s)
+    except Exception:
+        if result is None:
+            raise
+        # Stopping many daemons can outlast the runner's timeout; the count is taken already.
+        logging.warning("the operator did not stop cleanly", exc_info=True)
     finally:
         server.stop()
+    return result
+
+
+def settle(server: KmockServer, n: int, interval_s: float) -> None:
+    """Until every service has its status and two intervals pass without a write."""
+    deadline = time.monotonic() + 600
+    quiet_for = 2 * interval_s + 1
+    last_writes, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        calls = [c for c in server.calls() if ours(c)]
+        writes = sum(1 for c in calls if c.method in ("POST", "PATCH", "DELETE"))
+        statuses = {
+            c.path for c in calls if c.path.endswith("/status") and "llmservices/" in c.path
+        }
+        if writes != last_writes or len(statuses) < n:
+            last_writes, quiet_since = writes, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_for:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{n} services did not settle in 600 s")
+
+
+def summary(during: list[Any], n: int, window_s: float) -> dict[str, float]:
     per_min = 60.0 / window_s
     writes = [c for c in during if c.method in ("POST", "PATCH", "DELETE")]
     watches = [c for c in during if c.params.get("watch") in ("true", "1")]
@@ -129,6 +147,7 @@ def main() -> None:
     print("|---:|---|---:|---:|---:|")
     for n in args.services:
         r = measure(n, args.window, args.interval, not args.no_cache)
+        assert r is not None
         print(
             f"| {n} | {'off' if args.no_cache else 'watch-fed'} | {r['requests_per_min']:.1f} "
             f"| {r['per_service_per_min']:.2f} | {r['writes_per_min']:.1f} |",

@@ -174,6 +174,9 @@ class Kubelet:
     """New pods stay Pending with this scheduler message (`Insufficient nvidia.com/gpu`)."""
     bad_images: set[str] = field(default_factory=set)
     """Images that fail to pull."""
+    bind: bool = True
+    """Set `spec.nodeName` (an emulator allows it; a real API server wants a Binding, so on
+    one the pods stay unbound, which the ReplicaSet controller does not mind)."""
     _ips: Iterator[int] = field(default_factory=lambda: itertools.count(10))
     _clock: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -216,9 +219,11 @@ class Kubelet:
                 }
             else:
                 n = next(self._ips)
+                ip = f"10.2.{n // 250}.{n % 250 + 1}"
                 new = {
                     "phase": "Running",
-                    "podIP": f"10.2.{n // 250}.{n % 250 + 1}",
+                    "podIP": ip,
+                    "podIPs": [{"ip": ip}],
                     "conditions": [
                         {
                             "type": "Ready",
@@ -229,10 +234,9 @@ class Kubelet:
                 }
             if new == status:
                 continue
-            if "podIP" in new or not pod["spec"].get("nodeName"):
-                node = {"spec": {"nodeName": f"node-{name}"}} if "podIP" in new else {}
-                if node:
-                    self.kube.patch("v1", "Pod", self.namespace, name, node)
+            if self.bind and "podIP" in new and not pod["spec"].get("nodeName"):
+                node = {"spec": {"nodeName": f"node-{name}"}}
+                self.kube.patch("v1", "Pod", self.namespace, name, node)
             self.kube.patch("v1", "Pod", self.namespace, name, {"status": new}, "status")
 
 

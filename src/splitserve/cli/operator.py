@@ -59,7 +59,13 @@ def operator() -> None:
     help="Serve the control loop's /metrics and /healthz on this port (0: off; the chart "
     "sets 8081).",
 )
-@click.option("--kubeconfig", envvar="KUBECONFIG", default=None, help="Out-of-cluster config.")
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=None,
+    help="Identity of every call the operator makes, kopf's own included. "
+    "Default: the pod's ServiceAccount, else ~/.kube/config.",
+)
 @click.option(
     "--log-level",
     envvar="SPLITSERVE_LOG_LEVEL",

@@ -14,6 +14,12 @@ event loop, with the fixes a kopf operator needs (see ENVIRONMENT.md):
 
 `TARGET=real` uses `$KUBECONFIG` as it is (the CRDs from charts/splitserve/crds must be applied
 and the current context's namespace must be `default`).
+
+What the API server lacks, the `controllers` fixture plays (`tests.fakes.controllers`): on kmock
+the Deployment / ReplicaSet controller and a kubelet; on a real control plane the kubelet only
+when kube-controller-manager runs (its ReplicaSets create the pods) and no node is registered.
+Where a real kubelet runs, the tests skip: their workers are fakes, so they must play the
+kubelet themselves.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.controllers import DeploymentController, Kubelet, running
 from tests.fakes.kmock_thread import KmockThread
 from tests.fakes.rbac import ApiCall
+
+from splitserve.operator.kube import Kube
 
 TARGET = os.environ.get("TARGET", "kmock")
 if TARGET == "kmock":
@@ -205,3 +215,34 @@ def api_server() -> Iterator[str]:
 def api_calls(api_server: str) -> Callable[[], list[ApiCall]] | None:
     """Every request the emulator has answered so far (None on a real cluster)."""
     return None if _SERVER is None else _SERVER.calls
+
+
+@contextmanager
+def controllers(kube: Kube, namespace: str = "default") -> Iterator[DeploymentController | None]:
+    """Run what the API server does not (see the module docstring) until the block ends."""
+    if TARGET == "kmock":
+        deployments: DeploymentController | None = DeploymentController(kube, namespace)
+        kubelet = Kubelet(kube, namespace)
+    else:
+        nodes = kube_nodes(kube)
+        if nodes:
+            pytest.skip(
+                f"TARGET=real: the cluster has {len(nodes)} node(s) with kubelets; these tests "
+                "fake the workers, so they need a control plane without nodes (they play the "
+                "kubelet)"
+            )
+        has_kcm = kube.get("v1", "ServiceAccount", namespace, "default") is not None
+        deployments = None if has_kcm else DeploymentController(kube, namespace)
+        kubelet = Kubelet(kube, namespace, bind=False)
+    parts = [c for c in (deployments, kubelet) if c is not None]
+    with running(*parts):
+        yield deployments
+
+
+def kube_nodes(kube: Kube) -> list[Any]:
+    """Registered nodes (a kubelet each)."""
+    call = getattr(kube, "_call", None)
+    if call is None:
+        return []
+    out = call("GET", "/api/v1/nodes")
+    return list((out or {}).get("items") or [])

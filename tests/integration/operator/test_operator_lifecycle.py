@@ -1,8 +1,9 @@
 """The real operator (kopf, `splitserve.operator.handlers`) against an API server.
 
-kmock by default, a real cluster with `TARGET=real KUBECONFIG=...`. The API server has no
-controllers, so the tests play the Deployment controller: they create the worker pods and
-mark them ready. Workers are `FakeWorkers` (no gRPC), which record the flip protocol's calls.
+kmock by default, a real cluster with `TARGET=real KUBECONFIG=...`. What the API server
+lacks, `conftest.controllers` plays: on kmock the Deployment / ReplicaSet controller (with the
+real one's deletion order) and a kubelet; on a real control plane the kubelet only. Workers are
+`FakeWorkers` (no gRPC), which record the flip protocol's calls.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from tests.fakes.kube import FakeWorkers, worker_pod
+from tests.fakes.controllers import DeploymentController
+from tests.fakes.kube import FakeWorkers
 from tests.fakes.rbac import KOPF_NEEDS, ApiCall, chart_rules, denied, needed, watches
+from tests.integration.operator.conftest import controllers
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
-from splitserve.operator import handlers
+from splitserve.operator import handlers, render
 from splitserve.operator.kube import KubeError, RestKube, resource_path
 from splitserve.operator.reconcile import Settings
 from splitserve.policy.planner.flip import FlipProgress, Step
 
-pytestmark = [pytest.mark.k8s, pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.k8s, pytest.mark.integration, pytest.mark.timeout(300)]
 
 NS = "default"
 TARGET = os.environ.get("TARGET", "kmock")
@@ -148,21 +151,26 @@ def service_body(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def start_pods(kube: RestKube, service: str, n: int, first_ip: int = 1) -> list[str]:
-    """What the Deployment controller and kubelet would do: create the pods, make them ready."""
-    names = []
-    for i in range(n):
-        pod = worker_pod(service, "w", f"{service}-w-{i}", ip=f"10.1.0.{first_ip + i}")
-        status = pod.pop("status")
-        kube.create(pod)
-        kube.patch("v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status")
-        names.append(pod["metadata"]["name"])
-    return names
+def worker_pods(kube: RestKube, service: str) -> list[dict[str, Any]]:
+    return kube.list("v1", "Pod", NS, render.worker_selector(service))
 
 
 def roles(kube: RestKube, service: str) -> list[str]:
-    pods = kube.list("v1", "Pod", NS, {v1.LABEL_SERVICE: service})
+    pods = worker_pods(kube, service)
     return sorted((p["metadata"].get("labels") or {}).get(v1.LABEL_ROLE, "-") for p in pods)
+
+
+def pod_names(kube: RestKube, service: str) -> set[str]:
+    return {p["metadata"]["name"] for p in worker_pods(kube, service)}
+
+
+def retired(kube: RestKube, service: str) -> str | None:
+    """The worker the operator chose to remove (its `Retiring` Event names it)."""
+    for event in kube.list("v1", "Event", NS):
+        involved = event.get("involvedObject") or {}
+        if event.get("reason") == "Retiring" and involved.get("name") == service:
+            return str(event["message"]).split(":", 1)[0]
+    return None
 
 
 def fenced(kube: RestKube, service: str) -> list[str]:
@@ -213,90 +221,119 @@ def test_create_update_scale_flip_delete(
         assert nr["status"] == "True"
         assert "matched 0 pods" in nr["message"]
 
-        # pods appear and get roles
-        start_pods(kube, svc, 3)
-        wait_for("roles", lambda: roles(kube, svc) == ["decode", "decode", "prefill"])
-        wait_for(
-            "routable",
-            lambda: (condition(kube, svc, "NotRoutable") or {}).get("status") == "False",
-        )
-        if api_calls is not None:
-            # Steady state: reconciling again and again writes nothing.
-            wait_for("a quiet second", lambda: quiet(api_calls, 1.0), timeout=40)
-        pool = wait_for(
-            "pool status",
-            lambda: (kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode") or {}).get("status"),
-        )
-        assert pool["selector"].startswith("splitserve.io/component=worker")
-
-        # update the service
-        kube.patch(v1.API_VERSION, "LLMService", NS, svc, {"spec": {"router": {"replicas": 2}}})
-        wait_for(
-            "router replicas",
-            lambda: (
-                (kube.get("apps/v1", "Deployment", NS, f"{svc}-router") or {})
-                .get("spec", {})
-                .get("replicas")
-                == 2
-            ),
-        )
-
-        # scale through /scale: one prefill worker flips to decode without a restart
-        workers.calls.clear()
-        scale(kube, svc, Role.PREFILL, 0)
-        scale(kube, svc, Role.DECODE, 3)
-        wait_for("flip", lambda: roles(kube, svc) == ["decode", "decode", "decode"])
-        wait_for("unfenced", lambda: not fenced(kube, svc))
-        # One flip: no worker was retired on the way (the two scales were coalesced).
-        assert [m for m, _ in workers.calls if m != "load"][:3] == [
-            "drain",
-            "set_role",
-            "resume",
-        ], " ".join(m for m, _ in workers.calls)
-        pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode")
-        assert pool is not None
-        assert pool["spec"]["replicas"] == 3  # Manual mode: the operator did not write it back
-        assert all(
-            v1.LABEL_FENCED not in (p["metadata"].get("labels") or {})
-            for p in kube.list("v1", "Pod", NS, {v1.LABEL_SERVICE: svc})
-        )
-
-        # delete: everything the service owns goes
-        kube.delete(v1.API_VERSION, "LLMService", NS, svc)
-        wait_for("service gone", lambda: kube.get(v1.API_VERSION, "LLMService", NS, svc) is None)
-        for api_version, kind, name in (
-            ("apps/v1", "Deployment", f"{svc}-w"),
-            ("apps/v1", "Deployment", f"{svc}-router"),
-            (v1.API_VERSION, "LLMPool", f"{svc}-decode"),
-            ("v1", "ConfigMap", f"{svc}-router"),
-            ("v1", "Service", svc),
-        ):
-            wait_for(f"{kind} gone", gone(kube, api_version, kind, name))
+        # pods appear (a ReplicaSet creates them, a kubelet runs them) and get roles
+        with controllers(kube, NS) as deployments:
+            exercise(kube, svc, workers, api_calls, deployments)
     cleanup(kube, svc)
     assert "Traceback" not in runner.output, runner.output[-3000:]
     if api_calls is not None:
-        # One identity: kopf's own calls use --kubeconfig too, not $KUBECONFIG.
-        ours = [c for c in api_calls() if c.user_agent.startswith(("kopf/", "splitserve-op"))]
-        assert ours
-        assert {c.authorization for c in ours} == {f"Bearer {OPERATOR_TOKEN}"}
-        # Every call the operator and kopf made is allowed by the chart's RBAC ...
-        helpers = Path(__file__).resolve().parents[3] / "charts/splitserve/templates/_helpers.tpl"
-        assert denied(ours, chart_rules(helpers)) == []
-        # ... and kopf needed only what the unit test's derivation assumes of it.
-        kopf_calls = [c for c in ours if c.user_agent.startswith("kopf/")]
-        assert needed(kopf_calls) <= KOPF_NEEDS | watches(handlers.CACHED_KINDS)
+        check_identity_and_rbac(api_calls)
+
+
+def exercise(
+    kube: RestKube,
+    svc: str,
+    workers: FakeWorkers,
+    api_calls: Callable[[], list[ApiCall]] | None,
+    deployments: DeploymentController | None,
+) -> None:
+    wait_for("roles", lambda: roles(kube, svc) == ["decode", "decode", "prefill"])
+    wait_for(
+        "routable",
+        lambda: (condition(kube, svc, "NotRoutable") or {}).get("status") == "False",
+    )
+    if api_calls is not None:
+        # Steady state: reconciling again and again writes nothing.
+        wait_for("a quiet second", lambda: quiet(api_calls, 1.0), timeout=40)
+    pool = wait_for(
+        "pool status",
+        lambda: (kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode") or {}).get("status"),
+    )
+    assert pool["selector"].startswith("splitserve.io/component=worker")
+
+    # update the service
+    kube.patch(v1.API_VERSION, "LLMService", NS, svc, {"spec": {"router": {"replicas": 2}}})
+    wait_for(
+        "router replicas",
+        lambda: (
+            (kube.get("apps/v1", "Deployment", NS, f"{svc}-router") or {})
+            .get("spec", {})
+            .get("replicas")
+            == 2
+        ),
+    )
+
+    # scale through /scale: one prefill worker flips to decode without a restart
+    workers.calls.clear()
+    before = pod_names(kube, svc)
+    scale(kube, svc, Role.PREFILL, 0)
+    scale(kube, svc, Role.DECODE, 3)
+    wait_for("flip", lambda: roles(kube, svc) == ["decode", "decode", "decode"])
+    wait_for("unfenced", lambda: not fenced(kube, svc))
+    assert pod_names(kube, svc) == before  # no pod deleted, none created
+    # One flip: no worker was retired on the way (the two scales were coalesced).
+    assert [m for m, _ in workers.calls if m != "load"][:3] == [
+        "drain",
+        "set_role",
+        "resume",
+    ], " ".join(m for m, _ in workers.calls)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 3  # Manual mode: the operator did not write it back
+    assert all(
+        v1.LABEL_FENCED not in (p["metadata"].get("labels") or {})
+        for p in kube.list("v1", "Pod", NS, {v1.LABEL_SERVICE: svc})
+    )
+
+    # shrink: the worker the operator chose is drained, then the ReplicaSet deletes it
+    scale(kube, svc, Role.DECODE, 2)
+    chosen = wait_for("a worker retired", lambda: retired(kube, svc))
+    assert chosen in before
+    wait_for("chosen pod gone", lambda: pod_names(kube, svc) == before - {chosen})
+    if deployments is not None:
+        assert deployments.deleted == [chosen]
+
+    # delete: everything the service owns goes
+    kube.delete(v1.API_VERSION, "LLMService", NS, svc)
+    wait_for("service gone", lambda: kube.get(v1.API_VERSION, "LLMService", NS, svc) is None)
+    for api_version, kind, name in (
+        ("apps/v1", "Deployment", f"{svc}-w"),
+        ("apps/v1", "Deployment", f"{svc}-router"),
+        (v1.API_VERSION, "LLMPool", f"{svc}-decode"),
+        ("v1", "ConfigMap", f"{svc}-router"),
+        ("v1", "Service", svc),
+    ):
+        wait_for(f"{kind} gone", gone(kube, api_version, kind, name))
+
+
+def check_identity_and_rbac(api_calls: Callable[[], list[ApiCall]]) -> None:
+    # One identity: kopf's own calls use --kubeconfig too, not $KUBECONFIG.
+    ours = [c for c in api_calls() if c.user_agent.startswith(("kopf/", "splitserve-op"))]
+    assert ours
+    assert {c.authorization for c in ours} == {f"Bearer {OPERATOR_TOKEN}"}
+    # Every call the operator and kopf made is allowed by the chart's RBAC ...
+    helpers = Path(__file__).resolve().parents[3] / "charts/splitserve/templates/_helpers.tpl"
+    assert denied(ours, chart_rules(helpers)) == []
+    # ... and kopf needed only what the unit test's derivation assumes of it.
+    kopf_calls = [c for c in ours if c.user_agent.startswith("kopf/")]
+    assert needed(kopf_calls) <= KOPF_NEEDS | watches(handlers.CACHED_KINDS)
 
 
 def test_operator_restart_mid_flip_resumes(api_server: str, kube: RestKube) -> None:
     workers = FakeWorkers()
     svc = "restart"
     kube.create(service_body(svc, pools={"prefill": {"replicas": 2}, "decode": {"replicas": 1}}))
+    with controllers(kube, NS):
+        restart_mid_flip(api_server, kube, svc, workers)
+    cleanup(kube, svc)
+
+
+def restart_mid_flip(api_server: str, kube: RestKube, svc: str, workers: FakeWorkers) -> None:
     with operator(api_server, workers):
-        start_pods(kube, svc, 3, first_ip=20)
         wait_for("roles", lambda: roles(kube, svc) == ["decode", "prefill", "prefill"])
         # Keep every worker busy, so the flip stops at the drain step.
-        for i in range(3):
-            workers.in_flight[f"10.1.0.{20 + i}:50051"] = 5
+        for running_pod in worker_pods(kube, svc):
+            workers.in_flight[f"{running_pod['status']['podIP']}:50051"] = 5
         scale(kube, svc, Role.PREFILL, 1)
         scale(kube, svc, Role.DECODE, 2)
 
@@ -326,4 +363,3 @@ def test_operator_restart_mid_flip_resumes(api_server: str, kube: RestKube) -> N
         assert v1.ANNOTATION_FLIP not in (pod["metadata"].get("annotations") or {})
         kube.delete(v1.API_VERSION, "LLMService", NS, svc)
         wait_for("service gone", lambda: kube.get(v1.API_VERSION, "LLMService", NS, svc) is None)
-    cleanup(kube, svc)

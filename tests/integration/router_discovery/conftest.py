@@ -123,7 +123,24 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         path_env = os.environ.get("KUBECONFIG")
         if not path_env:
             pytest.skip("TARGET=real needs KUBECONFIG")
+        if not _ready_nodes(path_env):
+            pytest.skip(
+                "TARGET=real: no Ready node, so no kubelet to run the test pods and give them "
+                "IPs (a control plane alone cannot run these tests)"
+            )
         yield path_env
+
+
+def _ready_nodes(kubeconfig: str) -> list[str]:
+    import kubernetes
+
+    client = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    out = []
+    for node in kubernetes.client.CoreV1Api(client).list_node().items:
+        conditions = (node.status.conditions if node.status else None) or []
+        if any(c.type == "Ready" and c.status == "True" for c in conditions):
+            out.append(str(node.metadata.name if node.metadata else ""))
+    return out
 
 
 @pytest.fixture

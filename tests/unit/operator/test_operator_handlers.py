@@ -172,3 +172,26 @@ def test_control_loop_reconciles_until_stopped(kube: MemoryKube) -> None:
 def test_control_loop_survives_errors(kube: MemoryKube) -> None:
     create_service(kube, pools={"mixed": {"replicas": 1}})
     handlers.control_loop(name="tiny", namespace=NS, stopped=StopAfter(2), logger=LOG)  # type: ignore[arg-type]
+
+
+def test_login_uses_the_kubeconfig_flag_not_the_environment(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def kubeconfig(name: str, server: str, token: str) -> str:
+        path = tmp_path / name
+        path.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+            f"users: [{{name: u, user: {{token: {token}}}}}]\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+            "current-context: x\n"
+        )
+        return str(path)
+
+    monkeypatch.setenv("KUBECONFIG", kubeconfig("admin", "https://admin:6443", "admin-token"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "")  # not in a pod
+    flag = kubeconfig("sa", "https://sa:6443", "sa-token")
+    handlers.configure(handlers.OperatorConfig(kubeconfig=flag))
+    info = handlers.login(settings=kopf.OperatorSettings())
+    assert (info.server, info.scheme, info.token) == ("https://sa:6443", "Bearer", "sa-token")
+    handlers.configure(handlers.OperatorConfig())
