@@ -12,14 +12,14 @@ import time
 from typing import Any
 
 import pytest
-from splitserve.operator.testing import FakeWorkers, worker_pod
+from tests.fakes.kube import FakeWorkers, worker_pod
 from tests.fakes.router_metrics import FakeRouterMetrics
+from tests.integration.operator.conftest import controllers
 from tests.integration.operator.test_operator_lifecycle import (
     NS,
     cleanup,
     operator,
     service_body,
-    start_pods,
     wait_for,
 )
 
@@ -110,10 +110,9 @@ def test_managed_scales_up_and_stale_metrics_hold(api_server: str, kube: RestKub
     runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
     svc = "auto"
     try:
-        with operator(api_server, FakeWorkers()):
+        with operator(api_server, FakeWorkers()), controllers(kube, NS):
             kube.create(autoscaled_body(svc, "Managed"))
             wait_for("pools", lambda: kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode"))
-            start_pods(kube, svc, 2)
             start_router(kube, svc)
             # 40 requests/s of 2000-token prompts: more prefill workers.
             router.rate = 40.0
@@ -160,10 +159,9 @@ def test_external_mode_writes_only_recommendations(api_server: str, kube: RestKu
     runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
     svc = "advice"
     try:
-        with operator(api_server, FakeWorkers()):
+        with operator(api_server, FakeWorkers()), controllers(kube, NS):
             kube.create(autoscaled_body(svc, "External"))
             wait_for("pools", lambda: kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-prefill"))
-            start_pods(kube, svc, 2)
             start_router(kube, svc)
             router.rate = 40.0
 
