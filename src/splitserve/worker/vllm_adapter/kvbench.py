@@ -303,9 +303,12 @@ def _nixl_reader(conn: Any, ctl: Any, nbytes: int, progress_thread: bool) -> Non
         cmd = ctl.recv()
         if cmd[0] == "stop":
             break
-        _, n, repeat = cmd
-        local = agent.get_xfer_descs([(addr, n, 0)], "DRAM")
-        remote = agent.get_xfer_descs([(remote_addr, n, 0)], "DRAM")
+        _, n, repeat, pieces = cmd
+        size = n // pieces
+        local = agent.get_xfer_descs([(addr + i * size, size, 0) for i in range(pieces)], "DRAM")
+        remote = agent.get_xfer_descs(
+            [(remote_addr + i * size, size, 0) for i in range(pieces)], "DRAM"
+        )
         times = []
         for _ in range(repeat):
             handle = agent.initialize_xfer("READ", local, remote, peer)
@@ -338,10 +341,12 @@ class RawNixl:
         self.max_bytes = max_bytes
         self.read_s(min(max_bytes, MiB), 2)  # connection set-up: not counted
 
-    def read_s(self, nbytes: int, repeat: int = 3) -> list[float]:
+    def read_s(self, nbytes: int, repeat: int = 3, pieces: int = 1) -> list[float]:
+        """Seconds per READ of `nbytes` as `pieces` equal descriptors (vLLM reads one per
+        block per layer and K/V)."""
         if nbytes > self.max_bytes:
             raise ValueError(f"{nbytes} bytes > the {self.max_bytes} registered")
-        self._ctl.send(("read", nbytes, repeat))
+        self._ctl.send(("read", nbytes, repeat, max(1, pieces)))
         if not self._ctl.poll(300):
             raise TimeoutError("raw NIXL read did not answer")
         times: list[float] = self._ctl.recv()
