@@ -546,6 +546,8 @@ class VllmEngine:
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
+        if pulls is not None:
+            pulls.drive_after_posting(PULL_POLL_S)
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():

@@ -103,6 +103,19 @@ class PullDriver:
     def in_flight(self) -> bool:
         return any(self._transfers.values())
 
+    def drive_after_posting(self, budget_s: float) -> None:
+        """Also drive right after vLLM posts reads (its worker's `start_load_kv`, inside an
+        engine step), for at most `budget_s`, instead of only after the step returns."""
+        post = self._worker.start_load_kv
+
+        def start_load_kv(*args: Any, **kwargs: Any) -> Any:
+            out = post(*args, **kwargs)
+            if self.in_flight():
+                self.drive(budget_s)
+            return out
+
+        self._worker.start_load_kv = start_load_kv
+
     def drive(self, budget_s: float) -> None:
         deadline = time.perf_counter() + budget_s
         while time.perf_counter() < deadline:
