@@ -54,7 +54,7 @@ from splitserve.worker.engine import (
     TokenDelta,
 )
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
-from splitserve.worker.vllm_adapter.nixl import clip_pulls
+from splitserve.worker.vllm_adapter.nixl import PullDriver, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ KV_TRANSPORT = "nixl"
 HANDOFF_KEY = "splitserve_prefilled_tokens"
 """In a decode's `kv_transfer_params`: how many tokens of its prompt the prefill computed (the
 prompt; the decode's prompt has the first token appended). vLLM pulls that many, no more."""
+PULL_POLL_S = 0.01
+"""Longest the engine thread polls in-flight KV reads before its next engine step."""
 PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 
@@ -546,6 +548,9 @@ class VllmEngine:
         clip_pulls(core.scheduler, HANDOFF_KEY)
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
+        pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
+        if pulls is not None:
+            pulls.drive_after_posting(PULL_POLL_S)
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():
@@ -565,7 +570,9 @@ class VllmEngine:
                 self._snapshot = self._read_load(core.scheduler)
                 for out in outs:
                     self._dispatch(out)
-                if not outs and core.scheduler.get_num_unfinished_requests() == 0:
+                if pulls is not None and pulls.in_flight():
+                    pulls.drive(PULL_POLL_S)
+                elif not outs and core.scheduler.get_num_unfinished_requests() == 0:
                     time.sleep(0.005)  # only held KV / transfers left: poll, don't spin
         except Exception as e:  # the engine died: fail every request in flight
             log.exception("vLLM engine loop failed")

@@ -162,6 +162,8 @@ class Timing:
     handle_bytes: float = 0.0
     """Bytes the KV handle announced (the engine's own count; the sim engine's model)."""
     xfer_s: float = 0.0
+    raw_s: list[float] = field(default_factory=list)
+    """Raw NIXL READs of the same bytes right after this request (RawNixl)."""
     token_times_s: list[float] = field(default_factory=list)
 
 
@@ -193,7 +195,7 @@ class Client:
         self._channels.clear()
 
     @staticmethod
-    def _sampling(max_tokens: int) -> Any:
+    def sampling(max_tokens: int) -> Any:
         from splitserve._gen.v1 import common_pb2
 
         return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -206,7 +208,7 @@ class Client:
         t0 = time.perf_counter()
         out = await self.stub(prefill).Prefill(
             worker_pb2.PrefillRequest(
-                request_id=rid, prompt_token_ids=prompt, sampling=self._sampling(max_tokens)
+                request_id=rid, prompt_token_ids=prompt, sampling=self.sampling(max_tokens)
             )
         )
         t1 = time.perf_counter() - t0
@@ -218,7 +220,7 @@ class Client:
                 request_id=rid,
                 prompt_token_ids=prompt,
                 first_token_id=out.first_token_id,
-                sampling=self._sampling(max_tokens),
+                sampling=self.sampling(max_tokens),
                 kv=out.kv,
             )
         )
@@ -241,7 +243,7 @@ class Client:
         times: list[float] = []
         call = self.stub(address).Generate(
             worker_pb2.GenerateRequest(
-                request_id=rid, prompt_token_ids=prompt, sampling=self._sampling(max_tokens)
+                request_id=rid, prompt_token_ids=prompt, sampling=self.sampling(max_tokens)
             )
         )
         async for chunk in call:
@@ -268,7 +270,7 @@ def _timing(mode: str, prompt: list[int], tokens: list[int], times: list[float])
     )
 
 
-# -- raw NIXL -----------------------------------------------------------------------------------
+# -- raw NIXL ---------------------------------------------------------------------------------
 
 
 def _nixl_target(conn: Any, nbytes: int, progress_thread: bool) -> None:
@@ -285,7 +287,9 @@ def _nixl_target(conn: Any, nbytes: int, progress_thread: bool) -> None:
     conn.recv()
 
 
-def _nixl_reader(conn: Any, nbytes: int, repeat: int, progress_thread: bool, out: Any) -> None:
+def _nixl_reader(conn: Any, ctl: Any, nbytes: int, progress_thread: bool) -> None:
+    """Reads the first n bytes of the target's buffer `repeat` times per ("read", n, repeat)
+    command on `ctl`, answering the seconds of each READ (post to DONE, polled)."""
     import numpy as np
     from nixl._api import nixl_agent, nixl_agent_config
 
@@ -295,41 +299,75 @@ def _nixl_reader(conn: Any, nbytes: int, repeat: int, progress_thread: bool, out
     agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
     meta, remote_addr = conn.recv()
     peer = agent.add_remote_agent(meta)
-    local = agent.get_xfer_descs([(addr, nbytes, 0)], "DRAM")
-    remote = agent.get_xfer_descs([(remote_addr, nbytes, 0)], "DRAM")
-    times = []
-    for _ in range(repeat + 1):  # the first read sets up the connection: not counted
-        handle = agent.initialize_xfer("READ", local, remote, peer)
-        t0 = time.perf_counter()
-        state = agent.transfer(handle)
-        while state == "PROC":
-            state = agent.check_xfer_state(handle)
-        times.append(time.perf_counter() - t0)
-        if state != "DONE":
-            raise RuntimeError(f"NIXL READ failed: {state}")
-        agent.release_xfer_handle(handle)
+    while True:
+        cmd = ctl.recv()
+        if cmd[0] == "stop":
+            break
+        _, n, repeat, pieces = cmd
+        size = n // pieces
+        local = agent.get_xfer_descs([(addr + i * size, size, 0) for i in range(pieces)], "DRAM")
+        remote = agent.get_xfer_descs(
+            [(remote_addr + i * size, size, 0) for i in range(pieces)], "DRAM"
+        )
+        times = []
+        for _ in range(repeat):
+            handle = agent.initialize_xfer("READ", local, remote, peer)
+            t0 = time.perf_counter()
+            state = agent.transfer(handle)
+            while state == "PROC":
+                state = agent.check_xfer_state(handle)
+            times.append(time.perf_counter() - t0)
+            agent.release_xfer_handle(handle)
+            if state != "DONE":
+                raise RuntimeError(f"NIXL READ failed: {state}")
+        ctl.send(times)
     conn.send("done")
-    out.put(times[1:])
+
+
+class RawNixl:
+    """Two processes moving DRAM with NIXL READs (UCX, loopback), kept for a whole run so that
+    raw reads can be interleaved with the engine's transfers of the same bytes."""
+
+    def __init__(self, max_bytes: int, progress_thread: bool = False) -> None:
+        ctx = mp.get_context("spawn")
+        a, b = ctx.Pipe()
+        self._ctl, ctl = ctx.Pipe()
+        self._procs = [
+            ctx.Process(target=_nixl_target, args=(a, max_bytes, progress_thread)),
+            ctx.Process(target=_nixl_reader, args=(b, ctl, max_bytes, progress_thread)),
+        ]
+        for p in self._procs:
+            p.start()
+        self.max_bytes = max_bytes
+        self.read_s(min(max_bytes, MiB), 2)  # connection set-up: not counted
+
+    def read_s(self, nbytes: int, repeat: int = 3, pieces: int = 1) -> list[float]:
+        """Seconds per READ of `nbytes` as `pieces` equal descriptors (vLLM reads one per
+        block per layer and K/V)."""
+        if nbytes > self.max_bytes:
+            raise ValueError(f"{nbytes} bytes > the {self.max_bytes} registered")
+        self._ctl.send(("read", nbytes, repeat, max(1, pieces)))
+        if not self._ctl.poll(300):
+            raise TimeoutError("raw NIXL read did not answer")
+        times: list[float] = self._ctl.recv()
+        return times
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._ctl.send(("stop",))
+        for p in self._procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
 
 
 def raw_nixl_read_s(nbytes: int, repeat: int = 5, progress_thread: bool = False) -> list[float]:
     """Seconds per NIXL READ of `nbytes` (one descriptor) between two fresh processes."""
-    ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe()
-    out = ctx.Queue()
-    target = ctx.Process(target=_nixl_target, args=(a, nbytes, progress_thread))
-    reader = ctx.Process(target=_nixl_reader, args=(b, nbytes, repeat, progress_thread, out))
-    target.start()
-    reader.start()
+    raw = RawNixl(nbytes, progress_thread)
     try:
-        times: list[float] = out.get(timeout=120)
+        return raw.read_s(nbytes, repeat)
     finally:
-        reader.join(30)
-        target.join(30)
-        for p in (reader, target):
-            if p.is_alive():
-                p.kill()
-    return times
+        raw.close()
 
 
 # -- the runs -----------------------------------------------------------------------------------
