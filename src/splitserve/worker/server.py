@@ -119,26 +119,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def _request(
         self,
         context: grpc.aio.ServicerContext,
-        rid: str,
-        prompt: list[int],
-        sampling: common_pb2.SamplingParams,
-        slo: str,
-        ctx: common_pb2.SloContext | None = None,
+        msg: worker_pb2.PrefillRequest | worker_pb2.DecodeRequest | worker_pb2.GenerateRequest,
         *,
         new_tokens: int | None = None,
     ) -> Request:
-        """The core request with the router's SLO context (class, priority, TTFT budget on our
-        clock), or INVALID_ARGUMENT naming what is wrong (bad sampling values, an empty prompt,
-        prompt + new tokens beyond the engine's context limit)."""
+        """The core request of a Prefill / Decode / Generate message, with the router's SLO
+        context (class, priority, TTFT budget on our clock), or INVALID_ARGUMENT naming what is
+        wrong (bad sampling values, an empty prompt, prompt + new tokens beyond the engine's
+        context limit)."""
+        ctx = msg.slo if msg.HasField("slo") else None
         now_s = self.clock.now_s()
         budget = ctx.ttft_budget_s if ctx is not None else 0.0
         try:
             req = Request(
-                id=RequestId(rid),
-                prompt_token_ids=tuple(prompt),
-                sampling=sampling_from_pb(sampling),
+                id=RequestId(msg.request_id),
+                prompt_token_ids=tuple(msg.prompt_token_ids),
+                sampling=sampling_from_pb(msg.sampling),
                 arrival_s=now_s,
-                slo_class=SloClassName(slo or "default"),
+                slo_class=SloClassName(msg.slo_class or "default"),
                 priority=ctx.priority if ctx is not None else 0,
                 deadline_s=now_s + budget if budget > 0 else None,  # the router's budget, our clock
             )
@@ -183,15 +181,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefillResponse:
         await self._admit(context, request.request_id, self.role.can_prefill, "prefill")
-        req = await self._request(
-            context,
-            request.request_id,
-            list(request.prompt_token_ids),
-            request.sampling,
-            request.slo_class,
-            request.slo if request.HasField("slo") else None,
-            new_tokens=1,
-        )
+        req = await self._request(context, request, new_tokens=1)
         try:
             out = await self.engine.prefill(req)
         except (CapacityError, KvTransferError, ValueError) as err:
@@ -220,14 +210,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._admit(context, request.request_id, self.role.can_decode, "decode")
         if not request.HasField("kv"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
-        req = await self._request(
-            context,
-            request.request_id,
-            list(request.prompt_token_ids),
-            request.sampling,
-            request.slo_class,
-            request.slo if request.HasField("slo") else None,
-        )
+        req = await self._request(context, request)
         kv = kv_from_pb(request.kv)
         self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
         stream = self.engine.decode(req, request.first_token_id, kv)
@@ -238,14 +221,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         await self._admit(context, request.request_id, self.role.can_generate, "generate")
-        req = await self._request(
-            context,
-            request.request_id,
-            list(request.prompt_token_ids),
-            request.sampling,
-            request.slo_class,
-            request.slo if request.HasField("slo") else None,
-        )
+        req = await self._request(context, request)
         self.metrics.prefill_tokens.inc(req.num_prompt_tokens)
         async for chunk in self._relay("generate", req, self.engine.generate(req), context):
             yield chunk

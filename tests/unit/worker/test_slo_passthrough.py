@@ -3,7 +3,7 @@ engine's step policy as `SeqView.slo_class / priority / deadline_s` (issue 10 it
 
 from __future__ import annotations
 
-from splitserve._gen.v1 import common_pb2
+from splitserve._gen.v1 import common_pb2, worker_pb2
 from splitserve.core.clock import ManualClock
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.kv import BlockManager
@@ -65,11 +65,10 @@ async def test_worker_rebases_the_routers_budget_on_its_own_clock(
         slo=ctx,
     )
     ctx_ = _AbortingContext()
-    req = await w.service._request(
-        ctx_, msg.request_id, list(msg.prompt_token_ids), msg.sampling, msg.slo_class, msg.slo
-    )
+    req = await w.service._request(ctx_, msg)
     assert req.slo_class == "batch"
     assert req.priority == 3
     assert req.deadline_s == 100.25
-    none = await w.service._request(ctx_, "x", [1], msg.sampling, "", None)
+    bare = worker_pb2.GenerateRequest(request_id="x", prompt_token_ids=[1], sampling=msg.sampling)
+    none = await w.service._request(ctx_, bare)
     assert (none.slo_class, none.priority, none.deadline_s) == ("default", 0, None)
