@@ -97,7 +97,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             await self._events[name].wait()
 
     def names(self) -> list[str]:
-        return [name for name, _ in self.calls if name != "WatchLoad"]
+        return [name for name, _ in self.calls if name not in ("WatchLoad", "WatchSteps")]
 
     def requests(self, name: str) -> list[Any]:
         return [msg for n, msg in self.calls if n == name]

@@ -1,28 +1,102 @@
-"""Per-worker latency models the router fits online (`policy.predict.latency`), by endpoint."""
+"""Per-worker latency models the router fits online, by endpoint.
+
+The primary source is each worker's step stream (`WatchSteps`: every engine step's batch
+composition and time, measured inside the worker): one `OnlineStepModel` per worker, the
+simulator's `core.perf` latency-model object (DistServe A.4 reduced forms) refitted over a
+sliding window of steps. Placement reads its prefill drain rate and its decode step cost
+(`estimates`).
+
+Fallback, for engines that answer `WatchSteps` with UNIMPLEMENTED (and until a step fit is
+ready): the coarse fits from the router's own calls (`policy.predict.latency`: prefill rate from
+`PrefillResponse.prefill_s` / time to first token, decode base + per-seq from per-request TPOT
+at the batch size seen at placement).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from dataclasses import dataclass, field
 
+import grpc
+from grpc import aio
+
+from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.ids import EndpointId
+from splitserve.core.perf.protocol import BatchShape
 from splitserve.policy.predict.latency import PrefillRate, StepFit
+from splitserve.policy.predict.step_model import OnlineStepModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class _Models:
     prefill: PrefillRate = field(default_factory=PrefillRate)
     step: StepFit = field(default_factory=StepFit)
+    steps: OnlineStepModel = field(default_factory=OnlineStepModel)
+    watcher: asyncio.Task[None] | None = None
+    reports_steps: bool | None = None
+    """The worker's step stream: True once a sample came, False when UNIMPLEMENTED."""
+
+
+def batch_of(pb: worker_pb2.StepSample) -> BatchShape:
+    return BatchShape(
+        prefill_chunks=tuple((c.new_tokens, c.context_tokens) for c in pb.prefill_chunks),
+        decode_contexts=tuple(pb.decode_context_tokens),
+    )
 
 
 class LatencyBook:
-    def __init__(self) -> None:
+    def __init__(self, *, reconnect_s: float = 1.0, max_buffer: int = 1024) -> None:
         self._by_ep: dict[EndpointId, _Models] = {}
+        self.reconnect_s = reconnect_s
+        self.max_buffer = max_buffer
 
     def _get(self, eid: EndpointId) -> _Models:
         m = self._by_ep.get(eid)
         if m is None:
             m = self._by_ep[eid] = _Models()
         return m
+
+    # -- the step stream ---------------------------------------------------------------------
+
+    def watch(self, eid: EndpointId, stub: worker_pb2_grpc.WorkerAsyncStub) -> None:
+        """Start fitting `eid`'s step model from its `WatchSteps` stream (idempotent)."""
+        m = self._get(eid)
+        if m.watcher is None or m.watcher.done():
+            m.watcher = asyncio.create_task(self._watch(eid, m, stub), name=f"watch-steps {eid}")
+
+    async def _watch(
+        self, eid: EndpointId, m: _Models, stub: worker_pb2_grpc.WorkerAsyncStub
+    ) -> None:
+        request = worker_pb2.WatchStepsRequest(max_buffer=self.max_buffer)
+        while True:
+            try:
+                call = stub.WatchSteps(request, wait_for_ready=True)
+                async for pb in call:
+                    if m.reports_steps is not True:
+                        log.info("fitting the latency model of %s from its step reports", eid)
+                    m.reports_steps = True
+                    m.steps.observe(batch_of(pb), pb.duration_s)
+            except grpc.RpcError as err:
+                code = err.code() if isinstance(err, aio.AioRpcError) else None
+                if code == grpc.StatusCode.UNIMPLEMENTED:
+                    m.reports_steps = False
+                    log.info(
+                        "%s reports no engine steps: its latency model is fitted from request "
+                        "timings only",
+                        eid,
+                    )
+                    return
+            await asyncio.sleep(self.reconnect_s)
+
+    def observe_step(self, eid: EndpointId, batch: BatchShape, seconds: float) -> None:
+        """One engine step of `eid` (what the step stream delivers)."""
+        self._get(eid).steps.observe(batch, seconds)
+
+    # -- request timings (fallback) ----------------------------------------------------------
 
     def observe_prefill(self, eid: EndpointId, tokens: int, seconds: float) -> None:
         """`tokens` computed (queue ahead of the prompt plus the prompt) in `seconds`."""
@@ -31,13 +105,36 @@ class LatencyBook:
     def observe_decode(self, eid: EndpointId, batch: int, tpot_s: float) -> None:
         self._get(eid).step.observe(batch, tpot_s)
 
+    # -- what placement reads ----------------------------------------------------------------
+
+    def step_model(self, eid: EndpointId) -> OnlineStepModel | None:
+        m = self._by_ep.get(eid)
+        return None if m is None else m.steps
+
     def estimates(self, eid: EndpointId) -> tuple[float, float, float]:
-        """(prefill tokens/s, step base s, step per-seq s); zeros: no estimate."""
+        """(prefill tokens/s, step base s, step per-seq s); zeros: no estimate. The step fit
+        where it has one, else the request-timing fits."""
         m = self._by_ep.get(eid)
         if m is None:
             return (0.0, 0.0, 0.0)
-        base, per = m.step.params
-        return (m.prefill.tokens_per_s, base, per)
+        rate = m.steps.prefill_tokens_per_s() or m.prefill.tokens_per_s
+        base, per = m.steps.decode_step()
+        if base <= 0 and per <= 0:
+            base, per = m.step.params
+        return (rate, base, per)
 
-    def forget(self, eid: EndpointId) -> None:
-        self._by_ep.pop(eid, None)
+    async def forget(self, eid: EndpointId) -> None:
+        """Stop watching `eid` and drop its models."""
+        m = self._by_ep.pop(eid, None)
+        if m is not None and m.watcher is not None:
+            m.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await m.watcher
+
+    async def close(self) -> None:
+        tasks = [m.watcher for m in self._by_ep.values() if m.watcher is not None]
+        self._by_ep.clear()
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

@@ -9,7 +9,8 @@ stays up the endpoint stays ready, but its load is the router's own view (its in
 reserved work, `Ledger`) instead of the stale report; that is logged at WARNING and counted
 (`splitserve_router_stale_load_fallbacks_total`), never silently turned into a 503. Each view
 carries the reservations placed on the worker and not yet started (so simultaneous placements see
-each other) and the latency model fitted for it (`LatencyBook`). Placement reads frozen
+each other) and the latency model fitted for it (`LatencyBook`, from the worker's `WatchSteps`
+step stream). Placement reads frozen
 `EndpointView`s from `views()`; nothing here decides where a request goes.
 """
 
@@ -124,6 +125,7 @@ class PoolView:
         ep = _Endpoint(eid, channel, stub)
         self._endpoints[eid] = ep
         ep.task = asyncio.create_task(self._watch(ep), name=f"watch-load {address}")
+        self.latency.watch(eid, stub)
         log.info("watching worker %s", address)
         self._notify()
         return eid
@@ -142,7 +144,7 @@ class PoolView:
                 await ep.task
         await ep.channel.close()
         self.ledger.forget(ep.id)
-        self.latency.forget(ep.id)
+        await self.latency.forget(ep.id)
         log.info("stopped watching worker %s", eid)
         self._notify()
 

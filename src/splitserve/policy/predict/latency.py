@@ -7,8 +7,9 @@
   over (batch size, mean time per output token) pairs.
 
 Both answer 0 until they have `min_samples` observations (the owner treats 0 as "no estimate").
-Approximation, stated: the router fits these from its own calls (TTFT of `Prefill`/`Generate`,
-TPOT of streams) rather than from the workers' per-step reports.
+These are the router's fallback, fitted from its own calls (TTFT of `Prefill`/`Generate`, TPOT
+of streams) for workers whose engine does not report its steps; workers that do are modelled by
+`step_model.OnlineStepModel` from their `WatchSteps` reports.
 """
 
 from __future__ import annotations
