@@ -91,6 +91,7 @@ async def test_step_reports_fit_the_workers_latency_model(sim_worker: SimFactory
             )
         await _until(lambda: model.fitted is not None)
         fitted = model.fitted
+        assert fitted is not None
         truth = engine.latency
         # A mixed worker also runs mixed steps, which the roofline prices as max(compute,
         # memory) and the fit's A.4 forms as a sum: decode steps track closely, a prefill-only
