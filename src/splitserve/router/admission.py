@@ -17,6 +17,13 @@ Room for one more request (`has_room`):
   prefill tokens / fitted rate) is within `max_backlog_fraction` x the tightest TTFT target;
 * without either (cold start, no SLO numbers yet): always room, the wave-1 behaviour.
 Requests admitted from the queue but not yet placed count against the room.
+
+Percentiles: a class's TTFT target holds at its percentile (p50, p90, p99), so the shed and
+expiry decisions compare the *predicted TTFT at that percentile* with the deadline: the point
+prediction x `TailRatios.factor(percentile)`, the empirical quantile of actual / predicted TTFT
+of the requests admitted so far (`observe_ttft`). A p99 class is thus shed (or expired from the
+queue) at a shorter backlog than a p50 class with the same target. Before enough requests were
+observed the factor is 1 for every percentile.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.admission import AdmissionGate, Entry, GateParams, Outcome
 from splitserve.policy.placement import EndpointView
+from splitserve.policy.predict.tail import TailRatios
 from splitserve.router.errors import Overloaded
 from splitserve.router.pool_view import PoolView
 from splitserve.router.slo import RequestSlo
@@ -45,6 +53,9 @@ class _Waiter:
     entry: Entry
     future: asyncio.Future[None]
     prompt_tokens: int
+    percentile: float
+    predicted_s: float | None = None
+    """The point prediction of its time to first token when it was admitted."""
 
 
 class Admission:
@@ -57,12 +68,14 @@ class Admission:
         metrics: RouterMetrics,
         tightest_ttft_s: float | None,
         tick_s: float = 0.05,
+        ttft_tail: TailRatios | None = None,
     ) -> None:
         self.pool = pool
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
         self.tick_s = tick_s
+        self.ttft_tail = ttft_tail if ttft_tail is not None else TailRatios()
         self.gate = AdmissionGate(GateParams(queue_capacity=settings.queue_capacity))
         self._waiters: dict[str, _Waiter] = {}
         self._admitting_requests = 0
@@ -113,10 +126,23 @@ class Admission:
         )
         return self.backlog_s(self._admitting_tokens + ahead + prompt_tokens)
 
+    def at_percentile(self, predicted_s: float | None, percentile: float) -> float | None:
+        """A point prediction of TTFT turned into one at the class's percentile."""
+        if predicted_s is None:
+            return None
+        return predicted_s * self.ttft_tail.factor(percentile)
+
+    def observe_ttft(self, predicted_s: float | None, actual_s: float) -> None:
+        """A request's time to first token from admission against its prediction then."""
+        if predicted_s is not None:
+            self.ttft_tail.observe(predicted_s, actual_s)
+
     # -- the flow ----------------------------------------------------------------------------
 
-    async def enter(self, request_id: str, prompt_tokens: int, rs: RequestSlo) -> None:
-        """Return when the request may be placed; `placed()` must follow once it is.
+    async def enter(self, request_id: str, prompt_tokens: int, rs: RequestSlo) -> float | None:
+        """Return when the request may be placed; `placed()` must follow once it is. Returns
+        the point prediction of its time to first token from now (None: no estimate), for
+        `observe_ttft` once the first token is out.
 
         Raises:
             Overloaded: shed (sheddable, cannot meet its SLO) or rejected (queue full).
@@ -124,9 +150,10 @@ class Admission:
         now_s = self.clock.now_s()
         if not self.settings.admission:
             self.metrics.admission.labels(rs.label, "admitted").inc()
+            predicted_now = self.backlog_s(self._admitting_tokens + prompt_tokens)
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
-            return
+            return predicted_now
         entry = Entry(
             id=request_id,
             priority=rs.cls.priority,
@@ -136,7 +163,8 @@ class Admission:
             enqueued_s=now_s,
             seq=self.gate.next_seq(),
         )
-        predicted = self.predicted_ttft_s(entry, prompt_tokens)
+        point = self.predicted_ttft_s(entry, prompt_tokens)
+        predicted = self.at_percentile(point, rs.cls.percentile)
         verdict, evicted = self.gate.arrive(
             entry, room=self.has_room(), predicted_ttft_s=predicted, now_s=now_s
         )
@@ -146,7 +174,7 @@ class Admission:
         if verdict.outcome is Outcome.ADMITTED:
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
-            return
+            return point
         if verdict.outcome is not Outcome.QUEUED:
             log.info("request %s %s: %s", request_id, verdict.outcome.value, verdict.reason)
             raise Overloaded(
@@ -156,7 +184,8 @@ class Admission:
                 rs.label,
             )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = _Waiter(entry, future, prompt_tokens)
+        waiter = _Waiter(entry, future, prompt_tokens, rs.cls.percentile)
+        self._waiters[request_id] = waiter
         self.metrics.queue_depth.labels(rs.label).inc()
         self._ensure_ticker()
         try:
@@ -166,6 +195,7 @@ class Admission:
                 self._forget(request_id)
             raise
         self.metrics.queue_wait.labels(rs.label).observe(self.clock.now_s() - now_s)
+        return waiter.predicted_s
 
     def placed(self, prompt_tokens: int) -> None:
         """The request admitted by `enter` is placed (its reservations now count)."""
@@ -180,7 +210,9 @@ class Admission:
 
         def predicted(e: Entry) -> float | None:
             w = self._waiters.get(e.id)
-            return None if w is None else self.predicted_ttft_s(e, w.prompt_tokens)
+            if w is None:
+                return None
+            return self.at_percentile(self.predicted_ttft_s(e, w.prompt_tokens), w.percentile)
 
         for gone in self.gate.expire(now_s, predicted):
             self._refuse(gone, "shed", "its TTFT deadline can no longer be met")
@@ -188,6 +220,7 @@ class Admission:
             w = self._forget(e.id)
             if w is None:
                 continue
+            w.predicted_s = self.backlog_s(self._admitting_tokens + w.prompt_tokens)
             self._admitting_requests += 1  # counted before the next room check
             self._admitting_tokens += w.prompt_tokens
             if not w.future.done():

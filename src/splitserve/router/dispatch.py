@@ -50,6 +50,7 @@ from splitserve.policy.placement import (
     Placement,
     RequestView,
 )
+from splitserve.policy.placement.slo import predicted_tpot_s
 from splitserve.router import messages
 from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
@@ -149,6 +150,7 @@ class Dispatcher:
             clock=clock,
             metrics=metrics,
             tightest_ttft_s=self.slo.tightest_ttft_s,
+            ttft_tail=self.slo.ttft_tail,
         )
 
     def open(self, request: Request) -> Dispatch:
@@ -188,6 +190,10 @@ class Dispatch:
         """The decode worker's batch (with this request) when placed: the latency model's x."""
         self._call_start_s: dict[EndpointId, tuple[float, int]] = {}
         """Per worker: when its call started and the prefill tokens ahead of ours then."""
+        self._admitted: tuple[float, float | None] | None = None
+        """When admission let the request go, and its TTFT point prediction then."""
+        self._predicted_tpot_s: float | None = None
+        """The decode worker's predicted TPOT with this request, at placement."""
 
     @property
     def num_output_tokens(self) -> int:
@@ -212,7 +218,10 @@ class Dispatch:
         finished, error = False, None
         try:
             d = self._d
-            await d.admission.enter(self.request.id, self.request.num_prompt_tokens, self.slo)
+            predicted = await d.admission.enter(
+                self.request.id, self.request.num_prompt_tokens, self.slo
+            )
+            self._admitted = (d.clock.now_s(), predicted)
             try:
                 self.placement = self._place()
             finally:
@@ -258,16 +267,22 @@ class Dispatch:
         req, d = self.request, self._d
         now_s = d.clock.now_s()
         dl = self.slo.deadlines
+        # Targets hold at the class's percentile: the headroom scorers compare the point
+        # predictions with the targets divided by the tail factors (the same as comparing the
+        # predictions at that percentile with the targets).
+        q = self.slo.cls.percentile
+        ttft_budget = None
+        if dl.ttft_deadline_s != float("inf"):
+            ttft_budget = (dl.ttft_deadline_s - now_s) / d.slo.ttft_tail.factor(q)
+        tpot_target = None if dl.tpot_s is None else dl.tpot_s / d.slo.tpot_tail.factor(q)
         view = RequestView(
             req.id,
             req.num_prompt_tokens,
             req.sampling.max_tokens,
             slo_class=req.slo_class,
             predicted_output_tokens=self.slo.predicted_output_tokens,
-            ttft_budget_s=dl.ttft_deadline_s - now_s
-            if dl.ttft_deadline_s != float("inf")
-            else None,
-            tpot_target_s=dl.tpot_s,
+            ttft_budget_s=ttft_budget,
+            tpot_target_s=tpot_target,
         )
         views = d.pool.views()
         placement = d.decider.place(view, views)
@@ -277,6 +292,7 @@ class Dispatch:
         dv = by_id.get(placement.decode[0])
         if dv is not None:
             self._decode_batch = dv.batch + 1
+            self._predicted_tpot_s = predicted_tpot_s(dv)
         self._reserve(placement.decode[0], dv, prefill=False)
         if placement.prefill:
             self._reserve(placement.prefill[0], by_id.get(placement.prefill[0]), prefill=True)
@@ -314,12 +330,16 @@ class Dispatch:
         )
 
     def _observe_first_token(self) -> None:
-        """Aggregated: feed the decode worker's prefill rate from the time to its first token
-        (the prompt tokens ahead of ours, plus ours). Disaggregated requests feed it from the
-        prefill worker's own report (`PrefillResponse.prefill_s`) instead."""
+        """Calibrate the TTFT tail on this request. Aggregated: also feed the decode worker's
+        prefill rate from the time to its first token (the prompt tokens ahead of ours, plus
+        ours); disaggregated requests feed it from the prefill worker's own report
+        (`PrefillResponse.prefill_s`) instead."""
+        first_s = self._stats.first_token_s
+        if first_s is not None and self._admitted is not None:
+            admitted_s, predicted = self._admitted
+            self._d.admission.observe_ttft(predicted, first_s - admitted_s)
         if self.path is not Path.AGGREGATED:
             return
-        first_s = self._stats.first_token_s
         eid = self._decode_eid
         started = self._call_start_s.get(eid) if eid is not None else None
         if first_s is None or eid is None or started is None:
@@ -333,6 +353,8 @@ class Dispatch:
         st = self._stats
         if self._decode_eid is not None and st.tpot_s is not None and self._decode_batch:
             self._d.pool.latency.observe_decode(self._decode_eid, self._decode_batch, st.tpot_s)
+        if st.tpot_s is not None and self._predicted_tpot_s is not None:
+            self._d.slo.tpot_tail.observe(self._predicted_tpot_s, st.tpot_s)
         end_s = st.end_s if st.end_s is not None else self._d.clock.now_s()
         arrival = self.request.arrival_s
         ttft = None if st.first_token_s is None else st.first_token_s - arrival

@@ -29,6 +29,7 @@ from splitserve.policy.admission import (
 from splitserve.policy.predict import HistoryPredictor, HistoryWindow, LengthQuery
 from splitserve.policy.predict.bucketed import BucketedPredictor
 from splitserve.policy.predict.per_class import ClasslessPredictor, PerClassPredictor
+from splitserve.policy.predict.tail import TailRatios
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,11 @@ class SloRuntime:
                 metrics.slo_target.labels(c.name, "tpot").set(c.tpot_s)
             metrics.slo_attainment_target.labels(c.name).set(c.attainment)
             metrics.queue_depth.labels(c.name)  # every class's series exists from the start
+        self.ttft_tail = TailRatios()
+        """Actual / predicted time to first token (from admission): the TTFT prediction at a
+        class's percentile is the point prediction x `factor(percentile)`."""
+        self.tpot_tail = TailRatios()
+        """Actual / predicted TPOT on the decode worker chosen, likewise."""
         targets = [c.ttft_s for c in self.table.classes.values() if c.ttft_s is not None]
         self.tightest_ttft_s: float | None = min(targets) if targets else None
 

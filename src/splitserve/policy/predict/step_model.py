@@ -16,9 +16,9 @@ solves for the columns the worker's steps exercise: a disaggregated prefill work
 decode step and a decode worker never a prefill chunk, so their other half stays 0 (the model
 then prices only the kind of step that worker runs). Approximation, stated: an engine whose
 mixed steps cost max(compute, memory) rather than a sum (the roofline) is fitted within ~5 % on
-the kinds of step a P/D worker runs alone, but 10-30 % off on a mixed worker. It is `ready` once `min_samples` usable
-steps were fitted within `max_mape`; until then `fitted` is None and the owner falls back to
-coarser estimates.
+the kinds of step a P/D worker runs alone, but 10-30 % off on a mixed worker. It is `ready`
+once `min_samples` usable steps were fitted within `max_mape`; until then `fitted` is None and
+the owner falls back to coarser estimates.
 
 What the router's placement reads from it (`EndpointView` fields):
 * `prefill_tokens_per_s()`: the recent mean prefill chunk L over the model's price of a
