@@ -35,6 +35,7 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import DispatchSettings, PlacementSettings, SloSettings
 from splitserve.core.clock import Clock
 from splitserve.core.errors import ConfigError, NoEligibleEndpoint
@@ -50,6 +51,7 @@ from splitserve.policy.placement import (
     Placement,
     RequestView,
 )
+from splitserve.policy.placement.aladdin import AladdinPacking
 from splitserve.policy.placement.slo import predicted_tpot_s
 from splitserve.router import messages
 from splitserve.router.admission import Admission
@@ -58,6 +60,7 @@ from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFail
 from splitserve.router.ledger import Ledger
 from splitserve.router.pool_view import PoolView
 from splitserve.router.profiles import build_decider
+from splitserve.router.rebalance import LiveRebalancer
 from splitserve.router.request_stats import RequestStats, outcome_of
 from splitserve.router.slo import RequestSlo, SloRuntime
 
@@ -136,6 +139,7 @@ class Dispatcher:
         settings: DispatchSettings | None = None,
         decider: PdDecider | None = None,
         slo: SloSettings | None = None,
+        placement: PlacementSettings | None = None,
     ) -> None:
         self.pool = pool
         self.clock = clock
@@ -152,6 +156,11 @@ class Dispatcher:
             tightest_ttft_s=self.slo.tightest_ttft_s,
             ttft_tail=self.slo.ttft_tail,
         )
+        self.rebalancer: LiveRebalancer | None = None
+        """Aladdin's Alg. 2, with the `aladdin` placement profile."""
+        if placement is not None and placement.profile is v1.PlacementProfile.ALADDIN:
+            packing = AladdinPacking(load_of=pool.ledger.load_of)
+            self.rebalancer = LiveRebalancer(packing, pool, clock)
 
     def open(self, request: Request) -> Dispatch:
         """A dispatch for `request`; nothing runs until its `chunks()` are iterated."""
@@ -258,6 +267,7 @@ class Dispatch:
                 self._d.canceller.cancel_later(self.request.id, dict(self.endpoints))
             for eid in self._ledger_eps:
                 self._d.pool.ledger.drop(eid, self.request.id)
+            self._d.pool.ledger.moved_to(self.request.id)  # a move never read: forget it
             outcome = outcome_of(error, ended_on_purpose=finished or self._stopped)
             self._stats.finish(outcome, self._path_label())
             if outcome == "ok":
@@ -293,7 +303,9 @@ class Dispatch:
         if dv is not None:
             self._decode_batch = dv.batch + 1
             self._predicted_tpot_s = predicted_tpot_s(dv)
-        self._reserve(placement.decode[0], dv, prefill=False)
+        self._reserve(
+            placement.decode[0], dv, prefill=False, movable=placement.path is Path.DISAGGREGATED
+        )
         if placement.prefill:
             self._reserve(placement.prefill[0], by_id.get(placement.prefill[0]), prefill=True)
         log.debug(
@@ -306,7 +318,9 @@ class Dispatch:
         )
         return placement
 
-    def _reserve(self, eid: EndpointId, v: EndpointView | None, *, prefill: bool) -> None:
+    def _reserve(
+        self, eid: EndpointId, v: EndpointView | None, *, prefill: bool, movable: bool = False
+    ) -> None:
         self._d.pool.ledger.reserve(
             eid,
             self.request.id,
@@ -314,6 +328,7 @@ class Dispatch:
             num_prompt_tokens=self.request.num_prompt_tokens,
             predicted_output_tokens=self.slo.predicted_output_tokens,
             block_size=v.kv_block_size if v is not None else 16,
+            movable=movable,
         )
         self._ledger_eps.add(eid)
 
@@ -353,6 +368,9 @@ class Dispatch:
         st = self._stats
         if self._decode_eid is not None and st.tpot_s is not None and self._decode_batch:
             self._d.pool.latency.observe_decode(self._decode_eid, self._decode_batch, st.tpot_s)
+        rb = self._d.rebalancer
+        if rb is not None and self._decode_eid is not None:
+            rb.finished(self._decode_eid, st.num_output_tokens, self.slo.predicted_output_tokens)
         if st.tpot_s is not None and self._predicted_tpot_s is not None:
             self._d.slo.tpot_tail.observe(self._predicted_tpot_s, st.tpot_s)
         end_s = st.end_s if st.end_s is not None else self._d.clock.now_s()
@@ -380,7 +398,13 @@ class Dispatch:
                 yield Chunk((first.first_token_id,), reason)
                 if reason is not None:
                     return
-        async with contextlib.aclosing(self._decode_any(placement.decode, first)) as chunks:
+        decode = tuple(placement.decode)
+        moved = self._d.pool.ledger.moved_to(self.request.id)
+        if moved is not None:  # Aladdin's re-balancing moved the decode share meanwhile
+            self._ledger_eps.discard(decode[0])
+            self._ledger_eps.add(moved)
+            decode = (moved, *(e for e in decode if e != moved))
+        async with contextlib.aclosing(self._decode_any(decode, first)) as chunks:
             async for chunk in chunks:
                 yield chunk
 

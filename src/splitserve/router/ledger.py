@@ -32,6 +32,9 @@ class LedgerEntry:
     started: bool = False
     """The call to the worker has started (its load reports count it from then on)."""
     num_generated_tokens: int = 0
+    movable: bool = False
+    """A disaggregated request's decode share, placed while its prefill runs elsewhere: Aladdin's
+    re-balancing (Alg. 2) may move it to another decode worker until its decode call starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class Ledger:
     def __init__(self, heavy_threshold_tokens: int = 128) -> None:
         self.heavy_threshold_tokens = heavy_threshold_tokens
         self._by_ep: dict[EndpointId, dict[str, LedgerEntry]] = {}
+        self._moved: dict[str, EndpointId] = {}
 
     def reserve(
         self,
@@ -60,6 +64,7 @@ class Ledger:
         num_prompt_tokens: int,
         predicted_output_tokens: int,
         block_size: int,
+        movable: bool = False,
     ) -> None:
         tokens = num_prompt_tokens + (1 if prefill else max(1, predicted_output_tokens))
         self._by_ep.setdefault(eid, {})[request_id] = LedgerEntry(
@@ -68,12 +73,32 @@ class Ledger:
             num_prompt_tokens,
             predicted_output_tokens,
             blocks_for(tokens, max(1, block_size)),
+            movable=movable and not prefill,
         )
+
+    def move(self, request_id: str, src: EndpointId, dst: EndpointId, block_size: int) -> bool:
+        """Move a movable decode share that has not started from `src` to `dst` (re-balancing);
+        False when it is gone, started or not movable. The request's dispatch reads the new
+        worker with `moved_to` before it starts its decode call."""
+        e = self._by_ep.get(src, {}).get(request_id)
+        if e is None or e.started or not e.movable or e.prefill:
+            return False
+        self.drop(src, request_id)
+        tokens = e.num_prompt_tokens + max(1, e.predicted_output_tokens)
+        e.kv_blocks = blocks_for(tokens, max(1, block_size))
+        self._by_ep.setdefault(dst, {})[request_id] = e
+        self._moved[request_id] = dst
+        return True
+
+    def moved_to(self, request_id: str) -> EndpointId | None:
+        """Where re-balancing moved the request's decode share (once; then forgotten)."""
+        return self._moved.pop(request_id, None)
 
     def start(self, eid: EndpointId, request_id: str) -> None:
         e = self._by_ep.get(eid, {}).get(request_id)
         if e is not None:
             e.started = True
+            e.movable = False
 
     def progress(self, eid: EndpointId, request_id: str, num_generated_tokens: int) -> None:
         e = self._by_ep.get(eid, {}).get(request_id)

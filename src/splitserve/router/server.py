@@ -84,6 +84,7 @@ class RouterServer:
             settings=config.dispatch,
             decider=default_decider(config.placement, self.pool.ledger),
             slo=config.slo,
+            placement=config.placement,
         )
         self.loop_lag = LoopLagMonitor(self.metrics, self.clock)
         self.discovery: KubernetesDiscovery | None = None

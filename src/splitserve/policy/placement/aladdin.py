@@ -34,9 +34,11 @@ running + waiting), context = KV blocks in use; (e) then checks only the new req
 against free KV.
 
 Alg. 2 (re-balancing new requests each heartbeat) is here as pure functions
-(`prediction_error`, `rebalance`: greedy pairwise moves, C.4.3 [REC]). The simulator runs them
-each heartbeat (`sim.reproductions.aladdin_cluster.Rebalancer`, moving requests with
-`Cluster.reassign`); the live router has no such hook.
+(`prediction_error`, `rebalance`: greedy pairwise moves, C.4.3 [REC]; `plan_rebalance`: one
+heartbeat, the moves re-checked against (b)-(e) at the target). The simulator runs
+`plan_rebalance` each heartbeat (`sim.reproductions.aladdin_cluster.Rebalancer`, moving requests
+with `Cluster.reassign`), and so does the live router (`router.rebalance`, moving the decode
+share of disaggregated requests whose prefill still runs).
 Time-indexed KV is evaluated exactly at the iterations where some request finishes (the vector's
 peaks), not on a K-long grid: the same maxima, O(n log n).
 
@@ -385,6 +387,61 @@ def rebalance(
         else:
             moves[rid] = dst
     return moves
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceOutcome:
+    moved: tuple[tuple[str, EndpointId], ...] = ()
+    """(request, new worker), in the order applied."""
+    refused: tuple[str, ...] = ()
+    """Moves `rebalance` proposed that (b)-(e) at the target or the owner refused."""
+
+
+def plan_rebalance(
+    packing: AladdinPacking,
+    ongoing: Mapping[EndpointId, Sequence[OngoingRequest]],
+    finished: Mapping[EndpointId, Sequence[tuple[int, int]]],
+    pending: Mapping[str, tuple[EndpointId, OngoingRequest]],
+    capacity: Callable[[EndpointId], float],
+    apply: Callable[[str, EndpointId], bool],
+    lengths: ConditionalMeanLengths | None = None,
+) -> RebalanceOutcome:
+    """One Alg. 2 heartbeat. `ongoing`: per worker, its requests that stay (a key for every
+    worker holding pending requests too); `finished`: per worker, (real, predicted) of requests
+    that ended before their prediction and still count; `pending`: requests placed but not
+    started (id -> (worker, the request as it would join)); `capacity`: a worker's KV capacity
+    M; `apply(id, worker)`: the owner moves it (False: it could not). Each proposed move is
+    re-checked against (b)-(e) at the target, with the pending requests that stay or moved
+    there, before it is applied."""
+    if not pending:
+        return RebalanceOutcome()
+    errors = {
+        eid: prediction_error(ongoing.get(eid, ()), finished.get(eid, ()), lengths)
+        for eid in set(ongoing) | set(finished)
+    }
+    moves = rebalance(
+        errors,
+        {rid: (eid, new.predicted_output_tokens) for rid, (eid, new) in pending.items()},
+        packing.perf,
+    )
+    if not moves:
+        return RebalanceOutcome()
+    queued: dict[EndpointId, list[OngoingRequest]] = {}
+    for rid, (eid, new) in pending.items():
+        if rid not in moves:
+            queued.setdefault(eid, []).append(new)
+    moved: list[tuple[str, EndpointId]] = []
+    refused: list[str] = []
+    for rid, eid in sorted(moves.items()):
+        src, new = pending[rid]
+        here = [*ongoing.get(eid, ()), *queued.get(eid, ())]
+        if packing.check(new, WorkerLoad(tuple(here)), capacity(eid)).feasible and apply(rid, eid):
+            queued.setdefault(eid, []).append(new)
+            moved.append((rid, eid))
+        else:
+            queued.setdefault(src, []).append(new)
+            refused.append(rid)
+    return RebalanceOutcome(tuple(moved), tuple(refused))
 
 
 _conforms: tuple[type[Scorer], ...] = (AladdinPacking,)

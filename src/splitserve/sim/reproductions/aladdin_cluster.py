@@ -39,10 +39,8 @@ from splitserve.policy.placement.aladdin import (
     AladdinPacking,
     ConditionalMeanLengths,
     OngoingRequest,
-    PredictionError,
     WorkerLoad,
-    prediction_error,
-    rebalance,
+    plan_rebalance,
 )
 from splitserve.policy.placement.decider import PdDeciderParams
 from splitserve.policy.placement.profile import PluginSpec, ProfileSpec, default_prefill_profile
@@ -214,42 +212,31 @@ class Rebalancer:
             )
         if not pending:
             return
-        finished: dict[int, list[tuple[int, int]]] = {}
+        finished: dict[EndpointId, list[tuple[int, int]]] = {}
         for _, wi, real, pred in self._early:
-            finished.setdefault(wi, []).append((real, pred))
-        errors: dict[EndpointId, PredictionError] = {}
-        index: dict[EndpointId, int] = {}
-        for wi in set(ongoing) | set(finished):
-            eid = workers[wi].id
-            index[eid] = wi
-            errors[eid] = prediction_error(ongoing.get(wi, ()), finished.get(wi, ()), loads.lengths)
-        moves = rebalance(errors, pending, packing.perf)
-        if not moves:
-            return
-        # (b)-(e) at the target, against its ongoing requests plus the pending ones there.
-        queued: dict[int, list[OngoingRequest]] = {}
-        for rid, (eid, _) in pending.items():
-            if rid not in moves:
-                r = by_id[rid]
-                queued.setdefault(index[eid], []).append(self._new(r))
-        moved = False
-        for rid, eid in sorted(moves.items()):
-            r = by_id[rid]
-            wi = index[eid]
-            here = ongoing.get(wi, []) + queued.get(wi, [])
-            blocks = workers[wi].engine.blocks
-            new = self._new(r)
-            cap = float(blocks.num_blocks * blocks.block_size)
-            if packing.check(new, WorkerLoad(tuple(here)), cap).feasible and cluster.reassign(
-                r.id, wi, sim
-            ):
-                queued.setdefault(wi, []).append(new)
-                self.num_moves += 1
-                moved = True
-            else:
-                queued.setdefault(r.decode_worker, []).append(new)
-                self.num_refused += 1
-        if moved:
+            finished.setdefault(workers[wi].id, []).append((real, pred))
+        index = {w.id: w.index for w in workers}
+
+        def capacity(eid: EndpointId) -> float:
+            blocks = workers[index[eid]].engine.blocks
+            return float(blocks.num_blocks * blocks.block_size)
+
+        def apply(rid: str, eid: EndpointId) -> bool:
+            return cluster.reassign(by_id[rid].id, index[eid], sim)
+
+        # The same policy object the live router runs (`policy.placement.aladdin`).
+        outcome = plan_rebalance(
+            packing,
+            {workers[wi].id: reqs for wi, reqs in ongoing.items()},
+            finished,
+            {rid: (eid, self._new(by_id[rid])) for rid, (eid, _) in pending.items()},
+            capacity,
+            apply,
+            loads.lengths,
+        )
+        self.num_moves += len(outcome.moved)
+        self.num_refused += len(outcome.refused)
+        if outcome.moved:
             loads.invalidate()
 
     def _predicted(self, r: SimRequest) -> int:
