@@ -6,7 +6,9 @@
 `--slo-config FILE` reads the same things as YAML, shaped like an `LLMService` spec:
 `sloClasses: [...]`, `defaultSloClass: NAME`, and optionally
 `router: {placementProfile, disaggregation, lengthPredictor, admissionQueueCapacity,
-admission}` (`admission: false` dispatches every request at once: the wave-1 router).
+admission, maxOutstandingPerWorker}` (`admission: false` dispatches every request at once: the
+wave-1 router; `maxOutstandingPerWorker` caps the requests in flight per decode-capable worker
+before admission queues).
 Classes given as flags come after the file's.
 """
 
@@ -124,6 +126,7 @@ def slo_settings(
         "lengthPredictor",
         "admissionQueueCapacity",
         "admission",
+        "maxOutstandingPerWorker",
     }
     if unknown_router:
         raise click.BadParameter(
@@ -149,6 +152,8 @@ def slo_settings(
             slo["queue_capacity"] = int(router["admissionQueueCapacity"])
         if "admission" in router:  # local switch (benchmarks): false = the wave-1 router
             slo["admission"] = bool(router["admission"])
+        if "maxOutstandingPerWorker" in router:
+            slo["max_outstanding_per_worker"] = int(router["maxOutstandingPerWorker"])
         return SloSettings(**slo), placement
     except (ValidationError, ValueError) as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

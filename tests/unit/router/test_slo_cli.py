@@ -38,7 +38,11 @@ def test_settings_from_file_and_flags(tmp_path: Path) -> None:
             {
                 "sloClasses": [{"name": "batch", "jobCompletionSeconds": 600, "sheddable": True}],
                 "defaultSloClass": "batch",
-                "router": {"placementProfile": "tetriinfer", "admissionQueueCapacity": 3},
+                "router": {
+                    "placementProfile": "tetriinfer",
+                    "admissionQueueCapacity": 3,
+                    "maxOutstandingPerWorker": 2,
+                },
             }
         )
     )
@@ -49,6 +53,7 @@ def test_settings_from_file_and_flags(tmp_path: Path) -> None:
     assert [c.name for c in slo.classes] == ["batch", "chat"]
     assert slo.default_class == "batch"
     assert slo.queue_capacity == 3
+    assert slo.max_outstanding_per_worker == 2
     assert placement.profile is v1.PlacementProfile.TETRIINFER
     assert placement.disaggregation is v1.Disaggregation.NEVER
     none, same = slo_settings([], None, None, None, None, PlacementSettings())
