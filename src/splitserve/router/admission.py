@@ -14,7 +14,8 @@ Room for one more request (`has_room`):
 * with `max_outstanding_per_worker`: some decode-capable worker accepting work has fewer
   requests in flight or reserved than the cap;
 * with a fitted latency model: the best prefill-capable worker's predicted backlog (pending
-  prefill tokens / fitted rate) is within `max_backlog_fraction` x the tightest TTFT target;
+  prefill tokens / fitted rate), taken at the percentile of the class with the tightest TTFT
+  target (see Percentiles), is within `max_backlog_fraction` x that target;
 * without either (cold start, no SLO numbers yet): always room, the wave-1 behaviour.
 Requests admitted from the queue but not yet placed count against the room.
 
@@ -69,6 +70,7 @@ class Admission:
         tightest_ttft_s: float | None,
         tick_s: float = 0.05,
         ttft_tail: TailRatios | None = None,
+        tightest_percentile: float = 0.9,
     ) -> None:
         self.pool = pool
         self.settings = settings
@@ -76,6 +78,7 @@ class Admission:
         self.metrics = metrics
         self.tick_s = tick_s
         self.ttft_tail = ttft_tail if ttft_tail is not None else TailRatios()
+        self.tightest_percentile = tightest_percentile
         self.gate = AdmissionGate(GateParams(queue_capacity=settings.queue_capacity))
         self._waiters: dict[str, _Waiter] = {}
         self._admitting_requests = 0
@@ -112,7 +115,10 @@ class Admission:
             if free - self._admitting_requests <= 0:
                 return False
         if self._backlog_bound_s is not None:
-            backlog = self.backlog_s(self._admitting_tokens)
+            # The backlog an arrival of the tightest class would find, at its percentile.
+            backlog = self.at_percentile(
+                self.backlog_s(self._admitting_tokens), self.tightest_percentile
+            )
             if backlog is not None and backlog > self._backlog_bound_s:
                 return False
         return True

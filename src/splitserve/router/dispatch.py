@@ -155,6 +155,7 @@ class Dispatcher:
             metrics=metrics,
             tightest_ttft_s=self.slo.tightest_ttft_s,
             ttft_tail=self.slo.ttft_tail,
+            tightest_percentile=self.slo.tightest_percentile,
         )
         self.rebalancer: LiveRebalancer | None = None
         """Aladdin's Alg. 2, with the `aladdin` placement profile."""

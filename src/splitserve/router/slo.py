@@ -101,8 +101,11 @@ class SloRuntime:
         class's percentile is the point prediction x `factor(percentile)`."""
         self.tpot_tail = TailRatios()
         """Actual / predicted TPOT on the decode worker chosen, likewise."""
-        targets = [c.ttft_s for c in self.table.classes.values() if c.ttft_s is not None]
-        self.tightest_ttft_s: float | None = min(targets) if targets else None
+        timed = [c for c in self.table.classes.values() if c.ttft_s is not None]
+        tightest = min(timed, key=lambda c: (c.ttft_s, -c.percentile)) if timed else None
+        self.tightest_ttft_s: float | None = None if tightest is None else tightest.ttft_s
+        self.tightest_percentile: float = 0.9 if tightest is None else tightest.percentile
+        """The percentile of the class with the tightest TTFT target (admission's room)."""
 
     def check(self, slo_class: str, overrides: SloOverrides) -> SloPolicyClass:
         """The request's class, its overrides checked (the HTTP edge calls this first).

@@ -105,3 +105,27 @@ async def test_p99_class_is_treated_more_conservatively_than_p50() -> None:
     # The same backlog: p50 predicts ~1.1 s x 1.5 < 2 s (queued); p99 ~1.1 s x 2.5 > 2 s (shed).
     assert await _verdict(slo, admission, "c", "p50") == "queued"
     assert await _verdict(slo, admission, "d", "p99") == "shed"
+
+
+def test_room_reads_the_tightest_class_at_its_percentile() -> None:
+    """Room: the backlog an arrival of the tightest class would find, at its percentile, within
+    `max_backlog_fraction` x its target. Backlog 1 s, bound 0.6 x 2 s = 1.2 s: room while
+    predictions hold; none once TTFTs run 1.5-2.5x their predictions."""
+    clock = ManualClock()
+    metrics = RouterMetrics(CollectorRegistry())
+    settings = SloSettings(classes=CLASSES, max_backlog_fraction=0.6)
+    slo = SloRuntime(settings, clock, metrics)
+    assert slo.tightest_percentile == 0.99  # same TTFT target: the stricter percentile
+    admission = Admission(
+        _Pool(),  # type: ignore[arg-type]
+        settings,
+        clock=clock,
+        metrics=metrics,
+        tightest_ttft_s=slo.tightest_ttft_s,
+        ttft_tail=slo.ttft_tail,
+        tightest_percentile=slo.tightest_percentile,
+    )
+    assert admission.has_room()
+    for i in range(100):
+        admission.observe_ttft(1.0, 1.5 + i * 0.01)
+    assert not admission.has_room()
