@@ -66,7 +66,7 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
 
     kube = RestKube(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
     kube.client.user_agent = "bench"
-    handlers.configure(
+    registry = handlers.registry(
         handlers.OperatorConfig(
             settings=Settings(router_image="router:1", drain_wait_s=0.0),
             interval_s=interval_s,
@@ -75,10 +75,10 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
             cache=cache,
         )
     )
-    args = ["run", "--quiet", "--standalone", "-n", NS, "-m", "splitserve.operator.handlers"]
+    args = ["run", "--quiet", "--standalone", "-n", NS]
     result: dict[str, float] | None = None
     try:
-        with KopfRunner(args, timeout=120):
+        with KopfRunner(args, timeout=120, registry=registry):
             for i in range(n):
                 name = f"s{i}"
                 kube.create(body(name))
