@@ -26,6 +26,7 @@ exponential back-off (up to `MAX_BACKOFF_S`) until the service changes.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import threading
@@ -306,7 +307,7 @@ def tick(name: str, namespace: str | None, memo: Memo, logger: Logger, **_: Any)
         memo.pop("last_unexpected", None)
 
 
-def autoscale_loop(
+async def autoscale_loop(
     name: str,
     namespace: str | None,
     stopped: kopf.DaemonStopped,
@@ -315,10 +316,34 @@ def autoscale_loop(
     **_: Any,
 ) -> None:
     """The closed control loop (`operator.control`), every `scaling.intervalSeconds` (a daemon,
-    not a timer: the interval is the service's own and changes with its spec)."""
-    if namespace is not None:
-        op = _operator(memo)
-        control.daemon(op.kube, op.service(namespace, name).lock, namespace, name, stopped, logger)
+    not a timer: the interval is the service's own and changes with its spec).
+
+    Asynchronous on purpose: a synchronous daemon holds one of kopf's executor threads for the
+    service's lifetime, and with more services than threads (a handful) the other services'
+    handlers never run. Here only each tick takes a thread, briefly.
+    """
+    if namespace is None:
+        return
+    op = _operator(memo)
+    interval = 1.0  # the first tick soon: it takes the first snapshot
+    while not stopped:
+        await stopped.wait(interval)
+        if stopped:
+            return
+        interval = await asyncio.to_thread(_control_tick, op, namespace, name, logger)
+
+
+def _control_tick(op: Operator, namespace: str, name: str, logger: Logger) -> float:
+    """One tick of the control loop; the seconds until the next."""
+    try:
+        with op.service(namespace, name).lock:
+            result = control.controller(op.kube).tick(namespace, name)
+    except Exception:
+        logger.exception("control loop tick failed; retrying")
+        return 5.0
+    for line in result.wrote:
+        logger.info("control loop: %s", line)
+    return result.interval_s
 
 
 def delete_service(

@@ -235,3 +235,52 @@ def test_login_uses_the_kubeconfig_flag_not_the_environment(
     memo = handlers.memo(handlers.OperatorConfig(kubeconfig=flag))
     info = handlers.login(settings=kopf.OperatorSettings(), memo=memo)
     assert (info.server, info.scheme, info.token) == ("https://sa:6443", "Bearer", "sa-token")
+
+
+async def test_autoscale_daemon_holds_no_thread_between_ticks(
+    memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control loop's daemon is async: between ticks it holds none of kopf's executor
+    threads (a synchronous daemon per service starves every other handler once services
+    outnumber the threads)."""
+    import asyncio
+    import contextlib
+    import threading
+
+    from splitserve.operator.control import runtime
+    from splitserve.operator.control.loop import TickResult
+
+    ticks: list[str] = []
+
+    class Controller:
+        def tick(self, namespace: str, name: str) -> TickResult:
+            ticks.append(threading.current_thread().name)
+            return TickResult(interval_s=0.01, wrote=["status"])
+
+    class Stopped:  # kopf's DaemonStopped, as an async daemon uses it
+        def __init__(self) -> None:
+            self.event = asyncio.Event()
+
+        def __bool__(self) -> bool:
+            return self.event.is_set()
+
+        async def wait(self, seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), seconds)
+
+    monkeypatch.setattr(runtime, "controller", lambda kube: Controller())
+    stopped = Stopped()
+    daemon = asyncio.create_task(
+        handlers.autoscale_loop(
+            name="tiny",
+            namespace=NS,
+            stopped=stopped,  # type: ignore[arg-type]
+            memo=object_memo(memo),
+            logger=LOG,
+        )
+    )
+    while len(ticks) < 3:  # noqa: ASYNC110 (the ticks run in other threads)
+        await asyncio.sleep(0.05)
+    assert all(t != threading.current_thread().name for t in ticks)  # ticks run in threads
+    stopped.event.set()
+    await asyncio.wait_for(daemon, 5)
