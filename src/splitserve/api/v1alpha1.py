@@ -1294,6 +1294,8 @@ class Decision(Model):
 
 
 class LLMServiceStatus(Model):
+    """What the operator observed and did: pools, conditions, decisions (written by it only)."""
+
     observed_generation: int | None = None
     """The `metadata.generation` this status describes."""
     pools: list[PoolStatus] = Field(default_factory=list)
@@ -1342,6 +1344,8 @@ class LLMPoolSpec(Model):
 
 
 class LLMPoolStatus(Model):
+    """The pool's pods as the operator counted them (written by it only)."""
+
     replicas: int = 0
     """Pods labelled with the role (the `/scale` subresource's `status.replicas`)."""
     ready_replicas: int = 0
