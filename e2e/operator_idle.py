@@ -26,14 +26,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the emulator lives with the tests
 
 from tests.fakes.kube import FakeWorkers, worker_pod  # noqa: E402
+from tests.fakes.router_metrics import FakeRouterMetrics  # noqa: E402
 from tests.integration.operator.conftest import KmockServer, _write_kubeconfig  # noqa: E402
 
 from splitserve.api import v1alpha1 as v1  # noqa: E402
+from splitserve.core.roles import Role  # noqa: E402
 from splitserve.operator import handlers  # noqa: E402
+from splitserve.operator.control import runtime  # noqa: E402
 from splitserve.operator.kube import RestKube  # noqa: E402
 from splitserve.operator.reconcile import Settings  # noqa: E402
+from splitserve.policy.planner.signals import WorkerLoad  # noqa: E402
 
 NS = "default"
+CONTROL_INTERVAL_S = 30.0
+"""`scaling.intervalSeconds`'s default: how often the control loop ticks."""
 
 
 def body(name: str) -> dict[str, Any]:
@@ -51,11 +57,26 @@ def body(name: str) -> dict[str, Any]:
     }
 
 
+class IdleLoads:
+    """Every worker answers its load report: idle (no request in flight)."""
+
+    def load(self, address: str) -> WorkerLoad:
+        return WorkerLoad(address, Role.MIXED, 0, 1, 0.0)
+
+
+def create_pod(kube: RestKube, pod: dict[str, Any]) -> None:
+    status = pod.pop("status")
+    kube.create(pod)
+    kube.patch("v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status")
+
+
 def ours(call: Any) -> bool:
     return str(call.user_agent).startswith(("kopf/", "splitserve-operator"))
 
 
-def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str, float] | None:
+def measure(
+    n: int, window_s: float, interval_s: float, cache: bool, settle_s: float
+) -> dict[str, Any] | None:
     from kopf.testing import KopfRunner
 
     server = KmockServer().start()
@@ -66,7 +87,9 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
 
     kube = RestKube(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
     kube.client.user_agent = "bench"
-    handlers.configure(
+    metrics = FakeRouterMetrics()
+    runtime.configure(runtime.ControlConfig(get=lambda url: metrics.text(), loads=IdleLoads()))
+    registry = handlers.registry(
         handlers.OperatorConfig(
             settings=Settings(router_image="router:1", drain_wait_s=0.0),
             interval_s=interval_s,
@@ -75,25 +98,30 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
             cache=cache,
         )
     )
-    args = ["run", "--quiet", "--standalone", "-n", NS, "-m", "splitserve.operator.handlers"]
-    result: dict[str, float] | None = None
+    args = ["run", "--quiet", "--standalone", "-n", NS]
+    result: dict[str, Any] | None = None
     try:
-        with KopfRunner(args, timeout=120):
+        with KopfRunner(args, timeout=120, registry=registry):
             for i in range(n):
                 name = f"s{i}"
                 kube.create(body(name))
                 for j in range(2):
-                    pod = worker_pod(name, "w", f"{name}-w-{j}", ip=f"10.{i // 250}.{i % 250}.{j}")
-                    status = pod.pop("status")
-                    kube.create(pod)
-                    kube.patch(
-                        "v1", "Pod", NS, pod["metadata"]["name"], {"status": status}, "status"
-                    )
-            settle(server, n, interval_s)
+                    ip = f"10.{i // 250}.{i % 250}.{j}"
+                    create_pod(kube, worker_pod(name, "w", f"{name}-w-{j}", ip=ip))
+                # A ready router pod (its /metrics: an idle router's), as the Deployment and a
+                # kubelet would make it.
+                router = worker_pod(name, "w", f"{name}-router-0", ip=f"10.{i // 250}.{i % 250}.9")
+                router["metadata"]["labels"][v1.LABEL_COMPONENT] = "router"
+                create_pod(kube, router)
+            started = time.monotonic()
+            unsettled = settle(server, kube, n, interval_s, settle_s)
+            if unsettled:
+                return {"unsettled": unsettled}
+            settled_s = time.monotonic() - started
             before = [c for c in server.calls() if ours(c)]
             time.sleep(window_s)
             during = [c for c in server.calls() if ours(c)][len(before) :]
-            result = summary(during, n, window_s)
+            result = {**summary(during, n, window_s), "settle_s": settled_s}
     except Exception:
         if result is None:
             raise
@@ -104,23 +132,42 @@ def measure(n: int, window_s: float, interval_s: float, cache: bool) -> dict[str
     return result
 
 
-def settle(server: KmockServer, n: int, interval_s: float) -> None:
-    """Until every service has its status and two intervals pass without a write."""
-    deadline = time.monotonic() + 600
-    quiet_for = 2 * interval_s + 1
-    last_writes, quiet_since = -1, time.monotonic()
+def settle(server: KmockServer, kube: RestKube, n: int, interval_s: float, timeout_s: float) -> str:
+    """Wait until every service has a status written for its current generation and two
+    intervals pass without a write by the operator; at most `timeout_s`. Returns "" when
+    settled, else what was still moving (the row says so instead of a number)."""
+    deadline = time.monotonic() + timeout_s
+    # The control loop ticks every `scaling.intervalSeconds` (30 s by default) and writes when
+    # what it holds for changes (its first ticks), so quiet means two of its ticks too.
+    quiet_for = 2 * max(interval_s, CONTROL_INTERVAL_S) + 1
+    last_writes, quiet_since, next_report = -1, time.monotonic(), time.monotonic() + 30
+    observed = 0
+    recent: list[str] = []
     while time.monotonic() < deadline:
         calls = [c for c in server.calls() if ours(c)]
-        writes = sum(1 for c in calls if c.method in ("POST", "PATCH", "DELETE"))
-        statuses = {
-            c.path for c in calls if c.path.endswith("/status") and "llmservices/" in c.path
-        }
-        if writes != last_writes or len(statuses) < n:
-            last_writes, quiet_since = writes, time.monotonic()
+        writes = [c for c in calls if c.method in ("POST", "PATCH", "PUT", "DELETE")]
+        observed = sum(1 for svc in kube.list(v1.API_VERSION, "LLMService", NS) if _observed(svc))
+        if len(writes) != last_writes or observed < n:
+            recent = [f"{c.method} {c.path}" for c in writes[max(last_writes, 0) :]][-5:]
+            last_writes, quiet_since = len(writes), time.monotonic()
         elif time.monotonic() - quiet_since >= quiet_for:
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"{n} services did not settle in 600 s")
+            return ""
+        if time.monotonic() >= next_report:
+            next_report += 30
+            logging.warning(
+                "%d services: %d/%d with status, %d writes", n, observed, n, last_writes
+            )
+        time.sleep(1.0)
+    return (
+        f"did not settle in {timeout_s:.0f} s: {observed}/{n} services with a status, "
+        f"last writes {recent}"
+    )
+
+
+def _observed(svc: dict[str, Any]) -> bool:
+    status = svc.get("status") or {}
+    generation = (svc.get("metadata") or {}).get("generation")
+    return bool(status.get("conditions")) and status.get("observedGeneration") == generation
 
 
 def summary(during: list[Any], n: int, window_s: float) -> dict[str, float]:
@@ -141,16 +188,26 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0, help="seconds counted")
     parser.add_argument("--interval", type=float, default=5.0, help="the operator's --interval")
     parser.add_argument("--no-cache", action="store_true", help="every read is a request")
+    parser.add_argument(
+        "--settle-timeout", type=float, default=300.0, help="seconds to wait for the idle state"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    print("| services | cache | requests / min | per service / min | writes / min |")
-    print("|---:|---|---:|---:|---:|")
+    print(
+        "| services | cache | requests / min | per service / min | writes / min "
+        "| watch (re)opens / min | settle s |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for n in args.services:
-        r = measure(n, args.window, args.interval, not args.no_cache)
+        r = measure(n, args.window, args.interval, not args.no_cache, args.settle_timeout)
         assert r is not None
+        if "unsettled" in r:
+            print(f"| {n} | {'off' if args.no_cache else 'watch-fed'} | {r['unsettled']} |||||")
+            continue
         print(
             f"| {n} | {'off' if args.no_cache else 'watch-fed'} | {r['requests_per_min']:.1f} "
-            f"| {r['per_service_per_min']:.2f} | {r['writes_per_min']:.1f} |",
+            f"| {r['per_service_per_min']:.2f} | {r['writes_per_min']:.1f} "
+            f"| {r['watches_per_min']:.1f} | {r['settle_s']:.0f} |",
             flush=True,
         )
 

@@ -249,6 +249,8 @@ class RouterFile(_FileModel):
     """SLO classes (targets, priority, sheddable)."""
     default_slo_class: str | None = None
     """Class of requests without `x-slo-class`."""
+    edge: v1.RouterEdgeSpec = v1.RouterEdgeSpec()
+    """The client-facing limits (the service's `router.edge`); unset fields: the defaults."""
 
     @classmethod
     def from_configmap(cls, data: Mapping[str, Any]) -> tuple[RouterFile, tuple[str, ...]]:
@@ -288,6 +290,7 @@ class RouterFile(_FileModel):
                 length_predictor=self.placement.length_predictor,
                 queue_capacity=self.admission.queue_capacity,
             ),
+            "edge": EdgeSettings(**self.edge.settings_fields()),
         }
         if "placement" in overrides:  # flags override single fields, the file the rest
             flags = overrides.pop("placement")

@@ -983,6 +983,45 @@ class LengthPredictor(StrEnum):
     """The last finished lengths (Past-Future's window), whatever the prompt."""
 
 
+class RouterEdgeSpec(Model):
+    """The router's client-facing limits (`RouterConfig.edge`, docs/reliability.md). Every field
+    left out keeps the router's default."""
+
+    max_body_bytes: int | None = Field(None, ge=1024, le=1 << 34)
+    """Largest HTTP request body in bytes; a larger one gets 413 (router default 8 MiB)."""
+    max_prompt_chars: int | None = Field(None, ge=1)
+    """Longest prompt in characters, checked before tokenizing; a longer one gets 400 (router
+    default: 32 x the model's context length)."""
+    max_stop_strings: int | None = Field(None, ge=0, le=10_000)
+    """Most stop strings per request (router default 16)."""
+    max_stop_string_chars: int | None = Field(None, ge=1)
+    """Longest stop string in characters (router default 1024)."""
+    max_connections: int | None = Field(None, ge=1, le=1_000_000)
+    """Open HTTP connections per router process; the next one gets 429 (router default 4096)."""
+    header_timeout_seconds: float | None = Field(None, gt=0, le=3600)
+    """A request's line and headers must arrive within this time, else 408 (router default 10)."""
+    body_timeout_seconds: float | None = Field(None, gt=0, le=3600)
+    """A request's body must arrive within this time after its headers, else 408 (router
+    default 60)."""
+    idle_timeout_seconds: float | None = Field(None, gt=0, le=86400)
+    """An idle keep-alive connection is closed after this long (router default 30)."""
+    inline_tokenize_max_chars: int | None = Field(None, ge=0)
+    """Prompts up to this many characters are tokenized on the event loop, longer ones in a
+    thread (router default 2048)."""
+    tokenizer_threads: int | None = Field(None, ge=1, le=256)
+    """Threads that tokenize long prompts (router default 2)."""
+    drain_grace_seconds: float | None = Field(None, ge=0, le=3600)
+    """On shutdown, how long in-flight requests may run on before they are cut (router default
+    30). The router pods' termination grace period is set a little longer."""
+
+    def settings_fields(self) -> dict[str, Any]:
+        """The fields that are set, by their `EdgeSettings` names (`*_seconds` -> `*_s`)."""
+        return {
+            name.removesuffix("_seconds") + "_s" if name.endswith("_seconds") else name: value
+            for name, value in self.model_dump(by_alias=False, exclude_none=True).items()
+        }
+
+
 class RouterSpec(Model):
     replicas: int = Field(1, ge=0, le=1000)
     """Router pods (the router is stateless; scale it freely)."""
@@ -1007,6 +1046,9 @@ class RouterSpec(Model):
     """CPU and memory of each router pod."""
     pod: PodSettings = Field(default_factory=PodSettings)
     """Scheduling and pod settings of the router's pods."""
+    edge: RouterEdgeSpec = Field(default_factory=RouterEdgeSpec)
+    """Limits on what one client may send and how long it may take (body size, prompt length,
+    stop strings, connections, timeouts, shutdown drain)."""
 
 
 class ScalingMode(StrEnum):
@@ -1252,6 +1294,8 @@ class Decision(Model):
 
 
 class LLMServiceStatus(Model):
+    """What the operator observed and did: pools, conditions, decisions (written by it only)."""
+
     observed_generation: int | None = None
     """The `metadata.generation` this status describes."""
     pools: list[PoolStatus] = Field(default_factory=list)
@@ -1300,6 +1344,8 @@ class LLMPoolSpec(Model):
 
 
 class LLMPoolStatus(Model):
+    """The pool's pods as the operator counted them (written by it only)."""
+
     replicas: int = 0
     """Pods labelled with the role (the `/scale` subresource's `status.replicas`)."""
     ready_replicas: int = 0

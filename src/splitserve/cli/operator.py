@@ -99,12 +99,10 @@ def run(
         namespaces = (own,)
     kopf.configure(debug=log_level == "DEBUG", verbose=log_level in ("DEBUG", "INFO"))
     logging.getLogger().setLevel(log_level)
-    handlers.configure(
-        handlers.OperatorConfig(
-            settings=Settings(router_image=router_image, drain_wait_s=drain_wait),
-            interval_s=interval,
-            kubeconfig=kubeconfig,
-        )
+    config = handlers.OperatorConfig(
+        settings=Settings(router_image=router_image, drain_wait_s=drain_wait),
+        interval_s=interval,
+        kubeconfig=kubeconfig,
     )
     if metrics_port:
         from splitserve.operator.control import runtime
@@ -112,6 +110,8 @@ def run(
         runtime.serve("0.0.0.0", metrics_port)
     asyncio.run(
         kopf.operator(
+            registry=handlers.registry(config),
+            memo=handlers.memo(config),
             standalone=True,
             clusterwide=all_namespaces,
             namespaces=list(namespaces),

@@ -1,6 +1,6 @@
-"""kopf handlers: thin, module-level, all ending in `reconcile.reconcile` for one service.
+"""kopf handlers: thin, all ending in `reconcile.reconcile` for one service.
 
-- `LLMService` create / update / resume, and a daemon every `interval_s`: reconcile;
+- `LLMService` create / update / resume, and a timer every `interval_s`: reconcile;
 - `LLMService` delete: delete what it owns (garbage collection would too; this also covers API
   servers without it);
 - `LLMPool` `spec.replicas` changes (`kubectl scale`, HPA): reconcile the owning service now
@@ -9,20 +9,29 @@
   from memory and sends no request (the watch streams are per namespace and kind, not per
   service).
 
+State travels in kopf's `memo`, as kopf intends: `memo.operator` is the operator-wide
+`Operator` (configuration, clients, store, Event recorder, coalescer, each service's lock and
+back-off), put there by `kopf.operator(memo=memo(config))` or, where kopf's CLI starts the
+operator (`kopf.testing.KopfRunner`), by the startup handler. kopf copies the memo per object
+(shallowly, so `memo.operator` is shared) and keeps that copy for the object's lifetime: an
+`LLMPool`'s last seen `spec.replicas` and a service's last unexpected error live there.
+A service's lock and back-off are operator-wide because its pools' handlers reconcile it too.
+`registry(config)` wires every handler; there is no module-level registration.
+
 Reconciles of one service never overlap (a lock per service). A reconcile that fails on
 something a retry cannot fix (an invalid spec; 400, 403, 422 from the API server) is reported
 in status and as an Event by `reconcile`, logged here in one line, and retried with an
-exponential back-off (up to `MAX_BACKOFF_S`) until the service changes. `configure()` is called
-by the CLI (`splitserve operator run`) or a test before kopf starts.
+exponential back-off (up to `MAX_BACKOFF_S`) until the service changes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -47,6 +56,8 @@ from splitserve.operator.render import ServiceRef
 from splitserve.operator.workers import GrpcWorkerClient, WorkerClient
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+Memo = MutableMapping[str, Any]
+"""kopf's memo (`kopf.Memo`, a dict with attribute access), read here by key."""
 
 SERVICES = "llmservices"
 POOLS = "llmpools"
@@ -83,67 +94,83 @@ class _Failure:
     message: str
     attempts: int
     retry_at: float
-    """`time.monotonic()` before which the daemon does not try again."""
+    """`time.monotonic()` before which the timer does not try again."""
 
 
 @dataclass
-class _State:
-    config: OperatorConfig = field(default_factory=OperatorConfig)
-    kube: Kube | None = None
-    locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
-    guard: threading.Lock = field(default_factory=threading.Lock)
-    pool_replicas: dict[tuple[str, str], Any] = field(default_factory=dict)
-    store: Store = field(default_factory=lambda: Store(CACHED_KINDS, _ours))
-    events: Recorder = field(default_factory=Recorder)
-    coalescer: rc.Coalescer | None = None
-    failures: dict[tuple[str, str], _Failure] = field(default_factory=dict)
+class ServiceState:
+    """What every handler of one service shares: its pools' handlers reconcile it too."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failure: _Failure | None = None
 
 
-_state = _State()
+class Operator:
+    """The operator-wide state, `memo.operator` in every handler."""
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.store = Store(CACHED_KINDS, _ours)
+        self.events = Recorder()
+        self.coalescer = rc.Coalescer(config.settings.coalesce_s)
+        self._kube: Kube | None = None
+        self._services: dict[tuple[str, str], ServiceState] = {}
+        self._guard = threading.Lock()
+
+    def kube(self) -> Kube:
+        with self._guard:
+            if self._kube is None:
+                factory = self.config.kube_factory
+                if factory is not None:
+                    self._kube = factory()
+                else:
+                    import kubernetes
+
+                    cfg = load_configuration(self.config.kubeconfig)
+                    rest = RestKube(kubernetes.client.ApiClient(cfg))
+                    self._kube = CachedKube(rest, self.store) if self.config.cache else rest
+            return self._kube
+
+    def workers(self) -> WorkerClient:
+        if self.config.workers is None:
+            self.config.workers = GrpcWorkerClient()
+        return self.config.workers
+
+    def service(self, namespace: str, name: str) -> ServiceState:
+        with self._guard:
+            return self._services.setdefault((namespace, name), ServiceState())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._services.pop((namespace, name), None)
+        self.coalescer.forget((namespace, name))
 
 
-def configure(config: OperatorConfig) -> None:
-    """Set the operator's configuration (before kopf starts)."""
-    global _state
-    _state = _State(config=config, coalescer=rc.Coalescer(config.settings.coalesce_s))
+def memo(config: OperatorConfig) -> kopf.Memo:
+    """The memo to start kopf with (`kopf.operator(memo=...)`)."""
+    return kopf.Memo(operator=Operator(config))
 
 
-def _kube() -> Kube:
-    if _state.kube is None:
-        factory = _state.config.kube_factory
-        if factory is not None:
-            _state.kube = factory()
-        else:
-            import kubernetes
-
-            cfg = load_configuration(_state.config.kubeconfig)
-            rest = RestKube(kubernetes.client.ApiClient(cfg))
-            _state.kube = CachedKube(rest, _state.store) if _state.config.cache else rest
-    return _state.kube
-
-
-def _workers() -> WorkerClient:
-    if _state.config.workers is None:
-        _state.config.workers = GrpcWorkerClient()
-    return _state.config.workers
-
-
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _state.guard:
-        return _state.locks.setdefault((namespace, name), threading.Lock())
+def _operator(memo: Memo) -> Operator:
+    op = memo.get("operator")
+    if not isinstance(op, Operator):
+        raise RuntimeError("kopf's memo has no splitserve Operator: start kopf with `registry()`")
+    return op
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _failed(key: tuple[str, str], message: str, permanent: bool, logger: Logger) -> None:
+def _failed(
+    op: Operator, state: ServiceState, message: str, permanent: bool, logger: Logger
+) -> None:
     """Remember a failure; log it once per distinct message, without a traceback."""
-    old = _state.failures.get(key)
+    old = state.failure
     attempts = old.attempts + 1 if old is not None and old.message == message else 1
-    interval = max(_state.config.interval_s, 1.0)
+    interval = max(op.config.interval_s, 1.0)
     delay = min(interval * 2**attempts, MAX_BACKOFF_S) if permanent else interval
-    _state.failures[key] = _Failure(message, attempts, time.monotonic() + delay)
+    state.failure = _Failure(message, attempts, time.monotonic() + delay)
     if attempts == 1:
         kind = "permanent" if permanent else "temporary"
         retry = (
@@ -155,7 +182,7 @@ def _failed(key: tuple[str, str], message: str, permanent: bool, logger: Logger)
 
 
 def _reconcile(
-    namespace: str | None, name: str, logger: Logger, *, force: bool = True
+    op: Operator, namespace: str | None, name: str, logger: Logger, *, force: bool = True
 ) -> rc.Outcome | None:
     """One reconcile; None when skipped (backing off). `force`: ignore the back-off (the
     service or one of its pools changed).
@@ -165,38 +192,49 @@ def _reconcile(
     """
     if namespace is None:
         raise kopf.PermanentError("splitserve objects are namespaced")
-    key = (namespace, name)
-    failure = _state.failures.get(key)
+    state = op.service(namespace, name)
+    failure = state.failure
     if failure is not None and not force and time.monotonic() < failure.retry_at:
         return None
-    with _lock(namespace, name):
+    with state.lock:
         try:
             outcome = rc.reconcile(
-                _kube(),
-                _workers(),
+                op.kube(),
+                op.workers(),
                 namespace,
                 name,
-                _state.config.settings,
+                op.config.settings,
                 _now(),
-                events=_state.events,
-                coalescer=_state.coalescer,
+                events=op.events,
+                coalescer=op.coalescer,
             )
         except ConfigError as err:
-            _failed(key, str(err), True, logger)
+            _failed(op, state, str(err), True, logger)
             return None
         except KubeError as err:
-            _failed(key, str(err), err.permanent, logger)
+            _failed(op, state, str(err), err.permanent, logger)
             if err.permanent:
                 return None
             raise kopf.TemporaryError(str(err), delay=2) from err
-    if _state.failures.pop(key, None) is not None:
+    if state.failure is not None:
+        state.failure = None
         logger.info("reconcile succeeded again")
     for action in outcome.actions:
         logger.info(action)
     return outcome
 
 
-def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
+class _QuietTimer(logging.Filter):
+    """Drops kopf's "Timer 'tick' succeeded." (INFO, every tick of every service)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Timer 'tick' succeeded."
+
+
+def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: Any) -> None:
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietTimer) for f in objects.filters):
+        objects.addFilter(_QuietTimer())
     settings.persistence.finalizer = f"{v1.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=v1.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -205,15 +243,17 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    _kube()
-    logger.info("splitserve operator started (reconcile every %.1fs)", _state.config.interval_s)
+    op = _operator(memo)
+    op.kube()
+    logger.info("splitserve operator started (reconcile every %.1fs)", op.config.interval_s)
 
 
-def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+def login(settings: kopf.OperatorSettings, memo: Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf's credentials from the same configuration as the operator's own client:
     `--kubeconfig` when given, else in-cluster (the ServiceAccount), else the default kubeconfig.
     One identity for every call the operator makes."""
-    return connection_info(load_configuration(_state.config.kubeconfig), settings)
+    kubeconfig = _operator(memo).config.kubeconfig
+    return connection_info(load_configuration(kubeconfig), settings)
 
 
 def connection_info(cfg: Any, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
@@ -240,112 +280,160 @@ def connection_info(cfg: Any, settings: kopf.OperatorSettings) -> kopf.Connectio
     )
 
 
-def reconcile_service(name: str, namespace: str | None, logger: Logger, **_: Any) -> None:
-    _reconcile(namespace, name, logger)
-
-
-def control_loop(
-    name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+def reconcile_service(
+    name: str, namespace: str | None, memo: Memo, logger: Logger, **_: Any
 ) -> None:
-    last_unexpected = ""
-    while not stopped.wait(_state.config.interval_s):
-        try:
-            _reconcile(namespace, name, logger, force=False)
-        except kopf.TemporaryError:
-            pass  # logged once by _failed
-        except Exception as err:  # a bug: log its traceback once, then one line per repeat
-            if str(err) != last_unexpected:
-                logger.exception("reconcile failed; retrying in %.1fs", _state.config.interval_s)
-            else:
-                logger.warning("reconcile failed again: %s", err)
-            last_unexpected = str(err)
+    _reconcile(_operator(memo), namespace, name, logger)
 
 
-def autoscale_loop(
-    name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+def tick(name: str, namespace: str | None, memo: Memo, logger: Logger, **_: Any) -> None:
+    """The timer: one reconcile every `interval_s` (flips, pod readiness), unless backing off.
+
+    Failures never reach kopf (its retries would bypass the back-off): `_reconcile` logs what
+    it knows; anything else is a bug, logged with its traceback once per distinct message (the
+    service's memo remembers the last one), then in one line per repeat.
+    """
+    try:
+        _reconcile(_operator(memo), namespace, name, logger, force=False)
+    except kopf.TemporaryError:
+        pass  # logged once by _failed; the next tick retries
+    except Exception as err:
+        if str(err) != memo.get("last_unexpected"):
+            logger.exception("reconcile failed; retrying at the next tick")
+        else:
+            logger.warning("reconcile failed again: %s", err)
+        memo["last_unexpected"] = str(err)
+    else:
+        memo.pop("last_unexpected", None)
+
+
+async def autoscale_loop(
+    name: str,
+    namespace: str | None,
+    stopped: kopf.DaemonStopped,
+    memo: Memo,
+    logger: Logger,
+    **_: Any,
 ) -> None:
-    """The closed control loop (`operator.control`), every `scaling.intervalSeconds`."""
-    if namespace is not None:
-        control.daemon(_kube, _lock(namespace, name), namespace, name, stopped, logger)
+    """The closed control loop (`operator.control`), every `scaling.intervalSeconds` (a daemon,
+    not a timer: the interval is the service's own and changes with its spec).
 
-
-def delete_service(name: str, namespace: str | None, uid: str, logger: Logger, **_: Any) -> None:
-    if namespace is None:
-        return
-    with _lock(namespace, name):
-        for action in rc.delete_owned(_kube(), ServiceRef(name, namespace, uid)):
-            logger.info(action)
-    _state.failures.pop((namespace, name), None)
-    if _state.coalescer is not None:
-        _state.coalescer.forget((namespace, name))
-
-
-def replicas_changed(
-    event: kopf.RawEvent, body: kopf.Body, namespace: str | None, **_: Any
-) -> bool:
-    """Whether an `LLMPool` event changed `spec.replicas` since the last one seen.
-
-    The first sighting of a pool only records it (its service's own reconcile covers it);
-    status writes, which are most of the events, do not pass.
+    Asynchronous on purpose: a synchronous daemon holds one of kopf's executor threads for the
+    service's lifetime, and with more services than threads (a handful) the other services'
+    handlers never run. Here only each tick takes a thread, briefly.
     """
     if namespace is None:
-        return False
-    key = (namespace, str(body["metadata"]["name"]))
+        return
+    op = _operator(memo)
+    interval = 1.0  # the first tick soon: it takes the first snapshot
+    while not stopped:
+        await stopped.wait(interval)
+        if stopped:
+            return
+        interval = await asyncio.to_thread(_control_tick, op, namespace, name, logger)
+
+
+def _control_tick(op: Operator, namespace: str, name: str, logger: Logger) -> float:
+    """One tick of the control loop; the seconds until the next."""
+    try:
+        with op.service(namespace, name).lock:
+            result = control.controller(op.kube).tick(namespace, name)
+    except Exception:
+        logger.exception("control loop tick failed; retrying")
+        return 5.0
+    for line in result.wrote:
+        logger.info("control loop: %s", line)
+    return result.interval_s
+
+
+def delete_service(
+    name: str, namespace: str | None, uid: str, memo: Memo, logger: Logger, **_: Any
+) -> None:
+    if namespace is None:
+        return
+    op = _operator(memo)
+    with op.service(namespace, name).lock:
+        for action in rc.delete_owned(op.kube(), ServiceRef(name, namespace, uid)):
+            logger.info(action)
+    op.forget(namespace, name)
+
+
+def replicas_changed(event: kopf.RawEvent, body: kopf.Body, memo: Memo, **_: Any) -> bool:
+    """Whether an `LLMPool` event changed `spec.replicas` since the last one seen.
+
+    The pool's memo keeps the last value seen. The first sighting of a pool only records it
+    (its service's own reconcile covers it); status writes, which are most of the events, do
+    not pass.
+    """
     if event.get("type") == "DELETED":
-        _state.pool_replicas.pop(key, None)
         return False
-    spec = body.get("spec") or {}
-    seen = key in _state.pool_replicas
-    previous = _state.pool_replicas.get(key)
-    _state.pool_replicas[key] = spec.get("replicas")
-    return seen and previous != spec.get("replicas") and bool(spec.get("service"))
+    replicas = (body.get("spec") or {}).get("replicas")
+    seen = "replicas" in memo
+    previous = memo.get("replicas")
+    memo["replicas"] = replicas
+    return seen and previous != replicas and bool((body.get("spec") or {}).get("service"))
 
 
-def pool_changed(body: kopf.Body, namespace: str | None, logger: Logger, **_: Any) -> None:
+def pool_changed(
+    body: kopf.Body, namespace: str | None, memo: Memo, logger: Logger, **_: Any
+) -> None:
     """`kubectl scale llmpool/...` or an HPA: act now instead of at the next tick, and again
     when the coalescing window closes (two `kubectl scale` in a row become one flip)."""
+    op = _operator(memo)
     service = str(body["spec"]["service"])
     logger.info("replicas -> %s: reconciling %s", body["spec"].get("replicas"), service)
     try:
         for _round in range(MAX_SETTLE_ROUNDS):
-            outcome = _reconcile(namespace, service, logger)
+            outcome = _reconcile(op, namespace, service, logger)
             if outcome is None or outcome.settle_s <= 0:
                 return
             time.sleep(outcome.settle_s + 0.05)
     except kopf.TemporaryError:
-        pass  # logged once; the daemon retries
+        pass  # logged once; the timer retries
 
 
 def cache_feeder(api_version: str, kind: str) -> Callable[..., Any]:
     """A watch-event handler that keeps the store's copy of `kind` current."""
 
-    async def feed(event: kopf.RawEvent, **_: Any) -> None:
+    async def feed(event: kopf.RawEvent, memo: Memo, **_: Any) -> None:
         obj: dict[str, Any] = dict(event["object"])
         obj.setdefault("apiVersion", api_version)
         obj.setdefault("kind", kind)
-        _state.store.event(event.get("type"), obj)
+        _operator(memo).store.event(event.get("type"), obj)
 
     return feed
 
 
-# Registration, apart from the definitions: the functions keep their own signatures (tests call
-# them with only the kwargs they use), and the whole wiring reads in one place.
-kopf.on.login()(login)
-kopf.on.startup()(startup)
-kopf.on.resume(v1.GROUP, v1.VERSION, SERVICES)(reconcile_service)
-kopf.on.create(v1.GROUP, v1.VERSION, SERVICES)(reconcile_service)
-kopf.on.update(v1.GROUP, v1.VERSION, SERVICES)(reconcile_service)
-kopf.on.delete(v1.GROUP, v1.VERSION, SERVICES)(delete_service)
-kopf.daemon(v1.GROUP, v1.VERSION, SERVICES, cancellation_backoff=1.0, cancellation_timeout=10.0)(
-    control_loop
-)
-# The store's feeders first: kopf runs an object's handlers in order, and `pool_changed` waits
-# out the coalescing window.
-for _api_version, _kind in CACHED_KINDS:
-    _plural = PLURALS[(_api_version, _kind)]
-    _labels = None if _kind == "LLMService" else {v1.LABEL_SERVICE: kopf.PRESENT}
-    kopf.on.event(_api_version, _plural, labels=_labels, id=f"cache-{_plural}")(
-        cache_feeder(_api_version, _kind)
-    )
-kopf.on.event(v1.GROUP, v1.VERSION, POOLS, when=replicas_changed)(pool_changed)
-kopf.daemon(v1.GROUP, v1.VERSION, SERVICES, cancellation_timeout=10.0)(autoscale_loop)
+def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """Every handler, registered in a registry of their own (`kopf.operator(registry=...)`,
+    `KopfRunner(..., registry=...)`); the timer's interval is `config.interval_s`."""
+    reg = kopf.OperatorRegistry()
+
+    def start(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: Any) -> None:
+        memo.setdefault("operator", Operator(config))  # kopf's CLI passes no memo
+        startup(settings, memo, logger)
+
+    kopf.on.startup(id="startup", registry=reg)(start)
+    kopf.on.login(id="login", registry=reg)(login)
+    service = (v1.GROUP, v1.VERSION, SERVICES)
+    kopf.on.resume(*service, registry=reg)(reconcile_service)
+    kopf.on.create(*service, registry=reg)(reconcile_service)
+    kopf.on.update(*service, registry=reg)(reconcile_service)
+    kopf.on.delete(*service, registry=reg)(delete_service)
+    kopf.timer(
+        *service,
+        interval=config.interval_s,
+        initial_delay=config.interval_s,
+        registry=reg,
+    )(tick)
+    # The store's feeders first: kopf runs an object's handlers in order, and `pool_changed`
+    # waits out the coalescing window.
+    for api_version, kind in CACHED_KINDS:
+        plural = PLURALS[(api_version, kind)]
+        labels = None if kind == "LLMService" else {v1.LABEL_SERVICE: kopf.PRESENT}
+        kopf.on.event(api_version, plural, labels=labels, id=f"cache-{plural}", registry=reg)(
+            cache_feeder(api_version, kind)
+        )
+    kopf.on.event(v1.GROUP, v1.VERSION, POOLS, when=replicas_changed, registry=reg)(pool_changed)
+    kopf.daemon(*service, cancellation_timeout=10.0, registry=reg)(autoscale_loop)
+    return reg

@@ -370,11 +370,16 @@ def _router_model(spec: v1.LLMServiceSpec) -> dict[str, Any]:
     return model if tokenizer is None else {**model, "tokenizer": tokenizer}
 
 
+ROUTER_STOP_MARGIN_S: Final = 5
+"""Seconds the router pods' termination grace exceeds `router.edge.drainGraceSeconds`."""
+
+
 def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
     """What the router reads from its ConfigMap (`router.yaml`)."""
     classes = [c.wire() for c in spec.slo_classes]
     default_class = spec.default_slo_class or (spec.slo_classes[0].name if classes else "default")
-    return {
+    edge = spec.router.edge.wire()
+    return ({"edge": edge} if edge else {}) | {
         "service": ref.name,
         "model": _router_model(spec),
         "engine": {"kind": spec.engine.kind.value},
@@ -455,6 +460,9 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
     }
+    drain = spec.router.edge.drain_grace_seconds
+    if drain is not None:  # the kubelet must not kill the router before its drain ends
+        router_pod["terminationGracePeriodSeconds"] = int(drain) + 1 + ROUTER_STOP_MARGIN_S
     model_art = podspec.router_model_mounts(spec, ref.name)
     if model_art is not None:
         # The router reads the tokenizer from the workers' model volume.

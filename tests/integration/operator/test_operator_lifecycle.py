@@ -81,16 +81,15 @@ def operator_kubeconfig(api_server: str) -> str:
 def operator(api_server: str, workers: FakeWorkers) -> Iterator[Any]:
     from kopf.testing import KopfRunner
 
-    handlers.configure(
-        handlers.OperatorConfig(
-            settings=Settings(router_image="router:test", drain_wait_s=0.0),
-            interval_s=0.3,
-            kubeconfig=operator_kubeconfig(api_server),
-            workers=workers,
-        )
+    config = handlers.OperatorConfig(
+        settings=Settings(router_image="router:test", drain_wait_s=0.0),
+        interval_s=0.3,
+        kubeconfig=operator_kubeconfig(api_server),
+        workers=workers,
     )
-    args = ["run", "--standalone", "--namespace", NS, "-m", "splitserve.operator.handlers"]
-    with restored_logging(), KopfRunner(args, timeout=60) as runner:
+    args = ["run", "--standalone", "--namespace", NS]
+    registry = handlers.registry(config)
+    with restored_logging(), KopfRunner(args, timeout=60, registry=registry) as runner:
         yield runner
     assert runner.exception is None, runner.output[-3000:]
     assert runner.exit_code == 0, runner.output[-3000:]

@@ -35,17 +35,18 @@ def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aio, "propagate", aio.propagate)
     monkeypatch.setattr(aio, "handlers", list(aio.handlers))
     monkeypatch.setenv("SPLITSERVE_NAMESPACE", "ops")
-    try:
-        result = CliRunner().invoke(
-            operator, ["run", "--interval", "2", "--router-image", "r:1", "--log-level", "WARNING"]
-        )
-        assert result.exit_code == 0, result.output
-        assert seen["namespaces"] == ["ops"]
-        assert seen["standalone"] is True
-        assert handlers._state.config.interval_s == 2
-        assert handlers._state.config.settings.router_image == "r:1"
-        result = CliRunner().invoke(operator, ["run", "-A"])
-        assert result.exit_code == 0, result.output
-        assert seen["clusterwide"] is True
-    finally:
-        handlers.configure(handlers.OperatorConfig())
+    result = CliRunner().invoke(
+        operator, ["run", "--interval", "2", "--router-image", "r:1", "--log-level", "WARNING"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen["namespaces"] == ["ops"]
+    assert seen["standalone"] is True
+    op = seen["memo"]["operator"]
+    assert isinstance(op, handlers.Operator)
+    assert op.config.interval_s == 2
+    assert op.config.settings.router_image == "r:1"
+    timers = [h for h in seen["registry"]._spawning.get_all_handlers() if h.id == "tick"]
+    assert [t.interval for t in timers] == [2]
+    result = CliRunner().invoke(operator, ["run", "-A"])
+    assert result.exit_code == 0, result.output
+    assert seen["clusterwide"] is True

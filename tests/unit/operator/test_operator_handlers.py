@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import kopf
 import pytest
+from kopf._core.intents.handlers import TimerHandler
 
 from splitserve.api import v1alpha1 as v1
-from splitserve.operator import handlers
-from splitserve.operator.kube import KubeError
+from splitserve.operator import handlers, reconcile
+from splitserve.operator.kube import PLURALS, KubeError
 from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
 
 NS = "default"
@@ -19,13 +20,20 @@ LOG = logging.getLogger("test")
 
 
 @pytest.fixture
-def kube() -> Iterator[MemoryKube]:
+def memo() -> kopf.Memo:
+    return handlers.memo(handlers.OperatorConfig(workers=FakeWorkers(), interval_s=0))
+
+
+@pytest.fixture
+def kube(memo: kopf.Memo) -> MemoryKube:
     memory = MemoryKube()
-    handlers.configure(
-        handlers.OperatorConfig(kube_factory=lambda: memory, workers=FakeWorkers(), interval_s=0)
-    )
-    yield memory
-    handlers.configure(handlers.OperatorConfig())
+    memo["operator"].config.kube_factory = lambda: memory
+    return memory
+
+
+def object_memo(memo: kopf.Memo) -> kopf.Memo:
+    """What kopf gives each object's handlers: a shallow copy of the operator's memo."""
+    return copy.copy(memo)
 
 
 def create_service(kube: MemoryKube, **spec: Any) -> dict[str, Any]:
@@ -47,19 +55,19 @@ def create_service(kube: MemoryKube, **spec: Any) -> dict[str, Any]:
     )
 
 
-def test_reconcile_handler_creates_children(kube: MemoryKube) -> None:
+def test_reconcile_handler_creates_children(kube: MemoryKube, memo: kopf.Memo) -> None:
     create_service(kube)
-    handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
     assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
     assert kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode") is not None
 
 
 def test_invalid_spec_is_reported_and_backed_off(
-    kube: MemoryKube, caplog: pytest.LogCaptureFixture
+    kube: MemoryKube, memo: kopf.Memo, caplog: pytest.LogCaptureFixture
 ) -> None:
     create_service(kube, pools={"mixed": {"replicas": 1}})
     with caplog.at_level(logging.DEBUG, logger="test"):
-        handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
+        handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
     svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
     assert svc is not None
     ready = svc["status"]["conditions"][0]
@@ -71,7 +79,9 @@ def test_invalid_spec_is_reported_and_backed_off(
     assert warnings[0].exc_info is None  # one line, no traceback
     # The daemon's next ticks are inside the back-off: no request, no log line.
     writes = len(kube.writes)
-    handlers.control_loop(name="tiny", namespace=NS, stopped=StopAfter(3), logger=LOG)  # type: ignore[arg-type]
+    service_memo = object_memo(memo)
+    for _ in range(3):
+        handlers.tick(name="tiny", namespace=NS, memo=service_memo, logger=LOG)
     assert len(kube.writes) == writes
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
     events = [o for k, o in kube.objects.items() if k[1] == "Event"]
@@ -80,7 +90,7 @@ def test_invalid_spec_is_reported_and_backed_off(
 
 
 def test_forbidden_is_permanent_reported_with_object_and_field(
-    kube: MemoryKube, monkeypatch: pytest.MonkeyPatch
+    kube: MemoryKube, memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     create_service(kube)
     real_create = kube.create
@@ -91,7 +101,7 @@ def test_forbidden_is_permanent_reported_with_object_and_field(
         return real_create(obj)
 
     monkeypatch.setattr(kube, "create", forbid_deployments)
-    handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)  # does not raise
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)  # does not raise
     svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
     assert svc is not None
     conds = {c["type"]: c for c in svc["status"]["conditions"]}
@@ -100,10 +110,12 @@ def test_forbidden_is_permanent_reported_with_object_and_field(
     assert conds["Degraded"]["status"] == "True"
     message = conds["Ready"]["message"]
     assert message.startswith("create Deployment tiny-w (from spec.workerGroups[w]): 403 ")
-    assert ("default", "tiny") in handlers._state.failures
+    assert memo["operator"].service(NS, "tiny").failure is not None
 
 
-def test_conflicts_are_temporary(kube: MemoryKube, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conflicts_are_temporary(
+    kube: MemoryKube, memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
+) -> None:
     create_service(kube)
 
     def conflict(*args: Any, **kwargs: Any) -> Any:
@@ -111,32 +123,37 @@ def test_conflicts_are_temporary(kube: MemoryKube, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(kube, "create", conflict)
     with pytest.raises(kopf.TemporaryError):
-        handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
+        handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
 
 
-def test_delete_handler_removes_owned_objects(kube: MemoryKube) -> None:
+def test_delete_handler_removes_owned_objects(kube: MemoryKube, memo: kopf.Memo) -> None:
     svc = create_service(kube)
-    handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
-    handlers.delete_service(name="tiny", namespace=NS, uid=svc["metadata"]["uid"], logger=LOG)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    handlers.delete_service(
+        name="tiny", namespace=NS, uid=svc["metadata"]["uid"], memo=memo, logger=LOG
+    )
     assert [k for k in kube.objects if k[1] not in ("LLMService", "Event")] == []
 
 
-def test_pool_event_reconciles_on_replica_change_only(kube: MemoryKube) -> None:
+def test_pool_event_reconciles_on_replica_change_only(kube: MemoryKube, memo: kopf.Memo) -> None:
     create_service(kube)
-    handlers.reconcile_service(name="tiny", namespace=NS, logger=LOG)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
     for i in range(3):
         kube.create(worker_pod("tiny", "w", f"p{i}", ip=f"10.0.0.{i + 1}"))
     pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
     assert pool is not None
+
+    pool_memo = object_memo(memo)
 
     def event(body: dict[str, Any]) -> None:
         kwargs: dict[str, Any] = {
             "event": {"type": "MODIFIED", "object": body},
             "body": kopf.Body(body),  # type: ignore[arg-type]
             "namespace": NS,
+            "memo": pool_memo,
         }
         if handlers.replicas_changed(**kwargs):
-            handlers.pool_changed(body=kwargs["body"], namespace=NS, logger=LOG)
+            handlers.pool_changed(body=kwargs["body"], namespace=NS, memo=pool_memo, logger=LOG)
 
     event(pool)  # first sighting: remembered, nothing done
     dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
@@ -154,24 +171,48 @@ def test_pool_event_reconciles_on_replica_change_only(kube: MemoryKube) -> None:
     assert pool["spec"]["replicas"] == 2
 
 
-class StopAfter:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.n -= 1
-        return self.n < 0
-
-
-def test_control_loop_reconciles_until_stopped(kube: MemoryKube) -> None:
+def test_timer_reconciles(kube: MemoryKube, memo: kopf.Memo) -> None:
     create_service(kube)
-    handlers.control_loop(name="tiny", namespace=NS, stopped=StopAfter(2), logger=LOG)  # type: ignore[arg-type]
+    handlers.tick(name="tiny", namespace=NS, memo=object_memo(memo), logger=LOG)
     assert kube.get("apps/v1", "Deployment", NS, "tiny-router") is not None
 
 
-def test_control_loop_survives_errors(kube: MemoryKube) -> None:
+def test_timer_survives_errors(kube: MemoryKube, memo: kopf.Memo) -> None:
     create_service(kube, pools={"mixed": {"replicas": 1}})
-    handlers.control_loop(name="tiny", namespace=NS, stopped=StopAfter(2), logger=LOG)  # type: ignore[arg-type]
+    for _ in range(2):
+        handlers.tick(name="tiny", namespace=NS, memo=object_memo(memo), logger=LOG)
+
+
+def test_timer_logs_a_bug_with_its_traceback_once(
+    kube: MemoryKube,
+    memo: kopf.Memo,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    create_service(kube)
+
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(reconcile, "reconcile", bug)
+    service_memo = object_memo(memo)
+    with caplog.at_level(logging.DEBUG, logger="test"):
+        for _ in range(3):
+            handlers.tick(name="tiny", namespace=NS, memo=service_memo, logger=LOG)
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert len(tracebacks) == 1
+    assert service_memo["last_unexpected"] == "a bug"
+    assert "last_unexpected" not in memo  # the object's own memo, not the operator's
+
+
+def test_registry_wires_every_handler_and_the_timer_interval() -> None:
+    reg = handlers.registry(handlers.OperatorConfig(interval_s=7))
+    timers = [h for h in reg._spawning.get_all_handlers() if h.id == "tick"]
+    assert [(t.interval, t.initial_delay) for t in timers if isinstance(t, TimerHandler)] == [
+        (7, 7)
+    ]
+    ids = {h.id for h in reg._watching.get_all_handlers()}
+    assert {f"cache-{PLURALS[k]}" for k in handlers.CACHED_KINDS} <= ids
 
 
 def test_login_uses_the_kubeconfig_flag_not_the_environment(
@@ -191,7 +232,55 @@ def test_login_uses_the_kubeconfig_flag_not_the_environment(
     monkeypatch.setenv("KUBECONFIG", kubeconfig("admin", "https://admin:6443", "admin-token"))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "")  # not in a pod
     flag = kubeconfig("sa", "https://sa:6443", "sa-token")
-    handlers.configure(handlers.OperatorConfig(kubeconfig=flag))
-    info = handlers.login(settings=kopf.OperatorSettings())
+    memo = handlers.memo(handlers.OperatorConfig(kubeconfig=flag))
+    info = handlers.login(settings=kopf.OperatorSettings(), memo=memo)
     assert (info.server, info.scheme, info.token) == ("https://sa:6443", "Bearer", "sa-token")
-    handlers.configure(handlers.OperatorConfig())
+
+
+async def test_autoscale_daemon_holds_no_thread_between_ticks(
+    memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control loop's daemon is async: between ticks it holds none of kopf's executor
+    threads (a synchronous daemon per service starves every other handler once services
+    outnumber the threads)."""
+    import asyncio
+    import contextlib
+    import threading
+
+    from splitserve.operator.control import runtime
+    from splitserve.operator.control.loop import TickResult
+
+    ticks: list[str] = []
+
+    class Controller:
+        def tick(self, namespace: str, name: str) -> TickResult:
+            ticks.append(threading.current_thread().name)
+            return TickResult(interval_s=0.01, wrote=["status"])
+
+    class Stopped:  # kopf's DaemonStopped, as an async daemon uses it
+        def __init__(self) -> None:
+            self.event = asyncio.Event()
+
+        def __bool__(self) -> bool:
+            return self.event.is_set()
+
+        async def wait(self, seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), seconds)
+
+    monkeypatch.setattr(runtime, "controller", lambda kube: Controller())
+    stopped = Stopped()
+    daemon = asyncio.create_task(
+        handlers.autoscale_loop(
+            name="tiny",
+            namespace=NS,
+            stopped=stopped,  # type: ignore[arg-type]
+            memo=object_memo(memo),
+            logger=LOG,
+        )
+    )
+    while len(ticks) < 3:  # noqa: ASYNC110 (the ticks run in other threads)
+        await asyncio.sleep(0.05)
+    assert all(t != threading.current_thread().name for t in ticks)  # ticks run in threads
+    stopped.event.set()
+    await asyncio.wait_for(daemon, 5)
