@@ -54,7 +54,7 @@ from splitserve.policy.planner.autoscaler import (
     decide,
 )
 from splitserve.policy.planner.capacity import CapacityPlan, plan_capacity
-from splitserve.policy.planner.flipper import FlipDecision, plan_flips
+from splitserve.policy.planner.flipper import FlipDecision, drain_order, plan_flips
 from splitserve.policy.planner.signals import (
     Observation,
     PoolSignal,
@@ -341,6 +341,7 @@ class Controller:
                 if p.desired != p.current
             }
             if changes and not decision.held:
+                self._mark_emptiest(ns, name, decision, result)
                 self.kube.patch(*SERVICE, ns, name, {"spec": {"pools": changes}})
                 result.wrote.append(
                     "spec.pools " + ", ".join(f"{r}={c['replicas']}" for r, c in changes.items())
@@ -358,6 +359,46 @@ class Controller:
                     *POOL, ns, pool_name, {"status": {"recommendedReplicas": want}}, "status"
                 )
                 result.wrote.append(f"{pool_name} status.recommendedReplicas={want}")
+
+    def _mark_emptiest(self, ns: str, name: str, decision: Decision, result: TickResult) -> None:
+        """Consolidation-aware scale-down: for each pool that shrinks, mark its emptiest workers
+        (`flipper.drain_order` over this tick's load reports) `scale-down-first` and unmark the
+        rest of the pool, so the reconcile drains and deletes those (`policy.planner.flip`)."""
+        shrink = {
+            r: p.current - p.desired
+            for r, p in decision.pools.items()
+            if p.desired < p.current and p.kind is not Kind.FLIP
+        }
+        if not shrink:
+            return
+        pods = {
+            observe.pod_name(p): p
+            for p in observe.live_pods(
+                self.kube.list("v1", "Pod", ns, render.worker_selector(name))
+            )
+        }
+        pools = result.observation.pools if result.observation is not None else {}
+        for role, n in shrink.items():
+            pool = pools.get(role)
+            if pool is None:
+                continue
+            chosen = set(drain_order(pool)[:n])
+            for w in pool.workers:
+                pod = pods.get(w.name)
+                if pod is None:
+                    continue
+                have = (pod["metadata"].get("annotations") or {}).get(observe.SCALE_DOWN_FIRST)
+                want = "true" if w.name in chosen else None
+                if have != want:
+                    self.kube.patch(
+                        "v1",
+                        "Pod",
+                        ns,
+                        w.name,
+                        {"metadata": {"annotations": {observe.SCALE_DOWN_FIRST: want}}},
+                    )
+                    if want:
+                        result.wrote.append(f"pod {w.name} scale-down-first")
 
     def _planner(
         self,
