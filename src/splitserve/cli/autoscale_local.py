@@ -490,10 +490,24 @@ def start_autoscale(
     return fleet, thread
 
 
-def autoscale_usage_error(opts: dict[str, Any]) -> str | None:
-    """Why `--autoscale` cannot run with these options (None: it can)."""
+AUTOSCALE_OPTIONS = (
+    "autoscale_interval_s",
+    "autoscale_stabilization_s",
+    "autoscale_window_s",
+    "autoscale_horizon_s",
+    "autoscale_min",
+    "autoscale_max",
+)
+
+
+def autoscale_usage_error(
+    opts: dict[str, Any], given: Callable[[str], bool] = lambda name: False
+) -> str | None:
+    """Why `--autoscale` cannot run with these options (None: it can). `given(name)`: the user
+    set that option (its `--autoscale-*` companions act only with `--autoscale`)."""
     if not opts["autoscale"]:
-        return None
+        named = [f"--{n.replace('_', '-')}" for n in AUTOSCALE_OPTIONS if given(n)]
+        return f"{', '.join(named)} need --autoscale" if named else None
     if opts["engine"] != "sim":
         return (
             "--autoscale runs with --engine sim only: the loop's performance model is fitted "

@@ -336,7 +336,12 @@ def up(**opts: Any) -> None:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
     from splitserve.cli.autoscale_local import autoscale_usage_error
 
-    if why := autoscale_usage_error(opts):
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    if why := autoscale_usage_error(opts, given):
         raise click.UsageError(why)
     slo_settings(  # refuse bad SLO options here, before any process starts
         opts["slo_classes"],

@@ -150,3 +150,22 @@ def test_flip_drains_sets_the_role_and_keeps_it_for_a_restart(
     child = next(c for c in stack.children if c.name == "decode-1")
     assert child.args[child.args.index("--role") + 1] == "prefill"
     assert json.loads(path.read_text())["workers"][1]["role"] == "prefill"
+
+
+def test_autoscale_options_are_refused_without_autoscale_and_with_what_it_cannot_run() -> None:
+    from click.testing import CliRunner
+
+    from splitserve.cli.up import up
+
+    runner = CliRunner()
+    cases = [
+        (["--autoscale-max", "3"], "--autoscale-max need --autoscale"),
+        (["--autoscale", "--engine", "vllm"], "--engine sim only"),
+        (["--autoscale", "--mixed", "1"], "--mixed workers are not supported"),
+        (["--autoscale", "--autoscale-min", "3", "--autoscale-max", "2"], "<= --autoscale-max"),
+        (["--autoscale", "--autoscale-min", "0"], "--autoscale-min must be >= 1"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(up, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
