@@ -332,7 +332,13 @@ class ProcessFleet:
         address = str(m.child.info["address"])
         with self.lock:
             m.fenced = True
-        self.publish()  # the router sends it nothing new from here on
+        try:
+            self.publish()  # the router sends it nothing new from here on
+        except FleetError:
+            with self.lock:
+                m.fenced = False  # not left fenced by an action that did not happen
+            self.publish(wait=False)
+            raise
         try:
             in_flight = GrpcWorkerClient().drain(address, timeout_s=self.drain_timeout_s)
         except WorkerCallError as err:
