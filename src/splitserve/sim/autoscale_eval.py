@@ -287,3 +287,28 @@ def reactive_shortfall(
         cap[i] = max(floor, need[max(0, i - lag - hold) : i - lag + 1].max())
     short = need > cap
     return float(short[arrivals.astype(int)].mean())
+
+
+SHORTFALL_LAGS_S = (0.0, 10.0, 20.0, 30.0)
+
+
+def shortfall_markdown(
+    names: Sequence[str],
+    trace_lines: Callable[[str], Iterable[str]],
+    setup: Setup | None = None,
+    quick: bool = False,
+) -> str:
+    """`reactive_shortfall` of each scenario at several reaction lags (no simulation), with the
+    set-up's model and stabilization window, as a markdown table."""
+    setup = setup or Setup()
+    perf = setup.perf_model()
+    hold = setup.params.scale_down_stabilization_s
+    head = " | ".join(f"lag {lag:g} s" for lag in SHORTFALL_LAGS_S)
+    rows = [f"| scenario | {head} |", "|---" * (len(SHORTFALL_LAGS_S) + 1) + "|"]
+    for name in names:
+        items = build_scenario(name, trace_lines, quick).items
+        cells = " | ".join(
+            f"{reactive_shortfall(items, perf, lag, hold):.1%}" for lag in SHORTFALL_LAGS_S
+        )
+        rows.append(f"| {name} | {cells} |")
+    return "\n".join(rows)

@@ -33,3 +33,18 @@ def test_longer_lag_never_helps_and_a_peak_floor_removes_the_risk() -> None:
     shares = [reactive_shortfall(items, PERF, lag_s=lag, hold_s=120) for lag in (0, 5, 10, 30)]
     assert shares == sorted(shares)
     assert reactive_shortfall(items, PERF, lag_s=30, hold_s=120, floor=8) == 0.0
+
+
+def test_cli_prints_the_table_without_simulating() -> None:
+    from click.testing import CliRunner
+
+    from splitserve.cli.sim import sim
+
+    result = CliRunner().invoke(
+        sim, ["autoscale", "--quick", "--shortfall", "--scenario", "step-5x"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].startswith("| scenario | lag 0 s |")
+    assert "| step-5x | 0.0% |" in result.output
+    bad = CliRunner().invoke(sim, ["autoscale", "--shortfall", "--no-search"])
+    assert bad.exit_code == 2
