@@ -173,6 +173,9 @@ class RouterConfig(BaseModel):
     """SLO classes and admission."""
     discovery: DiscoverySettings | None = None
     """Watch worker pods in Kubernetes (on top of `worker_addresses`); None: static list only."""
+    workers_file: str | None = None
+    """A JSON file of worker endpoints re-read at run time (`splitserve up --autoscale` writes
+    it; `router.discovery.FileDiscovery`), on top of `worker_addresses`."""
     edge: EdgeSettings = EdgeSettings()
     """Client-facing limits and timeouts (body size, prompt length, connections, drain)."""
 

@@ -1113,9 +1113,11 @@ class FlippingSpec(Model):
 class PlannerMode(StrEnum):
     OFF = "Off"
     ADVISE = "Advise"
-    """Compute the recommended shape and report it in status only."""
+    """Compute the recommended pool sizes (P:D split) for the observed workload and report them
+    (`status.decisions`, an Event) only."""
     APPLY = "Apply"
-    """Compute the recommended shape and apply it to the pools."""
+    """Compute the recommended pool sizes and write them to the pools (`scaling.mode: Manual`
+    only: in Managed mode the autoscaler owns the sizes, in External an HPA / KEDA does)."""
 
 
 class PlannerSpec(Model):
@@ -1143,6 +1145,12 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
         "rule": "!has(self.defaultSloClass) || (has(self.sloClasses) && "
         "self.sloClasses.exists(c, c.name == self.defaultSloClass))",
         "message": "defaultSloClass must name one of sloClasses",
+    },
+    {
+        "rule": "!has(self.planner) || !has(self.planner.mode) || self.planner.mode != 'Apply'"
+        " || (has(self.scaling) && has(self.scaling.mode) && self.scaling.mode == 'Manual')",
+        "message": "planner.mode Apply needs scaling.mode Manual (Managed: the autoscaler sizes "
+        "the pools every interval; External: an HPA / KEDA does); use Advise otherwise",
     },
 ]
 
@@ -1205,6 +1213,12 @@ class LLMServiceSpec(Model):
         if self.default_slo_class is not None and self.default_slo_class not in classes:
             raise ValueError(
                 f"defaultSloClass: {self.default_slo_class!r} is not one of sloClasses"
+            )
+        if self.planner.mode is PlannerMode.APPLY and self.scaling.mode is not ScalingMode.MANUAL:
+            raise ValueError(
+                f"planner.mode Apply needs scaling.mode Manual, not {self.scaling.mode.value} "
+                "(Managed: the autoscaler sizes the pools every interval; External: an HPA / "
+                "KEDA does); use Advise otherwise"
             )
         for role, _ in self.pools.items():
             if not any(role in g.roles for g in self.worker_groups):

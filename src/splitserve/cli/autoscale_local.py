@@ -6,16 +6,25 @@ first) and change one's role (drain, SetRole, resume). `splitserve up`'s process
 provides the real one; tests pass a fake. Signals: the local router's `/metrics` (the same
 `Window` as the operator) and each worker's load report.
 
-Not wired into `splitserve up` yet (its process supervision is being reworked): the loop and its
-protocol are here, tested with a fake fleet.
+`ProcessFleet` is the real fleet: worker processes of `splitserve up`'s `Stack`, published to
+the router through a workers file (`router.discovery.FileDiscovery`; the router acknowledges each
+version it applied). Stopping a worker: fence it in the file, wait for the router's
+acknowledgement, `Drain` (wait until nothing is in flight, KV held for a pull included), drop it
+from the file, wait again, then SIGTERM. A flip: fence, drain, `SetRole`, resume, unfence.
+`AutoscaleThread` runs the loop beside `up`'s supervisor (a drain blocks only this thread).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from splitserve.core.roles import Role
 from splitserve.operator.control.loop import GrpcLoadProbe, LoadProbe, http_get
@@ -29,6 +38,12 @@ from splitserve.policy.planner.autoscaler import (
 )
 from splitserve.policy.planner.flipper import FlipDecision, drain_order, plan_flips
 from splitserve.policy.planner.signals import PoolSignal, SignalProblem, SignalState, WorkerLoad
+
+if TYPE_CHECKING:
+    from splitserve.cli.supervise import Supervisor
+    from splitserve.cli.up import Child, Stack
+
+log = logging.getLogger(__name__)
 
 ROLES = (Role.PREFILL, Role.DECODE)
 
@@ -147,3 +162,367 @@ class LocalLoop:
                 for name in drain_order(pools[role])[:-delta]:
                     self.fleet.stop(name)
                     self.log.append(f"stop {name}: {p.reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the real fleet: `splitserve up`'s worker processes
+
+
+class FleetError(Exception):
+    """A fleet action did not complete (the loop logs it and tries again on a later tick)."""
+
+
+@dataclass
+class _Member:
+    child: Child
+    role: Role
+    serving: bool
+    fenced: bool = False
+
+
+class ProcessFleet:
+    """`Fleet` over `splitserve up`'s worker processes and the router's workers file.
+
+    `lock` guards the stack's and the supervisor's lists: `up`'s main loop holds it around
+    `poll()` and `Supervisor.tick()`; the fleet holds it only while changing them, never while
+    it waits for a drain.
+    """
+
+    def __init__(
+        self,
+        stack: Stack,
+        supervisor: Supervisor,
+        workers_file: Path,
+        spawn: Callable[[str, Role], Child],
+        echo: Callable[[str], None],
+        *,
+        ack_timeout_s: float = 10.0,
+        drain_timeout_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stack = stack
+        self.supervisor = supervisor
+        self.workers_file = workers_file
+        self._spawn = spawn
+        self.echo = echo
+        self.ack_timeout_s = ack_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.members: dict[str, _Member] = {}
+        for child in stack.children:
+            role = _role_arg(child.args)
+            if role is not None:
+                self.members[child.name] = _Member(child, role, serving=True)
+        self._next = len(self.members)
+
+    # -- the workers file ------------------------------------------------------------------
+
+    def file_text(self) -> str:
+        from splitserve.router.discovery import EndpointState, workers_file_text
+
+        return workers_file_text(
+            EndpointState(str(m.child.info["address"]), m.role, True, m.fenced, name)
+            for name, m in self.members.items()
+            if m.serving
+        )
+
+    def publish(self, wait: bool = True) -> None:
+        """Write the workers file; with `wait`, until the router says it applied it."""
+        from splitserve.router.discovery import applied_path
+
+        text = self.file_text()
+        tmp = self.workers_file.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.workers_file)
+        if not wait:
+            return
+        ack = Path(applied_path(str(self.workers_file)))
+        deadline = self.clock() + self.ack_timeout_s
+        while self.clock() < deadline:
+            try:
+                if ack.read_text() == text:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise FleetError(f"the router did not apply {self.workers_file} in {self.ack_timeout_s} s")
+
+    # -- Fleet -----------------------------------------------------------------------------
+
+    def workers(self) -> Sequence[LocalWorker]:
+        with self.lock:
+            return [
+                LocalWorker(name, m.role, str(m.child.info.get("address", "")), m.serving)
+                for name, m in self.members.items()
+            ]
+
+    def start(self, role: Role) -> str:
+        with self.lock:
+            while f"{role.value}-{self._next}" in self.members:
+                self._next += 1
+            name = f"{role.value}-{self._next}"
+            self._next += 1
+            child = self._spawn(name, role)
+            self.members[name] = _Member(child, role, serving=False)
+        self.echo(f"autoscale: starting {name}")
+        return name
+
+    def poll(self) -> None:
+        """Started workers that became ready join the router (and the supervisor); ones that
+        exited before they were ready are dropped. Called often by `up`'s main loop."""
+        with self.lock:
+            joined = False
+            for name, m in list(self.members.items()):
+                if m.serving:
+                    continue
+                code = m.child.exited()
+                if code is not None:
+                    self.echo(
+                        f"autoscale: {name} exited ({code}) before it was ready:\n"
+                        f"{m.child.log_tail()}"
+                    )
+                    del self.members[name]
+                    self._forget(m.child)
+                    continue
+                if m.child.ready_file.exists():
+                    m.child.info = json.loads(m.child.ready_file.read_text())
+                    m.serving = True
+                    self.supervisor.watch(m.child)
+                    joined = True
+                    self.echo(f"autoscale: {name} is ready ({m.child.info['address']})")
+            if joined:
+                self.publish(wait=False)
+
+    def stop(self, name: str) -> None:
+        m = self.members[name]
+        if not m.serving:  # not in the router yet: nothing to drain
+            with self.lock:
+                del self.members[name]
+                self._terminate(m.child)
+            self.echo(f"autoscale: {name} stopped before it was ready")
+            return
+        self._fence_and_drain(name, m)
+        with self.lock:
+            del self.members[name]
+        self.publish()
+        with self.lock:
+            self._terminate(m.child)
+        self.echo(f"autoscale: {name} drained and stopped")
+
+    def set_role(self, name: str, role: Role) -> None:
+        from splitserve.operator.workers import GrpcWorkerClient
+
+        m = self.members[name]
+        address = self._fence_and_drain(name, m)
+        client = GrpcWorkerClient()
+        client.set_role(address, role)
+        client.resume(address)
+        with self.lock:
+            old, m.role, m.fenced = m.role, role, False
+            _set_role_arg(m.child.args, role)  # a restart keeps the new role
+        self.publish()
+        self.echo(f"autoscale: {name} flipped {old.value} -> {role.value}")
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _fence_and_drain(self, name: str, m: _Member) -> str:
+        from splitserve.operator.workers import GrpcWorkerClient, WorkerCallError
+
+        address = str(m.child.info["address"])
+        with self.lock:
+            m.fenced = True
+        try:
+            self.publish()  # the router sends it nothing new from here on
+        except FleetError:
+            with self.lock:
+                m.fenced = False  # not left fenced by an action that did not happen
+            self.publish(wait=False)
+            raise
+        try:
+            in_flight = GrpcWorkerClient().drain(address, timeout_s=self.drain_timeout_s)
+        except WorkerCallError as err:
+            if m.child.exited() is None:
+                with self.lock:
+                    m.fenced = False
+                self.publish(wait=False)
+                raise FleetError(f"{name}: drain failed: {err}") from err
+            in_flight = 0  # it died meanwhile: nothing left to wait for
+        if in_flight:
+            self.echo(
+                f"autoscale: {name} still had {in_flight} requests in flight after "
+                f"{self.drain_timeout_s:g} s of draining; going on"
+            )
+        return address
+
+    def _terminate(self, child: Child) -> None:
+        self._forget(child)
+        if child.proc is not None and child.proc.poll() is None:
+            child.proc.terminate()
+            try:
+                child.proc.wait(10)
+            except Exception:
+                child.proc.kill()
+                child.proc.wait()
+
+    def _forget(self, child: Child) -> None:
+        if child in self.stack.children:
+            self.stack.children.remove(child)
+        self.supervisor.unwatch(child)
+
+
+def _role_arg(args: Sequence[str]) -> Role | None:
+    if args[:2] != ["worker", "serve"] or "--role" not in args:
+        return None
+    return Role(args[args.index("--role") + 1])
+
+
+def _set_role_arg(args: list[str], role: Role) -> None:
+    args[args.index("--role") + 1] = role.value
+
+
+class AutoscaleThread:
+    """Runs `loop.tick()` every `interval_s` in a daemon thread until `stop()`."""
+
+    def __init__(self, loop: LocalLoop, interval_s: float, echo: Callable[[str], None]) -> None:
+        self.loop = loop
+        self.interval_s = interval_s
+        self.echo = echo
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autoscale", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            seen = len(self.loop.log)
+            try:
+                self.loop.tick()
+            except Exception as err:  # one failed tick is logged; the next one tries again
+                self.echo(f"autoscale: tick failed: {type(err).__name__}: {err}")
+            for line in self.loop.log[seen:]:
+                if not line.startswith("hold"):
+                    self.echo(f"autoscale: {line}")
+
+
+def sim_perf_model(opts: dict[str, Any], tpot_s: float) -> AladdinPerfModel:
+    """The loop's performance model for `up`'s simulated workers: Eq 2/3 fitted to the same
+    latency model the workers price their steps with, then stretched by their time scale (every
+    step takes `--sim-time-scale` times as long, so every coefficient does)."""
+    import dataclasses
+
+    from splitserve.core.perf import HARDWARE, MODELS, RooflineModel, build_latency_model
+    from splitserve.policy.planner.aladdin import fit_perf_model
+
+    scale = float(opts["sim_time_scale"]) or 1.0
+    name = opts.get("sim_latency_model") or "roofline"
+    latency = build_latency_model(name, opts["sim_shape"], opts["sim_hardware"], 1, 1.0)
+    roofline = RooflineModel(MODELS[opts["sim_shape"]], HARDWARE[opts["sim_hardware"]], tp=1)
+    block_size = 16  # the worker's (worker.runtime.WorkerConfig.block_size)
+    blocks = opts.get("sim_kv_blocks") or roofline.kv_capacity_tokens() // block_size
+    try:  # fitted where the TPOT target decides; a target no batch comes near: everywhere
+        model = fit_perf_model(latency, int(blocks) * block_size, 1, atgt_slo_s=tpot_s / scale)
+    except ValueError:
+        model = fit_perf_model(latency, int(blocks) * block_size, 1)
+    m = model.model
+    return dataclasses.replace(
+        m, k1=m.k1 * scale, c1=m.c1 * scale, k2=m.k2 * scale, c2=m.c2 * scale, c3=m.c3 * scale
+    )
+
+
+def loop_classes(opts: dict[str, Any]) -> list[ClassTargets]:
+    """The classes the loop sizes for: `up`'s SLO options, else the operator's default."""
+    from splitserve.api.router import PlacementSettings
+    from splitserve.cli.slo_options import slo_settings
+    from splitserve.operator.control.loop import DEFAULT_TPOT_S, DEFAULT_TTFT_S
+
+    slo, _ = slo_settings(
+        opts["slo_classes"],
+        opts["default_slo_class"],
+        opts["slo_config"],
+        opts["placement_profile"],
+        opts["disaggregation"],
+        PlacementSettings(),
+    )
+    if slo is None or not slo.classes:
+        return [ClassTargets("default", DEFAULT_TTFT_S, DEFAULT_TPOT_S, 0.9, 0.9)]
+    return [
+        ClassTargets(
+            c.name,
+            None if c.ttft_ms is None else c.ttft_ms / 1000,
+            None if c.tpot_ms is None else c.tpot_ms / 1000,
+            c.percentile,
+            c.attainment,
+        )
+        for c in slo.classes
+    ]
+
+
+def start_autoscale(
+    stack: Stack,
+    supervisor: Supervisor,
+    opts: dict[str, Any],
+    spawn: Callable[[str, Role], Child],
+    echo: Callable[[str], None],
+) -> tuple[ProcessFleet, AutoscaleThread]:
+    """The loop over `up`'s stack (`--autoscale`), started."""
+    router = stack.children[-1].info
+    fleet = ProcessFleet(stack, supervisor, opts["workers_file"], spawn, echo)
+    classes = loop_classes(opts)
+    tpots = [c.tpot_s for c in classes if c.tpot_s is not None]
+    interval_s = float(opts["autoscale_interval_s"])
+    params = AutoscalerParams(
+        interval_s=interval_s,
+        scale_down_stabilization_s=float(opts["autoscale_stabilization_s"]),
+        horizon_s=max(interval_s, opts["autoscale_horizon_s"]),
+    )
+    loop = LocalLoop(
+        fleet,
+        f"http://{router['host']}:{router['port']}/metrics",
+        classes,
+        params=params,
+        min_replicas=opts["autoscale_min"],
+        max_replicas=opts["autoscale_max"],
+        window_s=float(opts["autoscale_window_s"]),
+        perf=sim_perf_model(opts, min(tpots) if tpots else 0.2),
+    )
+    thread = AutoscaleThread(loop, interval_s, echo)
+    thread.start()
+    return fleet, thread
+
+
+AUTOSCALE_OPTIONS = (
+    "autoscale_interval_s",
+    "autoscale_stabilization_s",
+    "autoscale_window_s",
+    "autoscale_horizon_s",
+    "autoscale_min",
+    "autoscale_max",
+)
+
+
+def autoscale_usage_error(
+    opts: dict[str, Any], given: Callable[[str], bool] = lambda name: False
+) -> str | None:
+    """Why `--autoscale` cannot run with these options (None: it can). `given(name)`: the user
+    set that option (its `--autoscale-*` companions act only with `--autoscale`)."""
+    if not opts["autoscale"]:
+        named = [f"--{n.replace('_', '-')}" for n in AUTOSCALE_OPTIONS if given(n)]
+        return f"{', '.join(named)} need --autoscale" if named else None
+    if opts["engine"] != "sim":
+        return (
+            "--autoscale runs with --engine sim only: the loop's performance model is fitted "
+            "to the simulated engines' latency model (a vLLM profile is not wired in yet)"
+        )
+    if opts["mixed"]:
+        return "--autoscale sizes prefill and decode pools; --mixed workers are not supported"
+    if opts["autoscale_min"] > opts["autoscale_max"]:
+        return "--autoscale-min must be <= --autoscale-max"
+    if opts["autoscale_min"] < 1:
+        return "--autoscale-min must be >= 1 (a pool of 0 serves nothing)"
+    return None

@@ -43,6 +43,13 @@ def router() -> None:
     "Flags given explicitly override it.",
 )
 @click.option("--worker", "workers", multiple=True, help="Worker gRPC address (repeatable).")
+@click.option(
+    "--workers-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A JSON file of worker endpoints, re-read at run time (what `splitserve up "
+    "--autoscale` writes; docs/autoscaling.md).",
+)
 @click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
 @click.option(
     "--tokenizer",
@@ -96,6 +103,7 @@ def serve_cmd(
     ctx: click.Context,
     config_file: Path | None,
     workers: tuple[str, ...],
+    workers_file: Path | None,
     model: str,
     tokenizer: Path | None,
     host: str,
@@ -125,6 +133,7 @@ def serve_cmd(
     flags: dict[str, Any] = {
         "edge": ("edge_values", edge_settings(edge_values)),
         "worker_addresses": ("workers", workers),
+        "workers_file": ("workers_file", None if workers_file is None else str(workers_file)),
         "model_name": ("model", model),
         "http_host": ("host", host),
         "grpc_host": ("host", host),

@@ -157,8 +157,18 @@ def bundled_trace(kind: str) -> Path:
     default=None,
     help="Write summary.md and one PNG per scenario here.",
 )
+@click.option(
+    "--shortfall",
+    is_flag=True,
+    help="Only print what a reactive loop can reach at all (share of requests arriving in "
+    "surges faster than the reaction lag; no simulation; docs/benchmarks.md).",
+)
 def autoscale_cmd(
-    scenarios: tuple[str, ...], quick: bool, no_search: bool, out_dir: Path | None
+    scenarios: tuple[str, ...],
+    quick: bool,
+    no_search: bool,
+    out_dir: Path | None,
+    shortfall: bool,
 ) -> None:
     """Replay traces with the autoscaler and flipper in the loop vs static provisioning."""
     from splitserve.sim import autoscale_eval
@@ -167,6 +177,11 @@ def autoscale_cmd(
         return bundled_trace(kind).read_text().splitlines()
 
     names = scenarios or autoscale_eval.SCENARIOS
+    if shortfall:
+        if no_search or out_dir is not None:
+            raise click.UsageError("--shortfall runs no simulation: drop --no-search / --out")
+        click.echo(autoscale_eval.shortfall_markdown(names, lines, quick=quick))
+        return
     report = autoscale_eval.run(
         names, lines, quick=quick, search=not no_search, plots=bool(out_dir)
     )

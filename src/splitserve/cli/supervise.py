@@ -136,6 +136,14 @@ class Supervisor:
         self.echo(f"{name} exited ({code}); restarting in {action.delay_s:g} s")
         return True
 
+    def watch(self, child: Child) -> None:
+        """Supervise a process started after `up` came up (`--autoscale`), ready now."""
+        self.watched.append(Watched(child, started_s=self.clock()))
+
+    def unwatch(self, child: Child) -> None:
+        """Stop supervising a process that is being stopped on purpose (`--autoscale`)."""
+        self.watched = [w for w in self.watched if w.child is not child]
+
     def states(self) -> dict[str, str]:
         return {w.child.name: w.state.value for w in self.watched}
 

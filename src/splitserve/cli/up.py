@@ -9,6 +9,7 @@ die with `up` if it is killed outright (PR_SET_PDEATHSIG), so no orphans are lef
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from splitserve.api.router import PlacementSettings
 from splitserve.cli.process import die_with_parent
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
+from splitserve.core.roles import Role
 
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
@@ -208,8 +210,20 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
         router_args += slo_args(opts)
         if opts.get("token_stall_timeout_s"):
             router_args += ["--token-stall-timeout-s", str(opts["token_stall_timeout_s"])]
-        for w in workers:
-            router_args += ["--worker", w.info["address"]]
+        if opts.get("autoscale"):  # the router follows a workers file the loop rewrites
+            from splitserve.router.discovery import EndpointState, workers_file_text
+
+            opts["workers_file"] = run_dir / "workers.json"
+            opts["workers_file"].write_text(
+                workers_file_text(
+                    EndpointState(w.info["address"], Role(role), True, False, w.name)
+                    for w, (role, _) in zip(workers, names, strict=True)
+                )
+            )
+            router_args += ["--workers-file", str(opts["workers_file"])]
+        else:
+            for w in workers:
+                router_args += ["--worker", w.info["address"]]
         router = stack.spawn("router", router_args)
         stack.wait_ready([router], opts.get("ready_timeout_s") or READY_TIMEOUT_S)
     except BaseException:
@@ -279,6 +293,38 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
     help="Router: a worker with no next token for this long is treated as dead. "
     "Default: the router's.",
 )
+@click.option(
+    "--autoscale",
+    is_flag=True,
+    help="Run the control loop: start, stop (drained first) and flip workers from the load "
+    "and the SLO classes (docs/autoscaling.md). --engine sim only.",
+)
+@click.option(
+    "--autoscale-interval-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True
+)
+@click.option(
+    "--autoscale-stabilization-s",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Scale down only to the largest size recommended over this long.",
+)
+@click.option(
+    "--autoscale-window-s",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="What each observation of the router's metrics covers.",
+)
+@click.option(
+    "--autoscale-horizon-s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="How far ahead the arrival rate is forecast (at least one interval).",
+)
+@click.option("--autoscale-min", type=int, default=1, show_default=True, help="Workers per role.")
+@click.option("--autoscale-max", type=int, default=4, show_default=True, help="Workers per role.")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def up(**opts: Any) -> None:
     """Run the router and workers locally until Ctrl-C.
@@ -288,6 +334,15 @@ def up(**opts: Any) -> None:
     """
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
+    from splitserve.cli.autoscale_local import autoscale_usage_error
+
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    if why := autoscale_usage_error(opts, given):
+        raise click.UsageError(why)
     slo_settings(  # refuse bad SLO options here, before any process starts
         opts["slo_classes"],
         opts["default_slo_class"],
@@ -339,14 +394,28 @@ def up(**opts: Any) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     code = 0
     supervisor = Supervisor(stack, opts["on_exit"], lambda msg: click.echo(msg, err=True))
+    fleet, autoscaler = None, None
     try:
+        if opts["autoscale"]:
+            from splitserve.cli.autoscale_local import start_autoscale
+
+            def spawn(name: str, role: Role) -> Child:
+                env = worker_env(len(stack.children), opts, run_dir)
+                return stack.spawn(name, worker_args(role.value, name, opts), env)
+
+            fleet, autoscaler = start_autoscale(stack, supervisor, opts, spawn, click.echo)
         while not stopping["signal"]:
-            if not supervisor.tick():
-                code = 1
-                break
+            with fleet.lock if fleet is not None else contextlib.nullcontext():
+                if fleet is not None:
+                    fleet.poll()
+                if not supervisor.tick():
+                    code = 1
+                    break
             time.sleep(0.2)
     finally:
         click.echo("stopping...")
+        if autoscaler is not None:
+            autoscaler.stop()
         stack.stop()
     click.echo("stopped")
     sys.exit(code)

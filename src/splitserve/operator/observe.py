@@ -16,6 +16,10 @@ SURPLUS_COST: Final = "-100"
 and readiness when its Deployment shrinks."""
 RETIRE_SINCE: Final = f"{v1.GROUP}/retire-since"
 """On a surplus worker being drained before its Deployment shrinks: when it was fenced."""
+SCALE_DOWN_FIRST: Final = f"{v1.GROUP}/scale-down-first"
+"""`"true"` on the workers the control loop found emptiest (fewest requests, least KV) when it
+shrank their pool: the flip plan takes them as the surplus first (then drained, marked cheapest
+to delete)."""
 
 IMAGE_PULL: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -68,6 +72,7 @@ def worker(pod: Mapping[str, Any], spec: v1.LLMServiceSpec) -> WorkerObs:
         ready=pod_ready(pod),
         fenced=labels.get(v1.LABEL_FENCED) == "true",
         flip=FlipProgress.decode(annotations.get(v1.ANNOTATION_FLIP)),
+        scale_down_first=annotations.get(SCALE_DOWN_FIRST) == "true",
     )
 
 

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
@@ -478,3 +479,120 @@ class KubernetesDiscovery:
                 continue
             if loop.time() - since < s.backoff_min_s:  # a server that ends watches at once
                 await asyncio.sleep(s.backoff_min_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# a file of endpoints (`splitserve up --autoscale`)
+
+
+WORKERS_FILE_VERSION = 1
+
+
+def endpoints_from_file(text: str) -> dict[str, EndpointState]:
+    """The endpoints a workers file names.
+
+    The file (written whole, then renamed into place, by `splitserve up`'s supervisor)::
+
+        {"version": 1, "workers": [{"address": "127.0.0.1:5001", "role": "prefill",
+                                    "fenced": false}, ...]}
+
+    Raises:
+        ValueError: not such a file (bad JSON, a missing or unknown key, a bad role).
+    """
+    data = json.loads(text)
+    if not isinstance(data, dict) or set(data) != {"version", "workers"}:
+        raise ValueError('a workers file is {"version": 1, "workers": [...]}')
+    if data["version"] != WORKERS_FILE_VERSION:
+        raise ValueError(f"workers file version {data['version']!r}, expected 1")
+    out: dict[str, EndpointState] = {}
+    for entry in data["workers"]:
+        if not isinstance(entry, dict) or set(entry) != {"address", "role", "fenced"}:
+            raise ValueError(f"a worker entry has address, role and fenced; got {entry!r}")
+        address, fenced = entry["address"], entry["fenced"]
+        if not isinstance(address, str) or not address or not isinstance(fenced, bool):
+            raise ValueError(f"bad worker entry {entry!r}")
+        out[address] = EndpointState(address, Role(entry["role"]), True, fenced, address)
+    return out
+
+
+def workers_file_text(endpoints: Iterable[EndpointState]) -> str:
+    """What `endpoints_from_file` reads back."""
+    workers = [
+        {"address": e.address, "role": e.role.value, "fenced": e.fenced}
+        for e in sorted(endpoints, key=lambda e: e.address)
+    ]
+    return json.dumps({"version": WORKERS_FILE_VERSION, "workers": workers}, sort_keys=True)
+
+
+def applied_path(path: str) -> str:
+    """Where `FileDiscovery` writes the text it applied last (the writer's acknowledgement)."""
+    return f"{path}.applied"
+
+
+class FileDiscovery:
+    """Keeps a `PoolView` in step with a workers file (`endpoints_from_file`), re-read every
+    `poll_s`.
+
+    After applying a version of the file it writes that text to `applied_path(path)`, so the
+    writer knows when a fence (or a removal) is in effect in the router before it drains or
+    stops the worker. A file that does not parse is logged and left unapplied (the pool keeps
+    what it had); a missing file changes nothing.
+    """
+
+    def __init__(self, pool: Membership, path: str, poll_s: float = 0.1) -> None:
+        self.pool = pool
+        self.path = path
+        self.poll_s = poll_s
+        self.applied: dict[str, EndpointState] = {}
+        self.applied_text: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.poll()
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="file-discovery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.poll()
+            except Exception as err:  # keep polling: the next write may fix it
+                log.warning("workers file %s: %s: %s", self.path, type(err).__name__, err)
+
+    async def poll(self) -> None:
+        """Apply the file if it changed since the last poll."""
+        text = _read_text(self.path)  # a small local file: read inline, not in a thread
+        if text is None or text == self.applied_text:
+            return
+        try:
+            desired = endpoints_from_file(text)
+        except (ValueError, TypeError) as err:
+            log.warning("workers file %s not applied: %s", self.path, err)
+            self.applied_text = text  # do not log it again until it changes
+            return
+        await reconcile_pool(self.pool, self.applied, desired)
+        self.applied, self.applied_text = desired, text
+        _write_text(applied_path(self.path), text)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write_text(path: str, text: str) -> None:
+    """Whole or not at all (write, then rename)."""
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(f"{path}.tmp", path)

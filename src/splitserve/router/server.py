@@ -24,7 +24,7 @@ from splitserve._gen.v1 import router_pb2_grpc
 from splitserve.api.router import RouterConfig
 from splitserve.core.clock import Clock, SystemClock
 from splitserve.obs.metrics import RouterMetrics
-from splitserve.router.discovery import KubernetesDiscovery, PodSource
+from splitserve.router.discovery import FileDiscovery, KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
@@ -90,6 +90,9 @@ class RouterServer:
         self.discovery: KubernetesDiscovery | None = None
         if config.discovery is not None:
             self.discovery = KubernetesDiscovery(self.pool, config.discovery, pod_source)
+        self.file_discovery: FileDiscovery | None = None
+        if config.workers_file is not None:
+            self.file_discovery = FileDiscovery(self.pool, config.workers_file)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._http: uvicorn.Server | None = None
@@ -120,6 +123,8 @@ class RouterServer:
         self._kv_warm = asyncio.create_task(KvPairWarmer(self.pool).run(), name="warm-kv")
         if self.discovery is not None:
             await self.discovery.start()
+        if self.file_discovery is not None:
+            await self.file_discovery.start()
         if self.config.grpc_port is not None:
             self._grpc = aio.server(options=[("grpc.so_reuseport", int(self.reuse_port))])
             router_pb2_grpc.add_RouterServicer_to_server(RouterService(generator), self._grpc)
@@ -206,6 +211,8 @@ class RouterServer:
             await asyncio.wait_for(self.dispatcher.drain_background(), _SHUTDOWN_GRACE_S)
         if self.discovery is not None:
             await self.discovery.stop()
+        if self.file_discovery is not None:
+            await self.file_discovery.stop()
         if self._kv_warm is not None:
             self._kv_warm.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from splitserve.core.roles import Role
+from splitserve.policy.planner.aladdin import AladdinPerfModel
 from splitserve.sim.autoscale import (
     ROLES,
     RunResult,
@@ -249,3 +250,65 @@ def run(
     evals = tuple(evaluate(build_scenario(n, trace_lines, quick), setup, search) for n in names)
     pngs = {f"autoscale_{e.scenario.name}.png": plot_png(e) for e in evals} if plots else {}
     return Report(markdown(evals, setup), pngs, evals)
+
+
+def reactive_shortfall(
+    items: Sequence[WorkItem],
+    perf: AladdinPerfModel,
+    lag_s: float,
+    hold_s: float,
+    window_s: float = 10.0,
+    utilization: float = 0.8,
+    floor: int = 1,
+) -> float:
+    """The fraction of requests that arrive while the prefill capacity the workload needs
+    exceeds what any reactive loop could have in place: the largest need seen between
+    `lag_s + hold_s` and `lag_s` earlier (capacity takes `lag_s` to react and start: a tick
+    plus the cold start; it is held for `hold_s`, the stabilization window), at least `floor`.
+
+    An estimate of what is physically possible, not a simulation: need(t) is the prefill work
+    (Eq 2, `perf`) arriving in the `window_s` before t at `utilization`, per second; a request
+    arriving while need > capacity is at risk (queues absorb some of it, so a loop can do a
+    little better than 1 - this; a loop that predicts the surge can do better still).
+    """
+    if not items:
+        return 0.0
+    arrivals = np.array([w.arrival_s for w in items])
+    service = np.array([perf.prefill_s(w.num_prompt_tokens) for w in items])
+    seconds = int(np.ceil(arrivals.max())) + 1
+    work = np.zeros(seconds)
+    np.add.at(work, arrivals.astype(int), service)
+    w = max(1, round(window_s))
+    rolling = np.convolve(work, np.ones(w), mode="full")[:seconds] / w
+    need = np.ceil(rolling / utilization - 1e-9)
+    lag, hold = round(lag_s), round(hold_s)
+    cap = np.full(seconds, float(floor))
+    for i in range(lag, seconds):
+        cap[i] = max(floor, need[max(0, i - lag - hold) : i - lag + 1].max())
+    short = need > cap
+    return float(short[arrivals.astype(int)].mean())
+
+
+SHORTFALL_LAGS_S = (0.0, 10.0, 20.0, 30.0)
+
+
+def shortfall_markdown(
+    names: Sequence[str],
+    trace_lines: Callable[[str], Iterable[str]],
+    setup: Setup | None = None,
+    quick: bool = False,
+) -> str:
+    """`reactive_shortfall` of each scenario at several reaction lags (no simulation), with the
+    set-up's model and stabilization window, as a markdown table."""
+    setup = setup or Setup()
+    perf = setup.perf_model()
+    hold = setup.params.scale_down_stabilization_s
+    head = " | ".join(f"lag {lag:g} s" for lag in SHORTFALL_LAGS_S)
+    rows = [f"| scenario | {head} |", "|---" * (len(SHORTFALL_LAGS_S) + 1) + "|"]
+    for name in names:
+        items = build_scenario(name, trace_lines, quick).items
+        cells = " | ".join(
+            f"{reactive_shortfall(items, perf, lag, hold):.1%}" for lag in SHORTFALL_LAGS_S
+        )
+        rows.append(f"| {name} | {cells} |")
+    return "\n".join(rows)

@@ -177,3 +177,60 @@ def test_external_mode_writes_only_recommendations(api_server: str, kube: RestKu
             cleanup(kube, svc)
     finally:
         runtime.configure(runtime.ControlConfig())
+
+
+def test_managed_scales_down_after_stabilization(api_server: str, kube: RestKube) -> None:
+    router = Router()
+    runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
+    svc = "shrink"
+    body = autoscaled_body(svc, "Managed")
+    body["spec"]["pools"]["prefill"]["replicas"] = 3
+    body["spec"]["scaling"]["scaleDownStabilizationSeconds"] = 5
+    try:
+        with operator(api_server, FakeWorkers()), controllers(kube, NS):
+            kube.create(body)
+            wait_for("pools", lambda: kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode"))
+            start_router(kube, svc)
+            router.rate = 0.5  # far below what 3 prefill workers serve
+            wait_for("scale down", lambda: pools(kube, svc).get("prefill", 3) < 3, timeout=120)
+            downs = [d for d in decisions(kube, svc) if d["kind"] == "scale"]
+            assert any(d.get("reason") == "Stabilized" for d in downs), decisions(kube, svc)
+            wait_for(
+                "deployment shrinks",
+                lambda: (
+                    (kube.get("apps/v1", "Deployment", NS, f"{svc}-w") or {})
+                    .get("spec", {})
+                    .get("replicas", 99)
+                    < 4
+                ),
+                timeout=120,
+            )
+            cleanup(kube, svc)
+    finally:
+        runtime.configure(runtime.ControlConfig())
+
+
+def test_planner_advise_reports_a_plan_and_writes_nothing(api_server: str, kube: RestKube) -> None:
+    router = Router()
+    runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))
+    svc = "planned"
+    body = autoscaled_body(svc, "Manual")
+    body["spec"]["planner"] = {"mode": "Advise", "intervalSeconds": 5}
+    try:
+        with operator(api_server, FakeWorkers()), controllers(kube, NS):
+            kube.create(body)
+            wait_for("pools", lambda: kube.get(v1.API_VERSION, "LLMPool", NS, f"{svc}-decode"))
+            start_router(kube, svc)
+            router.rate = 40.0
+            wait_for(
+                "plan",
+                lambda: any(d["kind"] == "plan" for d in decisions(kube, svc)),
+                timeout=90,
+            )
+            plan = next(d for d in decisions(kube, svc) if d["kind"] == "plan")
+            assert plan["reason"] == "PlanAdvised"
+            assert "P:D" in plan["message"]
+            assert pools(kube, svc) == {"prefill": 1, "decode": 1}
+            cleanup(kube, svc)
+    finally:
+        runtime.configure(runtime.ControlConfig())

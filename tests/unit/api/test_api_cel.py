@@ -120,6 +120,12 @@ def specs(draw: st.DrawFn) -> JsonNode:
     default = draw(st.one_of(st.none(), st.sampled_from(["a", "b"])))
     if default is not None:
         spec["defaultSloClass"] = default
+    planner = draw(st.one_of(st.none(), st.sampled_from(["Off", "Advise", "Apply"])))
+    if planner is not None:
+        spec["planner"] = {"mode": planner}
+    scaling = draw(st.one_of(st.none(), st.sampled_from(["Managed", "External", "Manual"])))
+    if scaling is not None:
+        spec["scaling"] = {"mode": scaling}
     return spec
 
 

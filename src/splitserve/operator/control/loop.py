@@ -53,7 +53,8 @@ from splitserve.policy.planner.autoscaler import (
     PoolDecision,
     decide,
 )
-from splitserve.policy.planner.flipper import FlipDecision, plan_flips
+from splitserve.policy.planner.capacity import CapacityPlan, plan_capacity
+from splitserve.policy.planner.flipper import FlipDecision, drain_order, plan_flips
 from splitserve.policy.planner.signals import (
     Observation,
     PoolSignal,
@@ -80,6 +81,8 @@ REASONS: Final = (
     "SignalsMissing",
     "SignalsStale",
     "Steady",
+    "PlanAdvised",
+    "PlanApplied",
 )
 
 
@@ -158,6 +161,8 @@ class _ServiceState:
     last_held: str = ""
     last_tick_s: float = 0.0
     interval_s: float = 30.0
+    last_plan_s: float | None = None
+    """When the capacity planner (`planner.mode`) last made a plan."""
 
 
 @dataclass
@@ -167,6 +172,9 @@ class TickResult:
     observation: Observation | None = None
     wrote: list[str] = field(default_factory=list)
     interval_s: float = 30.0
+    plan: CapacityPlan | None = None
+    """The capacity planner's plan, on ticks it ran (`planner.mode` Advise / Apply)."""
+    plan_applied: bool = False
 
 
 class Controller:
@@ -309,6 +317,7 @@ class Controller:
         )
         result = TickResult(decision, flips, obs, interval_s=sc.interval_seconds)
         self._act(spec, svc, pool_objs, decision, result)
+        self._planner(spec, svc, obs, st, params, now, result)
         self._report(spec, svc, obs, decision, flips, st, result)
         st.last_tick_s = self.clock()
         st.interval_s = sc.interval_seconds
@@ -332,6 +341,7 @@ class Controller:
                 if p.desired != p.current
             }
             if changes and not decision.held:
+                self._mark_emptiest(ns, name, decision, result)
                 self.kube.patch(*SERVICE, ns, name, {"spec": {"pools": changes}})
                 result.wrote.append(
                     "spec.pools " + ", ".join(f"{r}={c['replicas']}" for r, c in changes.items())
@@ -349,6 +359,86 @@ class Controller:
                     *POOL, ns, pool_name, {"status": {"recommendedReplicas": want}}, "status"
                 )
                 result.wrote.append(f"{pool_name} status.recommendedReplicas={want}")
+
+    def _mark_emptiest(self, ns: str, name: str, decision: Decision, result: TickResult) -> None:
+        """Consolidation-aware scale-down: for each pool that shrinks, mark its emptiest workers
+        (`flipper.drain_order` over this tick's load reports) `scale-down-first` and unmark the
+        rest of the pool, so the reconcile drains and deletes those (`policy.planner.flip`)."""
+        shrink = {
+            r: p.current - p.desired
+            for r, p in decision.pools.items()
+            if p.desired < p.current and p.kind is not Kind.FLIP
+        }
+        if not shrink:
+            return
+        pods = {
+            observe.pod_name(p): p
+            for p in observe.live_pods(
+                self.kube.list("v1", "Pod", ns, render.worker_selector(name))
+            )
+        }
+        pools = result.observation.pools if result.observation is not None else {}
+        for role, n in shrink.items():
+            pool = pools.get(role)
+            if pool is None:
+                continue
+            chosen = set(drain_order(pool)[:n])
+            for w in pool.workers:
+                pod = pods.get(w.name)
+                if pod is None:
+                    continue
+                have = (pod["metadata"].get("annotations") or {}).get(observe.SCALE_DOWN_FIRST)
+                want = "true" if w.name in chosen else None
+                if have != want:
+                    self.kube.patch(
+                        "v1",
+                        "Pod",
+                        ns,
+                        w.name,
+                        {"metadata": {"annotations": {observe.SCALE_DOWN_FIRST: want}}},
+                    )
+                    if want:
+                        result.wrote.append(f"pod {w.name} scale-down-first")
+
+    def _planner(
+        self,
+        spec: v1.LLMServiceSpec,
+        svc: Obj,
+        obs: Observation,
+        st: _ServiceState,
+        params: AutoscalerParams,
+        now: float,
+        result: TickResult,
+    ) -> None:
+        """`planner.mode`: Advise makes a plan every `planner.intervalSeconds` and reports it
+        (status.decisions, an Event); Apply also writes it to `spec.pools.<role>.replicas`
+        (only with `scaling.mode: Manual`, which the spec's validation requires). Without usable
+        signals there is no plan; the next tick tries again."""
+        mode = spec.planner.mode
+        if mode is v1.PlannerMode.OFF:
+            st.last_plan_s = None
+            return
+        if st.last_plan_s is not None and now - st.last_plan_s < spec.planner.interval_seconds:
+            return
+        plan = plan_capacity(obs, self.perf, params)
+        if plan.held is not None:
+            return  # the hold is recorded by the autoscaler's decision already
+        st.last_plan_s = now
+        result.plan = plan
+        if mode is not v1.PlannerMode.APPLY or spec.scaling.mode is not v1.ScalingMode.MANUAL:
+            return
+        changes = {
+            r.value: {"replicas": p.recommended}
+            for r, p in plan.pools.items()
+            if p.recommended != p.current
+        }
+        if changes:
+            md = svc["metadata"]
+            self.kube.patch(*SERVICE, md["namespace"], md["name"], {"spec": {"pools": changes}})
+            result.wrote.append(
+                "plan spec.pools " + ", ".join(f"{r}={c['replicas']}" for r, c in changes.items())
+            )
+        result.plan_applied = True
 
     def _report(
         self,
@@ -389,6 +479,12 @@ class Controller:
             if _held_key(obs) != st.last_held:
                 entries.append(("hold", word, f"no action: {decision.held}", {}, True))
         st.last_held = _held_key(obs) if decision.held else ""
+        if result.plan is not None:
+            word = "PlanApplied" if result.plan_applied else "PlanAdvised"
+            self.metrics.decisions.labels(label, "plan", word).inc()
+            entries.append(
+                ("plan", word, result.plan.message, dict(result.plan.inputs or {}), False)
+            )
         self._staleness(label, obs, st)
 
         status = svc.get("status") or {}

@@ -102,6 +102,8 @@ class WorkerObs:
     """Running, ready and reachable (has an address)."""
     fenced: bool = False
     flip: FlipProgress | None = None
+    scale_down_first: bool = False
+    """The control loop found it emptiest when it shrank its pool: surplus before the others."""
 
     @property
     def serving(self) -> Role | None:
@@ -215,8 +217,11 @@ def plan(
                 and w.role is not None
                 and have[w.role] > want[w.role]
             ]
-            # Take from the role with the largest surplus; name order breaks ties.
-            candidates.sort(key=lambda w: (-_surplus(w, have, want), w.name))
+            # Take from the role with the largest surplus, the emptiest (marked by the control
+            # loop) first; name order breaks ties.
+            candidates.sort(
+                key=lambda w: (-_surplus(w, have, want), not w.scale_down_first, w.name)
+            )
             for w in candidates:
                 assert w.role is not None
                 if must_keep(w.role):
@@ -241,10 +246,12 @@ def plan(
         budget -= 1
         reasons.append(f"flip {w.name} {w.role.value} -> {target.value}")
 
-    # 4. Workers beyond what their role wants, newest-name last: delete these first.
+    # 4. Workers beyond what their role wants: the ones the control loop found emptiest first,
+    # then the last names. Delete these first.
     surplus: list[str] = []
     over = {r: have[r] - want[r] for r in Role}
-    for w in reversed(ordered):
+    newest_first = ordered[::-1]
+    for w in sorted(newest_first, key=lambda w: not w.scale_down_first):
         r = w.counts_as
         if r is not None and w.flip is None and w.name not in started and over[r] > 0:
             surplus.append(w.name)

@@ -1,0 +1,196 @@
+"""`splitserve up --autoscale` with real processes: a load step makes the loop start a worker
+that then serves requests; when the load falls, a worker is drained and stopped, and no request
+fails at any point (issue 11, item 6).
+
+The simulated workers run 20x slower than the A100 they model (`--sim-time-scale 20`), so a
+prompt of ~750 tokens keeps a prefill worker busy for about a second and one request per second
+needs more than one prefill worker; the loop's model is fitted to the same latency model. The
+test waits for events (with generous limits for a loaded machine) and asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.integration
+
+MODEL = "splitserve-sim"
+PROMPT = "hello world " * 370  # ~750 tokens
+
+
+@dataclass
+class Load:
+    """Requests at `rate` per second from a thread each, until `stop()`; counts the outcomes."""
+
+    base_url: str
+    rate: float
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> Load:
+        t = threading.Thread(target=self._run, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in list(self._threads):
+            t.join(180)
+
+    def _run(self) -> None:
+        client = openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+        i = 0
+        while True:
+            t = threading.Thread(target=self._one, args=(client, i), daemon=True)
+            t.start()
+            self._threads.append(t)
+            i += 1
+            if self._stop.wait(1 / self.rate):
+                return
+
+    def _one(self, client: openai.OpenAI, i: int) -> None:
+        try:
+            r = client.completions.create(model=MODEL, prompt=f"{PROMPT}{i}", max_tokens=8)
+            assert r.usage is not None
+            assert r.usage.completion_tokens == 8
+            with self._lock:
+                self.ok += 1
+        except Exception as err:  # every failure is reported by the test
+            with self._lock:
+                self.failed.append(repr(err)[:300])
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen[str]
+    run_dir: Path
+    base_url: str
+    lines: list[str]
+
+    def workers(self) -> dict[str, str]:
+        """{address: role} the router is told about now."""
+        data = json.loads((self.run_dir / "workers.json").read_text())
+        return {w["address"]: w["role"] for w in data["workers"]}
+
+    def wait_for(self, what: str, ok: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ok():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"up exited ({self.proc.returncode}):\n" + "".join(self.lines))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} after {timeout_s} s:\n" + "".join(self.lines))
+            time.sleep(0.5)
+
+
+def _metric(port: int, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, SPLITSERVE_CACHE_DIR=str(tmp_path / "cache"))
+    argv = [
+        sys.executable, "-m", "splitserve", "up", "--autoscale",
+        "--prefill", "1", "--decode", "1", "--port", "0", "--grpc-port", "0",
+        "--sim-time-scale", "20", "--sim-kv-blocks", "4096",
+        "--autoscale-interval-s", "2", "--autoscale-window-s", "6",
+        "--autoscale-stabilization-s", "10", "--autoscale-horizon-s", "2",
+        "--autoscale-max", "3",
+        "--slo-class", "default:ttftMs=10000,tpotMs=2000", "--default-slo-class", "default",
+        "--run-dir", str(run_dir), "--log-level", "WARNING",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    stack = Up(proc, run_dir, "", lines)
+    try:
+        stack.wait_for("router", lambda: (run_dir / "router.ready.json").exists(), timeout_s=180)
+        router = json.loads((run_dir / "router.ready.json").read_text())
+        stack.base_url = f"http://127.0.0.1:{router['port']}/v1"
+        yield stack
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_load_step_adds_a_worker_that_serves_and_load_drop_drains_one_without_failures(
+    up: Up,
+) -> None:
+    initial = up.workers()
+    assert sorted(initial.values()) == ["decode", "prefill"]
+
+    high = Load(up.base_url, rate=1.0).start()
+    try:
+        up.wait_for("added prefill worker", lambda: len(up.workers()) > 2, timeout_s=180)
+        added = next(a for a in up.workers() if a not in initial)
+        ready = {
+            json.loads(p.read_text())["address"]: json.loads(p.read_text())
+            for p in up.run_dir.glob("*-*.ready.json")
+        }
+        port = int(ready[added]["metrics_port"])
+        kind = up.workers()[added]
+        up.wait_for(
+            f"request served by the added worker {added}",
+            lambda: _metric(port, "splitserve_worker_requests_total", kind=kind, outcome="ok") > 0,
+            timeout_s=120,
+        )
+    finally:
+        high.stop()
+    most = len(up.workers())
+
+    low = Load(up.base_url, rate=0.3).start()  # requests keep coming while workers drain
+    try:
+        up.wait_for(
+            "drained and stopped worker",
+            lambda: (
+                any("drained and stopped" in line for line in up.lines) and len(up.workers()) < most
+            ),
+            timeout_s=180,
+        )
+        served = low.ok
+        up.wait_for("requests served after the removal", lambda: low.ok >= served + 2, 120)
+    finally:
+        low.stop()
+    assert high.failed == []
+    assert low.failed == []
+    assert high.ok > 0
+    assert low.ok > 0
+    assert any(line.startswith("autoscale: stop ") for line in up.lines), "".join(up.lines)

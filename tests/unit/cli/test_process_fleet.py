@@ -1,0 +1,171 @@
+"""`ProcessFleet` (the fleet of `splitserve up --autoscale`) with fake processes, a fake router
+that acknowledges the workers file, and a fake worker client: the order of fence, drain, file
+and stop; a started worker joins the router only when ready; a flip keeps the new role for a
+restart."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from splitserve.cli.autoscale_local import ProcessFleet
+from splitserve.cli.up import Child
+from splitserve.core.roles import Role
+
+
+class FakeStack:
+    def __init__(self, run_dir: Path) -> None:
+        self.children: list[Child] = []
+        self.run_dir = run_dir
+
+    def add(self, name: str, role: str, address: str | None) -> Child:
+        child = Child(
+            name,
+            [],
+            self.run_dir / f"{name}.log",
+            self.run_dir / f"{name}.ready.json",
+            args=["worker", "serve", "--role", role, "--worker-id", name],
+        )
+        if address is not None:
+            child.info = {"address": address}
+        self.children.append(child)
+        return child
+
+
+class FakeSupervisor:
+    def __init__(self) -> None:
+        self.watched: list[str] = []
+
+    def watch(self, child: Child) -> None:
+        self.watched.append(child.name)
+
+    def unwatch(self, child: Child) -> None:
+        if child.name in self.watched:
+            self.watched.remove(child.name)
+
+
+class Calls:
+    log: ClassVar[list[str]] = []
+
+
+class FakeClient:
+    def drain(self, address: str, *, timeout_s: float) -> int:
+        Calls.log.append(f"drain {address} fenced={_fenced(address)}")
+        return 0
+
+    def resume(self, address: str) -> None:
+        Calls.log.append(f"resume {address}")
+
+    def set_role(self, address: str, role: Role) -> None:
+        Calls.log.append(f"set_role {address} {role.value}")
+
+
+_FILE: list[Path] = []
+
+
+def _fenced(address: str) -> bool | None:
+    """What the router has applied for `address` (None: not in the router)."""
+    applied = Path(f"{_FILE[0]}.applied")
+    workers = json.loads(applied.read_text())["workers"] if applied.exists() else []
+    return next((w["fenced"] for w in workers if w["address"] == address), None)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ProcessFleet, Any]]:
+    import splitserve.operator.workers as workers
+
+    monkeypatch.setattr(workers, "GrpcWorkerClient", FakeClient)
+    Calls.log = []
+    stack = FakeStack(tmp_path)
+    stack.add("prefill-0", "prefill", "127.0.0.1:1")
+    stack.add("decode-1", "decode", "127.0.0.1:2")
+    path = tmp_path / "workers.json"
+    _FILE[:] = [path]
+    stop = threading.Event()
+
+    def router() -> None:  # acknowledges every version of the file
+        while not stop.wait(0.01):
+            if path.exists():
+                Path(f"{path}.applied").write_text(path.read_text())
+
+    t = threading.Thread(target=router, daemon=True)
+    t.start()
+
+    def spawn(name: str, role: Role) -> Child:
+        return stack.add(name, role.value, None)
+
+    supervisor = FakeSupervisor()
+    f = ProcessFleet(stack, supervisor, path, spawn, lambda msg: None)  # type: ignore[arg-type]
+    f.publish()
+    yield f, (stack, supervisor, path)
+    stop.set()
+    t.join()
+
+
+def test_start_joins_the_router_only_when_ready(fleet: tuple[ProcessFleet, Any]) -> None:
+    f, (stack, supervisor, path) = fleet
+    name = f.start(Role.PREFILL)
+    assert name == "prefill-2"
+    assert [w.ready for w in f.workers() if w.name == name] == [False]
+    f.poll()
+    assert "127.0.0.1:3" not in path.read_text()
+    child = next(c for c in stack.children if c.name == name)
+    child.ready_file.write_text(json.dumps({"address": "127.0.0.1:3"}))
+    f.poll()
+    assert [w.ready for w in f.workers() if w.name == name] == [True]
+    assert "127.0.0.1:3" in path.read_text()
+    assert supervisor.watched == [name]
+
+
+def test_stop_fences_drains_then_leaves_the_router_then_stops(
+    fleet: tuple[ProcessFleet, Any],
+) -> None:
+    f, (stack, _, path) = fleet
+    f.stop("prefill-0")
+    # The drain ran while the router had the worker fenced; then it left the file.
+    assert Calls.log == ["drain 127.0.0.1:1 fenced=True"]
+    assert "127.0.0.1:1" not in path.read_text()
+    assert _fenced("127.0.0.1:1") is None
+    assert [c.name for c in stack.children] == ["decode-1"]
+    assert [w.name for w in f.workers()] == ["decode-1"]
+
+
+def test_flip_drains_sets_the_role_and_keeps_it_for_a_restart(
+    fleet: tuple[ProcessFleet, Any],
+) -> None:
+    f, (stack, _, path) = fleet
+    f.set_role("decode-1", Role.PREFILL)
+    assert Calls.log == [
+        "drain 127.0.0.1:2 fenced=True",
+        "set_role 127.0.0.1:2 prefill",
+        "resume 127.0.0.1:2",
+    ]
+    assert _fenced("127.0.0.1:2") is False
+    assert {w.name: w.role for w in f.workers()}["decode-1"] is Role.PREFILL
+    child = next(c for c in stack.children if c.name == "decode-1")
+    assert child.args[child.args.index("--role") + 1] == "prefill"
+    assert json.loads(path.read_text())["workers"][1]["role"] == "prefill"
+
+
+def test_autoscale_options_are_refused_without_autoscale_and_with_what_it_cannot_run() -> None:
+    from click.testing import CliRunner
+
+    from splitserve.cli.up import up
+
+    runner = CliRunner()
+    cases = [
+        (["--autoscale-max", "3"], "--autoscale-max need --autoscale"),
+        (["--autoscale", "--engine", "vllm"], "--engine sim only"),
+        (["--autoscale", "--mixed", "1"], "--mixed workers are not supported"),
+        (["--autoscale", "--autoscale-min", "3", "--autoscale-max", "2"], "<= --autoscale-max"),
+        (["--autoscale", "--autoscale-min", "0"], "--autoscale-min must be >= 1"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(up, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
