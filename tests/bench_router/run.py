@@ -152,7 +152,15 @@ Runner = Callable[[], Coroutine[Any, Any, Result]]
 
 
 def measure(
-    name: str, port: int, pid: int, raw: bytes, direct: Runner, py_spy: str | None, out_dir: Path
+    name: str,
+    port: int,
+    pid: int,
+    raw: bytes,
+    direct: Runner,
+    py_spy: str | None,
+    out_dir: Path,
+    rates: tuple[int, ...] = RATES,
+    flame_format: str = "flamegraph",
 ) -> dict[str, Any]:
     """Every figure for one router: c=1 TTFT, saturated throughput and CPU, Poisson rates."""
     run = asyncio.run
@@ -162,23 +170,24 @@ def measure(
     cpu0 = _cpu_s(pid)
     spy = None
     if py_spy is not None:
-        svg = out_dir / f"flame-{name}.svg"
+        suffix = "svg" if flame_format == "flamegraph" else "txt"
+        svg = out_dir / f"flame-{name}.{suffix}"
         spy = subprocess.Popen(
             [py_spy, "record", "-o", str(svg), "--pid", str(pid), "--duration", "8", "-r", "200",
-             "--nonblocking"],
+             "--nonblocking", "--format", flame_format],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     sat = run(loadgen.closed_loop(port, raw, 32, 4000, 30))
     cpu = _cpu_s(pid) - cpu0
     if spy is not None:
         spy.wait(60)
-    rates = {}
-    for rate in RATES:
+    by_rate = {}
+    for rate in rates:
         r = run(loadgen.open_loop(port, raw, rate, int(rate * 6), 15))
-        rates[rate] = (percentile(r.ttft_s, 99), r.errors, r.done)
+        by_rate[rate] = (percentile(r.ttft_s, 99), r.errors, r.done)
     base_p50 = percentile(base.ttft_s, 50)
     base_p99 = percentile(base.ttft_s, 99)
-    ok_rates = [r for r, (p99, err, _) in rates.items() if err == 0 and p99 - base_p99 <= 0.010]
+    ok_rates = [r for r, (p99, err, _) in by_rate.items() if err == 0 and p99 - base_p99 <= 0.010]
     return {
         "name": name,
         "added_p50_ms": (percentile(one.ttft_s, 50) - base_p50) * 1e3,
@@ -190,7 +199,7 @@ def measure(
         "sat_statuses": sat.statuses,
         "rss_mb": _rss_mb(pid),
         "best_rate": max(ok_rates, default=0),
-        "rates": {r: round((p99 - base_p99) * 1e3, 2) for r, (p99, _, _) in rates.items()},
+        "rates": {r: round((p99 - base_p99) * 1e3, 2) for r, (p99, _, _) in by_rate.items()},
     }
 
 
@@ -200,6 +209,12 @@ def main() -> None:
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--out", default="out/bench-router.md")
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[200, 1024])
+    parser.add_argument(
+        "--rates", type=int, nargs="*", default=list(RATES), help="Poisson rates (none: skip)"
+    )
+    parser.add_argument(
+        "--flame-format", default="flamegraph", help="py-spy output format (flamegraph, raw)"
+    )
     parser.add_argument(
         "--router-src",
         default=None,
@@ -270,7 +285,8 @@ def main() -> None:
                 return _grpc_direct(workers["decode"], ids, 400)
 
             row = measure(f"splitserve-{num_tokens}", http_port, router.pid, ours_raw,
-                          direct_grpc, args.py_spy, out.parent)  # fmt: skip
+                          direct_grpc, args.py_spy, out.parent, tuple(args.rates),
+                          args.flame_format)  # fmt: skip
             row["prompt_tokens"] = num_tokens
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -283,7 +299,7 @@ def main() -> None:
                     return loadgen.closed_loop(fake_d, raw, 1, 400, 60)
 
                 row = measure(f"vllm-router-{num_tokens}", peer_port, peer.pid, peer_raw,
-                              direct_http, None, out.parent)  # fmt: skip
+                              direct_http, None, out.parent, tuple(args.rates))  # fmt: skip
                 row["prompt_tokens"] = num_tokens
                 rows.append(row)
                 print(json.dumps(row), flush=True)
