@@ -10,9 +10,14 @@ Raw asyncio streams, so the generator's own cost per request stays small.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -146,3 +151,63 @@ async def open_loop(port: int, raw: bytes, rate: float, count: int, max_s: float
     for conn in idle:
         conn.close()
     return result
+
+
+async def hold_streams(
+    port: int,
+    raw: bytes,
+    count: int,
+    ramp_per_s: float,
+    max_s: float,
+    at_peak: Callable[[], T],
+    statuses: dict[str, int] | None = None,
+) -> tuple[int, int, T]:
+    """Open `count` streams (`ramp_per_s` new connections a second), each read up to its first
+    SSE event and then left open without reading; call `at_peak()` once every stream has
+    started (or `max_s` passed), then close them all. Returns (started, failed, at_peak's value).
+    """
+    started = failed = 0
+    conns: list[_Conn] = []
+    all_started = asyncio.Event()
+
+    async def one() -> None:
+        nonlocal started, failed
+        try:
+            conn = await _Conn.open(port)
+            conns.append(conn)
+            conn.writer.write(raw)
+            head = await conn.reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                failed += 1
+                status = head.split(b"\r\n", 1)[0].decode("latin-1")
+                if statuses is not None:
+                    statuses[status] = statuses.get(status, 0) + 1
+            else:
+                while b"data: " not in await conn.reader.read(4096):
+                    pass
+                started += 1
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
+            failed += 1
+            if statuses is not None:
+                name = type(err).__name__
+                statuses[name] = statuses.get(name, 0) + 1
+        if started + failed >= count:
+            all_started.set()
+
+    deadline = time.perf_counter() + max_s
+    tasks = []
+    for i in range(count):
+        tasks.append(asyncio.create_task(one()))
+        if i % 100 == 99:
+            await asyncio.sleep(100 / ramp_per_s)
+        if time.perf_counter() > deadline:
+            break
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(all_started.wait(), max(1.0, deadline - time.perf_counter()))
+    value = at_peak()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for conn in conns:
+        conn.close()
+    return started, failed, value

@@ -36,6 +36,13 @@ ROUTER_CORE = 0
 LOAD_CORE = 1
 TOKENS = 16
 RATES = (50, 100, 200, 400, 800)
+SLO_ARGS = (
+    "--slo-class", "interactive:ttftMs=1000,tpotMs=100,priority=10",
+    "--slo-class", "batch:ttftMs=10000,tpotMs=500,sheddable=true",
+    "--default-slo-class", "interactive",
+)  # fmt: skip
+"""SLO classes (and admission, on by default) as a service would run them: requests without
+`x-slo-class` are `interactive`."""
 
 
 def _free_port() -> int:
@@ -152,7 +159,15 @@ Runner = Callable[[], Coroutine[Any, Any, Result]]
 
 
 def measure(
-    name: str, port: int, pid: int, raw: bytes, direct: Runner, py_spy: str | None, out_dir: Path
+    name: str,
+    port: int,
+    pid: int,
+    raw: bytes,
+    direct: Runner,
+    py_spy: str | None,
+    out_dir: Path,
+    rates: tuple[int, ...] = RATES,
+    flame_format: str = "flamegraph",
 ) -> dict[str, Any]:
     """Every figure for one router: c=1 TTFT, saturated throughput and CPU, Poisson rates."""
     run = asyncio.run
@@ -162,23 +177,24 @@ def measure(
     cpu0 = _cpu_s(pid)
     spy = None
     if py_spy is not None:
-        svg = out_dir / f"flame-{name}.svg"
+        suffix = "svg" if flame_format == "flamegraph" else "txt"
+        svg = out_dir / f"flame-{name}.{suffix}"
         spy = subprocess.Popen(
             [py_spy, "record", "-o", str(svg), "--pid", str(pid), "--duration", "8", "-r", "200",
-             "--nonblocking"],
+             "--nonblocking", "--format", flame_format],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     sat = run(loadgen.closed_loop(port, raw, 32, 4000, 30))
     cpu = _cpu_s(pid) - cpu0
     if spy is not None:
         spy.wait(60)
-    rates = {}
-    for rate in RATES:
+    by_rate = {}
+    for rate in rates:
         r = run(loadgen.open_loop(port, raw, rate, int(rate * 6), 15))
-        rates[rate] = (percentile(r.ttft_s, 99), r.errors, r.done)
+        by_rate[rate] = (percentile(r.ttft_s, 99), r.errors, r.done)
     base_p50 = percentile(base.ttft_s, 50)
     base_p99 = percentile(base.ttft_s, 99)
-    ok_rates = [r for r, (p99, err, _) in rates.items() if err == 0 and p99 - base_p99 <= 0.010]
+    ok_rates = [r for r, (p99, err, _) in by_rate.items() if err == 0 and p99 - base_p99 <= 0.010]
     return {
         "name": name,
         "added_p50_ms": (percentile(one.ttft_s, 50) - base_p50) * 1e3,
@@ -190,7 +206,7 @@ def measure(
         "sat_statuses": sat.statuses,
         "rss_mb": _rss_mb(pid),
         "best_rate": max(ok_rates, default=0),
-        "rates": {r: round((p99 - base_p99) * 1e3, 2) for r, (p99, _, _) in rates.items()},
+        "rates": {r: round((p99 - base_p99) * 1e3, 2) for r, (p99, _, _) in by_rate.items()},
     }
 
 
@@ -199,7 +215,24 @@ def main() -> None:
     parser.add_argument("--vllm-router", default=None, help="vllm-router executable (peer)")
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--out", default="out/bench-router.md")
-    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[200, 1024])
+    parser.add_argument("--prompt-tokens", type=int, nargs="*", default=[200, 1024])
+    parser.add_argument(
+        "--rates", type=int, nargs="*", default=list(RATES), help="Poisson rates (none: skip)"
+    )
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also run `router serve --processes 2` on both cores: the 1 -> 2 core figure",
+    )
+    parser.add_argument(
+        "--slow-streams",
+        type=int,
+        default=10000,
+        help="concurrent slow streams held open on one router process for its RSS (0: skip)",
+    )
+    parser.add_argument(
+        "--flame-format", default="flamegraph", help="py-spy output format (flamegraph, raw)"
+    )
     parser.add_argument(
         "--router-src",
         default=None,
@@ -239,7 +272,7 @@ def main() -> None:
             "router",
             [py, "-m", "splitserve", "router", "serve", "--worker", workers["prefill"],
              "--worker", workers["decode"], "--model", "bench", "--tokenizer", str(tok_dir),
-             "--port", str(http_port), "--grpc-port", "0", "--log-level", "WARNING"],
+             "--port", str(http_port), "--grpc-port", "0", "--log-level", "WARNING", *SLO_ARGS],
             ROUTER_CORE,
             router_env,
         )  # fmt: skip
@@ -270,7 +303,8 @@ def main() -> None:
                 return _grpc_direct(workers["decode"], ids, 400)
 
             row = measure(f"splitserve-{num_tokens}", http_port, router.pid, ours_raw,
-                          direct_grpc, args.py_spy, out.parent)  # fmt: skip
+                          direct_grpc, args.py_spy, out.parent, tuple(args.rates),
+                          args.flame_format)  # fmt: skip
             row["prompt_tokens"] = num_tokens
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -283,17 +317,130 @@ def main() -> None:
                     return loadgen.closed_loop(fake_d, raw, 1, 400, 60)
 
                 row = measure(f"vllm-router-{num_tokens}", peer_port, peer.pid, peer_raw,
-                              direct_http, None, out.parent)  # fmt: skip
+                              direct_http, None, out.parent, tuple(args.rates))  # fmt: skip
                 row["prompt_tokens"] = num_tokens
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        extra: dict[str, Any] = {}
+        if args.scaling and rows:
+            prompt = prompt_of(tokenizer, args.prompt_tokens[0])
+            extra["scaling"] = scaling(procs, work, workers, tok_dir, prompt, rows[0])
+            print(json.dumps(extra["scaling"]), flush=True)
+        if args.slow_streams:
+            extra["slow_streams"] = slow_streams(procs, work, tok_dir, args.slow_streams)
+            print(json.dumps(extra["slow_streams"]), flush=True)
     finally:
         procs.stop()
-    out.write_text(report(rows))
+    out.write_text(report(rows, extra))
     print(out.read_text())
 
 
-def report(rows: list[dict[str, Any]]) -> str:
+def _router_args(workers: list[str], tok_dir: Path, port: int, *more: str) -> list[str]:
+    args = [sys.executable, "-m", "splitserve", "router", "serve", "--model", "bench",
+            "--tokenizer", str(tok_dir), "--port", str(port), "--grpc-port", "0",
+            "--log-level", "WARNING", *SLO_ARGS, *more]  # fmt: skip
+    for w in workers:
+        args += ["--worker", w]
+    return args
+
+
+def scaling(
+    procs: Procs,
+    work: Path,
+    workers: dict[str, str],
+    tok_dir: Path,
+    prompt: str,
+    one_process: dict[str, Any],
+) -> dict[str, Any]:
+    """`--processes 2` on cores 0 and 1 against the one-process router's figure on core 0.
+
+    On a 2-core machine the second core also runs the load generator and the workers, so this
+    is a lower bound on what a second free core would give.
+    """
+    port = _free_port()
+    ready = work / "router2.json"
+    sup = procs.spawn(
+        "router-2proc",
+        _router_args(list(workers.values()), tok_dir, port, "--processes", "2",
+                     "--ready-file", str(ready)),
+        ROUTER_CORE,
+    )  # fmt: skip
+    info = _wait_file(ready, sup)
+    pids = [int(p) for p in info["pids"]]
+    for pid in pids:
+        os.sched_setaffinity(pid, {ROUTER_CORE, LOAD_CORE})
+    _wait_http(port, "/ready")
+    raw = loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
+    asyncio.run(loadgen.closed_loop(port, raw, 8, 200, 30))  # warm-up
+    cpu0 = sum(_cpu_s(p) for p in pids)
+    sat = asyncio.run(loadgen.closed_loop(port, raw, 32, 4000, 30))
+    cpu = sum(_cpu_s(p) for p in pids) - cpu0
+    sup.send_signal(signal.SIGTERM)
+    sup.wait(60)
+    rps = sat.done / sat.wall_s
+    return {
+        "rps_1": one_process["sat_rps"],
+        "rps_2": rps,
+        "speedup": rps / max(one_process["sat_rps"], 1e-9),
+        "cpu_ms_per_req_2": cpu / max(1, sat.done) * 1e3,
+        "errors_2": sat.errors,
+    }
+
+
+def slow_streams(procs: Procs, work: Path, tok_dir: Path, count: int) -> dict[str, Any]:
+    """RSS of one router process holding `count` slow streams open at once.
+
+    A mixed worker with simulated timing at 1/50 of real time (a 10,000-sequence batch still
+    steps slowly: the simulation's own Python cost per sequence) and room for every sequence's
+    KV; streams of 256 tokens, opened at 1,000 a second, held until all have started (120 s
+    at most).
+    """
+    ready = work / "slow-worker.json"
+    w = procs.spawn(
+        "slow-worker",
+        [sys.executable, "-m", "splitserve", "worker", "serve", "--role", "mixed",
+         "--sim-time-scale", "0.02", "--sim-kv-blocks", str(count * 4 + 1024),
+         "--ready-file", str(ready)],
+        LOAD_CORE,
+    )  # fmt: skip
+    address = _wait_file(ready, w)["address"]
+    port = _free_port()
+    # Admission off here: it would (rightly) queue or refuse most of 10,000 requests arriving
+    # within seconds on one worker; this measures what held streams cost, not admission.
+    slo = work / "slo-slow.yaml"
+    slo.write_text("router:\n  admission: false\n")
+    router = procs.spawn(
+        "router-slow",
+        _router_args([address], tok_dir, port, "--edge", f"max_connections={count + 1024}",
+                     "--default-max-tokens", "256", "--slo-config", str(slo),
+                     "--token-stall-timeout-s", "300"),
+        ROUTER_CORE,
+    )  # fmt: skip
+    _wait_http(port, "/ready")
+    idle_mb = _rss_mb(router.pid)
+    body = json.dumps(
+        {"model": "bench", "messages": [{"role": "user", "content": "tell me a long story"}],
+         "max_tokens": 256, "stream": True, "ignore_eos": True}
+    ).encode()  # fmt: skip
+    raw = loadgen.request_bytes(port, "/v1/chat/completions", body)
+    statuses: dict[str, int] = {}
+    started, failed, peak_mb = asyncio.run(
+        loadgen.hold_streams(port, raw, count, 1000, 120, lambda: _rss_mb(router.pid), statuses)
+    )
+    router.send_signal(signal.SIGTERM)
+    w.send_signal(signal.SIGTERM)
+    return {
+        "streams": count,
+        "started": started,
+        "failed": failed,
+        "statuses": statuses,
+        "idle_rss_mb": idle_mb,
+        "peak_rss_mb": peak_mb,
+        "kb_per_stream": ((peak_mb or idle_mb) - idle_mb) * 1024 / max(1, started),
+    }
+
+
+def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
     load = os.getloadavg()
     lines = [
         f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
@@ -324,6 +471,21 @@ def report(rows: list[dict[str, Any]]) -> str:
         )
     lines += ["", "Poisson sweeps (added p99 ms by offered rate):", ""]
     lines += [f"- {r['name']}: {r['rates']}" for r in rows]
+    extra = extra or {}
+    if "scaling" in extra:
+        sc = extra["scaling"]
+        lines += ["", f"--processes 2 on cores 0+1 (core 1 shared with the load): "
+                  f"{sc['rps_2']:.0f} req/s vs {sc['rps_1']:.0f} on one process, "
+                  f"{sc['speedup']:.2f}x; CPU / request {sc['cpu_ms_per_req_2']:.2f} ms; "
+                  f"errors {sc['errors_2']}"]  # fmt: skip
+    if "slow_streams" in extra:
+        ss = extra["slow_streams"]
+        lines += [
+            "",
+            f"slow streams on one router process: {ss['started']} of {ss['streams']} open at "
+            f"once ({ss['failed']} failed: {ss['statuses']}); RSS {ss['idle_rss_mb']:.0f} MB idle, "
+            f"{ss['peak_rss_mb']:.0f} MB at peak, {ss['kb_per_stream']:.1f} KB / stream",
+        ]
     return "\n".join(lines) + "\n"
 
 

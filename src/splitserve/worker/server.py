@@ -29,6 +29,7 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -233,8 +234,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         stream: AsyncIterator[TokenDelta],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[common_pb2.TokenChunk]:
-        """Forward engine deltas as chunks; count the outcome; cancel if the caller goes away."""
+        """Forward engine deltas as chunks (those that pile up while a chunk is being sent go
+        out together: `coalesce`); count the outcome; cancel if the caller goes away."""
         outcome = "cancelled"
+        stream = coalesce(stream)
         try:
             try:
                 async for delta in stream:
