@@ -11,6 +11,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import click
 
 from splitserve import __version__
+from splitserve.cli.dashboard import dashboard
 from splitserve.cli.gen_dashboards import gen_dashboards
 from splitserve.cli.gen_k8s import gen_k8s
 from splitserve.cli.gen_model import tiny_model
@@ -59,6 +60,7 @@ gen.add_command(gen_dashboards, "dashboards")
 for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
     gen.add_command(command, name)
 cli.add_command(up)
+cli.add_command(dashboard)
 cli.add_command(router)
 cli.add_command(operator)
 cli.add_command(plan)

@@ -69,10 +69,6 @@ DASHBOARD: Final = Dashboard(
                     (Query(_rate(series(W.preemptions)), "{{instance}}"),),
                     unit="ops",
                     width=8,
-                    empty_in_local_stack=(
-                        "The scenario's workers have enough KV blocks; preemption needs KV "
-                        "pressure (the simulator's unit tests cover it)."
-                    ),
                 ),
                 Panel(
                     "Requests by kind and outcome",
