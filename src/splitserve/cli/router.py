@@ -121,6 +121,7 @@ def serve_cmd(
 ) -> None:
     """Serve the OpenAI HTTP API and the gRPC Router over the given workers."""
     logs.setup(log_level, "router", log_format)
+    os.environ["SPLITSERVE_LOG_FORMAT"] = log_format  # --processes children log alike
     if config_json is not None:
         _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
         return
