@@ -44,9 +44,15 @@ def configure(service_name: str, exporter: Any = None) -> bool:
     """
     if exporter is None and not wanted():
         return False
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    except ImportError as err:
+        raise RuntimeError(
+            "OTEL_* asks for traces but opentelemetry-sdk is not installed "
+            "(pip install 'splitserve[obs]')"
+        ) from err
 
     resource = Resource.create(
         {"service.name": os.environ.get("OTEL_SERVICE_NAME") or f"splitserve-{service_name}"}
