@@ -73,6 +73,37 @@ class RbacValues(Model):
     """Create the least-privilege (Cluster)Roles and bindings the operator needs."""
 
 
+class MonitorValues(Model):
+    enabled: bool = False
+    """Create it (needs the Prometheus Operator's CRDs)."""
+    interval: str = Field("15s", pattern=r"^[0-9]+(ms|s|m)$")
+    """Scrape interval."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels, e.g. the `release` label your Prometheus selects monitors by."""
+
+
+class DashboardsValues(Model):
+    enabled: bool = False
+    """Ship the Grafana dashboards as ConfigMaps (one per dashboard)."""
+    labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
+    """Labels Grafana's dashboard sidecar looks for."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations, e.g. the sidecar's target folder."""
+
+
+class MonitoringValues(Model):
+    operator_metrics_port: int = Field(8081, ge=1, le=65535)
+    """Port of the operator's `/metrics` (the control loop's `splitserve_operator_*` series)."""
+    scrape_annotations: bool = True
+    """Annotate the operator pod with `prometheus.io/scrape`, `port` and `path`."""
+    pod_monitor: MonitorValues = Field(default_factory=MonitorValues)
+    """A PodMonitor for the operator and the workers (port `metrics`) of watched namespaces."""
+    service_monitor: MonitorValues = Field(default_factory=MonitorValues)
+    """A ServiceMonitor for the routers' Services (port `http`, `/metrics`)."""
+    dashboards: DashboardsValues = Field(default_factory=DashboardsValues)
+    """The Grafana dashboards (`deploy/grafana/`), for Grafana's sidecar."""
+
+
 class ChartValues(Model):
     """Values of the splitserve chart (`helm install splitserve charts/splitserve -f ...`)."""
 
@@ -90,3 +121,5 @@ class ChartValues(Model):
     """The operator's ServiceAccount."""
     rbac: RbacValues = Field(default_factory=RbacValues)
     """RBAC objects."""
+    monitoring: MonitoringValues = Field(default_factory=MonitoringValues)
+    """Prometheus scraping and Grafana dashboards."""

@@ -11,6 +11,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import click
 
 from splitserve import __version__
+from splitserve.cli.dashboard import dashboard
+from splitserve.cli.gen_dashboards import gen_dashboards
 from splitserve.cli.gen_k8s import gen_k8s
 from splitserve.cli.gen_model import tiny_model
 from splitserve.cli.operator import operator
@@ -54,9 +56,11 @@ def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
 
 
 gen.add_command(tiny_model, "tiny-model")
+gen.add_command(gen_dashboards, "dashboards")
 for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
     gen.add_command(command, name)
 cli.add_command(up)
+cli.add_command(dashboard)
 cli.add_command(router)
 cli.add_command(operator)
 cli.add_command(plan)

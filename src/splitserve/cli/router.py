@@ -97,6 +97,7 @@ def router() -> None:
     help="A whole RouterConfig as JSON (what --processes hands its children).",
 )
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_format_option
 @slo_options
 @click.pass_context
 def serve_cmd(
@@ -119,6 +120,7 @@ def serve_cmd(
     reuse_port: bool,
     config_json: Path | None,
     log_level: str,
+    log_format: str,
     slo_classes: tuple[str, ...],
     default_slo_class: str | None,
     slo_config: Path | None,
@@ -126,7 +128,8 @@ def serve_cmd(
     disaggregation: str | None,
 ) -> None:
     """Serve the OpenAI HTTP API and the gRPC Router over the given workers."""
-    logs.setup(log_level, "router")
+    logs.setup(log_level, "router", log_format)
+    os.environ["SPLITSERVE_LOG_FORMAT"] = log_format  # --processes children log alike
     if config_json is not None:
         _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
         return

@@ -24,6 +24,7 @@ from typing import Any
 import click
 
 from splitserve.api.router import PlacementSettings
+from splitserve.cli import logs
 from splitserve.cli.process import die_with_parent
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
@@ -277,6 +278,7 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
     help="Where logs and ready files go. Default: a new temp dir.",
 )
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_format_option
 @slo_options
 @on_exit_option()
 @click.option(
@@ -352,6 +354,7 @@ def up(**opts: Any) -> None:
         PlacementSettings(),
     )
     opts["engine_args"] = checked_engine_args(opts)
+    os.environ["SPLITSERVE_LOG_FORMAT"] = opts["log_format"]  # the children's --log-format
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     opts["served_model_name"] = opts["served_model_name"] or opts["model"]

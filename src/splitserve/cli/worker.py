@@ -84,6 +84,7 @@ def worker() -> None:
 @click.option("--batching", default="fcfs", show_default=True, help="Step policy name.")
 @click.option("--batching-params", default="{}", help="JSON object of step-policy params.")
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_format_option
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(
     role: str,
@@ -112,13 +113,14 @@ def serve_cmd(
     batching: str,
     batching_params: str,
     log_level: str,
+    log_format: str,
     engine_args: tuple[str, ...],
 ) -> None:
     """Serve the Worker gRPC API over one engine.
 
     Arguments after `--` go to the engine unchanged (vLLM engine arguments).
     """
-    logs.setup(log_level, "worker")
+    logs.setup(log_level, "worker", log_format)
     try:
         parsed_role: Role = parse_role(role)
         params = json.loads(batching_params)

@@ -41,6 +41,7 @@ from splitserve.core.clock import Clock
 from splitserve.core.errors import ConfigError, NoEligibleEndpoint
 from splitserve.core.ids import EndpointId
 from splitserve.core.request import FinishReason, Request
+from splitserve.obs import tracing
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import (
     Disaggregation,
@@ -193,6 +194,7 @@ class Dispatch:
             dispatcher.metrics, dispatcher.clock, request.num_prompt_tokens, self.slo.label
         )
         self._deadline_s = self._stats.start_s + dispatcher.settings.request_timeout_s
+        self._trace = tracing.RequestTrace.start(request.id, self.slo.label)  # NOOP when off
         self._ledger_eps: set[EndpointId] = set()
         """Workers holding a ledger entry (reservation or running share) of this request."""
         self._decode_eid: EndpointId | None = None
@@ -228,6 +230,7 @@ class Dispatch:
         finished, error = False, None
         try:
             d = self._d
+            self._trace.begin("admission")
             predicted = await d.admission.enter(
                 self.request.id, self.request.num_prompt_tokens, self.slo
             )
@@ -237,6 +240,7 @@ class Dispatch:
             finally:
                 d.admission.placed(self.request.num_prompt_tokens)
             self.path = self.placement.path
+            self._trace.end("admission", tracing.placement_attributes(self.placement))
             async with contextlib.aclosing(self._run(self.placement)) as run:
                 async for chunk in run:
                     first = self._stats.first_token_s is None
@@ -271,6 +275,12 @@ class Dispatch:
             self._d.pool.ledger.moved_to(self.request.id)  # a move never read: forget it
             outcome = outcome_of(error, ended_on_purpose=finished or self._stopped)
             self._stats.finish(outcome, self._path_label())
+            self._stats.log_finished(
+                self.request.id, outcome, self._path_label(), self._trace.trace_id
+            )
+            self._trace.finish(
+                {"splitserve.outcome": outcome, "splitserve.path": self._path_label()}
+            )
             if outcome == "ok":
                 self._observe_finish()
 
@@ -424,13 +434,17 @@ class Dispatch:
             try:
                 # The first token is a token: a prefill worker that stalls is given up on too.
                 timeout_s = min(self._remaining_s(), self._d.settings.token_stall_timeout_s)
-                resp: worker_pb2.PrefillResponse = await stub.Prefill(msg, timeout=timeout_s)
+                md = self._trace.begin("prefill", {"splitserve.worker": eid})
+                resp: worker_pb2.PrefillResponse = await stub.Prefill(
+                    msg, timeout=timeout_s, metadata=md
+                )
             except aio.AioRpcError as err:
                 self._raise_if_final(eid, err)
                 log.warning("prefill of %s on %s failed: %s", req.id, eid, err.code())
                 self._d.canceller.cancel_later(req.id, {eid: stub})  # whatever it holds
                 continue
             finally:
+                self._trace.end("prefill")
                 self._d.pool.release(eid)
                 # The prompt is computed (or failed): no more prefill work of ours there.
                 self._d.pool.ledger.drop(eid, req.id)
@@ -482,6 +496,7 @@ class Dispatch:
                     self._drop_kv(first)
                     kv = None
             finally:
+                self._trace.end("decode")
                 self._d.pool.release(eid)
         raise WorkersFailed(f"no decode worker could finish request {self.request.id}")
 
@@ -492,14 +507,18 @@ class Dispatch:
         kv: common_pb2.KvHandle | None,
     ) -> aio.UnaryStreamCall:
         timeout_s = self._remaining_s()
+        md = self._trace.begin("decode", {"splitserve.kv": kv is not None})
         if kv is not None:
             return stub.Decode(
                 messages.decode(self.request, emitted[0], kv, self._slo_context()),
                 timeout=timeout_s,
+                metadata=md,
             )
         # Aggregated, or taking over from a failed decode: prompt plus what the client has.
         return stub.Generate(
-            messages.generate(self.request, emitted, self._slo_context()), timeout=timeout_s
+            messages.generate(self.request, emitted, self._slo_context()),
+            timeout=timeout_s,
+            metadata=md,
         )
 
     async def _stream(
@@ -597,6 +616,7 @@ class Dispatch:
 
     def _fallback(self, reason: str) -> None:
         self._d.metrics.fallbacks.labels(reason).inc()
+        self._trace.event("fallback", {"splitserve.reason": reason})
         log.info("request %s: fallback %s", self.request.id, reason)
 
     def _path_label(self) -> str:

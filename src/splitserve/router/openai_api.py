@@ -32,6 +32,8 @@ from starlette.requests import Request as HttpRequest
 
 from splitserve.core.errors import SplitserveError
 from splitserve.core.request import Request
+from splitserve.obs import logs as obs_logs
+from splitserve.obs import tracing
 from splitserve.router import openai_models as wire
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.generation import GenerationParams, Generator
@@ -52,7 +54,10 @@ def client_request_id(http: HttpRequest) -> str | None:
     """The client's `x-request-id`, if it is safe to echo. Only a label: the router never uses
     it to find, cancel or route a request (its own ids are minted here)."""
     value = http.headers.get(_ID_HEADER)
-    return value if value is not None and _CLIENT_ID_OK.fullmatch(value) else None
+    value = value if value is not None and _CLIENT_ID_OK.fullmatch(value) else None
+    obs_logs.client_request_id.set(value)  # for the per-request log line
+    tracing.client_carrier.set(tracing.carrier_of(http.headers.items()) or None)  # traceparent
+    return value
 
 
 class OpenAiApi:

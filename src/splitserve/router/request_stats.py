@@ -9,6 +9,7 @@ import asyncio
 
 from splitserve.core.clock import Clock
 from splitserve.core.errors import NoEligibleEndpoint
+from splitserve.obs import logs as obs_logs
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.router.errors import InvalidRequest, Overloaded, RequestTimeout
 
@@ -77,3 +78,18 @@ class RequestStats:
         if self.first_token_s is not None and self.num_output_tokens > 1:
             tpot_s = self.tpot_s = (now_s - self.first_token_s) / (self.num_output_tokens - 1)
             m.tpot.labels(path, self.slo_class).observe(tpot_s)
+
+    def log_finished(self, request_id: str, outcome: str, path: str, trace_id: str = "") -> None:
+        """The per-request log line (`splitserve.obs.logs.request_finished`)."""
+        first, end = self.first_token_s, self.end_s
+        obs_logs.request_finished(
+            request_id,
+            outcome=outcome,
+            path=path,
+            slo_class=self.slo_class,
+            prompt_tokens=self._num_prompt_tokens,
+            output_tokens=self.num_output_tokens,
+            ttft_s=None if first is None else first - self.start_s,
+            e2e_s=None if end is None else end - self.start_s,
+            trace_id=trace_id,
+        )

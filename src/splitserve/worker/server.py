@@ -16,6 +16,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -29,6 +30,7 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.obs.tracing import WorkerSpan, end_span, span_event
 from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
@@ -183,9 +185,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.PrefillResponse:
         await self._admit(context, request.request_id, self.role.can_prefill, "prefill")
         req = await self._request(context, request, new_tokens=1)
+        span = WorkerSpan.start("worker.prefill", context, req)
         try:
             out = await self.engine.prefill(req)
+            if span is not None:
+                end_span(span, _prefill_attributes(out))
         except (CapacityError, KvTransferError, ValueError) as err:
+            end_span(span, {"splitserve.outcome": "rejected"})
             self.metrics.requests.labels("prefill", "rejected").inc()
             await self._abort_for(context, err)
             raise
@@ -214,8 +220,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         req = await self._request(context, request)
         kv = kv_from_pb(request.kv)
         self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
+        span = WorkerSpan.start(
+            "worker.decode", context, req, {"splitserve.kv_bytes": kv.num_bytes}
+        )
         stream = self.engine.decode(req, request.first_token_id, kv)
-        async for chunk in self._relay("decode", req, stream, context):
+        async for chunk in self._relay("decode", req, stream, context, span):
             yield chunk
 
     async def Generate(  # noqa: N802
@@ -224,7 +233,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._admit(context, request.request_id, self.role.can_generate, "generate")
         req = await self._request(context, request)
         self.metrics.prefill_tokens.inc(req.num_prompt_tokens)
-        async for chunk in self._relay("generate", req, self.engine.generate(req), context):
+        span = WorkerSpan.start("worker.generate", context, req)
+        stream = self.engine.generate(req)
+        async for chunk in self._relay("generate", req, stream, context, span):
             yield chunk
 
     async def _relay(
@@ -233,6 +244,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         req: Request,
         stream: AsyncIterator[TokenDelta],
         context: grpc.aio.ServicerContext,
+        span: Any = None,
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         """Forward engine deltas as chunks (those that pile up while a chunk is being sent go
         out together: `coalesce`); count the outcome; cancel if the caller goes away."""
@@ -241,6 +253,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             try:
                 async for delta in stream:
+                    if delta.token_ids and span is not None:
+                        span_event(span, "token", {"splitserve.tokens": len(delta.token_ids)})
                     self.metrics.tokens.inc(len(delta.token_ids))
                     if delta.finish_reason is not None:
                         outcome = _outcome(delta.finish_reason)
@@ -259,6 +273,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if aclose is not None:
                 await aclose()
             self.metrics.requests.labels(kind, outcome).inc()
+            end_span(span, {"splitserve.outcome": outcome})
 
     async def Cancel(  # noqa: N802
         self, request: worker_pb2.CancelRequest, context: grpc.aio.ServicerContext
@@ -422,3 +437,15 @@ async def start(server: grpc.aio.Server, service: WorkerService) -> None:
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("splitserve.v1.Worker", health_pb2.HealthCheckResponse.SERVING)
+
+
+def _prefill_attributes(out: Any) -> dict[str, str | int | float]:
+    """The prefill's own report (queue wait, prefill time, KV registered) as span attributes."""
+    attrs: dict[str, str | int | float] = {
+        "splitserve.queue_s": out.queue_s,
+        "splitserve.prefill_s": out.prefill_s,
+        "splitserve.outcome": "ok",
+    }
+    if out.kv is not None:
+        attrs["splitserve.kv_bytes"] = out.kv.num_bytes
+    return attrs

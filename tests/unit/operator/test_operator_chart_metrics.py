@@ -40,7 +40,7 @@ def test_operator_serves_loop_metrics_on_8081() -> None:
 
 
 def test_port_and_user_annotations_are_values() -> None:
-    pod = _deployment("operator.loopMetricsPort=9100", "operator.podAnnotations.team=ml")["spec"][
+    pod = _deployment("monitoring.operatorMetricsPort=9100", "operator.podAnnotations.team=ml")["spec"][
         "template"
     ]
     container = pod["spec"]["containers"][0]

@@ -1,0 +1,54 @@
+"""`splitserve dashboard render`: the Grafana dashboards drawn as PNG from a Prometheus."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def dashboard() -> None:
+    """The Grafana dashboards (splitserve.obs.dashboards) without Grafana."""
+
+
+@dashboard.command("render")
+@click.option("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for <dashboard>.png.",
+)
+@click.option(
+    "--since-s",
+    type=click.FloatRange(min=1),
+    default=3600,
+    show_default=True,
+    help="Time range: the last this many seconds.",
+)
+@click.option(
+    "--scrape-interval-s",
+    type=click.FloatRange(min=0.1),
+    default=15,
+    show_default=True,
+    help="Prometheus' scrape interval (for $__rate_interval, as Grafana computes it).",
+)
+def render_cmd(prometheus: str, out: Path, since_s: float, scrape_interval_s: float) -> None:
+    """Draw every dashboard's panels from PROMETHEUS' query_range API (matplotlib)."""
+    from splitserve.obs.render import render_all
+
+    end_s = time.time()
+    try:
+        files = render_all(
+            prometheus,
+            out,
+            start_s=end_s - since_s,
+            end_s=end_s,
+            scrape_interval_s=scrape_interval_s,
+        )
+    except OSError as err:
+        raise click.ClickException(f"--prometheus {prometheus}: {err}") from err
+    for path in files:
+        click.echo(f"wrote {path}")

@@ -1,0 +1,101 @@
+"""Control loop: desired vs current vs ready workers per pool, decisions, signal freshness."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.sources import NO_OPERATOR
+from splitserve.obs.dashboards.sources import OPERATOR as O
+from splitserve.obs.dashboards.sources import ROUTER as R
+
+DASHBOARD: Final = Dashboard(
+    uid="splitserve-control",
+    title="splitserve / Control loop",
+    description="What the autoscaler wants, has and decided, and how fresh its signals are.",
+    rows=(
+        Row(
+            "Pools",
+            (
+                Panel(
+                    "Desired vs current vs ready workers",
+                    "Desired: what the loop wants (written when the service is Managed, "
+                    "otherwise its recommendation); current: what the pool had when it decided; "
+                    "ready: the workers the router can use, by role.",
+                    (
+                        Query(
+                            f"max by (service, role) ({series(O.desired)})",
+                            "desired {{service}} {{role}}",
+                            NO_OPERATOR,
+                        ),
+                        Query(
+                            f"max by (service, role) ({series(O.current)})",
+                            "current {{service}} {{role}}",
+                            NO_OPERATOR,
+                        ),
+                        Query(
+                            f'sum by (role) ({series(R.endpoints)}{{state="ready"}})',
+                            "ready {{role}}",
+                        ),
+                    ),
+                    width=24,
+                ),
+            ),
+        ),
+        Row(
+            "Decisions",
+            (
+                Panel(
+                    "Decisions by kind and reason",
+                    "Control-loop decisions (scale-up, scale-down, flip, hold, bounds, no-signal).",
+                    (
+                        Query(
+                            f"sum by (kind, reason) (increase({series(O.decisions)}[{RATE}]))",
+                            "{{kind}} {{reason}}",
+                        ),
+                    ),
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+                Panel(
+                    "Observed SLO attainment and SLOAtRisk",
+                    "Attainment per class as the loop observed it over its window; 1 while the "
+                    "service's SLOAtRisk condition is True.",
+                    (
+                        Query(
+                            f"max by (service, slo_class) ({series(O.attainment)})",
+                            "{{service}} {{slo_class}}",
+                        ),
+                        Query(f"max by (service) ({series(O.slo_at_risk)})", "at risk {{service}}"),
+                    ),
+                    unit="percentunit",
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+            ),
+        ),
+        Row(
+            "Signals and loop",
+            (
+                Panel(
+                    "Signal staleness",
+                    "Age of the newest usable sample per signal source at the last tick "
+                    "(+Inf when the source gave none).",
+                    (
+                        Query(
+                            f"max by (service, source) ({series(O.staleness)})",
+                            "{{service}} {{source}}",
+                        ),
+                    ),
+                    unit="s",
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+                Panel(
+                    "Loop tick duration p90",
+                    "Duration of one observe-decide-act tick per service.",
+                    (Query(quantile(0.9, O.loop_duration, "service"), "{{service}}"),),
+                    unit="s",
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+            ),
+        ),
+    ),
+)

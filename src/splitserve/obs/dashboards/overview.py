@@ -1,0 +1,180 @@
+"""Service overview: traffic by path and outcome, SLO attainment and latency per class, queueing,
+shedding and errors (the router's view)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client.metrics import MetricWrapperBase
+
+from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.sources import ROUTER as R
+
+
+def _latency(title: str, metric: MetricWrapperBase, slo: str | None, description: str) -> Panel:
+    queries = [
+        Query(quantile(q, metric, "slo_class"), f"p{round(q * 100)} {{{{slo_class}}}}")
+        for q in (0.5, 0.9, 0.99)
+    ]
+    if slo is not None:
+        queries.append(
+            Query(
+                f'max by (slo_class) ({series(R.slo_target)}{{slo="{slo}"}})',
+                "target {{slo_class}}",
+            )
+        )
+    return Panel(title, description, tuple(queries), unit="s", width=8)
+
+
+_OK = f'{series(R.slo_requests)}{{result="met"}}'
+
+DASHBOARD: Final = Dashboard(
+    uid="splitserve-overview",
+    title="splitserve / Service overview",
+    description="Requests, SLO attainment and latency per class, admission and errors.",
+    rows=(
+        Row(
+            "Traffic",
+            (
+                Panel(
+                    "Requests by path and outcome",
+                    "Finished requests per second by serving path (disaggregated / aggregated) "
+                    "and outcome.",
+                    (
+                        Query(
+                            f"sum by (path, outcome) (rate({series(R.requests)}[{RATE}]))",
+                            "{{path}} {{outcome}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    stack=True,
+                ),
+                Panel(
+                    "Admission decisions",
+                    "Each arrival's admission decision (admitted / queued / shed / rejected) per "
+                    "class; summed, the arrival rate.",
+                    (
+                        Query(
+                            f"sum by (slo_class, outcome) (rate({series(R.admission)}[{RATE}]))",
+                            "{{slo_class}} {{outcome}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    stack=True,
+                ),
+                Panel(
+                    "In flight and queued",
+                    "Requests in flight, and waiting in the router's EDF admission queue per "
+                    "class.",
+                    (
+                        Query(f"sum({series(R.inflight)})", "in flight"),
+                        Query(
+                            f"sum by (slo_class) ({series(R.queue_depth)})", "queued {{slo_class}}"
+                        ),
+                    ),
+                    width=8,
+                ),
+                Panel(
+                    "Shed and errors",
+                    "Requests that did not finish ok, by outcome (shed, rejected, error, ...).",
+                    (
+                        Query(
+                            f"sum by (outcome) "
+                            f'(rate({series(R.requests)}{{outcome!="ok"}}[{RATE}]))',
+                            "{{outcome}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    width=8,
+                ),
+                Panel(
+                    "Unavailable (503) by cause",
+                    "Requests answered 503 because no worker could take them, by condition.",
+                    (
+                        Query(
+                            f"sum by (condition) (rate({series(R.unavailable)}[{RATE}]))",
+                            "{{condition}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    width=8,
+                    empty_in_local_stack=(
+                        "Needs every decode-capable worker to be gone, fenced or draining; the "
+                        "scenario keeps the stack serving (the chaos tests cover 503s)."
+                    ),
+                ),
+            ),
+        ),
+        Row(
+            "SLO attainment",
+            (
+                Panel(
+                    "SLO attainment per class",
+                    "Share of finished requests that met both their TTFT and TPOT deadlines, "
+                    "against the class's attainment target.",
+                    (
+                        Query(
+                            f"sum by (slo_class) (rate({_OK}[{RATE}])) / "
+                            f"(sum by (slo_class) (rate({series(R.slo_requests)}[{RATE}])) > 0)",
+                            "attained {{slo_class}}",
+                        ),
+                        Query(
+                            f"max by (slo_class) ({series(R.slo_attainment_target)})",
+                            "target {{slo_class}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                ),
+                Panel(
+                    "Deadlines missed",
+                    "Missed deadlines per second by class and which deadline (ttft / tpot).",
+                    (
+                        Query(
+                            f"sum by (slo_class, slo) (rate({series(R.slo_misses)}[{RATE}]))",
+                            "{{slo_class}} {{slo}}",
+                        ),
+                    ),
+                    unit="reqps",
+                ),
+                _latency(
+                    "TTFT per class", R.ttft, "ttft", "Time to first token seen by the router."
+                ),
+                _latency(
+                    "TPOT per class",
+                    R.tpot,
+                    "tpot",
+                    "Mean time per output token after the first, per request.",
+                ),
+                _latency("End-to-end latency per class", R.e2e, None, "Request latency."),
+            ),
+        ),
+        Row(
+            "Queueing and lengths",
+            (
+                Panel(
+                    "Admission queue wait p90",
+                    "Time requests admitted from the queue waited in it.",
+                    (Query(quantile(0.9, R.queue_wait, "slo_class"), "{{slo_class}}"),),
+                    unit="s",
+                    width=8,
+                ),
+                Panel(
+                    "Tokens",
+                    "Prompt tokens in and tokens generated per second.",
+                    (
+                        Query(f"sum(rate({series(R.prompt_tokens)}[{RATE}]))", "prompt"),
+                        Query(f"sum(rate({series(R.completion_tokens)}[{RATE}]))", "generated"),
+                    ),
+                    unit="short",
+                    width=8,
+                ),
+                Panel(
+                    "Output length prediction error p90",
+                    "abs(predicted - actual) output tokens per finished request.",
+                    (Query(quantile(0.9, R.prediction_error, "slo_class"), "{{slo_class}}"),),
+                    width=8,
+                ),
+            ),
+        ),
+    ),
+)

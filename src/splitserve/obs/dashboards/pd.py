@@ -1,0 +1,165 @@
+"""Prefill / decode: queues and batches per role, KV cache use and transfer, path changes."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, series
+from splitserve.obs.dashboards.sources import (
+    NO_OPERATOR,
+    SIM_ONLY,
+    VLLM_KV_TRANSFER_FAILURES,
+    VLLM_KV_TRANSFER_SECONDS,
+)
+from splitserve.obs.dashboards.sources import OPERATOR as O
+from splitserve.obs.dashboards.sources import ROUTER as R
+from splitserve.obs.dashboards.sources import WORKER as W
+
+_BY_ROLE = f"* on (instance) group_left (role) ({series(W.role)} == 1)"
+"""Joins a per-worker series with the worker's current role."""
+
+
+def _per_role(metric: str) -> str:
+    return f"sum by (role) ({metric} {_BY_ROLE})"
+
+
+DASHBOARD: Final = Dashboard(
+    uid="splitserve-pd",
+    title="splitserve / Prefill-decode",
+    description="Per-role queues and batches, KV cache use and transfer, fallbacks and flips.",
+    rows=(
+        Row(
+            "Queues and batches",
+            (
+                Panel(
+                    "Waiting requests by role",
+                    "Requests waiting to be scheduled on the workers, summed per current role.",
+                    (Query(_per_role(series(W.queue)), "{{role}}"),),
+                    width=8,
+                ),
+                Panel(
+                    "Running requests (batch) by role",
+                    "Requests being computed, summed per current role.",
+                    (Query(_per_role(series(W.running)), "{{role}}"),),
+                    width=8,
+                ),
+                Panel(
+                    "Workers seen by the router",
+                    "Worker endpoints the router knows, by role and state.",
+                    (Query(f"sum by (role, state) ({series(R.endpoints)})", "{{role}} {{state}}"),),
+                    width=8,
+                ),
+            ),
+        ),
+        Row(
+            "KV cache",
+            (
+                Panel(
+                    "KV cache use per worker",
+                    "Share of KV-cache blocks in use.",
+                    (
+                        Query(
+                            f"1 - {series(W.kv_blocks_free)} / "
+                            f"clamp_min({series(W.kv_blocks_total)}, 1)",
+                            "{{instance}}",
+                        ),
+                    ),
+                    unit="percentunit",
+                    width=8,
+                ),
+                Panel(
+                    "KV held for a pull",
+                    "Prefilled requests whose KV waits for a decode worker to pull it.",
+                    (Query(f"sum by (instance) ({series(W.kv_held)})", "{{instance}}"),),
+                    width=8,
+                ),
+                Panel(
+                    "KV transfer bytes",
+                    "KV-cache bytes decode workers pulled from prefill workers, per second.",
+                    (
+                        Query(
+                            f"sum by (instance) (rate({series(W.kv_transfer_bytes)}[{RATE}]))",
+                            "{{instance}}",
+                        ),
+                    ),
+                    unit="Bps",
+                    width=8,
+                ),
+                Panel(
+                    "KV transfer time (NIXL)",
+                    "Mean time per KV transfer, and failed transfers, as vLLM's NIXL connector "
+                    "reports them.",
+                    (
+                        Query(
+                            f"sum by (instance) (rate({VLLM_KV_TRANSFER_SECONDS}_sum[{RATE}])) / "
+                            f"(sum by (instance) (rate({VLLM_KV_TRANSFER_SECONDS}_count[{RATE}]))"
+                            " > 0)",
+                            "mean {{instance}}",
+                        ),
+                        Query(
+                            f"sum by (instance) (rate({VLLM_KV_TRANSFER_FAILURES}[{RATE}]))",
+                            "failed {{instance}}",
+                        ),
+                    ),
+                    unit="s",
+                    empty_in_local_stack=SIM_ONLY,
+                ),
+            ),
+        ),
+        Row(
+            "Path changes",
+            (
+                Panel(
+                    "Placements by path and reason",
+                    "The router's placement decisions per second.",
+                    (
+                        Query(
+                            f"sum by (path, reason) (rate({series(R.placements)}[{RATE}]))",
+                            "{{path}} {{reason}}",
+                        ),
+                    ),
+                    unit="reqps",
+                ),
+                Panel(
+                    "Fallbacks and migrations by reason",
+                    "Retries and path changes after a worker failure; `token_stall` is a "
+                    "mid-stream migration to another decode worker.",
+                    (
+                        Query(
+                            f"sum by (reason) (increase({series(R.fallbacks)}[{RATE}]))",
+                            "{{reason}}",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "Stale load reports",
+                    "Times a worker's load report went stale: the router placed on its own view.",
+                    (
+                        Query(
+                            f"sum by (role) (increase({series(R.stale_fallbacks)}[{RATE}]))",
+                            "{{role}}",
+                        ),
+                    ),
+                    empty_in_local_stack=(
+                        "Workers on loopback report load every 100 ms; a stale report needs a "
+                        "starved worker (covered by the router's unit tests)."
+                    ),
+                ),
+                Panel(
+                    "Role flips",
+                    "Run-time role changes of workers (SetRole), and flips the control loop "
+                    "decided.",
+                    (
+                        Query(f"sum(increase({series(W.role_changes)}[{RATE}]))", "workers"),
+                        Query(
+                            f'sum by (service) (increase({series(O.decisions)}{{kind="flip"}}'
+                            f"[{RATE}]))",
+                            "decided {{service}}",
+                            NO_OPERATOR,
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)

@@ -1,0 +1,360 @@
+"""Every dashboard panel and every Prometheus rule, checked against a real run.
+
+`splitserve up` (2 prefill + 2 decode simulated workers, real processes) serves a scenario that
+exercises what the dashboards show: disaggregated requests in two SLO classes, a burst that queues
+the unsheddable class and sheds the sheddable one, a prefill worker killed mid-burst (the router
+falls back), and a run-time role flip (aggregated requests). A real Prometheus scrapes the router
+and the workers every second and evaluates the shipped rules. Then every PromQL expression of
+every dashboard (`splitserve.obs.dashboards`) is evaluated through Prometheus' HTTP API and must
+return a non-empty result with at least one finite value, unless the panel names why it is empty
+in this scenario (`Panel.empty_in_local_stack` / `Query.empty_in_local_stack`); every recording
+rule's series must exist and be finite, and every alert rule must evaluate cleanly over live
+series.
+
+With `SPLITSERVE_DASHBOARD_PNG_DIR` set, the test also renders each dashboard from this run as PNG
+there (`splitserve dashboard render`; the screenshots in docs/observability.md come from it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import yaml
+
+from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.obs.dashboards import DASHBOARDS
+from splitserve.obs.dashboards.model import RATE
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "splitserve-sim"
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy/prometheus/splitserve-rules.yaml"
+SLO_CONFIG = {
+    "sloClasses": [
+        {"name": "interactive", "ttftMs": 5000, "tpotMs": 1000, "priority": 10},
+        # Tight enough that a busy pool cannot meet it: arrivals in a burst are shed.
+        {"name": "batch", "ttftMs": 10, "tpotMs": 1000, "sheddable": True},
+    ],
+    "defaultSloClass": "interactive",
+}
+LONG_PROMPT = " ".join(f"word{i} alpha beta gamma" for i in range(300))
+# Recording rules whose series may be empty in this scenario, and why.
+EMPTY_RULES: dict[str, str] = {}
+
+
+def _prometheus() -> str:
+    found = shutil.which("prometheus") or shutil.which(
+        "prometheus", path=os.environ.get("SPLITSERVE_PROMETHEUS_BIN_DIR", "") or None
+    )
+    if found is None:
+        why = "prometheus is not installed (`make promtool` installs or unpacks it, see mk/)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return found
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Run:
+    base_url: str
+    prometheus_url: str
+    workers: dict[str, dict[str, object]]
+    run_dir: Path
+    started_s: float
+    events: dict[str, int]
+
+    def query(self, expr: str) -> list[dict[str, object]]:
+        r = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": expr}, timeout=10)
+        assert r.status_code == 200, f"{expr}: {r.text}"
+        body = r.json()
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def window(self) -> str:
+        """A rate window covering the whole scenario."""
+        return f"{math.ceil(time.time() - self.started_s) + 15}s"
+
+
+def _worker_pid(run_dir: Path, name: str) -> int:
+    return int(json.loads((run_dir / f"{name}.ready.json").read_text())["pid"])
+
+
+async def _set_roles(addresses: list[str], role: common_pb2.Role.ValueType) -> None:
+    for address in addresses:
+        async with grpc.aio.insecure_channel(address) as ch:
+            await worker_pb2_grpc.WorkerStub(ch).SetRole(worker_pb2.SetRoleRequest(role=role))
+
+
+async def _burst(
+    client: httpx.AsyncClient, n: int, slo_class: str, max_tokens: int = 16
+) -> list[int]:
+    async def one(i: int) -> int:
+        r = await client.post(
+            "/completions",
+            json={"model": MODEL, "prompt": f"{i} {LONG_PROMPT}", "max_tokens": max_tokens},
+            headers={"x-slo-class": slo_class},
+        )
+        return r.status_code
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def _router_sample(run: Run, metric: str, **labels: str) -> float:
+    url = f"{run.base_url.removesuffix('/v1')}/metrics"
+    text = httpx.get(url, timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(metric + "{") and not line.startswith(metric + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _scenario(run: Run) -> None:
+    """Load on both paths, a queue, a shed, a fallback, a flip; counts what happened."""
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=run.base_url, timeout=120) as client:
+            # Warm-up: the router fits its per-worker prefill rate from these.
+            codes = await _burst(client, 6, "interactive")
+            assert codes == [200] * 6, codes
+            # Busy pool: the unsheddable class queues, the sheddable one is shed (429).
+            for _ in range(5):
+                both = await asyncio.gather(
+                    _burst(client, 6, "interactive", max_tokens=32), _burst(client, 6, "batch")
+                )
+                run.events["interactive_ok"] += both[0].count(200)
+                run.events["shed"] += both[1].count(429)
+                run.events["batch_ok"] += both[1].count(200)
+                if run.events["shed"]:
+                    break
+            # Alone on an idle pool a batch request is admitted, and misses its 10 ms TTFT.
+            await asyncio.sleep(1.0)
+            codes = await _burst(client, 1, "batch")
+            run.events["batch_ok"] += codes.count(200)
+            # A prefill worker dies mid-burst: the router retries elsewhere (a fallback).
+            for name in ("prefill-0", "prefill-1", "prefill-0"):
+                task = asyncio.create_task(_burst(client, 6, "interactive", max_tokens=32))
+                await asyncio.sleep(0.3)
+                os.kill(_worker_pid(run.run_dir, name), signal.SIGKILL)
+                await task
+                await _wait_prefill_ready(run)
+                if _router_sample(run, "splitserve_router_fallbacks_total") > 0:
+                    break
+            # Both prefill workers turn decode: requests run aggregated; then back.
+            prefill = [str(w["address"]) for n, w in run.workers.items() if n.startswith("pre")]
+            await _set_roles(prefill, common_pb2.ROLE_DECODE)
+            await asyncio.sleep(1.0)
+            codes = await _burst(client, 4, "interactive")
+            run.events["aggregated_ok"] += codes.count(200)
+            await _set_roles(prefill, common_pb2.ROLE_PREFILL)
+            await asyncio.sleep(1.0)
+            codes = await _burst(client, 4, "interactive")
+            assert codes == [200] * 4, codes
+
+    async def _wait_prefill_ready(run: Run) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready = _router_sample(
+                run, "splitserve_router_endpoints", role="prefill", state="ready"
+            )
+            if ready >= 2:
+                return
+            await asyncio.sleep(0.2)
+        raise TimeoutError("the killed prefill worker did not come back")
+
+    asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    prometheus = _prometheus()
+    run_dir = tmp_path_factory.mktemp("stack")
+    slo_file = run_dir / "slo.yaml"
+    slo_file.write_text(yaml.safe_dump(SLO_CONFIG))
+    env = dict(os.environ, SPLITSERVE_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+    argv = [
+        sys.executable, "-m", "splitserve", "up",
+        "--prefill", "2", "--decode", "2",
+        "--port", "0", "--grpc-port", "0",
+        "--sim-time-scale", "1.0", "--sim-kv-blocks", "4096",
+        "--slo-config", str(slo_file),
+        "--run-dir", str(run_dir), "--log-level", "WARNING",
+    ]  # fmt: skip
+    up = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    prom: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "router.ready.json").exists():
+            if up.poll() is not None:
+                out = up.stdout.read() if up.stdout else ""
+                raise RuntimeError(f"splitserve up exited early ({up.returncode}):\n{out}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("splitserve up did not become ready")
+            time.sleep(0.1)
+        router = json.loads((run_dir / "router.ready.json").read_text())
+        workers = {
+            p.name.removesuffix(".ready.json"): json.loads(p.read_text())
+            for p in sorted(run_dir.glob("*-*.ready.json"))
+        }
+        targets = [f"127.0.0.1:{w['metrics_port']}" for w in workers.values()]
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {
+                    "job_name": "router",
+                    "static_configs": [{"targets": [f"127.0.0.1:{router['port']}"]}],
+                },
+                {"job_name": "workers", "static_configs": [{"targets": targets}]},
+            ],
+        }
+        (run_dir / "prometheus.yml").write_text(json.dumps(config))
+        port = _free_port()
+        prom = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={run_dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={run_dir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        result = Run(
+            base_url=f"http://127.0.0.1:{router['port']}/v1",
+            prometheus_url=f"http://127.0.0.1:{port}",
+            workers=workers,
+            run_dir=run_dir,
+            started_s=time.time(),
+            events=dict.fromkeys(("interactive_ok", "batch_ok", "shed", "aggregated_ok"), 0),
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if len(result.query("up == 1")) == 5:
+                    break
+            except (httpx.HTTPError, AssertionError):
+                pass
+            time.sleep(0.5)
+        _scenario(result)
+        time.sleep(4)  # a few scrapes and rule evaluations after the last request
+        yield result
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait(timeout=10)
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            raise
+
+
+def test_the_scenario_exercised_what_the_dashboards_show(run: Run) -> None:
+    assert run.events["shed"] > 0, run.events
+    assert run.events["batch_ok"] == 1, run.events
+    assert run.events["aggregated_ok"] == 4, run.events
+    assert _router_sample(run, "splitserve_router_fallbacks_total") > 0
+    paths = {r["metric"]["path"] for r in run.query("splitserve_router_requests_total")}  # type: ignore[index]
+    assert {"disaggregated", "aggregated"} <= paths
+
+
+def _values(result: list[dict[str, object]]) -> list[float]:
+    return [float(r["value"][1]) for r in result]  # type: ignore[index]
+
+
+def test_every_dashboard_query_has_data_or_a_reason(run: Run) -> None:
+    window = run.window()
+    problems: list[str] = []
+    checked = 0
+    for board_name, board in DASHBOARDS.items():
+        for panel in board.panels:
+            for q in panel.queries:
+                expr = q.expr.replace(RATE, window)
+                values = _values(run.query(expr))
+                has_data = any(math.isfinite(v) for v in values)
+                reason = panel.empty_reason(q)
+                checked += 1
+                if not has_data and not reason:
+                    problems.append(f"{board_name} / {panel.title}: no finite value from {expr}")
+                elif has_data and reason:
+                    problems.append(
+                        f"{board_name} / {panel.title}: has data but says it is empty ({reason})"
+                    )
+    assert checked > 40
+    assert not problems, "\n".join(problems)
+
+
+def _rules() -> list[dict[str, str]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_every_recording_rule_has_finite_data(run: Run) -> None:
+    problems = []
+    for rule in _rules():
+        if "record" not in rule:
+            continue
+        values = _values(run.query(rule["record"]))
+        if not any(math.isfinite(v) for v in values) and rule["record"] not in EMPTY_RULES:
+            problems.append(f"{rule['record']}: {values}")
+    assert not problems, problems
+
+
+def test_every_alert_rule_evaluates_over_live_series(run: Run) -> None:
+    r = httpx.get(f"{run.prometheus_url}/api/v1/rules", timeout=10).json()
+    seen = {}
+    for group in r["data"]["groups"]:
+        for rule in group["rules"]:
+            seen[rule.get("name")] = rule
+    for rule in _rules():
+        name = rule.get("alert") or rule["record"]
+        assert seen[name]["health"] == "ok", seen[name]
+        if "alert" not in rule:
+            continue
+        # Every series the alert compares is live in this run (the alert itself stays quiet).
+        for series in set(re.findall(r"\b(splitserve[_:][a-z0-9_:]+)", rule["expr"])):
+            assert run.query(series), f"{name}: {series} has no data"
+
+
+def test_render_dashboards_as_png(run: Run, tmp_path: Path) -> None:
+    """`splitserve dashboard render` draws every dashboard of this run (PNG files)."""
+    from splitserve.obs.render import render_all
+
+    out = Path(os.environ.get("SPLITSERVE_DASHBOARD_PNG_DIR") or tmp_path)
+    files = render_all(
+        run.prometheus_url, out, start_s=run.started_s, end_s=time.time(), scrape_interval_s=1
+    )
+    assert sorted(p.name for p in files) == sorted(f"{name}.png" for name in DASHBOARDS)
+    for p in files:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert p.stat().st_size > 20_000
