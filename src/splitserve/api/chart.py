@@ -53,10 +53,6 @@ class OperatorValues(Model):
     """Extra annotations of the operator pod."""
     metrics_port: int = Field(8080, ge=1, le=65535)
     """Port of the operator's liveness endpoint (`/healthz`)."""
-    loop_metrics_port: int = Field(8081, ge=1, le=65535)
-    """Port of the control loop's `/metrics` (`splitserve_operator_*`) and `/healthz`
-    (`splitserve operator run --metrics-port`); the pod carries `prometheus.io/*` scrape
-    annotations for it."""
 
 
 class ServiceAccountValues(Model):
