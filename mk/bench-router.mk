@@ -5,7 +5,8 @@
 # same core; drives both with our own bounded load generator (closed and open loop) from core 1;
 # prints the figures side by side as ratios and writes out/bench-router.md, plus a py-spy flame
 # graph of our router at saturation (out/flame-splitserve-*.svg). Summarised by hand in
-# docs/benchmarks.md. Needs 2+ cores and `taskset`. ~5 minutes on the 2-core dev machine.
+# docs/benchmarks.md. Needs 2+ cores and `taskset`. ~5 minutes on the 2-core dev machine (more
+# with --scaling and --slow-streams; bound it with BENCH_ROUTER_ARGS, e.g. "--rates 200").
 
 BENCH_ROUTER_VENV   ?= .venv-bench-router
 VLLM_ROUTER_VERSION ?= 0.1.17
