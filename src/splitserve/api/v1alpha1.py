@@ -1007,6 +1007,10 @@ class RouterSpec(Model):
     """CPU and memory of each router pod."""
     pod: PodSettings = Field(default_factory=PodSettings)
     """Scheduling and pod settings of the router's pods."""
+    api_key_secret: str | None = Field(None, min_length=1, max_length=253)
+    """Secret holding the router's API keys and tenants (key `keys.yaml`, docs/security.md),
+    mounted into the router pods and re-read when it changes. Left out: the router answers every
+    client (it logs a warning)."""
 
 
 class ScalingMode(StrEnum):

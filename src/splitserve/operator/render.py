@@ -32,6 +32,9 @@ Manifest = dict[str, Any]
 
 MANAGED_BY: Final = "splitserve-operator"
 CONFIG_KEY: Final = "router.yaml"
+API_KEYS_PATH: Final = "/var/run/splitserve/api-keys"
+"""Where the router pods mount `router.apiKeySecret` (a directory: the kubelet updates it)."""
+API_KEYS_KEY: Final = "keys.yaml"
 CONFIG_HASH: Final = f"{v1.GROUP}/config-hash"
 ROUTER_CONFIG_PATH: Final = "/etc/splitserve"
 
@@ -395,6 +398,11 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
         "admission": {"queueCapacity": spec.router.admission_queue_capacity},
         "sloClasses": classes,
         "defaultSloClass": default_class,
+        **(
+            {"auth": {"keyFile": f"{API_KEYS_PATH}/{API_KEYS_KEY}"}}
+            if spec.router.api_key_secret
+            else {}
+        ),
     }
 
 
@@ -455,6 +463,14 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
     }
+    if spec.router.api_key_secret:
+        router_pod["volumes"].append(
+            {"name": "api-keys", "secret": {"secretName": spec.router.api_key_secret}}
+        )
+        container["volumeMounts"] = [
+            *container["volumeMounts"],
+            {"name": "api-keys", "mountPath": API_KEYS_PATH, "readOnly": True},
+        ]
     model_art = podspec.router_model_mounts(spec, ref.name)
     if model_art is not None:
         # The router reads the tokenizer from the workers' model volume.
