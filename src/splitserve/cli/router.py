@@ -25,6 +25,7 @@ from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
+from splitserve.cli.tls_option import tls_option
 from splitserve.router.auth import key_sha256_hex, load_key_file
 from splitserve.router.server import RouterServer
 
@@ -35,6 +36,7 @@ def router() -> None:
 
 
 @router.command("serve")
+@tls_option
 @click.option(
     "--config",
     "config_file",

@@ -29,6 +29,8 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.security import tls
+from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -404,8 +406,9 @@ def _outcome(reason: FinishReason) -> str:
 
 def bind(host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Create a server and bind its port (0 picks one); nothing is served until `start`."""
-    server = grpc.aio.server()
-    bound = server.add_insecure_port(f"{host}:{port}")
+    interceptors = [RoleInterceptor(WORKER_METHODS)] if tls.identity() is not None else []
+    server = grpc.aio.server(interceptors=interceptors)
+    bound = tls.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind gRPC to {host}:{port}")
     return server, bound
