@@ -9,12 +9,15 @@ CA) without a restart; the router serves a chat through the worker only with the
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +169,89 @@ def test_router_serves_through_the_mtls_worker_only_with_a_key(stack: dict[str, 
     assert r.json()["usage"]["completion_tokens"] == 3
 
 
+def _decode(address: str, directory: Path, kv: common_pb2.KvHandle) -> grpc.RpcError | None:
+    request = worker_pb2.DecodeRequest(
+        request_id="d-1", prompt_token_ids=[1, 2, 3], first_token_id=7, kv=kv
+    )
+    request.sampling.max_tokens = 2
+    with _channel(address, directory) as ch:
+        try:
+            list(worker_pb2_grpc.WorkerStub(ch).Decode(request, timeout=20))
+        except grpc.RpcError as err:
+            return err
+    return None
+
+
+def _kv_bytes(stack: dict[str, object]) -> float:
+    port = json.loads((Path(str(stack["root"])) / "worker.json").read_text())["metrics_port"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("splitserve_worker_kv_transfer_bytes_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_oversized_kv_handle_is_refused(stack: dict[str, object]) -> None:
+    pki: dict[str, Path] = stack["pki"]  # type: ignore[assignment]
+    before = _kv_bytes(stack)
+    for kv in (
+        common_pb2.KvHandle(
+            transport="sim", source_address="127.0.0.1:1", source_request_id="x",
+            num_tokens=3, num_bytes=10**18,
+        ),
+        common_pb2.KvHandle(
+            transport="sim", source_address="127.0.0.1:1", source_request_id="x",
+            num_tokens=100_000, num_bytes=1,
+        ),
+    ):  # fmt: skip
+        err = _decode(str(stack["address"]), pki["router"], kv)
+        assert err is not None
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "kv.num_" in str(err.details())
+    assert _kv_bytes(stack) == before
+
+
+def test_forged_kv_source_gets_no_request(stack: dict[str, object]) -> None:
+    """A handle naming a listener that is no worker: the decode worker connects only with TLS
+    and must see a worker certificate, so the listener receives a TLS ClientHello, never an
+    HTTP/2 request, and the decode fails."""
+    pki: dict[str, Path] = stack["pki"]  # type: ignore[assignment]
+    received: list[bytes] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(20)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    received.append(conn.recv(4096))
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    kv = common_pb2.KvHandle(
+        transport="sim",
+        source_address=f"127.0.0.1:{listener.getsockname()[1]}",
+        source_request_id="victim",
+        num_tokens=3,
+        num_bytes=3,
+    )
+    try:
+        err = _decode(str(stack["address"]), pki["router"], kv)
+    finally:
+        thread.join(25)
+        listener.close()
+    assert err is not None
+    assert err.code() == grpc.StatusCode.ABORTED
+    assert received
+    assert not received[0].startswith(b"PRI * HTTP/2.0")
+    assert received[0][:1] == b"\x16"  # a TLS handshake record
+
+
+# Last: it replaces the worker's CA, which the earlier tests' certificates come from.
 def test_worker_certificate_rotates_without_a_restart(
     stack: dict[str, object], tmp_path: Path
 ) -> None:
