@@ -1109,6 +1109,44 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
 ]
 
 
+class IpBlock(Model):
+    cidr: str = Field(min_length=1, max_length=64)
+    """An IP range (`10.0.0.0/8`)."""
+
+
+class NetworkPeer(Model):
+    """Where traffic may come from (a Kubernetes NetworkPolicy peer; all given fields must
+    match)."""
+
+    pod_selector: LabelSelector | None = None
+    """Pods with these labels (in this namespace unless `namespaceSelector` is given)."""
+    namespace_selector: LabelSelector | None = None
+    """Pods in namespaces with these labels (`{}`: every namespace)."""
+    ip_block: IpBlock | None = None
+    """Addresses in this range."""
+
+
+class NetworkPolicySpec(Model):
+    """The NetworkPolicies the operator renders for the service (docs/security.md)."""
+
+    enabled: bool = True
+    """Render them; false for clusters without a NetworkPolicy controller (they would be
+    ignored there anyway) or where you manage your own."""
+    router_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
+    """Who may reach the router's HTTP and gRPC ports; empty: anyone (the router authenticates
+    clients with API keys, `router.apiKeySecret`)."""
+    operator_labels: dict[str, str] = Field(
+        default_factory=lambda: {
+            "app.kubernetes.io/name": "splitserve",
+            "app.kubernetes.io/component": "operator",
+        }
+    )
+    """Labels of the operator's pods (any namespace): they may reach the workers' gRPC port."""
+    metrics_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
+    """Who may scrape the workers' metrics port; empty: anyone (metrics carry no prompt or
+    user data)."""
+
+
 class LLMServiceSpec(Model):
     """A model served disaggregated: workers, pools per role, SLO classes and the router."""
 
@@ -1137,6 +1175,9 @@ class LLMServiceSpec(Model):
     kv_transfer: KvTransferSpec | None = None
     """KV-cache transport between prefill and decode workers (vLLM: NIXL backend, UCX
     transports, RDMA devices). Left out: NIXL over UCX with UCX's own choice of transport."""
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """NetworkPolicies: worker ports only from this service's router and workers and the
+    operator; the router from `routerFrom`."""
 
     @model_validator(mode="after")
     def _cluster(self) -> LLMServiceSpec:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
 
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import RouterFile
 from splitserve.operator import render
-from tests.unit.operator.test_render_pod import make_spec, objects, router_pod
+from tests.unit.operator.test_render_pod import REF, make_spec, objects, router_pod, worker_pod
 
 
 def test_api_key_secret_is_mounted_and_named_in_router_yaml() -> None:
@@ -30,3 +33,60 @@ def test_without_a_secret_the_router_yaml_has_no_auth() -> None:
     text = objects(spec)[("ConfigMap", "llama-router")]["data"][render.CONFIG_KEY]
     assert "auth" not in yaml.safe_load(text)
     assert all(v["name"] != "api-keys" for v in router_pod(spec)["volumes"])
+
+
+def _policies(spec: v1.LLMServiceSpec) -> dict[str, Any]:
+    return {
+        m["metadata"]["name"]: m["spec"]
+        for m in render.render(spec, render.Observed(REF))
+        if m["kind"] == "NetworkPolicy"
+    }
+
+
+def test_worker_grpc_only_from_router_workers_and_operator() -> None:
+    spec = make_spec()
+    pol = _policies(spec)["llama-workers"]
+    workers = {"matchLabels": render.worker_selector("llama")}
+    assert pol["podSelector"] == workers
+    assert pol["policyTypes"] == ["Ingress"]
+    grpc_rule, kv_rule, metrics_rule = pol["ingress"]
+    assert grpc_rule["ports"] == [{"protocol": "TCP", "port": spec.engine.grpc_port}]
+    router_peer, operator_peer = grpc_rule["from"]
+    assert router_peer["podSelector"]["matchLabels"]["splitserve.io/component"] == "router"
+    assert router_peer["podSelector"]["matchLabels"]["splitserve.io/service"] == "llama"
+    assert operator_peer["namespaceSelector"] == {}
+    assert operator_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert kv_rule == {"from": [{"podSelector": workers}]}
+    assert "from" not in metrics_rule
+    assert metrics_rule["ports"] == [{"protocol": "TCP", "port": spec.engine.metrics_port}]
+
+
+def test_router_from_and_metrics_from_and_the_switch() -> None:
+    spec = make_spec(
+        networkPolicy={
+            "routerFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}],
+            "metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+        }
+    )
+    pols = _policies(spec)
+    (rule,) = pols["llama-router"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]
+    assert {p["port"] for p in rule["ports"]} == {spec.router.http_port, spec.router.grpc_port}
+    assert pols["llama-workers"]["ingress"][2]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    assert _policies(make_spec(networkPolicy={"enabled": False})) == {}
+
+
+def test_workers_get_no_service_account_token_unless_given_an_account() -> None:
+    pod = worker_pod(make_spec())
+    assert pod["automountServiceAccountToken"] is False
+    given = make_spec(
+        workerGroups=[
+            {
+                "name": "gpu",
+                "roles": ["prefill", "decode"],
+                "gpus": 1,
+                "pod": {"serviceAccountName": "model-reader"},
+            }
+        ]
+    )
+    assert "automountServiceAccountToken" not in worker_pod(given)
