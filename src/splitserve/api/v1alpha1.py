@@ -984,6 +984,20 @@ class LengthPredictor(StrEnum):
 
 
 class RouterSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.serviceType) || self.serviceType == 'ClusterIP'"
+                    " || has(self.apiKeySecret)"
+                    " || (has(self.exposeWithoutKeys) && self.exposeWithoutKeys)",
+                    "message": "serviceType NodePort or LoadBalancer exposes the router outside "
+                    "the cluster: set apiKeySecret (or exposeWithoutKeys: true)",
+                }
+            ]
+        }
+    )
+
     replicas: int = Field(1, ge=0, le=1000)
     """Router pods (the router is stateless; scale it freely)."""
     image: str | None = Field(None, max_length=1024)
@@ -1011,6 +1025,22 @@ class RouterSpec(Model):
     """Secret holding the router's API keys and tenants (key `keys.yaml`, docs/security.md),
     mounted into the router pods and re-read when it changes. Left out: the router answers every
     client (it logs a warning)."""
+    expose_without_keys: bool = False
+    """Allow `serviceType` NodePort or LoadBalancer without `apiKeySecret` (an open router
+    reachable from outside the cluster); refused otherwise."""
+
+    @model_validator(mode="after")
+    def _exposed_needs_keys(self) -> RouterSpec:
+        if (
+            self.service_type is not ServiceType.CLUSTER_IP
+            and not self.api_key_secret
+            and not self.expose_without_keys
+        ):
+            raise ValueError(
+                f"router.serviceType {self.service_type.value} exposes the router outside the "
+                "cluster: set router.apiKeySecret (or router.exposeWithoutKeys: true)"
+            )
+        return self
 
 
 class ScalingMode(StrEnum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from splitserve.api import v1alpha1 as v1
@@ -90,3 +91,34 @@ def test_workers_get_no_service_account_token_unless_given_an_account() -> None:
         ]
     )
     assert "automountServiceAccountToken" not in worker_pod(given)
+
+
+@pytest.mark.parametrize(
+    ("router", "ok"),
+    [
+        ({}, True),
+        ({"serviceType": "ClusterIP"}, True),
+        ({"serviceType": "LoadBalancer"}, False),
+        ({"serviceType": "NodePort"}, False),
+        ({"serviceType": "LoadBalancer", "apiKeySecret": "keys"}, True),
+        ({"serviceType": "NodePort", "exposeWithoutKeys": True}, True),
+    ],
+)
+def test_exposing_the_router_needs_keys_in_pydantic_and_cel(
+    router: dict[str, Any], ok: bool
+) -> None:
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    spec = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        "router": router,
+    }
+    assert pydantic_accepts(spec) is ok
+    assert cel_accepts(spec) is ok
+    if not ok:
+        with pytest.raises(ValueError, match="apiKeySecret"):
+            v1.LLMServiceSpec.model_validate(spec)
