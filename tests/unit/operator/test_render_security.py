@@ -122,3 +122,11 @@ def test_exposing_the_router_needs_keys_in_pydantic_and_cel(
     if not ok:
         with pytest.raises(ValueError, match="apiKeySecret"):
             v1.LLMServiceSpec.model_validate(spec)
+
+
+def test_model_download_job_gets_no_service_account_token() -> None:
+    spec = make_spec(
+        model={"name": "llama-8b", "source": "hf://meta/llama@v1", "cache": {"size": "40Gi"}}
+    )
+    (job,) = [m for m in render.render(spec, render.Observed(REF)) if m["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
