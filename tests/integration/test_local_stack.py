@@ -66,6 +66,17 @@ class Stack:
         return sum(self.sample(n, metric, **labels) for n in self.workers if n.startswith(role))
 
 
+def operator_channel(stack: Stack, address: str) -> grpc.aio.Channel:
+    """A channel to a worker with the operator's certificate of the stack's throw-away CA
+    (`splitserve up` runs internal RPCs over mutual TLS)."""
+    d = stack.run_dir / "pki" / "operator"
+    creds = grpc.ssl_channel_credentials(
+        (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", "worker.splitserve.internal")]
+    return grpc.aio.secure_channel(address, creds, options=options)
+
+
 def _wait_ready(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not (run_dir / "router.ready.json").exists():
@@ -287,7 +298,7 @@ def test_role_change_at_run_time_reroutes_to_aggregated(
 
     async def set_roles(role: common_pb2.Role.ValueType) -> None:
         for w in prefill:
-            async with grpc.aio.insecure_channel(str(w["address"])) as ch:
+            async with operator_channel(stack, str(w["address"])) as ch:
                 await worker_pb2_grpc.WorkerStub(ch).SetRole(worker_pb2.SetRoleRequest(role=role))
 
     asyncio.run(set_roles(common_pb2.ROLE_DECODE))

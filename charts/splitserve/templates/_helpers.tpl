@@ -93,6 +93,11 @@ app.kubernetes.io/part-of: splitserve
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Each service's NetworkPolicies (workers reachable only from its router, its workers and the
+# operator; docs/security.md).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The model cache (model.cache): its claim and download Jobs.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
+from splitserve.api.auth import AuthSettings
 from splitserve.api.router_edge import EdgeSettings
 
 
@@ -178,6 +179,11 @@ class RouterConfig(BaseModel):
     it; `router.discovery.FileDiscovery`), on top of `worker_addresses`."""
     edge: EdgeSettings = EdgeSettings()
     """Client-facing limits and timeouts (body size, prompt length, connections, drain)."""
+    auth: AuthSettings = AuthSettings()
+    """API keys and tenants (docs/security.md); none configured: every client is answered."""
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """Serve `/metrics` on this port of `http_host` instead (0 picks a free one); the HTTP
+    API's `/metrics` then needs a key like every other route. None: on the HTTP port, open."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,12 +202,22 @@ class _FileModel(BaseModel):
 
 
 class ListenFile(_FileModel):
-    """`listen`: the router's own ports."""
+    """`listen`: the router's own interface and ports."""
 
+    host: str = "127.0.0.1"
+    """Interface of both ports (the operator renders `0.0.0.0` for a pod); loopback unless the
+    file or `--host` says otherwise."""
     http_port: int = Field(8000, ge=0, le=65535)
     """Port of the OpenAI-compatible HTTP API."""
     grpc_port: int = Field(50050, ge=0, le=65535)
     """Port of the `splitserve.v1.Router` gRPC service."""
+
+
+class AuthFile(_FileModel):
+    """`auth`: where the router finds its API keys (the Secret the operator mounts)."""
+
+    key_file: str | None = None
+    """The key file (docs/security.md); re-read when it changes."""
 
 
 class PlacementFile(_FileModel):
@@ -241,7 +257,9 @@ class RouterFile(_FileModel):
     engine: EngineFile = EngineFile()
     """The workers' engine."""
     listen: ListenFile = ListenFile()
-    """The router's ports."""
+    """The router's interface and ports."""
+    auth: AuthFile = AuthFile()
+    """API keys."""
     discovery: DiscoverySettings | None = None
     """Worker discovery; None: static addresses only."""
     placement: PlacementFile = PlacementFile()
@@ -281,8 +299,11 @@ class RouterFile(_FileModel):
         values: dict[str, Any] = {
             "model_name": self.model.name,
             "tokenizer_dir": self.tokenizer_dir(),
+            "http_host": self.listen.host,
+            "grpc_host": self.listen.host,
             "http_port": self.listen.http_port,
             "grpc_port": self.listen.grpc_port,
+            "auth": AuthSettings(key_file=self.auth.key_file),
             "discovery": self.discovery,
             "placement": PlacementSettings(
                 profile=self.placement.profile, disaggregation=self.placement.disaggregation

@@ -1023,6 +1023,20 @@ class RouterEdgeSpec(Model):
 
 
 class RouterSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.serviceType) || self.serviceType == 'ClusterIP'"
+                    " || has(self.apiKeySecret)"
+                    " || (has(self.exposeWithoutKeys) && self.exposeWithoutKeys)",
+                    "message": "serviceType NodePort or LoadBalancer exposes the router outside "
+                    "the cluster: set apiKeySecret (or exposeWithoutKeys: true)",
+                }
+            ]
+        }
+    )
+
     replicas: int = Field(1, ge=0, le=1000)
     """Router pods (the router is stateless; scale it freely)."""
     image: str | None = Field(None, max_length=1024)
@@ -1049,6 +1063,26 @@ class RouterSpec(Model):
     edge: RouterEdgeSpec = Field(default_factory=RouterEdgeSpec)
     """Limits on what one client may send and how long it may take (body size, prompt length,
     stop strings, connections, timeouts, shutdown drain)."""
+    api_key_secret: str | None = Field(None, min_length=1, max_length=253)
+    """Secret holding the router's API keys and tenants (key `keys.yaml`, docs/security.md),
+    mounted into the router pods and re-read when it changes. Left out: the router answers every
+    client (it logs a warning)."""
+    expose_without_keys: bool = False
+    """Allow `serviceType` NodePort or LoadBalancer without `apiKeySecret` (an open router
+    reachable from outside the cluster); refused otherwise."""
+
+    @model_validator(mode="after")
+    def _exposed_needs_keys(self) -> RouterSpec:
+        if (
+            self.service_type is not ServiceType.CLUSTER_IP
+            and not self.api_key_secret
+            and not self.expose_without_keys
+        ):
+            raise ValueError(
+                f"router.serviceType {self.service_type.value} exposes the router outside the "
+                "cluster: set router.apiKeySecret (or router.exposeWithoutKeys: true)"
+            )
+        return self
 
 
 class ScalingMode(StrEnum):
@@ -1155,6 +1189,44 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
 ]
 
 
+class IpBlock(Model):
+    cidr: str = Field(min_length=1, max_length=64)
+    """An IP range (`10.0.0.0/8`)."""
+
+
+class NetworkPeer(Model):
+    """Where traffic may come from (a Kubernetes NetworkPolicy peer; all given fields must
+    match)."""
+
+    pod_selector: LabelSelector | None = None
+    """Pods with these labels (in this namespace unless `namespaceSelector` is given)."""
+    namespace_selector: LabelSelector | None = None
+    """Pods in namespaces with these labels (`{}`: every namespace)."""
+    ip_block: IpBlock | None = None
+    """Addresses in this range."""
+
+
+class NetworkPolicySpec(Model):
+    """The NetworkPolicies the operator renders for the service (docs/security.md)."""
+
+    enabled: bool = True
+    """Render them; false for clusters without a NetworkPolicy controller (they would be
+    ignored there anyway) or where you manage your own."""
+    router_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
+    """Who may reach the router's HTTP and gRPC ports; empty: anyone (the router authenticates
+    clients with API keys, `router.apiKeySecret`)."""
+    operator_labels: dict[str, str] = Field(
+        default_factory=lambda: {
+            "app.kubernetes.io/name": "splitserve",
+            "app.kubernetes.io/component": "operator",
+        }
+    )
+    """Labels of the operator's pods (any namespace): they may reach the workers' gRPC port."""
+    metrics_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
+    """Who may scrape the workers' metrics port; empty: anyone (metrics carry no prompt or
+    user data)."""
+
+
 class LLMServiceSpec(Model):
     """A model served disaggregated: workers, pools per role, SLO classes and the router."""
 
@@ -1183,6 +1255,9 @@ class LLMServiceSpec(Model):
     kv_transfer: KvTransferSpec | None = None
     """KV-cache transport between prefill and decode workers (vLLM: NIXL backend, UCX
     transports, RDMA devices). Left out: NIXL over UCX with UCX's own choice of transport."""
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """NetworkPolicies: worker ports only from this service's router and workers and the
+    operator; the router from `routerFrom`."""
 
     @model_validator(mode="after")
     def _cluster(self) -> LLMServiceSpec:

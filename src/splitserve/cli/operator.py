@@ -8,6 +8,8 @@ from typing import TextIO
 
 import click
 
+from splitserve.cli.tls_option import tls_option
+
 
 @click.group()
 def operator() -> None:
@@ -15,6 +17,7 @@ def operator() -> None:
 
 
 @operator.command()
+@tls_option
 @click.option(
     "--namespace",
     "-n",

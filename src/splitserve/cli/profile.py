@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
+from splitserve.cli.tls_option import tls_option
 from splitserve.core.perf.samples import (
     Measurement,
     ReportedStep,
@@ -63,6 +64,7 @@ def _token_range(text: str) -> tuple[int, int]:
 
 
 @click.command()
+@tls_option
 @click.option("--worker", "address", default=None, help="The worker's gRPC address, host:port.")
 @click.option(
     "--out",

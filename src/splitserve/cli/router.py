@@ -19,11 +19,14 @@ import click
 import yaml
 from pydantic import ValidationError
 
+from splitserve.api.auth import AuthSettings
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
+from splitserve.cli.tls_option import tls_option
+from splitserve.router.auth import key_sha256_hex, load_key_file
 from splitserve.router.server import RouterServer
 
 
@@ -33,6 +36,7 @@ def router() -> None:
 
 
 @router.command("serve")
+@tls_option
 @click.option(
     "--config",
     "config_file",
@@ -96,6 +100,27 @@ def router() -> None:
     hidden=True,
     help="A whole RouterConfig as JSON (what --processes hands its children).",
 )
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    envvar="SPLITSERVE_API_KEY",
+    help="A client API key (repeatable; SPLITSERVE_API_KEY: space-separated). Clients then need "
+    "`Authorization: Bearer KEY`. Kept only as its SHA-256 digest (docs/security.md).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    envvar="SPLITSERVE_API_KEY_FILE",
+    help="Tenants and their keys (YAML; docs/security.md); re-read when it changes.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /metrics on this port instead of the HTTP port (which then needs a key for it).",
+)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @logs.log_format_option
 @slo_options
@@ -119,6 +144,9 @@ def serve_cmd(
     edge_values: tuple[str, ...],
     reuse_port: bool,
     config_json: Path | None,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
+    metrics_port: int | None,
     log_level: str,
     log_format: str,
     slo_classes: tuple[str, ...],
@@ -180,6 +208,11 @@ def serve_cmd(
             config.placement,
         )
         update: dict[str, Any] = {"placement": placement}
+        auth = auth_settings(config.auth, api_keys, api_key_file)
+        if auth != config.auth:
+            update["auth"] = auth
+        if metrics_port is not None:
+            update["metrics_port"] = metrics_port
         if slo is not None:
             update["slo"] = slo
         config = config.model_copy(update=update)
@@ -261,6 +294,24 @@ def _use_uvloop() -> None:
     except ImportError:
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def auth_settings(
+    base: AuthSettings, api_keys: tuple[str, ...], api_key_file: Path | None
+) -> AuthSettings:
+    """`base` (the config file's) plus `--api-key` (hashed here) and `--api-key-file`."""
+    digests = [*base.key_sha256]
+    for key in api_keys:
+        if len(key) < 8 or any(c.isspace() for c in key):
+            raise click.BadParameter("a key must be 8 or more characters", param_hint="--api-key")
+        digests.append(key_sha256_hex(key))
+    key_file = str(api_key_file) if api_key_file is not None else base.key_file
+    if key_file is not None:
+        try:
+            load_key_file(Path(key_file))
+        except (OSError, ValueError) as err:
+            raise click.BadParameter(str(err), param_hint="--api-key-file") from err
+    return base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})
 
 
 def edge_settings(values: tuple[str, ...]) -> EdgeSettings:

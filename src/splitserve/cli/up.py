@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 
@@ -30,6 +30,7 @@ from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
 from splitserve.core.roles import Role
 
+TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
 STOP_TIMEOUT_S = 10.0
@@ -185,8 +186,14 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             )
             for i in range(count)
         ]
+        pki = internal_pki(run_dir)
+        opts["pki"] = pki  # workers the autoscaler starts later take the same identity
         workers = [
-            stack.spawn(name, worker_args(role, name, opts), worker_env(n, opts, run_dir))
+            stack.spawn(
+                name,
+                worker_args(role, name, opts),
+                {**worker_env(n, opts, run_dir), TLS_ENV: str(pki["worker"])},
+            )
             for n, (role, name) in enumerate(names)
         ]
         stack.wait_ready(workers, opts.get("ready_timeout_s") or READY_TIMEOUT_S)
@@ -225,12 +232,26 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
         else:
             for w in workers:
                 router_args += ["--worker", w.info["address"]]
-        router = stack.spawn("router", router_args)
+        router = stack.spawn("router", router_args, {TLS_ENV: str(pki["router"])})
         stack.wait_ready([router], opts.get("ready_timeout_s") or READY_TIMEOUT_S)
     except BaseException:
         stack.stop()
         raise
     return stack
+
+
+def internal_pki(run_dir: Path) -> dict[str, Path]:
+    """A throw-away CA and one certificate per role under `run_dir/pki` (docs/security.md):
+    workers require mutual TLS and check each caller's role, as in a cluster. This process
+    takes the operator's identity (its supervisor and autoscaler change roles)."""
+    import datetime as dt
+
+    from splitserve.security import tls
+    from splitserve.security.ca import local_pki
+
+    pki = local_pki(run_dir / "pki", "local", now=dt.datetime.now(dt.UTC))
+    tls.configure(pki["operator"])
+    return pki
 
 
 @click.command("up")
@@ -404,6 +425,7 @@ def up(**opts: Any) -> None:
 
             def spawn(name: str, role: Role) -> Child:
                 env = worker_env(len(stack.children), opts, run_dir)
+                env[TLS_ENV] = str(opts["pki"]["worker"])
                 return stack.spawn(name, worker_args(role.value, name, opts), env)
 
             fleet, autoscaler = start_autoscale(stack, supervisor, opts, spawn, click.echo)

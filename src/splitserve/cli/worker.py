@@ -9,6 +9,7 @@ import click
 
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
+from splitserve.cli.tls_option import tls_option
 from splitserve.core.roles import Role, parse_role
 from splitserve.worker.runtime import WorkerConfig, serve
 
@@ -19,6 +20,7 @@ def worker() -> None:
 
 
 @worker.command("serve", context_settings={"ignore_unknown_options": False})
+@tls_option
 @click.option("--role", default="mixed", show_default=True, help="prefill | decode | mixed")
 @click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True)
 @click.option(

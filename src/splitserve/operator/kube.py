@@ -36,6 +36,7 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (v1.API_VERSION, "LLMService"): "llmservices",
     (v1.API_VERSION, "LLMPool"): "llmpools",
 }
@@ -50,6 +51,7 @@ OWNED_KINDS: Final = (
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("batch/v1", "Job"),
     ("v1", "PersistentVolumeClaim"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 """Kinds an `LLMService` owns (what deletion and pruning look at)."""
 

@@ -211,6 +211,7 @@ def download_job(
     pod: Obj = {
         "restartPolicy": "OnFailure",
         "securityContext": pod_security(),
+        "automountServiceAccountToken": False,  # downloads files, never calls the API
         "containers": [container],
         "volumes": [
             {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": art.cache_claim}}

@@ -32,6 +32,9 @@ Manifest = dict[str, Any]
 
 MANAGED_BY: Final = "splitserve-operator"
 CONFIG_KEY: Final = "router.yaml"
+API_KEYS_PATH: Final = "/var/run/splitserve/api-keys"
+"""Where the router pods mount `router.apiKeySecret` (a directory: the kubelet updates it)."""
+API_KEYS_KEY: Final = "keys.yaml"
 CONFIG_HASH: Final = f"{v1.GROUP}/config-hash"
 ROUTER_CONFIG_PATH: Final = "/etc/splitserve"
 
@@ -163,7 +166,59 @@ def render(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manifest]:
     out += model_artifact_manifests(spec, observed.service)
     out += [worker_deployment(spec, observed.service, g, sizes[g.name]) for g in spec.worker_groups]
     out += router_manifests(spec, observed)
+    out += network_policies(spec, observed.service)
     return out
+
+
+def _peer(peer: v1.NetworkPeer) -> dict[str, Any]:
+    return podspec.k8s(peer)
+
+
+def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]:
+    """Ingress rules for the service's pods (docs/security.md): workers' gRPC port only from
+    the service's router pods, its own workers and the operator; every worker port from the
+    service's workers (KV transports: NIXL side channel, UCX / RDMA connections on ports they
+    pick); the metrics port from `metricsFrom` (empty: anyone); the router's ports from
+    `routerFrom` (empty: anyone). Empty with `networkPolicy.enabled: false`."""
+    np = spec.network_policy
+    if not np.enabled:
+        return []
+    workers = {"matchLabels": worker_selector(ref.name)}
+    routers = {"matchLabels": {v1.LABEL_SERVICE: ref.name, v1.LABEL_COMPONENT: "router"}}
+    operator = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(np.operator_labels)}}
+    grpc_port = [{"protocol": "TCP", "port": spec.engine.grpc_port}]
+    metrics: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.metrics_port}]}
+    if np.metrics_from:
+        metrics["from"] = [_peer(p) for p in np.metrics_from]
+    worker_policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, f"{ref.name}-workers", "worker"),
+        "spec": {
+            "podSelector": workers,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": routers}, operator], "ports": grpc_port},
+                {"from": [{"podSelector": workers}]},
+                metrics,
+            ],
+        },
+    }
+    router_rule: dict[str, Any] = {
+        "ports": [
+            {"protocol": "TCP", "port": spec.router.http_port},
+            {"protocol": "TCP", "port": spec.router.grpc_port},
+        ]
+    }
+    if np.router_from:
+        router_rule["from"] = [_peer(p) for p in np.router_from]
+    router_policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, router_name(ref.name), "router"),
+        "spec": {"podSelector": routers, "policyTypes": ["Ingress"], "ingress": [router_rule]},
+    }
+    return [worker_policy, router_policy]
 
 
 def llm_pool(spec: v1.LLMServiceSpec, observed: Observed, role: Role) -> Manifest:
@@ -296,6 +351,8 @@ def worker_deployment(
         # A drain can take as long as the longest generation.
         "terminationGracePeriodSeconds": int(spec.flipping.drain_timeout_seconds) + 30,
         "securityContext": podspec.pod_security(),
+        # Workers never call the Kubernetes API: no token in the pod to steal.
+        "automountServiceAccountToken": False,
     }
     if art.marker is not None:
         pod_spec["initContainers"] = [podspec.wait_container(spec, art)]
@@ -311,6 +368,8 @@ def worker_deployment(
         group.pod,
         own_selector=selector,
     )
+    if "serviceAccountName" in pod_spec:  # the user's account: it may need its token
+        del pod_spec["automountServiceAccountToken"]
     meta = _meta(ref, name, "worker")
     meta["labels"] = labels
     return {
@@ -400,6 +459,11 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
         "admission": {"queueCapacity": spec.router.admission_queue_capacity},
         "sloClasses": classes,
         "defaultSloClass": default_class,
+        **(
+            {"auth": {"keyFile": f"{API_KEYS_PATH}/{API_KEYS_KEY}"}}
+            if spec.router.api_key_secret
+            else {}
+        ),
     }
 
 
@@ -463,6 +527,14 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
     drain = spec.router.edge.drain_grace_seconds
     if drain is not None:  # the kubelet must not kill the router before its drain ends
         router_pod["terminationGracePeriodSeconds"] = int(drain) + 1 + ROUTER_STOP_MARGIN_S
+    if spec.router.api_key_secret:
+        router_pod["volumes"].append(
+            {"name": "api-keys", "secret": {"secretName": spec.router.api_key_secret}}
+        )
+        container["volumeMounts"] = [
+            *container["volumeMounts"],
+            {"name": "api-keys", "mountPath": API_KEYS_PATH, "readOnly": True},
+        ]
     model_art = podspec.router_model_mounts(spec, ref.name)
     if model_art is not None:
         # The router reads the tokenizer from the workers' model volume.

@@ -34,11 +34,11 @@ class GrpcWorkerClient:
     """`splitserve.v1.Worker` over insecure gRPC (workers listen on the pod network)."""
 
     def _stub(self, address: str) -> tuple[object, object]:
-        import grpc
 
         from splitserve._gen.v1 import worker_pb2_grpc
+        from splitserve.security import tls
 
-        channel = grpc.insecure_channel(address)
+        channel = tls.sync_channel(address)
         return channel, worker_pb2_grpc.WorkerStub(channel)
 
     def _call(self, address: str, method: str, request: object, timeout_s: float) -> object:

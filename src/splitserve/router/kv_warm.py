@@ -23,6 +23,7 @@ from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement import EndpointView
 from splitserve.router.pool_view import PoolView
+from splitserve.security import tls
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class KvPairWarmer:
     async def _warm(self, eid: EndpointId, peers: tuple[str, ...]) -> None:
         channel = self._channels.get(eid)
         if channel is None:
-            channel = self._channels[eid] = aio.insecure_channel(eid)
+            channel = self._channels[eid] = tls.aio_channel(eid)
         try:
             stub = worker_pb2_grpc.WorkerKvStub(channel)
             out = await stub.WarmKv(worker_pb2.WarmKvRequest(peers=peers), timeout=WARM_TIMEOUT_S)

@@ -35,6 +35,7 @@ from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
 from splitserve.router.latency import LatencyBook
 from splitserve.router.ledger import Ledger
+from splitserve.security import tls
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class PoolView:
         eid = EndpointId(address)
         if eid in self._endpoints:
             return eid
-        channel = aio.insecure_channel(address, options=FAST_RECONNECT_OPTIONS)
+        channel = tls.aio_channel(address, options=FAST_RECONNECT_OPTIONS)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
         ep = _Endpoint(eid, channel, stub)
         self._endpoints[eid] = ep

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
 
 import uvicorn
 from grpc import aio
@@ -24,6 +25,13 @@ from splitserve._gen.v1 import router_pb2_grpc
 from splitserve.api.router import RouterConfig
 from splitserve.core.clock import Clock, SystemClock
 from splitserve.obs.metrics import RouterMetrics
+from splitserve.router.auth import (
+    OPEN_PATHS,
+    AuthApp,
+    KeyStore,
+    RouterAuthInterceptor,
+    warn_if_open,
+)
 from splitserve.router.discovery import FileDiscovery, KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
@@ -102,6 +110,11 @@ class RouterServer:
         self.connections = ConnectionCount()
         self._generator: Generator | None = None
         self.draining = False
+        self.keys: KeyStore | None = None
+        if config.auth.enabled:
+            self.keys = KeyStore(config.auth, self.clock)
+        self.metrics_port: int | None = None
+        self._metrics_server: WSGIServer | None = None
 
     async def start(self) -> None:
         """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
@@ -126,7 +139,16 @@ class RouterServer:
         if self.file_discovery is not None:
             await self.file_discovery.start()
         if self.config.grpc_port is not None:
-            self._grpc = aio.server(options=[("grpc.so_reuseport", int(self.reuse_port))])
+            interceptors = []
+            if self.keys is not None:
+                interceptors.append(
+                    RouterAuthInterceptor(
+                        self.keys, default_max_tokens=self.config.default_max_tokens
+                    )
+                )
+            self._grpc = aio.server(
+                options=[("grpc.so_reuseport", int(self.reuse_port))], interceptors=interceptors
+            )
             router_pb2_grpc.add_RouterServicer_to_server(RouterService(generator), self._grpc)
             address = f"{self.config.grpc_host}:{self.config.grpc_port}"
             self.grpc_port = self._grpc.add_insecure_port(address)
@@ -138,7 +160,7 @@ class RouterServer:
             registry=self.registry,
             unix_time=time.time,
         )
-        await self._start_http(app)
+        await self._start_http(self._secured(app))
         log.info(
             "router serving %s: http %s:%s grpc %s, %d static workers%s",
             self.config.model_name,
@@ -147,6 +169,29 @@ class RouterServer:
             self.grpc_port,
             len(self.config.worker_addresses),
             _discovery_note(self.config),
+        )
+
+    def _secured(self, app: object) -> object:
+        """The app behind API keys (when configured); `/metrics` on its own port if asked."""
+        warn_if_open(self.config.auth)
+        open_paths = OPEN_PATHS
+        if self.config.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            server, _ = start_http_server(
+                self.config.metrics_port, self.config.http_host, self.registry
+            )
+            self._metrics_server = server
+            self.metrics_port = int(server.server_port)
+            open_paths = OPEN_PATHS - {"/metrics"}
+        if self.keys is None:
+            return app
+        return AuthApp(
+            app,
+            self.keys,
+            default_max_tokens=self.config.default_max_tokens,
+            max_body_bytes=self.config.edge.max_body_bytes,
+            open_paths=open_paths,
         )
 
     async def _start_http(self, app: object) -> None:
@@ -219,6 +264,9 @@ class RouterServer:
                 await self._kv_warm
         await self.pool.close()
         await self.loop_lag.stop()
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.shutdown)
+            self._metrics_server.server_close()
         if self._generator is not None:
             self._generator.close()
         log.info("router stopped")

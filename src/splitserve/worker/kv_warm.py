@@ -19,6 +19,7 @@ import grpc
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.errors import KvTransferError
+from splitserve.security import tls
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class KvWarmService(worker_pb2_grpc.WorkerKvServicer):
     async def _warm(self, peer: str) -> tuple[str, str]:
         channel = self._channels.get(peer)
         if channel is None:
-            channel = self._channels[peer] = grpc.aio.insecure_channel(peer)
+            channel = self._channels[peer] = tls.aio_channel(peer)
         stub = worker_pb2_grpc.WorkerKvStub(channel)
         try:
             got = await stub.KvEndpoint(worker_pb2.KvEndpointRequest(), timeout=ENDPOINT_TIMEOUT_S)

@@ -60,6 +60,7 @@ import grpc
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.perf.samples import Measurement
+from splitserve.security import tls
 from splitserve.worker.engine import StepSample
 from splitserve.worker.server import step_from_pb
 
@@ -564,7 +565,7 @@ async def profile_worker(
     method: Method = "auto",
 ) -> tuple[list[Measurement], ProfileStats, list[StepSample]]:
     """Connect to `address` (host:port), profile the worker there, close the channel."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with tls.aio_channel(address) as channel:
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=15.0)
         except TimeoutError as err:

@@ -32,6 +32,7 @@ from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
+from splitserve.security import tls
 from splitserve.worker.engine import Engine
 from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
@@ -131,7 +132,7 @@ class _ReleaseClient:
         if channel is not None:
             self._channels.move_to_end(address)
             return channel
-        channel = grpc.aio.insecure_channel(address, options=FAST_RECONNECT_OPTIONS)
+        channel = tls.aio_channel(address, options=FAST_RECONNECT_OPTIONS)
         self._channels[address] = channel
         while len(self._channels) > self.max_channels:
             _, old = self._channels.popitem(last=False)

@@ -16,7 +16,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,6 +32,8 @@ from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.obs.tracing import WorkerSpan, end_span, span_event
 from splitserve.worker.coalesce import coalesce
+from splitserve.security import tls
+from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
         req = await self._request(context, request)
         kv = kv_from_pb(request.kv)
+        problem = kv_handle_problem(kv, req.num_prompt_tokens, self.engine)
+        if problem is not None:
+            log.warning("refused a KV handle from %s: %s", context.peer(), problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
         span = WorkerSpan.start(
             "worker.decode", context, req, {"splitserve.kv_bytes": kv.num_bytes}
@@ -389,6 +395,32 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await asyncio.sleep(0.02)
 
 
+MAX_KV_BYTES_PER_TOKEN: Final = 16 << 20
+"""No model's KV needs more per token (a 405B model in fp16: about 0.5 MiB): the byte cap of a
+handle when the engine does not say its own size."""
+
+
+def kv_handle_problem(kv: KvHandle, prompt_tokens: int, engine: object) -> str | None:
+    """Why a `Decode`'s KV handle cannot be genuine, or None. Its tokens must be the prompt's
+    (never more than the context the request was admitted with) and its bytes at most what that
+    many tokens take in this engine (`kv_bytes_per_token`, else `MAX_KV_BYTES_PER_TOKEN`): a
+    forged handle must not pin KV or inflate `kv_transfer_bytes_total`. Where the handle's source
+    may point is checked by the transport: with internal TLS the decode worker connects only to
+    a peer presenting a worker certificate of its CA (docs/security.md)."""
+    if kv.num_tokens > prompt_tokens:
+        return f"kv.num_tokens ({kv.num_tokens}) is more than the prompt ({prompt_tokens} tokens)"
+    per_token = getattr(engine, "kv_bytes_per_token", 0)
+    if not isinstance(per_token, int) or per_token <= 0:
+        per_token = MAX_KV_BYTES_PER_TOKEN
+    cap = per_token * max(1, kv.num_tokens)
+    if kv.num_bytes > cap:
+        return (
+            f"kv.num_bytes ({kv.num_bytes}) is more than {kv.num_tokens} tokens of KV take "
+            f"({cap} bytes)"
+        )
+    return None
+
+
 def step_to_pb(sample: StepSample, dropped: int = 0) -> worker_pb2.StepSample:
     b = sample.batch
     return worker_pb2.StepSample(
@@ -422,8 +454,9 @@ def _outcome(reason: FinishReason) -> str:
 
 def bind(host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Create a server and bind its port (0 picks one); nothing is served until `start`."""
-    server = grpc.aio.server()
-    bound = server.add_insecure_port(f"{host}:{port}")
+    interceptors = [RoleInterceptor(WORKER_METHODS)] if tls.identity() is not None else []
+    server = grpc.aio.server(interceptors=interceptors)
+    bound = tls.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind gRPC to {host}:{port}")
     return server, bound

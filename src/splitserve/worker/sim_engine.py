@@ -112,6 +112,8 @@ class SimEngine:
         self.model = config.model
         self.max_model_len = config.max_model_len or 0
         """The context limit the worker server enforces (0: none)."""
+        self.kv_bytes_per_token = config.kv_bytes_per_token
+        """KV bytes of one token (0: unknown): the worker server caps a handle's bytes by it."""
         self.latency = latency
         self.clock = clock
         self._release_remote = release_remote

@@ -59,6 +59,7 @@ RESOURCES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "v1/serviceaccounts": ("ServiceAccount", True, ()),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, ()),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, ()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, ()),
     "batch/v1/jobs": ("Job", True, ("status",)),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, ("status",)),
     "v1/events": ("Event", True, ()),

@@ -220,7 +220,7 @@ def test_update_prunes_and_delete_removes_everything() -> None:
     assert "deleted LLMPool tiny-prefill" in out.actions
     ref = render.ServiceRef("tiny", NS, svc["metadata"]["uid"])
     deleted = rc.delete_owned(kube, ref)
-    assert len(deleted) == 8
+    assert len(deleted) == 10  # with the two NetworkPolicies
     left = [k for k in kube.objects if k[1] not in ("LLMService", "Event")]
     assert left == []
 

@@ -39,6 +39,8 @@ def test_renders_every_child_once() -> None:
         ("Deployment", "llama-router"),
         ("LLMPool", "llama-decode"),
         ("LLMPool", "llama-prefill"),
+        ("NetworkPolicy", "llama-router"),
+        ("NetworkPolicy", "llama-workers"),
         ("Role", "llama-router"),
         ("RoleBinding", "llama-router"),
         ("Service", "llama"),

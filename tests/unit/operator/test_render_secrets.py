@@ -54,6 +54,8 @@ def service_spec() -> dict[str, Any]:
         "workerGroups": [{"name": "gpu", "roles": ["prefill", "decode"], "gpus": 1}],
         "pools": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
         "kvTransfer": {"transports": ["rdma"], "rdmaResource": "rdma/ib"},
+        # The router's API keys: mounted from the Secret, never copied (issue 19).
+        "router": {"apiKeySecret": "hf-token"},
     }
 
 

@@ -508,7 +508,11 @@ def test_router_yaml_to_config() -> None:
         "llama",
         "meta-llama/Llama-3.1-8B-Instruct",
     )
-    assert (config.http_host, config.http_port, config.grpc_port) == ("0.0.0.0", 8000, 50050)
+    assert (config.http_host, config.http_port, config.grpc_port) == (
+        "127.0.0.1",
+        8000,
+        50050,
+    )  # loopback unless told (issue 19)
     assert config.discovery == SETTINGS.model_copy(
         update={"backoff_min_s": 0.5, "backoff_max_s": 30.0}
     )
@@ -652,7 +656,7 @@ def test_cli_config_file_and_overrides(captured: list[RouterConfig], tmp_path: P
     from_file, overridden = captured
     assert from_file.http_port == 8000
     assert from_file.grpc_port == 50050
-    assert from_file.http_host == "0.0.0.0"
+    assert from_file.http_host == "127.0.0.1"  # loopback unless --host or listen.host
     assert from_file.tokenizer_dir == "meta-llama/Llama-3.1-8B-Instruct"
     assert from_file.discovery is not None
     assert from_file.discovery.selector == SELECTOR

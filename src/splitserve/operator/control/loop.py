@@ -99,11 +99,11 @@ class GrpcLoadProbe:
         self.timeout_s = timeout_s
 
     def load(self, address: str) -> WorkerLoad:
-        import grpc
 
         from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+        from splitserve.security import tls
 
-        channel = grpc.insecure_channel(address)
+        channel = tls.sync_channel(address)
         try:
             stub = worker_pb2_grpc.WorkerStub(channel)
             stream = stub.WatchLoad(

@@ -1,0 +1,190 @@
+"""Issue 19 item 1: API keys and tenants on a real router (HTTP and gRPC ports)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc import aio
+
+from splitserve._gen.v1 import router_pb2, router_pb2_grpc
+from splitserve.api.auth import AuthSettings
+from splitserve.api.router import SloSettings
+from splitserve.api.v1alpha1 import SloClassSpec
+from splitserve.core.roles import Role
+from splitserve.router.auth import key_sha256_hex
+from splitserve.router.server import RouterServer
+from tests.unit.router.conftest import MODEL, ServerFactory, WorkerFactory
+
+KEY = "sk-test-0123456789"
+TEAM_A = "sk-team-a-0123456789"
+TEAM_B = "sk-team-b-0123456789"
+CLASSES = SloSettings(
+    classes=(
+        SloClassSpec(name="interactive", ttft_ms=2000, tpot_ms=200),
+        SloClassSpec(name="batch", ttft_ms=20000, tpot_ms=2000),
+    )
+)
+KEYS_YAML = f"""
+tenants:
+  - name: team-a
+    keys: ["{TEAM_A}"]
+    sloClasses: [batch]
+    models: [{MODEL}]
+    requestsPerMinute: 2
+  - name: team-b
+    keySha256: ["{hashlib.sha256(TEAM_B.encode()).hexdigest()}"]
+    models: [another-model]
+"""
+
+
+def _url(server: RouterServer, path: str) -> str:
+    return f"http://127.0.0.1:{server.http_port}{path}"
+
+
+def _body(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "prompt": "hello", "max_tokens": 4, **extra}
+
+
+async def test_no_key_and_wrong_key_are_401_health_and_metrics_stay_open(
+    make_worker: WorkerFactory, make_router: ServerFactory
+) -> None:
+    m = await make_worker(Role.MIXED)
+    server = await make_router(m.address, auth=AuthSettings(key_sha256=(key_sha256_hex(KEY),)))
+    async with httpx.AsyncClient() as client:
+        r = await client.post(_url(server, "/v1/completions"), json=_body())
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "missing_api_key"
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        r = await client.post(
+            _url(server, "/v1/completions"),
+            json=_body(),
+            headers={"authorization": "Bearer sk-wrong-0123456789"},
+        )
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        assert "sk-wrong" not in r.text
+        r = await client.get(_url(server, "/v1/models"))
+        assert r.status_code == 401
+        for path in ("/health", "/metrics"):
+            assert (await client.get(_url(server, path))).status_code == 200
+        r = await client.post(
+            _url(server, "/v1/completions"),
+            json=_body(),
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+    assert len(m.requests("Generate")) == 1
+
+
+async def test_tenants_classes_models_and_rate_limits(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    a = {"authorization": f"Bearer {TEAM_A}"}
+    b = {"authorization": f"Bearer {TEAM_B}"}
+    url = _url(server, "/v1/completions")
+    async with httpx.AsyncClient() as client:
+        r = await client.post(url, json=_body(), headers={**a, "x-slo-class": "interactive"})
+        assert r.status_code == 403
+        assert r.json()["error"]["code"] == "slo_class_not_allowed"
+        r = await client.post(url, json=_body(), headers=b)
+        assert r.status_code == 403
+        assert r.json()["error"]["code"] == "model_not_allowed"
+        r = await client.post(url, json=_body(), headers=a)  # no header: the tenant's class
+        assert r.status_code == 200, r.text
+        r = await client.post(url, json=_body(), headers={**a, "x-slo-class": "batch"})
+        assert r.status_code == 200, r.text
+        r = await client.post(url, json=_body(), headers=a)
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    batch = server.registry.get_sample_value(
+        "splitserve_router_requests_total",
+        {"outcome": "ok", "path": "aggregated", "slo_class": "batch"},
+    )
+    assert batch == 2
+
+
+async def test_key_file_is_reloaded_without_a_restart(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    auth = AuthSettings(key_file=str(keys), reload_interval_s=0.01)
+    server = await make_router(m.address, auth=auth)
+    url = _url(server, "/v1/models")
+    new_key = "sk-rotated-0123456789"
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(url, headers={"authorization": f"Bearer {TEAM_A}"})).is_success
+        keys.write_text(f"tenants:\n  - name: team-a\n    keys: [{new_key}]\n")
+        st = keys.stat()
+        os.utime(keys, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        assert server.keys is not None
+        for _ in range(200):
+            r = await client.get(url, headers={"authorization": f"Bearer {new_key}"})
+            if r.status_code == 200:
+                break
+        assert r.status_code == 200
+        r = await client.get(url, headers={"authorization": f"Bearer {TEAM_A}"})
+        assert r.status_code == 401
+        # A broken file keeps the keys loaded before.
+        keys.write_text("tenants: [")
+        os.utime(keys, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+        for _ in range(20):
+            r = await client.get(url, headers={"authorization": f"Bearer {new_key}"})
+            assert r.status_code == 200
+    assert server.keys.reloads == 1
+
+
+async def test_grpc_generate_needs_a_key_and_respects_the_tenant(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    req = router_pb2.RouterGenerateRequest(prompt_token_ids=router_pb2.TokenIds(ids=[1, 2]))
+    async with aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [c async for c in stub.Generate(req)]
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        md = (("authorization", f"Bearer {TEAM_A}"),)
+        bad = router_pb2.RouterGenerateRequest(
+            prompt_token_ids=router_pb2.TokenIds(ids=[1, 2]), slo_class="interactive"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [c async for c in stub.Generate(bad, metadata=md)]
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        chunks = [c async for c in stub.Generate(req, metadata=md)]
+        assert chunks[-1].finish_reason != 0
+
+
+async def test_an_open_router_warns_at_start(
+    make_router: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="splitserve.router.auth"):
+        await make_router()
+    assert any("no API keys configured" in r.getMessage() for r in caplog.records)
+
+
+async def test_metrics_on_their_own_port(make_router: ServerFactory) -> None:
+    server = await make_router(auth=AuthSettings(key_sha256=(key_sha256_hex(KEY),)), metrics_port=0)
+    assert server.metrics_port is not None
+    async with httpx.AsyncClient() as client:
+        r = await client.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+        assert r.status_code == 200
+        assert "splitserve_router" in r.text
+        assert (await client.get(_url(server, "/metrics"))).status_code == 401
+        assert (await client.get(_url(server, "/health"))).status_code == 200

@@ -1,0 +1,81 @@
+"""`splitserve router serve`: `--api-key` / `SPLITSERVE_API_KEY` / `--api-key-file`, and the
+interface a `--config` router binds (issue 19 items 1 and 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from splitserve.api.router import RouterConfig
+from splitserve.cli import router as cli_router
+from splitserve.router.auth import key_sha256_hex
+
+KEY = "sk-cli-0123456789"
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
+    got: list[RouterConfig] = []
+
+    def fake_serve(config: RouterConfig, *_: Any) -> None:
+        got.append(config)
+
+    monkeypatch.setattr(cli_router, "_serve", fake_serve)
+    return got
+
+
+def _router_yaml(tmp_path: Path, **extra: Any) -> Path:
+    data = {"model": {"name": "m", "source": "file:///m"}, "engine": {"kind": "sim"}, **extra}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run(args: list[str], env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(cli_router.router, ["serve", *args], env=env)
+
+
+def test_config_file_binds_loopback_unless_told(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    path = _router_yaml(tmp_path)
+    assert _run([f"--config={path}"]).exit_code == 0
+    assert (captured[-1].http_host, captured[-1].grpc_host) == ("127.0.0.1", "127.0.0.1")
+    assert _run([f"--config={path}", "--host=0.0.0.0"]).exit_code == 0
+    assert (captured[-1].http_host, captured[-1].grpc_host) == ("0.0.0.0", "0.0.0.0")
+    path = _router_yaml(tmp_path, listen={"host": "0.0.0.0"})
+    assert _run([f"--config={path}"]).exit_code == 0
+    assert captured[-1].http_host == "0.0.0.0"
+
+
+def test_api_key_is_kept_only_as_its_digest(tmp_path: Path, captured: list[RouterConfig]) -> None:
+    result = _run([f"--config={_router_yaml(tmp_path)}", f"--api-key={KEY}"])
+    assert result.exit_code == 0, result.output
+    config = captured[-1]
+    assert config.auth.key_sha256 == (key_sha256_hex(KEY),)
+    assert KEY not in config.model_dump_json()
+    result = _run([f"--config={_router_yaml(tmp_path)}"], env={"SPLITSERVE_API_KEY": KEY})
+    assert captured[-1].auth.key_sha256 == (key_sha256_hex(KEY),)
+    result = _run([f"--config={_router_yaml(tmp_path)}", "--api-key=short"])
+    assert result.exit_code != 0
+    assert "--api-key" in result.output
+
+
+def test_key_file_from_flag_and_from_router_yaml(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"tenants: [{{name: a, keys: [{KEY}]}}]\n")
+    assert _run([f"--config={_router_yaml(tmp_path)}", f"--api-key-file={keys}"]).exit_code == 0
+    assert captured[-1].auth.key_file == str(keys)
+    path = _router_yaml(tmp_path, auth={"keyFile": str(keys)})
+    assert _run([f"--config={path}"]).exit_code == 0
+    assert captured[-1].auth.key_file == str(keys)
+    keys.write_text("tenants: [{name: a}]\n")
+    result = _run([f"--config={path}"])
+    assert result.exit_code != 0
+    assert "keys or keySha256" in result.output
