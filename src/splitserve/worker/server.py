@@ -31,9 +31,9 @@ from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.obs.tracing import WorkerSpan, end_span, span_event
-from splitserve.worker.coalesce import coalesce
 from splitserve.security import tls
 from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
+from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
 log = logging.getLogger(__name__)

@@ -40,9 +40,9 @@ def test_operator_serves_loop_metrics_on_8081() -> None:
 
 
 def test_port_and_user_annotations_are_values() -> None:
-    pod = _deployment("monitoring.operatorMetricsPort=9100", "operator.podAnnotations.team=ml")["spec"][
-        "template"
-    ]
+    pod = _deployment("monitoring.operatorMetricsPort=9100", "operator.podAnnotations.team=ml")[
+        "spec"
+    ]["template"]
     container = pod["spec"]["containers"][0]
     assert "--metrics-port=9100" in container["args"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == 9100
