@@ -182,6 +182,11 @@ class PoolView:
         now_s = self._clock.now_s()
         return [self._view(self._endpoints[eid], now_s) for eid in sorted(self._endpoints)]
 
+    def engines(self) -> list[str]:
+        """The engine kinds ("sim", "vllm") the workers last reported, sorted (empty: none has
+        reported yet)."""
+        return sorted({ep.report.engine for ep in self._endpoints.values() if ep.report})
+
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener()` after every change (membership, fencing, load reports)."""
         self._listeners.append(listener)

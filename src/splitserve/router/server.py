@@ -131,6 +131,7 @@ class RouterServer:
             model_name=self.config.model_name,
             registry=self.registry,
             unix_time=time.time,
+            model_root=self.config.tokenizer_dir,
         )
         await self._start_http(app)
         log.info(
