@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from splitserve._gen.v1 import router_pb2_grpc
 from splitserve.api.router import RouterConfig
 from splitserve.core.clock import Clock, SystemClock
-from splitserve.obs.metrics import RouterMetrics
+from splitserve.obs.metrics import PoolLoadCollector, RouterMetrics
 from splitserve.router.discovery import KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
@@ -77,6 +77,7 @@ class RouterServer:
         self.pool = PoolView(
             config.worker_addresses, clock=self.clock, settings=config.pool, metrics=self.metrics
         )
+        self.registry.register(PoolLoadCollector(self.pool.load_rows))
         self.dispatcher = Dispatcher(
             self.pool,
             clock=self.clock,

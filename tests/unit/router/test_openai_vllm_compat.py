@@ -5,8 +5,10 @@ field and the engine, vLLM's defaults (no max_tokens, continuous usage)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import splitserve
@@ -14,7 +16,7 @@ from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.roles import Role
 from splitserve.router import openai_fields, openai_models
 from splitserve.router.tokenizer import TextTokenizer
-from tests.unit.router.conftest import MODEL, StackFactory, WorkerFactory
+from tests.unit.router.conftest import MODEL, ServerFactory, StackFactory, WorkerFactory
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
@@ -347,3 +349,19 @@ def test_every_request_field_has_a_status() -> None:
     for model, table in openai_fields.TABLES.items():
         assert set(openai_fields.field_names(model)) == set(table), model.__name__
     assert openai_models.ChatCompletionRequest in openai_fields.TABLES
+
+
+async def test_router_on_real_ports_names_its_root_and_pool_load(
+    make_worker: WorkerFactory, make_router: ServerFactory, tokenizer_dir: Path
+) -> None:
+    """`root` is what the workers load (here: the tokenizer directory), so a harness given no
+    --model / --tokenizer can load it; /metrics has the pools' queue and KV use per role."""
+    p = await make_worker(Role.PREFILL, kv_blocks_free=250)
+    d = await make_worker(Role.DECODE)
+    server = await make_router(p.address, d.address)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+        card = (await client.get("/v1/models")).json()["data"][0]
+        metrics = (await client.get("/metrics")).text
+    assert card["root"] == str(tokenizer_dir)
+    assert 'splitserve_router_pool_kv_usage_ratio{role="prefill"} 0.75' in metrics
+    assert 'splitserve_router_pool_waiting_requests{role="decode"} 0.0' in metrics

@@ -739,6 +739,14 @@ class VllmEngine:
 
         return VllmMetricsCollector(self.vllm_metrics)
 
+    def native_metrics_collector(self) -> Any:
+        """vLLM's own `vllm:*` series under their names: register in the worker registry."""
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+        from splitserve.worker.vllm_adapter.metrics_map import VllmNativeCollector
+
+        return VllmNativeCollector(get_prometheus_registry)
+
     def vllm_metrics(self) -> list[Any]:
         """vLLM's in-process Prometheus metrics (`vllm.v1.metrics.reader` snapshots)."""
         from vllm.v1.metrics.reader import get_metrics_snapshot
