@@ -13,6 +13,7 @@ import click
 from splitserve import __version__
 from splitserve.cli.gen_k8s import gen_k8s
 from splitserve.cli.gen_model import tiny_model
+from splitserve.cli.gen_openai_doc import openai_doc
 from splitserve.cli.operator import operator
 from splitserve.cli.plan import plan
 from splitserve.cli.profile import profile
@@ -54,6 +55,7 @@ def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
 
 
 gen.add_command(tiny_model, "tiny-model")
+gen.add_command(openai_doc, "openai-doc")
 for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
     gen.add_command(command, name)
 cli.add_command(up)

@@ -74,11 +74,9 @@ COMMON: Final[dict[str, Field]] = {
     "stream": _ACTS,
     "stream_options": _ACTS,
     "stream_options.include_usage": _ACTS,
-    "stream_options.continuous_usage_stats": Field(
-        "acts", "acts", "With `include_usage`: every chunk carries the usage so far."
-    ),
+    "stream_options.continuous_usage_stats": _ACTS,
     "ignore_eos": _ACTS,
-    "user": Field("accepted", "accepted", "A label; it has no effect (as in OpenAI's API)."),
+    "user": Field("accepted", "accepted"),
     "top_k": _SAMPLER,
     "min_p": _SAMPLER,
     "presence_penalty": Field(
@@ -94,7 +92,7 @@ COMMON: Final[dict[str, Field]] = {
     "logit_bias": Field(
         "acts",
         "accepted",
-        "Token id (string) -> bias in [-100, 100]; ids outside the vocabulary are a 400.",
+        "Ids outside the vocabulary are a 400.",
     ),
     "min_tokens": Field(
         "acts",
@@ -130,7 +128,7 @@ _MESSAGE_FIELDS: Final[dict[str, Field]] = {
     "messages.content.text": _ACTS,
     "messages.content.image_url": _refused("images are not supported"),
     "messages.content.input_audio": _refused("audio is not supported"),
-    "messages.name": Field("acts", "acts", "Passed to the chat template."),
+    "messages.name": _ACTS,
     "messages.tool_calls": _refused(_NO_TOOLS),
     "messages.tool_call_id": _refused(_NO_TOOLS),
 }
@@ -219,12 +217,25 @@ def _offending(req: wire.SamplingFields) -> str | None:
             return "tool_choice"
         if req.parallel_tool_calls is not None:
             return "parallel_tool_calls"
-        for m in req.messages:
-            if _set(m.tool_calls):
-                return "messages.tool_calls"
-            if m.tool_call_id is not None:
-                return "messages.tool_call_id"
+        return _offending_message(req.messages)
     return None
+
+
+def _offending_message(messages: Sequence[wire.ChatMessage]) -> str | None:
+    for m in messages:
+        if _set(m.tool_calls):
+            return "messages.tool_calls"
+        if m.tool_call_id is not None:
+            return "messages.tool_call_id"
+    return None
+
+
+def messages_refusal(
+    messages: Sequence[wire.ChatMessage], engines: Sequence[str]
+) -> ApiError | None:
+    """A 400 naming the first message field that cannot be honoured (`/tokenize`)."""
+    name = _offending_message(messages)
+    return None if name is None else _refuse(name, CHAT, engines)
 
 
 def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None:
@@ -233,6 +244,10 @@ def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None
     if name is None:
         return None
     table = CHAT if isinstance(req, wire.ChatCompletionRequest) else COMPLETION
+    return _refuse(name, table, engines)
+
+
+def _refuse(name: str, table: dict[str, Field], engines: Sequence[str]) -> ApiError:
     engine = "/".join(engines) or "unknown"
     return ApiError(
         400,

@@ -71,11 +71,11 @@ class SamplingFields(_Wire):
     """Only these token ids may be generated."""
     stop_token_ids: list[int] | None = None
     """vLLM's extension: more token ids that end the completion (besides end of text)."""
-    # Refused for now (400 naming the field and the engine): see `refused_fields`.
+    # Refused for now (400 naming the field and the engine): see `openai_fields`.
     response_format: dict[str, Any] | None = None
-    """Structured output (`json_object`, `json_schema`): refused, see docs/openai-api.md."""
+    """Structured output (`json_object`, `json_schema`)."""
     structured_outputs: dict[str, Any] | None = None
-    """vLLM's guided decoding: refused, see docs/openai-api.md."""
+    """vLLM's guided decoding (`json`, `regex`, `choice`, `grammar`)."""
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -21,6 +21,7 @@ from starlette.requests import Request as HttpRequest
 import splitserve
 from splitserve.router import openai_models as wire
 from splitserve.router.openai_errors import ApiError
+from splitserve.router.openai_fields import messages_refusal
 from splitserve.router.openai_parse import parse_body, template_messages
 
 if TYPE_CHECKING:
@@ -108,6 +109,9 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
                     wire.TokenizeChatRequest, body, allow_unknown=allow
                 )
                 check_model(chat.model)
+                refused = messages_refusal(chat.messages, api.pool.engines())
+                if refused is not None:
+                    raise refused
                 messages = template_messages(chat.messages)
                 check_chars(sum(len(m["content"]) for m in messages), "messages")
                 gen = chat.add_generation_prompt

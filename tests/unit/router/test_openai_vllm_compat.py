@@ -70,6 +70,10 @@ async def test_tokenize_and_detokenize_like_vllm(
         back = await client.post("/detokenize", json={"tokens": plain["tokens"]})
         bad = await client.post("/detokenize", json={"tokens": [10**9]})
         wrong_model = await client.post("/tokenize", json={"model": "x", "prompt": "a"})
+        tool_history = await client.post(
+            "/tokenize",
+            json={"messages": [{"role": "tool", "tool_call_id": "1", "content": "42"}]},
+        )
     assert plain["tokens"] == tokenizer.encode("Hello world")
     assert plain["count"] == len(plain["tokens"])
     assert plain["max_model_len"] == 999
@@ -85,6 +89,8 @@ async def test_tokenize_and_detokenize_like_vllm(
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "tokens"
     assert wrong_model.status_code == 404
+    assert tool_history.status_code == 400
+    assert tool_history.json()["error"]["param"] == "messages.tool_call_id"
 
 
 async def test_version_ping_and_unknown_routes(
@@ -365,3 +371,10 @@ async def test_router_on_real_ports_names_its_root_and_pool_load(
     assert card["root"] == str(tokenizer_dir)
     assert 'splitserve_router_pool_kv_usage_ratio{role="prefill"} 0.75' in metrics
     assert 'splitserve_router_pool_waiting_requests{role="decode"} 0.0' in metrics
+
+
+def test_openai_doc_is_generated_from_the_models() -> None:
+    from splitserve.cli.gen_openai_doc import DEST, render
+
+    root = Path(__file__).resolve().parents[3]
+    assert (root / DEST).read_text() == render(), "run `make gen` (splitserve gen openai-doc)"
