@@ -359,7 +359,8 @@ class EdgeApp:
 
 def openapi_document(model_name: str) -> dict[str, Any]:
     """The router's OpenAPI 3.1 description: the request bodies as the wire models validate them
-    (unknown fields are ignored), and the error body every 4xx / 5xx carries."""
+    (unknown fields are refused unless `edge.allow_unknown_fields`), and the error body every
+    4xx / 5xx carries."""
     ref = "#/components/schemas/{model}"
     schemas: dict[str, Any] = {}
 
