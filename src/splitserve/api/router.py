@@ -162,8 +162,9 @@ class RouterConfig(BaseModel):
     """Port of the gRPC service (0 picks a free one, None disables it)."""
     max_model_len: int = Field(4096, ge=2)
     """Longest prompt plus completion, in tokens."""
-    default_max_tokens: int = Field(256, ge=1)
-    """Completion length when a request names none (capped by what fits in max_model_len)."""
+    default_max_tokens: int | None = Field(None, ge=1)
+    """Completion length when a request names none. None (vLLM's behaviour): until end of text
+    or the context limit (`max_model_len`); a number caps such requests (service-level cap)."""
     placement: PlacementSettings = PlacementSettings()
     """Placement settings."""
     pool: PoolSettings = PoolSettings()

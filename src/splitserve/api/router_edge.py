@@ -44,5 +44,10 @@ class EdgeSettings(BaseModel):
     """On SIGTERM: how long in-flight requests may run on before they are cut (with an error
     event on streams)."""
 
+    allow_unknown_fields: bool = False
+    """Request bodies with fields the API does not know are refused (400 naming the field).
+    True: such fields are dropped instead (for clients that send vendor extras); known fields
+    are still checked and still act or are refused."""
+
     def prompt_chars_limit(self, max_model_len: int) -> int:
         return self.max_prompt_chars or 32 * max_model_len

@@ -15,6 +15,7 @@ from splitserve.cli.dashboard import dashboard
 from splitserve.cli.gen_dashboards import gen_dashboards
 from splitserve.cli.gen_k8s import gen_k8s
 from splitserve.cli.gen_model import tiny_model
+from splitserve.cli.gen_openai_doc import openai_doc
 from splitserve.cli.operator import operator
 from splitserve.cli.plan import plan
 from splitserve.cli.profile import profile
@@ -57,6 +58,7 @@ def gen_proto_cmd(check: bool, proto_root: Path, dest: Path) -> None:
 
 gen.add_command(tiny_model, "tiny-model")
 gen.add_command(gen_dashboards, "dashboards")
+gen.add_command(openai_doc, "openai-doc")
 for name, command in gen_k8s.commands.items():  # crds | schema | docs | k8s
     gen.add_command(command, name)
 cli.add_command(up)

@@ -65,7 +65,12 @@ def router() -> None:
 @click.option("--port", type=int, default=8000, show_default=True, help="HTTP port (0: any).")
 @click.option("--grpc-port", type=int, default=0, show_default=True, help="gRPC port (0: any).")
 @click.option("--max-model-len", type=int, default=4096, show_default=True)
-@click.option("--default-max-tokens", type=int, default=256, show_default=True)
+@click.option(
+    "--default-max-tokens",
+    type=int,
+    default=None,
+    help="Cap for requests without max_tokens. Default: until end of text or max_model_len.",
+)
 @click.option("--min-prompt-tokens-for-pd", type=int, default=1, show_default=True)
 @click.option(
     "--token-stall-timeout-s",
@@ -136,7 +141,7 @@ def serve_cmd(
     port: int,
     grpc_port: int,
     max_model_len: int,
-    default_max_tokens: int,
+    default_max_tokens: int | None,
     min_prompt_tokens_for_pd: int,
     token_stall_timeout_s: float,
     ready_file: Path | None,

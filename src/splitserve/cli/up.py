@@ -408,6 +408,7 @@ def up(**opts: Any) -> None:
         f"splitserve is up: OpenAI API at http://{host}:{router['port']}/v1 "
         f"(model {opts['served_model_name']!r}), gRPC router at {host}:{router['grpc_port']}"
     )
+    click.echo(benchmark_hint(f"http://{host}:{router['port']}"))
     click.echo("press Ctrl-C to stop")
     stopping = {"signal": 0}
 
@@ -471,6 +472,17 @@ def checked_engine_args(opts: dict[str, Any]) -> list[str]:
     if warning:
         click.echo(f"warning: {warning}", err=True)
     return args
+
+
+def benchmark_hint(base_url: str) -> str:
+    """How to benchmark the stack with vLLM's harness, unchanged: `/v1/models` names the
+    tokenizer (`root`), so it needs no --model or --tokenizer (docs/benchmarks.md has guidellm,
+    inference-perf and aiperf too)."""
+    return (
+        f"benchmark it: vllm bench serve --base-url {base_url} --backend openai "
+        "--endpoint /v1/completions --dataset-name random --random-input-len 128 "
+        "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)"
+    )
 
 
 def default_tokenizer_path() -> Path:

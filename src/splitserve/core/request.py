@@ -25,6 +25,18 @@ class SamplingSpec:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # The sampler's other knobs (vLLM's `SamplingParams`); the defaults change nothing.
+    top_k: int = 0
+    """0 (or -1): every token."""
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
+    """Empty: every token is allowed."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -33,6 +45,14 @@ class SamplingSpec:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be >= -1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
 
 @dataclass(frozen=True, slots=True)

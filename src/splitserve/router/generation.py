@@ -28,6 +28,23 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class SamplerKnobs:
+    """Sampling fields beyond temperature / top_p / seed, as `SamplingSpec` holds them."""
+
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    """Added to the tokenizer's end-of-text tokens (and kept with `ignore_eos`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationParams:
     """Sampling and stopping as a client asked for them (None: the router's default)."""
 
@@ -37,6 +54,8 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    sampler: SamplerKnobs | None = None
+    """The sampler's other fields (top_k, penalties, ...); None: the engine's defaults."""
     slo_class: str = ""
     """The `x-slo-class` header; empty: the service's default class."""
     slo_overrides: tuple[tuple[str, str], ...] = ()
@@ -89,7 +108,7 @@ class Generator:
         *,
         clock: Clock,
         max_model_len: int,
-        default_max_tokens: int,
+        default_max_tokens: int | None,
         request_log: RequestLog | None = None,
         edge: EdgeSettings | None = None,
     ) -> None:
@@ -201,8 +220,9 @@ class Generator:
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
         max_tokens = params.max_tokens
         room = self.max_model_len - num_prompt
-        if max_tokens is None:
-            max_tokens = min(self.default_max_tokens, room)
+        if max_tokens is None:  # like vLLM: until end of text or the context limit
+            cap = self.default_max_tokens
+            max_tokens = room if cap is None else min(cap, room)
         if max_tokens < 1 or num_prompt + max_tokens > self.max_model_len:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
@@ -211,14 +231,26 @@ class Generator:
                 "the prompt or the completion.",
                 "max_tokens" if room > 0 else "prompt",
             )
+        knobs = params.sampler or SamplerKnobs()
+        self._check_token_ids(knobs, vocab)
+        eos = () if params.ignore_eos else self.tokenizer.stop_token_ids
         try:
             sampling = SamplingSpec(
                 max_tokens=max_tokens,
                 temperature=params.temperature,
                 top_p=params.top_p,
                 seed=params.seed,
-                stop_token_ids=() if params.ignore_eos else self.tokenizer.stop_token_ids,
+                stop_token_ids=tuple(dict.fromkeys((*eos, *knobs.stop_token_ids))),
                 ignore_eos=params.ignore_eos,
+                top_k=knobs.top_k,
+                min_p=knobs.min_p,
+                presence_penalty=knobs.presence_penalty,
+                frequency_penalty=knobs.frequency_penalty,
+                repetition_penalty=knobs.repetition_penalty,
+                logit_bias=knobs.logit_bias,
+                min_tokens=knobs.min_tokens,
+                bad_words=knobs.bad_words,
+                allowed_token_ids=knobs.allowed_token_ids,
             )
         except ValueError as err:
             raise InvalidRequest(str(err)) from err
@@ -231,6 +263,18 @@ class Generator:
             slo_class=SloClassName(slo_class),
             tags=params.slo_overrides,
         )
+
+    @staticmethod
+    def _check_token_ids(knobs: SamplerKnobs, vocab: int) -> None:
+        """Token ids the sampler gets must be the model's (else a 400 naming the field)."""
+        named = (
+            ("logit_bias", [t for t, _ in knobs.logit_bias]),
+            ("allowed_token_ids", knobs.allowed_token_ids),
+            ("stop_token_ids", knobs.stop_token_ids),
+        )
+        for field, ids in named:
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequest(f"{field}: token ids must be in [0, {vocab})", field)
 
     def _slo_class(self, params: GenerationParams) -> str:
         """The request's SLO class (the default when unnamed), its overrides checked."""

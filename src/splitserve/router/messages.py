@@ -31,6 +31,16 @@ def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
         seed=s.seed or 0,
         stop_token_ids=s.stop_token_ids,
         ignore_eos=s.ignore_eos,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias=dict(s.logit_bias),
+        min_tokens=s.min_tokens,
+        bad_words=s.bad_words,
+        allowed_token_ids=s.allowed_token_ids,
+        seeded=s.seed is not None,
     )
 
 

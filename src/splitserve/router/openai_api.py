@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP face of the router (FastAPI).
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (streamed as SSE or whole),
-`GET /v1/models`, `/health` (process up), `/ready` (a decode-capable worker accepts work),
-`/metrics` (the router's own registry). Every error is an OpenAI error body with a 4xx/5xx status;
-malformed JSON and wrong types are 400, never FastAPI's 422.
+`/health` (process up), `/ready` (a decode-capable worker accepts work), `/metrics` (the router's
+own registry), and vLLM's: `GET /v1/models[/{id}]`, `/tokenize`, `/detokenize`, `/version`,
+`/ping` (`openai_vllm`). Every error is an OpenAI error body with a 4xx/5xx status; malformed
+JSON, wrong types and unknown fields are 400, never FastAPI's 422; an unknown route is a 404 with
+an OpenAI body. Fields the serving engines cannot honour are refused (`openai_fields`).
 
 `/v1/completions` serves one prompt per request: `prompt` may be a string, a list of token ids,
 or a list holding exactly one of those; several prompts are a 400. `n` must be 1.
@@ -38,7 +40,10 @@ from splitserve.router import openai_models as wire
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.generation import GenerationParams, Generator
 from splitserve.router.openai_errors import ApiError, api_error_from
+from splitserve.router.openai_fields import refusal, sampler_knobs
+from splitserve.router.openai_parse import parse_body, template_messages
 from splitserve.router.openai_stream import ClientGone, collect, stream_body, unless_disconnected
+from splitserve.router.openai_vllm import add_vllm_routes
 from splitserve.router.pool_view import PoolView
 
 log = logging.getLogger(__name__)
@@ -80,8 +85,8 @@ class OpenAiApi:
 
     # -- parsing ---------------------------------------------------------------------------
 
-    async def read_body(self, request: HttpRequest, model: type[wire.SamplingFields]) -> Any:
-        raw = await self._read_limited(request)
+    async def read_body(self, request: HttpRequest, model: type[pydantic.BaseModel]) -> Any:
+        raw = await self.read_limited(request)
         try:
             body = orjson.loads(raw)
         except (orjson.JSONDecodeError, RecursionError) as err:
@@ -89,14 +94,9 @@ class OpenAiApi:
             raise ApiError(400, f"the request body is not valid JSON: {err}") from err
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
-        try:
-            return model.model_validate(body)
-        except pydantic.ValidationError as err:
-            first = err.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            raise ApiError(400, f"{param}: {first['msg']}", param=param) from err
+        return parse_body(model, body, allow_unknown=self.generator.edge.allow_unknown_fields)
 
-    async def _read_limited(self, request: HttpRequest) -> bytes:
+    async def read_limited(self, request: HttpRequest) -> bytes:
         """The body, refused with 413 as soon as it is known to exceed `edge.max_body_bytes`."""
         limit = self.generator.edge.max_body_bytes
         declared = request.headers.get("content-length")
@@ -139,6 +139,9 @@ class OpenAiApi:
             )
         if req.n not in (None, 1):
             raise ApiError(400, "only n=1 is supported", param="n")
+        refused = refusal(req, self.pool.engines())
+        if refused is not None:
+            raise refused
 
     def params(
         self, req: wire.SamplingFields, max_tokens: int | None, http: HttpRequest
@@ -150,13 +153,12 @@ class OpenAiApi:
             seed=req.seed,
             stop=self.generator.check_stops(req.stop_strings()),
             ignore_eos=req.ignore_eos,
+            sampler=sampler_knobs(req),
             slo_class=http.headers.get(_SLO_HEADER) or "",
             slo_overrides=_slo_overrides(http),
         )
 
     async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
-        if req.echo or req.logprobs or req.suffix or (req.best_of or 1) > 1:
-            raise ApiError(400, "echo, logprobs, suffix and best_of are not supported")
         prompt: Any = req.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
@@ -167,13 +169,7 @@ class OpenAiApi:
         return list(prompt)
 
     async def chat_prompt(self, req: wire.ChatCompletionRequest) -> list[int]:
-        if req.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
-        try:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        except ValueError as err:
-            raise ApiError(400, str(err), param="messages") from err
-        return await self.generator.encode_chat(messages)
+        return await self.generator.encode_chat(template_messages(req.messages))
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -208,7 +204,10 @@ class OpenAiApi:
         except SplitserveError as err:
             await chunks.aclose()
             return _with_headers(api_error_from(err).response(), headers)
-        body = stream_body(fmt, first, chunks, include_usage=req.include_usage)
+        continuous = request.num_prompt_tokens if req.continuous_usage else None
+        body = stream_body(
+            fmt, first, chunks, include_usage=req.include_usage, continuous_usage=continuous
+        )
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
@@ -252,11 +251,15 @@ def create_app(
     model_name: str,
     registry: CollectorRegistry,
     unix_time: Callable[[], float],
+    model_root: str | None = None,
 ) -> EdgeApp:
-    """The router's ASGI app. `unix_time` stamps `created` fields (the only wall-clock use)."""
+    """The router's ASGI app. `unix_time` stamps `created` fields (the only wall-clock use).
+    `model_root`: the model path or hub id the workers load (`/v1/models`' `root`, which
+    harnesses load the tokenizer from); None: the served name."""
     api = OpenAiApi(generator, pool, model_name=model_name, registry=registry, unix_time=unix_time)
     app = FastAPI(title="splitserve router", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
+    add_vllm_routes(app, api, root=model_root or model_name)
 
     def formatter(chat: bool) -> wire.Formatter:
         prefix = "chatcmpl" if chat else "cmpl"
@@ -305,11 +308,6 @@ def create_app(
     @app.get("/openapi.json")
     async def openapi() -> dict[str, Any]:
         return schema
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "splitserve"}
-        return {"object": "list", "data": [card]}
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -366,7 +364,8 @@ class EdgeApp:
 
 def openapi_document(model_name: str) -> dict[str, Any]:
     """The router's OpenAPI 3.1 description: the request bodies as the wire models validate them
-    (unknown fields are ignored), and the error body every 4xx / 5xx carries."""
+    (unknown fields are refused unless `edge.allow_unknown_fields`), and the error body every
+    4xx / 5xx carries."""
     ref = "#/components/schemas/{model}"
     schemas: dict[str, Any] = {}
 
@@ -417,6 +416,11 @@ def openapi_document(model_name: str) -> dict[str, Any]:
             "/v1/completions": post(wire.CompletionRequest, "a text completion"),
             "/v1/chat/completions": post(wire.ChatCompletionRequest, "a chat completion"),
             "/v1/models": get("the served model"),
+            "/v1/models/{model}": get("the served model, by name"),
+            "/tokenize": post(wire.TokenizeCompletionRequest, "tokenize a prompt (or messages)"),
+            "/detokenize": post(wire.DetokenizeRequest, "token ids to text"),
+            "/version": get("the router's version"),
+            "/ping": get("the process is up (vLLM's / SageMaker's health check)"),
             "/health": get("the process is up"),
             "/ready": get("a decode-capable worker accepts work"),
             "/metrics": get("Prometheus metrics"),
@@ -426,9 +430,12 @@ def openapi_document(model_name: str) -> dict[str, Any]:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    async def http_error(_: HttpRequest, exc: Exception) -> Response:
+    async def http_error(http: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        if exc.status_code in (404, 405):  # OpenAI's wording for a route it does not serve
+            message = f"Invalid URL ({http.method} {http.url.path})"
+            return ApiError(exc.status_code, message, type_).response()
         return ApiError(exc.status_code, str(exc.detail), type_).response()
 
     async def validation_error(_: HttpRequest, exc: Exception) -> Response:

@@ -1,7 +1,9 @@
 """OpenAI wire format: request models (validated strictly) and response / chunk bodies.
 
-Unknown request fields are ignored, as OpenAI-compatible servers do; known fields are checked
-strictly (a string where a number belongs is a 400, never coerced). Response bodies are plain
+Unknown request fields are refused (400 naming the field; `edge.allow_unknown_fields` relaxes
+this for clients that send vendor extras); known fields are checked strictly (a string where a
+number belongs is a 400, never coerced). Every field either acts or is refused: `FIELD_STATUS`
+says which, per engine, and `docs/openai-api.md` is generated from it. Response bodies are plain
 dicts shaped like OpenAI's, so the official client parses them.
 """
 
@@ -24,11 +26,16 @@ _FINISH_NAMES: Final = {
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True
+    )
 
 
 class StreamOptions(_Wire):
     include_usage: bool = False
+    """Send a last chunk with the usage of the whole request."""
+    continuous_usage_stats: bool = False
+    """vLLM's extension: every chunk carries the usage so far (with `include_usage`)."""
 
 
 class SamplingFields(_Wire):
@@ -43,6 +50,32 @@ class SamplingFields(_Wire):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     """vLLM's extension: keep generating past end-of-text tokens."""
+    user: str | None = None
+    """OpenAI's end-user label: accepted and not used (it has no effect in OpenAI's API either
+    beyond abuse monitoring)."""
+    # Sampling beyond OpenAI's (vLLM's extensions), passed to the engine's sampler.
+    top_k: int | None = Field(None, ge=-1)
+    """Sample from the k most likely tokens (0 or -1: all). `1` is greedy."""
+    min_p: float | None = Field(None, ge=0, le=1)
+    """Drop tokens less likely than `min_p` x the most likely token's probability."""
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string, OpenAI's form) -> bias added to its logit, in [-100, 100]."""
+    min_tokens: int | None = Field(None, ge=0)
+    """Generate at least this many tokens before an end-of-text token or stop token may end it."""
+    bad_words: list[str] | None = None
+    """Words (tokenized by the engine) that are never generated."""
+    allowed_token_ids: list[int] | None = None
+    """Only these token ids may be generated."""
+    stop_token_ids: list[int] | None = None
+    """vLLM's extension: more token ids that end the completion (besides end of text)."""
+    # Refused for now (400 naming the field and the engine): see `openai_fields`.
+    response_format: dict[str, Any] | None = None
+    """Structured output (`json_object`, `json_schema`)."""
+    structured_outputs: dict[str, Any] | None = None
+    """vLLM's guided decoding (`json`, `regex`, `choice`, `grammar`)."""
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -52,6 +85,11 @@ class SamplingFields(_Wire):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        so = self.stream_options
+        return so is not None and so.include_usage and so.continuous_usage_stats
 
 
 class CompletionRequest(SamplingFields):
@@ -65,12 +103,21 @@ class CompletionRequest(SamplingFields):
 class ContentPart(_Wire):
     type: str
     text: str | None = None
+    image_url: Any = None
+    """Accepted by the parser so the refusal can name the part's type (images: refused)."""
+    input_audio: Any = None
+    """As `image_url` (audio: refused)."""
 
 
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    """Passed to the chat template (templates that know it use it)."""
+    tool_calls: list[dict[str, Any]] | None = None
+    """Tool-call history: refused (tools are not supported yet)."""
+    tool_call_id: str | None = None
+    """Tool-call history: refused (tools are not supported yet)."""
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -88,6 +135,35 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class TokenizeCompletionRequest(_Wire):
+    """`POST /tokenize` with a prompt (vLLM's shape)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Wire):
+    """`POST /tokenize` with chat messages (vLLM's shape)."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Wire):
+    """`POST /detokenize` (vLLM's shape)."""
+
+    model: str | None = None
+    tokens: list[int]
 
 
 def finish_name(reason: FinishReason | None) -> str | None:
@@ -153,20 +229,27 @@ class Formatter:
             "usage": usage_body(usage),
         }
 
-    def role_chunk(self, *, with_usage: bool) -> dict[str, Any]:
+    def role_chunk(self, *, with_usage: bool, usage: Usage | None = None) -> dict[str, Any]:
         """The first chat chunk, naming the role (as OpenAI sends it)."""
-        body = self.chunk("", None, with_usage=with_usage)
+        body = self.chunk("", None, with_usage=with_usage, usage=usage)
         body["choices"][0]["delta"] = {"role": "assistant", "content": ""}
         return body
 
-    def chunk(self, text: str, reason: FinishReason | None, *, with_usage: bool) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str,
+        reason: FinishReason | None,
+        *,
+        with_usage: bool,
+        usage: Usage | None = None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             **self._head,
             "object": self._object(stream=True),
             "choices": [self._choice(text, reason, stream=True)],
         }
         if with_usage:
-            body["usage"] = None
+            body["usage"] = None if usage is None else usage_body(usage)
         return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

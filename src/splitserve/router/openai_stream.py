@@ -72,15 +72,28 @@ async def stream_body(
     chunks: AsyncGenerator[TextChunk, None],
     *,
     include_usage: bool,
+    continuous_usage: int | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """SSE events for a stream whose first chunk the caller already has."""
+    """SSE events for a stream whose first chunk the caller already has.
+
+    `continuous_usage`: the prompt's token count, to put the usage so far on every chunk
+    (vLLM's `stream_options.continuous_usage_stats`); None: only the last chunk has usage.
+    """
     usage: Usage | None = None
+    num_out = 0
     try:
         if fmt.chat:
-            yield sse(fmt.role_chunk(with_usage=include_usage))
+            first_usage = None if continuous_usage is None else Usage(continuous_usage, 0)
+            yield sse(fmt.role_chunk(with_usage=include_usage, usage=first_usage))
         chunk: TextChunk | None = first
         while chunk is not None:
-            if chunk.finish_reason is None:
+            num_out += len(chunk.token_ids)
+            if continuous_usage is not None:
+                so_far = chunk.usage or Usage(continuous_usage, num_out)
+                if chunk.text or chunk.finish_reason is not None:
+                    body = fmt.chunk(chunk.text, chunk.finish_reason, with_usage=True, usage=so_far)
+                    yield sse(body)
+            elif chunk.finish_reason is None:
                 if chunk.text:
                     yield fmt.delta_event(chunk.text, with_usage=include_usage)
             else:

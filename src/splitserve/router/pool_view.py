@@ -185,6 +185,21 @@ class PoolView:
         now_s = self._clock.now_s()
         return [self._view(self._endpoints[eid], now_s) for eid in sorted(self._endpoints)]
 
+    def engines(self) -> list[str]:
+        """The engine kinds ("sim", "vllm") the workers last reported, sorted (empty: none has
+        reported yet)."""
+        return sorted({ep.report.engine for ep in self._endpoints.values() if ep.report})
+
+    def load_rows(self) -> list[tuple[str, int, int, int, int]]:
+        """Per ready endpoint: (role, waiting, running, KV blocks in use, KV blocks in total),
+        from its last load report (the router's pool gauges, read at scrape time)."""
+        return [
+            (v.role.value, v.num_waiting, v.num_running,
+             v.kv_total_blocks - v.kv_free_blocks, v.kv_total_blocks)
+            for v in self.views()
+            if v.ready
+        ]  # fmt: skip
+
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener()` after every change (membership, fencing, load reports)."""
         self._listeners.append(listener)

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from splitserve._gen.v1 import router_pb2_grpc
 from splitserve.api.router import RouterConfig
 from splitserve.core.clock import Clock, SystemClock
-from splitserve.obs.metrics import RouterMetrics
+from splitserve.obs.metrics import PoolLoadCollector, RouterMetrics
 from splitserve.router.auth import (
     OPEN_PATHS,
     AuthApp,
@@ -85,6 +85,7 @@ class RouterServer:
         self.pool = PoolView(
             config.worker_addresses, clock=self.clock, settings=config.pool, metrics=self.metrics
         )
+        self.registry.register(PoolLoadCollector(self.pool.load_rows))
         self.dispatcher = Dispatcher(
             self.pool,
             clock=self.clock,
@@ -159,6 +160,7 @@ class RouterServer:
             model_name=self.config.model_name,
             registry=self.registry,
             unix_time=time.time,
+            model_root=self.config.tokenizer_dir,
         )
         await self._start_http(self._secured(app))
         log.info(

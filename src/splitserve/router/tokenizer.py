@@ -134,8 +134,11 @@ class TextTokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self._hf, "chat_template", None))
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a completion prompt, with the tokenizer's own special-token handling."""
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a completion prompt, with the tokenizer's own special-token handling
+        (`add_special_tokens=False`: without the BOS / EOS it would add)."""
+        if not add_special_tokens:
+            return self._encode_bare(text)
         if self._fast is not None:
             return list(self._fast.encode(text, add_special_tokens=True).ids)
         return list(self._hf.encode(text, add_special_tokens=True))
@@ -169,8 +172,15 @@ class TextTokenizer:
             )
         )
 
-    def apply_chat_template(self, messages: Sequence[MessageLike]) -> list[int]:
-        """Render chat messages with the model's template (generation prompt added) and encode.
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """The vocabulary entry of each token id (`/tokenize`'s `token_strs`)."""
+        return [str(t) for t in self._hf.convert_ids_to_tokens(list(token_ids))]
+
+    def apply_chat_template(
+        self, messages: Sequence[MessageLike], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Render chat messages with the model's template (the assistant's generation prompt
+        added unless `add_generation_prompt=False`) and encode.
 
         Raises:
             ValueError: the tokenizer has no chat template, or the template rejected the messages.
@@ -179,9 +189,10 @@ class TextTokenizer:
             raise ValueError("the served model's tokenizer has no chat template")
         specials = self._special_texts
         contents = [m.get("content") for m in messages]
+        gen = add_generation_prompt
         if not any(isinstance(c, str) and any(t in c for t in specials) for c in contents):
             # The template writes the special tokens itself (BOS included): add none here.
-            return self._encode_bare(self._render(messages))
+            return self._encode_bare(self._render(messages, gen))
         # A message spells a special token (`<|eot_id|>system...`: a faked turn). Escape those
         # spellings, render, then encode the template's text normally and the escaped pieces as
         # plain text, so only the template's own special tokens become special tokens.
@@ -191,7 +202,7 @@ class TextTokenizer:
             else dict(m)
             for m in messages
         ]
-        rendered = self._render(escaped)
+        rendered = self._render(escaped, gen)
         ids: list[int] = []
         pos = 0
         for match in _ESCAPED.finditer(rendered):
@@ -201,7 +212,7 @@ class TextTokenizer:
         ids += self._encode_bare(rendered[pos:])
         return ids
 
-    def _render(self, messages: Sequence[MessageLike]) -> str:
+    def _render(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True) -> str:
         if self._template is not None:
             try:
                 return str(
@@ -209,7 +220,7 @@ class TextTokenizer:
                         messages=[dict(m) for m in messages],
                         tools=None,
                         documents=None,
-                        add_generation_prompt=True,
+                        add_generation_prompt=add_generation_prompt,
                         **self._template_vars,
                     )
                 )
@@ -217,7 +228,9 @@ class TextTokenizer:
                 pass  # transformers' own path below raises with its error message
         try:
             text = self._hf.apply_chat_template(
-                [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+                [dict(m) for m in messages],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
             )
         except Exception as err:  # jinja2 errors, template `raise_exception` calls
             raise ValueError(f"chat template failed: {err}") from err

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from splitserve.core.kv import KvHandle
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel, build_latency_model
 from splitserve.core.perf.protocol import LatencyModel
 from splitserve.core.roles import Role
-from splitserve.obs.metrics import WorkerMetrics
+from splitserve.obs.metrics import VllmLoadCollector, VllmSeries, WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
@@ -155,6 +156,7 @@ def build_sim_engine(
     address: str,
     release: _ReleaseClient,
     metrics: WorkerMetrics | None = None,
+    series: VllmSeries | None = None,
 ) -> SimEngine:
     try:
         shape = MODELS[cfg.sim_model_shape]
@@ -208,7 +210,20 @@ def build_sim_engine(
         SystemClock(),
         release_remote=release,
         on_step=on_step,
+        series=series,
     )
+
+
+def _vllm_load(engine: SimEngine) -> Callable[[], tuple[int, int, float]]:
+    """(running, waiting, KV use) of an engine, for vLLM's load gauges."""
+
+    def read() -> tuple[int, int, float]:
+        s = engine.load()
+        total = s.kv_blocks_total
+        used = total - s.kv_blocks_free
+        return s.num_running, s.num_waiting, used / total if total else 0.0
+
+    return read
 
 
 def parse_engine_args(args: tuple[str, ...]) -> dict[str, Any]:
@@ -280,7 +295,10 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     if cfg.engine == "vllm":
         engine = build_vllm_engine(cfg, address, release)
     else:
-        engine = build_sim_engine(cfg, address, release, metrics)
+        model_name = cfg.served_model_name or cfg.model
+        series = VllmSeries(registry, model_name)
+        engine = build_sim_engine(cfg, address, release, metrics, series)
+        registry.register(VllmLoadCollector(model_name, _vllm_load(engine)))
     service = WorkerService(
         engine=engine,
         role=cfg.role,
@@ -292,6 +310,9 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     collector = getattr(engine, "metrics_collector", None)
     if collector is not None:  # vLLM's own metrics, renamed through one mapping table
         registry.register(collector())
+    native = getattr(engine, "native_metrics_collector", None)
+    if native is not None:  # and under vLLM's own names (`vllm:*`), as `vllm serve` has them
+        registry.register(native())
     kv_warm = KvWarmService(engine, address) if isinstance(engine, KvPeerEngine) else None
     if kv_warm is not None:  # KV pairs set up before requests (the router's WarmKv)
         worker_pb2_grpc.add_WorkerKvServicer_to_server(kv_warm, server)

@@ -65,17 +65,29 @@ class WorkerIdentity:
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
     """The sampling spec of a request. Raises `ValueError` naming the field for bad values."""
-    for name in ("temperature", "top_p"):
+    names = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+    for name in (*names, "repetition_penalty"):
         value = getattr(pb, name)
         if not math.isfinite(value):
             raise ValueError(f"sampling.{name} must be a finite number, got {value}")
+    if not all(math.isfinite(v) for v in pb.logit_bias.values()):
+        raise ValueError("sampling.logit_bias values must be finite numbers")
     return SamplingSpec(
         max_tokens=pb.max_tokens or 16,
         temperature=pb.temperature,
         top_p=pb.top_p or 1.0,
-        seed=pb.seed or None,
+        seed=pb.seed if pb.seeded or pb.seed else None,
         stop_token_ids=tuple(pb.stop_token_ids),
         ignore_eos=pb.ignore_eos,
+        top_k=pb.top_k,
+        min_p=pb.min_p,
+        presence_penalty=pb.presence_penalty,
+        frequency_penalty=pb.frequency_penalty,
+        repetition_penalty=pb.repetition_penalty or 1.0,
+        logit_bias=tuple(sorted(pb.logit_bias.items())),
+        min_tokens=pb.min_tokens,
+        bad_words=tuple(pb.bad_words),
+        allowed_token_ids=tuple(pb.allowed_token_ids),
     )
 
 

@@ -27,6 +27,7 @@ from splitserve.core.ids import RequestId
 from splitserve.core.kv import BlockManager, KvHandle
 from splitserve.core.perf.protocol import BatchShape, LatencyModel
 from splitserve.core.request import FinishReason, Request
+from splitserve.obs.metrics import VllmSeries
 from splitserve.policy.batching.base import BatchingPolicy
 from splitserve.policy.batching.engine import EngineModel, RequestMode, Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
@@ -58,6 +59,8 @@ class _Pending:
     kv_source: KvHandle | None = None
     failure: Exception | None = None
     """Raised to the caller after its last delta (a KV pull that failed)."""
+    last_token_s: float | None = None
+    """When the request's previous token came out (vLLM's series: TTFT, then inter-token)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +110,11 @@ class SimEngine:
         clock: Clock,
         release_remote: ReleaseFn | None = None,
         on_step: Callable[[Step, StepResult], None] | None = None,
+        series: VllmSeries | None = None,
     ) -> None:
         self.config = config
+        self.series = series
+        """vLLM's per-request series (`vllm:time_to_first_token_seconds`, ...), if exported."""
         self.model = config.model
         self.max_model_len = config.max_model_len or 0
         """The context limit the worker server enforces (0: none)."""
@@ -286,10 +292,13 @@ class SimEngine:
         if self._on_step is not None:
             self._on_step(step, result)
         prefilled = set(result.prefilled)
+        now_s = self.clock.now_s()
         for ev in result.tokens:
             pending = self._pending.get(ev.request_id)
             if pending is None:
                 continue
+            if self.series is not None:
+                self._observe(pending, now_s, ev.finish_reason is not None)
             if pending.prefilled is not None:
                 held = ev.request_id in prefilled
                 outcome = PrefillOutcome(
@@ -306,6 +315,22 @@ class SimEngine:
             pending.queue.put_nowait(TokenDelta((ev.token_id,), ev.finish_reason))
             if ev.finish_reason is not None:
                 del self._pending[ev.request_id]
+
+    def _observe(self, pending: _Pending, now_s: float, last: bool) -> None:
+        """vLLM's series for one token, measured as vLLM does on its side: from the request's
+        arrival at this engine (a decode's TTFT includes its KV pull)."""
+        series = self.series
+        assert series is not None
+        if pending.last_token_s is None:
+            series.ttft.observe(now_s - pending.added_s)
+            if pending.kv_source is None:  # prefill or generate: the prompt is computed here
+                series.prompt_tokens.inc(pending.request.num_prompt_tokens)
+        else:
+            series.itl.observe(now_s - pending.last_token_s)
+        pending.last_token_s = now_s
+        series.generation_tokens.inc()
+        if last or pending.prefilled is not None:
+            series.e2e.observe(now_s - pending.added_s)
 
     def _handle(self, request: Request) -> KvHandle:
         """The KV a prefill holds covers the prompt (the first token's KV is the decoder's job)."""

@@ -70,20 +70,70 @@ Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 class SamplingParams(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LogitBiasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     TOP_P_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     STOP_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    MIN_P_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
+    LOGIT_BIAS_FIELD_NUMBER: _builtins.int
+    MIN_TOKENS_FIELD_NUMBER: _builtins.int
+    BAD_WORDS_FIELD_NUMBER: _builtins.int
+    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    SEEDED_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     temperature: _builtins.float
     top_p: _builtins.float
     seed: _builtins.int
     """0 = unseeded."""
     ignore_eos: _builtins.bool
+    top_k: _builtins.int
+    """The sampler's other knobs (vLLM's SamplingParams); zero values change nothing.
+    0 or -1: every token.
+    """
+    min_p: _builtins.float
+    presence_penalty: _builtins.float
+    frequency_penalty: _builtins.float
+    repetition_penalty: _builtins.float
+    """0 = unset (1.0: no penalty)."""
+    min_tokens: _builtins.int
+    seeded: _builtins.bool
+    """The seed is set (so seed = 0 is a seed, not "unseeded")."""
     @_builtins.property
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]: ...
+    @_builtins.property
+    def bad_words(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def allowed_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Empty: every token is allowed."""
+
     def __init__(
         self,
         *,
@@ -93,10 +143,20 @@ class SamplingParams(_message.Message):
         seed: _builtins.int = ...,
         stop_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         ignore_eos: _builtins.bool = ...,
+        top_k: _builtins.int = ...,
+        min_p: _builtins.float = ...,
+        presence_penalty: _builtins.float = ...,
+        frequency_penalty: _builtins.float = ...,
+        repetition_penalty: _builtins.float = ...,
+        logit_bias: _abc.Mapping[_builtins.int, _builtins.float] | None = ...,
+        min_tokens: _builtins.int = ...,
+        bad_words: _abc.Iterable[_builtins.str] | None = ...,
+        allowed_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        seeded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "seed", b"seed", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_token_ids", b"allowed_token_ids", "bad_words", b"bad_words", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "seeded", b"seeded", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

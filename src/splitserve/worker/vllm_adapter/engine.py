@@ -45,7 +45,7 @@ from splitserve.core.errors import CapacityError, EngineError, KvTransferError
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.core.request import FinishReason, Request
+from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.worker.engine import (
     LoadSnapshot,
     PrefillOutcome,
@@ -445,14 +445,10 @@ class VllmEngine:
             raise EngineError("engine is not started")
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-        s = request.sampling
         sampling = SamplingParams(
-            max_tokens=max_tokens or s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=s.seed,
-            stop_token_ids=list(s.stop_token_ids),
-            ignore_eos=s.ignore_eos,
+            **sampling_kwargs(
+                request.sampling, max_tokens or request.sampling.max_tokens, mode == "decode"
+            ),
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
             extra_args=_extra_args(request, kv_params),
@@ -743,11 +739,48 @@ class VllmEngine:
 
         return VllmMetricsCollector(self.vllm_metrics)
 
+    def native_metrics_collector(self) -> Any:
+        """vLLM's own `vllm:*` series under their names: register in the worker registry."""
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+        from splitserve.worker.vllm_adapter.metrics_map import VllmNativeCollector
+
+        return VllmNativeCollector(get_prometheus_registry)
+
     def vllm_metrics(self) -> list[Any]:
         """vLLM's in-process Prometheus metrics (`vllm.v1.metrics.reader` snapshots)."""
         from vllm.v1.metrics.reader import get_metrics_snapshot
 
         return list(get_metrics_snapshot())
+
+
+def sampling_kwargs(s: SamplingSpec, max_tokens: int, continued: bool = False) -> dict[str, Any]:
+    """vLLM `SamplingParams` arguments of a request's sampling spec, for `max_tokens` tokens.
+
+    A prefill (one token) samples its token under the same parameters as the decode that
+    follows, so `min_tokens` >= 1 keeps it from ending at end-of-text too. `continued`: a decode
+    continued from a prefill's first token, which vLLM sees as the last prompt token;
+    `min_tokens` then counts one fewer. (Presence / frequency penalties count
+    vLLM's output tokens only, so in P/D they do not see the first token: an approximation,
+    documented in docs/openai-api.md. The repetition penalty covers the prompt, so it does.)
+    """
+    return {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "seed": s.seed,
+        "stop_token_ids": list(s.stop_token_ids),
+        "ignore_eos": s.ignore_eos,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "repetition_penalty": s.repetition_penalty,
+        "logit_bias": dict(s.logit_bias) or None,
+        "max_tokens": max_tokens,
+        "min_tokens": min(max_tokens, max(0, s.min_tokens - 1) if continued else s.min_tokens),
+        "bad_words": list(s.bad_words) or None,
+        "allowed_token_ids": list(s.allowed_token_ids) or None,
+    }
 
 
 def _extra_args(request: Request, kv_params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -143,3 +143,29 @@ class VllmMetricsCollector:
                     count_value=int(values.get(n + "_count", 0)),
                     sum_value=values.get(n + "_sum", 0.0),
                 )
+
+
+NATIVE_PREFIX = "vllm:"
+
+
+class VllmNativeCollector:
+    """vLLM's own `vllm:*` series, passed through unchanged (names, labels such as
+    `model_name`, histogram buckets), so dashboards, KEDA triggers and HPA adapters written for
+    `vllm serve` read a worker as they read vLLM.
+
+    `registry()` returns vLLM's registry (`vllm.v1.metrics.prometheus.get_prometheus_registry`:
+    the process's, or a multiprocess collector over `PROMETHEUS_MULTIPROC_DIR` when that is
+    set); it is read on scrape. Only families named `vllm:*` are passed.
+    """
+
+    def __init__(self, registry: Callable[[], Any]) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            families = list(self.registry().collect())
+        except Exception:  # a scrape must not fail because the engine is starting/stopping
+            return
+        for family in families:
+            if family.name.startswith(NATIVE_PREFIX):
+                yield family

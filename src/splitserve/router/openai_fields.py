@@ -1,0 +1,285 @@
+"""What each OpenAI request field does, per engine: acts, or is refused with a 400 naming it.
+
+One table (`FIELDS`) says it for every field of every request model; the HTTP face refuses
+from it (`refusal`) and `docs/openai-api.md` is generated from it (`splitserve gen openai-doc`),
+so the two cannot disagree. A test checks that every field of every request model has a row.
+
+Engines: `vllm` (our worker over vLLM) and `sim` (the simulated engine, whose synthetic tokens
+depend only on the prompt, the seed and the position: see docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pydantic
+
+from splitserve.router import openai_models as wire
+from splitserve.router.generation import SamplerKnobs
+from splitserve.router.openai_errors import ApiError
+
+ENGINES: Final = ("vllm", "sim")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One request field: what it does with each engine."""
+
+    vllm: str
+    """"acts", "refused", or "accepted" (no effect by design, said in `note`)."""
+    sim: str
+    note: str = ""
+    refused_because: str = ""
+    """Why the field is refused (the 400's message); empty when it is not refused anywhere."""
+
+
+_ACTS = Field("acts", "acts")
+_SAMPLER = Field(
+    "acts",
+    "accepted",
+    "Passed to vLLM's sampler. The simulated engine's synthetic tokens ignore it.",
+)
+_NO_TOOLS = "tool calling is not implemented in splitserve yet"
+_NO_GUIDED = (
+    "structured outputs are not implemented in splitserve yet (the guided-decoding state would "
+    "have to travel with the KV from the prefill worker to the decode worker)"
+)
+_NO_LOGPROBS = "the workers' protocol does not return log probabilities yet"
+
+
+def _refused(why: str, note: str = "") -> Field:
+    return Field("refused", "refused", note, why)
+
+
+COMMON: Final[dict[str, Field]] = {
+    "model": Field("acts", "acts", "Must be the served name; another name is a 404."),
+    "max_tokens": Field(
+        "acts",
+        "acts",
+        "Absent: until end of text or the context limit (`router.default_max_tokens` caps it).",
+    ),
+    "temperature": _SAMPLER,
+    "top_p": _SAMPLER,
+    "seed": Field(
+        "acts",
+        "acts",
+        "vLLM: seeds the sampler (in P/D the decode half's random stream differs from an "
+        "aggregated run's). Simulated engine: chooses the synthetic token sequence.",
+    ),
+    "stop": Field("acts", "acts", "Stop strings, matched by the router on the detokenized text."),
+    "n": Field("acts", "acts", "Only 1; more is refused (400)."),
+    "stream": _ACTS,
+    "stream_options": _ACTS,
+    "stream_options.include_usage": _ACTS,
+    "stream_options.continuous_usage_stats": _ACTS,
+    "ignore_eos": _ACTS,
+    "user": Field("accepted", "accepted"),
+    "top_k": _SAMPLER,
+    "min_p": _SAMPLER,
+    "presence_penalty": Field(
+        "acts",
+        "accepted",
+        "vLLM counts output tokens only; in P/D the decode half does not count the first token "
+        "(sampled by the prefill worker), an approximation. Simulated engine: no effect.",
+    ),
+    "frequency_penalty": Field(
+        "acts", "accepted", "As `presence_penalty` (same P/D approximation)."
+    ),
+    "repetition_penalty": _SAMPLER,
+    "logit_bias": Field(
+        "acts",
+        "accepted",
+        "Ids outside the vocabulary are a 400.",
+    ),
+    "min_tokens": Field(
+        "acts",
+        "accepted",
+        "In P/D the prefill worker's first token counts (it cannot end the request early).",
+    ),
+    "bad_words": _SAMPLER,
+    "allowed_token_ids": _SAMPLER,
+    "stop_token_ids": Field(
+        "acts", "acts", "Added to the model's end-of-text tokens (also with `ignore_eos`)."
+    ),
+    "response_format": _refused(
+        _NO_GUIDED, '`{"type": "text"}` (the default) is accepted; anything else is a 400.'
+    ),
+    "structured_outputs": _refused(_NO_GUIDED),
+}
+
+COMPLETION: Final[dict[str, Field]] = {
+    **COMMON,
+    "prompt": Field("acts", "acts", "One prompt: text or token ids (a list of one is accepted)."),
+    "echo": _refused("echo is not supported", "`false` is accepted."),
+    "logprobs": _refused(_NO_LOGPROBS, "`null` is accepted."),
+    "suffix": _refused("suffix is not supported", "`null` is accepted."),
+    "best_of": _refused("best_of is not supported", "`1` is accepted."),
+}
+
+_MESSAGE_FIELDS: Final[dict[str, Field]] = {
+    "messages.role": _ACTS,
+    "messages.content": Field(
+        "acts", "acts", "Text, or text parts; image and audio parts are refused (400)."
+    ),
+    "messages.content.type": _ACTS,
+    "messages.content.text": _ACTS,
+    "messages.content.image_url": _refused("images are not supported"),
+    "messages.content.input_audio": _refused("audio is not supported"),
+    "messages.name": _ACTS,
+    "messages.tool_calls": _refused(_NO_TOOLS),
+    "messages.tool_call_id": _refused(_NO_TOOLS),
+}
+
+CHAT: Final[dict[str, Field]] = {
+    **COMMON,
+    "messages": Field("acts", "acts", "Rendered with the model's chat template."),
+    **_MESSAGE_FIELDS,
+    "max_completion_tokens": Field("acts", "acts", "As `max_tokens` (wins when both are set)."),
+    "logprobs": _refused(_NO_LOGPROBS, "`false` is accepted."),
+    "top_logprobs": _refused(_NO_LOGPROBS),
+    "tools": _refused(_NO_TOOLS, "An empty list is accepted."),
+    "tool_choice": _refused(_NO_TOOLS, '`"none"` is accepted.'),
+    "parallel_tool_calls": _refused(_NO_TOOLS),
+}
+
+TOKENIZE: Final[dict[str, Field]] = {
+    "model": Field("acts", "acts", "Optional; when set, the served name."),
+    "prompt": _ACTS,
+    "add_special_tokens": _ACTS,
+    "return_token_strs": _ACTS,
+}
+TOKENIZE_CHAT: Final[dict[str, Field]] = {
+    "model": TOKENIZE["model"],
+    "messages": CHAT["messages"],
+    **_MESSAGE_FIELDS,
+    "add_generation_prompt": _ACTS,
+    "return_token_strs": _ACTS,
+}
+DETOKENIZE: Final[dict[str, Field]] = {"model": TOKENIZE["model"], "tokens": _ACTS}
+
+TABLES: Final[dict[type[wire._Wire], dict[str, Field]]] = {
+    wire.CompletionRequest: COMPLETION,
+    wire.ChatCompletionRequest: CHAT,
+    wire.TokenizeCompletionRequest: TOKENIZE,
+    wire.TokenizeChatRequest: TOKENIZE_CHAT,
+    wire.DetokenizeRequest: DETOKENIZE,
+}
+
+
+def _nested(annotation: Any) -> Iterator[type[pydantic.BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _nested(arg)
+
+
+def field_names(model: type[pydantic.BaseModel], prefix: str = "") -> list[str]:
+    """Every field of a request model, nested ones dotted (`messages.content.type`)."""
+    out: list[str] = []
+    for name, info in model.model_fields.items():
+        out.append(prefix + name)
+        for sub in _nested(info.annotation):
+            out += field_names(sub, f"{prefix}{name}.")
+    return list(dict.fromkeys(out))
+
+
+def _set(value: Any) -> bool:
+    """Was a field sent with a value that asks for something (beyond the default)?"""
+    return value not in (None, False, [], {})
+
+
+def _offending(req: wire.SamplingFields) -> str | None:
+    """The first refused field the request uses, by its dotted name."""
+    if _set(req.response_format) and req.response_format != {"type": "text"}:
+        return "response_format"
+    if _set(req.structured_outputs):
+        return "structured_outputs"
+    if isinstance(req, wire.CompletionRequest):
+        if req.echo:
+            return "echo"
+        if req.logprobs is not None:
+            return "logprobs"
+        if req.suffix:
+            return "suffix"
+        if (req.best_of or 1) > 1:
+            return "best_of"
+    if isinstance(req, wire.ChatCompletionRequest):
+        if req.logprobs:
+            return "logprobs"
+        if req.top_logprobs is not None:
+            return "top_logprobs"
+        if _set(req.tools):
+            return "tools"
+        if req.tool_choice not in (None, "none"):
+            return "tool_choice"
+        if req.parallel_tool_calls is not None:
+            return "parallel_tool_calls"
+        return _offending_message(req.messages)
+    return None
+
+
+def _offending_message(messages: Sequence[wire.ChatMessage]) -> str | None:
+    for m in messages:
+        if _set(m.tool_calls):
+            return "messages.tool_calls"
+        if m.tool_call_id is not None:
+            return "messages.tool_call_id"
+    return None
+
+
+def messages_refusal(
+    messages: Sequence[wire.ChatMessage], engines: Sequence[str]
+) -> ApiError | None:
+    """A 400 naming the first message field that cannot be honoured (`/tokenize`)."""
+    name = _offending_message(messages)
+    return None if name is None else _refuse(name, CHAT, engines)
+
+
+def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None:
+    """A 400 naming the first field of `req` that the serving engines cannot honour."""
+    name = _offending(req)
+    if name is None:
+        return None
+    table = CHAT if isinstance(req, wire.ChatCompletionRequest) else COMPLETION
+    return _refuse(name, table, engines)
+
+
+def _refuse(name: str, table: dict[str, Field], engines: Sequence[str]) -> ApiError:
+    engine = "/".join(engines) or "unknown"
+    return ApiError(
+        400,
+        f"`{name}` is not supported by the {engine} engine behind this router: "
+        f"{table[name].refused_because} (see docs/openai-api.md)",
+        param=name,
+        code="unsupported_field",
+    )
+
+
+def sampler_knobs(req: wire.SamplingFields) -> SamplerKnobs:
+    """The sampler fields of a request. Raises `ApiError` for malformed `logit_bias`."""
+    bias: list[tuple[int, float]] = []
+    for key, value in (req.logit_bias or {}).items():
+        if not key.isdigit():
+            raise ApiError(400, f"logit_bias: {key!r} is not a token id", param="logit_bias")
+        if not -100 <= value <= 100:
+            raise ApiError(
+                400, f"logit_bias: the bias of {key} must be in [-100, 100]", param="logit_bias"
+            )
+        bias.append((int(key), value))
+    if req.allowed_token_ids is not None and not req.allowed_token_ids:
+        raise ApiError(400, "allowed_token_ids must not be empty", param="allowed_token_ids")
+    return SamplerKnobs(
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=tuple(sorted(bias)),
+        min_tokens=req.min_tokens or 0,
+        bad_words=tuple(req.bad_words or ()),
+        allowed_token_ids=tuple(req.allowed_token_ids or ()),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+    )

@@ -1,0 +1,170 @@
+"""The routes a `vllm serve` user's tools call besides the completions: vLLM's shapes.
+
+`GET /v1/models` and `GET /v1/models/{id}` carry vLLM's model card (`root`: the model path or hub
+id the workers load, which `vllm bench serve` and other harnesses load the tokenizer from when
+they are given no `--model`; `max_model_len`; `parent`; `permission`). `POST /tokenize` takes a
+prompt or chat messages and `POST /detokenize` token ids, as vLLM's do; `GET /version` and
+`GET|POST /ping` answer like vLLM's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request as HttpRequest
+
+import splitserve
+from splitserve.router import openai_models as wire
+from splitserve.router.openai_errors import ApiError
+from splitserve.router.openai_fields import messages_refusal
+from splitserve.router.openai_parse import parse_body, template_messages
+
+if TYPE_CHECKING:
+    from splitserve.router.openai_api import OpenAiApi
+
+
+def model_card(api: OpenAiApi, root: str) -> dict[str, Any]:
+    """The served model as vLLM's `/v1/models` describes one."""
+    created = int(api.unix_time())
+    return {
+        "id": api.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "splitserve",
+        "root": root,
+        "parent": None,
+        "max_model_len": api.generator.max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-{uuid.uuid4().hex}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": False,  # refused: see docs/openai-api.md
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+
+
+def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
+    generator = api.generator
+    tokenizer = generator.tokenizer
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != api.model_name:
+            raise ApiError(
+                404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+            )
+
+    def check_chars(num_chars: int, param: str) -> None:
+        if num_chars > generator.max_prompt_chars:
+            raise ApiError(
+                400,
+                f"{param}: {num_chars} characters, more than the {generator.max_prompt_chars} "
+                "this router tokenizes (edge.max_prompt_chars)",
+                param=param,
+            )
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(api, root)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def one_model(model: str) -> Response:
+        try:
+            check_model(model)
+        except ApiError as err:
+            return err.response()
+        return JSONResponse(model_card(api, root))
+
+    async def tokenize_body(http: HttpRequest) -> dict[str, Any]:
+        raw = await api.read_limited(http)
+        try:
+            body = orjson.loads(raw)
+        except (orjson.JSONDecodeError, RecursionError) as err:
+            raise ApiError(400, f"the request body is not valid JSON: {err}") from err
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    @app.post("/tokenize")
+    async def tokenize(http: HttpRequest) -> Response:
+        allow = generator.edge.allow_unknown_fields
+        try:
+            body = await tokenize_body(http)
+            if "messages" in body:
+                chat: wire.TokenizeChatRequest = parse_body(
+                    wire.TokenizeChatRequest, body, allow_unknown=allow
+                )
+                check_model(chat.model)
+                refused = messages_refusal(chat.messages, api.pool.engines())
+                if refused is not None:
+                    raise refused
+                messages = template_messages(chat.messages)
+                check_chars(sum(len(m["content"]) for m in messages), "messages")
+                gen = chat.add_generation_prompt
+                want_strs = chat.return_token_strs
+                try:
+                    ids = await asyncio.to_thread(
+                        tokenizer.apply_chat_template, messages, add_generation_prompt=gen
+                    )
+                except ValueError as err:
+                    raise ApiError(400, str(err), param="messages") from err
+            else:
+                req: wire.TokenizeCompletionRequest = parse_body(
+                    wire.TokenizeCompletionRequest, body, allow_unknown=allow
+                )
+                check_model(req.model)
+                check_chars(len(req.prompt), "prompt")
+                special = req.add_special_tokens
+                want_strs = req.return_token_strs
+                ids = await asyncio.to_thread(
+                    tokenizer.encode, req.prompt, add_special_tokens=special
+                )
+        except ApiError as err:
+            return err.response()
+        strs = tokenizer.token_strings(ids) if want_strs else None
+        return JSONResponse(
+            {
+                "count": len(ids),
+                "max_model_len": generator.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(http: HttpRequest) -> Response:
+        try:
+            body = await tokenize_body(http)
+            req = parse_body(
+                wire.DetokenizeRequest, body, allow_unknown=generator.edge.allow_unknown_fields
+            )
+            check_model(req.model)
+            vocab = tokenizer.vocab_size
+            if any(not 0 <= t < vocab for t in req.tokens):
+                raise ApiError(400, f"tokens: token ids must be in [0, {vocab})", param="tokens")
+        except ApiError as err:
+            return err.response()
+        text = await asyncio.to_thread(tokenizer.decode, req.tokens)
+        return JSONResponse({"prompt": text})
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": splitserve.__version__}
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        return Response(status_code=200)
