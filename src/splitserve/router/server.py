@@ -144,7 +144,7 @@ class RouterServer:
             if self.keys is not None:
                 interceptors.append(
                     RouterAuthInterceptor(
-                        self.keys, default_max_tokens=self.config.default_max_tokens
+                        self.keys, default_max_tokens=self._charged_max_tokens()
                     )
                 )
             self._grpc = aio.server(
@@ -173,6 +173,11 @@ class RouterServer:
             _discovery_note(self.config),
         )
 
+    def _charged_max_tokens(self) -> int:
+        """What a tenant's token limit charges a request that names no `max_tokens`: the
+        service-level cap, else the context limit (such a request may run that far)."""
+        return self.config.default_max_tokens or self.config.max_model_len
+
     def _secured(self, app: object) -> object:
         """The app behind API keys (when configured); `/metrics` on its own port if asked."""
         warn_if_open(self.config.auth)
@@ -191,7 +196,7 @@ class RouterServer:
         return AuthApp(
             app,
             self.keys,
-            default_max_tokens=self.config.default_max_tokens,
+            default_max_tokens=self._charged_max_tokens(),
             max_body_bytes=self.config.edge.max_body_bytes,
             open_paths=open_paths,
         )
