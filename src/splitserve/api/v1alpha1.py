@@ -1013,6 +1013,10 @@ class RouterEdgeSpec(Model):
     drain_grace_seconds: float | None = Field(None, ge=0, le=3600)
     """On shutdown, how long in-flight requests may run on before they are cut (router default
     30). The router pods' termination grace period is set a little longer."""
+    allow_unknown_fields: bool | None = None
+    """Request bodies with fields the API does not know are refused with a 400 naming the field
+    (router default). True: such fields are dropped instead, for clients that send vendor
+    extras; known fields still act or are refused."""
 
     def settings_fields(self) -> dict[str, Any]:
         """The fields that are set, by their `EdgeSettings` names (`*_seconds` -> `*_s`)."""
