@@ -102,7 +102,12 @@ def measure(
     result: dict[str, Any] | None = None
     try:
         with KopfRunner(args, timeout=120, registry=registry):
+            started = time.monotonic()
             for i in range(n):
+                if i and i % 10 == 0:
+                    logging.warning(
+                        "created %d/%d services in %.0f s", i, n, time.monotonic() - started
+                    )
                 name = f"s{i}"
                 kube.create(body(name))
                 for j in range(2):
@@ -113,6 +118,7 @@ def measure(
                 router = worker_pod(name, "w", f"{name}-router-0", ip=f"10.{i // 250}.{i % 250}.9")
                 router["metadata"]["labels"][v1.LABEL_COMPONENT] = "router"
                 create_pod(kube, router)
+            logging.warning("created %d services in %.0f s", n, time.monotonic() - started)
             started = time.monotonic()
             unsettled = settle(server, kube, n, interval_s, settle_s)
             if unsettled:
