@@ -38,7 +38,7 @@ def crds() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("crd", crds(), ids=lambda c: c["metadata"]["name"])
 def test_every_field_has_a_description(crd: dict[str, Any]) -> None:
-    missing = []
+    missing: list[str] = []
     for version in crd["spec"]["versions"]:
         schema = version["schema"]["openAPIV3Schema"]
         missing += undescribed(schema, f"{version['name']}:")
