@@ -102,7 +102,13 @@ def measure(
     result: dict[str, Any] | None = None
     try:
         with KopfRunner(args, timeout=120, registry=registry):
+            started = time.monotonic()
             for i in range(n):
+                server.archive()  # keeps kmock's cost per request flat (see KmockThread)
+                if i and i % 10 == 0:
+                    logging.warning(
+                        "created %d/%d services in %.0f s", i, n, time.monotonic() - started
+                    )
                 name = f"s{i}"
                 kube.create(body(name))
                 for j in range(2):
@@ -113,13 +119,17 @@ def measure(
                 router = worker_pod(name, "w", f"{name}-router-0", ip=f"10.{i // 250}.{i % 250}.9")
                 router["metadata"]["labels"][v1.LABEL_COMPONENT] = "router"
                 create_pod(kube, router)
+            logging.warning("created %d services in %.0f s", n, time.monotonic() - started)
             started = time.monotonic()
             unsettled = settle(server, kube, n, interval_s, settle_s)
             if unsettled:
                 return {"unsettled": unsettled}
             settled_s = time.monotonic() - started
             before = [c for c in server.calls() if ours(c)]
-            time.sleep(window_s)
+            for _ in range(int(window_s)):
+                time.sleep(1.0)
+                server.archive()
+            time.sleep(window_s - int(window_s))
             during = [c for c in server.calls() if ours(c)][len(before) :]
             result = {**summary(during, n, window_s), "settle_s": settled_s}
     except Exception:
@@ -144,6 +154,7 @@ def settle(server: KmockServer, kube: RestKube, n: int, interval_s: float, timeo
     observed = 0
     recent: list[str] = []
     while time.monotonic() < deadline:
+        server.archive()
         calls = [c for c in server.calls() if ours(c)]
         writes = [c for c in calls if c.method in ("POST", "PATCH", "PUT", "DELETE")]
         observed = sum(1 for svc in kube.list(v1.API_VERSION, "LLMService", NS) if _observed(svc))
