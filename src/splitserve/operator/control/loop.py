@@ -1,6 +1,6 @@
 """The live control loop of one `LLMService`: observe -> decide (pure) -> act -> report.
 
-Every `scaling.intervalSeconds` (a kopf daemon per service, `run_daemon`):
+Every `scaling.intervalSeconds` (a kopf daemon per service, `handlers.autoscale_loop`):
 
 1. observe: scrape `/metrics` of every ready router pod (or query Prometheus when
    `scaling.metricsSource: Prometheus`), read one load report per serving worker, count the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -681,28 +680,3 @@ def _slo_condition(
         last_transition_time=since,
         observed_generation=generation,
     )
-
-
-# -- the daemon --------------------------------------------------------------------------------
-
-
-def run_daemon(
-    controller: Callable[[], Controller],
-    lock: threading.Lock,
-    namespace: str,
-    name: str,
-    stopped: threading.Event | Any,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> None:
-    """Tick every `scaling.intervalSeconds` until `stopped` (kopf's DaemonStopped) is set."""
-    interval = 1.0  # the first tick soon: it takes the first snapshot
-    while not stopped.wait(interval):
-        try:
-            with lock:
-                result = controller().tick(namespace, name)
-            interval = result.interval_s
-            for line in result.wrote:
-                logger.info("control loop: %s", line)
-        except Exception:
-            logger.exception("control loop tick failed; retrying")
-            interval = 5.0

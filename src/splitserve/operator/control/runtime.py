@@ -1,22 +1,20 @@
 """The control loop inside `splitserve operator run`: one `Controller` per process, its metrics
-registry, the `/metrics` + `/healthz` server, and the per-service daemon body the kopf handler
-calls (`operator.handlers.autoscale_loop`)."""
+registry, and the `/metrics` + `/healthz` server. The per-service kopf daemon that ticks it is
+`operator.handlers.autoscale_loop`."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from splitserve.obs.metrics import OperatorMetrics
 from splitserve.operator.control import server
-from splitserve.operator.control.loop import Controller, LoadProbe, http_get, run_daemon
+from splitserve.operator.control.loop import Controller, LoadProbe, http_get
 from splitserve.operator.kube import Kube
 
 
@@ -67,14 +65,3 @@ def serve(host: str, port: int) -> ThreadingHTTPServer:
     return server.serve(
         _rt.config.registry, server.health_of(ticks, time.monotonic), host=host, port=port
     )
-
-
-def daemon(
-    kube: Callable[[], Kube],
-    lock: threading.Lock,
-    namespace: str,
-    name: str,
-    stopped: Any,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> None:
-    run_daemon(lambda: controller(kube), lock, namespace, name, stopped, logger)
