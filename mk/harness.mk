@@ -12,5 +12,8 @@ $(BENCH_VENV)/.installed: mk/harness.mk
 
 venv-bench: $(BENCH_VENV)/.installed
 
+# `make test` (CI) runs guidellm's smoke too: the venv is a test dependency.
+TEST_DEPS += $(BENCH_VENV)/.installed
+
 test-harness: $(STAMP)
 	$(PY) -m pytest -q tests/integration/test_harness_smoke.py
