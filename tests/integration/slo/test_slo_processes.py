@@ -4,7 +4,10 @@ as separate OS processes over loopback (as `splitserve up` runs them), driven ov
 * a burst of 200 simultaneous requests on 2 prefill + 2 decode workers lands 45-55 % on each
   decode worker and on each prefill worker (reservations at decision time: no herding);
 * admission by class: with a full pool, non-sheddable (high-priority) requests are queued and
-  served, sheddable ones are answered 429 with `Retry-After` and an OpenAI-style body.
+  served, sheddable ones are answered 429 with `Retry-After` and an OpenAI-style body;
+* classes from the `x-slo-class` header (an unknown class is a 400 naming the header; none: the
+  default class), counted per class;
+* `router.disaggregation` from the config file decides the path, counted by path and reason.
 """
 
 from __future__ import annotations
@@ -212,3 +215,53 @@ def test_full_pool_queues_the_unsheddable_and_sheds_the_sheddable(stack: Stack) 
                 path="none")
         == 2
     )  # fmt: skip
+
+
+def test_classes_come_from_the_header(stack: Stack) -> None:
+    ws = [stack.worker("p", "prefill", 0.01), stack.worker("d", "decode", 0.01)]
+    slo = {
+        "sloClasses": [
+            {"name": "interactive", "ttftMs": 5000, "tpotMs": 1000, "priority": 10},
+            {"name": "batch", "ttftMs": 20000, "tpotMs": 5000, "sheddable": True},
+        ],
+        "defaultSloClass": "batch",
+    }
+    base = stack.router(ws, slo)
+    url = f"{base}/v1/completions"
+    bad = httpx.post(url, json=_body(), headers={"x-slo-class": "gold"}, timeout=60)
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "x-slo-class"
+    assert "gold" in bad.json()["error"]["message"]
+    for headers in ({"x-slo-class": "interactive"}, {}, {}):
+        r = httpx.post(url, json=_body(), headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+    metrics = f"{base}/metrics"
+    for cls, n in (("interactive", 1), ("batch", 2)):
+        got = _sample(
+            metrics, "splitserve_router_admission_total", slo_class=cls, outcome="admitted"
+        )
+        assert got == n, (cls, got)
+
+
+@pytest.mark.parametrize(
+    ("mode", "path", "reason"),
+    [("Never", "aggregated", "never"), ("Always", "disaggregated", "split")],
+)
+def test_disaggregation_from_the_config_file(
+    stack: Stack, mode: str, path: str, reason: str
+) -> None:
+    p = stack.worker("p", "prefill", 0.01)
+    d = stack.worker("d", "decode", 0.01)
+    slo = {
+        "sloClasses": [{"name": "standard", "ttftMs": 20000, "tpotMs": 5000}],
+        "router": {"disaggregation": mode},
+    }
+    base = stack.router([p, d], slo)
+    for _ in range(2):
+        r = httpx.post(f"{base}/v1/completions", json=_body(), timeout=60)
+        assert r.status_code == 200, r.text
+    placed = _sample(
+        f"{base}/metrics", "splitserve_router_placements_total", path=path, reason=reason
+    )
+    assert placed == 2
+    assert _worker_count(p, "prefill") == (2 if path == "disaggregated" else 0)
