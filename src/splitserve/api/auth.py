@@ -25,7 +25,10 @@ from pydantic.alias_generators import to_camel
 SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 
-class _Model(BaseModel):
+class FileModel(BaseModel):
+    """Base of the router's file models (`router.yaml`, the API-key file): frozen, strict about
+    unknown keys, camelCase keys (snake_case accepted too)."""
+
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
@@ -36,7 +39,7 @@ class _Model(BaseModel):
     )
 
 
-class TenantSpec(_Model):
+class TenantSpec(FileModel):
     """One tenant: its keys and what they may do."""
 
     name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -71,7 +74,7 @@ class TenantSpec(_Model):
         return self
 
 
-class KeyFile(_Model):
+class KeyFile(FileModel):
     """The whole key file."""
 
     tenants: tuple[TenantSpec, ...] = Field(min_length=1)

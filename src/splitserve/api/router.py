@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
-from splitserve.api.auth import AuthSettings
+from splitserve.api.auth import AuthSettings, FileModel
 from splitserve.api.router_edge import EdgeSettings
 
 
@@ -191,18 +191,7 @@ class RouterConfig(BaseModel):
 # router.yaml: the ConfigMap the operator renders (operator/render.py `router_config`)
 
 
-class _FileModel(BaseModel):
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-    )
-
-
-class ListenFile(_FileModel):
+class ListenFile(FileModel):
     """`listen`: the router's own interface and ports."""
 
     host: str = "127.0.0.1"
@@ -214,14 +203,14 @@ class ListenFile(_FileModel):
     """Port of the `splitserve.v1.Router` gRPC service."""
 
 
-class AuthFile(_FileModel):
+class AuthFile(FileModel):
     """`auth`: where the router finds its API keys (the Secret the operator mounts)."""
 
     key_file: str | None = None
     """The key file (docs/security.md); re-read when it changes."""
 
 
-class PlacementFile(_FileModel):
+class PlacementFile(FileModel):
     """`placement`: the service's `router.placementProfile`, `disaggregation`, predictor."""
 
     profile: v1.PlacementProfile = v1.PlacementProfile.DEFAULT
@@ -232,21 +221,21 @@ class PlacementFile(_FileModel):
     """The output-length predictor."""
 
 
-class AdmissionFile(_FileModel):
+class AdmissionFile(FileModel):
     """`admission`: the router's EDF queue."""
 
     queue_capacity: int = Field(1024, ge=0)
     """Requests the queue holds at most."""
 
 
-class EngineFile(_FileModel):
+class EngineFile(FileModel):
     """The engine the workers run (it decides the default tokenizer)."""
 
     kind: str = "vllm"
     """`vllm`: the tokenizer is the model's; `sim`: the local byte-level BPE unless given."""
 
 
-class RouterFile(_FileModel):
+class RouterFile(FileModel):
     """The whole `router.yaml`. Build with `RouterFile.from_configmap`, turn into a `RouterConfig`
     with `router_config()`.
     """

@@ -85,7 +85,8 @@ class OpenAiApi:
 
     # -- parsing ---------------------------------------------------------------------------
 
-    async def read_body(self, request: HttpRequest, model: type[pydantic.BaseModel]) -> Any:
+    async def read_json_object(self, request: HttpRequest) -> dict[str, Any]:
+        """The body as a JSON object, within the body limit; 400 otherwise."""
         raw = await self.read_limited(request)
         try:
             body = orjson.loads(raw)
@@ -94,6 +95,10 @@ class OpenAiApi:
             raise ApiError(400, f"the request body is not valid JSON: {err}") from err
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    async def read_body(self, request: HttpRequest, model: type[pydantic.BaseModel]) -> Any:
+        body = await self.read_json_object(request)
         return parse_body(model, body, allow_unknown=self.generator.edge.allow_unknown_fields)
 
     async def read_limited(self, request: HttpRequest) -> bytes:

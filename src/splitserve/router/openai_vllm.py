@@ -13,7 +13,6 @@ import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request as HttpRequest
@@ -89,21 +88,11 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
             return err.response()
         return JSONResponse(model_card(api, root))
 
-    async def tokenize_body(http: HttpRequest) -> dict[str, Any]:
-        raw = await api.read_limited(http)
-        try:
-            body = orjson.loads(raw)
-        except (orjson.JSONDecodeError, RecursionError) as err:
-            raise ApiError(400, f"the request body is not valid JSON: {err}") from err
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return body
-
     @app.post("/tokenize")
     async def tokenize(http: HttpRequest) -> Response:
         allow = generator.edge.allow_unknown_fields
         try:
-            body = await tokenize_body(http)
+            body = await api.read_json_object(http)
             if "messages" in body:
                 chat: wire.TokenizeChatRequest = parse_body(
                     wire.TokenizeChatRequest, body, allow_unknown=allow
@@ -148,7 +137,7 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
     @app.post("/detokenize")
     async def detokenize(http: HttpRequest) -> Response:
         try:
-            body = await tokenize_body(http)
+            body = await api.read_json_object(http)
             req = parse_body(
                 wire.DetokenizeRequest, body, allow_unknown=generator.edge.allow_unknown_fields
             )
