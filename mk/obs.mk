@@ -19,7 +19,7 @@ EXTRAS := $(EXTRAS),obs
 # are Prometheus Operator CRDs whose schemas are not available offline: tests/unit/obs/
 # test_chart_monitoring.py checks their rendered fields instead.
 .PHONY: monitoring-check
-monitoring-check: $(STAMP) $(HELM)
+monitoring-check: $(STAMP) helm  # the phony target: $(HELM) is set by operator.mk, read later
 	$(HELM) lint --strict $(CHART) --set monitoring.podMonitor.enabled=true \
 	  --set monitoring.serviceMonitor.enabled=true --set monitoring.dashboards.enabled=true >/dev/null
 	@mkdir -p $(K8S_TMP)

@@ -21,13 +21,10 @@ $(CHECKOV_VENV)/.installed:
 	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
 	touch $@
 
-security-scan: $(STAMP) $(CHECKOV_VENV)/.installed
+security-scan: $(STAMP) $(CHECKOV_VENV)/.installed helm
 	@rm -rf $(SCAN_DIR) && mkdir -p $(SCAN_DIR)
 	@for f in deploy/examples/llmservice-*.yaml; do \
 	  $(PY) -m splitserve operator render -f $$f > $(SCAN_DIR)/$$(basename $$f) || exit 1; \
 	done
-	@if [ -x $(HELM) ]; then \
-	  $(HELM) template splitserve $(CHART) --namespace splitserve-system \
-	    > $(SCAN_DIR)/chart.yaml || exit 1; \
-	else echo "security-scan: no helm ($(HELM)); the chart is not scanned (make helm)"; fi
+	$(HELM) template splitserve $(CHART) --namespace splitserve-system > $(SCAN_DIR)/chart.yaml
 	$(CHECKOV) --quiet --compact --skip-download --framework kubernetes -d $(SCAN_DIR) --skip-check $(CHECKOV_SKIP)
