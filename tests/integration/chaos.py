@@ -177,7 +177,11 @@ def chaos_stack(cfg: ChaosConfig) -> Iterator[ChaosStack]:
                 *(a for w in workers for a in ("--worker", w)),
             ]
             with log.open("wb") as out:
-                extra = subprocess.Popen(rargv, stdout=out, stderr=subprocess.STDOUT, env=env)
+                # The workers take only mTLS clients: the second router uses `up`'s router identity.
+                router_env = {**env, "SPLITSERVE_TLS_DIR": str(run_dir / "pki" / "router")}
+                extra = subprocess.Popen(
+                    rargv, stdout=out, stderr=subprocess.STDOUT, env=router_env
+                )
             _wait_file(ready, extra, 120, log)
             routers.append(json.loads(ready.read_text()))
         stack = ChaosStack(up, run_dir, routers, extra, SyntheticTokens(vocab, first, tuple(clean)))

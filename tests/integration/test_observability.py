@@ -103,9 +103,16 @@ def _worker_pid(run_dir: Path, name: str) -> int:
     return int(json.loads((run_dir / f"{name}.ready.json").read_text())["pid"])
 
 
-async def _set_roles(addresses: list[str], role: common_pb2.Role.ValueType) -> None:
+async def _set_roles(run_dir: Path, addresses: list[str], role: common_pb2.Role.ValueType) -> None:
+    """`SetRole` as the operator: `splitserve up` runs internal RPCs over mutual TLS, and only the
+    operator's certificate of its throw-away CA may change a worker's role."""
+    d = run_dir / "pki" / "operator"
+    creds = grpc.ssl_channel_credentials(
+        (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
+    )
+    options = [("grpc.ssl_target_name_override", "worker.splitserve.internal")]
     for address in addresses:
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with grpc.aio.secure_channel(address, creds, options=options) as ch:
             await worker_pb2_grpc.WorkerStub(ch).SetRole(worker_pb2.SetRoleRequest(role=role))
 
 
@@ -168,11 +175,11 @@ def _scenario(run: Run) -> None:
                     break
             # Both prefill workers turn decode: requests run aggregated; then back.
             prefill = [str(w["address"]) for n, w in run.workers.items() if n.startswith("pre")]
-            await _set_roles(prefill, common_pb2.ROLE_DECODE)
+            await _set_roles(run.run_dir, prefill, common_pb2.ROLE_DECODE)
             await asyncio.sleep(1.0)
             codes = await _burst(client, 4, "interactive")
             run.events["aggregated_ok"] += codes.count(200)
-            await _set_roles(prefill, common_pb2.ROLE_PREFILL)
+            await _set_roles(run.run_dir, prefill, common_pb2.ROLE_PREFILL)
             await asyncio.sleep(1.0)
             codes = await _burst(client, 4, "interactive")
             assert codes == [200] * 4, codes

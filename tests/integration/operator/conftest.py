@@ -212,6 +212,16 @@ def api_server() -> Iterator[str]:
         yield kubeconfig
 
 
+@pytest.fixture(autouse=True)
+def _kmock_log_stays_short() -> Iterator[None]:
+    """After each test, move kmock's request log aside (`KmockThread.archive`): kmock matches
+    every request against its whole log, so over a session of tests each request got slower
+    (about 1 s each late in `make test`, which timed the later tests out)."""
+    yield
+    if _SERVER is not None:
+        _SERVER.archive()
+
+
 @pytest.fixture
 def api_calls(api_server: str) -> Callable[[], list[ApiCall]] | None:
     """Every request the emulator has answered so far (None on a real cluster)."""
