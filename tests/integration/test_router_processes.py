@@ -8,35 +8,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from tests.integration.processes import ready, spawn
 
 pytestmark = pytest.mark.integration
 
 MODEL = "splitserve-sim"
-
-
-def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "splitserve", *args], stdout=out, stderr=out, env=env
-        )
-
-
-def _ready(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"{path.name} not ready"
-        time.sleep(0.1)
-    info: dict[str, Any] = json.loads(path.read_text())
-    return info
 
 
 @pytest.fixture
@@ -44,22 +26,22 @@ def stack(tmp_path: Path) -> Iterator[tuple[dict[str, Any], subprocess.Popen[byt
     env = {**os.environ, "SPLITSERVE_CACHE_DIR": str(tmp_path / "cache")}
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        worker = _spawn(
+        worker = spawn(
             ["worker", "serve", "--role", "mixed", "--sim-time-scale", "0.2",
              "--port", "0", "--metrics-port", "0", "--ready-file", str(tmp_path / "w.json")],
             tmp_path / "worker.log",
             env,
         )  # fmt: skip
         procs.append(worker)
-        address = _ready(tmp_path / "w.json", worker)["address"]
-        router = _spawn(
+        address = ready(tmp_path / "w.json", worker)["address"]
+        router = spawn(
             ["router", "serve", "--worker", address, "--port", "0", "--grpc-port", "0",
              "--processes", "2", "--ready-file", str(tmp_path / "r.json")],
             tmp_path / "router.log",
             env,
         )  # fmt: skip
         procs.append(router)
-        yield _ready(tmp_path / "r.json", router), router
+        yield ready(tmp_path / "r.json", router), router
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

@@ -10,40 +10,21 @@ evenly. Real processes throughout.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from tests.integration.processes import ready, spawn
 
 pytestmark = pytest.mark.integration
 
 MODEL = "splitserve-sim"
-
-
-def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "splitserve", *args], stdout=out, stderr=out, env=env
-        )
-
-
-def _ready(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"{path.name} not ready"
-        time.sleep(0.1)
-    info: dict[str, Any] = json.loads(path.read_text())
-    return info
 
 
 def _decode_requests_ok(metrics_port: int, kind: str) -> float:
@@ -63,22 +44,22 @@ def stack(tmp_path: Path) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]
     workers: list[dict[str, Any]] = []
     try:
         for i, role in enumerate(["prefill", "prefill", "decode", "decode"]):
-            ready = tmp_path / f"w{i}.json"
-            proc = _spawn(
+            ready_file = tmp_path / f"w{i}.json"
+            proc = spawn(
                 ["worker", "serve", "--role", role, "--sim-time-scale", "0.01", "--port", "0",
-                 "--metrics-port", "0", "--ready-file", str(ready)],
+                 "--metrics-port", "0", "--ready-file", str(ready_file)],
                 tmp_path / f"worker{i}.log",
                 env,
             )  # fmt: skip
             procs.append(proc)
-            workers.append(_ready(ready, proc))
+            workers.append(ready(ready_file, proc))
         args = ["router", "serve", "--port", "0", "--grpc-port", "0", "--processes", "2",
                 "--ready-file", str(tmp_path / "r.json")]  # fmt: skip
         for w in workers:
             args += ["--worker", w["address"]]
-        router = _spawn(args, tmp_path / "router.log", env)
+        router = spawn(args, tmp_path / "router.log", env)
         procs.append(router)
-        yield _ready(tmp_path / "r.json", router), workers
+        yield ready(tmp_path / "r.json", router), workers
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

@@ -1,0 +1,30 @@
+"""Starting `splitserve` processes in integration tests: spawn one with its output in a log file,
+wait for its ready file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`python -m splitserve ARGS`, stdout and stderr into `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "splitserve", *args], stdout=out, stderr=out, env=env
+        )
+
+
+def ready(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> dict[str, Any]:
+    """The process's ready file once it exists (fails if the process exits or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"{path.name} not ready"
+        time.sleep(0.1)
+    info: dict[str, Any] = json.loads(path.read_text())
+    return info
