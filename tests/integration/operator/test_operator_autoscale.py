@@ -43,11 +43,17 @@ class Router:
         self.down = False
         self.lock = threading.Lock()
         self.last = time.monotonic()
+        self.owed = 0.0
+        """Requests due but not served yet: the fraction carried between scrapes (at 0.5 req/s
+        and a scrape a second, truncating each gap would serve none)."""
 
     def get(self, url: str) -> str:
         with self.lock:
             now = time.monotonic()
-            n, self.last = int(self.rate * (now - self.last)), now
+            self.owed += self.rate * (now - self.last)
+            self.last = now
+            n = int(self.owed)
+            self.owed -= n
             if self.down:
                 raise OSError("connection refused")
             if n:
