@@ -439,7 +439,7 @@ def loop_classes(opts: dict[str, Any]) -> list[ClassTargets]:
     """The classes the loop sizes for: `up`'s SLO options, else the operator's default."""
     from splitserve.api.router import PlacementSettings
     from splitserve.cli.slo_options import slo_settings
-    from splitserve.operator.control.loop import DEFAULT_TPOT_S, DEFAULT_TTFT_S
+    from splitserve.operator.control.loop import class_targets
 
     slo, _ = slo_settings(
         opts["slo_classes"],
@@ -449,18 +449,7 @@ def loop_classes(opts: dict[str, Any]) -> list[ClassTargets]:
         opts["disaggregation"],
         PlacementSettings(),
     )
-    if slo is None or not slo.classes:
-        return [ClassTargets("default", DEFAULT_TTFT_S, DEFAULT_TPOT_S, 0.9, 0.9)]
-    return [
-        ClassTargets(
-            c.name,
-            None if c.ttft_ms is None else c.ttft_ms / 1000,
-            None if c.tpot_ms is None else c.tpot_ms / 1000,
-            c.percentile,
-            c.attainment,
-        )
-        for c in slo.classes
-    ]
+    return class_targets(() if slo is None else slo.classes)
 
 
 def start_autoscale(

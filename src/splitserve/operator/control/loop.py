@@ -31,7 +31,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -304,7 +304,7 @@ class Controller:
         now = self.clock()
         st.window.add(self._snapshot(spec, namespace, name, now))
         pools, pool_objs, in_flight, problems = self._pools(spec, svc, namespace, name)
-        obs = st.window.observe(now, _targets(spec), pools, problems)
+        obs = st.window.observe(now, class_targets(spec.slo_classes), pools, problems)
         decision, st.autoscaler = decide(obs, st.autoscaler, self.perf, params)
         decision, flips = plan_flips(
             decision,
@@ -590,8 +590,9 @@ def _differs(current: object, wanted: object) -> bool:
     return bool(current != wanted)
 
 
-def _targets(spec: v1.LLMServiceSpec) -> list[ClassTargets]:
-    if not spec.slo_classes:
+def class_targets(classes: Sequence[v1.SloClassSpec]) -> list[ClassTargets]:
+    """The classes the loop sizes for (seconds); none declared: the default class."""
+    if not classes:
         return [ClassTargets("default", DEFAULT_TTFT_S, DEFAULT_TPOT_S, 0.9, 0.9)]
     return [
         ClassTargets(
@@ -601,7 +602,7 @@ def _targets(spec: v1.LLMServiceSpec) -> list[ClassTargets]:
             c.percentile,
             c.attainment,
         )
-        for c in spec.slo_classes
+        for c in classes
     ]
 
 
