@@ -174,24 +174,32 @@ def test_full_pool_queues_the_unsheddable_and_sheds_the_sheddable(stack: Stack) 
     url = f"{base}/v1/completions"
 
     async def run() -> tuple[int, list[httpx.Response]]:
-        # The head request holds the only slot: wait for its first token.
-        async with (
-            httpx.AsyncClient(timeout=180) as client,
-            client.stream("POST", url, json=_body(max_tokens=40, stream=True)) as head,
-        ):
-            lines = head.aiter_lines()
-            async for line in lines:
-                if line.startswith("data: "):
-                    break
-            replies = await asyncio.gather(
-                *(
-                    client.post(url, json=_body(max_tokens=40), headers={"x-slo-class": c})
+        # The head request holds the only slot for as long as its stream stays open (a long
+        # completion, closed by the client once the others are in: a short head could finish
+        # on a slow machine before the batch requests arrive and leave them room).
+        async with httpx.AsyncClient(timeout=180) as client:
+            async with client.stream("POST", url, json=_body(max_tokens=2000, stream=True)) as head:
+                lines = head.aiter_lines()  # held: a dropped iterator closes the stream
+                async for line in lines:
+                    if line.startswith("data: "):
+                        break
+                post = [
+                    asyncio.create_task(
+                        client.post(url, json=_body(max_tokens=40), headers={"x-slo-class": c})
+                    )
                     for c in ("interactive", "interactive", "batch", "batch")
-                )
-            )
-            async for _ in lines:
-                pass
-            return head.status_code, list(replies)
+                ]
+                batch = await asyncio.gather(*post[2:])  # shed while the head runs
+                deadline = time.monotonic() + 60
+                depth = f"{base}/metrics", "splitserve_router_queue_depth"
+                while await asyncio.to_thread(_sample, *depth, slo_class="interactive") < 2:
+                    assert time.monotonic() < deadline, "the interactive requests never queued"
+                    await asyncio.sleep(0.05)
+                status = head.status_code
+                await head.aclose()
+            # The head's client left: its slot goes to the queued interactive requests.
+            inter = await asyncio.gather(*post[:2])
+            return status, [*inter, *batch]
 
     head, replies = asyncio.run(run())
     assert head == 200
