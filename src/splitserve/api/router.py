@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.auth import AuthSettings, FileModel
+from splitserve.api.backends import HttpBackend
 from splitserve.api.router_edge import EdgeSettings
 
 
@@ -185,6 +186,9 @@ class RouterConfig(BaseModel):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Serve `/metrics` on this port of `http_host` instead (0 picks a free one); the HTTP
     API's `/metrics` then needs a key like every other route. None: on the HTTP port, open."""
+    backends: tuple[HttpBackend, ...] = ()
+    """Stock `vllm serve` servers, reached over vLLM's OpenAI HTTP API (`--backend`,
+    `router.http_backend`), on top of the gRPC workers."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +266,8 @@ class RouterFile(FileModel):
     """Class of requests without `x-slo-class`."""
     edge: v1.RouterEdgeSpec = v1.RouterEdgeSpec()
     """The client-facing limits (the service's `router.edge`); unset fields: the defaults."""
+    backends: tuple[HttpBackend, ...] = ()
+    """Stock `vllm serve` servers as workers (url, role); docs/engines.md."""
 
     @classmethod
     def from_configmap(cls, data: Mapping[str, Any]) -> tuple[RouterFile, tuple[str, ...]]:
@@ -305,6 +311,7 @@ class RouterFile(FileModel):
                 queue_capacity=self.admission.queue_capacity,
             ),
             "edge": EdgeSettings(**self.edge.settings_fields()),
+            "backends": self.backends,
         }
         if "placement" in overrides:  # flags override single fields, the file the rest
             flags = overrides.pop("placement")

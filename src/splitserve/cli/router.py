@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from splitserve.api.auth import AuthSettings
+from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
@@ -47,6 +48,15 @@ def router() -> None:
     "Flags given explicitly override it.",
 )
 @click.option("--worker", "workers", multiple=True, help="Worker gRPC address (repeatable).")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="[ROLE=]URL",
+    help="A stock `vllm serve` server as a worker (repeatable), e.g. --backend "
+    "prefill=http://10.0.0.5:8000; ROLE: prefill, decode or mixed (default). P/D needs vLLM's "
+    "NIXL --kv-transfer-config on both servers (docs/engines.md).",
+)
 @click.option(
     "--workers-file",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -134,6 +144,7 @@ def serve_cmd(
     ctx: click.Context,
     config_file: Path | None,
     workers: tuple[str, ...],
+    backends: tuple[str, ...],
     workers_file: Path | None,
     model: str,
     tokenizer: Path | None,
@@ -169,6 +180,7 @@ def serve_cmd(
     flags: dict[str, Any] = {
         "edge": ("edge_values", edge_settings(edge_values)),
         "worker_addresses": ("workers", workers),
+        "backends": ("backends", _backends(backends)),
         "workers_file": ("workers_file", None if workers_file is None else str(workers_file)),
         "model_name": ("model", model),
         "http_host": ("host", host),
@@ -229,6 +241,16 @@ def serve_cmd(
         supervise(config, processes, ready_file)
         return
     _serve(config, ready_file, reuse_port)
+
+
+def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:
+    out = []
+    for value in values:
+        try:
+            out.append(parse_backend_flag(value))
+        except ValueError as err:  # pydantic's ValidationError is one
+            raise click.BadParameter(str(err), param_hint="--backend") from err
+    return tuple(out)
 
 
 def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> None:

@@ -32,7 +32,9 @@ WARM_TIMEOUT_S = 60.0
 
 def warm_plan(views: list[EndpointView]) -> dict[EndpointId, tuple[str, ...]]:
     """For each ready decode-capable endpoint, the ready prefill-capable ones it pulls from."""
-    ready = [v for v in views if v.ready]
+    # Stock vLLM servers (`http_backend`, ids are URLs) take no WarmKv: their NIXL handshake
+    # happens on the first pull, and a gRPC worker cannot pull from them by that id either.
+    ready = [v for v in views if v.ready and not v.id.startswith(("http://", "https://"))]
     sources = [v.id for v in ready if v.role.can_prefill]
     return {v.id: tuple(s for s in sources if s != v.id) for v in ready if v.role.can_decode}
 

@@ -21,6 +21,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from grpc import aio
@@ -46,10 +47,14 @@ _ROLES = {
 }
 
 
+class _Closeable(Protocol):
+    async def close(self) -> None: ...
+
+
 @dataclass
 class _Endpoint:
     id: EndpointId
-    channel: aio.Channel
+    channel: _Closeable
     stub: worker_pb2_grpc.WorkerAsyncStub
     report: common_pb2.LoadReport | None = None
     report_at_s: float = float("-inf")
@@ -123,6 +128,25 @@ class PoolView:
             return eid
         channel = tls.aio_channel(address, options=FAST_RECONNECT_OPTIONS)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
+        return self._add(eid, channel, stub, address)
+
+    def add_stub(self, eid: str, stub: object, channel: _Closeable) -> EndpointId:
+        """Start watching an endpoint reached through `stub` rather than a gRPC channel (a stock
+        vLLM server, `router.http_backend.HttpWorker`): the same load watching, placement and
+        dispatch. `channel.close()` runs when it is removed. Idempotent."""
+        if not self._started:
+            raise RuntimeError("PoolView.add_stub before start()")
+        if EndpointId(eid) in self._endpoints:
+            return EndpointId(eid)
+        return self._add(EndpointId(eid), channel, stub, eid)  # type: ignore[arg-type]
+
+    def _add(
+        self,
+        eid: EndpointId,
+        channel: _Closeable,
+        stub: worker_pb2_grpc.WorkerAsyncStub,
+        address: str,
+    ) -> EndpointId:
         ep = _Endpoint(eid, channel, stub)
         self._endpoints[eid] = ep
         ep.task = asyncio.create_task(self._watch(ep), name=f"watch-load {address}")

@@ -36,6 +36,7 @@ from splitserve.router.discovery import FileDiscovery, KubernetesDiscovery, PodS
 from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
+from splitserve.router.http_backend import HttpWorker
 from splitserve.router.http_edge import ConnectionCount, bind_tcp_socket, edge_protocol
 from splitserve.router.kv_warm import KvPairWarmer
 from splitserve.router.loop_lag import LoopLagMonitor
@@ -133,6 +134,8 @@ class RouterServer:
         )
         self._generator = generator
         await self.pool.start()
+        for backend in self.config.backends:  # stock `vllm serve` servers (docs/engines.md)
+            self.pool.add_stub(backend.url, (worker := HttpWorker(backend)), worker)
         self.loop_lag.start()
         self._kv_warm = asyncio.create_task(KvPairWarmer(self.pool).run(), name="warm-kv")
         if self.discovery is not None:
