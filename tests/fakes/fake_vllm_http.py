@@ -52,8 +52,10 @@ class FakeVllm:
     model: str = "fake-model"
     fail_prefill: bool = False
     """Answer prefills with HTTP 500."""
-    fail_pulls: bool = False
-    """Answer decodes as if the KV pull failed (an error event in the stream)."""
+    fail_pulls: str = ""
+    """Answer decodes as if the KV pull failed: `event` (an error event in the stream) or
+    `finish` (a chunk with `finish_reason: error` and no token, vLLM's `kv_load_failure_policy:
+    fail`)."""
     first_token_offset: int = 0
     """Add this to the first token of a decode (a decode that disagrees with its prefill)."""
     num_waiting: int = 0
@@ -175,8 +177,10 @@ class FakeVllm:
         offset = 0
         if kv.get("do_remote_prefill"):
             self.calls.append("decode")
-            if self.fail_pulls:
+            if self.fail_pulls == "event":
                 return self._stream_error("KV pull failed (fault injected)")
+            if self.fail_pulls == "finish":
+                return self._stream_finish_error()
             async with httpx.AsyncClient() as client:
                 pulled = await client.get(
                     f"http://{kv['remote_host']}:{kv['remote_port']}"
@@ -224,6 +228,14 @@ class FakeVllm:
             yield "data: [DONE]\n\n"
         finally:
             self._running -= 1
+
+    def _stream_finish_error(self) -> Response:
+        async def events() -> AsyncIterator[str]:
+            choice = {"index": 0, "text": "", "token_ids": [], "finish_reason": "error"}
+            yield f"data: {json.dumps({'choices': [choice]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     def _stream_error(self, message: str) -> Response:
         async def events() -> AsyncIterator[str]:

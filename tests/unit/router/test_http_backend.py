@@ -132,10 +132,11 @@ async def test_prefill_failure_falls_back_to_aggregated_on_the_decode_server(
     assert fallbacks == 1
 
 
+@pytest.mark.parametrize("how", ["event", "finish"])
 async def test_failed_pull_regenerates_from_prompt_and_first_token(
-    make_fake: FakeFactory, make_router: ServerFactory, tokenizer: TextTokenizer
+    make_fake: FakeFactory, make_router: ServerFactory, tokenizer: TextTokenizer, how: str
 ) -> None:
-    p, d = await make_fake(), await make_fake(fail_pulls=True)
+    p, d = await make_fake(), await make_fake(fail_pulls=how)
     server = await _router(make_router, f"prefill={p.url}", f"decode={d.url}")
     pieces, usage = await _stream(server, PROMPT, max_tokens=5, temperature=0)
     assert d.calls == ["decode", "generate"]

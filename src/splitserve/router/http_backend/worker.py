@@ -10,9 +10,9 @@ on:
 - 400 / 422 (vLLM refused the request itself): INVALID_ARGUMENT (a 400 to the client);
 - the call ran out of time: DEADLINE_EXCEEDED;
 - other HTTP errors: INTERNAL (the next worker);
-- a decode that fails before its first token (vLLM could not pull the KV; with vLLM's default
-  `kv_load_failure_policy` it recomputes instead) or whose first token differs from the
-  prefill's: ABORTED (the dispatcher re-runs the request there from prompt + first token,
+- a decode that fails before its first token (vLLM could not pull the KV; its default
+  `kv_load_failure_policy: fail` ends the request with an error) or whose first token differs
+  from the prefill's: ABORTED (the dispatcher re-runs the request there from prompt + first token,
   without the KV).
 
 The decode server samples the first token again (vLLM's protocol): the worker drops it from the
@@ -22,7 +22,8 @@ requests without a seed get one derived from the request id on both halves
 
 Cancel: a stock server has no cancel call; closing the HTTP stream aborts the request there
 (vLLM does that on disconnect). KV a prefill server holds for a decode that never comes is
-freed by vLLM's lease (`VLLM_NIXL_ABORT_REQUEST_TIMEOUT`).
+freed when vLLM's lease runs out (`kv_lease_duration` in the connector's extra config,
+30 s by default).
 """
 
 from __future__ import annotations
@@ -392,6 +393,14 @@ class HttpWorker:
                                 )
                             tokens, skip = tokens[1:], False
                         reason = protocol.finish_reason(choice.get("finish_reason"))
+                        if skip and reason == common_pb2.FINISH_REASON_ERROR:
+                            # vLLM's `kv_load_failure_policy: fail` (its default): the pull
+                            # failed and the request ends with an error before any token.
+                            raise rpc_error(
+                                grpc.StatusCode.ABORTED,
+                                f"{self.url}: decode ended with an error before its first "
+                                "token (KV pull failed)",
+                            )
                         if tokens or reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                             yield common_pb2.TokenChunk(
                                 request_id=request_id,
