@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, NoReturn
 
@@ -142,7 +143,11 @@ class HttpWorker:
             kv_transfer_params=None if whole else protocol.PREFILL_KV_PARAMS,
             seed=protocol.pd_seed(msg.request_id),
         )
+        start_s = time.monotonic()
         out = await self._post_json(msg.request_id, body, timeout)
+        # A stock server reports no engine time: the call's round trip stands in for it
+        # (approximate: it includes the server's queue and HTTP), feeding the prefill rate.
+        elapsed_s = time.monotonic() - start_s
         choice = (out.get("choices") or [{}])[0]
         token_ids = choice.get("token_ids") or []
         if len(token_ids) != 1:
@@ -156,6 +161,7 @@ class HttpWorker:
             request_id=msg.request_id,
             first_token_id=int(token_ids[0]),
             num_prompt_tokens=int((out.get("usage") or {}).get("prompt_tokens") or 0),
+            prefill_s=elapsed_s,
         )
         if reason == common_pb2.FINISH_REASON_STOP or whole:
             resp.finish_reason = reason  # type: ignore[assignment]
@@ -281,6 +287,8 @@ class HttpWorker:
                 resp = await self._client.get("/metrics", timeout=max(interval_s * 4, 2.0))
             except httpx.HTTPError as err:
                 raise _transport_error(self.url, err) from err
+            except ValueError as err:  # /v1/models answered something that is not JSON
+                raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{self.url}: {err}") from err
             if resp.status_code != 200:
                 raise _status_error(self.url, resp.status_code, resp.text)
             self._seq += 1
@@ -301,7 +309,8 @@ class HttpWorker:
         resp = await self._client.get("/v1/models", timeout=5.0)
         if resp.status_code != 200:
             raise _status_error(self.url, resp.status_code, resp.text)
-        data = resp.json().get("data") or []
+        body = resp.json()
+        data = (body.get("data") if isinstance(body, dict) else None) or []
         if not data or not isinstance(data[0], dict) or not data[0].get("id"):
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{self.url}: serves no model")
         return str(data[0]["id"])
