@@ -164,6 +164,9 @@ class Timing:
     xfer_s: float = 0.0
     raw_s: list[float] = field(default_factory=list)
     """Raw NIXL READs of the same bytes right after this request (RawNixl)."""
+    raw_core_s: list[float] = field(default_factory=list)
+    """The same, by a reader pinned to the decode worker's core, right before and right after
+    this request (with cma, UCX's READ on one host, the copy runs on the reader's core)."""
     token_times_s: list[float] = field(default_factory=list)
 
 
@@ -287,10 +290,18 @@ def _nixl_target(conn: Any, nbytes: int, progress_thread: bool) -> None:
     conn.recv()
 
 
-def _nixl_reader(conn: Any, ctl: Any, nbytes: int, progress_thread: bool) -> None:
+def _nixl_reader(
+    conn: Any, ctl: Any, nbytes: int, progress_thread: bool, cpu: int | None = None
+) -> None:
     """Reads the first n bytes of the target's buffer `repeat` times per ("read", n, repeat)
-    command on `ctl`, answering the seconds of each READ (post to DONE, polled)."""
+    command on `ctl`, answering the seconds of each READ (post to DONE, polled). On `cpu` only
+    when given (the decode worker's core: the READ's copy then gets the CPU the worker's gets)."""
+    import os
+
     import numpy as np
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     from nixl._api import nixl_agent, nixl_agent_config
 
     agent = nixl_agent("reader", nixl_agent_config(enable_prog_thread=progress_thread))
@@ -328,13 +339,15 @@ class RawNixl:
     """Two processes moving DRAM with NIXL READs (UCX, loopback), kept for a whole run so that
     raw reads can be interleaved with the engine's transfers of the same bytes."""
 
-    def __init__(self, max_bytes: int, progress_thread: bool = False) -> None:
+    def __init__(
+        self, max_bytes: int, progress_thread: bool = False, cpu: int | None = None
+    ) -> None:
         ctx = mp.get_context("spawn")
         a, b = ctx.Pipe()
         self._ctl, ctl = ctx.Pipe()
         self._procs = [
             ctx.Process(target=_nixl_target, args=(a, max_bytes, progress_thread)),
-            ctx.Process(target=_nixl_reader, args=(b, ctl, max_bytes, progress_thread)),
+            ctx.Process(target=_nixl_reader, args=(b, ctl, max_bytes, progress_thread, cpu)),
         ]
         for p in self._procs:
             p.start()

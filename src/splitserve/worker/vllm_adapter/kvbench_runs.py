@@ -43,6 +43,9 @@ BENCH_MODEL: dict[str, Any] = {
 }
 """About 22 M parameters, fp32: 32 KiB of KV per token (2 x 8 layers x 512 x 4 bytes)."""
 
+DECODE_CPU = 1
+"""The core of the single run's decode worker (the prefill worker's is 0)."""
+
 
 def bytes_per_token(model_dir: str) -> int:
     """KV bytes per token of a Hugging Face Llama-style model directory in fp32 (the bench's)."""
@@ -76,10 +79,12 @@ async def _single(
     max_tokens: int,
     warm: bool,
     raw: RawNixl | None,
+    raw_core: RawNixl | None = None,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
     client = Client()
     out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
+    moved: dict[int, int] = {}
     try:
         # Each engine's first forward passes pay one-off costs: pay them before measuring, so
         # that the first P/D request shows what is the pair's own (its NIXL set-up) only.
@@ -95,12 +100,19 @@ async def _single(
             for n in lengths:
                 # Every request its own prompt: no prefix-cache hit on either worker.
                 prompt = prompt_of(n, seed=1000 * rep + n)
+                # Raw reads on the decode's core just before and just after: the same moment's
+                # load (the machine is shared), so the ratio compares like with like.
+                kv_n = moved.get(n, 0)  # the bytes this length moved last round (vLLM's blocks)
+                core_before = raw_core.read_s(kv_n, 2) if raw_core is not None and kv_n else []
                 before = scrape(d)
                 t = await client.pd(p.address, d.address, f"pd-{rep}-{n}", prompt, max_tokens)
                 _, nbytes, secs = xfer_delta(before, scrape(d))
                 t.kv_bytes, t.xfer_s = nbytes, secs
+                moved[n] = int(nbytes)
                 if raw is not None and nbytes:  # the same bytes, raw, right after
                     t.raw_s = raw.read_s(int(nbytes), 3)
+                if raw_core is not None and nbytes:
+                    t.raw_core_s = [*core_before, *raw_core.read_s(int(nbytes), 2)]
                 other = prompt_of(n, seed=1000 * rep + n + 500)
                 c = await client.generate(d.address, f"ctl-{rep}-{n}", other, max_tokens)
                 c.mode = "control"
@@ -158,18 +170,22 @@ def run_single(
     args = engine_args(max(lengths) + max_tokens + 16) if engine == "vllm" else []
     kw: dict[str, Any] = {"env": env, "engine_args": args, "engine": engine}
     res: dict[str, Any] = {}
-    pair = [("prefill", "prefill", 0), ("decode", "decode", 1)]
+    pair = [("prefill", "prefill", 0), ("decode", "decode", DECODE_CPU)]
     with workers(run_dir, model, pair, **kw) as (p, d):
         time.sleep(2.0)
         res["idle_cpu"] = idle_cpu([p, d], idle_s)
         warm_it = warm and engine == "vllm"
         kv_max = (max(lengths) + 128) * bytes_per_token(model) if engine == "vllm" else 0
         raw = RawNixl(kv_max) if kv_max else None
+        raw_core = RawNixl(kv_max, cpu=DECODE_CPU) if kv_max else None
         try:
-            timings = asyncio.run(_single(p, d, lengths, repeat, max_tokens, warm_it, raw))
+            timings = asyncio.run(
+                _single(p, d, lengths, repeat, max_tokens, warm_it, raw, raw_core)
+            )
         finally:
-            if raw is not None:
-                raw.close()
+            for r in (raw, raw_core):
+                if r is not None:
+                    r.close()
         res["idle_cpu_after"] = idle_cpu([p, d], idle_s)
     with workers(run_dir, model, [("decode", "mixed", 1)], **kw) as (d,):
         timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens))
@@ -182,8 +198,8 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
     t: dict[str, list[Timing]] = res["timings"]
     lines = [
         "| prompt | mode | TTFT ms | token-1 -> token-2 ms | KV MiB | NIXL xfer ms | raw NIXL ms "
-        "| vLLM / raw GB/s (raw time / vLLM time) |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
+        "| vLLM / raw GB/s (raw time / vLLM time) | raw on D's core ms | raw core / vLLM |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for n in lengths:
         for mode in ("agg", "control", "pd"):
@@ -192,7 +208,16 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
                 continue
             kv = med([x.kv_bytes for x in rows])
             xf = med([x.xfer_s for x in rows])
-            raw_cell = bw = ""
+            raw_cell = bw = core_cell = core_ratio = ""
+            core = [x for x in rows if x.raw_core_s and x.xfer_s]
+            if mode == "pd" and core:
+                core_cell = ms(med([s for x in core for s in x.raw_core_s]))
+                # Per request: its own raw reads (just before and after) / its transfer.
+                ratios = [med(x.raw_core_s) / x.xfer_s for x in core]
+                core_ratio = (
+                    f"{100 * med(ratios):.0f} % (per request {min(ratios) * 100:.0f}"
+                    f"–{max(ratios) * 100:.0f} %)"
+                )
             if mode == "pd" and kv:
                 r = med([s for x in rows for s in x.raw_s])
                 best_x = min(x.xfer_s for x in rows)
@@ -207,10 +232,10 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
                 f"| {n} | {mode} | {ms(med([x.ttft_s for x in rows]))} "
                 f"| {ms(med([x.token2_s for x in rows]))} "
                 f"| {kv / MiB:.1f} | {ms(xf)} (best {ms(min(x.xfer_s for x in rows))}) "
-                f"| {raw_cell} | {bw} |"
+                f"| {raw_cell} | {bw} | {core_cell} | {core_ratio} |"
                 if mode == "pd"
                 else f"| {n} | {mode} | {ms(med([x.ttft_s for x in rows]))} "
-                f"| {ms(med([x.token2_s for x in rows]))} | | | | |"
+                f"| {ms(med([x.token2_s for x in rows]))} | | | | | | |"
             )
     first = t.get("first", [])
     later = [x for x in t["pd"] if first and x.prompt_tokens == first[0].prompt_tokens]

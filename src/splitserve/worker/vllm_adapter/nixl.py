@@ -79,11 +79,17 @@ def clip_pulls(scheduler: Any, key: str) -> bool:
 class PullDriver:
     """Progresses the decode side's NIXL reads while they are in flight.
 
-    Without NIXL's progress thread, UCX moves a read's descriptors only while someone polls it;
-    vLLM polls once per engine step (`get_finished`), so a read of many descriptors advanced a
-    step at a time (measured: a fifth of the raw NIXL bandwidth). The engine thread calls
-    `drive` between steps while reads are in flight: it polls their state in a tight loop until
-    they are done or the budget is spent. CPU is used only while KV is moving."""
+    Without NIXL's progress thread, UCX moves a read only while someone polls it; vLLM polls once
+    per engine step (`get_finished`), so a read still in progress after its post waited a step
+    per poll (measured: a fifth of the raw NIXL bandwidth before this driver). The engine thread
+    calls `drive` between steps while reads are in flight: it polls their state in a tight loop
+    until they are done or the budget is spent. CPU is used only while KV is moving.
+
+    Host memory on one host (UCX's `cma` transport) needs no polling for the data: the READ is a
+    `process_vm_readv` copy done inside the post (`transfer()` returns DONE), so vLLM's transfer
+    time is that copy on the decode engine's thread (docs/benchmarks.md, KV handoff). The driver
+    matters where the post returns PROC: RDMA and TCP transports, and a read whose completion
+    notification to the prefill side is still pending."""
 
     def __init__(self, worker: Any) -> None:
         self._worker = worker
