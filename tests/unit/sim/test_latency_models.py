@@ -91,7 +91,7 @@ def test_a_profile_takes_a_kv_link() -> None:
 
 
 def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
-    from splitserve.core.perf import RooflineModel
+    from splitserve.core.perf import RescaledModel, RooflineModel
     from splitserve.sim.reproductions import distserve, tetriinfer
     from splitserve.sim.reproductions.common import latency_source, use_gpu_models
 
@@ -105,8 +105,12 @@ def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
     assert colocated.engine == "vllm"
     assert isinstance(prefill, DistServeModel)
     assert prefill.engine == "distserve"
-    assert isinstance(tetri, DistServeModel)
-    assert tetri.tp == 2
+    # TetriInfer ran on V100s: DistServe's A100 fit carried to the V100 by the roofline ratio.
+    assert isinstance(tetri, RescaledModel)
+    assert isinstance(tetri.base, DistServeModel)
+    assert tetri.base.tp == 2
+    assert tetri.target.hardware.name == "v100-32g"
+    assert tetri.source.hardware.name == "a100-80g"
     assert not use_gpu_models()  # context-local: restored on exit
     with pytest.raises(ValueError, match="unknown latency source"), latency_source("tpu"):
         pass

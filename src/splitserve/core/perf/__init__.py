@@ -9,6 +9,7 @@ from splitserve.core.perf.catalog import (
     LATENCY_MODELS,
     LinkedModel,
     OverheadModel,
+    RescaledModel,
     build_latency_model,
 )
 from splitserve.core.perf.distserve import DistServeModel
@@ -38,6 +39,7 @@ __all__ = [
     "OverheadModel",
     "ProfileCurve",
     "ProfiledModel",
+    "RescaledModel",
     "RooflineModel",
     "StepSample",
     "VidurModel",

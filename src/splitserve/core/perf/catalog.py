@@ -83,6 +83,38 @@ class OverheadModel:
         return self.base.kv_transfer_s(num_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class RescaledModel:
+    """A model measured on one GPU carried to another: each step costs the base model's time
+    × `target.step_s / source.step_s`, the roofline's ratio for that very batch shape on the two
+    GPUs (same model, same TP). The measurement keeps the engine's own costs and their shape;
+    the roofline supplies only how the hardware changes them (compute-bound steps scale with
+    peak FLOP/s, memory-bound ones with bandwidth). An approximation: where the base engine is
+    bound by something the roofline does not model (CPU overhead), the scaling overstates the
+    change. The KV transfer keeps the base model's link."""
+
+    base: LatencyModel
+    source: RooflineModel
+    target: RooflineModel
+
+    def __post_init__(self) -> None:
+        if self.source.shape != self.target.shape or self.source.tp != self.target.tp:
+            raise ValueError("source and target rooflines must price the same model at one TP")
+
+    @property
+    def ready(self) -> bool:
+        return self.base.ready
+
+    def step_s(self, batch: BatchShape) -> float:
+        t = self.base.step_s(batch)
+        if t <= 0:
+            return t
+        return t * self.target.step_s(batch) / self.source.step_s(batch)
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return self.base.kv_transfer_s(num_bytes)
+
+
 def _roofline(
     model: str, hardware: str, tp: int, time_scale: float, link: KvLink | None
 ) -> LatencyModel:

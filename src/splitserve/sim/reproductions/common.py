@@ -11,7 +11,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from splitserve.core.perf import DistServeModel, LatencyModel
+from splitserve.core.perf import (
+    HARDWARE,
+    DistServeModel,
+    LatencyModel,
+    RescaledModel,
+    RooflineModel,
+)
 from splitserve.core.perf.kvlink import kv_link
 from splitserve.sim.metrics import Goodput
 from splitserve.sim.report import markdown_table
@@ -41,13 +47,23 @@ def use_gpu_models() -> bool:
     return _LATENCY.get() == "gpu"
 
 
-def gpu_or(roofline: LatencyModel, model: str = "opt-13b", tp: int = 1) -> LatencyModel:
+FIT_HARDWARE = "a100-80g"
+"""The GPU DistServe's published fits were measured on."""
+
+
+def gpu_or(roofline: RooflineModel, model: str = "opt-13b", tp: int = 1) -> LatencyModel:
     """`roofline`, or inside `latency_source("gpu")` the nearest GPU-measured model for an OPT
     set-up: DistServe's published fit of vLLM on A100-80GB for `model` at `tp` (KV over NVLink,
-    Vidur's A100 send/recv). Papers measured on other GPUs say so in their notes."""
+    Vidur's A100 send/recv). Where the paper's GPU (`roofline.hardware`) is another one, the fit
+    is carried to it by the roofline's per-shape ratio (`RescaledModel`): the measured engine on
+    the paper's GPU, not an A100 standing in for it. Papers say which in their notes."""
     if not use_gpu_models():
         return roofline
-    return DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
+    fit = DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
+    if roofline.hardware.name == FIT_HARDWARE:
+        return fit
+    source = RooflineModel(roofline.shape, HARDWARE[FIT_HARDWARE], tp=roofline.tp)
+    return RescaledModel(fit, source, roofline)
 
 
 def pricing() -> str:

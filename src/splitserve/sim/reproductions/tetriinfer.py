@@ -201,6 +201,7 @@ def tetriinfer(quick: bool = False) -> Reproduction:
         notes.append(f"Quick: {', '.join(QUICK_CLASSES)} only, no burst sensitivity.")
     notes.append("Why some rows miss the band: docs/simulator.md § TetriInfer.")
     notes += latency_note(
-        "DistServe's fit of vLLM for OPT-13B TP 2 on A100-80GB (nearest: the paper used V100s)."
+        "DistServe's fit of vLLM for OPT-13B TP 2 on A100-80GB, carried to the paper's V100s "
+        "by the roofline's per-shape ratio (RescaledModel)."
     )
     return Reproduction("TetriInfer", tuple(comparisons), {}, tuple(notes))
