@@ -93,6 +93,8 @@ class Setup:
     )
     window_s: float = 30.0
     """What each observation covers."""
+    peak_window_s: float = 10.0
+    """The sub-windows of the window whose busiest one gives `arrival_rate_peak_per_s`."""
     startup_s: float = 20.0
     """A new worker serves this long after it was started (model load)."""
     flipping: bool = True
@@ -309,9 +311,12 @@ def observe(
     finished: Sequence[RequestRecord],
 ) -> Observation:
     """The loop's view of the last `window_s`: the same fields the live loop reads."""
-    start = now - setup.window_s
+    # The replay starts at 0: before a whole window has passed, rates cover what has.
+    span = min(setup.window_s, now) if now > 0 else setup.window_s
+    start = now - span
     arrived = [r for r in cluster.requests if r.item.arrival_s > start]
-    rate = len(arrived) / setup.window_s
+    rate = len(arrived) / span
+    peak = peak_rate([r.item.arrival_s for r in arrived], now, span, setup.peak_window_s)
     prompt = float(np.mean([r.item.num_prompt_tokens for r in arrived])) if arrived else None
     outs = [r.num_output_tokens for r in finished]
     output = (
@@ -336,7 +341,7 @@ def observe(
                 ttft_s=percentile(ttfts, c.percentile) if ttfts else None,
                 tpot_s=percentile(tpots, c.percentile) if tpots else None,
                 attainment=met / len(mine) if mine else None,
-                goodput_per_s=met / setup.window_s,
+                goodput_per_s=met / span,
             )
         )
     counts = fleet.counts()
@@ -353,7 +358,22 @@ def observe(
         for r in ROLES
     }
     # An idle service still has a known (zero) rate; lengths default to the last seen.
-    return Observation(now, setup.window_s, rate, prompt, output, tuple(classes), pools)
+    return Observation(
+        now, span, rate, prompt, output, tuple(classes), pools, arrival_rate_peak_per_s=peak
+    )
+
+
+def peak_rate(arrivals: Sequence[float], now: float, span: float, sub_s: float) -> float:
+    """The busiest `sub_s` sub-window's arrival rate among those tiling `(now - span, now]`
+    (the newest first; a last partial one is dropped; at least one): at least the mean of the
+    tiled part."""
+    k = max(1, int(span / sub_s + 1e-9))
+    counts = [0] * k
+    for a in arrivals:
+        i = int((now - a) / sub_s)
+        if 0 <= i < k:
+            counts[i] += 1
+    return max(counts) / sub_s
 
 
 def _finished_since(cluster: Cluster, since: float) -> list[RequestRecord]:

@@ -11,7 +11,14 @@ from splitserve.cli.sim import bundled_trace, sim
 from splitserve.core.roles import Role
 from splitserve.policy.planner.autoscaler import AutoscalerParams
 from splitserve.sim import autoscale_eval
-from splitserve.sim.autoscale import Setup, reversals, run_autoscaled, run_static, step_workload
+from splitserve.sim.autoscale import (
+    Setup,
+    peak_rate,
+    reversals,
+    run_autoscaled,
+    run_static,
+    step_workload,
+)
 
 PAIRS = [(1500, 200), (3000, 150), (800, 100)]
 SETUP = Setup(
@@ -37,6 +44,33 @@ def test_step_scales_up_within_two_ticks_and_back_down_without_oscillating() -> 
         assert all(SETUP.min_replicas <= n <= SETUP.max_replicas for n in t.workers.values())
     static = run_static(items, SETUP, r.peak_workers)
     assert r.gpu_hours < static.gpu_hours
+
+
+def test_peak_rate_is_the_busiest_sub_window() -> None:
+    # 30 s window at t=100 in 10 s sub-windows: (70, 80] 1, (80, 90] 0, (90, 100] 5 arrivals.
+    arrivals = [75.0, 91.0, 92.0, 95.0, 99.0, 100.0]
+    assert peak_rate(arrivals, 100.0, 30.0, 10.0) == 0.5
+    assert peak_rate([], 100.0, 30.0, 10.0) == 0.0
+    # A span shorter than one sub-window is one sub-window.
+    assert peak_rate([99.0], 100.0, 5.0, 10.0) == 0.1
+
+
+def test_burst_headroom_reacts_to_a_step_on_the_first_tick() -> None:
+    """With `burst_weight` 1 the first tick after a step sizes for the busiest 10 s (the step's
+    full rate) rather than the 30 s mean that holds a third of it."""
+    items = step_workload(PAIRS, 1.0, 5.0, 60.0, 120.0, 200.0, np.random.default_rng(2))
+    reacts = {}
+    for w in (0.0, 1.0):
+        params = AutoscalerParams(
+            interval_s=10.0, scale_down_stabilization_s=60.0, horizon_s=20.0, burst_weight=w
+        )
+        setup = Setup(params=params, startup_s=10.0, flipping=False)
+        r = run_autoscaled(items, setup, step_at_s=60.0)
+        assert r.oscillations == 0
+        reacts[w] = r.reaction_s
+    assert reacts[1.0] is not None
+    assert reacts[1.0] <= 10.0
+    assert reacts[0.0] is None or reacts[0.0] >= reacts[1.0]
 
 
 def test_reversals_counts_direction_changes_within_a_window() -> None:

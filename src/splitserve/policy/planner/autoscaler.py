@@ -16,6 +16,9 @@ decisions):
 
 - forecast: Holt's linear smoothing of the per-tick arrival rate, looked `horizon_s` ahead, and
   never below the rate just observed (sizing for a rise before it arrives);
+- burst headroom: the rate sized for moves `burst_weight` of the way from the window's mean to
+  its busiest sub-window (`Observation.arrival_rate_peak_per_s`): headroom in proportion to the
+  observed burstiness, and a step sized in full on the first tick after it;
 - hysteresis: scale up when the `target_utilization` count exceeds the pool; scale down only to
   the `scale_down_utilization` count (lower utilisation, so more workers), so a load that sits
   between the two thresholds moves nothing;
@@ -95,6 +98,10 @@ class AutoscalerParams:
     """Finished requests a class needs in the window before its SLO misses count as pressure."""
     queue_per_worker: float = 4.0
     """Queued requests per worker above which the role is under pressure."""
+    burst_weight: float = 0.0
+    """Headroom for bursts: size for `mean + burst_weight × (peak − mean)` of the observation's
+    arrival rates (`Observation.arrival_rate_peak_per_s`, the busiest sub-window). 0: the mean
+    alone; 1: the busiest sub-window (a step's full size on the first tick after it)."""
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.scale_down_stabilization_s < 0 or self.horizon_s < 0:
@@ -107,6 +114,8 @@ class AutoscalerParams:
             raise ValueError("max_step_up and max_step_down must be >= 1")
         if not 0 < self.ttft_budget_fraction <= 1:
             raise ValueError("ttft_budget_fraction must be in (0, 1]")
+        if not 0 <= self.burst_weight <= 1:
+            raise ValueError("burst_weight must be in [0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +364,14 @@ def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, s
     return {r: "; ".join(v) for r, v in out.items()}
 
 
+def burst_rate(mean: float, peak: float | None, weight: float) -> float:
+    """The rate sized for: `mean + weight × (peak − mean)`; the mean when no peak is known (a
+    peak below the mean is treated as the mean)."""
+    if peak is None or peak <= mean:
+        return mean
+    return mean + weight * (peak - mean)
+
+
 def decide(
     obs: Observation,
     state: AutoscalerState,
@@ -388,7 +405,8 @@ def decide(
 
     rate = max(0.0, obs.arrival_rate_per_s)
     forecast = state.forecast.update(rate, params)
-    rate_f = max(rate, forecast.ahead(params))
+    burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight)
+    rate_f = max(burst, forecast.ahead(params))
     stats = LengthStats(max(0.0, obs.mean_prompt_tokens), max(1.0, obs.mean_output_tokens))
     tgt = targets or Targets.of(obs.classes)
     roles = tuple(obs.pools)
@@ -420,8 +438,9 @@ def decide(
         down_now = max(down_now, up_target)
         history.append((now, role, down_now))
         down_target = max(h[2] for h in history if h[1] is role)
+        seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
         basis = (
-            f"forecast {rate_f:.3g} req/s (observed {rate:.3g}), "
+            f"forecast {rate_f:.3g} req/s ({seen}), "
             f"prompt {stats.mean_prompt_tokens:.0f} / output {stats.mean_output_tokens:.0f} "
             f"tokens: {w:.2f} worker-equivalents"
         )

@@ -149,6 +149,11 @@ class Observation:
     """Requests shed or rejected by the routers in the window (None: unknown)."""
     problems: tuple[SignalProblem, ...] = ()
     """Signals missing or stale: when non-empty, policies hold and record these."""
+    arrival_rate_peak_per_s: float | None = None
+    """The highest arrival rate over the window's sub-windows (e.g. per tick interval), at least
+    the window's mean: how bursty the arrivals are, and a step's full size on the first tick
+    after it (the window's mean shows only part of it). None: not measured (the policies then
+    size on the mean alone)."""
 
     @property
     def usable(self) -> bool:
