@@ -241,6 +241,7 @@ def metric_names(registry: CollectorRegistry) -> set[str]:
 
 
 _LOOP_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_API_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class OperatorMetrics:
@@ -298,6 +299,48 @@ class OperatorMetrics:
             ["service"],
             registry=registry,
         )
+        # -- reconciles and the Kubernetes API (issue 13 item 5) --
+        self.reconciles = Counter(
+            "splitserve_operator_reconciles",
+            "Reconciles by the kind whose handler ran them (LLMService: create / update / "
+            "resume / timer; LLMPool: its replicas changed) and result (success, error, "
+            "backoff: skipped while a permanent failure backs off).",
+            ["resource", "result"],
+            registry=registry,
+        )
+        self.reconcile_errors = Counter(
+            "splitserve_operator_reconcile_errors",
+            "Failed reconciles by reason (the API server's answer in one CamelCase word, "
+            "InvalidSpec, or Unexpected).",
+            ["resource", "reason"],
+            registry=registry,
+        )
+        self.reconcile_duration = Histogram(
+            "splitserve_operator_reconcile_duration_seconds",
+            "Duration of one reconcile (skipped ones not counted).",
+            ["resource"],
+            buckets=_LOOP_BUCKETS,
+            registry=registry,
+        )
+        self.api_requests = Counter(
+            "splitserve_operator_kube_requests",
+            "Requests the operator made to the Kubernetes API server, by verb and HTTP status "
+            "code (`error`: no answer). kopf's own watch streams are not counted.",
+            ["verb", "code"],
+            registry=registry,
+        )
+        self.api_duration = Histogram(
+            "splitserve_operator_kube_request_duration_seconds",
+            "Latency of the operator's Kubernetes API requests, by verb.",
+            ["verb"],
+            buckets=_API_BUCKETS,
+            registry=registry,
+        )
+
+    def observe_api(self, verb: str, code: str, seconds: float) -> None:
+        """One API request: its verb (get, list, create, patch, delete), its status code."""
+        self.api_requests.labels(verb, code).inc()
+        self.api_duration.labels(verb).observe(seconds)
 
 
 # -- vLLM's series names (issue 18) ----------------------------------------------------------

@@ -95,6 +95,8 @@ class _Failure:
     attempts: int
     retry_at: float
     """`time.monotonic()` before which the timer does not try again."""
+    reason: str = "Unexpected"
+    """One CamelCase word (`KubeError.reason`, `InvalidSpec`): the error metric's label."""
 
 
 @dataclass
@@ -127,7 +129,7 @@ class Operator:
                     import kubernetes
 
                     cfg = load_configuration(self.config.kubeconfig)
-                    rest = RestKube(kubernetes.client.ApiClient(cfg))
+                    rest = RestKube(kubernetes.client.ApiClient(cfg), control.observe_api)
                     self._kube = CachedKube(rest, self.store) if self.config.cache else rest
             return self._kube
 
@@ -163,14 +165,19 @@ def _now() -> str:
 
 
 def _failed(
-    op: Operator, state: ServiceState, message: str, permanent: bool, logger: Logger
+    op: Operator,
+    state: ServiceState,
+    message: str,
+    permanent: bool,
+    logger: Logger,
+    reason: str = "Unexpected",
 ) -> None:
     """Remember a failure; log it once per distinct message, without a traceback."""
     old = state.failure
     attempts = old.attempts + 1 if old is not None and old.message == message else 1
     interval = max(op.config.interval_s, 1.0)
     delay = min(interval * 2**attempts, MAX_BACKOFF_S) if permanent else interval
-    state.failure = _Failure(message, attempts, time.monotonic() + delay)
+    state.failure = _Failure(message, attempts, time.monotonic() + delay, reason)
     if attempts == 1:
         kind = "permanent" if permanent else "temporary"
         retry = (
@@ -182,10 +189,16 @@ def _failed(
 
 
 def _reconcile(
-    op: Operator, namespace: str | None, name: str, logger: Logger, *, force: bool = True
+    op: Operator,
+    namespace: str | None,
+    name: str,
+    logger: Logger,
+    *,
+    force: bool = True,
+    resource: str = "LLMService",
 ) -> rc.Outcome | None:
     """One reconcile; None when skipped (backing off). `force`: ignore the back-off (the
-    service or one of its pools changed).
+    service or one of its pools changed). `resource`: the kind whose handler asked (metrics).
 
     Raises `kopf.TemporaryError` for what a retry may fix; permanent failures are reported
     (status, Event, one log line) and not raised: the back-off retries them.
@@ -194,8 +207,32 @@ def _reconcile(
         raise kopf.PermanentError("splitserve objects are namespaced")
     state = op.service(namespace, name)
     failure = state.failure
+    metrics = control.metrics()
     if failure is not None and not force and time.monotonic() < failure.retry_at:
+        metrics.reconciles.labels(resource, "backoff").inc()
         return None
+    started = time.monotonic()
+    result, reason = "error", "Unexpected"
+    try:
+        outcome = _reconcile_locked(op, state, namespace, name, logger)
+        if outcome is not None:
+            result = "success"
+        else:
+            reason = state.failure.reason if state.failure is not None else reason
+        return outcome
+    except kopf.TemporaryError:
+        reason = state.failure.reason if state.failure is not None else reason
+        raise
+    finally:
+        metrics.reconcile_duration.labels(resource).observe(time.monotonic() - started)
+        metrics.reconciles.labels(resource, result).inc()
+        if result == "error":
+            metrics.reconcile_errors.labels(resource, reason).inc()
+
+
+def _reconcile_locked(
+    op: Operator, state: ServiceState, namespace: str, name: str, logger: Logger
+) -> rc.Outcome | None:
     with state.lock:
         try:
             outcome = rc.reconcile(
@@ -209,10 +246,10 @@ def _reconcile(
                 coalescer=op.coalescer,
             )
         except ConfigError as err:
-            _failed(op, state, str(err), True, logger)
+            _failed(op, state, str(err), True, logger, "InvalidSpec")
             return None
         except KubeError as err:
-            _failed(op, state, str(err), err.permanent, logger)
+            _failed(op, state, str(err), err.permanent, logger, err.reason)
             if err.permanent:
                 return None
             raise kopf.TemporaryError(str(err), delay=2) from err
@@ -384,7 +421,7 @@ def pool_changed(
     logger.info("replicas -> %s: reconciling %s", body["spec"].get("replicas"), service)
     try:
         for _round in range(MAX_SETTLE_ROUNDS):
-            outcome = _reconcile(op, namespace, service, logger)
+            outcome = _reconcile(op, namespace, service, logger, resource="LLMPool")
             if outcome is None or outcome.settle_s <= 0:
                 return
             time.sleep(outcome.settle_s + 0.05)

@@ -16,6 +16,7 @@ import copy
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
@@ -207,14 +208,31 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid for r in refs)
 
 
-class RestKube:
-    """The API server over HTTP, with the official client's auth and TLS configuration."""
+ApiObserver = Callable[[str, str, float], None]
+"""Told of every request `RestKube` makes: (verb, HTTP status code or `error`, seconds)."""
 
-    def __init__(self, api_client: Any | None = None) -> None:
+_VERBS: Final[Mapping[str, str]] = {
+    "GET": "get",
+    "POST": "create",
+    "PATCH": "patch",
+    "PUT": "update",
+    "DELETE": "delete",
+}
+
+
+class RestKube:
+    """The API server over HTTP, with the official client's auth and TLS configuration.
+
+    `observe`: told of every request (the operator's `splitserve_operator_kube_*` metrics); all
+    of them pass through `_call`, the one place that talks HTTP.
+    """
+
+    def __init__(self, api_client: Any | None = None, observe: ApiObserver | None = None) -> None:
         import kubernetes
 
         self.client = api_client or kubernetes.client.ApiClient()
         self.client.user_agent = USER_AGENT
+        self.observe = observe
 
     def _call(
         self,
@@ -223,7 +241,33 @@ class RestKube:
         body: Any = None,
         content_type: str = "application/json",
         query: Mapping[str, str] | None = None,
+        verb: str | None = None,
     ) -> Any:
+        if self.observe is None:
+            return self._request(method, path, body, content_type, query)[1]
+        started = time.monotonic()
+        code = "error"
+        try:
+            status, out = self._request(method, path, body, content_type, query)
+            code = str(status)
+            return out
+        except KubeError as err:
+            code = str(err.status)
+            raise
+        finally:
+            self.observe(
+                verb or _VERBS.get(method, method.lower()), code, time.monotonic() - started
+            )
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str,
+        query: Mapping[str, str] | None,
+    ) -> tuple[int, Any]:
+        """(HTTP status, the decoded answer); a status outside 2xx raises `KubeError`."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -245,7 +289,7 @@ class RestKube:
             except ValueError:
                 message = data.decode(errors="replace")[:500]
             raise KubeError(response.status, message, f"{method} {path}")
-        return json.loads(data) if data else None
+        return int(response.status), json.loads(data) if data else None
 
     def get(
         self, api_version: str, kind: str, namespace: str, name: str, *, live: bool = False
@@ -262,7 +306,9 @@ class RestKube:
         self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str] | None = None
     ) -> list[Obj]:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else {}
-        out = self._call("GET", resource_path(api_version, kind, namespace), query=query)
+        out = self._call(
+            "GET", resource_path(api_version, kind, namespace), query=query, verb="list"
+        )
         items: list[Obj] = out.get("items") or []
         # Filter here too: some servers (and emulators) ignore labelSelector.
         return [i for i in items if matches(i, labels)]

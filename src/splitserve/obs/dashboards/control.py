@@ -97,5 +97,70 @@ DASHBOARD: Final = Dashboard(
                 ),
             ),
         ),
+        Row(
+            "Operator: reconciles and the Kubernetes API",
+            (
+                Panel(
+                    "Reconciles by resource and result",
+                    "Reconciles per second by the kind whose handler ran them and their result "
+                    "(success, error, backoff: skipped while a permanent failure backs off).",
+                    (
+                        Query(
+                            f"sum by (resource, result) (rate({series(O.reconciles)}[{RATE}]))",
+                            "{{resource}} {{result}}",
+                        ),
+                    ),
+                    unit="ops",
+                    width=8,
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+                Panel(
+                    "Reconcile errors by reason",
+                    "Failed reconciles per second by reason (the API server's answer, "
+                    "InvalidSpec, Unexpected).",
+                    (
+                        Query(
+                            f"sum by (resource, reason) "
+                            f"(rate({series(O.reconcile_errors)}[{RATE}]))",
+                            "{{resource}} {{reason}}",
+                        ),
+                    ),
+                    unit="ops",
+                    width=8,
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+                Panel(
+                    "Reconcile duration p50 / p99",
+                    "Time one reconcile takes, by resource.",
+                    (
+                        Query(quantile(0.5, O.reconcile_duration, "resource"), "p50 {{resource}}"),
+                        Query(quantile(0.99, O.reconcile_duration, "resource"), "p99 {{resource}}"),
+                    ),
+                    unit="s",
+                    width=8,
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+                Panel(
+                    "API requests by verb and code",
+                    "The operator's requests to the Kubernetes API server per second (kopf's "
+                    "watch streams not counted).",
+                    (
+                        Query(
+                            f"sum by (verb, code) (rate({series(O.api_requests)}[{RATE}]))",
+                            "{{verb}} {{code}}",
+                        ),
+                    ),
+                    unit="reqps",
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+                Panel(
+                    "API request latency p99 by verb",
+                    "99th percentile latency of the operator's API requests.",
+                    (Query(quantile(0.99, O.api_duration, "verb"), "{{verb}}"),),
+                    unit="s",
+                    empty_in_local_stack=NO_OPERATOR,
+                ),
+            ),
+        ),
     ),
 )

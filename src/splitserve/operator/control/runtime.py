@@ -44,6 +44,18 @@ def configure(config: ControlConfig) -> None:
     _rt = _Runtime(config=config)
 
 
+def metrics() -> OperatorMetrics:
+    """The operator's metrics (one set per process, on the registry `/metrics` serves)."""
+    with _rt.guard:
+        _rt.metrics = _rt.metrics or OperatorMetrics(_rt.config.registry)
+        return _rt.metrics
+
+
+def observe_api(verb: str, code: str, seconds: float) -> None:
+    """A `kube.ApiObserver` into the current metrics (the operator's `RestKube` reports here)."""
+    metrics().observe_api(verb, code, seconds)
+
+
 def controller(kube: Callable[[], Kube]) -> Controller:
     with _rt.guard:
         if _rt.controller is None:
