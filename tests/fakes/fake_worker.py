@@ -54,6 +54,20 @@ class Script:
     draining: bool = False
     kv_blocks_free: int = 1000
     num_running: int = 0
+    engine: str = "fake"
+    """The engine kind the worker reports (the router refuses fields per engine)."""
+
+
+def scripted_logprobs(token: int, top: int) -> common_pb2.TokenLogprobs:
+    """A made-up distribution, the same for every position: the sampled token first (log
+    probability -1 - token / 100), then tokens 3, 4, ... (-0.1, -0.2, ...) as the `top` most
+    likely, the sampled one not repeated, as vLLM orders them."""
+    ids, lps = [token], [-1.0 - token / 100]
+    for i in range(top):
+        if 3 + i != token:
+            ids.append(3 + i)
+            lps.append(-0.1 * (i + 1))
+    return common_pb2.TokenLogprobs(token_ids=ids, logprobs=lps, rank=top + 1)
 
 
 @dataclass
@@ -122,6 +136,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         max_tokens: int,
         stop_ids: Sequence[int],
         abort: grpc.StatusCode | None,
+        sampling: common_pb2.SamplingParams | None = None,
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         s = self.script
         if abort is not None:
@@ -148,7 +163,10 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 reason = (
                     common_pb2.FINISH_REASON_STOP if stopped else common_pb2.FINISH_REASON_LENGTH
                 )
-            yield common_pb2.TokenChunk(token_ids=[token], finish_reason=reason)
+            chunk = common_pb2.TokenChunk(token_ids=[token], finish_reason=reason)
+            if sampling is not None and sampling.logprobs:
+                chunk.logprobs.append(scripted_logprobs(token, sampling.top_logprobs))
+            yield chunk
             if last:
                 return
 
@@ -169,6 +187,10 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             first_token_id=first,
             num_prompt_tokens=len(request.prompt_token_ids),
         )
+        if request.sampling.logprobs:
+            resp.first_token_logprobs.CopyFrom(
+                scripted_logprobs(first, request.sampling.top_logprobs)
+            )
         if request.sampling.max_tokens <= 1 or first in request.sampling.stop_token_ids:
             stop = first in request.sampling.stop_token_ids
             resp.finish_reason = (
@@ -193,6 +215,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             request.sampling.max_tokens - 1,
             request.sampling.stop_token_ids,
             self.script.decode_abort,
+            request.sampling,
         ):
             yield chunk
 
@@ -207,6 +230,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             request.sampling.max_tokens,
             request.sampling.stop_token_ids,
             self.script.generate_abort,
+            request.sampling,
         ):
             yield chunk
 
@@ -235,7 +259,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             kv_block_size=16,
             draining=s.draining,
             seq=self._seq,
-            engine="fake",
+            engine=s.engine,
             model="fake",
         )
 

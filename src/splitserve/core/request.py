@@ -37,6 +37,9 @@ class SamplingSpec:
     bad_words: tuple[str, ...] = ()
     allowed_token_ids: tuple[int, ...] = ()
     """Empty: every token is allowed."""
+    logprobs: int | None = None
+    """None: no log probabilities. k >= 0: each output token's log probability and the k most
+    likely tokens at its position (vLLM's `SamplingParams.logprobs`)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,6 +56,19 @@ class SamplingSpec:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Log probabilities at one output position, as vLLM returns them: the sampled token first,
+    then the most likely tokens by rank (the sampled one not repeated when among them)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    rank: int = 0
+    """The sampled token's rank (1: the most likely); 0: unknown."""
 
 
 @dataclass(frozen=True, slots=True)

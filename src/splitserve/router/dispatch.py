@@ -40,7 +40,7 @@ from splitserve.api.router import DispatchSettings, PlacementSettings, SloSettin
 from splitserve.core.clock import Clock
 from splitserve.core.errors import ConfigError, NoEligibleEndpoint
 from splitserve.core.ids import EndpointId
-from splitserve.core.request import FinishReason, Request
+from splitserve.core.request import FinishReason, Request, TokenLogprobs
 from splitserve.obs import tracing
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import (
@@ -85,6 +85,8 @@ class Chunk:
 
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """With `SamplingSpec.logprobs`: one per token of `token_ids`."""
 
 
 class _WorkerFailed(Exception):  # noqa: N818 - internal signal
@@ -406,7 +408,10 @@ class Dispatch:
                 self.path = Path.AGGREGATED
             else:
                 reason = messages.FINISH_FROM_PB.get(first.finish_reason)
-                yield Chunk((first.first_token_id,), reason)
+                logprobs: tuple[TokenLogprobs, ...] = ()
+                if first.HasField("first_token_logprobs"):
+                    logprobs = (messages.logprobs_from_pb(first.first_token_logprobs),)
+                yield Chunk((first.first_token_id,), reason, logprobs)
                 if reason is not None:
                     return
         decode = tuple(placement.decode)
@@ -479,9 +484,9 @@ class Dispatch:
             self._d.pool.acquire(eid)
             try:
                 async with contextlib.aclosing(self._stream(eid, call)) as stream:
-                    async for tokens, reason in stream:
+                    async for tokens, reason, logprobs in stream:
                         emitted.extend(tokens)
-                        yield Chunk(tokens, reason)
+                        yield Chunk(tokens, reason, logprobs)
                         if reason is not None:
                             return
             except _WorkerFailed as err:
@@ -523,7 +528,9 @@ class Dispatch:
 
     async def _stream(
         self, eid: EndpointId, call: aio.UnaryStreamCall
-    ) -> AsyncGenerator[tuple[tuple[int, ...], FinishReason | None], None]:
+    ) -> AsyncGenerator[
+        tuple[tuple[int, ...], FinishReason | None, tuple[TokenLogprobs, ...]], None
+    ]:
         stall_s = self._d.settings.token_stall_timeout_s
         chunks = aiter(call)
         try:
@@ -543,7 +550,12 @@ class Dispatch:
                     raise _WorkerFailed(eid, "the worker cancelled the request")
                 reason = messages.FINISH_FROM_PB.get(chunk.finish_reason)
                 if chunk.token_ids or reason is not None:
-                    yield tuple(chunk.token_ids), reason
+                    logprobs = (
+                        tuple(messages.logprobs_from_pb(lp) for lp in chunk.logprobs)
+                        if chunk.logprobs
+                        else ()
+                    )
+                    yield tuple(chunk.token_ids), reason, logprobs
                 if reason is not None:
                     return
         except aio.AioRpcError as err:

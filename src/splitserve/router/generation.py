@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.clock import Clock
 from splitserve.core.ids import RequestId, SloClassName
-from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.core.request import FinishReason, Request, SamplingSpec, TokenLogprobs
 from splitserve.policy.admission import SloOverrides, UnknownSloClass
 from splitserve.policy.admission.classes import BadOverride
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
@@ -60,6 +60,8 @@ class GenerationParams:
     """The `x-slo-class` header; empty: the service's default class."""
     slo_overrides: tuple[tuple[str, str], ...] = ()
     """(`x-slo-ttft-ms` / `x-slo-tpot-ms`, milliseconds) as the client sent them."""
+    logprobs: int | None = None
+    """None: no log probabilities; k: each token's and the k most likely (`SamplingSpec`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ class TextChunk:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     path: str = ""
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """With `GenerationParams.logprobs`: one per token of `token_ids`."""
 
 
 class _Running:
@@ -251,6 +255,7 @@ class Generator:
                 min_tokens=knobs.min_tokens,
                 bad_words=knobs.bad_words,
                 allowed_token_ids=knobs.allowed_token_ids,
+                logprobs=params.logprobs,
             )
         except ValueError as err:
             raise InvalidRequest(str(err)) from err
@@ -327,11 +332,11 @@ class Generator:
                     log.debug("request %s hit stop string %r", request.id, stops.hit)
                 if reason is None:
                     if text or chunk.token_ids:
-                        yield TextChunk(text, chunk.token_ids)
+                        yield TextChunk(text, chunk.token_ids, logprobs=chunk.logprobs)
                     continue
                 usage = Usage(request.num_prompt_tokens, dispatch.num_output_tokens)
                 path = dispatch.path.value if dispatch.path is not None else ""
-                final = TextChunk(text, chunk.token_ids, reason, usage, path)
+                final = TextChunk(text, chunk.token_ids, reason, usage, path, chunk.logprobs)
                 break
         finally:
             self._running.discard(running)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from splitserve._gen.v1 import common_pb2, worker_pb2
-from splitserve.core.request import FinishReason, Request
+from splitserve.core.request import FinishReason, Request, TokenLogprobs
 
 FINISH_FROM_PB: Final = {
     common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
@@ -41,7 +41,13 @@ def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
         bad_words=s.bad_words,
         allowed_token_ids=s.allowed_token_ids,
         seeded=s.seed is not None,
+        logprobs=s.logprobs is not None,
+        top_logprobs=s.logprobs or 0,
     )
+
+
+def logprobs_from_pb(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(tuple(pb.token_ids), tuple(pb.logprobs), pb.rank)
 
 
 def prefill(req: Request, slo: common_pb2.SloContext | None = None) -> worker_pb2.PrefillRequest:

@@ -40,7 +40,7 @@ from splitserve.router import openai_models as wire
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.generation import GenerationParams, Generator
 from splitserve.router.openai_errors import ApiError, api_error_from
-from splitserve.router.openai_fields import refusal, sampler_knobs
+from splitserve.router.openai_fields import refusal, requested_logprobs, sampler_knobs
 from splitserve.router.openai_parse import parse_body, template_messages
 from splitserve.router.openai_stream import ClientGone, collect, stream_body, unless_disconnected
 from splitserve.router.openai_vllm import add_vllm_routes
@@ -159,6 +159,7 @@ class OpenAiApi:
             stop=self.generator.check_stops(req.stop_strings()),
             ignore_eos=req.ignore_eos,
             sampler=sampler_knobs(req),
+            logprobs=requested_logprobs(req),
             slo_class=http.headers.get(_SLO_HEADER) or "",
             slo_overrides=_slo_overrides(http),
         )
@@ -197,7 +198,8 @@ class OpenAiApi:
             except SplitserveError as err:
                 return _with_headers(api_error_from(err).response(), headers)
             assert last.usage is not None
-            whole = orjson.dumps(fmt.response(text, last.finish_reason, last.usage))
+            lp = fmt.logprobs_of(last, stream=False)
+            whole = orjson.dumps(fmt.response(text, last.finish_reason, last.usage, lp))
             return Response(whole, media_type="application/json", headers=headers)
         # Wait for the first tokens before answering, so placement and rejection errors still
         # get a proper status code instead of an error event inside a 200 stream.
@@ -284,6 +286,7 @@ def create_app(
             params = api.params(req, req.max_tokens, http)
             prompt = await api.completion_prompt(req)
             fmt = formatter(chat=False)
+            fmt.with_logprobs(params.logprobs, generator.tokenizer)
             request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
@@ -301,6 +304,7 @@ def create_app(
             params = api.params(req, max_tokens, http)
             prompt = await api.chat_prompt(req)
             fmt = formatter(chat=True)
+            fmt.with_logprobs(params.logprobs, generator.tokenizer)
             request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))

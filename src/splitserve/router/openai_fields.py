@@ -19,6 +19,7 @@ import pydantic
 
 from splitserve.router import openai_models as wire
 from splitserve.router.generation import SamplerKnobs
+from splitserve.router.logprobs import MAX_LOGPROBS
 from splitserve.router.openai_errors import ApiError
 
 ENGINES: Final = ("vllm", "sim")
@@ -47,11 +48,18 @@ _NO_GUIDED = (
     "structured outputs are not implemented in splitserve yet (the guided-decoding state would "
     "have to travel with the KV from the prefill worker to the decode worker)"
 )
-_NO_LOGPROBS = "the workers' protocol does not return log probabilities yet"
+_NO_LOGPROBS = (
+    "the simulated engine's synthetic tokens come from no probability distribution, so it has "
+    "no log probabilities to report"
+)
 
 
 def _refused(why: str, note: str = "") -> Field:
     return Field("refused", "refused", note, why)
+
+
+def _refused_by_sim(why: str, note: str) -> Field:
+    return Field("acts", "refused", note, why)
 
 
 COMMON: Final[dict[str, Field]] = {
@@ -114,7 +122,13 @@ COMPLETION: Final[dict[str, Field]] = {
     **COMMON,
     "prompt": Field("acts", "acts", "One prompt: text or token ids (a list of one is accepted)."),
     "echo": _refused("echo is not supported", "`false` is accepted."),
-    "logprobs": _refused(_NO_LOGPROBS, "`null` is accepted."),
+    "logprobs": _refused_by_sim(
+        _NO_LOGPROBS,
+        "0-20: each token's log probability and the `logprobs` most likely tokens at its "
+        "position (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`, as vLLM writes "
+        "them), streamed or not. In P/D the first token's come from the prefill worker. "
+        "Simulated engine: `null` only.",
+    ),
     "suffix": _refused("suffix is not supported", "`null` is accepted."),
     "best_of": _refused("best_of is not supported", "`1` is accepted."),
 }
@@ -138,8 +152,17 @@ CHAT: Final[dict[str, Field]] = {
     "messages": Field("acts", "acts", "Rendered with the model's chat template."),
     **_MESSAGE_FIELDS,
     "max_completion_tokens": Field("acts", "acts", "As `max_tokens` (wins when both are set)."),
-    "logprobs": _refused(_NO_LOGPROBS, "`false` is accepted."),
-    "top_logprobs": _refused(_NO_LOGPROBS),
+    "logprobs": _refused_by_sim(
+        _NO_LOGPROBS,
+        "`choices[].logprobs.content[]` (`token`, `logprob`, `bytes`, `top_logprobs`) as vLLM "
+        "writes it, streamed or not. In P/D the first token's come from the prefill worker. "
+        "Simulated engine: `false` only.",
+    ),
+    "top_logprobs": _refused_by_sim(
+        _NO_LOGPROBS,
+        "0-20, with `logprobs: true` (more than 0 without it is a 400). As vLLM, the list "
+        "starts with the sampled token.",
+    ),
     "tools": _refused(_NO_TOOLS, "An empty list is accepted."),
     "tool_choice": _refused(_NO_TOOLS, '`"none"` is accepted.'),
     "parallel_tool_calls": _refused(_NO_TOOLS),
@@ -191,8 +214,31 @@ def _set(value: Any) -> bool:
     return value not in (None, False, [], {})
 
 
-def _offending(req: wire.SamplingFields) -> str | None:
-    """The first refused field the request uses, by its dotted name."""
+def _offending(req: wire.SamplingFields, engines: Sequence[str] = ENGINES) -> str | None:
+    """The first field the request uses that one of `engines` refuses, by its dotted name."""
+    table = CHAT if isinstance(req, wire.ChatCompletionRequest) else COMPLETION
+    for name in _used(req):
+        status = table[name]
+        if any(getattr(status, e, "refused") == "refused" for e in (engines or ENGINES)):
+            return name
+    return None
+
+
+def _used(req: wire.SamplingFields) -> Iterator[str]:
+    """The request's fields (dotted names) that are refused by some engine, where it uses them."""
+    name = _used_first(req)
+    if name is not None:
+        yield name
+    if isinstance(req, wire.CompletionRequest) and req.logprobs is not None:
+        yield "logprobs"
+    if isinstance(req, wire.ChatCompletionRequest):
+        if req.logprobs:
+            yield "logprobs"
+        if req.top_logprobs is not None:
+            yield "top_logprobs"
+
+
+def _used_first(req: wire.SamplingFields) -> str | None:
     if _set(req.response_format) and req.response_format != {"type": "text"}:
         return "response_format"
     if _set(req.structured_outputs):
@@ -200,17 +246,11 @@ def _offending(req: wire.SamplingFields) -> str | None:
     if isinstance(req, wire.CompletionRequest):
         if req.echo:
             return "echo"
-        if req.logprobs is not None:
-            return "logprobs"
         if req.suffix:
             return "suffix"
         if (req.best_of or 1) > 1:
             return "best_of"
     if isinstance(req, wire.ChatCompletionRequest):
-        if req.logprobs:
-            return "logprobs"
-        if req.top_logprobs is not None:
-            return "top_logprobs"
         if _set(req.tools):
             return "tools"
         if req.tool_choice not in (None, "none"):
@@ -240,7 +280,7 @@ def messages_refusal(
 
 def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None:
     """A 400 naming the first field of `req` that the serving engines cannot honour."""
-    name = _offending(req)
+    name = _offending(req, engines)
     if name is None:
         return None
     table = CHAT if isinstance(req, wire.ChatCompletionRequest) else COMPLETION
@@ -256,6 +296,28 @@ def _refuse(name: str, table: dict[str, Field], engines: Sequence[str]) -> ApiEr
         param=name,
         code="unsupported_field",
     )
+
+
+def requested_logprobs(req: wire.SamplingFields) -> int | None:
+    """How many most likely tokens to return per position (None: no log probabilities).
+
+    Raises:
+        ApiError: out of [0, MAX_LOGPROBS], or chat `top_logprobs` without `logprobs: true`.
+    """
+    if isinstance(req, wire.CompletionRequest):
+        top, name = req.logprobs, "logprobs"
+    elif isinstance(req, wire.ChatCompletionRequest):
+        top, name = req.top_logprobs, "top_logprobs"
+        if not req.logprobs:
+            if top:
+                raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+            return None
+        top = top or 0
+    else:
+        return None
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise ApiError(400, f"{name} must be in [0, {MAX_LOGPROBS}], got {top}", param=name)
+    return top
 
 
 def sampler_knobs(req: wire.SamplingFields) -> SamplerKnobs:

@@ -15,7 +15,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.core.request import FinishReason
-from splitserve.router.generation import Usage
+from splitserve.router.generation import TextChunk, Usage
+from splitserve.router.logprobs import LogprobsFormatter
 
 _FINISH_NAMES: Final = {
     FinishReason.LENGTH: "length",
@@ -186,6 +187,22 @@ class Formatter:
         self.response_id = response_id
         self._head: dict[str, Any] = {"id": response_id, "created": created, "model": model}
         self._delta_parts: dict[bool, tuple[bytes, bytes]] = {}
+        self.logprobs: LogprobsFormatter | None = None
+        """Set when the request asked for log probabilities (`with_logprobs`)."""
+        self._sent_chars = 0
+
+    def with_logprobs(self, top: int | None, tokenizer: Any) -> None:
+        """Put log probabilities on every choice (`top`: None, none were asked for)."""
+        if top is not None:
+            self.logprobs = LogprobsFormatter(tokenizer, chat=self.chat, top=top)
+
+    def logprobs_of(self, chunk: TextChunk, *, stream: bool) -> dict[str, Any] | None:
+        """The `logprobs` of a chunk's tokens (None when none were asked for)."""
+        if self.logprobs is None:
+            return None
+        start = self._sent_chars if stream else None
+        self._sent_chars += len(chunk.text)
+        return self.logprobs.body(chunk.token_ids, chunk.logprobs, start)
 
     def delta_event(self, text: str, *, with_usage: bool) -> bytes:
         """The SSE event of a mid-stream chunk (no finish reason), as bytes.
@@ -201,10 +218,17 @@ class Formatter:
             parts = self._delta_parts[with_usage] = (b"data: " + head, tail + b"\n\n")
         return parts[0] + orjson.dumps(text) + parts[1]
 
-    def _choice(self, text: str, reason: FinishReason | None, *, stream: bool) -> dict[str, Any]:
+    def _choice(
+        self,
+        text: str,
+        reason: FinishReason | None,
+        *,
+        stream: bool,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_name(reason),
         }
         if not self.chat:
@@ -220,12 +244,18 @@ class Formatter:
             return "chat.completion.chunk" if stream else "chat.completion"
         return "text_completion"
 
-    def response(self, text: str, reason: FinishReason | None, usage: Usage) -> dict[str, Any]:
+    def response(
+        self,
+        text: str,
+        reason: FinishReason | None,
+        usage: Usage,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """The whole non-streamed response."""
         return {
             **self._head,
             "object": self._object(stream=False),
-            "choices": [self._choice(text, reason, stream=False)],
+            "choices": [self._choice(text, reason, stream=False, logprobs=logprobs)],
             "usage": usage_body(usage),
         }
 
@@ -242,11 +272,12 @@ class Formatter:
         *,
         with_usage: bool,
         usage: Usage | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             **self._head,
             "object": self._object(stream=True),
-            "choices": [self._choice(text, reason, stream=True)],
+            "choices": [self._choice(text, reason, stream=True, logprobs=logprobs)],
         }
         if with_usage:
             body["usage"] = None if usage is None else usage_body(usage)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ import orjson
 from starlette.requests import Request as HttpRequest
 
 from splitserve.core.errors import SplitserveError
+from splitserve.core.request import TokenLogprobs
 from splitserve.router import openai_models as wire
 from splitserve.router.generation import TextChunk, Usage
 from splitserve.router.openai_errors import api_error_from
@@ -56,12 +58,22 @@ async def unless_disconnected(request: HttpRequest, work: Awaitable[T]) -> T:
 
 
 async def collect(chunks: AsyncGenerator[TextChunk, None]) -> tuple[str, TextChunk]:
-    """The whole text and the final chunk (with usage)."""
+    """The whole text and the final chunk (with usage; with log probabilities, it carries every
+    token of the answer and their log probabilities)."""
     parts: list[str] = []
+    ids: list[int] = []
+    logprobs: list[TokenLogprobs] = []
     async with contextlib.aclosing(chunks) as stream:
         async for chunk in stream:
             parts.append(chunk.text)
+            if chunk.logprobs:
+                ids.extend(chunk.token_ids)
+                logprobs.extend(chunk.logprobs)
             if chunk.finish_reason is not None:
+                if logprobs:
+                    chunk = dataclasses.replace(
+                        chunk, token_ids=tuple(ids), logprobs=tuple(logprobs)
+                    )
                 return "".join(parts), chunk
     raise RuntimeError("the stream ended without a final chunk")
 
@@ -86,12 +98,24 @@ async def stream_body(
             first_usage = None if continuous_usage is None else Usage(continuous_usage, 0)
             yield sse(fmt.role_chunk(with_usage=include_usage, usage=first_usage))
         chunk: TextChunk | None = first
+        with_logprobs = fmt.logprobs is not None
         while chunk is not None:
             num_out += len(chunk.token_ids)
-            if continuous_usage is not None:
-                so_far = chunk.usage or Usage(continuous_usage, num_out)
-                if chunk.text or chunk.finish_reason is not None:
-                    body = fmt.chunk(chunk.text, chunk.finish_reason, with_usage=True, usage=so_far)
+            if continuous_usage is not None or with_logprobs:
+                # Tokens whose text is held back (a possible stop string) still send their
+                # log probabilities, in a chunk with empty text.
+                so_far = None
+                if continuous_usage is not None:
+                    so_far = chunk.usage or Usage(continuous_usage, num_out)
+                if chunk.text or chunk.finish_reason is not None or chunk.logprobs:
+                    lp = fmt.logprobs_of(chunk, stream=True)
+                    body = fmt.chunk(
+                        chunk.text,
+                        chunk.finish_reason,
+                        with_usage=include_usage or so_far is not None,
+                        usage=so_far,
+                        logprobs=lp,
+                    )
                     yield sse(body)
             elif chunk.finish_reason is None:
                 if chunk.text:

@@ -15,6 +15,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from splitserve.core.request import TokenLogprobs
 from splitserve.worker.engine import TokenDelta
 
 
@@ -27,10 +28,13 @@ def merge(deltas: deque[TokenDelta]) -> TokenDelta:
     if len(deltas) == 1:
         return deltas.popleft()
     ids: list[int] = []
+    logprobs: list[TokenLogprobs] = []
     last = deltas[-1]
     while deltas:
-        ids.extend(deltas.popleft().token_ids)
-    return TokenDelta(tuple(ids), last.finish_reason, last.error)
+        delta = deltas.popleft()
+        ids.extend(delta.token_ids)
+        logprobs.extend(delta.logprobs)
+    return TokenDelta(tuple(ids), last.finish_reason, last.error, tuple(logprobs))
 
 
 async def coalesce(stream: AsyncIterator[TokenDelta]) -> AsyncGenerator[TokenDelta, None]:

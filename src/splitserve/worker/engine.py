@@ -16,7 +16,7 @@ from typing import Protocol
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.core.request import FinishReason, Request
+from splitserve.core.request import FinishReason, Request, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,8 @@ class PrefillOutcome:
     finish_reason: FinishReason | None
     queue_s: float = 0.0
     prefill_s: float = 0.0
+    first_logprobs: TokenLogprobs | None = None
+    """The first token's log probabilities, when the request asked for them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,8 @@ class TokenDelta:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """With `SamplingSpec.logprobs`: one per token of `token_ids`; else empty."""
 
 
 @dataclass(frozen=True, slots=True)

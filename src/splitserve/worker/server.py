@@ -27,7 +27,7 @@ from splitserve.core.errors import CapacityError, KvTransferError
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.core.request import FinishReason, Request, SamplingSpec, TokenLogprobs
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.obs.tracing import WorkerSpan, end_span, span_event
@@ -88,7 +88,12 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
         min_tokens=pb.min_tokens,
         bad_words=tuple(pb.bad_words),
         allowed_token_ids=tuple(pb.allowed_token_ids),
+        logprobs=pb.top_logprobs if pb.logprobs else None,
     )
+
+
+def logprobs_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(token_ids=lp.token_ids, logprobs=lp.logprobs, rank=lp.rank)
 
 
 def kv_to_pb(kv: KvHandle) -> common_pb2.KvHandle:
@@ -223,6 +228,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             num_prompt_tokens=req.num_prompt_tokens,
             queue_s=out.queue_s,
             prefill_s=out.prefill_s,
+            first_token_logprobs=(
+                logprobs_to_pb(out.first_logprobs) if out.first_logprobs is not None else None
+            ),
         )
 
     async def Decode(  # noqa: N802
@@ -282,6 +290,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         finish_reason=FINISH_TO_PB[delta.finish_reason],
                         num_prompt_tokens=req.num_prompt_tokens,
                         error=delta.error or "",
+                        logprobs=[logprobs_to_pb(lp) for lp in delta.logprobs],
                     )
             except (CapacityError, KvTransferError, ValueError) as err:
                 outcome = "rejected"

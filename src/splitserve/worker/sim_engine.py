@@ -230,6 +230,10 @@ class SimEngine:
     ) -> _Pending:
         if self._loop_task is None:
             raise EngineError("engine is not started")
+        if request.sampling.logprobs is not None:
+            raise ValueError(
+                "sampling.logprobs: the simulated engine has no token distribution to report"
+            )
         self._core.add(request, mode, first_token_id)  # raises CapacityError / ValueError
         pending = _Pending(request, self.clock.now_s(), kv_source=kv)
         self._pending[request.id] = pending

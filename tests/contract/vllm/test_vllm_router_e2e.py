@@ -204,6 +204,75 @@ def test_usage_and_streaming_with_the_openai_client(stack: dict[str, Proc]) -> N
     assert chat.usage.completion_tokens <= 5
 
 
+def test_logprobs_in_pd_match_aggregated(stack: dict[str, Proc], model_dir: Path) -> None:
+    """`logprobs` through the router in P/D (the first token's from the prefill worker) equal
+    those of the same request run aggregated on one vLLM worker; greedy tokens are the most
+    likely of their position; the official client parses chat's and completions' shapes."""
+    from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+    from splitserve.router.tokenizer import TextTokenizer
+
+    decode_metrics = stack["decode"].info["metrics_port"]
+    pulls = _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count")
+    client = _client(stack)
+    comp = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2
+    )
+    assert _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count") == (
+        pulls + 1
+    )  # it went P/D
+    lp = comp.choices[0].logprobs
+    assert lp is not None
+    assert lp.tokens is not None
+    assert lp.token_logprobs is not None
+    assert lp.top_logprobs is not None
+    assert lp.text_offset is not None
+    assert len(lp.tokens) == 6
+    assert "".join(lp.tokens) == comp.choices[0].text
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert value is not None
+        assert value <= 0
+        assert top is not None
+        assert 2 <= len(top) <= 3
+        assert value == pytest.approx(max(top.values()))  # greedy: the most likely token
+
+    tokenizer = TextTokenizer.from_dir(model_dir)
+    with grpc.insecure_channel(str(stack["decode"].info["address"])) as ch:
+        chunks = list(
+            worker_pb2_grpc.WorkerStub(ch).Generate(
+                worker_pb2.GenerateRequest(
+                    request_id=f"agg-lp-{time.monotonic_ns()}",
+                    prompt_token_ids=tokenizer.encode(PROMPT),
+                    sampling=common_pb2.SamplingParams(
+                        max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2
+                    ),
+                ),
+                timeout=120,
+            )
+        )
+    agg = [e for c in chunks for e in c.logprobs]
+    assert len(agg) == 6
+    assert [e.token_ids[0] for e in agg] == [t for c in chunks for t in c.token_ids]
+    assert lp.token_logprobs == pytest.approx([e.logprobs[0] for e in agg], abs=1e-3)
+
+    pieces, entries = [], []
+    for chunk in client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    ):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            if chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+                entries += chunk.choices[0].logprobs.content
+    assert 1 <= len(entries) <= 5
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in entries)
+    assert "".join(e.token for e in entries).startswith("".join(pieces))
+
+
 def test_killing_the_prefill_worker_falls_back_to_aggregated(stack: dict[str, Proc]) -> None:
     before_ids, _ = _generate_ids(stack["router"], PROMPT, 12)
     stack["prefill"].proc.send_signal(signal.SIGKILL)

@@ -106,6 +106,8 @@ class SamplingParams(_message.Message):
     BAD_WORDS_FIELD_NUMBER: _builtins.int
     ALLOWED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SEEDED_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     temperature: _builtins.float
     top_p: _builtins.float
@@ -124,6 +126,10 @@ class SamplingParams(_message.Message):
     min_tokens: _builtins.int
     seeded: _builtins.bool
     """The seed is set (so seed = 0 is a seed, not "unseeded")."""
+    logprobs: _builtins.bool
+    """Return the sampled token's log probability with each token (vLLM's SamplingParams.logprobs)."""
+    top_logprobs: _builtins.int
+    """With logprobs: also the top_logprobs most likely tokens at each position (0: none)."""
     @_builtins.property
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -153,14 +159,48 @@ class SamplingParams(_message.Message):
         bad_words: _abc.Iterable[_builtins.str] | None = ...,
         allowed_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         seeded: _builtins.bool = ...,
+        logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_token_ids", b"allowed_token_ids", "bad_words", b"bad_words", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "seeded", b"seeded", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_token_ids", b"allowed_token_ids", "bad_words", b"bad_words", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "seeded", b"seeded", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SamplingParams: _TypeAlias = SamplingParams  # noqa: Y015
+
+@_typing.final
+class TokenLogprobs(_message.Message):
+    """Log probabilities at one output position, as vLLM returns them: the sampled token first, then
+    the most likely tokens by rank (the sampled one is not repeated when it is among them).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    """The sampled token's rank in the vocabulary (1: the most likely)."""
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        rank: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "rank", b"rank", "token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprobs: _TypeAlias = TokenLogprobs  # noqa: Y015
 
 @_typing.final
 class SloContext(_message.Message):
@@ -246,6 +286,7 @@ class TokenChunk(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     finish_reason: Global___FinishReason.ValueType
     """UNSPECIFIED on every chunk but the last."""
@@ -254,6 +295,10 @@ class TokenChunk(_message.Message):
     """Set on the last chunk when finish_reason is ERROR."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprobs]:
+        """With sampling.logprobs: one entry per token of token_ids, in order."""
+
     def __init__(
         self,
         *,
@@ -262,10 +307,11 @@ class TokenChunk(_message.Message):
         finish_reason: Global___FinishReason.ValueType = ...,
         num_prompt_tokens: _builtins.int = ...,
         error: _builtins.str = ...,
+        logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "num_prompt_tokens", b"num_prompt_tokens", "request_id", b"request_id", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "num_prompt_tokens", b"num_prompt_tokens", "request_id", b"request_id", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -69,6 +69,7 @@ class PrefillResponse(_message.Message):
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     QUEUE_S_FIELD_NUMBER: _builtins.int
     PREFILL_S_FIELD_NUMBER: _builtins.int
+    FIRST_TOKEN_LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     first_token_id: _builtins.int
     finish_reason: _common_pb2.FinishReason.ValueType
@@ -80,6 +81,10 @@ class PrefillResponse(_message.Message):
     def kv(self) -> _common_pb2.KvHandle:
         """Absent when the request already finished at its first token (nothing left to decode)."""
 
+    @_builtins.property
+    def first_token_logprobs(self) -> _common_pb2.TokenLogprobs:
+        """With sampling.logprobs: the first token's log probabilities."""
+
     def __init__(
         self,
         *,
@@ -90,10 +95,11 @@ class PrefillResponse(_message.Message):
         num_prompt_tokens: _builtins.int = ...,
         queue_s: _builtins.float = ...,
         prefill_s: _builtins.float = ...,
+        first_token_logprobs: _common_pb2.TokenLogprobs | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kv", b"kv"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_token_logprobs", b"first_token_logprobs", "kv", b"kv"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_id", b"first_token_id", "kv", b"kv", "num_prompt_tokens", b"num_prompt_tokens", "prefill_s", b"prefill_s", "queue_s", b"queue_s", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_id", b"first_token_id", "first_token_logprobs", b"first_token_logprobs", "kv", b"kv", "num_prompt_tokens", b"num_prompt_tokens", "prefill_s", b"prefill_s", "queue_s", b"queue_s", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

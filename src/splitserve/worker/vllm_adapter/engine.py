@@ -45,7 +45,7 @@ from splitserve.core.errors import CapacityError, EngineError, KvTransferError
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.core.request import FinishReason, Request, SamplingSpec
+from splitserve.core.request import FinishReason, Request, SamplingSpec, TokenLogprobs
 from splitserve.worker.engine import (
     LoadSnapshot,
     PrefillOutcome,
@@ -149,6 +149,7 @@ class _Out:
     finish_reason: FinishReason | None
     kv_transfer_params: Mapping[str, Any] | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 _Item = _Out
@@ -224,6 +225,7 @@ class VllmEngine:
             params = None  # the first token ends it: nothing to hand over
         stream = self._submit(request, "prefill", max_tokens=1, kv_params=params)
         first: int | None = None
+        first_logprobs: TokenLogprobs | None = None
         out = _Out((), None)
         try:
             while True:
@@ -232,6 +234,7 @@ class VllmEngine:
                     raise EngineError(out.error)
                 if out.token_ids and first is None:
                     first = out.token_ids[0]
+                    first_logprobs = out.logprobs[0] if out.logprobs else None
                 if out.finish_reason is not None:
                     break
         finally:
@@ -266,6 +269,7 @@ class VllmEngine:
             finish_reason=finish,
             queue_s=0.0,
             prefill_s=time.monotonic() - stream.submitted_s,
+            first_logprobs=first_logprobs,
         )
 
     def decode(
@@ -500,10 +504,10 @@ class VllmEngine:
                     self._release(pulled)  # the KV is here (or the request ended): free the source
                     pulled = None
                 if out.error:
-                    yield TokenDelta(ids, FinishReason.ERROR, out.error)
+                    yield TokenDelta(ids, FinishReason.ERROR, out.error, out.logprobs)
                     return
                 if ids or out.finish_reason is not None:
-                    yield TokenDelta(ids, out.finish_reason)
+                    yield TokenDelta(ids, out.finish_reason, logprobs=out.logprobs)
                 if out.finish_reason is not None:
                     return
         finally:
@@ -623,7 +627,9 @@ class VllmEngine:
             raw = completion.finish_reason if completion is not None else None
             reason = _FINISH.get(str(raw), FinishReason.STOP if raw else FinishReason.CANCELLED)
         self.generated_tokens += len(ids)
-        stream.put(_Out(ids, reason, out.kv_transfer_params if out.finished else None))
+        logprobs = token_logprobs(completion.logprobs) if completion is not None else ()
+        kvp = out.kv_transfer_params if out.finished else None
+        stream.put(_Out(ids, reason, kvp, logprobs=logprobs))
 
     def _read_load(self, sched: Any) -> LoadSnapshot:
         pool = sched.kv_cache_manager.block_pool
@@ -780,7 +786,26 @@ def sampling_kwargs(s: SamplingSpec, max_tokens: int, continued: bool = False) -
         "min_tokens": min(max_tokens, max(0, s.min_tokens - 1) if continued else s.min_tokens),
         "bad_words": list(s.bad_words) or None,
         "allowed_token_ids": list(s.allowed_token_ids) or None,
+        "logprobs": s.logprobs,
     }
+
+
+def token_logprobs(positions: Any) -> tuple[TokenLogprobs, ...]:
+    """vLLM's sample logprobs (per position, `{token_id: Logprob}` with the sampled token first,
+    a list or a `FlatLogprobs`) as `TokenLogprobs`; () when the request asked for none."""
+    if not positions:
+        return ()
+    out: list[TokenLogprobs] = []
+    for position in positions:
+        items = list(position.items()) if position else []
+        out.append(
+            TokenLogprobs(
+                token_ids=tuple(int(t) for t, _ in items),
+                logprobs=tuple(float(lp.logprob) for _, lp in items),
+                rank=int(items[0][1].rank or 0) if items else 0,
+            )
+        )
+    return tuple(out)
 
 
 def _extra_args(request: Request, kv_params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""Log probabilities in OpenAI's response shapes, exactly as vLLM's OpenAI server writes them.
+
+The engine returns, per output token, the sampled token's log probability and the k most likely
+tokens at its position (`TokenLogprobs`: the sampled token first, then the others by rank, the
+sampled one not repeated). This module turns them into:
+
+* chat (`logprobs: true`, `top_logprobs: k`): `{"content": [{token, logprob, bytes,
+  top_logprobs: [{token, logprob, bytes}, ...]}]}`. As vLLM, `top_logprobs` lists the first k
+  entries of the position (the sampled token first, so it holds the k - 1 others when the
+  sampled token is not among the k most likely).
+* completions (`logprobs: k`): `{tokens, token_logprobs, top_logprobs: [{token: logprob}],
+  text_offset}`, `top_logprobs` with up to k + 1 entries (vLLM's; OpenAI's API says "the k
+  most likely, plus the sampled one"), `text_offset` counted in characters of the token strings
+  from where this chunk starts.
+
+A token's string is the tokenizer's decoding of that one id, special tokens kept (vLLM's
+`decoded_token`); log probabilities below -9999 (including -inf) are written as -9999.0, as
+vLLM does, so the body stays JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+from splitserve.core.request import TokenLogprobs
+
+MAX_LOGPROBS: Final = 20
+"""The most `logprobs` / `top_logprobs` a request may ask for (vLLM's default `max_logprobs`)."""
+_FLOOR: Final = -9999.0
+
+
+class _Decoder(Protocol):
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+
+class LogprobsFormatter:
+    """The `logprobs` body of each chunk (or of the whole answer) of one response."""
+
+    def __init__(self, tokenizer: _Decoder, *, chat: bool, top: int) -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.top = top
+        """Chat: `top_logprobs`; completions: `logprobs`."""
+        self._strings: dict[int, str] = {}
+        self._offset = 0
+        """Completions: where the next chunk's `text_offset` starts."""
+
+    def token(self, token_id: int) -> str:
+        s = self._strings.get(token_id)
+        if s is None:
+            s = self._strings[token_id] = self.tokenizer.decode(
+                [token_id], skip_special_tokens=False
+            )
+        return s
+
+    def body(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[TokenLogprobs],
+        text_start: int | None = None,
+    ) -> dict[str, Any]:
+        """The `logprobs` value for these tokens (the next ones of the response).
+
+        `text_start`: completions streamed, the characters of text sent before this chunk (where
+        vLLM starts the chunk's `text_offset`); None: go on from the previous chunk's tokens.
+        """
+        if text_start is not None:
+            self._offset = text_start
+        if len(logprobs) != len(token_ids):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probability entries")
+        return (
+            self._chat(token_ids, logprobs) if self.chat else self._completion(token_ids, logprobs)
+        )
+
+    def _entries(self, lp: TokenLogprobs) -> list[tuple[str, float]]:
+        return [
+            (self.token(t), max(v, _FLOOR)) for t, v in zip(lp.token_ids, lp.logprobs, strict=True)
+        ]
+
+    @staticmethod
+    def _sampled(token_id: int, lp: TokenLogprobs) -> float:
+        for t, v in zip(lp.token_ids, lp.logprobs, strict=True):
+            if t == token_id:
+                return max(v, _FLOOR)
+        raise ValueError(f"the engine returned no log probability for token {token_id}")
+
+    def _chat(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs]) -> dict[str, Any]:
+        content = []
+        for token_id, lp in zip(token_ids, logprobs, strict=True):
+            token = self.token(token_id)
+            top = [
+                {"token": s, "logprob": v, "bytes": list(s.encode("utf-8", errors="replace"))}
+                for s, v in self._entries(lp)[: self.top]
+            ]
+            content.append(
+                {
+                    "token": token,
+                    "logprob": self._sampled(token_id, lp),
+                    "bytes": list(token.encode("utf-8", errors="replace")),
+                    "top_logprobs": top,
+                }
+            )
+        return {"content": content}
+
+    def _completion(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs]
+    ) -> dict[str, Any]:
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top: list[dict[str, float]] = []
+        offsets: list[int] = []
+        for token_id, lp in zip(token_ids, logprobs, strict=True):
+            token = self.token(token_id)
+            tokens.append(token)
+            token_logprobs.append(self._sampled(token_id, lp))
+            top.append(dict(self._entries(lp)[: self.top + 1]))
+            offsets.append(self._offset)
+            self._offset += len(token)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": token_logprobs,
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
