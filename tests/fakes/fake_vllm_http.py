@@ -69,7 +69,9 @@ class FakeVllm:
     """KV pulls this server (as a decode server) made."""
     held: dict[str, list[int]] = field(default_factory=dict)
     """KV held for decode servers, by remote request id."""
+    host: str = "127.0.0.1"
     port: int = 0
+    """0: any free port."""
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
     _running: int = 0
@@ -77,7 +79,7 @@ class FakeVllm:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
         app = Starlette(
@@ -89,7 +91,7 @@ class FakeVllm:
             ]
         )
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((self.host, self.port))
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
@@ -158,7 +160,7 @@ class FakeVllm:
                 "do_remote_decode": False,
                 "remote_engine_id": f"engine-{self.port}",
                 "remote_block_ids": list(range(-(-len(prompt) // BLOCK_SIZE))),
-                "remote_host": "127.0.0.1",
+                "remote_host": self.host,
                 "remote_port": self.port,
                 "remote_request_id": rid,
                 "tp_size": 1,

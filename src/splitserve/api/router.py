@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.auth import AuthSettings, FileModel
-from splitserve.api.backends import HttpBackend
+from splitserve.api.backends import BackendDiscoverySettings, HttpBackend
 from splitserve.api.router_edge import EdgeSettings
 
 
@@ -189,6 +189,8 @@ class RouterConfig(BaseModel):
     backends: tuple[HttpBackend, ...] = ()
     """Stock `vllm serve` servers, reached over vLLM's OpenAI HTTP API (`--backend`,
     `router.http_backend`), on top of the gRPC workers."""
+    backend_discovery: BackendDiscoverySettings | None = None
+    """Find stock `vllm serve` pods by their labels (on top of `backends`); None: static only."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +270,8 @@ class RouterFile(FileModel):
     """The client-facing limits (the service's `router.edge`); unset fields: the defaults."""
     backends: tuple[HttpBackend, ...] = ()
     """Stock `vllm serve` servers as workers (url, role); docs/engines.md."""
+    backend_discovery: BackendDiscoverySettings | None = None
+    """Stock `vllm serve` pods found by their labels; docs/engines.md."""
 
     @classmethod
     def from_configmap(cls, data: Mapping[str, Any]) -> tuple[RouterFile, tuple[str, ...]]:
@@ -312,6 +316,7 @@ class RouterFile(FileModel):
             ),
             "edge": EdgeSettings(**self.edge.settings_fields()),
             "backends": self.backends,
+            "backend_discovery": self.backend_discovery,
         }
         if "placement" in overrides:  # flags override single fields, the file the rest
             flags = overrides.pop("placement")

@@ -37,6 +37,7 @@ from splitserve.router.dispatch import Dispatcher, default_decider
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
 from splitserve.router.http_backend import HttpWorker
+from splitserve.router.http_backend.discovery import BackendDiscovery
 from splitserve.router.http_edge import ConnectionCount, bind_tcp_socket, edge_protocol
 from splitserve.router.kv_warm import KvPairWarmer
 from splitserve.router.loop_lag import LoopLagMonitor
@@ -100,6 +101,11 @@ class RouterServer:
         self.discovery: KubernetesDiscovery | None = None
         if config.discovery is not None:
             self.discovery = KubernetesDiscovery(self.pool, config.discovery, pod_source)
+        self.backend_discovery: BackendDiscovery | None = None
+        if config.backend_discovery is not None:  # stock `vllm serve` pods (docs/engines.md)
+            self.backend_discovery = BackendDiscovery(
+                self.pool, config.backend_discovery, pod_source
+            )
         self.file_discovery: FileDiscovery | None = None
         if config.workers_file is not None:
             self.file_discovery = FileDiscovery(self.pool, config.workers_file)
@@ -142,6 +148,8 @@ class RouterServer:
             await self.discovery.start()
         if self.file_discovery is not None:
             await self.file_discovery.start()
+        if self.backend_discovery is not None:
+            await self.backend_discovery.start()
         if self.config.grpc_port is not None:
             interceptors = []
             if self.keys is not None:
@@ -266,6 +274,8 @@ class RouterServer:
             await self.discovery.stop()
         if self.file_discovery is not None:
             await self.file_discovery.stop()
+        if self.backend_discovery is not None:
+            await self.backend_discovery.stop()
         if self._kv_warm is not None:
             self._kv_warm.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -235,8 +235,9 @@ def test_pd_on_stock_vllm_serve_equals_aggregated(
         placed_before = _metric(
             _get(f"{pd_url}/metrics"), "splitserve_router_placements_total", path="disaggregated"
         )
-        pd_pieces, pd_n = _stream(pd_url, prompt, max_tokens=16, ignore_eos=True, **sampling)
-        agg_pieces, agg_n = _stream(agg_url, prompt, max_tokens=16, ignore_eos=True, **sampling)
+        kw: dict[str, Any] = {"max_tokens": 16, "extra_body": {"ignore_eos": True}, **sampling}
+        pd_pieces, pd_n = _stream(pd_url, prompt, **kw)
+        agg_pieces, agg_n = _stream(agg_url, prompt, **kw)
         assert pd_n == agg_n == 16
         assert pd_pieces == agg_pieces, prompt  # chunk by chunk: one token each
         # The P/D answer really was P/D: placed so, and the decode server pulled KV over NIXL.

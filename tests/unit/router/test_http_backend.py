@@ -5,7 +5,8 @@ fallbacks, the load read from `/metrics`, and the configuration surface."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,16 @@ from pydantic import ValidationError
 
 from splitserve._gen.v1 import common_pb2
 from splitserve.api import v1alpha1 as v1
-from splitserve.api.backends import HttpBackend, parse_backend_flag
+from splitserve.api.backends import BackendDiscoverySettings, HttpBackend, parse_backend_flag
 from splitserve.api.router import PlacementSettings, RouterConfig, RouterFile
 from splitserve.cli.main import cli
 from splitserve.core.roles import Role
+from splitserve.router.discovery import PodList
 from splitserve.router.http_backend import protocol
 from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer
 from tests.fakes.fake_vllm_http import FakeVllm, next_token
+from tests.fakes.ports import free_port_on_all
 from tests.unit.router.conftest import FAST_POOL, MODEL, ServerFactory
 
 FakeFactory = Callable[..., Coroutine[Any, Any, FakeVllm]]
@@ -336,5 +339,85 @@ async def test_router_stays_up_with_an_unreachable_backend(
             )
         assert resp.status_code == 503
         assert not server.pool.view("http://127.0.0.1:9").ready
+    finally:
+        await server.stop(grace_s=1)
+
+
+# -- discovery from pod labels -------------------------------------------------------------
+
+
+class _Pods:
+    """A `PodSource` whose cluster is `pods`; each change ends the open watch (re-list)."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.changed = asyncio.Event()
+
+    async def list(self) -> PodList:
+        return PodList(list(self.pods), "1")
+
+    async def watch(self, resource_version: str) -> AsyncGenerator[dict[str, Any], None]:
+        await self.changed.wait()
+        self.changed.clear()
+        return
+        yield {}
+
+    def set(self, pods: Sequence[dict[str, Any]]) -> None:
+        self.pods = [*pods]
+        self.changed.set()
+
+
+def _pod(name: str, ip: str, role: str, *, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "labels": {"app": "vllm", "role": role}},
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+async def test_stock_servers_discovered_from_pod_labels(
+    make_fake: FakeFactory, tokenizer: TextTokenizer, tokenizer_dir: Path
+) -> None:
+    port = free_port_on_all(["127.0.0.1", "127.0.0.2"])
+    p = await make_fake(host="127.0.0.1", port=port)
+    d = await make_fake(host="127.0.0.2", port=port)
+    source = _Pods([_pod("p", "127.0.0.1", "prefill"), _pod("d", "127.0.0.2", "decode")])
+    config = RouterConfig(
+        model_name=MODEL,
+        tokenizer_dir=str(tokenizer_dir),
+        http_host="127.0.0.1",
+        http_port=0,
+        grpc_port=None,
+        pool=FAST_POOL,
+        backend_discovery=BackendDiscoverySettings(
+            namespace="ns", selector="app=vllm", role_label="role", http_port=port
+        ),
+    )
+    server = RouterServer(config, tokenizer=tokenizer, pod_source=source)
+    await server.start()
+    try:
+        pool = server.pool
+        await pool.wait_for(lambda v: sum(x.ready for x in v.views()) == 2, timeout_s=20)
+        assert pool.view(p.url).role is Role.PREFILL
+        assert pool.view(d.url).role is Role.DECODE
+        pieces, _ = await _stream(server, PROMPT, max_tokens=5, temperature=0)
+        assert p.calls == ["prefill"]
+        assert d.calls == ["decode"]
+        assert "".join(pieces) == _expected(tokenizer, PROMPT, 5)
+        # The prefill pod turns unready (fenced), then its role label flips to decode.
+        source.set(
+            [_pod("p", "127.0.0.1", "prefill", ready=False), _pod("d", "127.0.0.2", "decode")]
+        )
+        await pool.wait_for(lambda v: v.view(p.url).fenced, timeout_s=20)
+        await _stream(server, PROMPT, max_tokens=3, temperature=0)
+        assert d.calls == ["decode", "generate"]
+        source.set([_pod("p", "127.0.0.1", "decode"), _pod("d", "127.0.0.2", "decode")])
+        await pool.wait_for(
+            lambda v: v.view(p.url).role is Role.DECODE and not v.view(p.url).fenced, timeout_s=20
+        )
+        source.set([_pod("d", "127.0.0.2", "decode")])
+        await pool.wait_for(lambda v: p.url not in v.ids(), timeout_s=20)
     finally:
         await server.stop(grace_s=1)

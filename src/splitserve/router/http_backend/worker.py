@@ -115,6 +115,8 @@ class HttpWorker:
             timeout=httpx.Timeout(backend.request_timeout_s, connect=_CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
+        self.role = backend.role
+        """Where the router places (a discovered pod's role label may change it)."""
         self.model: str | None = None
         """The served model name, read from `/v1/models` before the first load report."""
         self._seq = 0
@@ -296,7 +298,7 @@ class HttpWorker:
                 report = protocol.load_report(
                     resp.text,
                     worker_id=self.url,
-                    role=self.backend.role,
+                    role=self.role,
                     seq=self._seq,
                     model=self.model,
                 )
