@@ -51,3 +51,20 @@ def test_every_thread_of_a_pinned_worker_runs_on_its_core(
         except OSError:  # the thread exited meanwhile
             continue
     assert set(map(frozenset, affinities.values())) == {frozenset({0})}, affinities
+
+
+@pytest.mark.integration
+def test_a_local_worker_keeps_its_kv_cache_in_huge_pages(
+    vllm_worker_info: dict[str, object],
+) -> None:
+    """`local_cpu_env` has torch put large tensors (vLLM's 1 GiB CPU KV cache) in transparent
+    huge pages: a NIXL READ on one host copies page by page, and 4 KiB pages made it up to
+    1.9x slower (docs/benchmarks.md, KV handoff)."""
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("this kernel gives no transparent huge pages")
+    pid = int(str(vllm_worker_info["pid"]))
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    huge_kib = int(rollup.split("AnonHugePages:")[1].split()[0])
+    # Without THP_MEM_ALLOC_ENABLE torch's tensors get none; allow for a fragmented machine.
+    assert huge_kib >= 256 * 1024, rollup

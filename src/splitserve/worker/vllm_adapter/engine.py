@@ -853,10 +853,16 @@ def _continues(req: Any, ctx: int) -> bool:
     return ctx == int(req.num_prompt_tokens) - 1 and HANDOFF_KEY in params
 
 
-def local_cpu_env(cpu: int | None = None, kv_cache_gib: int = 1) -> dict[str, str]:
+def local_cpu_env(
+    cpu: int | None = None, kv_cache_gib: int = 1, huge_pages: bool = True
+) -> dict[str, str]:
     """Environment for a vLLM worker on a small CPU machine (`splitserve up`, tests).
 
     `cpu` pins vLLM's OpenMP threads to one core (one per worker when P and D share a host).
+    `huge_pages` has torch back its large CPU tensors (the KV cache) with transparent huge pages
+    (`THP_MEM_ALLOC_ENABLE`, read once at torch's first allocation, hence the environment): a
+    NIXL READ between two processes on one host is a `process_vm_readv` copy, which moved KV
+    in 4 KiB pages at 53-71 % of the speed it reaches on huge pages (docs/benchmarks.md).
     """
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -871,6 +877,8 @@ def local_cpu_env(cpu: int | None = None, kv_cache_gib: int = 1) -> dict[str, st
     }
     if cpu is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+    if huge_pages:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     return env
 
 

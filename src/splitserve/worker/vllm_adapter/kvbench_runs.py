@@ -422,6 +422,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--sim-shape", default="tiny", help="core.perf shape for the sim runs")
     ap.add_argument("--progress-thread", action="store_true", help="NIXL progress thread on")
     ap.add_argument("--cold", action="store_true", help="no WarmKv before the first request")
+    ap.add_argument(
+        "--no-huge-pages",
+        action="store_true",
+        help="vLLM's KV cache in 4 KiB pages (THP_MEM_ALLOC_ENABLE=0), for comparison",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -436,12 +441,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "splitserve"
     model = args.model or bench_model(cache / "kvbench-model")
     env = {"SPLITSERVE_NIXL_PROGRESS_THREAD": "1"} if args.progress_thread else {}
+    if args.no_huge_pages:
+        env["THP_MEM_ALLOC_ENABLE"] = "0"
     load = os.getloadavg()
     print(f"# bench-kv ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, load average at start "
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min); model {model}; "
-        f"NIXL progress thread {'on' if args.progress_thread else 'off'}\n"
+        f"NIXL progress thread {'on' if args.progress_thread else 'off'}; KV cache in "
+        f"{'4 KiB pages' if args.no_huge_pages else 'transparent huge pages'}\n"
     )
     results: dict[str, Any] = {}
     interference = {
