@@ -509,7 +509,12 @@ def autoscale_usage_error(
             "to the simulated engines' latency model (a vLLM profile is not wired in yet)"
         )
     if opts["mixed"]:
-        return "--autoscale sizes prefill and decode pools; --mixed workers are not supported"
+        return (
+            "--autoscale sizes prefill and decode pools; --mixed workers are not supported "
+            "(the local fleet starts, stops and flips prefill / decode workers only, and the "
+            "router's workers file has no mixed pool the loop could resize; use --prefill / "
+            "--decode, or run --mixed without --autoscale)"
+        )
     if opts["autoscale_min"] > opts["autoscale_max"]:
         return "--autoscale-min must be <= --autoscale-max"
     if opts["autoscale_min"] < 1:

@@ -163,12 +163,20 @@ def bundled_trace(kind: str) -> Path:
     help="Only print what a reactive loop can reach at all (share of requests arriving in "
     "surges faster than the reaction lag; no simulation; docs/benchmarks.md).",
 )
+@click.option(
+    "--burst-weight",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="The autoscaler's burst headroom: 0 sizes for the window's mean arrival rate, 1 for "
+    "its busiest 10 s (default: the evaluation's, 1).",
+)
 def autoscale_cmd(
     scenarios: tuple[str, ...],
     quick: bool,
     no_search: bool,
     out_dir: Path | None,
     shortfall: bool,
+    burst_weight: float | None,
 ) -> None:
     """Replay traces with the autoscaler and flipper in the loop vs static provisioning."""
     from splitserve.sim import autoscale_eval
@@ -178,12 +186,22 @@ def autoscale_cmd(
 
     names = scenarios or autoscale_eval.SCENARIOS
     if shortfall:
-        if no_search or out_dir is not None:
-            raise click.UsageError("--shortfall runs no simulation: drop --no-search / --out")
+        if no_search or out_dir is not None or burst_weight is not None:
+            raise click.UsageError(
+                "--shortfall runs no simulation: drop --no-search / --out / --burst-weight"
+            )
         click.echo(autoscale_eval.shortfall_markdown(names, lines, quick=quick))
         return
+    setup = None
+    if burst_weight is not None:
+        from dataclasses import replace
+
+        from splitserve.sim.autoscale import Setup
+
+        base = Setup()
+        setup = replace(base, params=replace(base.params, burst_weight=burst_weight))
     report = autoscale_eval.run(
-        names, lines, quick=quick, search=not no_search, plots=bool(out_dir)
+        names, lines, setup=setup, quick=quick, search=not no_search, plots=bool(out_dir)
     )
     click.echo(report.markdown)
     if out_dir is not None:

@@ -88,7 +88,7 @@ class Setup:
     max_replicas: int = 64
     params: AutoscalerParams = field(
         default_factory=lambda: AutoscalerParams(
-            interval_s=10.0, scale_down_stabilization_s=120.0, horizon_s=30.0
+            interval_s=10.0, scale_down_stabilization_s=120.0, horizon_s=30.0, burst_weight=1.0
         )
     )
     window_s: float = 30.0
@@ -101,6 +101,10 @@ class Setup:
     max_concurrent_flips: int = 2
     resolution_s: float = 1.0
     """How often drains and start-ups are checked between ticks."""
+    warmup_s: float = 120.0
+    """`RunResult.warm_attainment` counts only the requests arriving after this: the replay
+    starts every autoscaled run at `initial` sizes under the trace's full load (a cold start a
+    running service does not go through), the static runs at their full sizes."""
 
     def template(self) -> WorkerTemplate:
         roofline = RooflineModel(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
@@ -160,6 +164,8 @@ class RunResult:
     """From `step_at_s` to the first scale-up or flip decision after it."""
     ready_s: float | None = None
     """From `step_at_s` until the added capacity serves (first start or flip completed)."""
+    warm_attainment: float | None = None
+    """Attainment over the requests arriving after `Setup.warmup_s` (all classes; None: none)."""
 
     @property
     def attainment(self) -> float:
@@ -475,6 +481,7 @@ def run_autoscaled(
         {r: max(history[r], default=setup.initial.get(r, 0)) for r in ROLES},
         reaction,
         ready,
+        result.warm_attainment,
     )
 
 
@@ -540,12 +547,16 @@ def reversals(series: Sequence[int], window_ticks: int) -> int:
 class _Summary:
     classes: tuple[ClassResult, ...]
     gpu_hours: float
+    warm_attainment: float | None = None
 
 
 def _summarize(cluster: Cluster, setup: Setup, label: str, gpu_s: float) -> _Summary:
     from splitserve.sim.cluster import _record
 
     records = [_record(r) for r in cluster.requests]
+    slo = {c.name: c.slo_class() for c in setup.classes}
+    warm = [r for r in records if r.arrival_s >= setup.warmup_s and r.slo_class in slo]
+    warm_met = sum(1 for r in warm if r.meets(slo[r.slo_class]))
     out = []
     for c in setup.classes:
         mine = [r for r in records if r.slo_class == c.name]
@@ -561,7 +572,7 @@ def _summarize(cluster: Cluster, setup: Setup, label: str, gpu_s: float) -> _Sum
                 percentile(tpots, c.percentile) if tpots else None,
             )
         )
-    return _Summary(tuple(out), gpu_s / 3600)
+    return _Summary(tuple(out), gpu_s / 3600, warm_met / len(warm) if warm else None)
 
 
 def run_static(
@@ -579,7 +590,16 @@ def run_static(
     end = max(sim.now_s, items[-1].arrival_s if items else 0.0)
     gpu_s = sum(pools.values()) * setup.tp * end
     s = _summarize(cluster, setup, label, gpu_s)
-    return RunResult(label, s.classes, s.gpu_hours, 0, 0, 0, peak_workers=dict(pools))
+    return RunResult(
+        label,
+        s.classes,
+        s.gpu_hours,
+        0,
+        0,
+        0,
+        peak_workers=dict(pools),
+        warm_attainment=s.warm_attainment,
+    )
 
 
 # -- workloads ---------------------------------------------------------------------------------

@@ -154,19 +154,23 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
         f"attainment target {c.attainment:.0%}; loop every {p.interval_s:g} s, "
         f"window {setup.window_s:g} s, "
         f"scale-down stabilization {p.scale_down_stabilization_s:g} s, "
-        f"cold start {setup.startup_s:g} s, flips {'on' if setup.flipping else 'off'}.\n\n"
+        f"cold start {setup.startup_s:g} s, flips {'on' if setup.flipping else 'off'}, "
+        f"burst weight {p.burst_weight:g}; 'after warm-up': requests arriving after "
+        f"{setup.warmup_s:g} s.\n\n"
     )
     rows = [
-        "| scenario | run | pools | attainment | GPU-h | vs static-peak | vs static-best "
-        "| scale actions | flips | oscillations | reaction (s) | capacity ready (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | run | pools | attainment | after warm-up | GPU-h | vs static-peak "
+        "| vs static-best | scale actions | flips | oscillations | reaction (s) "
+        "| capacity ready (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in evals:
         a = e.autoscaled
         ratio_best = e.gpu_ratio_best
         rows.append(
             f"| {e.scenario.name} | autoscaled | up to {_fmt_pools(a.peak_workers)} "
-            f"| {a.attainment:.2%} | {a.gpu_hours:.2f} | {e.gpu_ratio_peak:.2f}x "
+            f"| {a.attainment:.2%} | {_opt(a.warm_attainment, '.2%')} "
+            f"| {a.gpu_hours:.2f} | {e.gpu_ratio_peak:.2f}x "
             f"| {_opt(ratio_best, '.2f')}{'x' if ratio_best is not None else ''} "
             f"| {a.num_scale_actions} | {a.num_flips} | {a.oscillations} "
             f"| {_opt(a.reaction_s, '.0f')} | {_opt(a.ready_s, '.0f')} |"
@@ -176,7 +180,8 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
                 continue
             rows.append(
                 f"| {e.scenario.name} | {s.label} | {_fmt_pools(s.peak_workers)} "
-                f"| {s.attainment:.2%} | {s.gpu_hours:.2f} | | | | | | | |"
+                f"| {s.attainment:.2%} | {_opt(s.warm_attainment, '.2%')} "
+                f"| {s.gpu_hours:.2f} | | | | | | | |"
             )
     notes = [f"- `{e.scenario.name}`: {e.scenario.note}" for e in evals]
     return head + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"

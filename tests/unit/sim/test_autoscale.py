@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 from click.testing import CliRunner
@@ -96,3 +97,28 @@ def test_cli_rejects_unknown_scenario() -> None:
     result = CliRunner().invoke(sim, ["autoscale", "--scenario", "nope"])
     assert result.exit_code != 0
     assert "nope" in result.output
+
+
+def test_cli_burst_weight_acts_and_shortfall_refuses_it() -> None:
+    out = CliRunner().invoke(
+        sim,
+        ["autoscale", "--scenario", "step-5x", "--quick", "--no-search", "--burst-weight", "0"],
+    )
+    assert out.exit_code == 0, out.output
+    assert "burst weight 0;" in out.output
+    assert "after warm-up" in out.output
+    refused = CliRunner().invoke(
+        sim, ["autoscale", "--quick", "--shortfall", "--burst-weight", "0.5"]
+    )
+    assert refused.exit_code != 0
+    assert "--burst-weight" in refused.output
+
+
+def test_warm_attainment_counts_only_requests_after_the_warm_up() -> None:
+    items = step_workload(PAIRS, 1.0, 1.0, 100.0, 0.0, 0.0, np.random.default_rng(3))
+    early = [w for w in items if w.arrival_s < 40.0]
+    r = run_static(items, replace(SETUP, warmup_s=40.0), {Role.PREFILL: 2, Role.DECODE: 2})
+    assert r.warm_attainment is not None
+    assert early  # the warm-up excludes some requests
+    none_after = run_static(early, replace(SETUP, warmup_s=1e9), {Role.PREFILL: 1, Role.DECODE: 1})
+    assert none_after.warm_attainment is None
