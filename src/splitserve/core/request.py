@@ -40,6 +40,8 @@ class SamplingSpec:
     logprobs: int | None = None
     """None: no log probabilities. k >= 0: each output token's log probability and the k most
     likely tokens at its position (vLLM's `SamplingParams.logprobs`)."""
+    structured_outputs: str = ""
+    """Guided decoding: vLLM's `StructuredOutputsParams` as a JSON object; empty: none."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -62,6 +62,8 @@ class GenerationParams:
     """(`x-slo-ttft-ms` / `x-slo-tpot-ms`, milliseconds) as the client sent them."""
     logprobs: int | None = None
     """None: no log probabilities; k: each token's and the k most likely (`SamplingSpec`)."""
+    structured_outputs: str = ""
+    """Guided decoding (vLLM's `StructuredOutputsParams` as JSON); empty: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +258,7 @@ class Generator:
                 bad_words=knobs.bad_words,
                 allowed_token_ids=knobs.allowed_token_ids,
                 logprobs=params.logprobs,
+                structured_outputs=params.structured_outputs,
             )
         except ValueError as err:
             raise InvalidRequest(str(err)) from err

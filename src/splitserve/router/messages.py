@@ -43,6 +43,7 @@ def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
         seeded=s.seed is not None,
         logprobs=s.logprobs is not None,
         top_logprobs=s.logprobs or 0,
+        structured_outputs=s.structured_outputs,
     )
 
 

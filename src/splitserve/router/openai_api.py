@@ -40,7 +40,12 @@ from splitserve.router import openai_models as wire
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.generation import GenerationParams, Generator
 from splitserve.router.openai_errors import ApiError, api_error_from
-from splitserve.router.openai_fields import refusal, requested_logprobs, sampler_knobs
+from splitserve.router.openai_fields import (
+    refusal,
+    requested_logprobs,
+    sampler_knobs,
+    structured_outputs,
+)
 from splitserve.router.openai_parse import parse_body, template_messages
 from splitserve.router.openai_stream import ClientGone, collect, stream_body, unless_disconnected
 from splitserve.router.openai_vllm import add_vllm_routes
@@ -160,6 +165,7 @@ class OpenAiApi:
             ignore_eos=req.ignore_eos,
             sampler=sampler_knobs(req),
             logprobs=requested_logprobs(req),
+            structured_outputs=structured_outputs(req),
             slo_class=http.headers.get(_SLO_HEADER) or "",
             slo_overrides=_slo_overrides(http),
         )

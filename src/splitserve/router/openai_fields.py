@@ -10,6 +10,7 @@ depend only on the prompt, the seed and the position: see docs/simulator.md).
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -44,10 +45,7 @@ _SAMPLER = Field(
     "Passed to vLLM's sampler. The simulated engine's synthetic tokens ignore it.",
 )
 _NO_TOOLS = "tool calling is not implemented in splitserve yet"
-_NO_GUIDED = (
-    "structured outputs are not implemented in splitserve yet (the guided-decoding state would "
-    "have to travel with the KV from the prefill worker to the decode worker)"
-)
+_NO_GUIDED = "the simulated engine's synthetic tokens cannot follow a grammar"
 _NO_LOGPROBS = (
     "the simulated engine's synthetic tokens come from no probability distribution, so it has "
     "no log probabilities to report"
@@ -112,10 +110,20 @@ COMMON: Final[dict[str, Field]] = {
     "stop_token_ids": Field(
         "acts", "acts", "Added to the model's end-of-text tokens (also with `ignore_eos`)."
     ),
-    "response_format": _refused(
-        _NO_GUIDED, '`{"type": "text"}` (the default) is accepted; anything else is a 400.'
+    "response_format": _refused_by_sim(
+        _NO_GUIDED,
+        '`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}`: '
+        "vLLM's guided decoding (as `structured_outputs` `json_object` / `json`). "
+        '`{"type": "text"}` (the default) is accepted by every engine.',
     ),
-    "structured_outputs": _refused(_NO_GUIDED),
+    "structured_outputs": _refused_by_sim(
+        _NO_GUIDED,
+        "vLLM 0.32's `StructuredOutputsParams`: exactly one of `json` (a schema), `regex`, "
+        "`choice`, `grammar`, `json_object`, with the options `disable_any_whitespace`, "
+        "`disable_additional_properties`, `whitespace_pattern` (`structural_tag` is a 400). "
+        "In P/D the prefill worker samples the first token under the grammar and the decode "
+        "worker advances its grammar past that token before sampling.",
+    ),
 }
 
 COMPLETION: Final[dict[str, Field]] = {
@@ -229,6 +237,10 @@ def _used(req: wire.SamplingFields) -> Iterator[str]:
     name = _used_first(req)
     if name is not None:
         yield name
+    if _set(req.response_format) and req.response_format != {"type": "text"}:
+        yield "response_format"
+    if _set(req.structured_outputs):
+        yield "structured_outputs"
     if isinstance(req, wire.CompletionRequest) and req.logprobs is not None:
         yield "logprobs"
     if isinstance(req, wire.ChatCompletionRequest):
@@ -239,10 +251,6 @@ def _used(req: wire.SamplingFields) -> Iterator[str]:
 
 
 def _used_first(req: wire.SamplingFields) -> str | None:
-    if _set(req.response_format) and req.response_format != {"type": "text"}:
-        return "response_format"
-    if _set(req.structured_outputs):
-        return "structured_outputs"
     if isinstance(req, wire.CompletionRequest):
         if req.echo:
             return "echo"
@@ -318,6 +326,92 @@ def requested_logprobs(req: wire.SamplingFields) -> int | None:
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise ApiError(400, f"{name} must be in [0, {MAX_LOGPROBS}], got {top}", param=name)
     return top
+
+
+GUIDES: Final = ("json", "regex", "choice", "grammar", "json_object")
+"""vLLM's structured-output constraint kinds (exactly one per request)."""
+_GUIDE_OPTIONS: Final = {
+    "disable_any_whitespace": bool,
+    "disable_additional_properties": bool,
+    "whitespace_pattern": str,
+}
+
+
+def structured_outputs(req: wire.SamplingFields) -> str:
+    """The request's guided decoding as vLLM's `StructuredOutputsParams` JSON ("" for none):
+    `structured_outputs`, with `response_format` setting its constraint as vLLM does.
+
+    Raises:
+        ApiError: an unknown key, a malformed value, or not exactly one constraint.
+    """
+    so: dict[str, Any] = dict(req.structured_outputs or {})
+    for key, value in so.items():
+        param = f"structured_outputs.{key}"
+        if key in _GUIDE_OPTIONS:
+            if not isinstance(value, _GUIDE_OPTIONS[key]):
+                raise ApiError(
+                    400, f"{param} must be a {_GUIDE_OPTIONS[key].__name__}", param=param
+                )
+        elif key not in GUIDES:
+            raise ApiError(
+                400,
+                f"{param} is not supported (supported: {', '.join((*GUIDES, *_GUIDE_OPTIONS))})",
+                param=param,
+            )
+    rf = req.response_format
+    if rf is not None and rf != {"type": "text"}:
+        kind = rf.get("type")
+        if kind == "json_object":
+            so["json_object"] = True
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ApiError(
+                    400,
+                    "response_format.json_schema.schema must be a JSON schema (an object)",
+                    param="response_format",
+                )
+            so["json"] = spec["schema"]
+        else:
+            raise ApiError(
+                400,
+                f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                param="response_format",
+            )
+    if not so:
+        return ""
+    kinds = [k for k in GUIDES if so.get(k) is not None]
+    if len(kinds) != 1:
+        raise ApiError(
+            400,
+            "structured outputs need exactly one constraint of "
+            f"{', '.join(GUIDES)} (with response_format counted), got {kinds or 'none'}",
+            param="structured_outputs",
+        )
+    _check_guide(kinds[0], so[kinds[0]])
+    return json.dumps(so, separators=(",", ":"), sort_keys=True)
+
+
+def _check_guide(kind: str, value: Any) -> None:
+    param = f"structured_outputs.{kind}"
+    ok = {
+        "json": isinstance(value, dict | str),
+        "regex": isinstance(value, str) and bool(value),
+        "grammar": isinstance(value, str) and bool(value),
+        "choice": isinstance(value, list)
+        and bool(value)
+        and all(isinstance(c, str) for c in value),
+        "json_object": value is True,
+    }[kind]
+    if not ok:
+        what = {
+            "json": "a JSON schema (object or string)",
+            "regex": "a non-empty string",
+            "grammar": "a non-empty string",
+            "choice": "a non-empty list of strings",
+            "json_object": "true",
+        }[kind]
+        raise ApiError(400, f"{param} must be {what}", param=param)
 
 
 def sampler_knobs(req: wire.SamplingFields) -> SamplerKnobs:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 def model_card(api: OpenAiApi, root: str) -> dict[str, Any]:
     """The served model as vLLM's `/v1/models` describes one."""
     created = int(api.unix_time())
+    engines = api.pool.engines()
     return {
         "id": api.model_name,
         "object": "model",
@@ -45,7 +46,8 @@ def model_card(api: OpenAiApi, root: str) -> dict[str, Any]:
                 "created": created,
                 "allow_create_engine": False,
                 "allow_sampling": True,
-                "allow_logprobs": False,  # refused: see docs/openai-api.md
+                # Only vLLM workers return log probabilities (docs/openai-api.md).
+                "allow_logprobs": engines == ["vllm"],
                 "allow_search_indices": False,
                 "allow_view": True,
                 "allow_fine_tuning": False,

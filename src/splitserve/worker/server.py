@@ -89,6 +89,7 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
         bad_words=tuple(pb.bad_words),
         allowed_token_ids=tuple(pb.allowed_token_ids),
         logprobs=pb.top_logprobs if pb.logprobs else None,
+        structured_outputs=pb.structured_outputs,
     )
 
 

@@ -234,6 +234,11 @@ class SimEngine:
             raise ValueError(
                 "sampling.logprobs: the simulated engine has no token distribution to report"
             )
+        if request.sampling.structured_outputs:
+            raise ValueError(
+                "sampling.structured_outputs: the simulated engine's synthetic tokens cannot "
+                "follow a grammar"
+            )
         self._core.add(request, mode, first_token_id)  # raises CapacityError / ValueError
         pending = _Pending(request, self.clock.now_s(), kv_source=kv)
         self._pending[request.id] = pending

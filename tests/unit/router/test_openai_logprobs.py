@@ -99,6 +99,8 @@ async def test_chat_logprobs_aggregated(
     async with stack.client() as client:
         whole = await client.post("/v1/chat/completions", json={**body, "top_logprobs": 2})
         bare = await client.post("/v1/chat/completions", json=body)
+        card = (await client.get("/v1/models")).json()["data"][0]
+    assert card["permission"][0]["allow_logprobs"] is True  # vLLM workers: allowed
     assert whole.status_code == 200, whole.text
     [gen, gen_bare] = w.requests("Generate")
     assert gen.sampling.logprobs

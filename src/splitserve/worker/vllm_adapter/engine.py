@@ -53,6 +53,7 @@ from splitserve.worker.engine import (
     StepSample,
     TokenDelta,
 )
+from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.nixl import PullDriver, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
@@ -192,6 +193,7 @@ class VllmEngine:
         self.prefill_tokens = 0
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
+        self._grammars: GrammarCatchUp | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -456,6 +458,14 @@ class VllmEngine:
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
             extra_args=_extra_args(request, kv_params),
+            structured_outputs=structured_params(request.sampling.structured_outputs),
+        )
+        # A decode continues from the prefill's first token (its last prompt token): its
+        # grammar starts past that token (`GrammarCatchUp`).
+        guided_prefix = (
+            request.prompt_token_ids[-1:]
+            if mode == "decode" and request.sampling.structured_outputs
+            else ()
         )
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), mode)
         self._streams[request.id] = stream
@@ -465,6 +475,8 @@ class VllmEngine:
         def add(engine: Any) -> None:
             try:
                 engine.add_request(rid, prompt, sampling)
+                if guided_prefix and self._grammars is not None:
+                    self._grammars.expect(rid, guided_prefix)
             except Exception as e:  # vLLM refused it (too long, bad parameters, ...)
                 stream.put(_Out((), FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
 
@@ -545,6 +557,7 @@ class VllmEngine:
             return
         core = engine.engine_core.engine_core
         self._tap_schedule(core.scheduler)
+        self._grammars = GrammarCatchUp.install(core.scheduler)
         clip_pulls(core.scheduler, HANDOFF_KEY)
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
