@@ -111,20 +111,24 @@ def _metric(port: int, name: str, **labels: str) -> float:
     )
 
 
-@pytest.fixture
-def up(tmp_path: Path) -> Iterator[Up]:
+def _up(tmp_path: Path, **options: str) -> Iterator[Up]:
+    """`splitserve up --autoscale` with the test's options; `options` override them
+    (`autoscale_max="2"` -> `--autoscale-max 2`)."""
     run_dir = tmp_path / "run"
     env = dict(os.environ, SPLITSERVE_CACHE_DIR=str(tmp_path / "cache"))
-    argv = [
-        sys.executable, "-m", "splitserve", "up", "--autoscale",
-        "--prefill", "1", "--decode", "1", "--port", "0", "--grpc-port", "0",
-        "--sim-time-scale", "20", "--sim-kv-blocks", "4096",
-        "--autoscale-interval-s", "2", "--autoscale-window-s", "6",
-        "--autoscale-stabilization-s", "10", "--autoscale-horizon-s", "2",
-        "--autoscale-max", "3",
-        "--slo-class", "default:ttftMs=10000,tpotMs=2000", "--default-slo-class", "default",
-        "--run-dir", str(run_dir), "--log-level", "WARNING",
-    ]  # fmt: skip
+    settings = {
+        "prefill": "1", "decode": "1", "port": "0", "grpc_port": "0",
+        "sim_time_scale": "20", "sim_kv_blocks": "4096",
+        "autoscale_interval_s": "2", "autoscale_window_s": "6",
+        "autoscale_stabilization_s": "10", "autoscale_horizon_s": "2",
+        "autoscale_max": "3",
+        "slo_class": "default:ttftMs=10000,tpotMs=2000", "default_slo_class": "default",
+        "run_dir": str(run_dir), "log_level": "WARNING",
+    }  # fmt: skip
+    settings.update(options)
+    argv = [sys.executable, "-m", "splitserve", "up", "--autoscale"]
+    for name, value in settings.items():
+        argv += [f"--{name.replace('_', '-')}", value]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -149,6 +153,19 @@ def up(tmp_path: Path) -> Iterator[Up]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    yield from _up(tmp_path)
+
+
+@pytest.fixture
+def up_flip(tmp_path: Path) -> Iterator[Up]:
+    """One prefill and two decode workers, at most two per role, and a stabilization window
+    longer than the test (the idle decode worker is not simply stopped): the second decode
+    worker is headroom the loop can flip."""
+    yield from _up(tmp_path, decode="2", autoscale_max="2", autoscale_stabilization_s="3600")
 
 
 def test_load_step_adds_a_worker_that_serves_and_load_drop_drains_one_without_failures(
@@ -194,3 +211,53 @@ def test_load_step_adds_a_worker_that_serves_and_load_drop_drains_one_without_fa
     assert high.ok > 0
     assert low.ok > 0
     assert any(line.startswith("autoscale: stop ") for line in up.lines), "".join(up.lines)
+
+
+def _ready_info(up: Up) -> dict[str, dict[str, object]]:
+    """{address: ready file} of the stack's workers."""
+    return {
+        json.loads(p.read_text())["address"]: json.loads(p.read_text())
+        for p in up.run_dir.glob("*-*.ready.json")
+    }
+
+
+def test_load_step_flips_an_idle_decode_worker_to_prefill_instead_of_starting_one(
+    up_flip: Up,
+) -> None:
+    """Prefill under a load step, decode with a worker to spare: the loop's first action is a
+    flip (fence, drain, SetRole, unfence), no worker is started, and the flipped worker then
+    serves prefills. Waits on state (the workers file, the worker's metrics), not on time."""
+    up = up_flip
+    initial = up.workers()
+    assert sorted(initial.values()) == ["decode", "decode", "prefill"]
+
+    load = Load(up.base_url, rate=1.0).start()
+    try:
+        up.wait_for(
+            "a decode worker flipped to prefill",
+            lambda: sorted(up.workers().values()) == ["decode", "prefill", "prefill"],
+            timeout_s=240,
+        )
+        flipped = next(a for a, r in up.workers().items() if r == "prefill" != initial.get(a))
+        assert set(up.workers()) == set(initial)  # the same three processes: none started
+        port = int(str(_ready_info(up)[flipped]["metrics_port"]))
+        up.wait_for(
+            f"a prefill served by the flipped worker {flipped}",
+            lambda: (
+                _metric(port, "splitserve_worker_requests_total", kind="prefill", outcome="ok") > 0
+            ),
+            timeout_s=120,
+        )
+    finally:
+        load.stop()
+    actions = [
+        line for line in up.lines if line.startswith(("autoscale: flip ", "autoscale: starting "))
+    ]
+    assert actions, "".join(up.lines)
+    log = "".join(up.lines)
+    assert actions[0].startswith("autoscale: flip "), log
+    assert "decode -> prefill" in actions[0], log
+    assert not any(line.startswith("autoscale: starting ") for line in up.lines)
+    assert any("flipped decode -> prefill" in line for line in up.lines), "".join(up.lines)
+    assert load.failed == []
+    assert load.ok > 0
