@@ -277,8 +277,8 @@ def test_logprobs_in_pd_match_aggregated(stack: dict[str, Proc], model_dir: Path
 
 SCHEMA = {
     "type": "object",
-    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "n": {"type": "integer"}},
-    "required": ["answer", "n"],
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "ok": {"type": "boolean"}},
+    "required": ["answer", "ok"],
     "additionalProperties": False,
 }
 
@@ -312,8 +312,8 @@ def test_structured_outputs_constrain_pd_from_the_first_token(
     assert content is not None
     parsed = json.loads(content)
     assert parsed["answer"] in ("yes", "no")
-    assert isinstance(parsed["n"], int)
-    assert set(parsed) == {"answer", "n"}
+    assert isinstance(parsed["ok"], bool)
+    assert set(parsed) == {"answer", "ok"}
     regex = client.completions.create(
         model=MODEL,
         prompt=PROMPT,
