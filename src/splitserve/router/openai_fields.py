@@ -45,7 +45,11 @@ _SAMPLER = Field(
     "Passed to vLLM's sampler. The simulated engine's synthetic tokens ignore it.",
 )
 _NO_TOOLS = "tool calling is not implemented in splitserve yet"
-_NO_GUIDED = "the simulated engine's synthetic tokens cannot follow a grammar"
+_NO_GUIDED = (
+    "guided decoding is not enabled yet: in P/D the decode worker's grammar does not yet "
+    "continue from the prefill worker's first token (its contract test fails), and the "
+    "simulated engine's synthetic tokens cannot follow a grammar"
+)
 _NO_LOGPROBS = (
     "the simulated engine's synthetic tokens come from no probability distribution, so it has "
     "no log probabilities to report"
@@ -110,13 +114,13 @@ COMMON: Final[dict[str, Field]] = {
     "stop_token_ids": Field(
         "acts", "acts", "Added to the model's end-of-text tokens (also with `ignore_eos`)."
     ),
-    "response_format": _refused_by_sim(
+    "response_format": _refused(
         _NO_GUIDED,
         '`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}`: '
         "vLLM's guided decoding (as `structured_outputs` `json_object` / `json`). "
         '`{"type": "text"}` (the default) is accepted by every engine.',
     ),
-    "structured_outputs": _refused_by_sim(
+    "structured_outputs": _refused(
         _NO_GUIDED,
         "vLLM 0.32's `StructuredOutputsParams`: exactly one of `json` (a schema), `regex`, "
         "`choice`, `grammar`, `json_object`, with the options `disable_any_whitespace`, "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,7 +19,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import openai
@@ -273,88 +271,6 @@ def test_logprobs_in_pd_match_aggregated(stack: dict[str, Proc], model_dir: Path
     assert 1 <= len(entries) <= 5
     assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in entries)
     assert "".join(e.token for e in entries).startswith("".join(pieces))
-
-
-SCHEMA = {
-    "type": "object",
-    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "n": {"type": "integer"}},
-    "required": ["answer", "n"],
-    "additionalProperties": False,
-}
-
-
-def test_structured_outputs_constrain_pd_from_the_first_token(
-    stack: dict[str, Proc], model_dir: Path
-) -> None:
-    """Guided decoding through the router in P/D: a random tiny model's output obeys the
-    schema / regex / choice, and equals the same request run aggregated on one vLLM worker
-    token for token (the prefill worker samples the first token under the grammar; the decode
-    worker's grammar starts past it)."""
-    from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
-    from splitserve.router.tokenizer import TextTokenizer
-
-    decode_metrics = stack["decode"].info["metrics_port"]
-    pulls = _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count")
-    client = _client(stack)
-    messages: Any = [{"role": "user", "content": "answer"}]
-    chat = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        max_tokens=40,
-        temperature=0,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "a", "schema": SCHEMA},
-        },
-        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
-    )
-    content = chat.choices[0].message.content
-    assert content is not None
-    parsed = json.loads(content)
-    assert parsed["answer"] in ("yes", "no")
-    assert isinstance(parsed["n"], int)
-    assert set(parsed) == {"answer", "n"}
-    regex = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
-        max_tokens=20,
-        temperature=0,
-        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-c]{2}"}},
-    )
-    assert re.fullmatch("[0-9]{3}-[a-c]{2}", regex.choices[0].text), regex.choices[0].text
-    choice = client.completions.create(
-        model=MODEL,
-        prompt=PROMPT,
-        max_tokens=20,
-        temperature=0,
-        extra_body={"structured_outputs": {"choice": ["red apple", "green pear"]}},
-    )
-    assert choice.choices[0].text in ("red apple", "green pear")
-    assert _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count") == (
-        pulls + 3
-    )  # all three went P/D
-
-    # The same regex request aggregated on the decode worker: the same tokens.
-    tokenizer = TextTokenizer.from_dir(model_dir)
-    with grpc.insecure_channel(str(stack["decode"].info["address"])) as ch:
-        agg = [
-            t
-            for c in worker_pb2_grpc.WorkerStub(ch).Generate(
-                worker_pb2.GenerateRequest(
-                    request_id=f"agg-so-{time.monotonic_ns()}",
-                    prompt_token_ids=tokenizer.encode(PROMPT),
-                    sampling=common_pb2.SamplingParams(
-                        max_tokens=20,
-                        temperature=0.0,
-                        stop_token_ids=tokenizer.stop_token_ids,
-                        structured_outputs=json.dumps({"regex": "[0-9]{3}-[a-c]{2}"}),
-                    ),
-                ),
-                timeout=120,
-            )
-            for t in c.token_ids
-        ]
-    assert tokenizer.decode(agg) == regex.choices[0].text
 
 
 def test_killing_the_prefill_worker_falls_back_to_aggregated(stack: dict[str, Proc]) -> None:

@@ -55,6 +55,8 @@ SUPPORTED_VLLM = ("0.32.0",)
 CONFIG_KEY = "splitserve"
 """Key of the shim's settings in vLLM's `additional_config`."""
 
+_UNSTARTED = (RequestStatus.WAITING, RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+"""Waiting and not yet scheduled (a guided request first waits for its grammar)."""
 _BLOCKED = (
     RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
     RequestStatus.WAITING_FOR_REMOTE_KVS,
@@ -113,6 +115,11 @@ class PolicyHook:
         """Waiting requests the policy decides about (blocked ones are vLLM's business)."""
         if request.status not in _BLOCKED:
             return True
+        if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            # Its grammar is compiled: vLLM promotes it in this step if the budget has room
+            # (a budget of 0 would never reach it, and the request would wait forever).
+            so = request.structured_output_request
+            return bool(so is not None and so.is_grammar_ready)
         return bool(
             request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
             and request.request_id in self.sched.finished_recving_kv_req_ids
@@ -125,9 +132,7 @@ class PolicyHook:
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             computed = min(computed, num_tokens - 1)  # vLLM recomputes the last token
         params = r.kv_transfer_params or {}
-        remote = bool(
-            params.get("do_remote_prefill") and computed == 0 and r.status == RequestStatus.WAITING
-        )
+        remote = bool(params.get("do_remote_prefill") and computed == 0 and r.status in _UNSTARTED)
         sp = getattr(r, "sampling_params", None)
         slo = ((getattr(sp, "extra_args", None) or {}).get("splitserve_slo")) or {}
         offset = slo.get("deadline_offset_s")
