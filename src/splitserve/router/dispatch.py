@@ -89,6 +89,68 @@ class Chunk:
     """With `SamplingSpec.logprobs`: one per token of `token_ids`."""
 
 
+class StallTimer:
+    """`asyncio.timeout(stall_s)` around each read of a token stream, without a timer per read.
+
+    One timer, re-armed lazily: when it fires while no read is waiting (the consumer holds the
+    last chunk) or a read started less than `stall_s` ago, it is set again for that read's due
+    time; only a read waiting `stall_s` is cancelled (and raises `TimeoutError`). A read then
+    costs a clock reading instead of a timer handle pushed on and cancelled off the loop's heap.
+    """
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_loop", "_since", "_stall_s", "_task")
+
+    def __init__(self, stall_s: float) -> None:
+        self._stall_s = stall_s
+        self._loop = asyncio.get_running_loop()
+        self._since: float | None = None
+        """When the read in progress started; None: no read waiting."""
+        self._task: asyncio.Task[object] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._fired = False
+        self._cancelling = 0
+
+    async def read(self, call: aio.UnaryStreamCall) -> common_pb2.TokenChunk | None:
+        """`call.read()`, None at the end of the stream, or `TimeoutError` after `stall_s`."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._task, self._cancelling = task, task.cancelling()
+        self._since = since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(since + self._stall_s, self._check)
+        try:
+            chunk = await call.read()
+        except asyncio.CancelledError:
+            if self._fired:
+                self._fired = False
+                if task.uncancel() <= self._cancelling:
+                    raise TimeoutError from None
+            raise
+        finally:
+            self._since = None
+        if chunk is aio.EOF:
+            return None
+        assert isinstance(chunk, common_pb2.TokenChunk)
+        return chunk
+
+    def _check(self) -> None:
+        self._handle = None
+        since, task = self._since, self._task
+        if since is None or task is None:
+            return  # no read waiting: the next read arms the timer again
+        due = since + self._stall_s
+        if self._loop.time() >= due:
+            self._fired = True
+            task.cancel()
+        else:
+            self._handle = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class _WorkerFailed(Exception):  # noqa: N818 - internal signal
     """One worker call failed in a way another worker may not (internal to the retry loops)."""
 
@@ -532,17 +594,16 @@ class Dispatch:
         tuple[tuple[int, ...], FinishReason | None, tuple[TokenLogprobs, ...]], None
     ]:
         stall_s = self._d.settings.token_stall_timeout_s
-        chunks = aiter(call)
+        stall = StallTimer(stall_s)
         try:
             while True:
                 try:
-                    async with asyncio.timeout(stall_s):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
+                    chunk = await stall.read(call)
                 except TimeoutError:
                     self._d.metrics.fallbacks.labels("token_stall").inc()
                     raise _WorkerFailed(eid, f"no token for {stall_s:g} s (stalled)") from None
+                if chunk is None:
+                    break
                 if chunk.finish_reason == common_pb2.FINISH_REASON_ERROR:
                     raise _WorkerFailed(eid, f"worker error: {chunk.error or 'unknown'}")
                 if chunk.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
@@ -566,6 +627,7 @@ class Dispatch:
                 eid, str(err.code()), unreachable=unreachable, kv_lost=kv_lost
             ) from err
         finally:
+            stall.close()
             call.cancel()
         raise _WorkerFailed(eid, "stream ended without a finish reason")
 

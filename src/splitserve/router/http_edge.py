@@ -23,6 +23,7 @@ from typing import Any, Final
 import orjson
 
 from splitserve.api.router_edge import EdgeSettings
+from splitserve.router.client_link import SCOPE_KEY, ClientLink
 from splitserve.router.openai_errors import error_body
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ def edge_protocol(
         _edge_phase = _IDLE
         _edge_header_bytes = 0
         _edge_counted = False
+        _edge_links: list[ClientLink] | None = None
+        """The `ClientLink` of each request of this connection still being answered."""
 
         def connection_made(self, transport: Any) -> None:
             sock = transport.get_extra_info("socket")
@@ -138,6 +141,9 @@ def edge_protocol(
             count.open -= 1
             self._edge_cancel()
             super().connection_lost(exc)
+            links, self._edge_links = self._edge_links, None
+            for link in links or ():
+                link.lost()
 
         def data_received(self, data: bytes) -> None:
             if self._edge_sock is not None and quickack is not None:
@@ -164,6 +170,11 @@ def edge_protocol(
         def on_headers_complete(self) -> None:
             self._edge_header_bytes = 0
             self._edge_arm(body_s, _BODY)
+            link = ClientLink()
+            self.scope[SCOPE_KEY] = link  # the app runs later (a task), with this scope
+            if self._edge_links is None:
+                self._edge_links = []
+            self._edge_links.append(link)  # answers complete in order (pipelining)
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
@@ -172,6 +183,8 @@ def edge_protocol(
             super().on_message_complete()
 
         def on_response_complete(self) -> None:
+            if self._edge_links:
+                self._edge_links.pop(0)  # its answer is out: a later loss is not its client's
             super().on_response_complete()
             if self._edge_phase == _SERVING:  # else a pipelined request is being read
                 self._edge_phase = _IDLE

@@ -10,8 +10,10 @@ an OpenAI body. Fields the serving engines cannot honour are refused (`openai_fi
 `/v1/completions` serves one prompt per request: `prompt` may be a string, a list of token ids,
 or a list holding exactly one of those; several prompts are a 400. `n` must be 1.
 
-A client that goes away cancels its request: streamed responses through Starlette's disconnect
-handling, whole responses through a watcher on the ASGI `receive` channel.
+A client that goes away cancels its request: through the connection's `ClientLink` when the
+router's own HTTP protocol serves it (`client_link`; streamed answers then skip Starlette's
+`StreamingResponse`), else through Starlette's disconnect handling (streamed) or a watcher on the
+ASGI `receive` channel (whole answers).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from splitserve.core.request import Request
 from splitserve.obs import logs as obs_logs
 from splitserve.obs import tracing
 from splitserve.router import openai_models as wire
+from splitserve.router.client_link import link_of
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.generation import GenerationParams, Generator
 from splitserve.router.openai_errors import ApiError, api_error_from
@@ -47,7 +50,13 @@ from splitserve.router.openai_fields import (
     structured_outputs,
 )
 from splitserve.router.openai_parse import parse_body, template_messages
-from splitserve.router.openai_stream import ClientGone, collect, stream_body, unless_disconnected
+from splitserve.router.openai_stream import (
+    ClientGone,
+    SseResponse,
+    collect,
+    stream_body,
+    unless_disconnected,
+)
 from splitserve.router.openai_vllm import add_vllm_routes
 from splitserve.router.pool_view import PoolView
 
@@ -192,7 +201,7 @@ class OpenAiApi:
         req: wire.SamplingFields,
         fmt: wire.Formatter,
         client_id: str | None,
-    ) -> Response:
+    ) -> Response | SseResponse:
         headers = {_ID_HEADER: client_id} if client_id is not None else None
         chunks = self.generator.stream(request, req.stop_strings())
         if not req.stream:
@@ -221,6 +230,9 @@ class OpenAiApi:
         body = stream_body(
             fmt, first, chunks, include_usage=req.include_usage, continuous_usage=continuous
         )
+        link = link_of(http.scope)
+        if link is not None:  # served by the router's own HTTP protocol: the lean response
+            return SseResponse(body, link, headers)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
@@ -283,8 +295,8 @@ def create_app(
             model=model_name,
         )
 
-    @app.post("/v1/completions")
-    async def completions(http: HttpRequest) -> Response:
+    @app.post("/v1/completions", response_model=None)
+    async def completions(http: HttpRequest) -> Response | SseResponse:
         client_id = client_request_id(http)
         try:
             req = await api.read_body(http, wire.CompletionRequest)
@@ -300,8 +312,8 @@ def create_app(
             return api.reject(api_error_from(err), client_id, http.headers.get(_SLO_HEADER))
         return await api.serve(http, request, req, fmt, client_id)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: HttpRequest) -> Response:
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(http: HttpRequest) -> Response | SseResponse:
         client_id = client_request_id(http)
         try:
             req = await api.read_body(http, wire.ChatCompletionRequest)
@@ -347,7 +359,7 @@ def create_app(
     return EdgeApp(app, hot)
 
 
-Handler = Callable[[HttpRequest], Awaitable[Response]]
+Handler = Callable[[HttpRequest], Awaitable[Response | SseResponse]]
 
 
 class EdgeApp:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import orjson
 from starlette.requests import Request as HttpRequest
@@ -19,15 +19,15 @@ from starlette.requests import Request as HttpRequest
 from splitserve.core.errors import SplitserveError
 from splitserve.core.request import TokenLogprobs
 from splitserve.router import openai_models as wire
+from splitserve.router.client_link import ClientGone, ClientLink, link_of
 from splitserve.router.generation import TextChunk, Usage
 from splitserve.router.openai_errors import api_error_from
 
+__all__ = ["DONE", "ClientGone", "SseResponse", "collect", "sse", "stream_body",
+           "unless_disconnected"]  # fmt: skip
+
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
-
-
-class ClientGone(Exception):  # noqa: N818 - a condition, like the core errors
-    """The HTTP client disconnected before the answer was ready."""
 
 
 def sse(body: dict[str, Any]) -> bytes:
@@ -41,7 +41,13 @@ async def _wait_disconnect(request: HttpRequest) -> None:
 
 
 async def unless_disconnected(request: HttpRequest, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first (then raise `ClientGone`)."""
+    """Await `work`, cancelling it if the client disconnects first (then raise `ClientGone`).
+
+    Through the connection's `ClientLink` when the router's own HTTP protocol serves the
+    request (no extra task); else with a watcher task on the ASGI `receive` channel."""
+    link = link_of(request.scope)
+    if link is not None:
+        return await link.run(work)
     task = asyncio.ensure_future(work)
     watcher = asyncio.create_task(_wait_disconnect(request))
     try:
@@ -93,6 +99,8 @@ async def stream_body(
     """
     usage: Usage | None = None
     num_out = 0
+    tail = b""
+    """The last event(s) and `[DONE]`, sent as one piece."""
     try:
         if fmt.chat:
             first_usage = None if continuous_usage is None else Usage(continuous_usage, 0)
@@ -101,13 +109,15 @@ async def stream_body(
         with_logprobs = fmt.logprobs is not None
         while chunk is not None:
             num_out += len(chunk.token_ids)
+            final = chunk.finish_reason is not None
+            usage = chunk.usage or usage
             if continuous_usage is not None or with_logprobs:
                 # Tokens whose text is held back (a possible stop string) still send their
                 # log probabilities, in a chunk with empty text.
                 so_far = None
                 if continuous_usage is not None:
                     so_far = chunk.usage or Usage(continuous_usage, num_out)
-                if chunk.text or chunk.finish_reason is not None or chunk.logprobs:
+                if chunk.text or final or chunk.logprobs:
                     lp = fmt.logprobs_of(chunk, stream=True)
                     body = fmt.chunk(
                         chunk.text,
@@ -116,18 +126,73 @@ async def stream_body(
                         usage=so_far,
                         logprobs=lp,
                     )
-                    yield sse(body)
-            elif chunk.finish_reason is None:
+                    if final:
+                        tail = sse(body)
+                    else:
+                        yield sse(body)
+            elif not final:
                 if chunk.text:
                     yield fmt.delta_event(chunk.text, with_usage=include_usage)
             else:
-                yield sse(fmt.chunk(chunk.text, chunk.finish_reason, with_usage=include_usage))
-            usage = chunk.usage or usage
-            chunk = None if chunk.finish_reason is not None else await anext(chunks, None)
+                tail = sse(fmt.chunk(chunk.text, chunk.finish_reason, with_usage=include_usage))
+            chunk = None if final else await anext(chunks, None)
         if include_usage and usage is not None:
-            yield sse(fmt.usage_chunk(usage))
+            tail += sse(fmt.usage_chunk(usage))
     except SplitserveError as err:
-        yield sse(api_error_from(err).body())
+        tail = sse(api_error_from(err).body())
     finally:
         await chunks.aclose()
-    yield DONE
+    yield tail + DONE
+
+
+_SSE_HEADERS: Final = [(b"content-type", b"text/event-stream; charset=utf-8")]
+"""What Starlette's `StreamingResponse(media_type="text/event-stream")` sends."""
+
+
+class SseResponse:
+    """A streamed answer sent straight to the ASGI `send`, one body message per event.
+
+    What Starlette's `StreamingResponse` does without its anyio task group and disconnect
+    listener task: a lost connection cancels this task through the request's `ClientLink`, and
+    the body is closed (which cancels the request on its workers). The event that ends with
+    `data: [DONE]` is sent as the last body message, so the end of the chunked body leaves in
+    the same write. Only for requests whose scope has a link (`link_of`); others get Starlette's
+    response.
+    """
+
+    __slots__ = ("_body", "_headers", "_link")
+
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        link: ClientLink,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._body = body
+        self._link = link
+        self._headers = _SSE_HEADERS + [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
+        ]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        link, body = self._link, self._body
+        try:
+            task = link.watch()
+        except ClientGone:
+            await body.aclose()
+            return
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+            async for part in body:
+                last = part.endswith(DONE)
+                await send({"type": "http.response.body", "body": part, "more_body": not last})
+                if last:
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not link.took(task):
+                raise
+            # The client went away: closing the body (below) cancels the request.
+        finally:
+            link.unwatch()
+            await body.aclose()
