@@ -308,8 +308,6 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         metrics=metrics,
         clock=SystemClock(),
     )
-    if isinstance(engine, SimEngine):
-        engine.on_kv_pull = service.kv_pulled
     await engine.start()
     collector = getattr(engine, "metrics_collector", None)
     if collector is not None:  # vLLM's own metrics, renamed through one mapping table

@@ -131,6 +131,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._load_seq = 0
         self._decode_spans: dict[str, Any] = {}
         """Open `worker.decode` spans by request id (tracing on): a KV pull's span joins it."""
+        if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (SimEngine)
+            engine.on_kv_pull = self.kv_pulled
         self._set_role_gauge()
 
     def kv_pulled(self, request_id: str, num_bytes: int, seconds: float) -> None:
