@@ -3,8 +3,12 @@
 `splitserve up` (2 prefill + 2 decode simulated workers, real processes) serves a scenario that
 exercises what the dashboards show: disaggregated requests in two SLO classes, a burst that queues
 the unsheddable class and sheds the sheddable one, a prefill worker killed mid-burst (the router
-falls back), and a run-time role flip (aggregated requests). A real Prometheus scrapes the router
-and the workers every second and evaluates the shipped rules. Then every PromQL expression of
+falls back), and a run-time role flip (aggregated requests). Beside it the real operator (kopf,
+in this process) runs against kmock, an emulated Kubernetes API server, with one valid
+`LLMService` (its control loop reads the local stack's real router and workers: the router and
+worker pods in kmock are fakes whose addresses map onto them) and one invalid one (reconcile
+errors). A real Prometheus scrapes the router, the workers and the operator's /metrics every
+second and evaluates the shipped rules. Then every PromQL expression of
 every dashboard (`splitserve.obs.dashboards`) is evaluated through Prometheus' HTTP API and must
 return a non-empty result with at least one finite value, unless the panel names why it is empty
 in this scenario (`Panel.empty_in_local_stack` / `Query.empty_in_local_stack`); every recording
@@ -26,19 +30,33 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 import yaml
+from tests.fakes.controllers import DeploymentController, Kubelet, running
+from tests.fakes.kube import FakeWorkers
+from tests.integration.operator.conftest import KmockServer, _write_kubeconfig
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.api import v1alpha1 as v1
+from splitserve.core.roles import Role
 from splitserve.obs.dashboards import DASHBOARDS
 from splitserve.obs.dashboards.model import RATE
+from splitserve.operator import handlers
+from splitserve.operator.control import runtime
+from splitserve.operator.control.loop import http_get
+from splitserve.operator.kube import RestKube
+from splitserve.operator.reconcile import Settings
+from splitserve.policy.planner.signals import WorkerLoad
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -97,6 +115,136 @@ class Run:
     def window(self) -> str:
         """A rate window covering the whole scenario."""
         return f"{math.ceil(time.time() - self.started_s) + 15}s"
+
+
+# -- the operator beside the stack ------------------------------------------------------------
+
+NS = "default"
+OPERATOR_SERVICE = "stack"
+BROKEN_SERVICE = "broken"
+
+
+def _service(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"name": MODEL, "source": "org/m"},
+        "engine": {"kind": "sim", "image": "img:1"},
+        "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
+        "pools": {
+            "prefill": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4},
+            "decode": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4},
+        },
+        "sloClasses": SLO_CONFIG["sloClasses"],
+        "scaling": {
+            "mode": "External",
+            "intervalSeconds": 2,
+            "windowSeconds": 10,
+            "scaleDownStabilizationSeconds": 600,
+        },
+    }
+    body.update(spec)
+    return {
+        "apiVersion": v1.API_VERSION,
+        "kind": "LLMService",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": body,
+    }
+
+
+class _StackLoads:
+    """The control loop's worker load reports from the local stack's real workers (their
+    /metrics): each worker pod in kmock (a fake) stands for one of them, in order of sighting."""
+
+    def __init__(self, metrics_urls: list[str]) -> None:
+        self.urls = metrics_urls
+        self.assigned: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def load(self, address: str) -> WorkerLoad:
+        with self.lock:
+            url = self.assigned.setdefault(address, self.urls[len(self.assigned) % len(self.urls)])
+        values: dict[str, float] = {}
+        for line in http_get(url).splitlines():
+            if line.startswith("splitserve_worker_"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        free = values.get("splitserve_worker_kv_blocks_free", 0.0)
+        total = values.get("splitserve_worker_kv_blocks_total", 0.0)
+        return WorkerLoad(
+            address,
+            Role.MIXED,
+            int(values.get("splitserve_worker_queue_requests", 0)),
+            int(values.get("splitserve_worker_running_requests", 0)),
+            1 - free / total if total else None,
+        )
+
+
+@contextmanager
+def _restored_logging() -> Iterator[None]:
+    """kopf configures logging process-wide (root level and handlers, asyncio's logger)."""
+    import logging
+
+    root, aio = logging.getLogger(), logging.getLogger("asyncio")
+    saved = (root.level, list(root.handlers), aio.propagate, list(aio.handlers))
+    try:
+        yield
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        aio.propagate = saved[2]
+        aio.handlers[:] = saved[3]
+
+
+@contextmanager
+def _operator(run_dir: Path, router_port: int, worker_metrics: list[str]) -> Iterator[int]:
+    """kmock, the operator (kopf, this process) with its /metrics on the port yielded, the
+    fake Deployment controller and kubelet, and the two services."""
+    import kubernetes
+    from kopf.testing import KopfRunner
+
+    with ExitStack() as stack:
+        server = KmockServer().start()
+        stack.callback(server.stop)
+        kubeconfig = run_dir / "kmock.kubeconfig"
+        _write_kubeconfig(kubeconfig, server.url)
+        router_metrics = f"http://127.0.0.1:{router_port}/metrics"
+        runtime.configure(
+            runtime.ControlConfig(
+                get=lambda _url: http_get(router_metrics), loads=_StackLoads(worker_metrics)
+            )
+        )
+        stack.callback(runtime.configure, runtime.ControlConfig())
+        port = _free_port()
+        http = runtime.serve("127.0.0.1", port)
+        stack.callback(http.shutdown)
+        client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        kube = RestKube(client)
+        kube.client.user_agent = "splitserve-tests"
+        config = handlers.OperatorConfig(
+            settings=Settings(router_image="router:test", drain_wait_s=0.0),
+            interval_s=2.0,
+            kubeconfig=str(kubeconfig),
+            workers=FakeWorkers(),
+        )
+        args = ["run", "--standalone", "--namespace", NS]
+        stack.enter_context(_restored_logging())
+        stack.enter_context(KopfRunner(args, timeout=60, registry=handlers.registry(config)))
+        stack.enter_context(
+            running(DeploymentController(kube, NS), Kubelet(kube, NS), period_s=0.5)
+        )
+        kube.create(_service(OPERATOR_SERVICE))
+        # Invalid (no worker group takes `mixed`; kmock does not apply the CRD's schema): every
+        # reconcile of it fails, then backs off.
+        kube.create(_service(BROKEN_SERVICE, pools={"mixed": {"replicas": 1}}))
+        archiver = threading.Event()
+
+        def archive() -> None:
+            # kmock matches each request against its whole log: keep it short (conftest).
+            while not archiver.wait(5):
+                server.archive()
+
+        threading.Thread(target=archive, name="kmock-archive", daemon=True).start()
+        stack.callback(archiver.set)
+        yield port
 
 
 def _worker_pid(run_dir: Path, name: str) -> int:
@@ -217,6 +365,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     prom: subprocess.Popen[bytes] | None = None
+    stack = ExitStack()
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "router.ready.json").exists():
@@ -232,6 +381,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             for p in sorted(run_dir.glob("*-*.ready.json"))
         }
         targets = [f"127.0.0.1:{w['metrics_port']}" for w in workers.values()]
+        operator_port = stack.enter_context(
+            _operator(run_dir, int(router["port"]), [f"http://{t}/metrics" for t in targets])
+        )
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(RULES)],
@@ -241,6 +393,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                     "static_configs": [{"targets": [f"127.0.0.1:{router['port']}"]}],
                 },
                 {"job_name": "workers", "static_configs": [{"targets": targets}]},
+                {
+                    "job_name": "operator",
+                    "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}],
+                },
             ],
         }
         (run_dir / "prometheus.yml").write_text(json.dumps(config))
@@ -266,7 +422,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if len(result.query("up == 1")) == 5:
+                if len(result.query("up == 1")) == 6:
                     break
             except (httpx.HTTPError, AssertionError):
                 pass
@@ -278,6 +434,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         if prom is not None:
             prom.terminate()
             prom.wait(timeout=10)
+        stack.close()
         up.send_signal(signal.SIGTERM)
         try:
             up.wait(timeout=30)
@@ -293,6 +450,32 @@ def test_the_scenario_exercised_what_the_dashboards_show(run: Run) -> None:
     assert _router_sample(run, "splitserve_router_fallbacks_total") > 0
     paths = {r["metric"]["path"] for r in run.query("splitserve_router_requests_total")}  # type: ignore[index]
     assert {"disaggregated", "aggregated"} <= paths
+
+
+def test_the_operator_reconciled_failed_and_looped(run: Run) -> None:
+    """The operator's series moved on real work: reconciles of both services (the broken one
+    failing, then backing off), the control loop's ticks over the stack's real router, and its
+    requests to the API server."""
+    by_result = {
+        r["metric"]["result"]: float(r["value"][1])  # type: ignore[index]
+        for r in run.query(
+            'sum by (result) (splitserve_operator_reconciles_total{resource="LLMService"})'
+        )
+    }
+    assert by_result.get("success", 0) > 0, by_result
+    assert by_result.get("error", 0) > 0, by_result
+    reasons = run.query("splitserve_operator_reconcile_errors_total")
+    assert {r["metric"]["reason"] for r in reasons} == {"InvalidSpec"}  # type: ignore[index]
+    verbs = {r["metric"]["verb"] for r in run.query("splitserve_operator_kube_requests_total")}  # type: ignore[index]
+    assert {"list", "create", "patch"} <= verbs, verbs  # reads come from the watch-fed cache
+    ticks = run.query(
+        f'splitserve_operator_loop_duration_seconds_count{{service="{NS}/{OPERATOR_SERVICE}"}}'
+    )
+    assert _values(ticks), ticks
+    assert _values(ticks)[0] > 2, ticks
+    staleness = run.query('splitserve_operator_signal_staleness_seconds{source="router"}')
+    assert staleness
+    assert all(math.isfinite(v) for v in _values(staleness)), staleness
 
 
 def _values(result: list[dict[str, object]]) -> list[float]:

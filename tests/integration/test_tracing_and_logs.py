@@ -153,7 +153,7 @@ def test_one_trace_per_request_across_processes_and_a_json_access_line(
         assert r.status_code == 200, r.text
         assert r.headers["x-request-id"] == "client-abc-123"
         names = {"router.request", "router.prefill", "router.decode", "worker.prefill",
-                 "worker.decode", "router.admission"}  # fmt: skip
+                 "worker.decode", "router.admission", "worker.kv_pull"}  # fmt: skip
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with rec.lock:
@@ -194,6 +194,14 @@ def test_one_trace_per_request_across_processes_and_a_json_access_line(
     events = spans["worker.decode"]["events"]
     assert isinstance(events, list)
     assert "token" in events
+    assert events.count("first_token") == 1
+    # The decode worker's KV pull: a child of its decode span, with bytes and time.
+    pull = spans["worker.kv_pull"]
+    assert pull["parent"] == spans["worker.decode"]["span_id"]
+    pull_attrs = pull["attributes"]
+    assert isinstance(pull_attrs, dict)
+    assert pull_attrs["splitserve.kv_bytes"] == prefill["splitserve.kv_bytes"]
+    assert pull_attrs["splitserve.kv_pull_s"] >= 0
 
     lines = [
         json.loads(x)

@@ -1231,6 +1231,33 @@ class NetworkPolicySpec(Model):
     user data)."""
 
 
+class TracingSpec(Model):
+    """OpenTelemetry traces of the router and the workers (docs/observability.md): rendered
+    into their pods as the standard `OTEL_*` variables."""
+
+    endpoint: str = Field(min_length=1, max_length=2048, pattern=r"^https?://")
+    """OTLP/HTTP collector base URL, e.g. `http://otel-collector.monitoring:4318` (spans go to
+    `<endpoint>/v1/traces`): `OTEL_EXPORTER_OTLP_ENDPOINT`."""
+    sampler_ratio: float = Field(1.0, ge=0, le=1)
+    """Share of requests traced (a client's sampled `traceparent` is followed either way):
+    `OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG`."""
+
+
+class ObservabilitySpec(Model):
+    """What the router and the workers export beyond their `/metrics`."""
+
+    tracing: TracingSpec | None = None
+    """Traces; left out: off (no cost)."""
+
+
+TRACING_ENV: Final = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+)
+"""The variables `observability.tracing` sets (`engine.env` may not set them too)."""
+
+
 class LLMServiceSpec(Model):
     """A model served disaggregated: workers, pools per role, SLO classes and the router."""
 
@@ -1262,6 +1289,19 @@ class LLMServiceSpec(Model):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """NetworkPolicies: worker ports only from this service's router and workers and the
     operator; the router from `routerFrom`."""
+    observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
+    """Traces of the router and the workers (`observability.tracing`)."""
+
+    @model_validator(mode="after")
+    def _tracing_env(self) -> LLMServiceSpec:
+        if self.observability.tracing is not None:
+            both = sorted({e.name for e in self.engine.env} & set(TRACING_ENV))
+            if both:
+                raise ValueError(
+                    f"engine.env sets {', '.join(both)}, which observability.tracing sets: "
+                    "set it in one place"
+                )
+        return self
 
     @model_validator(mode="after")
     def _cluster(self) -> LLMServiceSpec:

@@ -21,6 +21,7 @@ _TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16
 _TPOT_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _E2E_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKEN_BUCKETS: Final = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_STEP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _LAG_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
@@ -232,6 +233,22 @@ class WorkerMetrics:
         )
         self.role_changes = Counter(
             "splitserve_worker_role_changes", "Run-time role changes (SetRole).", registry=registry
+        )
+        # -- step and KV-pull time (issue 13 item 1: the Workers and P/D dashboards) --
+        self.step_seconds = Histogram(
+            "splitserve_worker_step_seconds",
+            "Duration of one engine step (one batch forward pass; a fused run of decode steps "
+            "counts once). Simulated engine: the modelled step time.",
+            buckets=_STEP_BUCKETS,
+            registry=registry,
+        )
+        self.kv_pull_seconds = Histogram(
+            "splitserve_worker_kv_pull_seconds",
+            "Time a decode worker took to pull one request's KV cache from its prefill worker "
+            "(the transfer and the source's confirmation). vLLM engine: see "
+            "splitserve_worker_vllm_kv_transfer_seconds.",
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
         )
 
 

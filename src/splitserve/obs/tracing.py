@@ -297,3 +297,25 @@ def end_span(span: Any, attributes: Attributes | None = None) -> None:
 def span_event(span: Any, name: str, attributes: Attributes | None = None) -> None:
     if span is not None:
         span.add_event(name, dict(attributes or {}))
+
+
+def child_span(
+    parent: Any, name: str, seconds: float, attributes: Attributes | None = None
+) -> None:
+    """A finished child of `parent` (a span from `WorkerSpan.start`) that ended now and lasted
+    `seconds`: for work measured elsewhere (a KV pull inside the engine). No-op for None."""
+    if parent is None or _state["tracer"] is None:
+        return
+    import time
+
+    from opentelemetry import trace
+
+    end_ns = time.time_ns()
+    start_ns = end_ns - max(0, int(seconds * 1e9))
+    span = _state["tracer"].start_span(
+        name,
+        context=trace.set_span_in_context(parent),
+        start_time=start_ns,
+        attributes=dict(attributes or {}),
+    )
+    span.end(end_time=end_ns)

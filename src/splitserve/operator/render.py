@@ -26,7 +26,7 @@ import yaml
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.roles import Role
-from splitserve.operator import podspec
+from splitserve.operator import otel, podspec
 
 Manifest = dict[str, Any]
 
@@ -322,6 +322,7 @@ def worker_deployment(
             *art.env,
             *podspec.kv_env(spec, group),
             *(podspec.env_var(e) for e in spec.engine.env),
+            *otel.tracing_env(spec),
         ],
         "ports": ports,
         "readinessProbe": {
@@ -517,6 +518,7 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
     }
     container["securityContext"] = podspec.container_security(ipc_lock=False)
     container["env"] = [*container["env"], *podspec.hf_token_env(spec)]
+    container["env"] = [*container["env"], *otel.tracing_env(spec)]
     router_meta: dict[str, Any] = {"labels": labels, "annotations": {CONFIG_HASH: config_hash}}
     router_pod: dict[str, Any] = {
         "serviceAccountName": name,

@@ -187,10 +187,12 @@ def build_sim_engine(
     if cfg.engine_args:
         log.warning("the sim engine ignores engine arguments: %s", " ".join(cfg.engine_args))
     on_step = None
+    clock = SystemClock()
     if metrics is not None:
 
         def on_step(step: Step, _result: StepResult) -> None:
             metrics.steps.inc()
+            metrics.step_seconds.observe(max(0.0, clock.now_s() - step.started_s))
             if step.decision.preempt:
                 metrics.preemptions.inc(len(step.decision.preempt))
 
@@ -207,7 +209,7 @@ def build_sim_engine(
         policy,
         latency,
         SyntheticTokens(cfg.vocab_size, cfg.first_token_id, cfg.token_ids),
-        SystemClock(),
+        clock,
         release_remote=release,
         on_step=on_step,
         series=series,

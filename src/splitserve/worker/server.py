@@ -30,7 +30,7 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.request import FinishReason, Request, SamplingSpec, TokenLogprobs
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
-from splitserve.obs.tracing import WorkerSpan, end_span, span_event
+from splitserve.obs.tracing import WorkerSpan, child_span, end_span, span_event
 from splitserve.security import tls
 from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
 from splitserve.worker.coalesce import coalesce
@@ -135,7 +135,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.clock = clock
         self.draining = False
         self._load_seq = 0
+        self._decode_spans: dict[str, Any] = {}
+        """Open `worker.decode` spans by request id (tracing on): a KV pull's span joins it."""
+        if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (SimEngine)
+            engine.on_kv_pull = self.kv_pulled
         self._set_role_gauge()
+
+    def kv_pulled(self, request_id: str, num_bytes: int, seconds: float) -> None:
+        """The engine pulled a request's KV (`SimEngine.on_kv_pull`): the pull-time histogram,
+        and a `worker.kv_pull` span under the request's decode span (bytes, seconds)."""
+        self.metrics.kv_pull_seconds.observe(seconds)
+        parent = self._decode_spans.get(str(request_id))
+        if parent is not None:
+            child_span(
+                parent,
+                "worker.kv_pull",
+                seconds,
+                {"splitserve.kv_bytes": num_bytes, "splitserve.kv_pull_s": seconds},
+            )
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -250,9 +267,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         span = WorkerSpan.start(
             "worker.decode", context, req, {"splitserve.kv_bytes": kv.num_bytes}
         )
-        stream = self.engine.decode(req, request.first_token_id, kv)
-        async for chunk in self._relay("decode", req, stream, context, span):
-            yield chunk
+        if span is not None:
+            self._decode_spans[str(req.id)] = span
+        try:
+            stream = self.engine.decode(req, request.first_token_id, kv)
+            async for chunk in self._relay("decode", req, stream, context, span):
+                yield chunk
+        finally:
+            self._decode_spans.pop(str(req.id), None)
 
     async def Generate(  # noqa: N802
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -279,8 +301,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         stream = coalesce(stream)
         try:
             try:
+                first = True
                 async for delta in stream:
                     if delta.token_ids and span is not None:
+                        if first:
+                            span_event(span, "first_token")
+                            first = False
                         span_event(span, "token", {"splitserve.tokens": len(delta.token_ids)})
                     self.metrics.tokens.inc(len(delta.token_ids))
                     if delta.finish_reason is not None:

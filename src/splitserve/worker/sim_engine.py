@@ -124,6 +124,8 @@ class SimEngine:
         self.clock = clock
         self._release_remote = release_remote
         self._on_step = on_step
+        self.on_kv_pull: Callable[[RequestId, int, float], None] | None = None
+        """Told of each KV pull that succeeded: (request, bytes, seconds) (metrics, traces)."""
         self._core = EngineModel(
             policy,
             BlockManager(config.num_kv_blocks, config.block_size),
@@ -360,11 +362,14 @@ class SimEngine:
         kv = pending.kv_source if pending is not None else None
         try:
             if kv is not None:
+                started = self.clock.now_s()
                 await asyncio.sleep(self.latency.kv_transfer_s(kv.num_bytes))
                 failure = await self._confirm_source(kv)
                 if failure is not None:
                     self._fail(rid, failure)
                     return
+                if self.on_kv_pull is not None:
+                    self.on_kv_pull(rid, kv.num_bytes, self.clock.now_s() - started)
             if self._core.finish_transfer(rid):
                 self._wake.set()
         finally:

@@ -85,12 +85,13 @@ def test_every_required_view_is_there() -> None:
             "TPOT per class", "End-to-end latency per class", "Shed and errors",
             "In flight and queued"} <= titles["splitserve-overview"]  # fmt: skip
     assert {"Waiting requests by role", "Running requests (batch) by role",
-            "KV cache use per worker", "KV transfer bytes", "KV transfer time (NIXL)",
+            "KV cache use per worker", "KV transfer bytes", "KV pull time p50 / p99",
+            "KV transfer time (NIXL)",
             "Fallbacks and migrations by reason", "Role flips",
             } <= titles["splitserve-pd"]  # fmt: skip
     assert {"Desired vs current vs ready workers", "Decisions by kind and reason",
             "Signal staleness"} <= titles["splitserve-control"]  # fmt: skip
-    assert {"Step interval", "Tokens per step", "Preemptions"} <= titles["splitserve-workers"]
+    assert {"Step time p50 / p99", "Tokens per step", "Preemptions"} <= titles["splitserve-workers"]
     assert "splitserve_worker_vllm_" in exprs["splitserve-workers"]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Final
 
 from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
-from splitserve.obs.dashboards.sources import NO_OPERATOR
 from splitserve.obs.dashboards.sources import OPERATOR as O
 from splitserve.obs.dashboards.sources import ROUTER as R
 
@@ -26,12 +25,10 @@ DASHBOARD: Final = Dashboard(
                         Query(
                             f"max by (service, role) ({series(O.desired)})",
                             "desired {{service}} {{role}}",
-                            NO_OPERATOR,
                         ),
                         Query(
                             f"max by (service, role) ({series(O.current)})",
                             "current {{service}} {{role}}",
-                            NO_OPERATOR,
                         ),
                         Query(
                             f'sum by (role) ({series(R.endpoints)}{{state="ready"}})',
@@ -54,7 +51,6 @@ DASHBOARD: Final = Dashboard(
                             "{{kind}} {{reason}}",
                         ),
                     ),
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
                 Panel(
                     "Observed SLO attainment and SLOAtRisk",
@@ -68,7 +64,6 @@ DASHBOARD: Final = Dashboard(
                         Query(f"max by (service) ({series(O.slo_at_risk)})", "at risk {{service}}"),
                     ),
                     unit="percentunit",
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
             ),
         ),
@@ -86,14 +81,12 @@ DASHBOARD: Final = Dashboard(
                         ),
                     ),
                     unit="s",
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
                 Panel(
                     "Loop tick duration p90",
                     "Duration of one observe-decide-act tick per service.",
                     (Query(quantile(0.9, O.loop_duration, "service"), "{{service}}"),),
                     unit="s",
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
             ),
         ),
@@ -112,7 +105,6 @@ DASHBOARD: Final = Dashboard(
                     ),
                     unit="ops",
                     width=8,
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
                 Panel(
                     "Reconcile errors by reason",
@@ -127,7 +119,6 @@ DASHBOARD: Final = Dashboard(
                     ),
                     unit="ops",
                     width=8,
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
                 Panel(
                     "Reconcile duration p50 / p99",
@@ -138,7 +129,6 @@ DASHBOARD: Final = Dashboard(
                     ),
                     unit="s",
                     width=8,
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
                 Panel(
                     "API requests by verb and code",
@@ -151,14 +141,12 @@ DASHBOARD: Final = Dashboard(
                         ),
                     ),
                     unit="reqps",
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
                 Panel(
                     "API request latency p99 by verb",
                     "99th percentile latency of the operator's API requests.",
                     (Query(quantile(0.99, O.api_duration, "verb"), "{{verb}}"),),
                     unit="s",
-                    empty_in_local_stack=NO_OPERATOR,
                 ),
             ),
         ),

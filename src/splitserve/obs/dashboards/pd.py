@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, series
+from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.sources import OPERATOR as O
+from splitserve.obs.dashboards.sources import ROUTER as R
 from splitserve.obs.dashboards.sources import (
-    NO_OPERATOR,
     SIM_ONLY,
     VLLM_KV_TRANSFER_FAILURES,
     VLLM_KV_TRANSFER_SECONDS,
 )
-from splitserve.obs.dashboards.sources import OPERATOR as O
-from splitserve.obs.dashboards.sources import ROUTER as R
 from splitserve.obs.dashboards.sources import WORKER as W
 
 _BY_ROLE = f"* on (instance) group_left (role) ({series(W.role)} == 1)"
@@ -86,6 +85,16 @@ DASHBOARD: Final = Dashboard(
                     width=8,
                 ),
                 Panel(
+                    "KV pull time p50 / p99",
+                    "Time a decode worker took to pull one request's KV from its prefill worker "
+                    "(transfer plus the source's confirmation), per decode worker.",
+                    (
+                        Query(quantile(0.5, W.kv_pull_seconds, "instance"), "p50 {{instance}}"),
+                        Query(quantile(0.99, W.kv_pull_seconds, "instance"), "p99 {{instance}}"),
+                    ),
+                    unit="s",
+                ),
+                Panel(
                     "KV transfer time (NIXL)",
                     "Mean time per KV transfer, and failed transfers, as vLLM's NIXL connector "
                     "reports them.",
@@ -151,11 +160,12 @@ DASHBOARD: Final = Dashboard(
                     "decided.",
                     (
                         Query(f"sum(increase({series(W.role_changes)}[{RATE}]))", "workers"),
+                        # 0 rather than nothing while the loop runs but decides no flip.
                         Query(
                             f'sum by (service) (increase({series(O.decisions)}{{kind="flip"}}'
-                            f"[{RATE}]))",
+                            f"[{RATE}])) or sum by (service) "
+                            f"(increase({series(O.decisions)}[{RATE}])) * 0",
                             "decided {{service}}",
-                            NO_OPERATOR,
                         ),
                     ),
                 ),

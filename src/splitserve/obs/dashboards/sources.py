@@ -37,7 +37,3 @@ SIM_ONLY: Final = (
     "vLLM's own series: the local stack's workers run the simulated engine "
     "(`splitserve up --engine vllm` exports them)."
 )
-NO_OPERATOR: Final = (
-    "The operator's control loop does not run in the local stack (it needs a Kubernetes API "
-    "server); its `splitserve_operator_*` series come from `splitserve operator run`."
-)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, series
+from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
 from splitserve.obs.dashboards.sources import (
     SIM_ONLY,
     VLLM_INTER_TOKEN_SECONDS,
@@ -44,10 +44,12 @@ DASHBOARD: Final = Dashboard(
                     width=8,
                 ),
                 Panel(
-                    "Step interval",
-                    "1 / steps per second: the mean step time while the worker is busy "
-                    "(an approximation: idle gaps between steps count too).",
-                    (Query(f"1 / ({_STEPS} > 0)", "{{instance}}"),),
+                    "Step time p50 / p99",
+                    "Duration of one engine step (one batch forward pass) per worker.",
+                    (
+                        Query(quantile(0.5, W.step_seconds, "instance"), "p50 {{instance}}"),
+                        Query(quantile(0.99, W.step_seconds, "instance"), "p99 {{instance}}"),
+                    ),
                     unit="s",
                     width=8,
                 ),
