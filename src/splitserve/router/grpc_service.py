@@ -42,6 +42,13 @@ def status_for(err: SplitserveError) -> grpc.StatusCode:
     return grpc.StatusCode.UNAVAILABLE
 
 
+GRPC_SAMPLING_FIELDS: Final = frozenset(
+    {"max_tokens", "temperature", "top_p", "seed", "seeded", "ignore_eos"}
+)
+"""The `SamplingParams` fields the router's gRPC face honours; any other set field is refused
+(INVALID_ARGUMENT naming it), never dropped."""
+
+
 class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(self, generator: Generator) -> None:
         self.generator = generator
@@ -57,11 +64,19 @@ class RouterService(router_pb2_grpc.RouterServicer):
         params = GenerationParams(slo_class=msg.slo_class)
         if msg.HasField("sampling"):
             s = msg.sampling
+            for field, _ in s.ListFields():
+                if field.name not in GRPC_SAMPLING_FIELDS:
+                    raise InvalidRequest(
+                        f"the router's gRPC Generate does not take sampling.{field.name} "
+                        f"(it takes {', '.join(sorted(GRPC_SAMPLING_FIELDS))}; the OpenAI "
+                        "API takes the rest)",
+                        f"sampling.{field.name}",
+                    )
             params = GenerationParams(
                 max_tokens=s.max_tokens or None,
                 temperature=s.temperature,
                 top_p=s.top_p or 1.0,  # 0 is out of range: read it as "unset"
-                seed=s.seed or None,
+                seed=s.seed if s.seed or s.seeded else None,
                 ignore_eos=s.ignore_eos,
                 slo_class=params.slo_class,
             )

@@ -150,6 +150,19 @@ async def test_grpc_generate(
             _ = [c async for c in stub.Generate(router_pb2.RouterGenerateRequest())]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
+        # A sampling field the gRPC face does not honour is refused by name, never dropped.
+        for sampling in (
+            common_pb2.SamplingParams(logprobs=True),
+            common_pb2.SamplingParams(top_k=5),
+            common_pb2.SamplingParams(structured_outputs='{"json_object": true}'),
+        ):
+            name = sampling.ListFields()[0][0].name
+            refused = router_pb2.RouterGenerateRequest(prompt="Say it", sampling=sampling)
+            with pytest.raises(aio.AioRpcError) as err:
+                _ = [c async for c in stub.Generate(refused)]
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"sampling.{name}" in (err.value.details() or "")
+
         await server.pool.remove(m.address)
         with pytest.raises(aio.AioRpcError) as err:
             _ = [c async for c in stub.Generate(req)]
