@@ -506,6 +506,10 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             "roleLabel": v1.LABEL_ROLE,
             "fencedLabel": v1.LABEL_FENCED,
             "grpcPort": spec.engine.grpc_port,
+            # Only pods of the service's worker Deployments, not any pod with these labels.
+            "ownerDeployments": [
+                group_deployment_name(ref.name, g.name) for g in spec.worker_groups
+            ],
         },
         "placement": {
             "profile": spec.router.placement_profile.value,
