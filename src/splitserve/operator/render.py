@@ -414,6 +414,7 @@ def worker_deployment(
         pod_spec["volumes"] = volumes
     if internal_tls:
         mount_tls(pod_spec, container, ref.name, "worker")
+    podspec.writable_dirs(pod_spec, container)
     if group.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(group.node_selector.items()))
     template_meta: dict[str, Any] = {"labels": labels}
@@ -607,6 +608,7 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
             router_pod["initContainers"] = [init]
     if observed.internal_tls:
         mount_tls(router_pod, container, ref.name, "router")
+    podspec.writable_dirs(router_pod, container)
     podspec.apply_pod_settings(
         router_pod,
         router_meta,

@@ -98,6 +98,8 @@ def test_gpu_examples_request_gpu_rdma_shm_and_cache() -> None:
         "model-cache": "/models",
         "dshm": "/dev/shm",
         "internal-tls": "/var/run/splitserve/tls",
+        "tmp": "/tmp",
+        "home": "/home/splitserve",
     }
     assert pod["initContainers"][0]["name"] == "wait-for-model"
 
