@@ -35,6 +35,8 @@ from splitserve.operator.kube import Kube, Obj
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
+TEMPLATE_HASH = "7c9f5d4b8"
+"""The `pod-template-hash` of every fake ReplicaSet (one per Deployment, no rollouts)."""
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -140,18 +142,25 @@ class DeploymentController:
     def _create(self, dep: Obj) -> None:
         template = dep["spec"]["template"]
         name = f"{dep['metadata']['name']}-{next(self._names):05d}"
+        # As the ReplicaSet controller: the pod's controller is `<deployment>-<hash>` and the
+        # pod carries the hash as `pod-template-hash` (the router's discovery checks both).
+        template_meta = dict(template.get("metadata") or {})
+        template_meta["labels"] = {
+            **(template_meta.get("labels") or {}),
+            "pod-template-hash": TEMPLATE_HASH,
+        }
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                **(template.get("metadata") or {}),
+                **template_meta,
                 "name": name,
                 "namespace": self.namespace,
                 "ownerReferences": [
                     {
                         "apiVersion": "apps/v1",
                         "kind": "ReplicaSet",
-                        "name": dep["metadata"]["name"],
+                        "name": f"{dep['metadata']['name']}-{TEMPLATE_HASH}",
                         "uid": dep["metadata"].get("uid", ""),
                         "controller": True,
                     }

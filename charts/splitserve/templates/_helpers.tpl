@@ -111,6 +111,12 @@ app.kubernetes.io/part-of: splitserve
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]
+# Internal TLS (operator --internal-tls, on by default): each service's router and worker
+# certificates (kubernetes.io/tls Secrets it owns) and, in the operator's own namespace, the CA
+# (splitserve-internal-ca). Read live, never listed or watched.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
 # Events on LLMServices (decisions, flip steps, failures); a repeat bumps its count.
 - apiGroups: [""]
   resources: ["events"]

@@ -41,6 +41,10 @@ class OperatorValues(Model):
     """Watch every namespace (cluster-wide RBAC instead of per-namespace Roles)."""
     router_image: str = ""
     """Default router image for LLMServices that name none. Empty: the operator's image."""
+    internal_tls: bool = True
+    """Issue and mount internal TLS certificates for every LLMService (CA in the Secret
+    `splitserve-internal-ca` of the release namespace; docs/security.md). false: internal RPCs
+    are plaintext (`operator run --no-internal-tls`)."""
     resources: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements(
             requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"}

@@ -128,6 +128,10 @@ class DiscoverySettings(BaseModel):
     """Label that is `"true"` while the operator fences the pod (no new work)."""
     grpc_port: int = Field(ge=1, le=65535)
     """Port of every worker's gRPC service; an endpoint is `podIP:grpcPort`."""
+    owner_deployments: tuple[str, ...] = ()
+    """Accept only pods whose controller is a ReplicaSet of one of these Deployments
+    (`<deployment>-<pod-template-hash>`); the operator lists the service's worker Deployments.
+    Empty: every pod matching the selector."""
     watch_timeout_s: int = Field(300, ge=1)
     """Server-side timeout of one watch request; the router re-lists when it ends."""
     backoff_min_s: float = Field(0.5, gt=0)

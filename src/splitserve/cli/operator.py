@@ -27,6 +27,15 @@ def operator() -> None:
 )
 @click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace.")
 @click.option(
+    "--internal-tls/--no-internal-tls",
+    envvar="SPLITSERVE_INTERNAL_TLS",
+    default=True,
+    show_default=True,
+    help="Issue each service's internal TLS certificates from a CA kept in the Secret "
+    "splitserve-internal-ca of the operator's namespace (SPLITSERVE_NAMESPACE) and mount them: "
+    "router, worker and operator RPCs use mutual TLS. Off: plaintext, or your own --tls-dir.",
+)
+@click.option(
     "--router-image",
     envvar="SPLITSERVE_ROUTER_IMAGE",
     default="ghcr.io/splitserve/splitserve:latest",
@@ -79,6 +88,7 @@ def operator() -> None:
 def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
+    internal_tls: bool,
     router_image: str,
     interval: float,
     drain_wait: float,
@@ -95,17 +105,31 @@ def run(
     from splitserve.operator import handlers
     from splitserve.operator.reconcile import Settings
 
+    own = os.environ.get("SPLITSERVE_NAMESPACE")
     if not namespaces and not all_namespaces:
-        own = os.environ.get("SPLITSERVE_NAMESPACE")
         if not own:
             raise click.UsageError("give --namespace (repeatable) or --all-namespaces")
         namespaces = (own,)
+    ca_namespace = None
+    if internal_tls:
+        from splitserve.security import tls
+
+        if tls.identity() is not None:
+            raise click.UsageError(
+                "--tls-dir and --internal-tls: give --no-internal-tls to use your own certificate"
+            )
+        ca_namespace = own or (namespaces[0] if namespaces else None)
+        if ca_namespace is None:
+            raise click.UsageError(
+                "--internal-tls keeps its CA in the operator's namespace: set SPLITSERVE_NAMESPACE"
+            )
     kopf.configure(debug=log_level == "DEBUG", verbose=log_level in ("DEBUG", "INFO"))
     logging.getLogger().setLevel(log_level)
     config = handlers.OperatorConfig(
         settings=Settings(router_image=router_image, drain_wait_s=drain_wait),
         interval_s=interval,
         kubeconfig=kubeconfig,
+        internal_tls_namespace=ca_namespace,
     )
     if metrics_port:
         from splitserve.operator.control import runtime

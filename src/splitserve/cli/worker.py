@@ -50,6 +50,13 @@ def worker() -> None:
     "--port", "--grpc-port", type=int, default=0, show_default=True, help="gRPC port (0: any)."
 )
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="0: any free.")
+@click.option(
+    "--health-port",
+    type=int,
+    default=None,
+    help="Also serve grpc.health.v1 alone, in plaintext, on this port (0: any free): for "
+    "kubelet's gRPC probes when the gRPC port requires mutual TLS. Default: none.",
+)
 @click.option("--worker-id", default="", envvar="SPLITSERVE_POD_NAME", help="Default: address.")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
@@ -101,6 +108,7 @@ def serve_cmd(
     advertise_host: str,
     port: int,
     metrics_port: int,
+    health_port: int | None,
     worker_id: str,
     ready_file: Path | None,
     sim_shape: str,
@@ -143,6 +151,7 @@ def serve_cmd(
         advertise_host=advertise_host,
         port=port,
         metrics_port=metrics_port,
+        health_port=health_port,
         worker_id=worker_id,
         ready_file=ready_file,
         sim_model_shape=sim_shape,

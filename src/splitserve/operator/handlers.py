@@ -39,6 +39,7 @@ import kopf
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.errors import ConfigError
+from splitserve.operator import certs
 from splitserve.operator import reconcile as rc
 from splitserve.operator.control import runtime as control
 from splitserve.operator.events import Recorder
@@ -87,6 +88,9 @@ class OperatorConfig:
     workers: WorkerClient | None = None
     cache: bool = True
     """Serve reads from the watch-fed store (False: every read is a request)."""
+    internal_tls_namespace: str | None = None
+    """Issue internal TLS certificates from the CA Secret in this namespace (`operator.certs`;
+    the operator's own namespace); None: internal RPCs stay plaintext."""
 
 
 @dataclass
@@ -116,6 +120,7 @@ class Operator:
         self.events = Recorder()
         self.coalescer = rc.Coalescer(config.settings.coalesce_s)
         self._kube: Kube | None = None
+        self._pki: certs.Pki | None = None
         self._services: dict[tuple[str, str], ServiceState] = {}
         self._guard = threading.Lock()
 
@@ -132,6 +137,27 @@ class Operator:
                     rest = RestKube(kubernetes.client.ApiClient(cfg), control.observe_api)
                     self._kube = CachedKube(rest, self.store) if self.config.cache else rest
             return self._kube
+
+    def pki(self) -> certs.Pki | None:
+        """The internal CA and the operator's identity (loaded or created on first use, then
+        `security.tls` is configured with it); None when internal TLS is off."""
+        namespace = self.config.internal_tls_namespace
+        if namespace is None:
+            return None
+        kube = self.kube()
+        with self._guard:
+            if self._pki is None:
+                import datetime
+                import tempfile
+                from pathlib import Path
+
+                from splitserve.security import tls
+
+                directory = Path(tempfile.mkdtemp(prefix="splitserve-operator-tls-"))
+                now = datetime.datetime.now(datetime.UTC)
+                self._pki = certs.Pki.load_or_create(kube, namespace, directory, now)
+                tls.configure(directory)
+            return self._pki
 
     def workers(self) -> WorkerClient:
         if self.config.workers is None:
@@ -244,6 +270,7 @@ def _reconcile_locked(
                 _now(),
                 events=op.events,
                 coalescer=op.coalescer,
+                pki=op.pki(),
             )
         except ConfigError as err:
             _failed(op, state, str(err), True, logger, "InvalidSpec")
@@ -282,6 +309,7 @@ def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: An
     settings.networking.request_timeout = 60
     op = _operator(memo)
     op.kube()
+    op.pki()
     logger.info("splitserve operator started (reconcile every %.1fs)", op.config.interval_s)
 
 

@@ -32,6 +32,7 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Event"): "events",
+    ("v1", "Secret"): "secrets",
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",

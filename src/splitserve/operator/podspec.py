@@ -217,6 +217,7 @@ def download_job(
             {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": art.cache_claim}}
         ],
     }
+    writable_dirs(pod, container)
     if pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
     meta: Obj = {"labels": dict(labels)}
@@ -299,15 +300,52 @@ def kv_resources(spec: v1.LLMServiceSpec) -> dict[str, str]:
     return {kv.rdma_resource: str(kv.rdma_count)}
 
 
+RUN_AS_USER: Final = 65532
+"""The numeric user (and group, and fsGroup) every rendered pod runs as (Pod Security
+"restricted": non-root). Images that run as root by default, such as vLLM's, work as this user:
+their files are world-readable and what they write goes to the emptyDirs of `writable_dirs`."""
+HOME_DIR: Final = "/home/splitserve"
+
+
 def pod_security() -> Obj:
-    return {"seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,  # volumes (the model cache) writable by that group
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def container_security(*, ipc_lock: bool) -> Obj:
     caps: Obj = {"drop": ["ALL"]}
     if ipc_lock:
         caps["add"] = ["IPC_LOCK"]
-    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": caps}
+
+
+def writable_dirs(pod: Obj, *containers: Obj) -> None:
+    """The root filesystem is read-only: `/tmp` and a home directory (`HOME`, where vLLM,
+    Hugging Face, Triton and torch keep their caches by default) become emptyDirs (in place).
+    `USER` is set too: the numeric user has no passwd entry, and `getpass.getuser()` (torch's
+    compile cache) reads it."""
+    pod["volumes"] = [
+        *pod.get("volumes", []),
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
+    ]
+    for c in containers:
+        c["volumeMounts"] = [
+            *c.get("volumeMounts", []),
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "home", "mountPath": HOME_DIR},
+        ]
+        # First, so a user's own HOME (engine.env) wins.
+        c["env"] = [
+            {"name": "HOME", "value": HOME_DIR},
+            {"name": "USER", "value": "splitserve"},
+            *c.get("env", []),
+        ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from splitserve.api import v1alpha1 as v1
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role
-from splitserve.operator import observe, render, status, validate
+from splitserve.operator import certs, observe, render, status, validate
 from splitserve.operator.events import EventType, Recorder
 from splitserve.operator.kube import OWNED_KINDS, Kube, KubeError, Obj, apply, covers, owned_by
 from splitserve.operator.workers import WorkerCallError, WorkerClient
@@ -152,8 +152,11 @@ def reconcile(
     *,
     events: Recorder | None = None,
     coalescer: Coalescer | None = None,
+    pki: certs.Pki | None = None,
 ) -> Outcome:
     """Bring the service's children, roles and status in line. Returns what it did.
+
+    `pki`: issue the service's internal TLS certificates and mount them (None: plaintext).
 
     Raises `ConfigError` (invalid spec) or `KubeError` after reporting either in status and as
     an Event.
@@ -165,7 +168,7 @@ def reconcile(
     spec: v1.LLMServiceSpec | None = None
     try:
         spec = parse_spec(svc)
-        return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer)
+        return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer, pki)
     except ConfigError as err:
         report_failure(kube, svc, "InvalidSpec", str(err), now, events)
         raise
@@ -183,6 +186,7 @@ def _reconcile(
     now: str,
     events: Recorder,
     coalescer: Coalescer | None,
+    pki: certs.Pki | None = None,
 ) -> Outcome:
     namespace, name = str(svc["metadata"]["namespace"]), str(svc["metadata"]["name"])
     ref = render.ServiceRef(name, namespace, str(svc["metadata"]["uid"]))
@@ -200,7 +204,10 @@ def _reconcile(
     if coalescer is not None and spec.scaling.mode is not v1.ScalingMode.MANAGED:
         pool_replicas, out.settle_s = coalescer.replicas((namespace, name), pool_replicas)
     observed = render.Observed(
-        service=ref, pool_replicas=pool_replicas, router_image=settings.router_image
+        service=ref,
+        pool_replicas=pool_replicas,
+        router_image=settings.router_image,
+        internal_tls=pki is not None,
     )
     desired = render.desired_replicas(spec, observed)
     previous = _previous_status(svc)
@@ -233,6 +240,10 @@ def _reconcile(
     drained, held = _retire(kube, workers, pods, retire, spec, settings, now, event)
     _mark_surplus(kube, pods, drained)
 
+    if pki is not None:  # certificates before the pods that mount them
+        when = datetime.datetime.strptime(now, RFC3339).replace(tzinfo=datetime.UTC)
+        pki.refresh_own(when)
+        out.actions += pki.ensure(kube, ref, when)
     manifests = render.render(spec, observed)
     for manifest in manifests:
         group = render_group(manifest, spec, name)

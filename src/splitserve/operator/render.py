@@ -55,6 +55,9 @@ class Observed:
     """`spec.replicas` of the `LLMPool`s that exist."""
     router_image: str = "ghcr.io/splitserve/splitserve:latest"
     """The router image for services that name none (the operator's `--router-image`)."""
+    internal_tls: bool = True
+    """Mount the service's internal TLS Secrets (`certs.Pki` issues them; the operator's
+    `--no-internal-tls` turns this off): workers and routers speak mutual TLS."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +124,42 @@ def _meta(ref: ServiceRef, name: str, component: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Internal TLS (certificates issued by `operator.certs`)
+
+TLS_DIR: Final = "/var/run/splitserve/tls"
+TLS_VOLUME: Final = "internal-tls"
+TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
+HEALTH_PORT_BASE: Final = 50052
+
+
+def tls_secret_name(service: str, role: str) -> str:
+    """The `kubernetes.io/tls` Secret of a service's `role` (router or worker)."""
+    return f"{service}-tls-{role}"
+
+
+def worker_health_port(spec: v1.LLMServiceSpec) -> int:
+    """The workers' plaintext health-only port (kubelet's gRPC probes cannot present a client
+    certificate): the first port from 50052 that none of the engine's ports use."""
+    taken = {spec.engine.grpc_port, spec.engine.metrics_port}
+    if spec.kv_transfer is not None:
+        taken.add(spec.kv_transfer.side_channel_port)
+    port = HEALTH_PORT_BASE
+    while port in taken:
+        port += 1
+    return port
+
+
+def mount_tls(pod: dict[str, Any], container: dict[str, Any], service: str, role: str) -> None:
+    """Mount `role`'s TLS Secret read-only at `TLS_DIR` and point `SPLITSERVE_TLS_DIR` at it
+    (in place). The kubelet updates the files when the operator renews the Secret."""
+    secret = {"secretName": tls_secret_name(service, role), "defaultMode": 0o440}
+    pod["volumes"] = [*pod.get("volumes", []), {"name": TLS_VOLUME, "secret": secret}]
+    mount = {"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}
+    container["volumeMounts"] = [*container.get("volumeMounts", []), mount]
+    container["env"] = [*container.get("env", []), {"name": TLS_ENV, "value": TLS_DIR}]
+
+
+# ---------------------------------------------------------------------------------------------
 # Sizes
 
 
@@ -164,7 +203,10 @@ def render(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manifest]:
     sizes = group_replicas(spec, desired)
     out: list[Manifest] = [llm_pool(spec, observed, role) for role, _ in spec.pools.items()]
     out += model_artifact_manifests(spec, observed.service)
-    out += [worker_deployment(spec, observed.service, g, sizes[g.name]) for g in spec.worker_groups]
+    out += [
+        worker_deployment(spec, observed.service, g, sizes[g.name], observed.internal_tls)
+        for g in spec.worker_groups
+    ]
     out += router_manifests(spec, observed)
     out += network_policies(spec, observed.service)
     return out
@@ -297,7 +339,11 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
 
 
 def worker_deployment(
-    spec: v1.LLMServiceSpec, ref: ServiceRef, group: v1.WorkerGroup, replicas: int
+    spec: v1.LLMServiceSpec,
+    ref: ServiceRef,
+    group: v1.WorkerGroup,
+    replicas: int,
+    internal_tls: bool = True,
 ) -> Manifest:
     name = group_deployment_name(ref.name, group.name)
     selector = worker_selector(ref.name, group.name)
@@ -311,12 +357,20 @@ def worker_deployment(
     ]
     if kv is not None:
         ports.append({"name": "nixl", "containerPort": kv.side_channel_port, "protocol": "TCP"})
+    # With internal TLS the gRPC port wants a client certificate: probes use the health port.
+    probe_port = spec.engine.grpc_port
+    args = worker_args(spec, group)
+    if internal_tls:
+        probe_port = worker_health_port(spec)
+        ports.append({"name": "health", "containerPort": probe_port, "protocol": "TCP"})
+        at = args.index("--") if "--" in args else len(args)
+        args = [*args[:at], f"--health-port={probe_port}", *args[at:]]
     container: dict[str, Any] = {
         "name": "worker",
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy.value,
         "command": ["splitserve"],
-        "args": worker_args(spec, group),
+        "args": args,
         "env": [
             *_downward_env(),
             *art.env,
@@ -326,12 +380,12 @@ def worker_deployment(
         ],
         "ports": ports,
         "readinessProbe": {
-            "grpc": {"port": spec.engine.grpc_port},
+            "grpc": {"port": probe_port},
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
         "startupProbe": {
-            "grpc": {"port": spec.engine.grpc_port},
+            "grpc": {"port": probe_port},
             "periodSeconds": 10,
             "failureThreshold": 180,
         },
@@ -359,6 +413,9 @@ def worker_deployment(
         pod_spec["initContainers"] = [podspec.wait_container(spec, art)]
     if volumes:
         pod_spec["volumes"] = volumes
+    if internal_tls:
+        mount_tls(pod_spec, container, ref.name, "worker")
+    podspec.writable_dirs(pod_spec, container)
     if group.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(group.node_selector.items()))
     template_meta: dict[str, Any] = {"labels": labels}
@@ -451,6 +508,10 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             "roleLabel": v1.LABEL_ROLE,
             "fencedLabel": v1.LABEL_FENCED,
             "grpcPort": spec.engine.grpc_port,
+            # Only pods of the service's worker Deployments, not any pod with these labels.
+            "ownerDeployments": [
+                group_deployment_name(ref.name, g.name) for g in spec.worker_groups
+            ],
         },
         "placement": {
             "profile": spec.router.placement_profile.value,
@@ -547,6 +608,9 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
             init["image"] = container["image"]
             init.pop("imagePullPolicy")
             router_pod["initContainers"] = [init]
+    if observed.internal_tls:
+        mount_tls(router_pod, container, ref.name, "router")
+    podspec.writable_dirs(router_pod, container)
     podspec.apply_pod_settings(
         router_pod,
         router_meta,

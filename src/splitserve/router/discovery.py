@@ -138,6 +138,29 @@ def _labels(pod: Pod) -> Mapping[str, str]:
     return labels if isinstance(labels, Mapping) else {}
 
 
+def owned(pod: Pod, settings: DiscoverySettings) -> bool:
+    """The pod's controller is a ReplicaSet of one of `settings.owner_deployments`
+    (`<deployment>-<pod-template-hash>`); True when no Deployments are listed. A pod that only
+    carries the worker labels (created by hand, by another controller) is not a worker."""
+    if not settings.owner_deployments:
+        return True
+    md = pod.get("metadata") or {}
+    template_hash = _labels(pod).get("pod-template-hash")
+    if not template_hash:
+        return False
+    names = {f"{d}-{template_hash}" for d in settings.owner_deployments}
+    for ref in md.get("ownerReferences") or []:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("controller") is True
+            and ref.get("kind") == "ReplicaSet"
+            and str(ref.get("apiVersion", "")).startswith("apps/")
+            and ref.get("name") in names
+        ):
+            return True
+    return False
+
+
 def pod_key(pod: Pod) -> str:
     """`namespace/name`: what identifies a pod across watch events."""
     md = pod.get("metadata") or {}
@@ -192,20 +215,40 @@ class PodSet:
 
     def __init__(self, settings: DiscoverySettings) -> None:
         self.settings = settings
-        self._matches = parse_selector(settings.selector)
+        self._selector = parse_selector(settings.selector)
         self.pods: dict[str, Pod] = {}
+        self.refused: set[str] = set()
+        """Pods that match the selector but no owner Deployment (logged once each)."""
+
+    def _matches(self, pod: Pod) -> bool:
+        if not self._selector(_labels(pod)):
+            return False
+        if owned(pod, self.settings):
+            return True
+        key = pod_key(pod)
+        if key not in self.refused:
+            self.refused.add(key)
+            log.warning(
+                "discovery: pod %s carries the worker labels but is not controlled by a "
+                "ReplicaSet of %s: not a worker",
+                key,
+                ", ".join(self.settings.owner_deployments),
+            )
+        return False
 
     def replace(self, pods: Iterable[Pod]) -> None:
         """A fresh list: forget everything else."""
-        self.pods = {pod_key(p): p for p in pods if self._matches(_labels(p))}
+        self.pods = {pod_key(p): p for p in pods if self._matches(p)}
 
     def apply(self, event_type: str, pod: Pod) -> None:
         """ADDED / MODIFIED / DELETED (anything else is ignored)."""
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
         key = pod_key(pod)
-        if event_type == "DELETED" or not self._matches(_labels(pod)):
+        if event_type == "DELETED" or not self._matches(pod):
             self.pods.pop(key, None)
+            if event_type == "DELETED":
+                self.refused.discard(key)
         else:
             self.pods[key] = pod
 

@@ -48,11 +48,18 @@ identity of people's tools (`splitserve profile`)."""
 class RoleInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Refuse a method unless the caller's certificate names a role allowed to call it."""
 
-    def __init__(self, table: Mapping[str, frozenset[str]], service: str | None = None) -> None:
+    def __init__(
+        self,
+        table: Mapping[str, frozenset[str]],
+        service: str | None = None,
+        any_service: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
         """`service`: also require the caller's certificate to name this service (None: any
-        service of the CA)."""
+        service of the CA), except for the roles in `any_service` (the operator, which
+        manages every service its CA signs for)."""
         self.table = table
         self.service = service
+        self.any_service = frozenset(any_service)
         self.refusals = 0
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
@@ -71,7 +78,11 @@ class RoleInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             ok = (
                 who is not None
                 and who.role in allowed
-                and (self.service is None or who.service == self.service)
+                and (
+                    self.service is None
+                    or who.service == self.service
+                    or who.role in self.any_service
+                )
             )
             if ok:
                 return

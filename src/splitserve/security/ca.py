@@ -159,11 +159,13 @@ class Authority:
         )
         return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
-    def write_identity(self, directory: Path, service: str, role: str, *, now: dt.datetime) -> Path:
+    def write_identity(
+        self, directory: Path, service: str, role: str, *, now: dt.datetime, days: int = 90
+    ) -> Path:
         """`ca.crt`, `tls.crt`, `tls.key` for `role` in `directory` (the key readable by the
         owner only). Files are replaced atomically, so a reader never sees half a rotation."""
-        directory.mkdir(parents=True, exist_ok=True)
-        cert, key = self.issue(service, role, now=now)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cert, key = self.issue(service, role, now=now, days=days)
         _write(directory / CA_FILE, self.cert_pem(), 0o644)
         _write(directory / KEY_FILE, key, 0o600)
         _write(directory / CERT_FILE, cert, 0o644)

@@ -92,6 +92,11 @@ class Identity:
             log.info("TLS certificate in %s reloaded", self.directory)
             return True
 
+    def own_service(self) -> str | None:
+        """The service named by this process's own certificate (its URI SAN), None without one."""
+        own = cert_peer(self.cert)
+        return None if own is None else own.service
+
     def server_credentials(self) -> grpc.ServerCredentials:
         def config() -> Any:
             return grpc.ssl_server_certificate_configuration(
@@ -158,14 +163,49 @@ def add_port(server: aio.Server, address: str) -> int:
     return int(server.add_secure_port(address, ident.server_credentials()))
 
 
+def cert_peer(cert_pem: bytes) -> Peer | None:
+    """The service and role a PEM certificate names in its `splitserve://` URI SAN."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return None
+    for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+        parsed = _parse_uri(uri)
+        if parsed is not None:
+            return parsed
+    return None
+
+
+def _parse_uri(value: str) -> Peer | None:
+    prefix = f"{URI_SCHEME}://"
+    if value.startswith(prefix):
+        service, _, role = value[len(prefix) :].partition("/")
+        if service and role:
+            return Peer(service, role)
+    return None
+
+
+def peer_fingerprint(context: Any) -> str | None:
+    """The SHA-256 of the caller's verified certificate (hex), None without one: who owns a
+    request (`security.owners`)."""
+    import hashlib
+
+    auth = context.auth_context() or {}
+    for raw in auth.get("x509_pem_cert", ()):
+        data = raw if isinstance(raw, bytes) else str(raw).encode()
+        return hashlib.sha256(data).hexdigest()
+    return None
+
+
 def peer(context: Any) -> Peer | None:
     """The verified caller of a method, from its certificate's `splitserve://` URI SAN."""
     auth = context.auth_context() or {}
     for raw in auth.get("x509_subject_alternative_name", ()):
         value = raw.decode() if isinstance(raw, bytes) else str(raw)
-        prefix = f"{URI_SCHEME}://"
-        if value.startswith(prefix):
-            service, _, role = value[len(prefix) :].partition("/")
-            if service and role:
-                return Peer(service, role)
+        parsed = _parse_uri(value)
+        if parsed is not None:
+            return parsed
     return None

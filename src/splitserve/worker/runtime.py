@@ -36,7 +36,7 @@ from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.security import tls
 from splitserve.worker.engine import Engine
 from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
-from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
+from splitserve.worker.server import WorkerIdentity, WorkerService, bind, bind_health, start
 from splitserve.worker.sim_engine import SimEngine, SimEngineConfig, ZeroDelay
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,9 @@ class WorkerConfig:
     """gRPC port; 0 picks a free one (reported in the ready file)."""
     metrics_port: int | None = 0
     """Prometheus port; 0 picks a free one; None disables the endpoint."""
+    health_port: int | None = None
+    """Plaintext gRPC health-only port (`bind_health`; kubelet's probes with internal TLS);
+    None: none, health is served on the gRPC port only."""
     worker_id: str = ""
     ready_file: Path | None = None
     # Simulated engine:
@@ -318,7 +321,11 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     kv_warm = KvWarmService(engine, address) if isinstance(engine, KvPeerEngine) else None
     if kv_warm is not None:  # KV pairs set up before requests (the router's WarmKv)
         worker_pb2_grpc.add_WorkerKvServicer_to_server(kv_warm, server)
-    await start(server, service)
+    health_server = None
+    health_port = None
+    if cfg.health_port is not None:
+        health_server, health_port = bind_health(cfg.host, cfg.health_port)
+    await start(server, service, health_server)
     metrics_port = None
     http_server = None
     if cfg.metrics_port is not None:
@@ -338,6 +345,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
                 "address": address,
                 "port": port,
                 "metrics_port": metrics_port,
+                "health_port": health_port,
                 "pid": os.getpid(),
                 "role": cfg.role.value,
             },
@@ -349,6 +357,8 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
             await stop.wait()
     finally:
         await server.stop(grace=1.0)
+        if health_server is not None:
+            await health_server.stop(grace=None)
         await engine.stop()
         await release.close()
         if kv_warm is not None:

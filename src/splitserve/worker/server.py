@@ -33,6 +33,7 @@ from splitserve.obs.metrics import WorkerMetrics
 from splitserve.obs.tracing import WorkerSpan, child_span, end_span, span_event
 from splitserve.security import tls
 from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
+from splitserve.security.owners import Owners
 from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
@@ -139,6 +140,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Open `worker.decode` spans by request id (tracing on): a KV pull's span joins it."""
         if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (SimEngine)
             engine.on_kv_pull = self.kv_pulled
+        self.owners = Owners()
+        """Who started each request (`security.owners`): Cancel / ReleaseKv act only for it."""
         self._set_role_gauge()
 
     def kv_pulled(self, request_id: str, num_bytes: int, seconds: float) -> None:
@@ -207,6 +210,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"worker role is {self.role}; cannot {what}"
             )
+        self.owners.record(rid, tls.peer_fingerprint(context))
 
     async def _abort_for(self, context: grpc.aio.ServicerContext, err: Exception) -> None:
         if isinstance(err, CapacityError):
@@ -326,12 +330,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+            self.owners.forget(req.id)
             self.metrics.requests.labels(kind, outcome).inc()
             end_span(span, {"splitserve.outcome": outcome})
 
     async def Cancel(  # noqa: N802
         self, request: worker_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.CancelResponse:
+        if not self.owners.allows(request.request_id, tls.peer_fingerprint(context)):
+            # The same answer as an unknown id: which ids are in flight stays private.
+            rid, caller = request.request_id, context.peer()
+            log.warning("refused Cancel %s from %s: not its owner", rid, caller)
+            return worker_pb2.CancelResponse(found=False)
         found = await self.engine.cancel(RequestId(request.request_id))
         if found:
             log.info("cancelled %s", request.request_id)
@@ -340,7 +350,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def ReleaseKv(  # noqa: N802
         self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ReleaseKvResponse:
+        who = tls.peer(context)
+        from_worker = who is not None and who.role == "worker"  # the decode worker that pulled
+        if not from_worker and not self.owners.allows(
+            request.request_id, tls.peer_fingerprint(context)
+        ):
+            log.warning(
+                "refused ReleaseKv %s from %s: not its owner", request.request_id, context.peer()
+            )
+            return worker_pb2.ReleaseKvResponse(found=False)
         found = await self.engine.release_kv(RequestId(request.request_id))
+        if found:
+            self.owners.forget(request.request_id)
         return worker_pb2.ReleaseKvResponse(found=found)
 
     # -- control --------------------------------------------------------------------------------
@@ -501,8 +522,16 @@ def _outcome(reason: FinishReason) -> str:
 
 
 def bind(host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Create a server and bind its port (0 picks one); nothing is served until `start`."""
-    interceptors = [RoleInterceptor(WORKER_METHODS)] if tls.identity() is not None else []
+    """Create a server and bind its port (0 picks one); nothing is served until `start`.
+
+    With internal TLS, callers must present a certificate of this worker's service (the URI SAN
+    of its own certificate), or the operator's (which manages every service of its CA)."""
+    ident = tls.identity()
+    interceptors = (
+        [RoleInterceptor(WORKER_METHODS, service=ident.own_service(), any_service={"operator"})]
+        if ident is not None
+        else []
+    )
     server = grpc.aio.server(interceptors=interceptors)
     bound = tls.add_port(server, f"{host}:{port}")
     if bound == 0:
@@ -510,11 +539,30 @@ def bind(host: str, port: int) -> tuple[grpc.aio.Server, int]:
     return server, bound
 
 
-async def start(server: grpc.aio.Server, service: WorkerService) -> None:
-    """Attach the Worker and health services and start serving."""
+def bind_health(host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A plaintext server that serves only `grpc.health.v1.Health` (kubelet's gRPC probe cannot
+    present a client certificate, so with internal TLS the probes use this port). It answers
+    SERVING / NOT_SERVING and nothing else: no prompt, no control."""
+    server = grpc.aio.server()
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind the health port {host}:{port}")
+    return server, int(bound)
+
+
+async def start(
+    server: grpc.aio.Server,
+    service: WorkerService,
+    health_server: grpc.aio.Server | None = None,
+) -> None:
+    """Attach the Worker and health services and start serving (`health_server`: the same
+    health service on a plaintext port of its own, `bind_health`)."""
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if health_server is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        await health_server.start()
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("splitserve.v1.Worker", health_pb2.HealthCheckResponse.SERVING)

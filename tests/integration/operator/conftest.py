@@ -56,6 +56,7 @@ RESOURCES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "v1/pods": ("Pod", True, ("status",)),
     "v1/services": ("Service", True, ("status",)),
     "v1/configmaps": ("ConfigMap", True, ()),
+    "v1/secrets": ("Secret", True, ()),
     "v1/serviceaccounts": ("ServiceAccount", True, ()),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, ()),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, ()),

@@ -66,14 +66,36 @@ class Cluster:
             **extra,
         }
 
-    async def create(self, name: str, role: Role, ip: str, *, service: str | None = None) -> None:
+    async def create(
+        self,
+        name: str,
+        role: Role,
+        ip: str,
+        *,
+        service: str | None = None,
+        replica_set: str | None = None,
+    ) -> None:
+        """`replica_set`: `<deployment>-<hash>`, set as the pod's controller (and the hash as its
+        `pod-template-hash` label), as the ReplicaSet controller does."""
         labels = self.labels(role)
         if service is not None:
             labels[v1.LABEL_SERVICE] = service
+        metadata: dict[str, Any] = {"name": name, "namespace": NS, "labels": labels}
+        if replica_set is not None:
+            labels["pod-template-hash"] = replica_set.rsplit("-", 1)[1]
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": replica_set,
+                    "uid": str(uuid.uuid4()),
+                    "controller": True,
+                }
+            ]
         body: Any = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "metadata": metadata,
             "spec": {
                 "containers": [{"name": "worker", "image": IMAGE}],
                 "terminationGracePeriodSeconds": 0,
@@ -166,9 +188,10 @@ async def cluster(kubeconfig: str) -> AsyncIterator[Cluster]:
 
 @contextlib.asynccontextmanager
 async def router_pool(
-    cluster: Cluster, port: int
+    cluster: Cluster, port: int, owner_deployments: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[PoolView, KubernetesDiscovery]]:
     settings = DiscoverySettings(
+        owner_deployments=owner_deployments,
         namespace=NS,
         selector=f"{v1.LABEL_SERVICE}={cluster.service},{v1.LABEL_COMPONENT}=worker",
         role_label=v1.LABEL_ROLE,
@@ -311,6 +334,25 @@ async def test_not_ready_pods_get_no_work(
         await cluster.set_ready("d-0", True, "127.0.0.3")
         await _until("d-0 back", pool, lambda pv: not pv.view(d0).fenced)
         await _placed(pool, {p0, d0, d1})
+
+
+@pytest.mark.skipif(TARGET != "kmock", reason="a real GC deletes pods of absent ReplicaSets")
+async def test_only_pods_of_the_services_deployments_become_workers(
+    cluster: Cluster, workers: tuple[int, dict[str, LoopbackWorker]]
+) -> None:
+    """A pod with the worker labels but no ReplicaSet of the service's worker Deployments (made
+    by hand, or by another Deployment) gets no endpoint; the operator's pods do."""
+    port, _ = workers
+    deployment = f"{cluster.service}-main"
+    async with router_pool(cluster, port, (deployment,)) as (pool, discovery):
+        await cluster.create("stray", Role.DECODE, "127.0.0.3")
+        await cluster.create("other", Role.DECODE, "127.0.0.4", replica_set="impostor-5d8f7c")
+        await cluster.create("owned", Role.PREFILL, "127.0.0.2", replica_set=f"{deployment}-5d8f7c")
+        owned = f"127.0.0.2:{port}"
+        # Events arrive in order: once the last pod is in, the first two were seen and refused.
+        await _until("the owned pod", pool, lambda pv: owned in _state(pv))
+        assert set(_state(pool)) == {owned}
+        assert {k.split("/")[1] for k in discovery.pods.refused} == {"stray", "other"}
 
 
 @pytest.mark.skipif(TARGET != "kmock", reason="needs a server that expires watches on cue")

@@ -8,13 +8,15 @@ compared with the chart's Role / ClusterRole, both ways.
 
 from __future__ import annotations
 
+import datetime
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from splitserve.api import v1alpha1 as v1
-from splitserve.operator import handlers, render
+from splitserve.operator import certs, handlers, render
 from splitserve.operator import reconcile as rc
 from splitserve.operator.kube import OWNED_KINDS, KubeError
 from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
@@ -96,10 +98,15 @@ def operator_calls() -> list[ApiCall]:
         }
     )
 
-    def run() -> None:
-        rc.reconcile(kube, workers, NS, "s", rc.Settings(drain_wait_s=0.0), NOW)
+    # Internal TLS: the CA Secret created in the operator's namespace, then each service's.
+    when = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    pki = certs.Pki.load_or_create(kube, NS, Path(tempfile.mkdtemp()), when)
+
+    def run(now: str = NOW) -> None:
+        rc.reconcile(kube, workers, NS, "s", rc.Settings(drain_wait_s=0.0), now, pki=pki)
 
     run()  # create everything
+    run("2026-03-15T00:00:00Z")  # certificates renewed (patched)
     for i in range(2):
         memory.create(worker_pod("s", "w", f"s-w-{i}", namespace=NS, ip=f"10.0.0.{i + 1}"))
     run()  # assign roles

@@ -94,7 +94,13 @@ def test_gpu_examples_request_gpu_rdma_shm_and_cache() -> None:
     assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
     assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts == {"model-cache": "/models", "dshm": "/dev/shm"}
+    assert mounts == {
+        "model-cache": "/models",
+        "dshm": "/dev/shm",
+        "internal-tls": "/var/run/splitserve/tls",
+        "tmp": "/tmp",
+        "home": "/home/splitserve",
+    }
     assert pod["initContainers"][0]["name"] == "wait-for-model"
 
     out = by_kind(rendered(ROOT / "deploy/examples/llmservice-llama-70b-tp4.yaml"))

@@ -296,10 +296,28 @@ def test_router_cannot_take_a_service_account() -> None:
 
 def test_security_context_is_restricted_friendly() -> None:
     pod = worker_pod(make_spec())
-    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     sc = pod["containers"][0]["securityContext"]
-    assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert sc == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert router_pod(make_spec())["containers"][0]["securityContext"] == sc
+    # The read-only root's writable places: /tmp and HOME, emptyDirs.
+    for p in (pod, router_pod(make_spec())):
+        c = p["containers"][0]
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["tmp"] == "/tmp"
+        assert mounts["home"] == "/home/splitserve"
+        assert {"name": "HOME", "value": "/home/splitserve"} in c["env"]
+        assert {"name": "tmp", "emptyDir": {}} in p["volumes"]
 
 
 # --- KV transport ----------------------------------------------------------------------------
@@ -430,7 +448,8 @@ def test_hf_with_cache_downloads_once_and_workers_start_offline() -> None:
     assert jenv["MODEL_REVISION"] == "abc"
     assert jenv["MODEL_DIR"] == "/cache/hf/meta/llama/abc"
     assert jenv["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}
-    assert jc["volumeMounts"] == [{"name": "model-cache", "mountPath": "/cache"}]
+    assert jc["volumeMounts"][0] == {"name": "model-cache", "mountPath": "/cache"}
+    assert [m["name"] for m in jc["volumeMounts"][1:]] == ["tmp", "home"]
     pod = worker_pod(spec)
     c = pod["containers"][0]
     assert "--model=/cache/hf/meta/llama/abc" in c["args"]
@@ -455,9 +474,11 @@ def test_given_claim_is_used_not_created_and_a_new_revision_is_a_new_job() -> No
     assert not [k for k in out if k[0] == "PersistentVolumeClaim"]
     job = next(m for k, m in out.items() if k[0] == "Job")
     vols = job["spec"]["template"]["spec"]["volumes"]
-    assert vols == [
-        {"name": "model-cache", "persistentVolumeClaim": {"claimName": "shared-models"}}
-    ]
+    assert vols[0] == {
+        "name": "model-cache",
+        "persistentVolumeClaim": {"claimName": "shared-models"},
+    }
+    assert [v["name"] for v in vols[1:]] == ["tmp", "home"]
     assert render.model_cache_job_name(spec_for("v1"), REF) != render.model_cache_job_name(
         spec_for("v2"), REF
     )
