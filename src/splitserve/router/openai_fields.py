@@ -301,10 +301,19 @@ def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None
 
 def _refuse(name: str, table: dict[str, Field], engines: Sequence[str]) -> ApiError:
     engine = "/".join(engines) or "unknown"
+    status = table[name]
+    known = [e for e in engines if e in ENGINES and getattr(status, e) == "refused"]
+    why = status.refused_because
+    if engines and not known:  # only a backend kind the table has no column for refuses it
+        why = (
+            "the router does not pass this field to "
+            + "/".join(e for e in engines if e not in ENGINES)
+            + " backends (stock `vllm serve` servers)"
+        )
     return ApiError(
         400,
         f"`{name}` is not supported by the {engine} engine behind this router: "
-        f"{table[name].refused_because} (see docs/openai-api.md)",
+        f"{why} (see docs/openai-api.md)",
         param=name,
         code="unsupported_field",
     )

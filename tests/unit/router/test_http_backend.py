@@ -171,7 +171,7 @@ async def test_load_comes_from_the_servers_metrics(
     assert view.num_waiting == 3
     assert view.kv_total_blocks == 1000
     assert view.kv_block_size == 16
-    assert server.pool.engines() == ["vllm"]
+    assert server.pool.engines() == ["vllm-serve"]
     d.num_waiting = 0
     await server.pool.wait_for(lambda p: p.view(d.url).num_waiting == 0, timeout_s=20)
 
@@ -203,6 +203,21 @@ async def test_the_servers_refusal_is_a_400_and_its_failure_a_503(
     d.model = "renamed"  # the server no longer serves the model the router read: not the client's
     with pytest.raises(openai.InternalServerError, match="failed on every worker"):
         await _stream(server, PROMPT, max_tokens=4)
+
+
+async def test_fields_the_backend_does_not_pass_are_refused_not_dropped(
+    make_fake: FakeFactory, make_router: ServerFactory
+) -> None:
+    d = await make_fake()
+    server = await _router(make_router, f"decode={d.url}")
+    for extra in ({"logprobs": 2}, {"extra_body": {"structured_outputs": {"json_object": True}}}):
+        with pytest.raises(openai.BadRequestError) as err:
+            await _stream(server, PROMPT, max_tokens=4, **extra)
+        body = err.value.body
+        assert isinstance(body, dict)
+        assert body["param"] in ("logprobs", "structured_outputs")
+        assert "vllm-serve" in body["message"]
+    assert d.calls == []  # refused before any backend saw it
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -269,7 +284,7 @@ def test_load_report_from_vllm_metrics() -> None:
     assert (r.kv_blocks_total, r.kv_blocks_free, r.kv_block_size) == (1480, 1110, 16)
     assert r.role == common_pb2.ROLE_DECODE
     assert r.seq == 3
-    assert r.engine == "vllm"
+    assert r.engine == "vllm-serve"
     with pytest.raises(ValueError, match="not a vLLM server"):
         protocol.load_report("up 1\n", worker_id="u", role=Role.DECODE, seq=1, model="m")
 

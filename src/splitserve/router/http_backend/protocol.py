@@ -47,6 +47,12 @@ ROLE_TO_PB: Final[Mapping[Role, int]] = {
 _INT63: Final = (1 << 63) - 1
 
 
+ENGINE: Final = "vllm-serve"
+"""The engine kind stock servers report to the router. Not "vllm": the HTTP backend passes the
+sampler fields but not `logprobs` / structured outputs, so the router refuses those (400 naming
+the field) rather than have them dropped."""
+
+
 def pd_seed(request_id: str) -> int:
     """The seed an unseeded sampled request gets on both halves of a P/D run, so the decode
     server's re-sample of the first token equals the prefill's (same logits, same seed)."""
@@ -158,7 +164,7 @@ def load_report(
         kv_blocks_total=total_blocks,
         kv_block_size=block_size or 16,
         seq=seq,
-        engine="vllm",
+        engine=ENGINE,
         model=model,
     )
 

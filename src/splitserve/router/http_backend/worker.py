@@ -94,6 +94,10 @@ class HttpStream:
     def __aiter__(self) -> AsyncIterator[common_pb2.TokenChunk]:
         return self._chunks
 
+    async def read(self) -> Any:
+        """The next chunk, or `grpc.aio.EOF` at the end (what the router's dispatch reads)."""
+        return await anext(self._chunks, aio.EOF)
+
     def cancel(self) -> bool:
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close())
