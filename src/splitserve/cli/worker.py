@@ -73,7 +73,8 @@ def worker() -> None:
     "--sim-latency-model",
     default="roofline",
     show_default=True,
-    help="Step pricing: roofline, distserve-a100, distserve-vllm-a100, vidur-a100, vidur-h100.",
+    help="Step pricing: roofline, distserve-a100, distserve-vllm-a100, vidur-a100, vidur-h100, "
+    "measured-h100, measured-h200.",
 )
 @click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
 @click.option(

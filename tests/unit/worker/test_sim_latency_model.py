@@ -9,6 +9,7 @@ from splitserve.cli.up import worker_args
 from splitserve.cli.worker import worker
 from splitserve.core.errors import ConfigError
 from splitserve.core.perf import RooflineModel, VidurModel
+from splitserve.core.perf.measured import MeasuredGpuModel
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 
 
@@ -54,3 +55,12 @@ def test_up_passes_the_option_to_simulated_workers() -> None:
     assert args[args.index("--sim-latency-model") + 1] == "vidur-h100"
     res = CliRunner().invoke(worker, ["serve", "--help"])
     assert "--sim-latency-model" in res.output
+
+
+def test_a_splitserve_measured_h200_model_is_used_when_named() -> None:
+    cfg = WorkerConfig(
+        sim_latency_model="measured-h200", sim_model_shape="llama-3-8b", sim_hardware="h200"
+    )
+    engine = build_sim_engine(cfg, "127.0.0.1:1", _ReleaseClient())
+    assert isinstance(engine.latency, MeasuredGpuModel)
+    assert engine.latency.gpu == "h200"

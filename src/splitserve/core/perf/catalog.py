@@ -7,6 +7,8 @@
 - `vidur-a100`: Vidur's A100 operator tables plus roofline attention; Llama-2-7B/70B,
   Llama-3-8B/70B, CodeLlama-34B at TP 1/2/4/8.
 - `vidur-h100`: the same on H100; Llama-2-7B/70B, CodeLlama-34B at TP 1/2/4/8.
+- `measured-h100`, `measured-h200`: whole steps splitserve measured on an H100 / H200
+  (`measured.py`); Llama-2-7B and Llama-3-8B at TP 1.
 
 Each GPU model names the hardware it was measured on (`LatencyModelSpec.hardware`): KV
 capacity is sized for that preset, and a scenario naming other hardware is refused. The KV
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from splitserve.core.perf.distserve import DistServeModel, distserve_models
 from splitserve.core.perf.kvlink import KvLink, kv_link
+from splitserve.core.perf.measured import MeasuredGpuModel, measured_models
 from splitserve.core.perf.protocol import BatchShape, LatencyModel
 from splitserve.core.perf.roofline import RooflineModel
 from splitserve.core.perf.shapes import HARDWARE, MODELS
@@ -140,6 +143,15 @@ def _vidur(gpu: str) -> Callable[[str, str, int, float, KvLink | None], LatencyM
     return build
 
 
+def _measured(gpu: str) -> Callable[[str, str, int, float, KvLink | None], LatencyModel]:
+    def build(
+        model: str, _hw: str, tp: int, time_scale: float, link: KvLink | None
+    ) -> LatencyModel:
+        return MeasuredGpuModel(gpu, model, link or kv_link("nvlink-h100"), tp, time_scale)
+
+    return build
+
+
 LATENCY_MODELS: Mapping[str, LatencyModelSpec] = {
     "roofline": LatencyModelSpec("roofline", None, None, None, _roofline),
     "distserve-a100": LatencyModelSpec(
@@ -161,6 +173,20 @@ LATENCY_MODELS: Mapping[str, LatencyModelSpec] = {
     ),
     "vidur-h100": LatencyModelSpec(
         "vidur-h100", "h100-80g", "nvlink-h100", lambda: vidur_models("h100"), _vidur("h100")
+    ),
+    "measured-h100": LatencyModelSpec(
+        "measured-h100",
+        "h100-80g",
+        "nvlink-h100",
+        lambda: measured_models("h100"),
+        _measured("h100"),
+    ),
+    "measured-h200": LatencyModelSpec(
+        "measured-h200",
+        "h200",
+        "nvlink-h100",
+        lambda: measured_models("h200"),
+        _measured("h200"),
     ),
 }
 

@@ -1,0 +1,79 @@
+"""Compare the simulator's latency models with the whole steps measured on real GPUs.
+
+Usage: python tools/compare_gpu_steps.py   (prints Markdown for docs/simulator.md)
+
+For every step in `splitserve/core/perf/published/_gpu_steps.py` (H100 and H200, Llama-2-7B and
+Llama-3-8B, TP 1): the measured time and each model's prediction as a ratio to it — the roofline
+on the GPU's hardware preset, Vidur's H100 tables where Vidur covers the model (H100 only), and
+the `measured-*` model fitted on these very steps (an in-sample check of the fit, not a
+validation). Then one layer's non-attention operators: ours against Vidur's H100 tables.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from splitserve.core.perf import BatchShape, build_latency_model
+from splitserve.core.perf.kvlink import kv_link
+from splitserve.core.perf.published import _gpu_steps
+from splitserve.core.perf.vidur import VidurModel, vidur_models
+
+HARDWARE = {"h100": "h100-80g", "h200": "h200"}
+
+
+def _shape(kind: str, batch: int, n: int) -> BatchShape:
+    if kind == "prefill":
+        return BatchShape(prefill_chunks=((n, 0),) * batch)
+    return BatchShape(decode_contexts=(n,) * batch)
+
+
+def main() -> None:
+    summary: list[str] = []
+    print("| GPU | model | step | measured ms | roofline | Vidur H100 | measured-* fit |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for (gpu, model), rows in sorted(_gpu_steps.STEPS.items()):
+        hw = HARDWARE[gpu]
+        roof = build_latency_model("roofline", model, hw)
+        fit = build_latency_model(f"measured-{gpu}", model, hw)
+        vidur = None
+        if gpu == "h100" and (model, 1) in vidur_models("h100"):
+            vidur = build_latency_model("vidur-h100", model, hw)
+        errs: dict[str, list[float]] = {"roofline": [], "vidur": []}
+        for kind, b, n, secs in rows:
+            shape = _shape(kind, b, n)
+            r = roof.step_s(shape) / secs
+            v = vidur.step_s(shape) / secs if vidur else None
+            f = fit.step_s(shape) / secs
+            errs["roofline"].append(abs(r - 1))
+            if v is not None:
+                errs["vidur"].append(abs(v - 1))
+            step = f"prefill {n}" if kind == "prefill" else f"decode {b} x {n}"
+            vs = f"{v:.2f}x" if v is not None else "-"
+            print(f"| {gpu} | {model} | {step} | {secs * 1e3:.2f} | {r:.2f}x | {vs} | {f:.2f}x |")
+        for name, e in errs.items():
+            if e:
+                summary.append(
+                    f"| {gpu} | {model} | {name} | {100 * statistics.median(e):.1f} % | "
+                    f"{100 * max(e):.1f} % | {sum(x <= 0.1 for x in e)}/{len(e)} |"
+                )
+    print()
+    print("| GPU | model | model priced | median abs. error | max | within 10 % |")
+    print("|---|---|---|---:|---:|---:|")
+    print("\n".join(summary))
+    print()
+    print("One layer's non-attention operators (sum of medians, ms): ours / Vidur H100")
+    print()
+    vidur = VidurModel("h100", "llama-2-7b", 1, kv_link("nvlink-h100"))
+    tokens, ours = _gpu_steps.LAYER_OPS[("h100", "llama-2-7b")]
+    print("| tokens | " + " | ".join(str(t) for t in tokens) + " |")
+    print("|---|" + "---:|" * len(tokens))
+    print("| ours H100 | " + " | ".join(f"{ms:.3f}" for ms in ours) + " |")
+    print(
+        "| Vidur H100 | " + " | ".join(f"{vidur.layer_ops_s(t) * 1e3:.3f}" for t in tokens) + " |"
+    )
+    ratio = [ms / (vidur.layer_ops_s(t) * 1e3) for t, ms in zip(tokens, ours, strict=True)]
+    print("| ratio | " + " | ".join(f"{x:.2f}" for x in ratio) + " |")
+
+
+if __name__ == "__main__":
+    main()
