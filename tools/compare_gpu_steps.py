@@ -61,6 +61,23 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|")
     print("\n".join(summary))
     print()
+    print("| GPU | model | chunk + decodes | measured ms | roofline | Vidur H100 | measured-* |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for (gpu, model), mrows in sorted(_gpu_steps.MIXED.items()):
+        hw = HARDWARE[gpu]
+        roof = build_latency_model("roofline", model, hw)
+        fit = build_latency_model(f"measured-{gpu}", model, hw)
+        vidur = None
+        if gpu == "h100" and (model, 1) in vidur_models("h100"):
+            vidur = build_latency_model("vidur-h100", model, hw)
+        for n, b, c, secs in mrows:
+            shape = BatchShape(prefill_chunks=((n, 0),), decode_contexts=(c,) * b)
+            vs = f"{vidur.step_s(shape) / secs:.2f}x" if vidur else "-"
+            print(
+                f"| {gpu} | {model} | {n} + {b} x {c} | {secs * 1e3:.2f} | "
+                f"{roof.step_s(shape) / secs:.2f}x | {vs} | {fit.step_s(shape) / secs:.2f}x |"
+            )
+    print()
     print("One layer's non-attention operators (sum of medians, ms): ours / Vidur H100")
     print()
     vidur = VidurModel("h100", "llama-2-7b", 1, kv_link("nvlink-h100"))

@@ -16,6 +16,9 @@ not values. Writes into DIR:
   of one sequence of n tokens (eager; launch cost is small next to the work) and decode steps of
   b sequences at context c, captured in a CUDA graph and replayed (as vLLM runs decode), so the
   measured time is the GPU's, without Python launch overhead.
+- `mixed-<model>.csv`: chunked-prefill steps (`chunk_tokens,decode_batch,decode_context,
+  seconds`): one new sequence's n prompt tokens with b decoding sequences in one eager pass,
+  sharing the GEMMs (as vLLM's chunked prefill runs them), to check how a model prices a mix.
 - `env.json`: device, torch version, peak figures read from the device.
 
 Attention is `torch.nn.functional.scaled_dot_product_attention` (FlashAttention / cuDNN
@@ -56,6 +59,7 @@ class Shape:
 SHAPES = {
     "llama-2-7b": Shape("llama-2-7b", 32, 4096, 11008, 32, 32, 32000),
     "llama-3-8b": Shape("llama-3-8b", 32, 4096, 14336, 32, 8, 128256),
+    "codellama-34b": Shape("codellama-34b", 48, 8192, 22016, 64, 8, 32000),
     "tiny": Shape("tiny", 2, 256, 512, 4, 2, 1000),
 }
 
@@ -191,6 +195,37 @@ class Model:
         x = F.rms_norm(x[-1:], (s.hidden,), self.final_norm, 1e-5)
         return x @ self.head.T
 
+    def mixed(
+        self, chunk_ids: torch.Tensor, ids: torch.Tensor, cache: torch.Tensor, ctx: int
+    ) -> torch.Tensor:
+        """One chunked-prefill step: a new sequence's `n` prompt tokens (causal among
+        themselves) and b decoding sequences at context `ctx`, sharing every GEMM."""
+        s = self.s
+        n, b = chunk_ids.shape[0], ids.shape[0]
+        pos = torch.cat((torch.arange(n, device=self.dev), torch.full((b,), ctx, device=self.dev)))
+        cos, sin = rope_tables(pos, s.head_dim, self.dt)
+        gqa = s.kv_heads != s.heads
+        x = self.emb[torch.cat((chunk_ids, ids))]
+        for i, layer in enumerate(self.layers):
+            kc, vc = cache[i, 0], cache[i, 1]
+
+            def attend(q, k, v, kc=kc, vc=vc):  # type: ignore[no-untyped-def]
+                p = F.scaled_dot_product_attention(
+                    q[:n].transpose(0, 1)[None],
+                    k[:n].transpose(0, 1)[None],
+                    v[:n].transpose(0, 1)[None],
+                    is_causal=True,
+                    enable_gqa=gqa,
+                )[0].transpose(0, 1)
+                kc[:, :, ctx] = k[n:]
+                vc[:, :, ctx] = v[n:]
+                d = F.scaled_dot_product_attention(q[n:, :, None, :], kc, vc, enable_gqa=gqa)
+                return torch.cat((p, d[:, :, 0, :]))
+
+            x = self._attn_block(layer, x, cos, sin, attend)
+        x = F.rms_norm(x[n - 1 :], (s.hidden,), self.final_norm, 1e-5)
+        return x @ self.head.T
+
     def decode(
         self, ids: torch.Tensor, cache: torch.Tensor, ctx: int, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
@@ -281,6 +316,9 @@ def whole_steps(s: Shape, timer: Timer, dev: torch.device, dt: torch.dtype, tiny
             (64, 1024), (128, 512), (256, 256),
         ]  # fmt: skip
         for b, c in grid:
+            if not _fits(s, b, c + 1, dev, dt):
+                print(f"{s.name}: decode {b} x {c} skipped (GPU memory)", flush=True)
+                continue
             cache = torch.zeros(s.layers, 2, b, s.kv_heads, c + 1, s.head_dim, device=dev, dtype=dt)
             ids = torch.randint(0, s.vocab, (b,), device=dev)
             cos, sin = rope_tables(torch.full((b,), c, device=dev), s.head_dim, dt)
@@ -306,7 +344,32 @@ def whole_steps(s: Shape, timer: Timer, dev: torch.device, dt: torch.dtype, tiny
             del cache
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    return out
+        mixed = []
+        ctx = 16 if tiny else 1024
+        for n, b in [(8, 2)] if tiny else [(256, 8), (512, 8), (512, 32), (1024, 32), (1024, 64)]:
+            if not _fits(s, b, ctx + 1, dev, dt):
+                continue
+            cache = torch.zeros(
+                s.layers, 2, b, s.kv_heads, ctx + 1, s.head_dim, device=dev, dtype=dt
+            )
+            chunk = torch.randint(0, s.vocab, (n,), device=dev)
+            ids = torch.randint(0, s.vocab, (b,), device=dev)
+            sec = timer.median_s(
+                lambda chunk=chunk, ids=ids, cache=cache: model.mixed(chunk, ids, cache, ctx),
+                reps=max(3, timer.reps // 3),
+            )
+            mixed.append((n, b, ctx, sec))
+            del cache
+    return out, mixed
+
+
+def _fits(s: Shape, b: int, c: int, dev: torch.device, dt: torch.dtype) -> bool:
+    """Whether a KV cache of b x c tokens fits in free GPU memory with 4 GiB to spare."""
+    if dev.type != "cuda":
+        return True
+    need = s.layers * 2 * b * s.kv_heads * c * s.head_dim * torch.finfo(dt).bits // 8
+    free, _total = torch.cuda.mem_get_info()
+    return need + (4 << 30) < free
 
 
 def main() -> None:
@@ -348,7 +411,10 @@ def main() -> None:
             f"{name}: operators and attention done at {time.perf_counter() - t0:.1f}s", flush=True
         )
         if not a.skip_steps:
-            steps = whole_steps(s, timer, dev, dt, a.tiny)
+            steps, mixed = whole_steps(s, timer, dev, dt, a.tiny)
+            with (a.out / f"mixed-{name}.csv").open("w") as f:
+                f.write("chunk_tokens,decode_batch,decode_context,seconds\n")
+                f.writelines(f"{n},{b},{c},{sec:.9f}\n" for n, b, c, sec in mixed)
             with (a.out / f"steps-{name}.csv").open("w") as f:
                 f.write("kind,batch,prompt_or_context,seconds\n")
                 f.writelines(f"{k},{b},{n},{sec:.9f}\n" for k, b, n, sec in steps)

@@ -49,6 +49,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     steps: dict[tuple[str, str], list[tuple[str, int, int, float]]] = {}
     layers: dict[tuple[str, str], tuple[tuple[int, ...], tuple[float, ...]]] = {}
+    mixed: dict[tuple[str, str], list[tuple[int, int, int, float]]] = {}
     envs: dict[str, dict[str, object]] = {}
     for gpu, d in runs:
         envs[gpu] = json.loads((d / "env.json").read_text())
@@ -58,6 +59,17 @@ def main(argv: list[str]) -> None:
                 (r["kind"], int(r["batch"]), int(r["prompt_or_context"]), float(r["seconds"]))
                 for r in csv.DictReader(f.open())
             ]
+            mixed_csv = d / f"mixed-{model}.csv"
+            if mixed_csv.exists():
+                mixed[(gpu, model)] = [
+                    (
+                        int(r["chunk_tokens"]),
+                        int(r["decode_batch"]),
+                        int(r["decode_context"]),
+                        float(r["seconds"]),
+                    )
+                    for r in csv.DictReader(mixed_csv.open())
+                ]
             per: dict[int, float] = defaultdict(float)
             for r in csv.DictReader((d / f"ops-{model}.csv").open()):
                 if r["op"] not in ("emb", "lm_head"):
@@ -74,6 +86,8 @@ def main(argv: list[str]) -> None:
         "replayed from a CUDA graph. Medians of 10-30 repetitions after 5 warm-ups.",
         "",
         "STEPS[(gpu, model)] = ((kind, batch, prompt_or_context, seconds), ...)",
+        "MIXED[(gpu, model)] = ((chunk_tokens, decode_batch, decode_context, seconds), ...): one",
+        "eager chunked-prefill step (a new sequence's chunk with b decoding sequences).",
         "LAYER_OPS[(gpu, model)] = (tokens, ms): one layer's non-attention operators, summed",
         "medians (each operator timed alone with CUDA events, so small token counts carry",
         "launch cost).",
@@ -86,6 +100,11 @@ def main(argv: list[str]) -> None:
     for key, rows in sorted(steps.items()):
         lines.append(f"    {key!r}: (")
         lines += [f"        ({k!r}, {b}, {n}, {s:.6g})," for k, b, n, s in rows]
+        lines.append("    ),")
+    lines += ["}", "MIXED: dict[tuple[str, str], tuple[tuple[int, int, int, float], ...]] = {"]
+    for key, mrows in sorted(mixed.items()):
+        lines.append(f"    {key!r}: (")
+        lines += [f"        ({n}, {b}, {c}, {s:.6g})," for n, b, c, s in mrows]
         lines.append("    ),")
     lines += [
         "}",

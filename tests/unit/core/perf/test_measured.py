@@ -26,19 +26,24 @@ def test_vendored_steps_are_the_measured_figures() -> None:
     assert h200[("decode", 1, 512)] == pytest.approx(0.005689984, rel=1e-5)
     assert h200[("prefill", 1, 8192)] == pytest.approx(0.231190010, rel=1e-5)
     h100 = {(k, b, n): s for k, b, n, s in _gpu_steps.STEPS[("h100", "llama-3-8b")]}
-    assert h100[("decode", 256, 256)] == pytest.approx(0.012987232, rel=1e-5)
+    assert h100[("decode", 256, 256)] == pytest.approx(0.012998032, rel=1e-5)
     assert _gpu_steps.ENV["h200"]["gpu"] == "NVIDIA H200"
-    assert measured_models("h100") == (("llama-2-7b", 1), ("llama-3-8b", 1))
+    assert measured_models("h100") == (("codellama-34b", 1), ("llama-2-7b", 1), ("llama-3-8b", 1))
+    assert measured_models("h200") == (("llama-2-7b", 1), ("llama-3-8b", 1))
 
 
-@pytest.mark.parametrize("gpu", ["h100", "h200"])
-@pytest.mark.parametrize("model", ["llama-2-7b", "llama-3-8b"])
+@pytest.mark.parametrize(
+    ("gpu", "model"),
+    [(g, m) for g in ("h100", "h200") for m, _tp in measured_models(g)],
+)
 def test_model_reproduces_the_fitted_steps(gpu: str, model: str) -> None:
     m = MeasuredGpuModel(gpu, model, NVLINK)
     for s in measurements(gpu, model):
         err = m.step_s(s.batch) / s.seconds - 1
         if s.kind == "prefill" and s.prompt_tokens < PREFILL_FIT_MIN_TOKENS:
-            assert err < 0  # launch-bound eager probe: not fitted, so priced below it
+            # Not fitted: eager and launch-bound for the 7-8B models (priced below it), GEMM-bound
+            # for CodeLlama-34B (the line from 512 tokens on prices it a little above).
+            assert abs(err) < 0.4, (s.prompt_tokens, err)
             continue
         tol = 0.12 if s.kind == "prefill" and s.prompt_tokens == PREFILL_FIT_MIN_TOKENS else 0.05
         assert abs(err) < tol, (s.kind, s.batch_size, s.prompt_tokens, err)
