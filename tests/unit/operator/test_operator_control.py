@@ -232,7 +232,18 @@ def test_slo_at_risk_condition_names_class_and_pool_at_max() -> None:
 
 
 def test_flip_before_scale_out_through_the_flip_machine() -> None:
-    env = Env(pools={"prefill": {"replicas": 1, "maxReplicas": 6}, "decode": {"replicas": 3}})
+    # Burst headroom off: the one-tick surge below would also size decode for its busiest 10 s
+    # (15 req/s), leaving decode no headroom to give; the flip is what this test is about.
+    env = Env(
+        pools={"prefill": {"replicas": 1, "maxReplicas": 6}, "decode": {"replicas": 3}},
+        scaling={
+            "mode": "Managed",
+            "intervalSeconds": 10,
+            "scaleDownStabilizationSeconds": 60,
+            "windowSeconds": 30,
+            "burstWeight": 0,
+        },
+    )
     for i in range(2, 4):
         env.kube.create(worker_pod("svc", "w", f"svc-w-{i}", ip=f"10.0.0.{i + 1}"))
     env.reconcile()

@@ -439,6 +439,8 @@ def decide(
         history.append((now, role, down_now))
         down_target = max(h[2] for h in history if h[1] is role)
         seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
+        if params.burst_weight > 0 and obs.arrival_rate_peak_per_s is None:
+            seen += ", no burst peak" + (f" ({obs.peak_problem})" if obs.peak_problem else "")
         basis = (
             f"forecast {rate_f:.3g} req/s ({seen}), "
             f"prompt {stats.mean_prompt_tokens:.0f} / output {stats.mean_output_tokens:.0f} "
