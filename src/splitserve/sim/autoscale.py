@@ -88,7 +88,12 @@ class Setup:
     max_replicas: int = 64
     params: AutoscalerParams = field(
         default_factory=lambda: AutoscalerParams(
-            interval_s=10.0, scale_down_stabilization_s=120.0, horizon_s=30.0, burst_weight=1.0
+            interval_s=10.0,
+            scale_down_stabilization_s=120.0,
+            horizon_s=30.0,
+            burst_weight=1.0,
+            ttft_tail_fraction=0.8,
+            occupancy_floor=True,
         )
     )
     window_s: float = 30.0
@@ -323,7 +328,9 @@ def observe(
     arrived = [r for r in cluster.requests if r.item.arrival_s > start]
     rate = len(arrived) / span
     peak = peak_rate([r.item.arrival_s for r in arrived], now, span, setup.peak_window_s)
-    prompt = float(np.mean([r.item.num_prompt_tokens for r in arrived])) if arrived else None
+    prompts = np.array([r.item.num_prompt_tokens for r in arrived], dtype=float)
+    prompt = float(prompts.mean()) if arrived else None
+    cv2 = float(prompts.var() / prompts.mean() ** 2) if len(prompts) > 1 and prompt else None
     outs = [r.num_output_tokens for r in finished]
     output = (
         float(np.mean(outs))
@@ -365,7 +372,15 @@ def observe(
     }
     # An idle service still has a known (zero) rate; lengths default to the last seen.
     return Observation(
-        now, span, rate, prompt, output, tuple(classes), pools, arrival_rate_peak_per_s=peak
+        now,
+        span,
+        rate,
+        prompt,
+        output,
+        tuple(classes),
+        pools,
+        arrival_rate_peak_per_s=peak,
+        prompt_tokens_cv2=cv2,
     )
 
 

@@ -35,9 +35,10 @@ class Clock:
 class Loads:
     def __init__(self) -> None:
         self.queued: dict[str, int] = {}
+        self.kv_used = 0.3
 
     def load(self, address: str) -> WorkerLoad:
-        return WorkerLoad(address, Role.MIXED, self.queued.get(address, 0), 1, 0.3)
+        return WorkerLoad(address, Role.MIXED, self.queued.get(address, 0), 1, self.kv_used)
 
 
 class Env:
@@ -247,6 +248,7 @@ def test_flip_before_scale_out_through_the_flip_machine() -> None:
     for i in range(2, 4):
         env.kube.create(worker_pod("svc", "w", f"svc-w-{i}", ip=f"10.0.0.{i + 1}"))
     env.reconcile()
+    env.loads.kv_used = 0.05  # light load: the decode workers hold little KV (occupancy floor)
     env.tick(0.0)
     # Light load with short outputs: after a stabilization window decode starts giving back.
     for _ in range(12):

@@ -154,6 +154,10 @@ class Observation:
     the window's mean: how bursty the arrivals are, and a step's full size on the first tick
     after it (the window's mean shows only part of it). None: not measured (the policies then
     size on the mean alone, and say so: `peak_problem`)."""
+    prompt_tokens_cv2: float | None = None
+    """Squared coefficient of variation of the window's prompt lengths (variance / mean²): how
+    widely they spread (prefill's queueing tail). None: not measured (the policy assumes
+    `AutoscalerParams.default_prompt_cv2`)."""
     peak_problem: SignalProblem | None = None
     """Why `arrival_rate_peak_per_s` is None, where an edge tried to measure it. Unlike
     `problems` it does not stop the policies (the mean is still known); they record it."""
