@@ -94,6 +94,7 @@ class Setup:
             burst_weight=1.0,
             ttft_tail_fraction=0.8,
             occupancy_floor=True,
+            scale_down_utilization=0.5,
         )
     )
     window_s: float = 30.0
