@@ -157,3 +157,33 @@ def test_busiest_rate_unknown_with_one_sample() -> None:
     rate, why = busiest_rate({"a": [(0.0, 5.0)]}, 0.0, 30.0, 10.0)
     assert rate is None
     assert "fewer than two samples" in why
+
+
+def test_prompt_spread_from_the_routers_length_histogram() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from splitserve.operator.control.signals import histogram_cv2
+
+    buckets = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+    rng = __import__("numpy").random.default_rng(0)
+    for lengths in (rng.lognormal(7, 0.3, 4000), rng.lognormal(7, 1.0, 4000)):
+        reg = CollectorRegistry()
+        h = Histogram("splitserve_router_prompt_length_tokens", "", buckets=buckets, registry=reg)
+        for x in lengths:
+            h.observe(float(x))
+        samples = parse(generate_latest(reg).decode())
+        exact = float(lengths.var() / lengths.mean() ** 2)
+        est = histogram_cv2(samples, "splitserve_router_prompt_length_tokens")
+        assert est is not None
+        assert est == pytest.approx(exact, rel=0.35, abs=0.05)
+    assert histogram_cv2({}, "splitserve_router_prompt_length_tokens") is None
+
+
+def test_live_observation_carries_the_prompt_spread() -> None:
+    env = Env(pools=POOLS, scaling=SCALING)
+    env.tick(0.0)
+    env.router.serve(50, prompt=100)
+    result = env.tick(n=50, prompt=3000)
+    cv2 = result.observation.prompt_tokens_cv2
+    assert cv2 is not None
+    assert cv2 > 0.5  # two very different lengths: a wide spread

@@ -348,9 +348,9 @@ class Controller:
             scale_down_stabilization_s=sc.scale_down_stabilization_seconds,
             horizon_s=max(sc.interval_seconds, 30.0),
             burst_weight=sc.burst_weight,
-            # The evaluated policy (docs/autoscaling.md): prefill sized for the class's tail,
-            # decode never below what its workers hold. The live loop does not measure the
-            # prompts' spread yet: `default_prompt_cv2` stands in for it.
+            # The evaluated policy (docs/autoscaling.md): prefill sized for the class's tail
+            # (the prompts' spread from the router's length histogram; `default_prompt_cv2`
+            # when the window has none), decode never below what its workers hold.
             ttft_tail_fraction=0.8,
             occupancy_floor=True,
         )
