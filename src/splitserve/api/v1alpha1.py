@@ -1130,6 +1130,11 @@ class ScalingSpec(Model):
     """Where the autoscaler reads the routers' SLO metrics."""
     prometheus_url: str | None = Field(None, max_length=1024)
     """Prometheus base URL (`http://prometheus.monitoring:9090`) for `metricsSource: Prometheus`."""
+    burst_weight: float = Field(1.0, ge=0, le=1)
+    """Burst headroom: the pools are sized for `mean + burstWeight × (busiest − mean)` of the
+    window's arrival rate, where *busiest* is its busiest sub-window (10 s, or the spacing of
+    the router counter's samples when coarser: one tick with direct scrapes). 0: the mean
+    alone; 1: the busiest sub-window (a load step sized in full on the first tick after it)."""
 
     @model_validator(mode="after")
     def _prometheus(self) -> ScalingSpec:

@@ -31,6 +31,12 @@ import click
 @click.option("--percentile", type=float, default=0.9, show_default=True)
 @click.option("--attainment", type=float, default=0.99, show_default=True)
 @click.option("--tp", "tps", default="1,2,4,8", show_default=True, help="TP degrees to try.")
+@click.option(
+    "--per-pool-tp",
+    is_flag=True,
+    help="Search the prefill and the decode pool's TP separately (every pair of --tp degrees; "
+    "DistServe Alg. 1). A plan with two TPs has one worker group per role (no flips).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 def plan(
     model: str,
@@ -48,6 +54,7 @@ def plan(
     percentile: float,
     attainment: float,
     tps: str,
+    per_pool_tp: bool,
     seed: int,
 ) -> None:
     """Search pool sizes and TP with the simulator; print the candidates and an LLMService."""
@@ -92,18 +99,19 @@ def plan(
         )
     items = with_class(items, "default")
     slo = SloTarget("default", ttft_ms / 1000, tpot_ms / 1000, percentile, attainment)
-    candidates = planner.plan(items, model, hardware, slo, degrees)
+    candidates = planner.plan(items, model, hardware, slo, degrees, per_pool=per_pool_tp)
     if not candidates:
         raise click.ClickException(f"{model} fits on none of TP {tps} of {hardware}")
-    click.echo("| TP | prefill | decode | GPUs | attainment | TTFT p | TPOT p |")
+    click.echo("| TP (P / D) | prefill | decode | GPUs | attainment | TTFT p | TPOT p |")
     click.echo("|---|---|---|---|---|---|---|")
     for c in candidates:
+        tp = f"{c.tps[Role.PREFILL]} / {c.tps[Role.DECODE]}"
         if c.result is None:
-            click.echo(f"| {c.tp} | - | - | - | target not met up to the limit | | |")
+            click.echo(f"| {tp} | - | - | - | target not met up to the limit | | |")
             continue
         cls = c.result.classes[0]
         click.echo(
-            f"| {c.tp} | {c.pools[Role.PREFILL]} | {c.pools[Role.DECODE]} "
+            f"| {tp} | {c.pools[Role.PREFILL]} | {c.pools[Role.DECODE]} "
             f"| {c.gpus} | {c.result.attainment:.2%} | {cls.ttft_p or 0:.3f} s "
             f"| {(cls.tpot_p or 0) * 1000:.1f} ms |"
         )
@@ -113,6 +121,11 @@ def plan(
     click.echo(
         f"\n# predicted attainment {best.result.attainment:.2%} on {len(items)} simulated "
         f"requests; P:D = {best.pools[Role.PREFILL]}:{best.pools[Role.DECODE]}"
-        "; searched: TP per service, pool sizes (not per-pool TP, mixed pools, other hardware)"
+        + (
+            "; searched: TP per pool, pool sizes"
+            if per_pool_tp
+            else "; searched: TP per service (--per-pool-tp: per pool), pool sizes"
+        )
+        + " (not pipeline parallelism, mixed pools, other hardware)"
     )
     click.echo(planner.service_yaml(name, model, source or model, slo, best))

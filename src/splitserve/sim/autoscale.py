@@ -88,7 +88,13 @@ class Setup:
     max_replicas: int = 64
     params: AutoscalerParams = field(
         default_factory=lambda: AutoscalerParams(
-            interval_s=10.0, scale_down_stabilization_s=120.0, horizon_s=30.0, burst_weight=1.0
+            interval_s=10.0,
+            scale_down_stabilization_s=120.0,
+            horizon_s=30.0,
+            burst_weight=1.0,
+            ttft_tail_fraction=0.8,
+            occupancy_floor=True,
+            scale_down_utilization=0.5,
         )
     )
     window_s: float = 30.0
@@ -101,28 +107,37 @@ class Setup:
     max_concurrent_flips: int = 2
     resolution_s: float = 1.0
     """How often drains and start-ups are checked between ticks."""
+    tp_by_role: Mapping[Role, int] | None = None
+    """Per-pool tensor-parallel degree for static runs (`run_static`, `splitserve plan`'s
+    per-pool search); None: `tp` for every pool. The autoscaled run uses `tp`."""
     warmup_s: float = 120.0
     """`RunResult.warm_attainment` counts only the requests arriving after this: the replay
     starts every autoscaled run at `initial` sizes under the trace's full load (a cold start a
     running service does not go through), the static runs at their full sizes."""
 
-    def template(self) -> WorkerTemplate:
-        roofline = RooflineModel(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
+    def tp_of(self, role: Role) -> int:
+        return self.tp if self.tp_by_role is None else self.tp_by_role.get(role, self.tp)
+
+    def template(self, role: Role | None = None) -> WorkerTemplate:
+        """A worker of `role`'s pool (its TP: `tp_of`); None: TP `tp`."""
+        tp = self.tp if role is None else self.tp_of(role)
+        roofline = RooflineModel(MODELS[self.model], HARDWARE[self.hardware], tp=tp)
         blocks = roofline.kv_capacity_tokens(self.memory_utilization) // self.block_size
         return WorkerTemplate(
             latency=roofline,
             num_blocks=blocks,
             kv_layout=roofline.shape.kv_layout,
             block_size=self.block_size,
-            num_gpus=self.tp,
+            num_gpus=tp,
         )
 
-    def perf_model(self) -> AladdinPerfModel:
-        """The autoscaler's learned model: Eq 2/3 fitted to the simulated workers' prices."""
-        t = self.template()
+    def perf_model(self, role: Role | None = None) -> AladdinPerfModel:
+        """The autoscaler's learned model: Eq 2/3 fitted to the simulated workers' prices (of
+        `role`'s pool; None: TP `tp`)."""
+        t = self.template(role)
         tpot = min(c.tpot_s for c in self.classes)
         return fit_perf_model(
-            t.latency, t.num_blocks * t.block_size, self.tp, atgt_slo_s=tpot
+            t.latency, t.num_blocks * t.block_size, t.num_gpus, atgt_slo_s=tpot
         ).model
 
 
@@ -323,7 +338,9 @@ def observe(
     arrived = [r for r in cluster.requests if r.item.arrival_s > start]
     rate = len(arrived) / span
     peak = peak_rate([r.item.arrival_s for r in arrived], now, span, setup.peak_window_s)
-    prompt = float(np.mean([r.item.num_prompt_tokens for r in arrived])) if arrived else None
+    prompts = np.array([r.item.num_prompt_tokens for r in arrived], dtype=float)
+    prompt = float(prompts.mean()) if arrived else None
+    cv2 = float(prompts.var() / prompts.mean() ** 2) if len(prompts) > 1 and prompt else None
     outs = [r.num_output_tokens for r in finished]
     output = (
         float(np.mean(outs))
@@ -365,7 +382,15 @@ def observe(
     }
     # An idle service still has a known (zero) rate; lengths default to the last seen.
     return Observation(
-        now, span, rate, prompt, output, tuple(classes), pools, arrival_rate_peak_per_s=peak
+        now,
+        span,
+        rate,
+        prompt,
+        output,
+        tuple(classes),
+        pools,
+        arrival_rate_peak_per_s=peak,
+        prompt_tokens_cv2=cv2,
     )
 
 
@@ -578,17 +603,16 @@ def _summarize(cluster: Cluster, setup: Setup, label: str, gpu_s: float) -> _Sum
 def run_static(
     items: Sequence[WorkItem], setup: Setup, pools: Mapping[Role, int], label: str = "static"
 ) -> RunResult:
-    """The same workload on fixed pools (no loop)."""
-    template = setup.template()
+    """The same workload on fixed pools (no loop); each pool's workers at its TP."""
     spec = ClusterSpec(
-        tuple(PoolSpec(PoolName(r.value), r, pools.get(r, 0), template) for r in ROLES)
+        tuple(PoolSpec(PoolName(r.value), r, pools.get(r, 0), setup.template(r)) for r in ROLES)
     )
     sim = Simulator()
     cluster = Cluster(spec, items)
     cluster.start(sim)
     sim.run(cluster)
     end = max(sim.now_s, items[-1].arrival_s if items else 0.0)
-    gpu_s = sum(pools.values()) * setup.tp * end
+    gpu_s = sum(n * setup.tp_of(r) for r, n in pools.items()) * end
     s = _summarize(cluster, setup, label, gpu_s)
     return RunResult(
         label,

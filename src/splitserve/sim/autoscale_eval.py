@@ -155,7 +155,10 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
         f"window {setup.window_s:g} s, "
         f"scale-down stabilization {p.scale_down_stabilization_s:g} s, "
         f"cold start {setup.startup_s:g} s, flips {'on' if setup.flipping else 'off'}, "
-        f"burst weight {p.burst_weight:g}; 'after warm-up': requests arriving after "
+        f"burst weight {p.burst_weight:g}, utilization {p.target_utilization:g} up / "
+        f"{p.scale_down_utilization:g} down, prefill tail fraction {p.ttft_tail_fraction:g}, "
+        f"decode occupancy floor {'on' if p.occupancy_floor else 'off'}; "
+        f"'after warm-up': requests arriving after "
         f"{setup.warmup_s:g} s.\n\n"
     )
     rows = [

@@ -1,20 +1,26 @@
 """Capacity planning by search with the simulator (`splitserve plan`).
 
-For each tensor-parallel degree a model fits on (DistServe Alg. 1's parallelism search, reduced
-to one TP per pool), start from the autoscaler model's pool sizes for the workload's rate
-(`policy.planner.autoscaler.work_by_role` at the target utilisation), grow both pools until the
-simulated attainment meets the target, then scan each pool down while it still meets
-(Splitwise-style provisioning of the P:D split by simulation). The plan with the fewest GPUs
-wins; ties: smaller TP. Pure: the caller gives the workload.
+For each tensor-parallel degree a model fits on — one for the whole service, or, with
+`per_pool`, every (prefill TP, decode TP) pair (DistServe Alg. 1: the prefill and the decode
+instance's intra-op parallelism searched separately; its inter-op / pipeline degree is not) —
+start from the autoscaler model's pool sizes for the workload's rate (prefill work from the
+prefill TP's fitted model, decode work from the decode TP's, `policy.planner.autoscaler.
+work_by_role` at the target utilisation), grow both pools until the simulated attainment meets
+the target, then scan each pool down while it still meets (Splitwise-style provisioning of the
+P:D split by simulation). The plan with the fewest GPUs wins; ties: smaller TPs. Pure: the
+caller gives the workload.
 
-Not searched (said so in the output): per-pool TP, heterogeneous hardware, mixed pools.
+Not searched (said so in the output): pipeline parallelism, heterogeneous hardware, mixed pools.
+A plan whose pools have different TPs needs one worker group per role, so its workers cannot
+flip between roles.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.roles import Role
@@ -27,14 +33,20 @@ from splitserve.sim.workload import WorkItem
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    tp: int
+    tps: Mapping[Role, int]
+    """Tensor-parallel degree per pool."""
     pools: dict[Role, int]
     result: RunResult | None
     """None: no size up to the limit met the target."""
 
     @property
     def gpus(self) -> int:
-        return self.tp * sum(self.pools.values())
+        return sum(self.tps[r] * n for r, n in self.pools.items())
+
+    @property
+    def uniform(self) -> bool:
+        """One TP for every pool (one worker group can take both roles)."""
+        return len(set(self.tps.values())) == 1
 
 
 def fits(model: str, hardware: str, tp: int) -> bool:
@@ -48,8 +60,10 @@ def plan(
     slo: SloTarget,
     tps: Sequence[int] = (1, 2, 4, 8),
     limit: int = 64,
+    per_pool: bool = False,
 ) -> list[Candidate]:
-    """One candidate per TP the model fits on, best (fewest GPUs) first."""
+    """One candidate per TP the model fits on (per (prefill, decode) TP pair with `per_pool`),
+    best (fewest GPUs) first."""
     if not items:
         raise ValueError("the workload has no requests")
     span = max(items[-1].arrival_s - items[0].arrival_s, 1e-9)
@@ -58,17 +72,20 @@ def plan(
         sum(w.num_prompt_tokens for w in items) / len(items),
         sum(w.num_output_tokens for w in items) / len(items),
     )
+    if model not in MODELS or hardware not in HARDWARE:
+        raise ValueError(f"unknown model {model!r} or hardware {hardware!r}")
+    usable = [tp for tp in dict.fromkeys(tps) if fits(model, hardware, tp)]
+    pairs = list(itertools.product(usable, usable)) if per_pool else [(tp, tp) for tp in usable]
     out = []
-    for tp in tps:
-        if model not in MODELS or hardware not in HARDWARE:
-            raise ValueError(f"unknown model {model!r} or hardware {hardware!r}")
-        if not fits(model, hardware, tp):
-            continue
-        setup = Setup(model=model, hardware=hardware, tp=tp, classes=(slo,))
-        params = AutoscalerParams()
-        work = work_by_role(
-            ROLES, rate, stats, setup.perf_model(), Targets(slo.ttft_s, slo.tpot_s), params
-        )
+    params = AutoscalerParams()
+    targets = Targets(slo.ttft_s, slo.tpot_s)
+    for tp_p, tp_d in pairs:
+        by_role = {Role.PREFILL: tp_p, Role.DECODE: tp_d}
+        setup = Setup(model=model, hardware=hardware, tp=tp_p, classes=(slo,))
+        setup = replace(setup, tp_by_role=by_role)
+        pre = work_by_role(ROLES, rate, stats, setup.perf_model(Role.PREFILL), targets, params)
+        dec = work_by_role(ROLES, rate, stats, setup.perf_model(Role.DECODE), targets, params)
+        work = {Role.PREFILL: pre[Role.PREFILL], Role.DECODE: dec[Role.DECODE]}
         pools = {r: max(1, math.ceil(work[r] / params.target_utilization)) for r in ROLES}
         result: RunResult | None = run_static(items, setup, pools)
         while result is not None and result.attainment < slo.attainment:
@@ -82,16 +99,38 @@ def plan(
             if best is not None:
                 result = best
                 pools = dict(best.peak_workers)
-        out.append(Candidate(tp, pools, result))
-    out.sort(key=lambda c: (c.result is None, c.gpus, c.tp))
+        out.append(Candidate(by_role, pools, result))
+    out.sort(key=lambda c: (c.result is None, c.gpus, sorted(c.tps.values(), reverse=True)))
     return out
 
 
 def service_yaml(
     name: str, model: str, source: str, slo: SloTarget, best: Candidate, gpus_per_tp: int = 1
 ) -> str:
-    """An `LLMService` for the plan (one worker group taking both roles, so flips work)."""
+    """An `LLMService` for the plan: one worker group taking both roles (so flips work) when
+    the pools share a TP, else one group per role at its TP."""
     import yaml
+
+    if best.uniform:
+        tp = best.tps[Role.PREFILL]
+        groups = [
+            {
+                "name": "workers",
+                "roles": ["prefill", "decode"],
+                "gpus": tp * gpus_per_tp,
+                "tensorParallel": tp,
+            }
+        ]
+    else:
+        groups = [
+            {
+                "name": r.value,
+                "roles": [r.value],
+                "gpus": best.tps[r] * gpus_per_tp,
+                "tensorParallel": best.tps[r],
+            }
+            for r in ROLES
+        ]
 
     body = {
         "apiVersion": "splitserve.io/v1alpha1",
@@ -100,14 +139,7 @@ def service_yaml(
         "spec": {
             "model": {"name": model, "source": source},
             "engine": {"kind": "vllm", "image": "ghcr.io/splitserve/splitserve:latest"},
-            "workerGroups": [
-                {
-                    "name": "workers",
-                    "roles": ["prefill", "decode"],
-                    "gpus": best.tp * gpus_per_tp,
-                    "tensorParallel": best.tp,
-                }
-            ],
+            "workerGroups": groups,
             "pools": {r.value: {"replicas": n, "minReplicas": 1} for r, n in best.pools.items()},
             "sloClasses": [
                 {

@@ -35,9 +35,10 @@ class Clock:
 class Loads:
     def __init__(self) -> None:
         self.queued: dict[str, int] = {}
+        self.kv_used = 0.3
 
     def load(self, address: str) -> WorkerLoad:
-        return WorkerLoad(address, Role.MIXED, self.queued.get(address, 0), 1, 0.3)
+        return WorkerLoad(address, Role.MIXED, self.queued.get(address, 0), 1, self.kv_used)
 
 
 class Env:
@@ -232,10 +233,22 @@ def test_slo_at_risk_condition_names_class_and_pool_at_max() -> None:
 
 
 def test_flip_before_scale_out_through_the_flip_machine() -> None:
-    env = Env(pools={"prefill": {"replicas": 1, "maxReplicas": 6}, "decode": {"replicas": 3}})
+    # Burst headroom off: the one-tick surge below would also size decode for its busiest 10 s
+    # (15 req/s), leaving decode no headroom to give; the flip is what this test is about.
+    env = Env(
+        pools={"prefill": {"replicas": 1, "maxReplicas": 6}, "decode": {"replicas": 3}},
+        scaling={
+            "mode": "Managed",
+            "intervalSeconds": 10,
+            "scaleDownStabilizationSeconds": 60,
+            "windowSeconds": 30,
+            "burstWeight": 0,
+        },
+    )
     for i in range(2, 4):
         env.kube.create(worker_pod("svc", "w", f"svc-w-{i}", ip=f"10.0.0.{i + 1}"))
     env.reconcile()
+    env.loads.kv_used = 0.05  # light load: the decode workers hold little KV (occupancy floor)
     env.tick(0.0)
     # Light load with short outputs: after a stabilization window decode starts giving back.
     for _ in range(12):

@@ -105,7 +105,7 @@ def test_cli_burst_weight_acts_and_shortfall_refuses_it() -> None:
         ["autoscale", "--scenario", "step-5x", "--quick", "--no-search", "--burst-weight", "0"],
     )
     assert out.exit_code == 0, out.output
-    assert "burst weight 0;" in out.output
+    assert "burst weight 0," in out.output
     assert "after warm-up" in out.output
     refused = CliRunner().invoke(
         sim, ["autoscale", "--quick", "--shortfall", "--burst-weight", "0.5"]

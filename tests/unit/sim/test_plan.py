@@ -31,3 +31,72 @@ def test_plan_refuses_bad_input_by_name() -> None:
     r = CliRunner().invoke(plan, [])
     assert r.exit_code != 0
     assert "--rate" in r.output
+
+
+def test_per_pool_tp_search_tries_every_pair_and_counts_gpus_per_pool() -> None:
+    import numpy as np
+
+    from splitserve.core.roles import Role
+    from splitserve.sim import plan as planner
+    from splitserve.sim.autoscale import SloTarget, with_class
+    from splitserve.sim.workload import LogNormal, Poisson, synthetic
+
+    items = with_class(
+        synthetic(
+            Poisson(2.0), LogNormal(1000, 0.6), LogNormal(200, 0.6), 120, np.random.default_rng(0)
+        ),
+        "default",
+    )
+    slo = SloTarget("default", 2.0, 0.1, 0.9, 0.99)
+    found = planner.plan(items, "llama-2-13b", "a100-80g", slo, (1, 2), per_pool=True)
+    pairs = {(c.tps[Role.PREFILL], c.tps[Role.DECODE]) for c in found}
+    assert pairs == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    for c in found:
+        assert c.gpus == sum(c.tps[r] * n for r, n in c.pools.items())
+    met = [c for c in found if c.result is not None]
+    assert met
+    assert [c.gpus for c in met] == sorted(c.gpus for c in met)  # fewest GPUs first
+    shared = planner.plan(items, "llama-2-13b", "a100-80g", slo, (1, 2))
+    assert {(c.tps[Role.PREFILL], c.tps[Role.DECODE]) for c in shared} == {(1, 1), (2, 2)}
+
+
+def test_plan_with_two_tps_has_one_group_per_role() -> None:
+    from splitserve.core.roles import Role
+    from splitserve.sim import plan as planner
+    from splitserve.sim.autoscale import SloTarget
+
+    best = planner.Candidate(
+        {Role.PREFILL: 2, Role.DECODE: 1}, {Role.PREFILL: 1, Role.DECODE: 3}, None
+    )
+    assert best.gpus == 5
+    body = yaml.safe_load(
+        planner.service_yaml("p", "m", "org/m", SloTarget("default", 2.0, 0.1), best)
+    )
+    spec = v1.LLMServiceSpec.model_validate(body["spec"])
+    groups = {g.name: (tuple(g.roles), g.tensor_parallel) for g in spec.worker_groups}
+    assert groups == {"prefill": ((Role.PREFILL,), 2), "decode": ((Role.DECODE,), 1)}
+
+
+def test_static_gpu_hours_count_each_pool_at_its_tp() -> None:
+    from dataclasses import replace
+
+    from splitserve.core.roles import Role
+    from splitserve.sim.autoscale import Setup, run_static
+    from splitserve.sim.workload import WorkItem
+
+    items = (WorkItem(0.0, 100, 10), WorkItem(3600.0, 100, 10))
+    setup = replace(Setup(), tp_by_role={Role.PREFILL: 1, Role.DECODE: 2})
+    r = run_static(items, setup, {Role.PREFILL: 1, Role.DECODE: 1})
+    # One TP-1 prefill worker and one TP-2 decode worker for just over an hour: 3 GPU-hours.
+    assert 3.0 <= r.gpu_hours < 3.01
+
+
+def test_cli_per_pool_tp_prints_both_degrees() -> None:
+    result = CliRunner().invoke(
+        plan, ["--rate", "2", "--requests", "80", "--tp", "1,2", "--per-pool-tp"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "| 1 / 2 |" in result.output
+    assert "searched: TP per pool" in result.output
+    doc = result.output[result.output.index("apiVersion:") :]
+    v1.LLMServiceSpec.model_validate(yaml.safe_load(doc)["spec"])

@@ -149,6 +149,41 @@ def prometheus_samples(
     return out
 
 
+def prometheus_admissions(
+    base_url: str,
+    namespace: str,
+    service: str,
+    window_s: float,
+    at_s: float,
+    get: Callable[[str], str] = http_get,
+) -> dict[str, list[tuple[float, float]]]:
+    """The raw samples of the routers' admission counter over the last `window_s` before the
+    Unix time `at_s`, per series (router pod and labels): `{series: [(unix time, count), ...]}`
+    (for the busiest sub-window's rate, `signals.busiest_rate`, which handles each series'
+    restarts and sums them)."""
+    import json
+
+    query = (
+        f'splitserve_router_admission_total{{namespace="{namespace}", '
+        f'pod=~"{render.router_name(service)}-.+"}}[{max(1, round(window_s))}s]'
+    )
+    url = (
+        base_url.rstrip("/")
+        + "/api/v1/query?"
+        + urllib.parse.urlencode({"query": query, "time": f"{at_s:.3f}"})
+    )
+    body = json.loads(get(url))
+    if body.get("status") != "success":
+        raise OSError(f"Prometheus: {body.get('error') or body}")
+    if body["data"].get("resultType") != "matrix":
+        raise ValueError(f"expected a matrix, got {body['data'].get('resultType')!r}")
+    out: dict[str, list[tuple[float, float]]] = {}
+    for series in body["data"]["result"]:
+        key = ",".join(f"{k}={v}" for k, v in sorted(dict(series["metric"]).items()))
+        out[key] = sorted((float(t), float(v)) for t, v in series["values"])
+    return out
+
+
 def _rfc3339(t: datetime.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -210,11 +245,23 @@ class Controller:
         failed: dict[str, str] = {}
         if spec.scaling.metrics_source is v1.MetricsSource.PROMETHEUS:
             assert spec.scaling.prometheus_url is not None
+            url = spec.scaling.prometheus_url
             try:
-                routers = prometheus_samples(spec.scaling.prometheus_url, namespace, name, self.get)
+                routers = prometheus_samples(url, namespace, name, self.get)
             except (OSError, ValueError, KeyError) as err:
-                failed[spec.scaling.prometheus_url] = f"Prometheus query failed: {err}"
-            return Snapshot(now, routers, failed)
+                failed[url] = f"Prometheus query failed: {err}"
+            admissions: dict[str, list[tuple[float, float]]] | None = None
+            why: str | None = None
+            try:
+                at = self.wall().timestamp()
+                raw = prometheus_admissions(
+                    url, namespace, name, spec.scaling.window_seconds, at, self.get
+                )
+                # Prometheus' timestamps onto the loop's clock (`now` is the query's `at`).
+                admissions = {k: [(now - (at - t), v) for t, v in pts] for k, pts in raw.items()}
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                why = f"Prometheus range query failed: {err}"
+            return Snapshot(now, routers, failed, admissions, why)
         selector = {v1.LABEL_SERVICE: name, v1.LABEL_COMPONENT: "router"}
         for pod in observe.live_pods(self.kube.list("v1", "Pod", namespace, selector)):
             if not observe.pod_ready(pod):
@@ -300,6 +347,12 @@ class Controller:
             interval_s=sc.interval_seconds,
             scale_down_stabilization_s=sc.scale_down_stabilization_seconds,
             horizon_s=max(sc.interval_seconds, 30.0),
+            burst_weight=sc.burst_weight,
+            # The evaluated policy (docs/autoscaling.md): prefill sized for the class's tail
+            # (the prompts' spread from the router's length histogram; `default_prompt_cv2`
+            # when the window has none), decode never below what its workers hold.
+            ttft_tail_fraction=0.8,
+            occupancy_floor=True,
         )
         now = self.clock()
         st.window.add(self._snapshot(spec, namespace, name, now))
@@ -634,6 +687,10 @@ def _inputs(obs: Observation, decision: Decision, p: PoolDecision | None) -> dic
         out["arrivalRate"] = f"{decision.rate_per_s:.3g}/s"
     if decision.forecast_per_s is not None:
         out["forecastRate"] = f"{decision.forecast_per_s:.3g}/s"
+    if obs.arrival_rate_peak_per_s is not None:
+        out["arrivalRatePeak"] = f"{obs.arrival_rate_peak_per_s:.3g}/s"
+    elif obs.peak_problem is not None:
+        out["arrivalRatePeak"] = f"unknown: {obs.peak_problem.reason}"[:200]
     if obs.mean_prompt_tokens is not None:
         out["meanPromptTokens"] = f"{obs.mean_prompt_tokens:.0f}"
     if obs.mean_output_tokens is not None:

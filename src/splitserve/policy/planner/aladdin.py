@@ -138,7 +138,9 @@ def fit_perf_model(
     paper validates. Decode: batches of 2..`max_batch` with average contexts 64..2048 that fit
     the KV capacity; with `atgt_slo_s`, only batches taking 0.5-1.5x the SLO: constraint (b)
     decides at the SLO, so the line is fitted where it decides (our roofline is a max of a
-    weight-read and a compute line, which one straight line cannot follow everywhere).
+    weight-read and a compute line, which one straight line cannot follow everywhere). When
+    fewer than three batches of the grid come that close (every batch is far faster than the
+    SLO), all of the grid's batches are fitted.
     """
     if kv_capacity_tokens <= 0:
         raise ValueError("kv_capacity_tokens must be > 0 (the weights leave no KV room)")
@@ -150,6 +152,7 @@ def fit_perf_model(
             batch = BatchShape(prefill_chunks=tuple((each, 0) for _ in range(n)))
             pre_x.append((float(each * n), 1.0))
             pre_y.append(latency.step_s(batch))
+    dec_all: list[tuple[tuple[float, float, float], float]] = []
     dec_x: list[tuple[float, float, float]] = []
     dec_y: list[float] = []
     for b in range(2, max_batch + 1, 6):
@@ -157,10 +160,16 @@ def fit_perf_model(
             if b * avg > kv_capacity_tokens:
                 continue
             seconds = latency.step_s(BatchShape(decode_contexts=(avg,) * b))
+            dec_all.append(((float(b * avg), float(b), 1.0), seconds))
             if atgt_slo_s is not None and not 0.5 * atgt_slo_s <= seconds <= 1.5 * atgt_slo_s:
                 continue
             dec_x.append((float(b * avg), float(b), 1.0))
             dec_y.append(seconds)
+    if len(dec_y) < 3 <= len(dec_all):
+        # No batch up to `max_batch` comes near the SLO (a fast worker, e.g. a large TP): the
+        # SLO never decides within the grid, so fit every operating point instead.
+        dec_x = [x for x, _ in dec_all]
+        dec_y = [y for _, y in dec_all]
     if len(dec_y) < 3:
         raise ValueError("too few decode operating points to fit Eq 3")
     px, py = np.array(pre_x), np.array(pre_y)

@@ -56,7 +56,7 @@ from splitserve.policy.planner.aladdin import (
     PlannerParams,
     per_gpu_throughput,
 )
-from splitserve.policy.planner.signals import ClassSignal, Observation
+from splitserve.policy.planner.signals import ClassSignal, Observation, PoolSignal
 
 _EPS = 1e-9
 
@@ -102,6 +102,19 @@ class AutoscalerParams:
     """Headroom for bursts: size for `mean + burst_weight × (peak − mean)` of the observation's
     arrival rates (`Observation.arrival_rate_peak_per_s`, the busiest sub-window). 0: the mean
     alone; 1: the busiest sub-window (a step's full size on the first tick after it)."""
+    ttft_tail_fraction: float = 0.0
+    """Tail sizing of prefill (0: off): the share of the TTFT target that the mean prefill time
+    plus the wait at the class's attainment quantile may use (M/G/1 wait with an exponential
+    tail, `prefill_tail_utilization`). A 99 % attainment target needs the 99th percentile wait
+    inside the target, which the mean (`ttft_budget_fraction`) does not see."""
+    default_prompt_cv2: float = 1.0
+    """Squared coefficient of variation of prompt lengths assumed when the observation does not
+    carry one (`Observation.prompt_tokens_cv2`); 1: exponential-like lengths."""
+    occupancy_floor: bool = False
+    """Decode work is at least what the decode workers hold now: their mean KV use, and their
+    requests (running + queued) over the batch that still decodes within the TPOT target. A
+    measured floor under the model, which reads output lengths from finished requests (short
+    ones finish first: after a rise the mean is low for a while)."""
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.scale_down_stabilization_s < 0 or self.horizon_s < 0:
@@ -116,6 +129,8 @@ class AutoscalerParams:
             raise ValueError("ttft_budget_fraction must be in (0, 1]")
         if not 0 <= self.burst_weight <= 1:
             raise ValueError("burst_weight must be in [0, 1]")
+        if not 0 <= self.ttft_tail_fraction <= 1 or self.default_prompt_cv2 < 0:
+            raise ValueError("ttft_tail_fraction in [0, 1], default_prompt_cv2 >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +149,21 @@ class Targets:
 
     ttft_s: float
     tpot_s: float
+    quantile: float = 0.9
+    """The share of requests that must meet the targets: the largest of the classes'
+    percentiles and attainment targets (tail sizing, `AutoscalerParams.ttft_tail_fraction`)."""
 
     @classmethod
     def of(cls, classes: tuple[ClassSignal, ...], default: Targets | None = None) -> Targets:
         base = default or Targets(2.0, 0.2)
         ttfts = [c.ttft_target_s for c in classes if c.ttft_target_s is not None]
         tpots = [c.tpot_target_s for c in classes if c.tpot_target_s is not None]
-        return cls(min(ttfts, default=base.ttft_s), min(tpots, default=base.tpot_s))
+        qs = [max(c.percentile, c.attainment_target) for c in classes]
+        return cls(
+            min(ttfts, default=base.ttft_s),
+            min(tpots, default=base.tpot_s),
+            min(0.999, max(qs, default=base.quantile)),
+        )
 
 
 # -- sizing (the model) -------------------------------------------------------------------------
@@ -158,6 +181,41 @@ def prefill_utilization(service_s: float, budget_s: float, cap: float) -> float:
     return min(cap, 2 * slack / (1 + 2 * slack))
 
 
+def prefill_tail_utilization(
+    service_s: float, cv2: float, quantile: float, budget_s: float, cap: float
+) -> float:
+    """Largest utilisation whose `quantile` wait plus the mean service fits `budget_s` (at most
+    `cap`; a small floor when even an idle worker misses it).
+
+    The wait of an M/G/1 queue: mean `W = ρ·S·(1 + cv²) / (2(1 − ρ))` (Pollaczek-Khinchine,
+    `cv²` of the service time); a request waits with probability ρ, and the wait, when there is
+    one, is taken as exponential with mean `W / ρ` (the usual heavy-traffic approximation), so
+    `P(wait > t) = ρ·exp(−ρt / W)` and the quantile is `(W / ρ)·ln(ρ / (1 − quantile))` (0 when
+    ρ <= 1 − quantile). Increasing in ρ: found by bisection.
+    """
+    if service_s <= 0:
+        return cap
+    if budget_s <= service_s:
+        return min(cap, 0.1)
+
+    def wait_q(rho: float) -> float:
+        if rho <= 1 - quantile:
+            return 0.0
+        per_wait = service_s * (1 + cv2) / (2 * (1 - rho))  # W / ρ
+        return per_wait * math.log(rho / (1 - quantile))
+
+    if service_s + wait_q(cap) <= budget_s:
+        return cap
+    lo, hi = 0.0, cap
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if service_s + wait_q(mid) <= budget_s:
+            lo = mid
+        else:
+            hi = mid
+    return max(lo, min(cap, 0.1))
+
+
 def prefill_work(
     rate: float,
     mean_prompt: float,
@@ -165,12 +223,25 @@ def prefill_work(
     ttft_s: float,
     budget_fraction: float,
     cap: float,
+    *,
+    tail_fraction: float = 0.0,
+    prompt_cv2: float = 0.0,
+    quantile: float = 0.9,
 ) -> float:
-    """Prefill workers needed (fractional) for `rate` requests/s at the TTFT target."""
+    """Prefill workers needed (fractional) for `rate` requests/s at the TTFT target: the mean
+    wait within `budget_fraction` of it (M/D/1) and, when `tail_fraction` > 0, the `quantile`
+    wait within `tail_fraction` of it (M/G/1 with the prompts' spread, `prompt_cv2`)."""
     service = perf.prefill_s(mean_prompt)
     if rate <= 0 or service <= 0:
         return 0.0
-    return rate * service / prefill_utilization(service, ttft_s * budget_fraction, cap)
+    rho = prefill_utilization(service, ttft_s * budget_fraction, cap)
+    if tail_fraction > 0:
+        # The service time's cv² from the prompt lengths' (S = k₁·l + c₁: the constant damps it).
+        scale = (service - perf.prefill_s(0.0)) / service if service > 0 else 0.0
+        cv2 = prompt_cv2 * scale * scale
+        tail = prefill_tail_utilization(service, cv2, quantile, ttft_s * tail_fraction, cap)
+        rho = min(rho, tail)
+    return rate * service / rho
 
 
 def decode_work(rate: float, stats: LengthStats, perf: AladdinPerfModel, tpot_s: float) -> float:
@@ -193,6 +264,7 @@ def work_by_role(
     perf: AladdinPerfModel,
     targets: Targets,
     params: AutoscalerParams,
+    prompt_cv2: float | None = None,
 ) -> dict[Role, float]:
     """Worker-equivalents of work per role at `rate`, before the utilisation margin."""
     pre = prefill_work(
@@ -202,6 +274,9 @@ def work_by_role(
         targets.ttft_s,
         params.ttft_budget_fraction,
         params.target_utilization,
+        tail_fraction=params.ttft_tail_fraction,
+        prompt_cv2=params.default_prompt_cv2 if prompt_cv2 is None else prompt_cv2,
+        quantile=targets.quantile,
     )
     # prefill_work already holds its own utilisation; express it at 100 % like decode's.
     pre *= params.target_utilization
@@ -216,6 +291,20 @@ def work_by_role(
         else:  # mixed: whatever the split pools do not cover
             out[role] = (0.0 if has_p else pre) + (0.0 if has_d else dec)
     return out
+
+
+def decode_occupancy(
+    pool: PoolSignal | None, stats: LengthStats, perf: AladdinPerfModel, tpot_s: float
+) -> float:
+    """Worker-equivalents the decode workers hold now (0 when they report nothing): the larger
+    of their summed KV use and their requests (running + queued) over the batch that still
+    decodes within `tpot_s` (the model's `slo_batch` at the mean context)."""
+    if pool is None or not pool.workers:
+        return 0.0
+    kv = sum(w.kv_used for w in pool.workers if w.kv_used is not None)
+    batch = perf.slo_batch(tpot_s, stats.mean_context)
+    held = sum(w.work for w in pool.workers)
+    return max(kv, held / batch if batch >= 1 else 0.0)
 
 
 # -- forecast -----------------------------------------------------------------------------------
@@ -410,7 +499,10 @@ def decide(
     stats = LengthStats(max(0.0, obs.mean_prompt_tokens), max(1.0, obs.mean_output_tokens))
     tgt = targets or Targets.of(obs.classes)
     roles = tuple(obs.pools)
-    work = work_by_role(roles, rate_f, stats, perf, tgt, params)
+    work = work_by_role(roles, rate_f, stats, perf, tgt, params, obs.prompt_tokens_cv2)
+    if params.occupancy_floor and Role.DECODE in work:
+        occupied = decode_occupancy(obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s)
+        work[Role.DECODE] = max(work[Role.DECODE], occupied)
     pressure = pressure_by_role(obs, params)
     since = state.since_s if state.since_s is not None else now
     window_start = now - params.scale_down_stabilization_s
@@ -439,6 +531,8 @@ def decide(
         history.append((now, role, down_now))
         down_target = max(h[2] for h in history if h[1] is role)
         seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
+        if params.burst_weight > 0 and obs.arrival_rate_peak_per_s is None:
+            seen += ", no burst peak" + (f" ({obs.peak_problem})" if obs.peak_problem else "")
         basis = (
             f"forecast {rate_f:.3g} req/s ({seen}), "
             f"prompt {stats.mean_prompt_tokens:.0f} / output {stats.mean_output_tokens:.0f} "

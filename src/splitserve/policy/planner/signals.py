@@ -153,7 +153,14 @@ class Observation:
     """The highest arrival rate over the window's sub-windows (e.g. per tick interval), at least
     the window's mean: how bursty the arrivals are, and a step's full size on the first tick
     after it (the window's mean shows only part of it). None: not measured (the policies then
-    size on the mean alone)."""
+    size on the mean alone, and say so: `peak_problem`)."""
+    prompt_tokens_cv2: float | None = None
+    """Squared coefficient of variation of the window's prompt lengths (variance / mean²): how
+    widely they spread (prefill's queueing tail). None: not measured (the policy assumes
+    `AutoscalerParams.default_prompt_cv2`)."""
+    peak_problem: SignalProblem | None = None
+    """Why `arrival_rate_peak_per_s` is None, where an edge tried to measure it. Unlike
+    `problems` it does not stop the policies (the mean is still known); they record it."""
 
     @property
     def usable(self) -> bool:

@@ -223,3 +223,15 @@ def test_perf_model_validation() -> None:
     assert m.decode_s(1000, 0) == 0.0
     assert m.slo_batch(0.001, 300) == 0.0  # SLO below the fixed cost: no batch meets it
     assert per_gpu_throughput(m, STATS, PlannerParams(0.001)) == 0.0
+
+
+def test_fit_falls_back_to_every_batch_when_none_is_near_the_slo() -> None:
+    from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+    from splitserve.policy.planner.aladdin import fit_perf_model
+
+    # Llama-2-13B on four A100s: every batch up to 256 decodes far under 50 ms.
+    roofline = RooflineModel(MODELS["llama-2-13b"], HARDWARE["a100-80g"], tp=4)
+    kv = roofline.kv_capacity_tokens(0.9)
+    report = fit_perf_model(roofline, kv, 4, atgt_slo_s=0.1)
+    assert report.model.num_gpus == 4
+    assert report.model.decode_s(64 * 512, 64) < 0.05
