@@ -87,6 +87,14 @@ def main() -> None:
         help="After the load, run `splitserve profile` on the first worker into this directory.",
     )
     p.add_argument("--profile-args", default="", help="Extra `splitserve profile` options.")
+    p.add_argument(
+        "--speed-probe",
+        type=Path,
+        default=None,
+        help="Run tools/speed_probe.py beside the load and the profile, writing the machine's "
+        "speed here (with the profile's window as the reference) for `sim validate "
+        "--speed-trace`.",
+    )
     args = p.parse_args(argv[:cut])
     up_args = argv[cut + 1 :]
     run_dir = args.run_dir or args.out.with_suffix(".run")
@@ -99,6 +107,8 @@ def main() -> None:
     cmd += up_args
     log = (run_dir / "up.out").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    probe = None
+    window: tuple[float, float] | None = None
     try:
         deadline = time.monotonic() + 600
         while not ready.exists():
@@ -108,6 +118,9 @@ def main() -> None:
         time.sleep(1.0)
         info = json.loads(ready.read_text())
         base = f"http://{info['host']}:{info['port']}/v1"
+        if args.speed_probe is not None:
+            script = Path(__file__).with_name("speed_probe.py")
+            probe = subprocess.Popen([sys.executable, str(script), str(args.speed_probe)])
         t0 = time.monotonic()
         ok, failed = asyncio.run(drive(base, args.model, args))
         print(f"{ok} ok, {failed} failed in {time.monotonic() - t0:.1f} s -> {args.out}")
@@ -115,9 +128,21 @@ def main() -> None:
             worker = sorted(run_dir.glob("*-0.ready.json"))[0]
             address = json.loads(worker.read_text())["address"]
             prof = [sys.executable, "-m", "splitserve", "profile", "--worker", address]
+            admin = run_dir / "pki" / "admin"  # `up` issues internal TLS (docs/security.md)
+            if admin.is_dir():
+                prof += ["--tls-dir", str(admin)]
             prof += ["--out", str(args.profile_out), *args.profile_args.split()]
+            start = time.monotonic()
             subprocess.run(prof, check=True)
+            window = (start, time.monotonic())
     finally:
+        if probe is not None:
+            probe.send_signal(signal.SIGINT)
+            probe.wait(10)
+            if window is not None:
+                with args.speed_probe.open("a") as f:
+                    ref = {"reference_start_s": window[0], "reference_end_s": window[1]}
+                    f.write(json.dumps(ref) + "\n")
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(30)

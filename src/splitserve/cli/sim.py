@@ -83,13 +83,27 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     help="Write validation.md and requests.csv (measured vs simulated per request) here.",
 )
 @click.option("--target", type=float, default=0.05, show_default=True, help="Error target.")
-def validate_cmd(recording: Path, cluster_file: Path, out_dir: Path | None, target: float) -> None:
+@click.option(
+    "--speed-trace",
+    "speed_trace",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The speed probe's log of the run (tools/record_run.py --speed-probe): each step is "
+    "scaled by the machine's speed at that moment over its speed while the profile ran.",
+)
+def validate_cmd(
+    recording: Path,
+    cluster_file: Path,
+    out_dir: Path | None,
+    target: float,
+    speed_trace: Path | None,
+) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
     try:
-        _, text = runner.run_validation(recording, cluster_file, out_dir, target)
+        _, text = runner.run_validation(recording, cluster_file, out_dir, target, speed_trace)
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(text)

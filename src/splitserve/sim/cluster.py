@@ -16,7 +16,7 @@ Pure: no I/O, no wall time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import pairwise
@@ -85,6 +85,7 @@ class Cluster:
         items: Sequence[WorkItem],
         max_repeat: int = 1 << 30,
         record_placements: bool = False,
+        speed: Callable[[float], float] | None = None,
     ) -> None:
         if any(b.arrival_s < a.arrival_s for a, b in pairwise(items)):
             raise ValueError("work items must be in arrival order")
@@ -92,6 +93,9 @@ class Cluster:
         self.max_repeat = max_repeat
         """Longest fused decode run; 1 steps every decode individually (slow, for checks)."""
         self.items = items
+        self.speed = speed
+        """Step-time factor at a simulated time (`sim.speed`: the machine's speed during a
+        recorded run, for `sim validate`); None prices steps as the latency model says."""
         self.workers: list[SimWorker] = []
         for pool in spec.pools:
             for _ in range(pool.replicas):
@@ -272,6 +276,9 @@ class Cluster:
         if step.repeat > 1:
             longer = BatchShape((), tuple([c + 1 for c in step.batch.decode_contexts]))
             slope = worker.latency.step_s(longer) - t0
+        if self.speed is not None:
+            f = self.speed(now)
+            t0, slope = t0 * f, slope * f
         worker.run_first_s, worker.run_slope_s = t0, slope
         self._schedule_done(worker, sim)
 
@@ -405,10 +412,12 @@ def simulate(
     items: Sequence[WorkItem],
     until_s: float | None = None,
     max_repeat: int = 1 << 30,
+    speed: Callable[[float], float] | None = None,
 ) -> SimResult:
-    """Run `items` through a fresh cluster until every request is done (or `until_s`)."""
+    """Run `items` through a fresh cluster until every request is done (or `until_s`);
+    `speed` scales each step by the factor at its start (see `Cluster.speed`)."""
     sim = Simulator()
-    cluster = Cluster(spec, items, max_repeat)
+    cluster = Cluster(spec, items, max_repeat, speed=speed)
     cluster.start(sim)
     sim.run(cluster, until_s=until_s)
     return cluster.result(sim)

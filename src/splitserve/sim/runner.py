@@ -31,6 +31,7 @@ from splitserve.sim.report import (
 )
 from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
 from splitserve.sim.reproductions.common import latency_source
+from splitserve.sim.speed import parse_speed_trace
 from splitserve.sim.validate import Validation, parse_recording, replay
 
 
@@ -123,16 +124,27 @@ def load_cluster(path: Path) -> ClusterConfig:
 
 
 def run_validation(
-    recording: Path, cluster: Path, out_dir: Path | None = None, target: float = 0.05
+    recording: Path,
+    cluster: Path,
+    out_dir: Path | None = None,
+    target: float = 0.05,
+    speed_trace: Path | None = None,
 ) -> tuple[Validation, str]:
     """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
-    validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set."""
+    validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set.
+    `speed_trace`: the speed probe's log of the run (`sim.speed`); steps are scaled by it."""
     cfg = load_cluster(cluster)
     spec = cluster_spec(cfg, _lines(cfg.latency_profile, cluster.parent))
     with recording.open() as f:
         rec = parse_recording(f)
-    v = replay(spec, rec)
-    text = f"## Validation: {recording.name} on {cfg.name} ({cfg.latency_model})\n\n"
+    speed = None
+    note = ""
+    if speed_trace is not None:
+        with speed_trace.open() as f:
+            speed = parse_speed_trace(f)
+        note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
+    v = replay(spec, rec, speed)
+    text = f"## Validation: {recording.name} on {cfg.name} ({cfg.latency_model})\n\n" + note
     text += v.markdown(target)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import numpy as np
 
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.report import markdown_table
+from splitserve.sim.speed import SpeedTrace
 from splitserve.sim.workload import WorkItem
 
 METRICS = ("ttft_s", "tpot_s", "latency_s")
@@ -230,12 +231,19 @@ class Validation:
         return rows
 
 
-def replay(spec: ClusterSpec, recording: Recording) -> Validation:
-    """Run the recorded arrivals and lengths on `spec`; pair each request with its measurement."""
+def replay(spec: ClusterSpec, recording: Recording, speed: SpeedTrace | None = None) -> Validation:
+    """Run the recorded arrivals and lengths on `spec`; pair each request with its measurement.
+
+    With `speed` (the machine's speed during the run, `sim.speed`), each step is scaled by the
+    factor at its start on the recording's clock, and decode steps are priced one by one (a fused
+    run would hold one factor for its whole length)."""
     reqs = recording.requests
     t0 = reqs[0].arrival_s
     items = tuple(WorkItem(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in reqs)
-    result = simulate(spec, items)
+    if speed is None:
+        result = simulate(spec, items)
+    else:
+        result = simulate(spec, items, max_repeat=1, speed=speed.step_function(t0))
     pairs: list[Pair] = []
     unfinished = 0
     for rec, sim in zip(reqs, result.requests, strict=True):
