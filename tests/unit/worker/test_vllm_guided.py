@@ -61,3 +61,29 @@ def test_the_first_token_is_accepted_before_the_first_bitmask() -> None:
 
 def test_no_structured_outputs_is_none() -> None:
     assert structured_params("") is None
+
+
+class _Engine:
+    """vLLM's `LLMEngine.add_request`: the scheduler gets the id plus a random suffix."""
+
+    def __init__(self, sched: _Sched) -> None:
+        self.sched = sched
+
+    def add_request(self, request_id: str, _prompt: Any, _params: Any) -> str:
+        internal = f"{request_id}-1a2b3c4d"
+        self.sched.requests[internal] = _Req(_SoRequest(self.sched.grammar))
+        return internal
+
+
+def test_the_catch_up_is_keyed_by_vllms_internal_request_id() -> None:
+    """The cause of the P/D grammar restarting: keyed by our id, the catch-up found no request
+    in the scheduler and dropped it as aborted."""
+    sched = _Sched()
+    catch_up = GrammarCatchUp.install(sched)
+    engine = _Engine(sched)
+    assert catch_up.add_request(engine, "req", {}, None, [7]) == "req-1a2b3c4d"
+    assert catch_up.add_request(engine, "plain", {}, None, ()) == "plain-1a2b3c4d"
+    assert catch_up.num_pending == 1  # nothing to accept for a request that does not continue
+    sched.get_grammar_bitmask(None)
+    assert sched.calls == [[("req-1a2b3c4d", [7])]]
+    assert catch_up.num_pending == 0
