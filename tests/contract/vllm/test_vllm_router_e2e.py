@@ -294,6 +294,7 @@ def test_json_schema_in_pd_equals_aggregated_and_parses(
     tiny model's greedy answer parses and obeys the schema, and equals the same request run
     aggregated on one vLLM worker token for token."""
     from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+    from splitserve.router.messages import guide_after
     from splitserve.router.tokenizer import TextTokenizer
 
     decode_metrics = stack["decode"].info["metrics_port"]
@@ -350,6 +351,28 @@ def test_json_schema_in_pd_equals_aggregated_and_parses(
     assert chat.usage is not None
     assert chat.usage.completion_tokens == len(agg)
     assert tokenizer.decode(agg) == content
+
+    # A takeover after a failed decode (the router's Generate with the prompt plus the tokens
+    # already sent): the worker's grammar continues past them and ends as the whole run did.
+    with grpc.insecure_channel(str(stack["decode"].info["address"])) as ch:
+        rest = [
+            t
+            for c in worker_pb2_grpc.WorkerStub(ch).Generate(
+                worker_pb2.GenerateRequest(
+                    request_id=f"takeover-so-{time.monotonic_ns()}",
+                    prompt_token_ids=[*prompt_ids, *agg[:2]],
+                    sampling=common_pb2.SamplingParams(
+                        max_tokens=30,
+                        temperature=0.0,
+                        stop_token_ids=tokenizer.stop_token_ids,
+                        structured_outputs=guide_after(json.dumps(guide), 2),
+                    ),
+                ),
+                timeout=120,
+            )
+            for t in c.token_ids
+        ]
+    assert rest == agg[2:]
 
     # A constraint vLLM's backend rejects is the client's error (the worker checks it first).
     with pytest.raises(openai.BadRequestError):

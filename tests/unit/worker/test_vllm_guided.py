@@ -1,12 +1,25 @@
-"""`GrammarCatchUp`: a decode's grammar is advanced past the prefill's first token before the
-scheduler builds the first token bitmask, once vLLM has compiled the grammar (fake scheduler)."""
+"""`GrammarCatchUp`: a decode's grammar is advanced past the prefill's first token (a takeover's
+past the tokens already sent) before the scheduler builds the first token bitmask, once vLLM has
+compiled the grammar (fake scheduler), keyed by vLLM's internal request id."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
+import pytest
+
+from splitserve.core.ids import RequestId
+from splitserve.core.request import Request, SamplingSpec
+from splitserve.router import messages
+from splitserve.worker.server import sampling_from_pb
+from splitserve.worker.vllm_adapter.guided import (
+    GENERATED_KEY,
+    GrammarCatchUp,
+    accepted_tokens,
+    structured_params,
+)
 
 
 @dataclass
@@ -87,3 +100,35 @@ def test_the_catch_up_is_keyed_by_vllms_internal_request_id() -> None:
     sched.get_grammar_bitmask(None)
     assert sched.calls == [[("req-1a2b3c4d", [7])]]
     assert catch_up.num_pending == 0
+
+
+def _request(spec: str, prompt: tuple[int, ...] = (5, 6, 7, 8)) -> Request:
+    return Request(RequestId("r"), prompt, SamplingSpec(max_tokens=4, structured_outputs=spec), 0)
+
+
+def test_tokens_the_grammar_accepts_before_sampling() -> None:
+    guide = json.dumps({"regex": "[a-z]+"})
+    assert accepted_tokens(_request(guide), "prefill") == ()
+    assert accepted_tokens(_request(guide), "generate") == ()
+    assert accepted_tokens(_request(guide), "decode") == (8,)  # the prefill's first token
+    assert accepted_tokens(_request(""), "decode") == ()  # no grammar
+    # A takeover after a failed decode: the router's generate message says how many it sent.
+    req = Request(RequestId("r"), (1, 2), SamplingSpec(max_tokens=6, structured_outputs=guide), 0)
+    takeover = messages.generate(req, [3, 4])
+    assert json.loads(takeover.sampling.structured_outputs) == {
+        "regex": "[a-z]+",
+        GENERATED_KEY: 2,
+    }
+    continued = sampling_from_pb(takeover.sampling)
+    again = Request(RequestId("r"), tuple(takeover.prompt_token_ids), continued, 0)
+    assert accepted_tokens(again, "generate") == (3, 4)
+    assert messages.generate(req).sampling.structured_outputs == guide  # not a takeover
+    plain = Request(RequestId("p"), (1, 2), SamplingSpec(max_tokens=6), 0)
+    assert messages.generate(plain, [3]).sampling.structured_outputs == ""
+    assert messages.GUIDE_GENERATED_KEY == GENERATED_KEY
+
+
+@pytest.mark.parametrize("n", [4, -1, "2", True])
+def test_a_bad_takeover_count_is_a_value_error(n: object) -> None:
+    with pytest.raises(ValueError, match=GENERATED_KEY):
+        accepted_tokens(_request(json.dumps({"regex": "a", GENERATED_KEY: n})), "generate")

@@ -462,13 +462,9 @@ class VllmEngine:
             structured_outputs=structured_params(request.sampling.structured_outputs),
         )
         guided.check(self._engine, sampling)  # a bad regex / schema: ValueError, not a failure
-        # A decode continues from the prefill's first token (its last prompt token): its
-        # grammar starts past that token (`GrammarCatchUp`).
-        guided_prefix = (
-            request.prompt_token_ids[-1:]
-            if mode == "decode" and request.sampling.structured_outputs
-            else ()
-        )
+        # A decode continues from the prefill's first token (its last prompt token), a takeover
+        # from the tokens already sent: its grammar starts past them (`GrammarCatchUp`).
+        guided_prefix = guided.accepted_tokens(request, mode)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), mode)
         self._streams[request.id] = stream
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}

@@ -21,9 +21,35 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
+
+from splitserve.core.request import Request
 
 log = logging.getLogger(__name__)
+
+
+GENERATED_KEY: Final = "splitserve_generated"
+"""The router's key in a takeover's structured-outputs JSON (`Generate` with the prompt plus the
+tokens already sent, after a decode failed): how many of the prompt's last tokens are generated
+output, which the grammar accepts before the request samples. Not one of vLLM's fields."""
+
+
+def accepted_tokens(request: Request, mode: str) -> tuple[int, ...]:
+    """Tokens the request's grammar must accept before it samples: a decode's first token (the
+    prefill's, its last prompt token), or a takeover's generated tokens; () without a grammar.
+
+    Raises:
+        ValueError: a takeover count that is not an integer in [0, prompt length).
+    """
+    spec = request.sampling.structured_outputs
+    if not spec:
+        return ()
+    if mode == "decode":
+        return request.prompt_token_ids[-1:]
+    n = json.loads(spec).get(GENERATED_KEY, 0) if mode == "generate" else 0
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < request.num_prompt_tokens:
+        raise ValueError(f"sampling.structured_outputs.{GENERATED_KEY} must be in [0, prompt)")
+    return request.prompt_token_ids[request.num_prompt_tokens - n :] if n else ()
 
 
 def structured_params(spec: str) -> Any:
@@ -40,6 +66,7 @@ def structured_params(spec: str) -> Any:
     fields = json.loads(spec)
     if not isinstance(fields, dict):
         raise ValueError("sampling.structured_outputs must be a JSON object")
+    fields.pop(GENERATED_KEY, None)  # ours (`accepted_tokens`), not vLLM's
     from vllm.exceptions import VLLMClientError
 
     try:
