@@ -7,6 +7,7 @@ the prompt plus the tokens already emitted and only the tokens still owed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Final
 
@@ -82,10 +83,26 @@ def generate(
     req: Request, emitted: Sequence[int] = (), slo: common_pb2.SloContext | None = None
 ) -> worker_pb2.GenerateRequest:
     """The whole request, or (with `emitted`) the rest of it after the tokens already sent."""
-    return worker_pb2.GenerateRequest(
+    msg = worker_pb2.GenerateRequest(
         request_id=req.id,
         prompt_token_ids=[*req.prompt_token_ids, *emitted],
         sampling=sampling(req, req.sampling.max_tokens - len(emitted)),
         slo_class=req.slo_class,
         slo=slo,
     )
+    if emitted and req.sampling.structured_outputs:
+        msg.sampling.structured_outputs = guide_after(req.sampling.structured_outputs, len(emitted))
+    return msg
+
+
+GUIDE_GENERATED_KEY: Final = "splitserve_generated"
+"""Key of a takeover's structured-outputs JSON: how many of the prompt's last tokens the request
+already generated, which the worker's grammar accepts before it samples (vllm_adapter/guided.py
+reads it under the same name)."""
+
+
+def guide_after(spec: str, num_generated: int) -> str:
+    """The request's structured-outputs JSON for a takeover after `num_generated` tokens."""
+    fields = json.loads(spec)
+    fields[GUIDE_GENERATED_KEY] = num_generated
+    return json.dumps(fields, separators=(",", ":"), sort_keys=True)

@@ -45,11 +45,7 @@ _SAMPLER = Field(
     "Passed to vLLM's sampler. The simulated engine's synthetic tokens ignore it.",
 )
 _NO_TOOLS = "tool calling is not implemented in splitserve yet"
-_NO_GUIDED = (
-    "guided decoding is not enabled yet: in P/D the decode worker's grammar does not yet "
-    "continue from the prefill worker's first token (its contract test fails), and the "
-    "simulated engine's synthetic tokens cannot follow a grammar"
-)
+_NO_GUIDED = "the simulated engine's synthetic tokens cannot follow a grammar"
 _NO_LOGPROBS = (
     "the simulated engine's synthetic tokens come from no probability distribution, so it has "
     "no log probabilities to report"
@@ -114,19 +110,23 @@ COMMON: Final[dict[str, Field]] = {
     "stop_token_ids": Field(
         "acts", "acts", "Added to the model's end-of-text tokens (also with `ignore_eos`)."
     ),
-    "response_format": _refused(
+    "response_format": _refused_by_sim(
         _NO_GUIDED,
         '`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}`: '
         "vLLM's guided decoding (as `structured_outputs` `json_object` / `json`). "
         '`{"type": "text"}` (the default) is accepted by every engine.',
     ),
-    "structured_outputs": _refused(
+    "structured_outputs": _refused_by_sim(
         _NO_GUIDED,
         "vLLM 0.32's `StructuredOutputsParams`: exactly one of `json` (a schema), `regex`, "
-        "`choice`, `grammar`, `json_object`, with the options `disable_any_whitespace`, "
-        "`disable_additional_properties`, `whitespace_pattern` (`structural_tag` is a 400). "
-        "In P/D the prefill worker samples the first token under the grammar and the decode "
-        "worker advances its grammar past that token before sampling.",
+        "`choice`, `grammar` (EBNF or Lark), `json_object`; any other kind (`structural_tag`) "
+        "is a 400 naming it. The options `disable_any_whitespace`, "
+        "`disable_additional_properties` and `whitespace_pattern` are a 400 when set: vLLM 0.32 "
+        "accepts them per request but its backends read only the engine's "
+        "`--structured-outputs-config` (a worker engine argument). A constraint vLLM's backend "
+        "rejects (a bad regex, schema or grammar) is a 400 from the worker. In P/D the prefill "
+        "worker samples the first token under the grammar and the decode worker advances its "
+        "grammar past that token before sampling.",
     ),
 }
 
@@ -350,6 +350,25 @@ _GUIDE_OPTIONS: Final = {
 }
 
 
+_ENGINE_WIDE: Final = {
+    "disable_any_whitespace": (
+        "is not read per request by vLLM 0.32 (its backends take it from the engine's "
+        "configuration): start the vLLM workers with the engine argument "
+        "`--structured-outputs-config "
+        """'{"backend": "xgrammar", "disable_any_whitespace": true}'`"""
+    ),
+    "disable_additional_properties": (
+        "is not read per request by vLLM 0.32 (its guidance backend takes it from the engine's "
+        "configuration): start the vLLM workers with the engine argument "
+        "`--structured-outputs-config "
+        """'{"backend": "guidance", "disable_additional_properties": true}'`"""
+    ),
+    "whitespace_pattern": "is not read by any of vLLM 0.32's structured-output backends",
+}
+"""Options of vLLM's `StructuredOutputsParams` that vLLM 0.32 accepts per request and ignores
+(its backends read the engine's `StructuredOutputsConfig`): refused when set, not dropped."""
+
+
 def structured_outputs(req: wire.SamplingFields) -> str:
     """The request's guided decoding as vLLM's `StructuredOutputsParams` JSON ("" for none):
     `structured_outputs`, with `response_format` setting its constraint as vLLM does.
@@ -361,14 +380,16 @@ def structured_outputs(req: wire.SamplingFields) -> str:
     for key, value in so.items():
         param = f"structured_outputs.{key}"
         if key in _GUIDE_OPTIONS:
-            if not isinstance(value, _GUIDE_OPTIONS[key]):
+            if value is not None and not isinstance(value, _GUIDE_OPTIONS[key]):
                 raise ApiError(
                     400, f"{param} must be a {_GUIDE_OPTIONS[key].__name__}", param=param
                 )
+            if value:  # asks for something vLLM would drop
+                raise ApiError(400, f"{param} {_ENGINE_WIDE[key]}", param=param)
         elif key not in GUIDES:
             raise ApiError(
                 400,
-                f"{param} is not supported (supported: {', '.join((*GUIDES, *_GUIDE_OPTIONS))})",
+                f"{param} is not supported (constraint kinds: {', '.join(GUIDES)})",
                 param=param,
             )
     rf = req.response_format

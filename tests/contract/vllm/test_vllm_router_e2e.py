@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import openai
@@ -34,6 +35,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 MODEL = "tiny"
 PROMPT = "The license grants permission to use, copy and modify"
+WHITESPACE_FREE = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
 @dataclass
@@ -84,6 +86,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                 *("worker", "serve", "--engine", "vllm", "--role", role),
                 *("--model", str(model_dir), "--served-model-name", MODEL, "--nixl-port", "0"),
                 *("--log-level", "WARNING", "--", "--max-model-len", "1024", "--dtype", "float32"),
+                # Compact JSON under guided decoding (vLLM 0.32 reads it engine-wide only): the
+                # random tiny model would otherwise fill any JSON with whitespace.
+                *("--structured-outputs-config", json.dumps(WHITESPACE_FREE)),
             ]
             procs[role] = _spawn(role, args, run_dir, env)
         workers = [str(procs[r].info["address"]) for r in ("prefill", "decode")]
@@ -271,6 +276,112 @@ def test_logprobs_in_pd_match_aggregated(stack: dict[str, Proc], model_dir: Path
     assert 1 <= len(entries) <= 5
     assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in entries)
     assert "".join(e.token for e in entries).startswith("".join(pieces))
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "ok": {"type": "boolean"}},
+    "required": ["answer", "ok"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_in_pd_equals_aggregated_and_parses(
+    stack: dict[str, Proc], model_dir: Path
+) -> None:
+    """Guided decoding in P/D: the prefill worker samples the first token under the schema's
+    grammar and the decode worker's grammar continues past it (vllm_adapter/guided.py). A random
+    tiny model's greedy answer parses and obeys the schema, and equals the same request run
+    aggregated on one vLLM worker token for token."""
+    from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+    from splitserve.router.messages import guide_after
+    from splitserve.router.tokenizer import TextTokenizer
+
+    decode_metrics = stack["decode"].info["metrics_port"]
+    pulls = _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count")
+    client = _client(stack)
+    messages: Any = [{"role": "user", "content": "answer"}]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=32,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
+    )
+    assert _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count") == (
+        pulls + 1
+    )  # it went P/D
+    content = chat.choices[0].message.content
+    assert content is not None
+    assert chat.choices[0].finish_reason == "stop", content  # the grammar ended it, not length
+    parsed = json.loads(content)
+    assert set(parsed) == {"answer", "ok"}
+    assert parsed["answer"] in ("yes", "no")
+    assert isinstance(parsed["ok"], bool)
+
+    # The same request aggregated on the decode worker: the router's prompt ids (/tokenize),
+    # the router's constraint, one worker samples every token.
+    port = stack["router"].info["port"]
+    body = json.dumps({"model": MODEL, "messages": messages}).encode()
+    tok = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(tok, timeout=30) as r:
+        prompt_ids = json.loads(r.read())["tokens"]
+    tokenizer = TextTokenizer.from_dir(model_dir)
+    guide = {"json": SCHEMA}
+    with grpc.insecure_channel(str(stack["decode"].info["address"])) as ch:
+        agg = [
+            t
+            for c in worker_pb2_grpc.WorkerStub(ch).Generate(
+                worker_pb2.GenerateRequest(
+                    request_id=f"agg-so-{time.monotonic_ns()}",
+                    prompt_token_ids=prompt_ids,
+                    sampling=common_pb2.SamplingParams(
+                        max_tokens=32,
+                        temperature=0.0,
+                        stop_token_ids=tokenizer.stop_token_ids,
+                        structured_outputs=json.dumps(guide),
+                    ),
+                ),
+                timeout=120,
+            )
+            for t in c.token_ids
+        ]
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == len(agg)
+    assert tokenizer.decode(agg) == content
+
+    # A takeover after a failed decode (the router's Generate with the prompt plus the tokens
+    # already sent): the worker's grammar continues past them and ends as the whole run did.
+    with grpc.insecure_channel(str(stack["decode"].info["address"])) as ch:
+        rest = [
+            t
+            for c in worker_pb2_grpc.WorkerStub(ch).Generate(
+                worker_pb2.GenerateRequest(
+                    request_id=f"takeover-so-{time.monotonic_ns()}",
+                    prompt_token_ids=[*prompt_ids, *agg[:2]],
+                    sampling=common_pb2.SamplingParams(
+                        max_tokens=30,
+                        temperature=0.0,
+                        stop_token_ids=tokenizer.stop_token_ids,
+                        structured_outputs=guide_after(json.dumps(guide), 2),
+                    ),
+                ),
+                timeout=120,
+            )
+            for t in c.token_ids
+        ]
+    assert rest == agg[2:]
+
+    # A constraint vLLM's backend rejects is the client's error (the worker checks it first).
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=4,
+            extra_body={"structured_outputs": {"regex": "(a"}},
+        )
 
 
 def test_killing_the_prefill_worker_falls_back_to_aggregated(stack: dict[str, Proc]) -> None:

@@ -1,6 +1,6 @@
 """`response_format` / `structured_outputs`: the mapping to vLLM's `StructuredOutputsParams`
-(as JSON), malformed ones refused naming the field; for now every engine refuses the fields
-(the P/D grammar hand-over is not verified: docs/openai-api.md)."""
+(as JSON), malformed ones refused naming the field, the same constraint sent to the prefill and
+the decode worker (vLLM engine), and the simulated engine refusing them naming itself."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
         (
             {
                 "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
-                "structured_outputs": {"disable_any_whitespace": True},
+                "structured_outputs": {"disable_any_whitespace": False},
             },
-            {"json": SCHEMA, "disable_any_whitespace": True},
+            {"json": SCHEMA, "disable_any_whitespace": False},
         ),
         ({"structured_outputs": {"regex": "[a-z]+"}}, {"regex": "[a-z]+"}),
         ({"structured_outputs": {"choice": ["x", "y"]}}, {"choice": ["x", "y"]}),
@@ -52,7 +52,7 @@ def test_guides_map_to_vllms_params(extra: dict[str, Any], want: dict[str, Any] 
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
-        ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs"),
+        ({"structured_outputs": {"disable_any_whitespace": False}}, "structured_outputs"),
         (
             {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
             "structured_outputs",
@@ -65,6 +65,19 @@ def test_guides_map_to_vllms_params(extra: dict[str, Any], want: dict[str, Any] 
             {"structured_outputs": {"json": SCHEMA, "whitespace_pattern": 1}},
             "structured_outputs.whitespace_pattern",
         ),
+        # vLLM 0.32 takes these per request and ignores them (engine-wide options): refused.
+        (
+            {"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
+            "structured_outputs.disable_any_whitespace",
+        ),
+        (
+            {"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}},
+            "structured_outputs.disable_additional_properties",
+        ),
+        (
+            {"structured_outputs": {"regex": "a", "whitespace_pattern": "[ ]?"}},
+            "structured_outputs.whitespace_pattern",
+        ),
     ],
 )
 def test_malformed_guides_are_400(extra: dict[str, Any], param: str) -> None:
@@ -75,6 +88,42 @@ def test_malformed_guides_are_400(extra: dict[str, Any], param: str) -> None:
     assert err.value.param == param
 
 
+async def test_guides_reach_prefill_and_decode(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """The constraint is on both halves of a P/D request: the prefill worker samples the first
+    token under it, the decode worker the rest."""
+    p = await make_worker(Role.PREFILL, engine="vllm")
+    d = await make_worker(Role.DECODE, engine="vllm")
+    stack = await make_stack(p, d)
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    async with stack.client() as client:
+        r = await client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": CHAT, "max_tokens": 4, "response_format": rf},
+        )
+    assert r.status_code == 200, r.text
+    [prefill] = p.requests("Prefill")
+    [decode] = d.requests("Decode")
+    for msg in (prefill, decode):
+        assert json.loads(msg.sampling.structured_outputs) == {"json": SCHEMA}
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_malformed_guides_are_400_before_any_worker(
+    make_worker: WorkerFactory, make_stack: StackFactory, route: str
+) -> None:
+    w = await make_worker(Role.MIXED, engine="vllm")
+    stack = await make_stack(w)
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2}
+    body.update({"prompt": "Hi"} if route == "/v1/completions" else {"messages": CHAT})
+    async with stack.client() as client:
+        r = await client.post(route, json={**body, "structured_outputs": {"structural_tag": "{}"}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "structured_outputs.structural_tag"
+    assert not w.requests("Generate")
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
@@ -82,15 +131,10 @@ def test_malformed_guides_are_400(extra: dict[str, Any], param: str) -> None:
         ({"structured_outputs": {"regex": "a"}}, "structured_outputs"),
     ],
 )
-@pytest.mark.parametrize("engine", ["sim", "vllm"])
-async def test_guides_are_refused_for_now(
-    make_worker: WorkerFactory,
-    make_stack: StackFactory,
-    extra: dict[str, Any],
-    param: str,
-    engine: str,
+async def test_the_simulated_engine_refuses_guides(
+    make_worker: WorkerFactory, make_stack: StackFactory, extra: dict[str, Any], param: str
 ) -> None:
-    w = await make_worker(Role.MIXED, engine=engine)
+    w = await make_worker(Role.MIXED, engine="sim")
     stack = await make_stack(w)
     async with stack.client() as client:
         r = await client.post(
@@ -99,5 +143,26 @@ async def test_guides_are_refused_for_now(
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param
-    assert f"{engine} engine" in err["message"]
+    assert "sim engine" in err["message"]
+    assert "grammar" in err["message"]
     assert not w.requests("Generate")
+
+
+async def test_a_vllm_worker_accepts_guides(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    w = await make_worker(Role.MIXED, engine="vllm")
+    stack = await make_stack(w)
+    async with stack.client() as client:
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "Hi",
+                "max_tokens": 2,
+                "structured_outputs": {"choice": ["x", "y"]},
+            },
+        )
+    assert r.status_code == 200, r.text
+    [gen] = w.requests("Generate")
+    assert json.loads(gen.sampling.structured_outputs) == {"choice": ["x", "y"]}

@@ -53,6 +53,7 @@ from splitserve.worker.engine import (
     StepSample,
     TokenDelta,
 )
+from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.nixl import PullDriver, clip_pulls
@@ -460,13 +461,10 @@ class VllmEngine:
             extra_args=_extra_args(request, kv_params),
             structured_outputs=structured_params(request.sampling.structured_outputs),
         )
-        # A decode continues from the prefill's first token (its last prompt token): its
-        # grammar starts past that token (`GrammarCatchUp`).
-        guided_prefix = (
-            request.prompt_token_ids[-1:]
-            if mode == "decode" and request.sampling.structured_outputs
-            else ()
-        )
+        guided.check(self._engine, sampling)  # a bad regex / schema: ValueError, not a failure
+        # A decode continues from the prefill's first token (its last prompt token), a takeover
+        # from the tokens already sent: its grammar starts past them (`GrammarCatchUp`).
+        guided_prefix = guided.accepted_tokens(request, mode)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), mode)
         self._streams[request.id] = stream
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
@@ -474,9 +472,10 @@ class VllmEngine:
 
         def add(engine: Any) -> None:
             try:
-                engine.add_request(rid, prompt, sampling)
-                if guided_prefix and self._grammars is not None:
-                    self._grammars.expect(rid, guided_prefix)
+                if self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
+                    self._grammars.add_request(engine, rid, prompt, sampling, guided_prefix)
+                else:
+                    engine.add_request(rid, prompt, sampling)
             except Exception as e:  # vLLM refused it (too long, bad parameters, ...)
                 stream.put(_Out((), FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
 
@@ -709,6 +708,7 @@ class VllmEngine:
             extra = {"batching": cfg.batching, "params": dict(cfg.batching_params)}
             args["additional_config"] = {CONFIG_KEY: extra}
         args.update(cfg.engine_args)
+        guided.engine_config(args)
         engine_args = EngineArgs(**args)
         vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         if cfg.use_scheduler_shim and "scheduler_cls" not in cfg.engine_args:
