@@ -55,7 +55,7 @@ from splitserve.worker.engine import (
 )
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
-from splitserve.worker.vllm_adapter.nixl import PullDriver, clip_pulls
+from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ PULL_POLL_S = 0.01
 """Longest the engine thread polls in-flight KV reads before its next engine step."""
 PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
+PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
+"""`0` turns the in-step KV pull off for engines whose config has it on (for comparisons)."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -114,6 +116,10 @@ class VllmEngineConfig:
     whole core even when nothing moves. Off (the default), the engine's own polls progress the
     transfers: the decode engine checks its reads every step, the prefill engine its
     notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
+    kv_pull_in_step: bool = True
+    """Pull a decode's KV inside the engine step that computes its first position (vLLM's sync
+    load, `nixl.PullInStep`) once the pair has shaken hands; False: vLLM's async load, which
+    spends one engine step more before token 2 (docs/engines.md, "KV transfer")."""
     cpus: tuple[int, ...] | None = None
     """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
     None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",
@@ -194,6 +200,7 @@ class VllmEngine:
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
         self._grammars: GrammarCatchUp | None = None
+        self._in_step: PullInStep | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -352,6 +359,11 @@ class VllmEngine:
             num_pending_prefill_tokens=s.num_pending_prefill_tokens,
             num_kv_held=len(self._held),
         )
+
+    @property
+    def kv_pulls_in_step(self) -> int:
+        """Decodes whose KV was pulled inside the step that computed their first position."""
+        return self._in_step.count if self._in_step is not None else 0
 
     @property
     def in_flight(self) -> int:
@@ -564,6 +576,10 @@ class VllmEngine:
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
         if pulls is not None:
             pulls.drive_after_posting(PULL_POLL_S)
+            in_step = self.config.kv_pull_in_step and os.environ.get(PULL_IN_STEP_ENV) != "0"
+            if in_step:
+                self._in_step = PullInStep.install(core.scheduler, _nixl_worker(), HANDOFF_KEY)
+                log.warning("DBG installed %s", self._in_step)
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():
