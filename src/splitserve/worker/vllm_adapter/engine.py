@@ -579,7 +579,6 @@ class VllmEngine:
             in_step = self.config.kv_pull_in_step and os.environ.get(PULL_IN_STEP_ENV) != "0"
             if in_step:
                 self._in_step = PullInStep.install(core.scheduler, _nixl_worker(), HANDOFF_KEY)
-                log.warning("DBG installed %s", self._in_step)
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():

@@ -229,7 +229,6 @@ class PullInStep:
             return False
         worker = self._worker
         engine = params.get("remote_engine_id")
-        log.warning("DBG in_step %s agents=%s hma=%s", engine, list(worker._remote_agents), getattr(worker, "_is_hma_required", None))
         return bool(
             engine in worker._remote_agents
             and engine not in getattr(worker, "_invalid_remote_engines", ())
@@ -239,7 +238,6 @@ class PullInStep:
     def finish_reads(self, posted: set[str]) -> None:
         """After vLLM posted this step's reads: wait for the in-step ones, collect results."""
         ids = self._chosen & posted
-        log.warning("DBG finish_reads chosen=%s posted=%s", self._chosen, posted)
         if not ids:
             return
         self._chosen -= ids
