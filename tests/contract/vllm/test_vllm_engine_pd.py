@@ -121,10 +121,11 @@ def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EnginePro
         # Token 1's position is prompt index len(prompt); token k's is len(prompt) + k - 1.
         assert contexts == [len(prompt) + k for k in range(max_tokens - 1)], contexts
         # The pair has shaken hands (the test above pulled from it): the KV is pulled inside the
-        # step that computes token 1's position, so no step only moves KV. The one step that
-        # computes nothing is vLLM's after the request finished (it tells the worker so).
-        assert pulled_in_step == 1
-        assert idle_steps <= 1, f"{idle_steps} engine steps computed nothing"
+        # step that computes token 1's position, so no step only moves KV. (The second prompt
+        # fills one block, which the aggregated run just cached here: nothing to pull.) The one
+        # step that computes nothing is vLLM's after the request finished (it tells the worker).
+        assert pulled_in_step == (1 if i == 0 else 0), f"prompt {i}"
+        assert idle_steps <= 1, f"prompt {i}: {idle_steps} engine steps computed nothing"
         assert prefill.call("release", RequestId(f"steps-{i}")) is True
 
 
