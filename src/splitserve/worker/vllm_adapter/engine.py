@@ -7,9 +7,10 @@ One engine serves every role, so a role change needs no restart or reload:
   `kv_transfer_params` a decode engine needs, which become `KvHandle(transport="nixl", params=...)`;
 * `decode` continues the request from the prefill's first token: it hands vLLM the prompt plus
   that token with the prefill's params (`do_remote_prefill`); vLLM's NixlConnector pulls the
-  prompt's KV from the prefill engine (no more: `nixl.clip_pulls`), and the first step computes
-  the first token's position and samples the second — no step is spent recomputing the prompt's
-  last position or re-sampling a token the caller already has;
+  prompt's KV from the prefill engine (no more: `nixl.clip_pulls`) inside the first step
+  (`nixl.PullInStep`), which computes the first token's position and samples the second — no
+  step is spent only moving KV, recomputing the prompt's last position or re-sampling a token
+  the caller already has;
 * `generate` runs the whole request (aggregated).
 
 vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
