@@ -2,8 +2,7 @@
 
 `python engine_proc.py PORT MODEL_DIR NIXL_PORT CPU` serves pickled commands on 127.0.0.1:PORT:
 ("generate", Request), ("prefill", Request), ("decode", Request, first, KvHandle),
-("decode_steps", Request, first, KvHandle) -> (deltas, step shapes, empty steps, in-step pulls),
-("endpoint",), ("warm", endpoint),
+("decode_steps", Request, first, KvHandle), ("endpoint",), ("warm", endpoint),
 ("generate_cancel", Request), ("release", RequestId), ("released",), ("load",), ("metrics",),
 ("stop",).
 Each answer is ("ok", value) or ("error", text). Two of these (prefill and decode) exercise P/D
@@ -73,7 +72,6 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
             elif op == "decode_steps":  # the decode's tokens and the engine steps it took
                 assert engine.steps is not None
                 sub = engine.steps.subscribe()
-                steps, in_step = engine.num_steps, engine.kv_pulls_in_step
                 try:
                     deltas = [d async for d in engine.decode(cmd[1], cmd[2], cmd[3])]
                     samples = []
@@ -82,10 +80,7 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                             samples.append(await asyncio.wait_for(sub.get(), 0.5))
                 finally:
                     sub.close()
-                # Engine steps that computed nothing (samples come only from steps with tokens).
-                idle = engine.num_steps - steps - len(samples)
-                pulled_in_step = engine.kv_pulls_in_step - in_step
-                value = (deltas, [s.batch for s in samples], idle, pulled_in_step)
+                value = (deltas, [s.batch for s in samples])
             elif op == "generate_cancel":
                 got = []
                 async for d in engine.generate(cmd[1]):

@@ -95,8 +95,7 @@ def test_pd_is_token_identical_to_aggregated(engines: tuple[EngineProc, EnginePr
 def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EngineProc]) -> None:
     """The decode engine's first step computes the first token's position over the pulled prompt
     and samples token 2: one step per token it streams, each a decode (one token), none spent
-    recomputing the prompt's last position or only waiting for the KV. Tokens match aggregated
-    one by one."""
+    recomputing the prompt's last position. Tokens match aggregated one by one."""
     prefill, decode = engines
     max_tokens = 6
     for i, prompt in enumerate((PROMPTS[1], PROMPTS[3])):
@@ -107,7 +106,7 @@ def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EnginePro
             "prefill", _request(f"steps-{i}", prompt, max_tokens)
         )
         assert outcome.first_token_id == aggregated[0]
-        deltas, shapes, idle_steps, pulled_in_step = decode.call(
+        deltas, shapes = decode.call(
             "decode_steps",
             _request(f"steps-{i}", prompt, max_tokens),
             outcome.first_token_id,
@@ -120,12 +119,6 @@ def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EnginePro
         contexts = [c for s in shapes for c in s.decode_contexts]
         # Token 1's position is prompt index len(prompt); token k's is len(prompt) + k - 1.
         assert contexts == [len(prompt) + k for k in range(max_tokens - 1)], contexts
-        # The pair has shaken hands (the test above pulled from it): the KV is pulled inside the
-        # step that computes token 1's position, so no step only moves KV. (The second prompt
-        # fills one block, which the aggregated run just cached here: nothing to pull.) The one
-        # step that computes nothing is vLLM's after the request finished (it tells the worker).
-        assert pulled_in_step == (1 if i == 0 else 0), f"prompt {i}"
-        assert idle_steps <= 1, f"prompt {i}: {idle_steps} engine steps computed nothing"
         assert prefill.call("release", RequestId(f"steps-{i}")) is True
 
 

@@ -7,10 +7,10 @@ One engine serves every role, so a role change needs no restart or reload:
   `kv_transfer_params` a decode engine needs, which become `KvHandle(transport="nixl", params=...)`;
 * `decode` continues the request from the prefill's first token: it hands vLLM the prompt plus
   that token with the prefill's params (`do_remote_prefill`); vLLM's NixlConnector pulls the
-  prompt's KV from the prefill engine (no more: `nixl.clip_pulls`) inside the first step
-  (`nixl.PullInStep`), which computes the first token's position and samples the second — no
-  step is spent only moving KV, recomputing the prompt's last position or re-sampling a token
-  the caller already has;
+  prompt's KV from the prefill engine (no more: `nixl.clip_pulls`), and the first step computes
+  the first token's position and samples the second — no step is spent recomputing the prompt's
+  last position or re-sampling a token the caller already has (one engine step still only
+  waits for the KV: `nixl.PullInStep`, experimental and off, would cut it);
 * `generate` runs the whole request (aggregated).
 
 vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
@@ -73,7 +73,7 @@ PULL_POLL_S = 0.01
 PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
-"""`0` turns the in-step KV pull off for engines whose config has it on (for comparisons)."""
+"""`1` turns the experimental in-step KV pull on (`VllmEngineConfig.kv_pull_in_step`)."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -117,10 +117,13 @@ class VllmEngineConfig:
     whole core even when nothing moves. Off (the default), the engine's own polls progress the
     transfers: the decode engine checks its reads every step, the prefill engine its
     notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
-    kv_pull_in_step: bool = True
-    """Pull a decode's KV inside the engine step that computes its first position (vLLM's sync
-    load, `nixl.PullInStep`) once the pair has shaken hands; False: vLLM's async load, which
-    spends one engine step more before token 2 (docs/engines.md, "KV transfer")."""
+    kv_pull_in_step: bool = False
+    """EXPERIMENTAL, off: pull a decode's KV inside the engine step that computes its first
+    position (vLLM's sync load, `nixl.PullInStep`) once the pair has shaken hands. Not correct
+    yet for prompts longer than one KV block: with a sync load vLLM hashes the new blocks at
+    allocation and NixlConnector reads only unhashed blocks, so only the last block is pulled
+    (docs/engines.md, "KV transfer"). False: vLLM's async load (one engine step more before
+    token 2)."""
     cpus: tuple[int, ...] | None = None
     """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
     None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",
@@ -577,7 +580,7 @@ class VllmEngine:
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
         if pulls is not None:
             pulls.drive_after_posting(PULL_POLL_S)
-            in_step = self.config.kv_pull_in_step and os.environ.get(PULL_IN_STEP_ENV) != "0"
+            in_step = self.config.kv_pull_in_step or os.environ.get(PULL_IN_STEP_ENV) == "1"
             if in_step:
                 self._in_step = PullInStep.install(core.scheduler, _nixl_worker(), HANDOFF_KEY)
         loop.call_soon_threadsafe(_set_result, ready)

@@ -140,6 +140,12 @@ class PullDriver:
 class PullInStep:
     """Pull a continued decode's KV inside the engine step that computes its first position.
 
+    EXPERIMENTAL, off by default (`VllmEngineConfig.kv_pull_in_step`): not correct yet for
+    prompts longer than one KV block. With a sync load vLLM's scheduler caches (hashes) the
+    newly allocated blocks at allocation, and NixlConnector's `update_state_after_alloc` reads
+    into unhashed blocks only, so only the last block is pulled. Missing: hand the connector the
+    blocks covering the external tokens (docs/engines.md, "KV transfer").
+
     vLLM 0.32's NixlConnector loads remote KV asynchronously: the scheduler parks the request in
     WAITING_FOR_REMOTE_KVS, the step posts the READ (after that step's forward, if any), the
     step's `get_finished` reports the read done, and only the *next* step schedules the request.
