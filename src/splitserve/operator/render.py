@@ -375,6 +375,7 @@ def worker_deployment(
             *_downward_env(),
             *art.env,
             *podspec.kv_env(spec, group),
+            *podspec.cpu_engine_env(spec, group),
             *(podspec.env_var(e) for e in spec.engine.env),
             *otel.tracing_env(spec),
         ],

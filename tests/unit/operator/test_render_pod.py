@@ -364,6 +364,31 @@ def test_kv_transfer_tcp_has_no_ipc_lock_and_libfabric_has_no_ucx_tls() -> None:
         make_spec(kvTransfer={"backend": "LIBFABRIC", "transports": ["tcp"]})
 
 
+def test_vllm_cpu_workers_keep_their_kv_cache_in_huge_pages() -> None:
+    """vLLM on a CPU group gets THP_MEM_ALLOC_ENABLE=1 (torch's huge pages for the KV cache);
+    GPU groups and the simulated engine do not; a user's own engine.env value replaces it."""
+    cpu = {"workerGroups": [{"name": "cpu", "roles": ["prefill", "decode"], "gpus": 0}]}
+    env = env_of(worker_pod(make_spec(**cpu), "cpu")["containers"][0])
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert "THP_MEM_ALLOC_ENABLE" not in env_of(worker_pod(make_spec())["containers"][0])
+    sim = make_spec(**cpu, engine={"kind": "sim", "image": "img:1"})
+    assert "THP_MEM_ALLOC_ENABLE" not in env_of(worker_pod(sim, "cpu")["containers"][0])
+    own = make_spec(
+        **cpu,
+        engine={
+            "kind": "vllm",
+            "image": "img:1",
+            "env": [{"name": "THP_MEM_ALLOC_ENABLE", "value": "0"}],
+        },
+    )
+    entries = [
+        e
+        for e in worker_pod(own, "cpu")["containers"][0]["env"]
+        if e["name"] == "THP_MEM_ALLOC_ENABLE"
+    ]
+    assert entries == [{"name": "THP_MEM_ALLOC_ENABLE", "value": "0"}]
+
+
 def test_no_kv_transfer_keeps_the_defaults() -> None:
     c = worker_pod(make_spec())["containers"][0]
     assert not [e for e in env_of(c) if e.startswith(("UCX_", "VLLM_NIXL", "SPLITSERVE_NIXL"))]

@@ -9,7 +9,8 @@ One engine serves every role, so a role change needs no restart or reload:
   that token with the prefill's params (`do_remote_prefill`); vLLM's NixlConnector pulls the
   prompt's KV from the prefill engine (no more: `nixl.clip_pulls`), and the first step computes
   the first token's position and samples the second — no step is spent recomputing the prompt's
-  last position or re-sampling a token the caller already has;
+  last position or re-sampling a token the caller already has (one engine step still only
+  waits for the KV: `nixl.PullInStep`, experimental and off, would cut it);
 * `generate` runs the whole request (aggregated).
 
 vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
@@ -56,7 +57,7 @@ from splitserve.worker.engine import (
 from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
-from splitserve.worker.vllm_adapter.nixl import PullDriver, clip_pulls
+from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ PULL_POLL_S = 0.01
 """Longest the engine thread polls in-flight KV reads before its next engine step."""
 PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
+PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
+"""`1` turns the experimental in-step KV pull on (`VllmEngineConfig.kv_pull_in_step`)."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -115,6 +118,13 @@ class VllmEngineConfig:
     whole core even when nothing moves. Off (the default), the engine's own polls progress the
     transfers: the decode engine checks its reads every step, the prefill engine its
     notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
+    kv_pull_in_step: bool = False
+    """EXPERIMENTAL, off: pull a decode's KV inside the engine step that computes its first
+    position (vLLM's sync load, `nixl.PullInStep`) once the pair has shaken hands. Not correct
+    yet for prompts longer than one KV block: with a sync load vLLM hashes the new blocks at
+    allocation and NixlConnector reads only unhashed blocks, so only the last block is pulled
+    (docs/engines.md, "KV transfer"). False: vLLM's async load (one engine step more before
+    token 2)."""
     cpus: tuple[int, ...] | None = None
     """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
     None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",
@@ -195,6 +205,7 @@ class VllmEngine:
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
         self._grammars: GrammarCatchUp | None = None
+        self._in_step: PullInStep | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -353,6 +364,11 @@ class VllmEngine:
             num_pending_prefill_tokens=s.num_pending_prefill_tokens,
             num_kv_held=len(self._held),
         )
+
+    @property
+    def kv_pulls_in_step(self) -> int:
+        """Decodes whose KV was pulled inside the step that computed their first position."""
+        return self._in_step.count if self._in_step is not None else 0
 
     @property
     def in_flight(self) -> int:
@@ -563,6 +579,9 @@ class VllmEngine:
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
         if pulls is not None:
             pulls.drive_after_posting(PULL_POLL_S)
+            in_step = self.config.kv_pull_in_step or os.environ.get(PULL_IN_STEP_ENV) == "1"
+            if in_step:
+                self._in_step = PullInStep.install(core.scheduler, _nixl_worker(), HANDOFF_KEY)
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():

@@ -11,9 +11,12 @@ every engine step, `get_new_notifs` on the serving side every step while KV is h
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 _WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
 
@@ -132,3 +135,155 @@ class PullDriver:
                         pending = True
             if not pending:
                 return
+
+
+class PullInStep:
+    """Pull a continued decode's KV inside the engine step that computes its first position.
+
+    EXPERIMENTAL, off by default (`VllmEngineConfig.kv_pull_in_step`): not correct yet for
+    prompts longer than one KV block. With a sync load vLLM's scheduler caches (hashes) the
+    newly allocated blocks at allocation, and NixlConnector's `update_state_after_alloc` reads
+    into unhashed blocks only, so only the last block is pulled. Missing: hand the connector the
+    blocks covering the external tokens (docs/engines.md, "KV transfer").
+
+    vLLM 0.32's NixlConnector loads remote KV asynchronously: the scheduler parks the request in
+    WAITING_FOR_REMOTE_KVS, the step posts the READ (after that step's forward, if any), the
+    step's `get_finished` reports the read done, and only the *next* step schedules the request.
+    So the first token of a decode came two engine steps after the request: one that only
+    moved KV (or ran other requests' forward while it waited), and the one that computed token 2.
+
+    Installed on an in-process engine, this makes those loads synchronous (vLLM's own contract
+    for connectors that load before the forward):
+
+    * scheduler side: for a request whose `kv_transfer_params` carry `key` (a decode continued
+      from a prefill's first token) and whose prefill engine this engine has already shaken
+      hands with, `get_num_new_matched_tokens` says "not async": vLLM schedules the request at
+      once (the first token's position, one token over the pulled prompt) and marks the step as
+      having a sync load, so the model runner calls `start_load_kv` before the forward;
+    * worker side: `start_load_kv` posts the READs as before, then polls them until done (on one
+      host the READ is a copy inside the post) and collects the results before the forward
+      (notification to the prefill engine, any post-processing); a sync-loaded request is left
+      out of `finished_recving`, which the scheduler expects only for parked requests. A failed
+      read is reported as vLLM's sync loads report it (invalid blocks: the request fails or is
+      recomputed by `kv_load_failure_policy`).
+
+    The cost: the READ now runs inside the step, so the other requests of that step wait for it
+    (on one host: the copy, ~0.2 ms per MiB here); on RDMA a long transfer would hold the step for
+    its whole duration, which the async path avoids. A pair not yet shaken hands with (or a
+    model needing vLLM's hybrid allocator) keeps vLLM's async path."""
+
+    def __init__(self, connector: Any, worker: Any, key: str) -> None:
+        self._connector = connector
+        self._worker = worker
+        self._key = key
+        self._chosen: set[str] = set()
+        """Requests the scheduler was told to load in-step, not yet posted."""
+        self._hidden: set[str] = set()
+        """Posted in-step loads whose completion the scheduler must not see."""
+        self._early: Any = None
+        self._results = worker.get_transfer_results
+        self._check = worker.nixl_wrapper.check_xfer_state
+        self.count = 0
+        """In-step loads done."""
+
+    @classmethod
+    def install(cls, scheduler: Any, worker: Any, key: str) -> PullInStep | None:
+        """Wrap the scheduler's connector and the NIXL worker of this process; None when the
+        scheduler has no connector or the worker is not vLLM's NIXL pull worker."""
+        connector = getattr(scheduler, "connector", None)
+        needed = ("get_transfer_results", "start_load_kv", "_recving_transfers", "_remote_agents")
+        if connector is None or not all(hasattr(worker, n) for n in needed):
+            return None
+        hook = cls(connector, worker, key)
+        matched = connector.get_num_new_matched_tokens
+        after_alloc = connector.update_state_after_alloc
+        post = worker.start_load_kv
+
+        def get_num_new_matched_tokens(request: Any, num_computed: int) -> tuple[int | None, bool]:
+            count, is_async = matched(request, num_computed)
+            if is_async and count and hook.in_step(request.kv_transfer_params):
+                hook._chosen.add(request.request_id)
+                return count, False
+            hook._chosen.discard(request.request_id)
+            return count, is_async
+
+        def update_state_after_alloc(request: Any, blocks: Any, num_external: int) -> Any:
+            out = after_alloc(request, blocks, num_external)
+            if request.request_id in hook._chosen:
+                # No heartbeats keeping the prefill's lease alive: the read is in this step.
+                stop = getattr(
+                    getattr(connector, "connector_scheduler", None), "_stop_heartbeat", None
+                )
+                if stop is not None:
+                    stop(request.request_id)
+            return out
+
+        def start_load_kv(metadata: Any) -> Any:
+            out = post(metadata)
+            hook.finish_reads(set(getattr(metadata, "reqs_to_recv", {})))
+            return out
+
+        connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+        connector.update_state_after_alloc = update_state_after_alloc
+        worker.start_load_kv = start_load_kv
+        worker.get_transfer_results = hook.transfer_results
+        return hook
+
+    def in_step(self, params: Any) -> bool:
+        """Load this request's KV in the step that schedules it?"""
+        if not params or self._key not in params:
+            return False
+        worker = self._worker
+        engine = params.get("remote_engine_id")
+        return bool(
+            engine in worker._remote_agents
+            and engine not in getattr(worker, "_invalid_remote_engines", ())
+            and not getattr(worker, "_is_hma_required", True)
+        )
+
+    def finish_reads(self, posted: set[str]) -> None:
+        """After vLLM posted this step's reads: wait for the in-step ones, collect results."""
+        ids = self._chosen & posted
+        if not ids:
+            return
+        self._chosen -= ids
+        self._hidden |= ids
+        transfers = self._worker._recving_transfers
+        warn_at = time.perf_counter() + 5.0
+        while True:
+            handles = [h for rid in ids for h in transfers.get(rid, ())]
+            if all(self._check(h) != "PROC" for h in handles):
+                break
+            if time.perf_counter() > warn_at:  # a dead peer ends in an error state, not here
+                log.warning("in-step KV read of %s still running after 5 s", sorted(ids))
+                warn_at += 5.0
+        early = self._hide(self._results())
+        if self._early is None:
+            self._early = early
+        else:
+            _merge(self._early, early)
+        # What vLLM will never report (nothing was left to read) needs no hiding.
+        self._hidden &= set(getattr(self._worker, "_recving_metadata", self._hidden))
+        self.count += len(ids)
+
+    def transfer_results(self) -> Any:
+        """The worker's `get_transfer_results`, plus what the in-step loads collected early,
+        without the in-step loads' completions."""
+        results = self._hide(self._results())
+        early, self._early = self._early, None
+        if early is not None:
+            _merge(results, early)
+        return results
+
+    def _hide(self, results: Any) -> Any:
+        done = results.finished_recving & self._hidden
+        if done:
+            results.finished_recving -= done
+            self._hidden -= done
+        return results
+
+
+def _merge(into: Any, other: Any) -> None:
+    into.finished_sending |= other.finished_sending
+    into.finished_recving |= other.finished_recving
+    into.failed_recving |= other.failed_recving
