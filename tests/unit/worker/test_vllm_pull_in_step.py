@@ -82,7 +82,9 @@ class FakeConnector:
 
     def __init__(self) -> None:
         self.heartbeats: set[str] = set()
-        self.connector_scheduler = SimpleNamespace(_stop_heartbeat=self.heartbeats.discard)
+        self.connector_scheduler = SimpleNamespace(
+            _stop_heartbeat=self.heartbeats.discard, block_size=16
+        )
         self.allocated: list[str] = []
 
     def get_num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
@@ -95,12 +97,12 @@ class FakeConnector:
         self.allocated.append(request.request_id)
 
 
-def _request(rid: str, engine: str = "P", handoff: bool = True) -> Any:
+def _request(rid: str, engine: str = "P", handoff: bool = True, prompt: int = 11) -> Any:
     params: dict[str, Any] = {"do_remote_prefill": True, "remote_engine_id": engine}
     if handoff:
-        params[KEY] = 10
+        params[KEY] = prompt - 1
     return SimpleNamespace(
-        request_id=rid, prompt_token_ids=list(range(11)), kv_transfer_params=params
+        request_id=rid, prompt_token_ids=list(range(prompt)), kv_transfer_params=params
     )
 
 
@@ -181,3 +183,12 @@ def test_an_in_step_load_reported_late_stays_hidden() -> None:
     assert _step(connector, worker, {"d1": 0}).finished_recving == set()
     assert hook._hidden == set(), "reported (and hidden) at the end of the step"
     assert hook.count == 1
+
+
+def test_a_prompt_longer_than_one_block_keeps_the_async_path() -> None:
+    # The sync load pulls only the last block of a longer prompt (vLLM caches the newly
+    # allocated blocks at allocation), so those stay on vLLM's own async load.
+    hook, connector, _worker = _setup()
+    req = _request("long", prompt=40)
+    assert connector.get_num_new_matched_tokens(req, 0) == (39, True)
+    assert hook.count == 0

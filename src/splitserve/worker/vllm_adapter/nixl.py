@@ -140,8 +140,9 @@ class PullDriver:
 class PullInStep:
     """Pull a continued decode's KV inside the engine step that computes its first position.
 
-    EXPERIMENTAL, off by default (`VllmEngineConfig.kv_pull_in_step`): not correct yet for
-    prompts longer than one KV block. With a sync load vLLM's scheduler caches (hashes) the
+    EXPERIMENTAL, off by default (`VllmEngineConfig.kv_pull_in_step`), and even when on it acts
+    only on prompts within one KV block: it is not correct yet for longer ones, which keep the
+    async path. With a sync load vLLM's scheduler caches (hashes) the
     newly allocated blocks at allocation, and NixlConnector's `update_state_after_alloc` reads
     into unhashed blocks only, so only the last block is pulled. Missing: hand the connector the
     blocks covering the external tokens (docs/engines.md, "KV transfer").
@@ -185,6 +186,8 @@ class PullInStep:
         self._check = worker.nixl_wrapper.check_xfer_state
         self.count = 0
         """In-step loads done."""
+        self.block_size = 0
+        """The scheduler's KV block size; in-step loads only for prompts within one block."""
 
     @classmethod
     def install(cls, scheduler: Any, worker: Any, key: str) -> PullInStep | None:
@@ -195,13 +198,18 @@ class PullInStep:
         if connector is None or not all(hasattr(worker, n) for n in needed):
             return None
         hook = cls(connector, worker, key)
+        sched = getattr(connector, "connector_scheduler", None)
+        hook.block_size = int(getattr(sched, "block_size", 0) or 0)
         matched = connector.get_num_new_matched_tokens
         after_alloc = connector.update_state_after_alloc
         post = worker.start_load_kv
 
         def get_num_new_matched_tokens(request: Any, num_computed: int) -> tuple[int | None, bool]:
             count, is_async = matched(request, num_computed)
-            if is_async and count and hook.in_step(request.kv_transfer_params):
+            # Only prompts within one KV block: past that the sync load pulls the last block
+            # alone (see the class docstring), so longer ones keep vLLM's async path.
+            one_block = count is not None and num_computed + count <= hook.block_size
+            if is_async and count and one_block and hook.in_step(request.kv_transfer_params):
                 hook._chosen.add(request.request_id)
                 return count, False
             hook._chosen.discard(request.request_id)
