@@ -35,6 +35,44 @@ ENDPOINTS = (
     ("GET", "/openapi.json", "The OpenAPI description of the request bodies."),
 )
 
+TOOLS_SECTION = (
+    "## Tool calling",
+    "",
+    "As vLLM's OpenAI server, on the vLLM engine (the simulated engine refuses `tools`,",
+    "`tool_choice` other than `none`, `parallel_tool_calls` and tool-call history: 400",
+    "naming the engine):",
+    "",
+    "- `tools` are rendered by the model's chat template (passed as `tools=`, as vLLM and",
+    "  transformers do); a template that never reads `tools` is a 400, since the tools would",
+    "  not reach the model. The history's assistant `tool_calls` (their `arguments` parsed",
+    "  from JSON, as vLLM passes them) and `tool` messages' `tool_call_id` reach the template",
+    "  too. `POST /tokenize` with `messages` takes `tools` as well.",
+    "- `tool_choice: auto` (the default when `tools` are given) reads calls out of the answer",
+    "  with the router's tool-call parser, chosen like vLLM's `--tool-call-parser`: the router",
+    "  setting `edge.tool_call_parser` (`router.yaml`, or `splitserve router serve --edge",
+    "  tool_call_parser=hermes`). An unknown name stops the router at start-up. Without a",
+    "  parser, `auto` is a 400 (vLLM refuses it without `--enable-auto-tool-choice`).",
+    '  Parsers: `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`:',
+    "  Hermes 2 Pro, Qwen 2 / 2.5 / 3), our own code following vLLM's `Hermes2ProToolParser`.",
+    "- Calls found come back as `choices[].message.tool_calls` (`id`, `type: function`,",
+    "  `function.name`, `function.arguments` as a JSON string) with the text before the first",
+    "  call as `content` (null when empty) and finish reason `tool_calls`. Streamed, as vLLM:",
+    "  `delta.content` up to the first call, then per call a delta with `index`, `id`, `type`",
+    "  and `function.name`, then deltas with pieces of `function.arguments` (the model's raw",
+    "  argument text); the last chunk has finish reason `tool_calls`. Markup that does not",
+    "  parse leaves the answer as plain content (non-streamed), as vLLM does.",
+    "- `tool_choice: none` renders the tools and reads no calls. `parallel_tool_calls: false`",
+    "  returns the first call only.",
+    "- Refused (400 naming `tool_choice`): `required` and a named function. vLLM forces those",
+    "  with guided decoding (structured outputs), which is not enabled here yet (see",
+    "  Structured outputs). `tools[].function.strict: true` is refused for the same reason.",
+    "- Special tokens: the router decodes with special tokens skipped (vLLM's `hermes` parser",
+    "  turns skipping off). For a model whose `<tool_call>` is an added token marked special,",
+    "  the markup would be lost and no call found; Qwen 2.5's is an added token not marked",
+    "  special, so its calls are read.",
+    "",
+)
+
 _STATUS = {"acts": "acts", "refused": "**400**", "accepted": "accepted, no effect"}
 
 
@@ -122,6 +160,7 @@ def render() -> str:
         "extension). A failure after the first chunk becomes an error event before",
         "`data: [DONE]`.",
         "",
+        *TOOLS_SECTION,
         "## Log probabilities",
         "",
         "With the vLLM engine, `logprobs` (completions: 0-20) and `logprobs: true` with",

@@ -194,15 +194,17 @@ class Generator:
         self._check_chars(len(text), param)
         return await self.tokenizing.encode(text)
 
-    async def encode_chat(self, messages: Sequence[MessageLike]) -> list[int]:
-        """Render and tokenize chat messages, after the character limit.
+    async def encode_chat(
+        self, messages: Sequence[MessageLike], tools: Sequence[MessageLike] | None = None
+    ) -> list[int]:
+        """Render and tokenize chat messages (and tool definitions), after the character limit.
 
         Raises:
             InvalidRequest: too long, or the chat template rejected the messages.
         """
         self._check_chars(sum(len(m.get("content") or "") for m in messages), "messages")
         try:
-            return await self.tokenizing.chat(messages)
+            return await self.tokenizing.chat(messages, tools)
         except ValueError as err:
             raise InvalidRequest(str(err), "messages") from err
 
