@@ -24,7 +24,8 @@ class EdgeSettings(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024)
     """Largest HTTP request body; a larger one is refused with 413 before it is read in full."""
     max_prompt_chars: int | None = Field(None, ge=1)
-    """Longest prompt, in characters (all chat message contents together), checked before
+    """Longest prompt, in characters (all chat message contents and tool definitions' JSON
+    together), checked before
     tokenizing. None: 32 x `max_model_len` (no tokenizer packs 32 characters into every token,
     so a longer prompt cannot fit the context anyway)."""
     max_stop_strings: int = Field(16, ge=0)

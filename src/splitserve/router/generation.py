@@ -22,7 +22,7 @@ from splitserve.router.dispatch import Chunk, Dispatch, Dispatcher
 from splitserve.router.errors import InvalidRequest, RouterShuttingDown
 from splitserve.router.request_log import RequestLog
 from splitserve.router.stops import StopStrings
-from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing
+from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing, tools_chars
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,8 @@ class Generator:
         Raises:
             InvalidRequest: too long, or the chat template rejected the messages.
         """
-        self._check_chars(sum(len(m.get("content") or "") for m in messages), "messages")
+        size = sum(len(m.get("content") or "") for m in messages)
+        self._check_chars(size + tools_chars(tools), "messages")
         try:
             return await self.tokenizing.chat(messages, tools)
         except ValueError as err:

@@ -21,6 +21,7 @@ import splitserve
 from splitserve.router import openai_models as wire
 from splitserve.router.openai_errors import ApiError
 from splitserve.router.openai_parse import parse_body, template_messages
+from splitserve.router.tokenizer import tools_chars
 
 if TYPE_CHECKING:
     from splitserve.router.openai_api import OpenAiApi
@@ -100,8 +101,9 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
                 )
                 check_model(chat.model)
                 messages = template_messages(chat.messages)
-                check_chars(sum(len(m["content"]) for m in messages), "messages")
                 tools = [t.model_dump(exclude_none=True) for t in chat.tools or ()] or None
+                size = sum(len(m["content"]) for m in messages) + tools_chars(tools)
+                check_chars(size, "messages")
                 if tools and not tokenizer.template_reads_tools:
                     raise ApiError(
                         400,

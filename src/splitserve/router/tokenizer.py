@@ -9,6 +9,7 @@ with a chat template and no download. Loading and training are blocking; call th
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -290,6 +291,12 @@ def _escape(content: str, specials: Sequence[str]) -> str:
     return pattern.sub(lambda m: f"{_ESC_OPEN}{index[m.group(0)]}{_ESC_CLOSE}", content)
 
 
+def tools_chars(tools: Sequence[Mapping[str, Any]] | None) -> int:
+    """How many characters tool definitions add to a chat prompt (their JSON's length): counted
+    with the messages against `edge.max_prompt_chars`."""
+    return sum(len(json.dumps(t, ensure_ascii=False)) for t in tools or ())
+
+
 class Tokenizing:
     """Runs the tokenizer without blocking the event loop.
 
@@ -314,7 +321,7 @@ class Tokenizing:
     async def chat(
         self, messages: Sequence[MessageLike], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> list[int]:
-        size = sum(len(m.get("content") or "") for m in messages)
+        size = sum(len(m.get("content") or "") for m in messages) + tools_chars(tools)
         return await self._run(
             size, lambda: self.tokenizer.apply_chat_template(messages, tools=tools)
         )

@@ -308,6 +308,18 @@ async def test_what_cannot_be_honoured_is_a_400_naming_it(
     assert not w.requests("Generate")
 
 
+async def test_tool_definitions_count_against_the_prompt_limit(
+    make_worker: WorkerFactory, make_router: ServerFactory, tokenizer: TextTokenizer
+) -> None:
+    edge = EdgeSettings(tool_call_parser="hermes", max_prompt_chars=200)
+    [w], _, client = await _serve(make_worker, make_router, tokenizer, edge=edge)
+    big = {**WEATHER, "function": {**WEATHER["function"], "description": "x" * 300}}
+    async with client:
+        with pytest.raises(openai.BadRequestError, match="edge.max_prompt_chars"):
+            await client.chat.completions.create(model=MODEL, messages=ASK, tools=[big])
+    assert not w.requests("Generate")
+
+
 async def test_simulated_engine_refuses_tools_naming_it(
     make_worker: WorkerFactory, make_router: ServerFactory, tokenizer: TextTokenizer
 ) -> None:
