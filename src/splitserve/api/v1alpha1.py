@@ -1031,6 +1031,34 @@ class RouterEdgeSpec(Model):
         }
 
 
+class StockBackendSpec(Model):
+    """One stock `vllm serve` OpenAI server (docs/engines.md)."""
+
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^/?#\s]+/?$")
+    """Base URL of its OpenAI API, e.g. `http://vllm-0.vllm:8000` (no path)."""
+    role: Role = Role.MIXED
+    """What the router places there: `prefill`, `decode` or `mixed`. P/D needs the server
+    started with vLLM's NIXL `--kv-transfer-config` (`kv_role: kv_both`)."""
+
+
+class StockBackendDiscoverySpec(Model):
+    """Stock `vllm serve` pods found by their labels, in the service's namespace: every pod
+    that matches, has an IP and a role label is a backend at `scheme://podIP:httpPort`, fenced
+    while not Ready or while its fenced label is `"true"`."""
+
+    selector: str = Field(min_length=1, max_length=1024)
+    """Label selector of the pods (`app=vllm,tier=serve`; `!=`, `in (...)`, ... too)."""
+    role_label: str = Field(min_length=1, max_length=317)
+    """Label holding a pod's role (`prefill`, `decode` or `mixed`); pods without it are not
+    backends."""
+    fenced_label: str = Field("splitserve.io/fenced", min_length=1, max_length=317)
+    """Label that is `"true"` while a pod should get no new work."""
+    http_port: int = Field(8000, ge=1, le=65535)
+    """Port of every pod's OpenAI API (`vllm serve --port`)."""
+    scheme: Literal["http", "https"] = "http"
+    """URL scheme of the servers."""
+
+
 class RouterSpec(Model):
     model_config = ConfigDict(
         json_schema_extra={
@@ -1079,6 +1107,13 @@ class RouterSpec(Model):
     expose_without_keys: bool = False
     """Allow `serviceType` NodePort or LoadBalancer without `apiKeySecret` (an open router
     reachable from outside the cluster); refused otherwise."""
+    backends: list[StockBackendSpec] = Field(default_factory=list, max_length=256)
+    """Stock `vllm serve` servers the router also places requests on, P/D included (rendered
+    as `backends:` in router.yaml; docs/engines.md, "Stock vllm serve servers as workers")."""
+    backend_discovery: StockBackendDiscoverySpec | None = None
+    """Stock `vllm serve` pods in the service's namespace the router finds by their labels
+    (rendered as `backend_discovery:` in router.yaml; the router's Role already reads pods
+    there)."""
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> RouterSpec:

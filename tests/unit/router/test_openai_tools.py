@@ -313,9 +313,9 @@ async def test_tool_definitions_count_against_the_prompt_limit(
 ) -> None:
     edge = EdgeSettings(tool_call_parser="hermes", max_prompt_chars=200)
     [w], _, client = await _serve(make_worker, make_router, tokenizer, edge=edge)
-    big = {**WEATHER, "function": {**WEATHER["function"], "description": "x" * 300}}
+    big: Any = {**WEATHER, "function": {**WEATHER["function"], "description": "x" * 300}}
     async with client:
-        with pytest.raises(openai.BadRequestError, match="edge.max_prompt_chars"):
+        with pytest.raises(openai.BadRequestError, match=r"edge\.max_prompt_chars"):
             await client.chat.completions.create(model=MODEL, messages=ASK, tools=[big])
     assert not w.requests("Generate")
 
