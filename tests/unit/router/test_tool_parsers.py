@@ -150,3 +150,13 @@ def test_parallel_tool_calls_false_streams_the_first_call_only() -> None:
     assert content == "Let me check."
     assert list(calls) == [0]
     assert calls[0]["name"] == "get_weather"
+
+
+def test_router_flag_refuses_an_unknown_parser_at_start_up() -> None:
+    import click
+
+    from splitserve.cli.router import edge_settings
+
+    assert edge_settings(("tool_call_parser=hermes",)).tool_call_parser == "hermes"
+    with pytest.raises(click.BadParameter, match="unknown tool-call parser 'llama3_json'"):
+        edge_settings(("tool_call_parser=llama3_json",))
