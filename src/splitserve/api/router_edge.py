@@ -8,7 +8,12 @@ sending its request) instead of tying the router up. The request deadline is
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TOOL_CALL_PARSERS: Final = ("hermes",)
+"""The tool-call parsers the router has (`splitserve.router.tool_parsers`)."""
 
 
 class EdgeSettings(BaseModel):
@@ -19,7 +24,8 @@ class EdgeSettings(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024)
     """Largest HTTP request body; a larger one is refused with 413 before it is read in full."""
     max_prompt_chars: int | None = Field(None, ge=1)
-    """Longest prompt, in characters (all chat message contents together), checked before
+    """Longest prompt, in characters (all chat message contents and tool definitions' JSON
+    together), checked before
     tokenizing. None: 32 x `max_model_len` (no tokenizer packs 32 characters into every token,
     so a longer prompt cannot fit the context anyway)."""
     max_stop_strings: int = Field(16, ge=0)
@@ -48,6 +54,21 @@ class EdgeSettings(BaseModel):
     """Request bodies with fields the API does not know are refused (400 naming the field).
     True: such fields are dropped instead (for clients that send vendor extras); known fields
     are still checked and still act or are refused."""
+
+    tool_call_parser: str | None = None
+    """How tool calls are read from the model's text, as vLLM's `--tool-call-parser`: `hermes`
+    (`<tool_call>{json}</tool_call>`: Hermes 2 Pro, Qwen 2 / 2.5 / 3). None: requests whose
+    `tool_choice` is `auto` (the default when `tools` are given) are refused with a 400;
+    `tool_choice: none` still renders the tools into the prompt. See docs/openai-api.md."""
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        if value is not None and value not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"unknown tool-call parser {value!r} (known: {', '.join(TOOL_CALL_PARSERS)})"
+            )
+        return value
 
     def prompt_chars_limit(self, max_model_len: int) -> int:
         return self.max_prompt_chars or 32 * max_model_len

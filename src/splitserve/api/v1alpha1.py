@@ -1017,6 +1017,11 @@ class RouterEdgeSpec(Model):
     """Request bodies with fields the API does not know are refused with a 400 naming the field
     (router default). True: such fields are dropped instead, for clients that send vendor
     extras; known fields still act or are refused."""
+    tool_call_parser: Literal["hermes"] | None = None
+    """How the router reads tool calls from the model's text, as vLLM's `--tool-call-parser`:
+    `hermes` (`<tool_call>{json}</tool_call>`: Hermes 2 Pro, Qwen 2 / 2.5 / 3). Unset: chat
+    requests with `tools` and `tool_choice` `auto` (the default) get a 400
+    (docs/openai-api.md)."""
 
     def settings_fields(self) -> dict[str, Any]:
         """The fields that are set, by their `EdgeSettings` names (`*_seconds` -> `*_s`)."""
@@ -1024,6 +1029,34 @@ class RouterEdgeSpec(Model):
             name.removesuffix("_seconds") + "_s" if name.endswith("_seconds") else name: value
             for name, value in self.model_dump(by_alias=False, exclude_none=True).items()
         }
+
+
+class StockBackendSpec(Model):
+    """One stock `vllm serve` OpenAI server (docs/engines.md)."""
+
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^/?#\s]+/?$")
+    """Base URL of its OpenAI API, e.g. `http://vllm-0.vllm:8000` (no path)."""
+    role: Role = Role.MIXED
+    """What the router places there: `prefill`, `decode` or `mixed`. P/D needs the server
+    started with vLLM's NIXL `--kv-transfer-config` (`kv_role: kv_both`)."""
+
+
+class StockBackendDiscoverySpec(Model):
+    """Stock `vllm serve` pods found by their labels, in the service's namespace: every pod
+    that matches, has an IP and a role label is a backend at `scheme://podIP:httpPort`, fenced
+    while not Ready or while its fenced label is `"true"`."""
+
+    selector: str = Field(min_length=1, max_length=1024)
+    """Label selector of the pods (`app=vllm,tier=serve`; `!=`, `in (...)`, ... too)."""
+    role_label: str = Field(min_length=1, max_length=317)
+    """Label holding a pod's role (`prefill`, `decode` or `mixed`); pods without it are not
+    backends."""
+    fenced_label: str = Field("splitserve.io/fenced", min_length=1, max_length=317)
+    """Label that is `"true"` while a pod should get no new work."""
+    http_port: int = Field(8000, ge=1, le=65535)
+    """Port of every pod's OpenAI API (`vllm serve --port`)."""
+    scheme: Literal["http", "https"] = "http"
+    """URL scheme of the servers."""
 
 
 class RouterSpec(Model):
@@ -1074,6 +1107,13 @@ class RouterSpec(Model):
     expose_without_keys: bool = False
     """Allow `serviceType` NodePort or LoadBalancer without `apiKeySecret` (an open router
     reachable from outside the cluster); refused otherwise."""
+    backends: list[StockBackendSpec] = Field(default_factory=list, max_length=256)
+    """Stock `vllm serve` servers the router also places requests on, P/D included (rendered
+    as `backends:` in router.yaml; docs/engines.md, "Stock vllm serve servers as workers")."""
+    backend_discovery: StockBackendDiscoverySpec | None = None
+    """Stock `vllm serve` pods in the service's namespace the router finds by their labels
+    (rendered as `backend_discovery:` in router.yaml; the router's Role already reads pods
+    there)."""
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> RouterSpec:

@@ -527,7 +527,19 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             if spec.router.api_key_secret
             else {}
         ),
+        **_stock_backends(spec, ref),
     }
+
+
+def _stock_backends(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
+    """`backends` / `backend_discovery` of router.yaml: the stock `vllm serve` servers."""
+    out: dict[str, Any] = {}
+    if spec.router.backends:
+        out["backends"] = [b.wire() for b in spec.router.backends]
+    found = spec.router.backend_discovery
+    if found is not None:
+        out["backend_discovery"] = {"namespace": ref.namespace, **found.wire()}
+    return out
 
 
 def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manifest]:

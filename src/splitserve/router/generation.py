@@ -22,7 +22,7 @@ from splitserve.router.dispatch import Chunk, Dispatch, Dispatcher
 from splitserve.router.errors import InvalidRequest, RouterShuttingDown
 from splitserve.router.request_log import RequestLog
 from splitserve.router.stops import StopStrings
-from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing
+from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing, tools_chars
 
 log = logging.getLogger(__name__)
 
@@ -194,15 +194,18 @@ class Generator:
         self._check_chars(len(text), param)
         return await self.tokenizing.encode(text)
 
-    async def encode_chat(self, messages: Sequence[MessageLike]) -> list[int]:
-        """Render and tokenize chat messages, after the character limit.
+    async def encode_chat(
+        self, messages: Sequence[MessageLike], tools: Sequence[MessageLike] | None = None
+    ) -> list[int]:
+        """Render and tokenize chat messages (and tool definitions), after the character limit.
 
         Raises:
             InvalidRequest: too long, or the chat template rejected the messages.
         """
-        self._check_chars(sum(len(m.get("content") or "") for m in messages), "messages")
+        size = sum(len(m.get("content") or "") for m in messages)
+        self._check_chars(size + tools_chars(tools), "messages")
         try:
-            return await self.tokenizing.chat(messages)
+            return await self.tokenizing.chat(messages, tools)
         except ValueError as err:
             raise InvalidRequest(str(err), "messages") from err
 

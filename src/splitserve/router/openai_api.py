@@ -57,6 +57,8 @@ from splitserve.router.openai_stream import (
     stream_body,
     unless_disconnected,
 )
+from splitserve.router.openai_tools import NO_TOOLS, ToolPlan
+from splitserve.router.openai_tools import plan as tool_plan
 from splitserve.router.openai_vllm import add_vllm_routes
 from splitserve.router.pool_view import PoolView
 
@@ -189,8 +191,16 @@ class OpenAiApi:
             return await self.generator.encode(prompt)
         return list(prompt)
 
-    async def chat_prompt(self, req: wire.ChatCompletionRequest) -> list[int]:
-        return await self.generator.encode_chat(template_messages(req.messages))
+    def tool_plan(self, req: wire.ChatCompletionRequest) -> ToolPlan:
+        """What the request asks of tools (`openai_tools`); a 400 for what cannot be done."""
+        return tool_plan(
+            req,
+            parser_name=self.generator.edge.tool_call_parser,
+            template_reads_tools=self.generator.tokenizer.template_reads_tools,
+        )
+
+    async def chat_prompt(self, req: wire.ChatCompletionRequest, tools: ToolPlan) -> list[int]:
+        return await self.generator.encode_chat(template_messages(req.messages), tools.tools)
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -201,6 +211,7 @@ class OpenAiApi:
         req: wire.SamplingFields,
         fmt: wire.Formatter,
         client_id: str | None,
+        tools: ToolPlan = NO_TOOLS,
     ) -> Response | SseResponse:
         headers = {_ID_HEADER: client_id} if client_id is not None else None
         chunks = self.generator.stream(request, req.stop_strings())
@@ -214,7 +225,13 @@ class OpenAiApi:
                 return _with_headers(api_error_from(err).response(), headers)
             assert last.usage is not None
             lp = fmt.logprobs_of(last, stream=False)
-            whole = orjson.dumps(fmt.response(text, last.finish_reason, last.usage, lp))
+            message = tools.message(text)
+            finish = None if message is None else "tool_calls"
+            whole = orjson.dumps(
+                fmt.response(
+                    text, last.finish_reason, last.usage, lp, message=message, finish=finish
+                )
+            )
             return Response(whole, media_type="application/json", headers=headers)
         # Wait for the first tokens before answering, so placement and rejection errors still
         # get a proper status code instead of an error event inside a 200 stream.
@@ -228,7 +245,12 @@ class OpenAiApi:
             return _with_headers(api_error_from(err).response(), headers)
         continuous = request.num_prompt_tokens if req.continuous_usage else None
         body = stream_body(
-            fmt, first, chunks, include_usage=req.include_usage, continuous_usage=continuous
+            fmt,
+            first,
+            chunks,
+            include_usage=req.include_usage,
+            continuous_usage=continuous,
+            tools=tools.stream(),
         )
         link = link_of(http.scope)
         if link is not None:  # served by the router's own HTTP protocol: the lean response
@@ -320,7 +342,8 @@ def create_app(
             api.check_common(req)
             max_tokens = req.max_completion_tokens or req.max_tokens
             params = api.params(req, max_tokens, http)
-            prompt = await api.chat_prompt(req)
+            tools = api.tool_plan(req)
+            prompt = await api.chat_prompt(req, tools)
             fmt = formatter(chat=True)
             fmt.with_logprobs(params.logprobs, generator.tokenizer)
             request = generator.build_request(fmt.response_id, prompt, params)
@@ -328,7 +351,7 @@ def create_app(
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
         except InvalidRequest as err:
             return api.reject(api_error_from(err), client_id, http.headers.get(_SLO_HEADER))
-        return await api.serve(http, request, req, fmt, client_id)
+        return await api.serve(http, request, req, fmt, client_id, tools)
 
     schema = openapi_document(model_name)
 

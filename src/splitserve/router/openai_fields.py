@@ -44,7 +44,10 @@ _SAMPLER = Field(
     "accepted",
     "Passed to vLLM's sampler. The simulated engine's synthetic tokens ignore it.",
 )
-_NO_TOOLS = "tool calling is not implemented in splitserve yet"
+_NO_TOOLS = (
+    "the simulated engine's synthetic tokens depend only on the prompt, the seed and the "
+    "position, so they cannot call tools"
+)
 _NO_GUIDED = "the simulated engine's synthetic tokens cannot follow a grammar"
 _NO_LOGPROBS = (
     "the simulated engine's synthetic tokens come from no probability distribution, so it has "
@@ -155,14 +158,41 @@ _MESSAGE_FIELDS: Final[dict[str, Field]] = {
     "messages.content.image_url": _refused("images are not supported"),
     "messages.content.input_audio": _refused("audio is not supported"),
     "messages.name": _ACTS,
-    "messages.tool_calls": _refused(_NO_TOOLS),
-    "messages.tool_call_id": _refused(_NO_TOOLS),
 }
+_HISTORY_FIELDS: Final[dict[str, Field]] = {
+    f"messages.tool_calls{sub}": _ACTS
+    for sub in ("", ".id", ".type", ".function", ".function.name", ".function.arguments")
+} | {"messages.tool_call_id": _ACTS}
+_TOOL_FIELDS: Final[dict[str, Field]] = {
+    f"tools{sub}": _ACTS
+    for sub in (
+        ".type",
+        ".function",
+        ".function.name",
+        ".function.description",
+        ".function.parameters",
+    )
+} | {
+    "tools.function.strict": _refused(
+        "strict function arguments need guided decoding, not yet applied to tools",
+        "`false` is accepted.",
+    ),
+}
+_TOOL_CHOICE_FIELDS: Final = (
+    "tool_choice.type",
+    "tool_choice.function",
+    "tool_choice.function.name",
+)
+_SEE_PARENT = Field("acts", "refused", "As its parent.")
+"""A part of a field the simulated engine refuses (the 400 names the parent)."""
 
 CHAT: Final[dict[str, Field]] = {
     **COMMON,
     "messages": Field("acts", "acts", "Rendered with the model's chat template."),
     **_MESSAGE_FIELDS,
+    "messages.tool_calls": _refused_by_sim(_NO_TOOLS, ""),
+    "messages.tool_call_id": _refused_by_sim(_NO_TOOLS, ""),
+    **{k: _SEE_PARENT for k in _HISTORY_FIELDS if k.startswith("messages.tool_calls.")},
     "max_completion_tokens": Field("acts", "acts", "As `max_tokens` (wins when both are set)."),
     "logprobs": _refused_by_sim(
         _NO_LOGPROBS,
@@ -175,9 +205,31 @@ CHAT: Final[dict[str, Field]] = {
         "0-20, with `logprobs: true` (more than 0 without it is a 400). As vLLM, the list "
         "starts with the sampled token.",
     ),
-    "tools": _refused(_NO_TOOLS, "An empty list is accepted."),
-    "tool_choice": _refused(_NO_TOOLS, '`"none"` is accepted.'),
-    "parallel_tool_calls": _refused(_NO_TOOLS),
+    "tools": _refused_by_sim(
+        _NO_TOOLS,
+        "Rendered by the chat template (`tools=`, as vLLM and transformers pass them); a "
+        "template that does not read `tools` is a 400. An empty list is accepted everywhere.",
+    ),
+    **{k: _SEE_PARENT for k in _TOOL_FIELDS if k != "tools.function.strict"},
+    "tools.function.strict": _TOOL_FIELDS["tools.function.strict"],
+    "tool_choice": _refused_by_sim(
+        _NO_TOOLS,
+        '`"auto"` (the default with tools): calls are read from the answer by the router\'s '
+        "tool-call parser (`edge.tool_call_parser`: `hermes`; vLLM's `--tool-call-parser`) and "
+        "returned as `tool_calls` (streamed: `delta.tool_calls`, vLLM's shape), finish reason "
+        '`tool_calls`; without a parser, a 400. `"none"` (accepted by every engine): tools '
+        'rendered, no calls read. `"required"` and a named function are refused (400): '
+        "forcing a call needs guided decoding, not yet applied to tool choices.",
+    ),
+    **dict.fromkeys(
+        _TOOL_CHOICE_FIELDS,
+        _refused(
+            "a named function is forced with guided decoding, not yet applied to tool choices"
+        ),
+    ),
+    "parallel_tool_calls": _refused_by_sim(
+        _NO_TOOLS, "`false`: only the first call is returned (as vLLM)."
+    ),
 }
 
 TOKENIZE: Final[dict[str, Field]] = {
@@ -190,8 +242,11 @@ TOKENIZE_CHAT: Final[dict[str, Field]] = {
     "model": TOKENIZE["model"],
     "messages": CHAT["messages"],
     **_MESSAGE_FIELDS,
+    **_HISTORY_FIELDS,
     "add_generation_prompt": _ACTS,
     "return_token_strs": _ACTS,
+    "tools": _ACTS,
+    **_TOOL_FIELDS,
 }
 DETOKENIZE: Final[dict[str, Field]] = {"model": TOKENIZE["model"], "tokens": _ACTS}
 
@@ -252,6 +307,7 @@ def _used(req: wire.SamplingFields) -> Iterator[str]:
             yield "logprobs"
         if req.top_logprobs is not None:
             yield "top_logprobs"
+        yield from _used_tools(req)
 
 
 def _used_first(req: wire.SamplingFields) -> str | None:
@@ -262,32 +318,23 @@ def _used_first(req: wire.SamplingFields) -> str | None:
             return "suffix"
         if (req.best_of or 1) > 1:
             return "best_of"
-    if isinstance(req, wire.ChatCompletionRequest):
-        if _set(req.tools):
-            return "tools"
-        if req.tool_choice not in (None, "none"):
-            return "tool_choice"
-        if req.parallel_tool_calls is not None:
-            return "parallel_tool_calls"
-        return _offending_message(req.messages)
     return None
 
 
-def _offending_message(messages: Sequence[wire.ChatMessage]) -> str | None:
-    for m in messages:
+def _used_tools(req: wire.ChatCompletionRequest) -> Iterator[str]:
+    if _set(req.tools):
+        yield "tools"
+        if any(t.function.strict for t in req.tools or ()):
+            yield "tools.function.strict"
+    if req.tool_choice not in (None, "none"):
+        yield "tool_choice"
+    if req.parallel_tool_calls is not None:
+        yield "parallel_tool_calls"
+    for m in req.messages:
         if _set(m.tool_calls):
-            return "messages.tool_calls"
+            yield "messages.tool_calls"
         if m.tool_call_id is not None:
-            return "messages.tool_call_id"
-    return None
-
-
-def messages_refusal(
-    messages: Sequence[wire.ChatMessage], engines: Sequence[str]
-) -> ApiError | None:
-    """A 400 naming the first message field that cannot be honoured (`/tokenize`)."""
-    name = _offending_message(messages)
-    return None if name is None else _refuse(name, CHAT, engines)
+            yield "messages.tool_call_id"
 
 
 def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None:

@@ -110,15 +110,52 @@ class ContentPart(_Wire):
     """As `image_url` (audio: refused)."""
 
 
+class FunctionDefinition(_Wire):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """The arguments' JSON schema, passed to the chat template."""
+    strict: bool | None = None
+    """`true`: arguments forced to match `parameters`."""
+
+
+class Tool(_Wire):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionCall(_Wire):
+    name: str
+    arguments: str
+    """JSON text; the chat template gets it parsed, as vLLM passes it (not JSON: a 400)."""
+
+
+class ToolCall(_Wire):
+    """A call the assistant made, in the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class NamedFunction(_Wire):
+    name: str
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     """Passed to the chat template (templates that know it use it)."""
-    tool_calls: list[dict[str, Any]] | None = None
-    """Tool-call history: refused (tools are not supported yet)."""
+    tool_calls: list[ToolCall] | None = None
+    """The calls an assistant message made (tool-call history), passed to the chat template."""
     tool_call_id: str | None = None
-    """Tool-call history: refused (tools are not supported yet)."""
+    """Which call a `tool` message answers, passed to the chat template."""
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -137,8 +174,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
 
@@ -158,6 +195,8 @@ class TokenizeChatRequest(_Wire):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
     return_token_strs: bool | None = False
+    tools: list[Tool] | None = None
+    """Rendered by the chat template, as in a chat completion."""
 
 
 class DetokenizeRequest(_Wire):
@@ -225,18 +264,20 @@ class Formatter:
         *,
         stream: bool,
         logprobs: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+        finish: str | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "logprobs": logprobs,
-            "finish_reason": finish_name(reason),
+            "finish_reason": finish or finish_name(reason),
         }
         if not self.chat:
             choice["text"] = text
         elif stream:
-            choice["delta"] = {"content": text} if text else {}
+            choice["delta"] = body if body is not None else ({"content": text} if text else {})
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = body if body is not None else {"role": "assistant", "content": text}
         return choice
 
     def _object(self, *, stream: bool) -> str:
@@ -250,12 +291,19 @@ class Formatter:
         reason: FinishReason | None,
         usage: Usage,
         logprobs: dict[str, Any] | None = None,
+        *,
+        message: dict[str, Any] | None = None,
+        finish: str | None = None,
     ) -> dict[str, Any]:
-        """The whole non-streamed response."""
+        """The whole non-streamed response (`message`, `finish`: a chat message and finish
+        reason other than the text's, e.g. with tool calls)."""
+        choice = self._choice(
+            text, reason, stream=False, logprobs=logprobs, body=message, finish=finish
+        )
         return {
             **self._head,
             "object": self._object(stream=False),
-            "choices": [self._choice(text, reason, stream=False, logprobs=logprobs)],
+            "choices": [choice],
             "usage": usage_body(usage),
         }
 
@@ -273,11 +321,18 @@ class Formatter:
         with_usage: bool,
         usage: Usage | None = None,
         logprobs: dict[str, Any] | None = None,
+        delta: dict[str, Any] | None = None,
+        finish: str | None = None,
     ) -> dict[str, Any]:
+        """A streamed chunk (`delta`, `finish`: a chat delta and finish reason other than the
+        text's, e.g. with tool calls)."""
+        choice = self._choice(
+            text, reason, stream=True, logprobs=logprobs, body=delta, finish=finish
+        )
         body: dict[str, Any] = {
             **self._head,
             "object": self._object(stream=True),
-            "choices": [self._choice(text, reason, stream=True, logprobs=logprobs)],
+            "choices": [choice],
         }
         if with_usage:
             body["usage"] = None if usage is None else usage_body(usage)

@@ -9,18 +9,24 @@ import pydantic
 
 from splitserve.router import openai_models as wire
 from splitserve.router.openai_errors import ApiError
+from splitserve.router.openai_tools import history_calls
 
 log = logging.getLogger(__name__)
 
 
 def template_messages(messages: list[wire.ChatMessage]) -> list[dict[str, Any]]:
-    """Chat messages as the chat template gets them (text content; `name` when given)."""
+    """Chat messages as the chat template gets them (text content; `name`, `tool_calls` and
+    `tool_call_id` when given, as vLLM passes them: `openai_tools.history_calls`)."""
     out: list[dict[str, Any]] = []
     try:
-        for m in messages:
+        for i, m in enumerate(messages):
             msg: dict[str, Any] = {"role": m.role, "content": m.text()}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls:
+                msg["tool_calls"] = history_calls(m.tool_calls, i)
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             out.append(msg)
     except ValueError as err:
         raise ApiError(400, str(err), param="messages") from err

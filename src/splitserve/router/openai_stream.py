@@ -22,6 +22,7 @@ from splitserve.router import openai_models as wire
 from splitserve.router.client_link import ClientGone, ClientLink, link_of
 from splitserve.router.generation import TextChunk, Usage
 from splitserve.router.openai_errors import api_error_from
+from splitserve.router.openai_tools import ToolStream
 
 __all__ = ["DONE", "ClientGone", "SseResponse", "collect", "sse", "stream_body",
            "unless_disconnected"]  # fmt: skip
@@ -91,11 +92,13 @@ async def stream_body(
     *,
     include_usage: bool,
     continuous_usage: int | None = None,
+    tools: ToolStream | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """SSE events for a stream whose first chunk the caller already has.
 
     `continuous_usage`: the prompt's token count, to put the usage so far on every chunk
     (vLLM's `stream_options.continuous_usage_stats`); None: only the last chunk has usage.
+    `tools`: reads tool calls out of the text (the deltas carry content and `tool_calls`).
     """
     usage: Usage | None = None
     num_out = 0
@@ -111,13 +114,14 @@ async def stream_body(
             num_out += len(chunk.token_ids)
             final = chunk.finish_reason is not None
             usage = chunk.usage or usage
-            if continuous_usage is not None or with_logprobs:
-                # Tokens whose text is held back (a possible stop string) still send their
-                # log probabilities, in a chunk with empty text.
+            if continuous_usage is not None or with_logprobs or tools is not None:
+                # Tokens whose text is held back (a possible stop string, or tool-call markup
+                # still being read) still send their log probabilities, in an empty chunk.
                 so_far = None
                 if continuous_usage is not None:
                     so_far = chunk.usage or Usage(continuous_usage, num_out)
-                if chunk.text or final or chunk.logprobs:
+                delta = None if tools is None else tools.delta(chunk.text, final=final)
+                if (chunk.text if delta is None else delta) or final or chunk.logprobs:
                     lp = fmt.logprobs_of(chunk, stream=True)
                     body = fmt.chunk(
                         chunk.text,
@@ -125,6 +129,8 @@ async def stream_body(
                         with_usage=include_usage or so_far is not None,
                         usage=so_far,
                         logprobs=lp,
+                        delta=delta,
+                        finish=None if tools is None or not final else tools.finish(),
                     )
                     if final:
                         tail = sse(body)

@@ -20,8 +20,8 @@ from starlette.requests import Request as HttpRequest
 import splitserve
 from splitserve.router import openai_models as wire
 from splitserve.router.openai_errors import ApiError
-from splitserve.router.openai_fields import messages_refusal
 from splitserve.router.openai_parse import parse_body, template_messages
+from splitserve.router.tokenizer import tools_chars
 
 if TYPE_CHECKING:
     from splitserve.router.openai_api import OpenAiApi
@@ -100,16 +100,24 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
                     wire.TokenizeChatRequest, body, allow_unknown=allow
                 )
                 check_model(chat.model)
-                refused = messages_refusal(chat.messages, api.pool.engines())
-                if refused is not None:
-                    raise refused
                 messages = template_messages(chat.messages)
-                check_chars(sum(len(m["content"]) for m in messages), "messages")
+                tools = [t.model_dump(exclude_none=True) for t in chat.tools or ()] or None
+                size = sum(len(m["content"]) for m in messages) + tools_chars(tools)
+                check_chars(size, "messages")
+                if tools and not tokenizer.template_reads_tools:
+                    raise ApiError(
+                        400,
+                        "tools: the served model's chat template does not read `tools`",
+                        param="tools",
+                    )
                 gen = chat.add_generation_prompt
                 want_strs = chat.return_token_strs
                 try:
                     ids = await asyncio.to_thread(
-                        tokenizer.apply_chat_template, messages, add_generation_prompt=gen
+                        tokenizer.apply_chat_template,
+                        messages,
+                        add_generation_prompt=gen,
+                        tools=tools,
                     )
                 except ValueError as err:
                     raise ApiError(400, str(err), param="messages") from err

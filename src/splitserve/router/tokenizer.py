@@ -9,6 +9,7 @@ with a chat template and no download. Loading and training are blocking; call th
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -34,12 +35,21 @@ DEFAULT_VOCAB_SIZE: Final = 4096
 
 _CHAT_TEMPLATE: Final = (
     "{{ bos_token }}"
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\n"
+    'You may call these tools, each as <tool_call>{"name": ..., "arguments": {...}}'
+    "</tool_call>:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|eot_id|>"
+    "{% endif %}"
     "{% for message in messages %}"
     "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    "{{ message['content'] | trim }}<|eot_id|>"
+    "{{ message['content'] | trim }}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "</tool_call>{% endfor %}<|eot_id|>"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+"""Llama-3-style turns; with `tools`, a system turn listing them, and an assistant's calls written
+in the `hermes` markup (so `edge.tool_call_parser: hermes` reads the model's)."""
 
 # Modules present (as `name.py` or `name/__init__.py`) in every supported Python; the order is
 # part of the training input, so the tokenizer is the same on every machine with that Python.
@@ -134,6 +144,12 @@ class TextTokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self._hf, "chat_template", None))
 
+    @property
+    def template_reads_tools(self) -> bool:
+        """Does the chat template read `tools` (else tool definitions would be dropped)?"""
+        template = getattr(self._hf, "chat_template", None)
+        return isinstance(template, str) and re.search(r"\btools\b", template) is not None
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a completion prompt, with the tokenizer's own special-token handling
         (`add_special_tokens=False`: without the BOS / EOS it would add)."""
@@ -177,9 +193,14 @@ class TextTokenizer:
         return [str(t) for t in self._hf.convert_ids_to_tokens(list(token_ids))]
 
     def apply_chat_template(
-        self, messages: Sequence[MessageLike], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[MessageLike],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        """Render chat messages with the model's template (the assistant's generation prompt
+        """Render chat messages (and `tools`, the tool definitions, passed as `tools=` like
+        transformers and vLLM do) with the model's template (the assistant's generation prompt
         added unless `add_generation_prompt=False`) and encode.
 
         Raises:
@@ -188,21 +209,17 @@ class TextTokenizer:
         if not self.has_chat_template:
             raise ValueError("the served model's tokenizer has no chat template")
         specials = self._special_texts
-        contents = [m.get("content") for m in messages]
         gen = add_generation_prompt
-        if not any(isinstance(c, str) and any(t in c for t in specials) for c in contents):
+        tool_list = None if tools is None else [dict(t) for t in tools]
+        if not _spells_special([messages, tool_list], specials):
             # The template writes the special tokens itself (BOS included): add none here.
-            return self._encode_bare(self._render(messages, gen))
+            return self._encode_bare(self._render(messages, gen, tool_list))
         # A message spells a special token (`<|eot_id|>system...`: a faked turn). Escape those
-        # spellings, render, then encode the template's text normally and the escaped pieces as
-        # plain text, so only the template's own special tokens become special tokens.
-        escaped = [
-            {**m, "content": _escape(m["content"], specials)}
-            if isinstance(m.get("content"), str)
-            else dict(m)
-            for m in messages
-        ]
-        rendered = self._render(escaped, gen)
+        # spellings (in every string of the messages and tools), render, then encode the
+        # template's text normally and the escaped pieces as plain text, so only the template's
+        # own special tokens become special tokens.
+        escaped = [_escape_all(dict(m), specials) for m in messages]
+        rendered = self._render(escaped, gen, _escape_all(tool_list, specials))
         ids: list[int] = []
         pos = 0
         for match in _ESCAPED.finditer(rendered):
@@ -212,13 +229,18 @@ class TextTokenizer:
         ids += self._encode_bare(rendered[pos:])
         return ids
 
-    def _render(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True) -> str:
+    def _render(
+        self,
+        messages: Sequence[MessageLike],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         if self._template is not None:
             try:
                 return str(
                     self._template.render(
                         messages=[dict(m) for m in messages],
-                        tools=None,
+                        tools=tools,
                         documents=None,
                         add_generation_prompt=add_generation_prompt,
                         **self._template_vars,
@@ -229,6 +251,7 @@ class TextTokenizer:
         try:
             text = self._hf.apply_chat_template(
                 [dict(m) for m in messages],
+                tools=tools,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
@@ -237,11 +260,41 @@ class TextTokenizer:
         return str(text)
 
 
+def _spells_special(obj: Any, specials: Sequence[str]) -> bool:
+    """Does any string in `obj` (nested lists / dicts, keys included) spell a special text?"""
+    if isinstance(obj, str):
+        return any(t in obj for t in specials)
+    if isinstance(obj, Mapping):
+        return any(
+            _spells_special(k, specials) or _spells_special(v, specials) for k, v in obj.items()
+        )
+    if isinstance(obj, list | tuple):
+        return any(_spells_special(v, specials) for v in obj)
+    return False
+
+
+def _escape_all(obj: Any, specials: Sequence[str]) -> Any:
+    """`obj` with every string in it (nested lists / dicts, keys included) escaped."""
+    if isinstance(obj, str):
+        return _escape(obj, specials)
+    if isinstance(obj, Mapping):
+        return {_escape_all(k, specials): _escape_all(v, specials) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_escape_all(v, specials) for v in obj]
+    return obj
+
+
 def _escape(content: str, specials: Sequence[str]) -> str:
     """`content` with every occurrence of a special text replaced by its escape."""
     pattern = re.compile("|".join(re.escape(t) for t in specials))
     index = {t: i for i, t in enumerate(specials)}
     return pattern.sub(lambda m: f"{_ESC_OPEN}{index[m.group(0)]}{_ESC_CLOSE}", content)
+
+
+def tools_chars(tools: Sequence[Mapping[str, Any]] | None) -> int:
+    """How many characters tool definitions add to a chat prompt (their JSON's length): counted
+    with the messages against `edge.max_prompt_chars`."""
+    return sum(len(json.dumps(t, ensure_ascii=False)) for t in tools or ())
 
 
 class Tokenizing:
@@ -265,9 +318,13 @@ class Tokenizing:
     async def encode(self, text: str) -> list[int]:
         return await self._run(len(text), lambda: self.tokenizer.encode(text))
 
-    async def chat(self, messages: Sequence[MessageLike]) -> list[int]:
-        size = sum(len(m.get("content") or "") for m in messages)
-        return await self._run(size, lambda: self.tokenizer.apply_chat_template(messages))
+    async def chat(
+        self, messages: Sequence[MessageLike], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        size = sum(len(m.get("content") or "") for m in messages) + tools_chars(tools)
+        return await self._run(
+            size, lambda: self.tokenizer.apply_chat_template(messages, tools=tools)
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

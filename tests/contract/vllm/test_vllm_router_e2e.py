@@ -95,7 +95,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         router_args = [
             *("router", "serve", "--model", MODEL, "--tokenizer", str(model_dir)),
             *("--port", "0", "--grpc-port", "0", "--max-model-len", "1024"),
-            *("--log-level", "WARNING"),
+            *("--log-level", "WARNING", "--edge", "tool_call_parser=hermes"),
         ]
         for w in workers:
             router_args += ["--worker", w]
@@ -382,6 +382,71 @@ def test_json_schema_in_pd_equals_aggregated_and_parses(
             max_tokens=4,
             extra_body={"structured_outputs": {"regex": "(a"}},
         )
+
+
+def test_tools_reach_the_models_template_and_plain_answers_pass_the_parser(
+    stack: dict[str, Proc], model_dir: Path
+) -> None:
+    """Tools on the real engine (P/D) with the `hermes` parser on. The random tiny model never
+    writes tool-call markup, so this shows the template side (the model's own template renders
+    the tools and the history, and that is the prompt the engine got) and that an answer without
+    markup passes the parser unchanged, streamed and whole; reading calls out of markup is shown
+    with scripted workers (tests/unit/router/test_openai_tools.py)."""
+    from splitserve.router.tokenizer import TextTokenizer
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    history: list[Any] = [
+        {"role": "user", "content": PROMPT},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call-1", "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": "call-1", "content": "sunny"},
+    ]
+    port = stack["router"].info["port"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize",
+        data=json.dumps({"model": MODEL, "messages": history, "tools": [weather]}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        tokenized = json.loads(r.read())
+    prompt = TextTokenizer.from_dir(model_dir).decode(
+        tokenized["tokens"], skip_special_tokens=False
+    )
+    assert "<tools>\n" + json.dumps(weather) in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    assert "<tool_response>\nsunny\n</tool_response>" in prompt
+    client = _client(stack)
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": history,
+        "tools": [weather],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**args)
+    assert whole.usage is not None
+    assert whole.usage.prompt_tokens == tokenized["count"]  # the engine got that prompt
+    choice = whole.choices[0]
+    assert choice.message.tool_calls is None
+    assert choice.finish_reason in ("length", "stop")
+    assert choice.message.content
+    assert "<tool_call>" not in choice.message.content
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**args, stream=True)
+        if c.choices
+    )
+    assert streamed == choice.message.content
 
 
 def test_killing_the_prefill_worker_falls_back_to_aggregated(stack: dict[str, Proc]) -> None:

@@ -74,6 +74,7 @@ def test_every_edge_limit_is_settable_from_the_crd() -> None:
     every = {
         name: EdgeSettings.model_fields[name].default or 1 for name in EdgeSettings.model_fields
     }
+    every["tool_call_parser"] = "hermes"  # a name, not a number
     crd_names = {
         name.removesuffix("_s") + "_seconds" if name.endswith("_s") else name: value
         for name, value in every.items()

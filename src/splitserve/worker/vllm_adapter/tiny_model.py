@@ -28,10 +28,26 @@ SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
 BOS, EOS, PAD = SPECIAL_TOKENS
 
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
+    "{{ bos_token }}"
+    "{% if tools %}<|system|>\n# Tools\n\nYou may call one or more functions. The function "
+    "signatures are within <tools></tools> XML tags:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    "{{ eos_token }}\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m['role'] == 'tool' %}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% else %}{{ m['content'] }}{% endif %}"
+    "{% for call in m['tool_calls'] or [] %}<tool_call>\n"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "\n</tool_call>{% endfor %}{{ eos_token }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-"""Role-tagged turns, each closed by `</s>` (so a trained chat model would learn to stop)."""
+"""Role-tagged turns, each closed by `</s>` (so a trained chat model would learn to stop). With
+`tools`, a system turn listing them and calls in the Hermes / Qwen 2 markup
+(`<tool_call>{json}</tool_call>`, read by the router's `hermes` tool-call parser); tool results
+in `<tool_response>` tags."""
 
 _DTYPES = {"float32": "<f4", "float16": "<f2"}
 
