@@ -29,7 +29,7 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
-from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,10 @@ class MuxStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        return items.popleft()
+        item = items.popleft()
+        if items and type(item) is _TokenChunk:
+            _merge(item, items)
+        return item
 
     def cancel(self) -> bool:
         """Stop the sub-request on the worker (nothing if it already ended)."""
@@ -146,6 +149,46 @@ class MuxStream:
 
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - self._loop.time())
+
+
+_TokenChunk: Final = common_pb2.TokenChunk
+_UNFINISHED: Final = common_pb2.FINISH_REASON_UNSPECIFIED
+_FAILED: Final = frozenset({common_pb2.FINISH_REASON_ERROR, common_pb2.FINISH_REASON_CANCELLED})
+
+
+def _merge(chunk: common_pb2.TokenChunk, items: collections.deque[Any]) -> None:
+    """Append to `chunk` the chunks queued behind it (they arrived while the reader was busy):
+    the reader then handles, detokenizes and writes them as one. Nothing waits for them; the
+    last one's finish reason carries over. Stops after a finishing chunk and before an error or
+    cancelled one (so the tokens ahead of a failure count as emitted, as when read one by one)."""
+    while items and chunk.finish_reason == _UNFINISHED:
+        nxt = items[0]
+        if type(nxt) is not _TokenChunk or nxt.finish_reason in _FAILED:
+            return  # an error ends the stream on its own: the tokens before it stay emitted
+        items.popleft()
+        chunk.token_ids.extend(nxt.token_ids)
+        if nxt.logprobs:
+            chunk.logprobs.extend(nxt.logprobs)
+        chunk.finish_reason = nxt.finish_reason
+
+
+class _UnaryAsStream:
+    """A prefill's per-request call (the fallback) read as a one-message stream."""
+
+    __slots__ = ("_call", "_done")
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._call = call
+        self._done = False
+
+    async def read(self) -> Any:
+        if self._done:
+            return aio.EOF
+        self._done = True
+        return await self._call()
+
+    def cancel(self) -> bool:
+        return False  # the awaiting task's cancellation cancels the call
 
 
 class MuxLink:
@@ -207,23 +250,9 @@ class MuxLink:
         async def unary() -> Any:
             return await self.stub.Prefill(msg, timeout=sub.remaining_s(), metadata=metadata)
 
-        class _Once:
-            """The fallback as a one-message stream."""
-
-            def __init__(self) -> None:
-                self.done = False
-                self.task: asyncio.Task[Any] | None = None
-
-            async def read(self) -> Any:
-                if self.done:
-                    return aio.EOF
-                self.done = True
-                return await unary()
-
-            def cancel(self) -> bool:
-                return False
-
-        sub = self._open(worker_pb2.MuxOp(prefill=msg), timeout_s, metadata, _Once)
+        sub = self._open(
+            worker_pb2.MuxOp(prefill=msg), timeout_s, metadata, lambda: _UnaryAsStream(unary)
+        )
         try:
             resp = await sub.read()
         except asyncio.CancelledError:

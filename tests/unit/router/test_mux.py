@@ -9,11 +9,13 @@ import contextlib
 import grpc
 import pytest
 
+from splitserve._gen.v1 import common_pb2
 from splitserve.core.ids import EndpointId, RequestId
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.router.dispatch import Chunk, Dispatch
 from splitserve.router.errors import InvalidRequest, WorkersFailed
+from splitserve.router.mux import MuxStream
 from tests.fakes.fake_worker import Script
 from tests.unit.router.conftest import StackFactory, WorkerFactory
 
@@ -104,3 +106,24 @@ async def test_mux_sub_request_status_maps_to_the_calls_code(
         await _run(stack.dispatcher.open(_request("a")))
     assert d.names() == ["Generate"]
     assert Script().multiplex
+
+
+async def test_chunks_queued_together_are_read_as_one() -> None:
+    class _Link:
+        loop = asyncio.get_running_loop()
+
+    stream = MuxStream(_Link(), 1, None, lambda: None)  # type: ignore[arg-type]
+    unfinished, length = common_pb2.FINISH_REASON_UNSPECIFIED, common_pb2.FINISH_REASON_LENGTH
+    for ids, reason in (([1], unfinished), ([2, 3], unfinished), ([4], length)):
+        stream._push(common_pb2.TokenChunk(token_ids=ids, finish_reason=reason))
+    stream._end(None)
+    first = await stream.read()
+    assert list(first.token_ids) == [1, 2, 3, 4]
+    assert first.finish_reason == length
+    assert await stream.read() is grpc.aio.EOF
+    # An error chunk is never folded in: the tokens before it are read first.
+    stream = MuxStream(_Link(), 2, None, lambda: None)  # type: ignore[arg-type]
+    stream._push(common_pb2.TokenChunk(token_ids=[7]))
+    stream._push(common_pb2.TokenChunk(finish_reason=common_pb2.FINISH_REASON_ERROR, error="x"))
+    assert list((await stream.read()).token_ids) == [7]
+    assert (await stream.read()).finish_reason == common_pb2.FINISH_REASON_ERROR
