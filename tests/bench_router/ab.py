@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--spy-out", default="out/ab-spy-b.txt")
     parser.add_argument("--spy-a", action="store_true", help="profile router A instead of B")
+    parser.add_argument(
+        "--vllm-router", default=None, help="also vllm-router (P/D over fake backends) as V"
+    )
     args = parser.parse_args()
     os.sched_setaffinity(0, {LOAD_CORE})
     work = Path(tempfile.mkdtemp(prefix="bench-router-ab-"))
@@ -92,11 +95,29 @@ def main() -> None:
             n: loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
             for n, (port, _) in routers.items()
         }
+        if args.vllm_router:
+            fake_p, fake_d, peer_port = _free_port(), _free_port(), _free_port()
+            procs.spawn("fake-openai", [sys.executable, "-m", "tests.bench_router.fake_openai",
+                                        str(fake_p), str(fake_d)], LOAD_CORE)  # fmt: skip
+            _wait_http(fake_d)
+            peer = procs.spawn(
+                "vllm-router",
+                [args.vllm_router, "--vllm-pd-disaggregation", "--prefill",
+                 f"http://127.0.0.1:{fake_p}", "--decode", f"http://127.0.0.1:{fake_d}",
+                 "--host", "127.0.0.1", "--port", str(peer_port), "--policy", "round_robin",
+                 "--log-level", "warning"],
+                ROUTER_CORE,
+            )  # fmt: skip
+            _wait_http(peer_port)
+            routers["V"] = (peer_port, peer.pid)
+            raw["V"] = loadgen.request_bytes(
+                peer_port, "/v1/chat/completions", chat_body("m", prompt)
+            )
         for n, (port, _) in routers.items():
             asyncio.run(loadgen.closed_loop(port, raw[n], 8, 300, 30))  # warm-up
-        rows: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+        rows: dict[str, list[dict[str, Any]]] = {n: [] for n in routers}
         for r in range(args.rounds):
-            order = ("A", "B") if r % 2 == 0 else ("B", "A")
+            order = tuple(routers) if r % 2 == 0 else tuple(reversed(routers))
             for n in order:
                 port, pid = routers[n]
                 one = asyncio.run(loadgen.closed_loop(port, raw[n], 1, 200, 30))
@@ -130,6 +151,7 @@ def main() -> None:
                     "prompt_tokens": args.prompt_tokens,
                     "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
                     "cpu_ratio_b_over_a": round(mean["B"] / mean["A"], 3),
+                    "cpu_ratio_b_over_v": round(mean["B"] / mean["V"], 2) if "V" in mean else None,
                     "rps_ratio_b_over_a": round(
                         sum(x["rps"] for x in rows["B"]) / sum(x["rps"] for x in rows["A"]), 3
                     ),
