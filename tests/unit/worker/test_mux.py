@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from splitserve._gen.v1 import common_pb2, worker_pb2
 from splitserve.core.roles import Role
 from splitserve.router.mux import MuxLink
+from splitserve.security import tls
+from splitserve.worker.mux import SubAbort, SubContext
 from tests.unit.worker.conftest import WorkerFactory
 from tests.unit.worker.test_server import collect
 
@@ -126,3 +129,22 @@ async def test_mux_cancel_and_deadline_stop_the_request_on_the_worker(
             await asyncio.sleep(0.02)
     assert w.sample("splitserve_worker_requests_total", kind="generate", outcome="cancelled") == 2
     await link.close()
+
+
+async def test_sub_context_is_the_streams_caller_with_the_ops_metadata() -> None:
+    class Outer:
+        def auth_context(self) -> dict[str, list[bytes]]:
+            return {"x509_pem_cert": [b"PEM of the router"]}
+
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:5"
+
+    outer: Any = Outer()
+    sub = SubContext(outer, {"traceparent": "00-abc-def-01"})
+    # Owners see the stream's certificate: an owner-scoped Cancel from that router still acts.
+    assert tls.peer_fingerprint(sub) == tls.peer_fingerprint(outer) is not None
+    assert sub.peer() == "ipv4:127.0.0.1:5"
+    assert sub.invocation_metadata() == (("traceparent", "00-abc-def-01"),)
+    with pytest.raises(SubAbort) as err:
+        await sub.abort(grpc.StatusCode.OUT_OF_RANGE, "too long")
+    assert err.value.code == grpc.StatusCode.OUT_OF_RANGE
