@@ -24,6 +24,7 @@ from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.core.roles import Role
+from splitserve.worker import mux
 
 _ROLE_PB = {
     Role.PREFILL: common_pb2.ROLE_PREFILL,
@@ -56,6 +57,9 @@ class Script:
     num_running: int = 0
     engine: str = "fake"
     """The engine kind the worker reports (the router refuses fields per engine)."""
+    multiplex: bool = True
+    """Serve `Multiplex` (the worker's own `worker.mux` over these scripted handlers); False:
+    answer UNIMPLEMENTED, as a worker from before it, so the router uses a call per request."""
 
 
 def scripted_logprobs(token: int, top: int) -> common_pb2.TokenLogprobs:
@@ -111,7 +115,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             await self._events[name].wait()
 
     def names(self) -> list[str]:
-        return [name for name, _ in self.calls if name not in ("WatchLoad", "WatchSteps")]
+        skip = ("WatchLoad", "WatchSteps", "Multiplex")
+        return [name for name, _ in self.calls if name not in skip]
 
     def requests(self, name: str) -> list[Any]:
         return [msg for n, msg in self.calls if n == name]
@@ -233,6 +238,15 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             request.sampling,
         ):
             yield chunk
+
+    async def Multiplex(  # noqa: N802
+        self, request_iterator: AsyncIterator[worker_pb2.MuxRequest], context: Any
+    ) -> AsyncIterator[worker_pb2.MuxResponse]:
+        if not self.script.multiplex:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "scripted: no Multiplex")
+        self._record("Multiplex", None)
+        async for batch in mux.serve(self, request_iterator, context):  # type: ignore[arg-type]
+            yield batch
 
     async def Cancel(  # noqa: N802
         self, request: worker_pb2.CancelRequest, context: Any

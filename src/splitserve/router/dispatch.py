@@ -59,6 +59,7 @@ from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
 from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
 from splitserve.router.ledger import Ledger
+from splitserve.router.mux import MuxLink, MuxLinks, MuxStream
 from splitserve.router.pool_view import PoolView
 from splitserve.router.profiles import build_decider
 from splitserve.router.rebalance import LiveRebalancer
@@ -110,7 +111,7 @@ class StallTimer:
         self._fired = False
         self._cancelling = 0
 
-    async def read(self, call: aio.UnaryStreamCall) -> common_pb2.TokenChunk | None:
+    async def read(self, call: aio.UnaryStreamCall | MuxStream) -> common_pb2.TokenChunk | None:
         """`call.read()`, None at the end of the stream, or `TimeoutError` after `stall_s`."""
         task = asyncio.current_task()
         assert task is not None
@@ -205,8 +206,11 @@ class Dispatcher:
         decider: PdDecider | None = None,
         slo: SloSettings | None = None,
         placement: PlacementSettings | None = None,
+        multiplex: bool = True,
     ) -> None:
         self.pool = pool
+        self.links: MuxLinks | None = MuxLinks() if multiplex else None
+        """One `Multiplex` stream per worker (`router.mux`); None: one call per request."""
         self.clock = clock
         self.metrics = metrics
         self.settings = settings or DispatchSettings()
@@ -236,6 +240,11 @@ class Dispatcher:
         """Wait for the cancels still going out (at shutdown, and in tests)."""
         await self.canceller.drain()
         await self.admission.close()
+
+    async def close(self) -> None:
+        """Close the workers' multiplexed streams (at shutdown, after the requests ended)."""
+        if self.links is not None:
+            await self.links.close()
 
 
 class Dispatch:
@@ -502,8 +511,11 @@ class Dispatch:
                 # The first token is a token: a prefill worker that stalls is given up on too.
                 timeout_s = min(self._remaining_s(), self._d.settings.token_stall_timeout_s)
                 md = self._trace.begin("prefill", {"splitserve.worker": eid})
-                resp: worker_pb2.PrefillResponse = await stub.Prefill(
-                    msg, timeout=timeout_s, metadata=md
+                link = self._link(eid, stub)
+                resp: worker_pb2.PrefillResponse = (
+                    await link.prefill(msg, timeout_s, md)
+                    if link is not None
+                    else await stub.Prefill(msg, timeout=timeout_s, metadata=md)
                 )
             except aio.AioRpcError as err:
                 self._raise_if_final(eid, err)
@@ -541,7 +553,7 @@ class Dispatch:
             stub = self._involve(eid)
             if stub is None:
                 continue
-            call = self._decode_call(stub, emitted, kv)
+            call = self._decode_call(stub, emitted, kv, self._link(eid, stub))
             num_before = len(emitted)
             self._d.pool.acquire(eid)
             try:
@@ -572,9 +584,16 @@ class Dispatch:
         stub: worker_pb2_grpc.WorkerAsyncStub,
         emitted: list[int],
         kv: common_pb2.KvHandle | None,
-    ) -> aio.UnaryStreamCall:
+        link: MuxLink | None = None,
+    ) -> aio.UnaryStreamCall | MuxStream:
         timeout_s = self._remaining_s()
         md = self._trace.begin("decode", {"splitserve.kv": kv is not None})
+        if link is not None:
+            if kv is not None:
+                msg = messages.decode(self.request, emitted[0], kv, self._slo_context())
+                return link.stream("decode", msg, timeout_s, md)
+            gen = messages.generate(self.request, emitted, self._slo_context())
+            return link.stream("generate", gen, timeout_s, md)
         if kv is not None:
             return stub.Decode(
                 messages.decode(self.request, emitted[0], kv, self._slo_context()),
@@ -589,7 +608,7 @@ class Dispatch:
         )
 
     async def _stream(
-        self, eid: EndpointId, call: aio.UnaryStreamCall
+        self, eid: EndpointId, call: aio.UnaryStreamCall | MuxStream
     ) -> AsyncGenerator[
         tuple[tuple[int, ...], FinishReason | None, tuple[TokenLogprobs, ...]], None
     ]:
@@ -632,6 +651,10 @@ class Dispatch:
         raise _WorkerFailed(eid, "stream ended without a finish reason")
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _link(self, eid: EndpointId, stub: worker_pb2_grpc.WorkerAsyncStub) -> MuxLink | None:
+        links = self._d.links
+        return links.get(eid, stub) if links is not None else None
 
     def _involve(
         self, eid: EndpointId, *, prefill: bool = False

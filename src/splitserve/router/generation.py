@@ -225,7 +225,7 @@ class Generator:
         if num_prompt == 0:
             raise InvalidRequest("the prompt must not be empty", "prompt")
         vocab = self.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops, not a genexpr
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
         max_tokens = params.max_tokens
         room = self.max_model_len - num_prompt

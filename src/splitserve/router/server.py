@@ -280,6 +280,7 @@ class RouterServer:
             self._kv_warm.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._kv_warm
+        await self.dispatcher.close()
         await self.pool.close()
         await self.loop_lag.stop()
         if self._metrics_server is not None:

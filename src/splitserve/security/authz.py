@@ -28,6 +28,7 @@ WORKER_METHODS: Final[Mapping[str, frozenset[str]]] = {
     "/splitserve.v1.Worker/Prefill": _ROUTER,
     "/splitserve.v1.Worker/Decode": _ROUTER,
     "/splitserve.v1.Worker/Generate": _ROUTER,
+    "/splitserve.v1.Worker/Multiplex": _ROUTER,
     "/splitserve.v1.Worker/Cancel": _ROUTER,
     # A decode worker frees the prefill worker's copy once it pulled the KV.
     "/splitserve.v1.Worker/ReleaseKv": _ROUTER | {"worker"},

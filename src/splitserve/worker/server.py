@@ -34,6 +34,7 @@ from splitserve.obs.tracing import WorkerSpan, child_span, end_span, span_event
 from splitserve.security import tls
 from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
 from splitserve.security.owners import Owners
+from splitserve.worker import mux
 from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
 
@@ -333,6 +334,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.owners.forget(req.id)
             self.metrics.requests.labels(kind, outcome).inc()
             end_span(span, {"splitserve.outcome": outcome})
+
+    async def Multiplex(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[worker_pb2.MuxRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[worker_pb2.MuxResponse]:
+        """Prefill / Decode / Generate sub-requests over one stream (`worker.mux`)."""
+        async for batch in mux.serve(self, request_iterator, context):
+            yield batch
 
     async def Cancel(  # noqa: N802
         self, request: worker_pb2.CancelRequest, context: grpc.aio.ServicerContext

@@ -143,6 +143,7 @@ async def make_stack(tokenizer: TextTokenizer) -> AsyncIterator[StackFactory]:
     yield factory
     for stack in stacks:
         await stack.dispatcher.drain_background()
+        await stack.dispatcher.close()
         await stack.pool.close()
 
 

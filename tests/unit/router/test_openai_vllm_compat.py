@@ -342,7 +342,11 @@ def _events(body: str) -> list[Any]:
 async def test_continuous_usage_stats(
     make_worker: WorkerFactory, make_stack: StackFactory, tokenizer: TextTokenizer
 ) -> None:
-    w = await make_worker(Role.MIXED, completion=tuple(tokenizer.encode("a b c d e")[1:]))
+    # One call per request: each worker message is one event (over `Multiplex`, tokens that
+    # arrive together are read as one chunk, so how many events there are depends on timing).
+    w = await make_worker(
+        Role.MIXED, completion=tuple(tokenizer.encode("a b c d e")[1:]), multiplex=False
+    )
     stack = await make_stack(w)
     opts = {"include_usage": True, "continuous_usage_stats": True}
     async with stack.client() as client:

@@ -26,13 +26,15 @@ _sym_db = _symbol_database.Default()
 from splitserve._gen.v1 import common_pb2 as splitserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asplitserve/v1/worker.proto\x12\rsplitserve.v1\x1a\x1asplitserve/v1/common.proto\"\xaa\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12&\n\x03slo\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"\x91\x02\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x0f\n\x07queue_s\x18\x06 \x01(\x01\x12\x11\n\tprefill_s\x18\x07 \x01(\x01\x12:\n\x14\x66irst_token_logprobs\x18\x08 \x01(\x0b\x32\x1c.splitserve.v1.TokenLogprobs\"\xe6\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12#\n\x02kv\x18\x05 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x11\n\tslo_class\x18\x06 \x01(\t\x12&\n\x03slo\x18\x07 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"\xab\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12&\n\x03slo\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10ReleaseKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\"\n\x11ReleaseKvResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10WatchLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"?\n\x0c\x44rainRequest\x12\x0c\n\x04wait\x18\x01 \x01(\x08\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0e\n\x06resume\x18\x03 \x01(\x08\"4\n\rDrainResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\"3\n\x0eSetRoleRequest\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\"^\n\x0fSetRoleResponse\x12%\n\x08previous\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\x12$\n\x07\x63urrent\x18\x02 \x01(\x0e\x32\x13.splitserve.v1.Role\"\'\n\x11WatchStepsRequest\x12\x12\n\nmax_buffer\x18\x01 \x01(\r\":\n\x0cPrefillChunk\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\r\"\xb7\x01\n\nStepSample\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x33\n\x0eprefill_chunks\x18\x04 \x03(\x0b\x32\x1b.splitserve.v1.PrefillChunk\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\x05 \x03(\r\x12\x10\n\x08num_seqs\x18\x06 \x01(\r\x12\x0f\n\x07\x64ropped\x18\x07 \x01(\x04\"\x13\n\x11KvEndpointRequest\"<\n\x12KvEndpointResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x13\n\x0bparams_json\x18\x02 \x01(\t\"\x1e\n\rWarmKvRequest\x12\r\n\x05peers\x18\x01 \x03(\t\"F\n\x0eWarmKvResponse\x12\x0e\n\x06warmed\x18\x01 \x03(\t\x12\x14\n\x0c\x61lready_warm\x18\x02 \x03(\t\x12\x0e\n\x06\x66\x61iled\x18\x03 \x03(\t2\x9d\x05\n\x06Worker\x12H\n\x07Prefill\x12\x1d.splitserve.v1.PrefillRequest\x1a\x1e.splitserve.v1.PrefillResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x1c.splitserve.v1.DecodeRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12G\n\x08Generate\x12\x1e.splitserve.v1.GenerateRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12\x45\n\x06\x43\x61ncel\x12\x1c.splitserve.v1.CancelRequest\x1a\x1d.splitserve.v1.CancelResponse\x12N\n\tReleaseKv\x12\x1f.splitserve.v1.ReleaseKvRequest\x1a .splitserve.v1.ReleaseKvResponse\x12I\n\tWatchLoad\x12\x1f.splitserve.v1.WatchLoadRequest\x1a\x19.splitserve.v1.LoadReport0\x01\x12\x42\n\x05\x44rain\x12\x1b.splitserve.v1.DrainRequest\x1a\x1c.splitserve.v1.DrainResponse\x12H\n\x07SetRole\x12\x1d.splitserve.v1.SetRoleRequest\x1a\x1e.splitserve.v1.SetRoleResponse\x12K\n\nWatchSteps\x12 .splitserve.v1.WatchStepsRequest\x1a\x19.splitserve.v1.StepSample0\x01\x32\xa4\x01\n\x08WorkerKv\x12Q\n\nKvEndpoint\x12 .splitserve.v1.KvEndpointRequest\x1a!.splitserve.v1.KvEndpointResponse\x12\x45\n\x06WarmKv\x12\x1c.splitserve.v1.WarmKvRequest\x1a\x1d.splitserve.v1.WarmKvResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asplitserve/v1/worker.proto\x12\rsplitserve.v1\x1a\x1asplitserve/v1/common.proto\"\xaa\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12&\n\x03slo\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"\x91\x02\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x0f\n\x07queue_s\x18\x06 \x01(\x01\x12\x11\n\tprefill_s\x18\x07 \x01(\x01\x12:\n\x14\x66irst_token_logprobs\x18\x08 \x01(\x0b\x32\x1c.splitserve.v1.TokenLogprobs\"\xe6\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12#\n\x02kv\x18\x05 \x01(\x0b\x32\x17.splitserve.v1.KvHandle\x12\x11\n\tslo_class\x18\x06 \x01(\t\x12&\n\x03slo\x18\x07 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"\xab\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tslo_class\x18\x04 \x01(\t\x12&\n\x03slo\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.SloContext\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10ReleaseKvRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\"\n\x11ReleaseKvResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"&\n\x10WatchLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"?\n\x0c\x44rainRequest\x12\x0c\n\x04wait\x18\x01 \x01(\x08\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0e\n\x06resume\x18\x03 \x01(\x08\"4\n\rDrainResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\"3\n\x0eSetRoleRequest\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\"^\n\x0fSetRoleResponse\x12%\n\x08previous\x18\x01 \x01(\x0e\x32\x13.splitserve.v1.Role\x12$\n\x07\x63urrent\x18\x02 \x01(\x0e\x32\x13.splitserve.v1.Role\"/\n\nMuxRequest\x12!\n\x03ops\x18\x01 \x03(\x0b\x32\x14.splitserve.v1.MuxOp\"\xc9\x02\n\x05MuxOp\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x30\n\x07prefill\x18\x02 \x01(\x0b\x32\x1d.splitserve.v1.PrefillRequestH\x00\x12.\n\x06\x64\x65\x63ode\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.DecodeRequestH\x00\x12\x32\n\x08generate\x18\x04 \x01(\x0b\x32\x1e.splitserve.v1.GenerateRequestH\x00\x12*\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x18.splitserve.v1.MuxCancelH\x00\x12\x34\n\x08metadata\x18\x06 \x03(\x0b\x32\".splitserve.v1.MuxOp.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x04\n\x02op\"\x0b\n\tMuxCancel\"6\n\x0bMuxResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.splitserve.v1.MuxEvent\"\xb1\x01\n\x08MuxEvent\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12*\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x19.splitserve.v1.TokenChunkH\x00\x12\x31\n\x07prefill\x18\x03 \x01(\x0b\x32\x1e.splitserve.v1.PrefillResponseH\x00\x12*\n\x06status\x18\x04 \x01(\x0b\x32\x18.splitserve.v1.MuxStatusH\x00\x42\x07\n\x05\x65vent\"*\n\tMuxStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\"\'\n\x11WatchStepsRequest\x12\x12\n\nmax_buffer\x18\x01 \x01(\r\":\n\x0cPrefillChunk\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\r\"\xb7\x01\n\nStepSample\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x33\n\x0eprefill_chunks\x18\x04 \x03(\x0b\x32\x1b.splitserve.v1.PrefillChunk\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\x05 \x03(\r\x12\x10\n\x08num_seqs\x18\x06 \x01(\r\x12\x0f\n\x07\x64ropped\x18\x07 \x01(\x04\"\x13\n\x11KvEndpointRequest\"<\n\x12KvEndpointResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x13\n\x0bparams_json\x18\x02 \x01(\t\"\x1e\n\rWarmKvRequest\x12\r\n\x05peers\x18\x01 \x03(\t\"F\n\x0eWarmKvResponse\x12\x0e\n\x06warmed\x18\x01 \x03(\t\x12\x14\n\x0c\x61lready_warm\x18\x02 \x03(\t\x12\x0e\n\x06\x66\x61iled\x18\x03 \x03(\t2\xe5\x05\n\x06Worker\x12H\n\x07Prefill\x12\x1d.splitserve.v1.PrefillRequest\x1a\x1e.splitserve.v1.PrefillResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x1c.splitserve.v1.DecodeRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12G\n\x08Generate\x12\x1e.splitserve.v1.GenerateRequest\x1a\x19.splitserve.v1.TokenChunk0\x01\x12\x45\n\x06\x43\x61ncel\x12\x1c.splitserve.v1.CancelRequest\x1a\x1d.splitserve.v1.CancelResponse\x12N\n\tReleaseKv\x12\x1f.splitserve.v1.ReleaseKvRequest\x1a .splitserve.v1.ReleaseKvResponse\x12I\n\tWatchLoad\x12\x1f.splitserve.v1.WatchLoadRequest\x1a\x19.splitserve.v1.LoadReport0\x01\x12\x42\n\x05\x44rain\x12\x1b.splitserve.v1.DrainRequest\x1a\x1c.splitserve.v1.DrainResponse\x12H\n\x07SetRole\x12\x1d.splitserve.v1.SetRoleRequest\x1a\x1e.splitserve.v1.SetRoleResponse\x12K\n\nWatchSteps\x12 .splitserve.v1.WatchStepsRequest\x1a\x19.splitserve.v1.StepSample0\x01\x12\x46\n\tMultiplex\x12\x19.splitserve.v1.MuxRequest\x1a\x1a.splitserve.v1.MuxResponse(\x01\x30\x01\x32\xa4\x01\n\x08WorkerKv\x12Q\n\nKvEndpoint\x12 .splitserve.v1.KvEndpointRequest\x1a!.splitserve.v1.KvEndpointResponse\x12\x45\n\x06WarmKv\x12\x1c.splitserve.v1.WarmKvRequest\x1a\x1d.splitserve.v1.WarmKvResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splitserve.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_MUXOP_METADATAENTRY']._loaded_options = None
+  _globals['_MUXOP_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_PREFILLREQUEST']._serialized_start=74
   _globals['_PREFILLREQUEST']._serialized_end=244
   _globals['_PREFILLRESPONSE']._serialized_start=247
@@ -59,22 +61,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETROLEREQUEST']._serialized_end=1285
   _globals['_SETROLERESPONSE']._serialized_start=1287
   _globals['_SETROLERESPONSE']._serialized_end=1381
-  _globals['_WATCHSTEPSREQUEST']._serialized_start=1383
-  _globals['_WATCHSTEPSREQUEST']._serialized_end=1422
-  _globals['_PREFILLCHUNK']._serialized_start=1424
-  _globals['_PREFILLCHUNK']._serialized_end=1482
-  _globals['_STEPSAMPLE']._serialized_start=1485
-  _globals['_STEPSAMPLE']._serialized_end=1668
-  _globals['_KVENDPOINTREQUEST']._serialized_start=1670
-  _globals['_KVENDPOINTREQUEST']._serialized_end=1689
-  _globals['_KVENDPOINTRESPONSE']._serialized_start=1691
-  _globals['_KVENDPOINTRESPONSE']._serialized_end=1751
-  _globals['_WARMKVREQUEST']._serialized_start=1753
-  _globals['_WARMKVREQUEST']._serialized_end=1783
-  _globals['_WARMKVRESPONSE']._serialized_start=1785
-  _globals['_WARMKVRESPONSE']._serialized_end=1855
-  _globals['_WORKER']._serialized_start=1858
-  _globals['_WORKER']._serialized_end=2527
-  _globals['_WORKERKV']._serialized_start=2530
-  _globals['_WORKERKV']._serialized_end=2694
+  _globals['_MUXREQUEST']._serialized_start=1383
+  _globals['_MUXREQUEST']._serialized_end=1430
+  _globals['_MUXOP']._serialized_start=1433
+  _globals['_MUXOP']._serialized_end=1762
+  _globals['_MUXOP_METADATAENTRY']._serialized_start=1709
+  _globals['_MUXOP_METADATAENTRY']._serialized_end=1756
+  _globals['_MUXCANCEL']._serialized_start=1764
+  _globals['_MUXCANCEL']._serialized_end=1775
+  _globals['_MUXRESPONSE']._serialized_start=1777
+  _globals['_MUXRESPONSE']._serialized_end=1831
+  _globals['_MUXEVENT']._serialized_start=1834
+  _globals['_MUXEVENT']._serialized_end=2011
+  _globals['_MUXSTATUS']._serialized_start=2013
+  _globals['_MUXSTATUS']._serialized_end=2055
+  _globals['_WATCHSTEPSREQUEST']._serialized_start=2057
+  _globals['_WATCHSTEPSREQUEST']._serialized_end=2096
+  _globals['_PREFILLCHUNK']._serialized_start=2098
+  _globals['_PREFILLCHUNK']._serialized_end=2156
+  _globals['_STEPSAMPLE']._serialized_start=2159
+  _globals['_STEPSAMPLE']._serialized_end=2342
+  _globals['_KVENDPOINTREQUEST']._serialized_start=2344
+  _globals['_KVENDPOINTREQUEST']._serialized_end=2363
+  _globals['_KVENDPOINTRESPONSE']._serialized_start=2365
+  _globals['_KVENDPOINTRESPONSE']._serialized_end=2425
+  _globals['_WARMKVREQUEST']._serialized_start=2427
+  _globals['_WARMKVREQUEST']._serialized_end=2457
+  _globals['_WARMKVRESPONSE']._serialized_start=2459
+  _globals['_WARMKVRESPONSE']._serialized_end=2529
+  _globals['_WORKER']._serialized_start=2532
+  _globals['_WORKER']._serialized_end=3273
+  _globals['_WORKERKV']._serialized_start=3276
+  _globals['_WORKERKV']._serialized_end=3440
 # @@protoc_insertion_point(module_scope)

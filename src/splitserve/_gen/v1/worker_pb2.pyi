@@ -368,6 +368,191 @@ class SetRoleResponse(_message.Message):
 Global___SetRoleResponse: _TypeAlias = SetRoleResponse  # noqa: Y015
 
 @_typing.final
+class MuxRequest(_message.Message):
+    """A batch of operations on sub-requests of one `Multiplex` stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___MuxOp]: ...
+    def __init__(
+        self,
+        *,
+        ops: _abc.Iterable[Global___MuxOp] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ops", b"ops"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuxRequest: _TypeAlias = MuxRequest  # noqa: Y015
+
+@_typing.final
+class MuxOp(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    PREFILL_FIELD_NUMBER: _builtins.int
+    DECODE_FIELD_NUMBER: _builtins.int
+    GENERATE_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    """The caller's name for the sub-request, unique among its open ones on this stream."""
+    @_builtins.property
+    def prefill(self) -> Global___PrefillRequest: ...
+    @_builtins.property
+    def decode(self) -> Global___DecodeRequest: ...
+    @_builtins.property
+    def generate(self) -> Global___GenerateRequest: ...
+    @_builtins.property
+    def cancel(self) -> Global___MuxCancel:
+        """Stop the sub-request (as cancelling its own call would); it ends with no further event."""
+
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What a per-request call carries as gRPC metadata (the trace context: traceparent)."""
+
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        prefill: Global___PrefillRequest | None = ...,
+        decode: Global___DecodeRequest | None = ...,
+        generate: Global___GenerateRequest | None = ...,
+        cancel: Global___MuxCancel | None = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "generate", b"generate", "op", b"op", "prefill", b"prefill"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "generate", b"generate", "metadata", b"metadata", "op", b"op", "prefill", b"prefill", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["prefill", "decode", "generate", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
+
+Global___MuxOp: _TypeAlias = MuxOp  # noqa: Y015
+
+@_typing.final
+class MuxCancel(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuxCancel: _TypeAlias = MuxCancel  # noqa: Y015
+
+@_typing.final
+class MuxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___MuxEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___MuxEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuxResponse: _TypeAlias = MuxResponse  # noqa: Y015
+
+@_typing.final
+class MuxEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    PREFILL_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    @_builtins.property
+    def chunk(self) -> _common_pb2.TokenChunk:
+        """A Decode / Generate sub-request's next chunk."""
+
+    @_builtins.property
+    def prefill(self) -> Global___PrefillResponse:
+        """A Prefill sub-request's answer (followed by its OK status)."""
+
+    @_builtins.property
+    def status(self) -> Global___MuxStatus:
+        """The end of the sub-request."""
+
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        chunk: _common_pb2.TokenChunk | None = ...,
+        prefill: Global___PrefillResponse | None = ...,
+        status: Global___MuxStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "event", b"event", "prefill", b"prefill", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "event", b"event", "prefill", b"prefill", "status", b"status", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["chunk", "prefill", "status"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___MuxEvent: _TypeAlias = MuxEvent  # noqa: Y015
+
+@_typing.final
+class MuxStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A grpc.StatusCode value (0 OK)."""
+    details: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        details: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuxStatus: _TypeAlias = MuxStatus  # noqa: Y015
+
+@_typing.final
 class WatchStepsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

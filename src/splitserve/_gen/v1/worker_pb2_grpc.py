@@ -81,6 +81,11 @@ class WorkerStub:
                 request_serializer=splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.SerializeToString,
                 response_deserializer=splitserve_dot_v1_dot_worker__pb2.StepSample.FromString,
                 _registered_method=True)
+        self.Multiplex = channel.stream_stream(
+                '/splitserve.v1.Worker/Multiplex',
+                request_serializer=splitserve_dot_v1_dot_worker__pb2.MuxRequest.SerializeToString,
+                response_deserializer=splitserve_dot_v1_dot_worker__pb2.MuxResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -155,6 +160,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Multiplex(self, request_iterator, context):
+        """Many Prefill / Decode / Generate requests over one long-lived stream (the router opens one
+        per worker instead of a call per request). Each MuxOp opens or cancels one sub-request,
+        named by the caller's stream_id; each sub-request ends with exactly one MuxStatus (OK after
+        its last chunk, or the code and details its own call would have ended with). Events of
+        several sub-requests that are ready together travel in one MuxResponse. Same semantics as
+        the per-request methods (which stay): owner, role, draining, tracing, cancellation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +219,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.WatchSteps,
                     request_deserializer=splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.FromString,
                     response_serializer=splitserve_dot_v1_dot_worker__pb2.StepSample.SerializeToString,
+            ),
+            'Multiplex': grpc.stream_stream_rpc_method_handler(
+                    servicer.Multiplex,
+                    request_deserializer=splitserve_dot_v1_dot_worker__pb2.MuxRequest.FromString,
+                    response_serializer=splitserve_dot_v1_dot_worker__pb2.MuxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,6 +469,33 @@ class Worker:
             '/splitserve.v1.Worker/WatchSteps',
             splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.SerializeToString,
             splitserve_dot_v1_dot_worker__pb2.StepSample.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Multiplex(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/splitserve.v1.Worker/Multiplex',
+            splitserve_dot_v1_dot_worker__pb2.MuxRequest.SerializeToString,
+            splitserve_dot_v1_dot_worker__pb2.MuxResponse.FromString,
             options,
             channel_credentials,
             insecure,

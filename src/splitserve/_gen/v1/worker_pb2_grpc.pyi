@@ -63,6 +63,14 @@ class WorkerStub:
     oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
     that cannot report steps answer UNIMPLEMENTED.
     """
+    Multiplex: _grpc.StreamStreamMultiCallable[_worker_pb2.MuxRequest, _worker_pb2.MuxResponse]
+    """Many Prefill / Decode / Generate requests over one long-lived stream (the router opens one
+    per worker instead of a call per request). Each MuxOp opens or cancels one sub-request,
+    named by the caller's stream_id; each sub-request ends with exactly one MuxStatus (OK after
+    its last chunk, or the code and details its own call would have ended with). Events of
+    several sub-requests that are ready together travel in one MuxResponse. Same semantics as
+    the per-request methods (which stay): owner, role, draining, tracing, cancellation.
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -92,6 +100,14 @@ class WorkerAsyncStub(WorkerStub):
     fits. Costs nothing while nobody watches; each watcher has a bounded buffer that drops its
     oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
     that cannot report steps answer UNIMPLEMENTED.
+    """
+    Multiplex: _aio.StreamStreamMultiCallable[_worker_pb2.MuxRequest, _worker_pb2.MuxResponse]  # type: ignore[assignment]
+    """Many Prefill / Decode / Generate requests over one long-lived stream (the router opens one
+    per worker instead of a call per request). Each MuxOp opens or cancels one sub-request,
+    named by the caller's stream_id; each sub-request ends with exactly one MuxStatus (OK after
+    its last chunk, or the code and details its own call would have ended with). Events of
+    several sub-requests that are ready together travel in one MuxResponse. Same semantics as
+    the per-request methods (which stay): owner, role, draining, tracing, cancellation.
     """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
@@ -173,6 +189,20 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         fits. Costs nothing while nobody watches; each watcher has a bounded buffer that drops its
         oldest samples (counted in StepSample.dropped) rather than slow the engine down. Engines
         that cannot report steps answer UNIMPLEMENTED.
+        """
+
+    @_abc_1.abstractmethod
+    def Multiplex(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.MuxRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.MuxResponse], _abc.AsyncIterator[_worker_pb2.MuxResponse]]:
+        """Many Prefill / Decode / Generate requests over one long-lived stream (the router opens one
+        per worker instead of a call per request). Each MuxOp opens or cancels one sub-request,
+        named by the caller's stream_id; each sub-request ends with exactly one MuxStatus (OK after
+        its last chunk, or the code and details its own call would have ended with). Events of
+        several sub-requests that are ready together travel in one MuxResponse. Same semantics as
+        the per-request methods (which stay): owner, role, draining, tracing, cancellation.
         """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,413 @@
+"""One multiplexed gRPC stream per worker (`Worker.Multiplex`) instead of a call per request.
+
+A `grpc.aio` call costs the router a set-up, a task, a read per message through the
+completion-queue poller thread and a loop wake-up, and trailers at the end. Over one long-lived
+`Multiplex` stream per worker, a request is a `MuxOp` on the stream and its events arrive in
+`MuxResponse` messages that carry whatever every sub-request had ready: at load, one read serves
+many requests.
+
+`MuxLink.stream` and `MuxLink.prefill` look to the dispatcher like the calls they replace
+(`read()` giving `TokenChunk`s then `aio.EOF`, `cancel()`; errors as `aio.AioRpcError` with the
+code the worker's handler ended with), including the call's deadline (a timer here; on expiry
+the sub-request is cancelled on the worker and the reader gets DEADLINE_EXCEEDED). When the
+stream breaks (the worker went away), every open sub-request fails with the stream's error, as
+its own call would have; the next request opens a new stream. A worker that does not serve
+`Multiplex` (UNIMPLEMENTED: an older worker, a test fake) is remembered as such and its requests
+go through the per-request calls, including those already waiting on the link: nothing had
+reached the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import grpc
+from grpc import aio
+
+from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Metadata = Sequence[tuple[str, str]] | None
+_OK: Final = grpc.StatusCode.OK.value[0]
+MUX_HEADER: Final = "splitserve-mux"
+"""The header a worker sends first on a `Multiplex` stream it serves."""
+_CODES: Final = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
+    return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details)
+
+
+class _Unsupported(Exception):  # noqa: N818 - internal signal
+    """The worker does not serve `Multiplex`: use the per-request call."""
+
+
+class MuxStream:
+    """One sub-request of a link, read like `aio.UnaryStreamCall` (or awaited, for a prefill)."""
+
+    __slots__ = (
+        "_call",
+        "_ended",
+        "_error",
+        "_fallback",
+        "_items",
+        "_link",
+        "_loop",
+        "_sid",
+        "_timer",
+        "_waiter",
+        "deadline",
+    )
+
+    def __init__(
+        self, link: MuxLink, sid: int, timeout_s: float | None, fallback: Callable[[], Any]
+    ) -> None:
+        self._link = link
+        self._sid = sid
+        self._loop = link.loop
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self._error: BaseException | None = None
+        self._fallback = fallback
+        self._call: Any = None
+        """The per-request call that replaced this sub-request (the worker has no Multiplex)."""
+        self.deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        if timeout_s is not None:
+            self.deadline = due = self._loop.time() + timeout_s
+            self._timer = self._loop.call_at(due, self._expire)
+
+    # -- fed by the link ------------------------------------------------------------------------
+
+    def _push(self, item: Any) -> None:
+        self._items.append(item)
+        self._wake()
+
+    def _end(self, error: BaseException | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self._ended:
+            self._link._cancel(self._sid)
+            self._end(_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    # -- the caller's side ----------------------------------------------------------------------
+
+    async def read(self) -> Any:
+        """The next event (`TokenChunk`, or the `PrefillResponse`), `aio.EOF` at the end."""
+        if self._call is not None:
+            return await self._call.read()
+        items = self._items
+        while not items:
+            if self._ended:
+                err = self._error
+                if isinstance(err, _Unsupported):
+                    self._call = self._fallback()
+                    return await self._call.read()
+                if err is not None:
+                    raise err
+                return aio.EOF
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = items.popleft()
+        if items and type(item) is _TokenChunk:
+            _merge(item, items)
+        return item
+
+    def cancel(self) -> bool:
+        """Stop the sub-request on the worker (nothing if it already ended)."""
+        if self._call is not None:
+            return bool(self._call.cancel())
+        if self._ended:
+            return False
+        self._link._cancel(self._sid)
+        self._end(asyncio.CancelledError())
+        return True
+
+    def remaining_s(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - self._loop.time())
+
+
+_TokenChunk: Final = common_pb2.TokenChunk
+_UNFINISHED: Final = common_pb2.FINISH_REASON_UNSPECIFIED
+_FAILED: Final = frozenset({common_pb2.FINISH_REASON_ERROR, common_pb2.FINISH_REASON_CANCELLED})
+
+
+def _merge(chunk: common_pb2.TokenChunk, items: collections.deque[Any]) -> None:
+    """Append to `chunk` the chunks queued behind it (they arrived while the reader was busy):
+    the reader then handles, detokenizes and writes them as one. Nothing waits for them; the
+    last one's finish reason carries over. Stops after a finishing chunk and before an error or
+    cancelled one (so the tokens ahead of a failure count as emitted, as when read one by one)."""
+    while items and chunk.finish_reason == _UNFINISHED:
+        nxt = items[0]
+        if type(nxt) is not _TokenChunk or nxt.finish_reason in _FAILED:
+            return  # an error ends the stream on its own: the tokens before it stay emitted
+        items.popleft()
+        chunk.token_ids.extend(nxt.token_ids)
+        if nxt.logprobs:
+            chunk.logprobs.extend(nxt.logprobs)
+        chunk.finish_reason = nxt.finish_reason
+
+
+class _UnaryAsStream:
+    """A prefill's per-request call (the fallback) read as a one-message stream."""
+
+    __slots__ = ("_call", "_done")
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._call = call
+        self._done = False
+
+    async def read(self) -> Any:
+        if self._done:
+            return aio.EOF
+        self._done = True
+        return await self._call()
+
+    def cancel(self) -> bool:
+        return False  # the awaiting task's cancellation cancels the call
+
+
+class MuxLink:
+    """The `Multiplex` stream to one worker (opened on first use, re-opened after a break)."""
+
+    def __init__(self, stub: worker_pb2_grpc.WorkerAsyncStub, name: str = "") -> None:
+        self.stub = stub
+        self.name = name
+        self.loop = asyncio.get_running_loop()
+        self.supported = True
+        """False once the worker answered UNIMPLEMENTED: every request uses its own call."""
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._subs: dict[int, MuxStream] = {}
+        self._next = 0
+        self._ops: list[worker_pb2.MuxOp] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._write_wake = asyncio.Event()
+        self._confirmed = False
+        """The worker sent something on the current stream: it serves Multiplex."""
+
+    # -- opening sub-requests -------------------------------------------------------------------
+
+    def stream(
+        self,
+        kind: str,
+        msg: worker_pb2.DecodeRequest | worker_pb2.GenerateRequest,
+        timeout: float | None,
+        metadata: Metadata,
+    ) -> MuxStream | aio.UnaryStreamCall:
+        """A Decode (`kind` "decode") or Generate sub-request, read like its call."""
+        method = self.stub.Decode if kind == "decode" else self.stub.Generate
+        if not self.supported:
+            return method(msg, timeout=timeout, metadata=metadata)
+        op = (
+            worker_pb2.MuxOp(decode=msg)  # type: ignore[arg-type]
+            if kind == "decode"
+            else worker_pb2.MuxOp(generate=msg)  # type: ignore[arg-type]
+        )
+        sub: MuxStream
+
+        def fallback() -> Any:
+            return method(msg, timeout=sub.remaining_s(), metadata=metadata)
+
+        sub = self._open(op, timeout, metadata, fallback)
+        return sub
+
+    async def prefill(
+        self, msg: worker_pb2.PrefillRequest, timeout_s: float | None, metadata: Metadata
+    ) -> worker_pb2.PrefillResponse:
+        """A Prefill sub-request's answer (errors as its call's)."""
+        if not self.supported:
+            resp: worker_pb2.PrefillResponse = await self.stub.Prefill(
+                msg, timeout=timeout_s, metadata=metadata
+            )
+            return resp
+        sub: MuxStream
+
+        async def unary() -> Any:
+            return await self.stub.Prefill(msg, timeout=sub.remaining_s(), metadata=metadata)
+
+        sub = self._open(
+            worker_pb2.MuxOp(prefill=msg), timeout_s, metadata, lambda: _UnaryAsStream(unary)
+        )
+        try:
+            resp = await sub.read()
+        except asyncio.CancelledError:
+            sub.cancel()
+            raise
+        if resp is aio.EOF:
+            raise _error(grpc.StatusCode.INTERNAL, "prefill ended without an answer")
+        assert isinstance(resp, worker_pb2.PrefillResponse)
+        return resp
+
+    def _open(
+        self,
+        op: worker_pb2.MuxOp,
+        timeout: float | None,
+        metadata: Metadata,
+        fallback: Callable[[], Any],
+    ) -> MuxStream:
+        self._next += 1
+        sid = op.stream_id = self._next
+        if metadata:
+            op.metadata.update(metadata)
+        sub = MuxStream(self, sid, timeout, fallback)
+        self._subs[sid] = sub
+        self._send(op)
+        return sub
+
+    def _cancel(self, sid: int) -> None:
+        if self._subs.pop(sid, None) is not None:
+            self._send(worker_pb2.MuxOp(stream_id=sid, cancel=worker_pb2.MuxCancel()))
+
+    def _send(self, op: worker_pb2.MuxOp) -> None:
+        self._ops.append(op)
+        if self._call is None:
+            self._start()
+        self._write_wake.set()
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._call = self.stub.Multiplex()
+        self._confirmed = False
+        self._write_wake = asyncio.Event()  # the writer of a broken stream may still hold its own
+        self._writer = asyncio.create_task(self._write(self._call), name=f"mux-write {self.name}")
+        self._reader = asyncio.create_task(self._read(self._call), name=f"mux-read {self.name}")
+
+    async def _write(self, call: Any) -> None:
+        wake = self._write_wake
+        try:
+            # Nothing is written before the worker's headers say it serves Multiplex: a write
+            # racing an UNIMPLEMENTED answer turns the call's status into INTERNAL.
+            headers = await call.initial_metadata()
+            if not any(k == MUX_HEADER for k, _ in headers or ()):
+                await call.code()  # not ours: wait for its end, which the reader reports
+                return
+            while call is self._call:
+                await wake.wait()
+                wake.clear()
+                if self._ops and call is self._call:
+                    ops, self._ops = self._ops, []
+                    await call.write(worker_pb2.MuxRequest(ops=ops))
+        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as err:
+            log.debug("mux write to %s failed: %s", self.name, err)  # the reader reports it
+
+    async def _read(self, call: Any) -> None:
+        subs = self._subs
+        error: BaseException
+        try:
+            while True:
+                msg = await call.read()
+                if msg is aio.EOF:
+                    error = _error(grpc.StatusCode.UNAVAILABLE, "the worker closed the stream")
+                    break
+                self._confirmed = True
+                for ev in msg.events:
+                    sub = subs.get(ev.stream_id)
+                    if sub is None:
+                        continue  # cancelled here meanwhile
+                    which = ev.WhichOneof("event")
+                    if which == "chunk":
+                        sub._push(ev.chunk)
+                    elif which == "prefill":
+                        sub._push(ev.prefill)
+                    elif which == "status":
+                        del subs[ev.stream_id]
+                        code = ev.status.code
+                        sub._end(
+                            None
+                            if code == _OK
+                            else _error(
+                                _CODES.get(code, grpc.StatusCode.UNKNOWN), ev.status.details
+                            )
+                        )
+        except aio.AioRpcError as err:
+            error = err
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED and not self._confirmed:
+                log.info("worker %s does not serve Multiplex: one call per request", self.name)
+                self.supported = False
+                error = _Unsupported()
+        except asyncio.CancelledError:
+            error = _error(grpc.StatusCode.CANCELLED, "the router closed the stream")
+            self._fail(call, error)
+            raise
+        self._fail(call, error)
+
+    def _fail(self, call: Any, error: BaseException) -> None:
+        """The stream is gone: every open sub-request ends with `error`; the next opens anew."""
+        if call is not self._call:
+            return
+        self._call = None
+        self._ops = []
+        self._write_wake.set()  # lets the writer see the call is gone
+        subs, self._subs = self._subs, {}
+        if subs and not isinstance(error, _Unsupported):
+            log.warning(
+                "mux stream to %s broke (%d requests open): %s", self.name, len(subs), error
+            )
+        for sub in subs.values():
+            sub._end(error)
+        with contextlib.suppress(Exception):
+            call.cancel()
+
+    async def close(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+        for task in (self._reader, self._writer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        subs, self._subs = self._subs, {}
+        for sub in subs.values():
+            sub._end(_error(grpc.StatusCode.CANCELLED, "the router closed the stream"))
+
+
+class MuxLinks:
+    """A link per worker endpoint, re-made when the endpoint's stub changes."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, MuxLink] = {}
+
+    def get(self, eid: str, stub: Any) -> MuxLink | None:
+        """The link to `eid` through `stub`; None for stubs without `Multiplex` (HTTP
+        backends)."""
+        if not hasattr(stub, "Multiplex"):
+            return None
+        link = self._links.get(eid)
+        if link is None or link.stub is not stub:
+            if link is not None:
+                old = link
+                asyncio.get_running_loop().create_task(old.close())
+            link = self._links[eid] = MuxLink(stub, eid)
+        return link
+
+    async def close(self) -> None:
+        links, self._links = self._links, {}
+        for link in links.values():
+            await link.close()

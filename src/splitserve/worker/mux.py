@@ -1,0 +1,170 @@
+"""`Worker.Multiplex`: many Prefill / Decode / Generate requests over one stream.
+
+The router opens one such stream per worker instead of a gRPC call per request: per-call set-up,
+trailers and the per-call tasks of `grpc.aio` are paid once per connection, and the events of
+every sub-request that are ready together leave as one message (`MuxResponse`), so a busy worker
+sends far fewer messages than tokens.
+
+Each sub-request runs through the very handler its own call would (`WorkerService.Prefill`,
+`Decode`, `Generate`) under a `SubContext`: the stream's peer and TLS identity (so
+`security.owners` records the same owner, and an owner-scoped `Cancel` works as before), the
+sub-request's own metadata (the trace context), and an `abort` that ends only that sub-request
+with the status its call would have had. A `MuxCancel`, or the stream going away, cancels the
+sub-request's task the way a cancelled call cancels its handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+
+from splitserve._gen.v1 import worker_pb2
+
+if TYPE_CHECKING:
+    from splitserve.worker.server import WorkerService
+
+log = logging.getLogger(__name__)
+
+
+class SubAbort(Exception):  # noqa: N818 - a status, as grpc's own abort
+    """`SubContext.abort`: end one sub-request with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class SubContext:
+    """The servicer context one sub-request's handler sees (the parts the handlers use)."""
+
+    __slots__ = ("_metadata", "_outer")
+
+    def __init__(self, outer: grpc.aio.ServicerContext, metadata: Mapping[str, str]) -> None:
+        self._outer = outer
+        self._metadata = tuple(metadata.items())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> NoReturn:
+        raise SubAbort(code, details)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return str(self._outer.peer())
+
+    def auth_context(self) -> Mapping[str, Any]:
+        return self._outer.auth_context()  # type: ignore[no-any-return]
+
+    async def send_initial_metadata(self, _: object) -> None:
+        return None
+
+
+_OK = worker_pb2.MuxStatus(code=grpc.StatusCode.OK.value[0])
+MUX_HEADER = "splitserve-mux"
+"""Sent first: the caller writes nothing before it (`router.mux`)."""
+
+
+async def serve(
+    service: WorkerService,
+    requests: AsyncIterator[worker_pb2.MuxRequest],
+    context: grpc.aio.ServicerContext,
+) -> AsyncIterator[worker_pb2.MuxResponse]:
+    """The `Multiplex` handler: run each opened sub-request in a task, and send whatever events
+    are ready as one message each time the previous one is written."""
+    pending: list[worker_pb2.MuxEvent] = []
+    wake = asyncio.Event()
+    tasks: dict[int, asyncio.Task[None]] = {}
+    reading = True
+
+    def emit(event: worker_pb2.MuxEvent) -> None:
+        pending.append(event)
+        wake.set()
+
+    async def read() -> None:
+        nonlocal reading
+        try:
+            async for batch in requests:
+                for op in batch.ops:
+                    sid = op.stream_id
+                    which = op.WhichOneof("op")
+                    if which == "cancel":
+                        task = tasks.pop(sid, None)
+                        if task is not None:
+                            task.cancel()
+                        continue
+                    if which is None or sid in tasks:
+                        what = "no operation" if which is None else "a stream_id already open"
+                        emit(_status(sid, grpc.StatusCode.INVALID_ARGUMENT, f"mux op with {what}"))
+                        continue
+                    tasks[sid] = asyncio.create_task(
+                        _run(service, context, sid, op, emit, tasks), name=f"mux-{sid}"
+                    )
+        finally:
+            reading = False
+            wake.set()
+
+    await context.send_initial_metadata(((MUX_HEADER, "1"),))  # the caller may write now
+    reader = asyncio.create_task(read(), name="mux-read")
+    try:
+        while True:
+            await wake.wait()
+            wake.clear()
+            if pending:
+                batch, pending = pending, []
+                yield worker_pb2.MuxResponse(events=batch)
+            elif not reading and not tasks:
+                return  # the caller half-closed and every sub-request has ended
+    finally:
+        reader.cancel()
+        for task in list(tasks.values()):
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+async def _run(
+    service: WorkerService,
+    outer: grpc.aio.ServicerContext,
+    sid: int,
+    op: worker_pb2.MuxOp,
+    emit: Callable[[worker_pb2.MuxEvent], None],
+    tasks: dict[int, asyncio.Task[None]],
+) -> None:
+    ctx: Any = SubContext(outer, op.metadata)
+    which = op.WhichOneof("op")
+    status = _OK
+    try:
+        if which == "prefill":
+            resp = await service.Prefill(op.prefill, ctx)
+            emit(worker_pb2.MuxEvent(stream_id=sid, prefill=resp))
+        else:
+            stream = (
+                service.Decode(op.decode, ctx)
+                if which == "decode"
+                else service.Generate(op.generate, ctx)
+            )
+            async for chunk in stream:
+                emit(worker_pb2.MuxEvent(stream_id=sid, chunk=chunk))
+    except SubAbort as err:
+        status = worker_pb2.MuxStatus(code=err.code.value[0], details=err.details)
+    except asyncio.CancelledError:
+        tasks.pop(sid, None)
+        raise  # cancelled by the caller (MuxCancel) or the stream ending: no status
+    except Exception as err:
+        log.exception("mux sub-request %s (%s) failed", sid, which)
+        status = worker_pb2.MuxStatus(
+            code=grpc.StatusCode.UNKNOWN.value[0], details=f"{type(err).__name__}: {err}"
+        )
+    tasks.pop(sid, None)
+    emit(worker_pb2.MuxEvent(stream_id=sid, status=status))
+
+
+def _status(sid: int, code: grpc.StatusCode, details: str) -> worker_pb2.MuxEvent:
+    return worker_pb2.MuxEvent(
+        stream_id=sid, status=worker_pb2.MuxStatus(code=code.value[0], details=details)
+    )

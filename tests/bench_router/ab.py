@@ -1,0 +1,167 @@
+"""Interleaved A/B of two splitserve router trees on the same workers, in the same run.
+
+Both routers are pinned to core 0 (only one is loaded at a time), the zero-delay sim workers and
+this load generator to core 1. Rounds alternate A / B (the order flips every round); each round
+is a closed loop at concurrency 32 and reports the router's CPU time per request (from
+`/proc/PID/stat`) and its throughput, plus the c=1 TTFT p50. Ratios within a run are what to
+quote: on a shared machine the absolute figures move with the other tenants.
+
+    python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
+
+`--b-env K=V` sets environment variables of router B only (e.g. a setting to compare within
+one tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
+from tests.bench_router import loadgen
+from tests.bench_router.loadgen import percentile
+from tests.bench_router.run import (
+    LOAD_CORE,
+    ROUTER_CORE,
+    Procs,
+    _cpu_s,
+    _free_port,
+    _router_args,
+    _wait_file,
+    _wait_http,
+    chat_body,
+    prompt_of,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--a-src", required=True, help="src/ directory of router A (before)")
+    parser.add_argument("--b-src", default=None, help="src/ of router B (default: this tree)")
+    parser.add_argument("--b-env", action="append", default=[], help="K=V for router B only")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
+    parser.add_argument("--prompt-tokens", type=int, default=200)
+    parser.add_argument("--py-spy", default=None)
+    parser.add_argument("--spy-out", default="out/ab-spy-b.txt")
+    parser.add_argument("--spy-a", action="store_true", help="profile router A instead of B")
+    parser.add_argument(
+        "--vllm-router", default=None, help="also vllm-router (P/D over fake backends) as V"
+    )
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {LOAD_CORE})
+    work = Path(tempfile.mkdtemp(prefix="bench-router-ab-"))
+    cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", work / "cache"))
+    tok_dir = default_tokenizer_dir(cache / "tokenizer")
+    tokenizer = TextTokenizer.from_dir(tok_dir)
+    procs = Procs(work)
+    try:
+        workers = []
+        for role in ("prefill", "decode"):
+            ready = work / f"{role}.json"
+            p = procs.spawn(
+                role,
+                [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
+                 "--sim-time-scale", "0", "--ready-file", str(ready)],
+                LOAD_CORE,
+            )  # fmt: skip
+            workers.append(_wait_file(ready, p)["address"])
+        routers: dict[str, tuple[int, int]] = {}
+        for name, src, extra in (
+            ("A", args.a_src, []),
+            ("B", args.b_src, args.b_env),
+        ):
+            env = dict(os.environ)
+            if src:
+                env["PYTHONPATH"] = str(Path(src).resolve())
+            for kv in extra:
+                k, _, v = kv.partition("=")
+                env[k] = v
+            port = _free_port()
+            proc = procs.spawn(
+                f"router-{name}", _router_args(workers, tok_dir, port), ROUTER_CORE, env
+            )
+            _wait_http(port, "/ready")
+            routers[name] = (port, proc.pid)
+        prompt = prompt_of(tokenizer, args.prompt_tokens)
+        raw = {
+            n: loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
+            for n, (port, _) in routers.items()
+        }
+        if args.vllm_router:
+            fake_p, fake_d, peer_port = _free_port(), _free_port(), _free_port()
+            procs.spawn("fake-openai", [sys.executable, "-m", "tests.bench_router.fake_openai",
+                                        str(fake_p), str(fake_d)], LOAD_CORE)  # fmt: skip
+            _wait_http(fake_d)
+            peer = procs.spawn(
+                "vllm-router",
+                [args.vllm_router, "--vllm-pd-disaggregation", "--prefill",
+                 f"http://127.0.0.1:{fake_p}", "--decode", f"http://127.0.0.1:{fake_d}",
+                 "--host", "127.0.0.1", "--port", str(peer_port), "--policy", "round_robin",
+                 "--log-level", "warning"],
+                ROUTER_CORE,
+            )  # fmt: skip
+            _wait_http(peer_port)
+            routers["V"] = (peer_port, peer.pid)
+            raw["V"] = loadgen.request_bytes(
+                peer_port, "/v1/chat/completions", chat_body("m", prompt)
+            )
+        for n, (port, _) in routers.items():
+            asyncio.run(loadgen.closed_loop(port, raw[n], 8, 300, 30))  # warm-up
+        rows: dict[str, list[dict[str, Any]]] = {n: [] for n in routers}
+        for r in range(args.rounds):
+            order = tuple(routers) if r % 2 == 0 else tuple(reversed(routers))
+            for n in order:
+                port, pid = routers[n]
+                one = asyncio.run(loadgen.closed_loop(port, raw[n], 1, 200, 30))
+                spy = None
+                if args.py_spy and r == 1 and n == ("A" if args.spy_a else "B"):
+                    spy = subprocess.Popen(
+                        [args.py_spy, "record", "-o", args.spy_out, "--pid", str(pid),
+                         "--duration", "8", "-r", "200", "--nonblocking", "--format", "raw"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    )  # fmt: skip
+                cpu0 = _cpu_s(pid)
+                sat = asyncio.run(loadgen.closed_loop(port, raw[n], 32, args.count, 30))
+                cpu = _cpu_s(pid) - cpu0
+                if spy is not None:
+                    spy.wait(60)
+                row = {
+                    "round": r,
+                    "router": n,
+                    "cpu_ms_per_req": round(cpu / max(1, sat.done) * 1e3, 3),
+                    "rps": round(sat.done / sat.wall_s, 1),
+                    "errors": sat.errors,
+                    "ttft_p50_ms_c1": round(percentile(one.ttft_s, 50) * 1e3, 2),
+                    "load": round(os.getloadavg()[0], 1),
+                }
+                rows[n].append(row)
+                print(json.dumps(row), flush=True)
+        mean = {n: sum(x["cpu_ms_per_req"] for x in v) / len(v) for n, v in rows.items()}
+        print(
+            json.dumps(
+                {
+                    "prompt_tokens": args.prompt_tokens,
+                    "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
+                    "cpu_ratio_b_over_a": round(mean["B"] / mean["A"], 3),
+                    "cpu_ratio_b_over_v": round(mean["B"] / mean["V"], 2) if "V" in mean else None,
+                    "rps_ratio_b_over_a": round(
+                        sum(x["rps"] for x in rows["B"]) / sum(x["rps"] for x in rows["A"]), 3
+                    ),
+                }
+            ),
+            flush=True,
+        )
+    finally:
+        procs.stop()
+
+
+if __name__ == "__main__":
+    main()
