@@ -57,6 +57,7 @@ from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_par
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.nixl import PullDriver, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
+from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,10 @@ class VllmEngine:
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
         self._grammars: GrammarCatchUp | None = None
+        self.on_step_time: StepHook | None = None
+        self.on_kv_pull: KvPullHook | None = None
+        """Set by the worker service: each step's time and each decode's KV pull (`stats.py`)."""
+        self._observer = EngineObserver(self)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -559,6 +564,7 @@ class VllmEngine:
         self._tap_schedule(core.scheduler)
         self._grammars = GrammarCatchUp.install(core.scheduler)
         clip_pulls(core.scheduler, HANDOFF_KEY)
+        self._observer.tap(engine, core.scheduler, loop, self._bytes_per_token)
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
@@ -720,7 +726,11 @@ class VllmEngine:
             pin_process(cpus)  # threads vLLM and torch start while building inherit it
         progress = cfg.nixl_progress_thread or os.environ.get(PROGRESS_THREAD_ENV, "") == "1"
         with nixl_progress_thread(progress):
-            engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+            engine = LLMEngine.from_vllm_config(
+                vllm_config,
+                disable_log_stats=False,
+                stat_loggers=[self._observer.stat_logger_factory()],
+            )
         if cpus or original:
             # vLLM's CPU NixlConnector pinned this thread to the machine's last core: undo it.
             pin_process(cpus or original)
