@@ -265,6 +265,10 @@ def test_worker_step_and_kv_pull_series_and_the_pull_span(
     req = _request("observed", prompt, 6)
     outcome: PrefillOutcome = prefill.call("prefill", req)
     assert outcome.kv is not None
+    # The prefill's queue wait and prefill time are vLLM's stamps (queued, scheduled, first
+    # token), not zero and the whole call.
+    assert outcome.queue_s > 0
+    assert outcome.prefill_s > 0
     tokens = decode.call("decode_grpc", req, outcome.first_token_id, outcome.kv)
     assert len(tokens) == 5
     observed = decode.call("observed")

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from splitserve.worker.vllm_adapter.stats import (
+    MAX_TIMED_REQUESTS,
     MAX_TRACKED_PULLS,
     KvPullHook,
     KvPullTimer,
+    RequestTimes,
     StepHook,
     StepTimer,
     external_id_of,
@@ -135,3 +137,20 @@ def test_external_ids_come_from_vllms_output_processor() -> None:
     external = external_id_of(engine)
     assert external("x-abcdef12") == "x"
     assert external("unknown") == "unknown"
+
+
+def test_finished_requests_keep_vllms_queue_and_prefill_times_until_asked() -> None:
+    times = RequestTimes()
+    finished = [
+        SimpleNamespace(request_id="p", queued_time=0.125, prefill_time=0.5),
+        SimpleNamespace(request_id=None, queued_time=1.0, prefill_time=1.0),
+    ]
+    times.record(SimpleNamespace(finished_requests=finished))
+    times.record(None)  # a step without request outputs
+    assert times.pop("p") == (0.125, 0.5)
+    assert times.pop("p") is None  # once
+    for i in range(MAX_TIMED_REQUESTS + 5):
+        one = SimpleNamespace(request_id=f"r{i}", queued_time=0.0, prefill_time=0.0)
+        times.record(SimpleNamespace(finished_requests=[one]))
+    assert times.pop("r0") is None  # nobody asked: forgotten
+    assert times.pop(f"r{MAX_TIMED_REQUESTS + 4}") == (0.0, 0.0)

@@ -270,12 +270,17 @@ class VllmEngine:
                 num_bytes=self._bytes_per_token * request.num_prompt_tokens,
                 params=kvp,
             )
+        # vLLM's own stamps (queued -> scheduled -> first token); without them, all is prefill.
+        queue_s, prefill_s = self._observer.times.pop(str(request.id)) or (
+            0.0,
+            time.monotonic() - stream.submitted_s,
+        )
         return PrefillOutcome(
             first_token_id=first,
             kv=kv,
             finish_reason=finish,
-            queue_s=0.0,
-            prefill_s=time.monotonic() - stream.submitted_s,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
             first_logprobs=first_logprobs,
         )
 

@@ -24,6 +24,12 @@ vLLM they come from two hooks inside the in-process engine, both running on the 
   stays in `splitserve_worker_vllm_kv_transfer_seconds`. Bytes are the pulled tokens at the
   model's KV bytes per token (what `KvHandle.num_bytes` counts; NIXL moves whole blocks). A
   pull that failed, or whose request ended first, is not observed.
+* `RequestTimes`: each finished request's queue wait and prefill time as vLLM's engine core
+  stamped them (`IterationStats.finished_requests`: `queued_time`, first scheduled minus
+  queued; `prefill_time`, first token minus first scheduled), which a prefill worker reports
+  (`PrefillOutcome.queue_s` / `prefill_s`, the `worker.prefill` span's attributes). vLLM records
+  a step's stats before the engine thread hands out that step's outputs, so a prefill finds its
+  times when its last output arrives.
 
 vLLM is imported only by `stat_logger_factory()`'s logger (the engine builds it); the rest is
 plain Python, unit-tested with fakes.
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -85,6 +92,34 @@ class StepTimer:
         if hook is None or (started is None and not preempted):
             return
         hook(max(0.0, self.now() - started) if started is not None else None, preempted)
+
+
+MAX_TIMED_REQUESTS = 1024
+"""Finished requests whose times nobody asked for (decodes, aggregated) are forgotten beyond
+this."""
+
+
+class RequestTimes:
+    """(queue wait, prefill time) of recently finished requests, by our request id."""
+
+    def __init__(self) -> None:
+        self._times: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, iteration_stats: Any) -> None:
+        """From vLLM's `record()` (engine thread)."""
+        for f in getattr(iteration_stats, "finished_requests", None) or ():
+            if f.request_id is None:
+                continue
+            with self._lock:
+                if len(self._times) >= MAX_TIMED_REQUESTS:
+                    del self._times[next(iter(self._times))]
+                self._times[str(f.request_id)] = (float(f.queued_time), float(f.prefill_time))
+
+    def pop(self, request_id: str) -> tuple[float, float] | None:
+        """A finished request's (queue wait, prefill time), once; None if vLLM gave none."""
+        with self._lock:
+            return self._times.pop(request_id, None)
 
 
 class KvPullTimer:
@@ -160,13 +195,14 @@ class EngineObserver:
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
         self.steps = StepTimer(sink)
+        self.times = RequestTimes()
         self.pulls: KvPullTimer | None = None
 
     def stat_logger_factory(self) -> Callable[[Any, int], Any]:
         """A per-engine `StatLoggerFactory` for `LLMEngine(stat_loggers=[...])`."""
         from vllm.v1.metrics.loggers import StatLoggerBase
 
-        steps = self.steps
+        steps, times = self.steps, self.times
 
         class WorkerStatLogger(StatLoggerBase):  # type: ignore[misc]
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
@@ -180,6 +216,7 @@ class EngineObserver:
                 engine_idx: int = 0,
             ) -> None:
                 steps.record(iteration_stats)
+                times.record(iteration_stats)
 
             def log_engine_initialized(self) -> None:
                 pass
