@@ -238,15 +238,18 @@ class WorkerMetrics:
         self.step_seconds = Histogram(
             "splitserve_worker_step_seconds",
             "Duration of one engine step (one batch forward pass; a fused run of decode steps "
-            "counts once). Simulated engine: the modelled step time.",
+            "counts once). Simulated engine: the modelled step time. vLLM engine: from the "
+            "step's schedule() to vLLM's stats record (forward pass, sampling, output "
+            "processing); steps that scheduled no token are not counted.",
             buckets=_STEP_BUCKETS,
             registry=registry,
         )
         self.kv_pull_seconds = Histogram(
             "splitserve_worker_kv_pull_seconds",
             "Time a decode worker took to pull one request's KV cache from its prefill worker "
-            "(the transfer and the source's confirmation). vLLM engine: see "
-            "splitserve_worker_vllm_kv_transfer_seconds.",
+            "(the transfer and the source's confirmation). vLLM engine: from the decode's "
+            "admission to vLLM to its KV received (block allocation, handshake, READ); the "
+            "READ alone is splitserve_worker_vllm_kv_transfer_seconds.",
             buckets=_TTFT_BUCKETS,
             registry=registry,
         )

@@ -139,11 +139,22 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._load_seq = 0
         self._decode_spans: dict[str, Any] = {}
         """Open `worker.decode` spans by request id (tracing on): a KV pull's span joins it."""
-        if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (SimEngine)
+        if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (Sim, vLLM)
             engine.on_kv_pull = self.kv_pulled
+        if hasattr(engine, "on_step_time"):  # engines that time their own steps (VllmEngine)
+            engine.on_step_time = self.step_ran
         self.owners = Owners()
         """Who started each request (`security.owners`): Cancel / ReleaseKv act only for it."""
         self._set_role_gauge()
+
+    def step_ran(self, seconds: float | None, preempted: int) -> None:
+        """The engine ran a step (`VllmEngine.on_step_time`, on its engine thread:
+        prometheus_client's metrics are thread-safe); `seconds` None: it scheduled no token."""
+        if seconds is not None:
+            self.metrics.steps.inc()
+            self.metrics.step_seconds.observe(seconds)
+        if preempted:
+            self.metrics.preemptions.inc(preempted)
 
     def kv_pulled(self, request_id: str, num_bytes: int, seconds: float) -> None:
         """The engine pulled a request's KV (`SimEngine.on_kv_pull`): the pull-time histogram,

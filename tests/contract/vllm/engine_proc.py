@@ -4,7 +4,11 @@
 ("generate", Request), ("prefill", Request), ("decode", Request, first, KvHandle),
 ("decode_steps", Request, first, KvHandle), ("endpoint",), ("warm", endpoint),
 ("generate_cancel", Request), ("release", RequestId), ("released",), ("load",), ("metrics",),
-("stop",).
+("decode_grpc", Request, first, KvHandle), ("observed",), ("stop",).
+The engine also sits behind the worker's real gRPC service (`WorkerService`: the hooks it wires
+into the engine, the worker's own metrics) on a loopback port, with traces going to an in-memory
+exporter: `decode_grpc` decodes through that service, `observed` returns the worker's metric
+samples and the finished spans.
 Each answer is ("ok", value) or ("error", text). Two of these (prefill and decode) exercise P/D
 over NIXL between processes, as in production.
 """
@@ -34,9 +38,17 @@ def _env(cpu: str) -> None:
 
 
 async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str) -> None:
+    import grpc
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+    from splitserve.core.clock import SystemClock
     from splitserve.core.kv import KvHandle
+    from splitserve.core.roles import Role
+    from splitserve.obs import tracing
+    from splitserve.obs.metrics import WorkerMetrics
+    from splitserve.worker.server import WorkerIdentity, WorkerService, kv_to_pb
     from splitserve.worker.vllm_adapter.engine import VllmEngine, VllmEngineConfig
     from splitserve.worker.vllm_adapter.metrics_map import read_vllm_metrics
 
@@ -56,7 +68,18 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
         ),
         release_remote=release_remote,
     )
+    spans = InMemorySpanExporter()
+    tracing.configure("worker", exporter=spans)
+    worker_registry = CollectorRegistry()
+    service = WorkerService(
+        engine, Role.MIXED, WorkerIdentity(address, address), WorkerMetrics(worker_registry),
+        SystemClock(),
+    )  # fmt: skip
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    grpc_port = server.add_insecure_port("127.0.0.1:0")
     await engine.start()
+    await server.start()
     conn.send(("ok", "ready"))
     while True:
         cmd = await asyncio.to_thread(conn.recv)
@@ -106,7 +129,45 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                     "mapped": read_vllm_metrics(engine.vllm_metrics()),
                     "exposition": generate_latest(registry).decode(),
                 }
+            elif op == "decode_grpc":  # through the worker's gRPC service
+                req, first, kv = cmd[1], cmd[2], cmd[3]
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                    stub = worker_pb2_grpc.WorkerStub(channel)
+                    call = stub.Decode(
+                        worker_pb2.DecodeRequest(
+                            request_id=str(req.id),
+                            prompt_token_ids=list(req.prompt_token_ids),
+                            first_token_id=first,
+                            sampling=common_pb2.SamplingParams(
+                                max_tokens=req.sampling.max_tokens, temperature=0.0
+                            ),
+                            kv=kv_to_pb(kv),
+                        ),
+                        timeout=120,
+                    )
+                    value = [t async for chunk in call for t in chunk.token_ids]
+            elif op == "observed":  # the worker's own series and the spans so far
+                value = {
+                    "samples": {
+                        s.name: s.value
+                        for m in worker_registry.collect()
+                        for s in m.samples
+                        if not s.labels
+                    },
+                    "spans": [
+                        {
+                            "name": sp.name,
+                            "span_id": sp.context.span_id if sp.context else None,
+                            "parent": sp.parent.span_id if sp.parent else None,
+                            "attributes": dict(sp.attributes or {}),
+                            "events": [e.name for e in sp.events],
+                            "seconds": ((sp.end_time or 0) - (sp.start_time or 0)) / 1e9,
+                        }
+                        for sp in spans.get_finished_spans()
+                    ],
+                }
             elif op == "stop":
+                await server.stop(None)
                 await engine.stop()
                 conn.send(("ok", None))
                 return

@@ -242,3 +242,56 @@ def test_a_request_longer_than_the_model_is_refused(engines: tuple[EngineProc, E
     with pytest.raises(RuntimeError, match="CapacityError"):
         prefill.call("prefill", _request("too-long", [1] * 1100))
     assert prefill.call("load").num_kv_held == 0
+
+
+def test_worker_step_and_kv_pull_series_and_the_pull_span(
+    engines: tuple[EngineProc, EngineProc],
+) -> None:
+    """The worker's own series on the vLLM engine (through `WorkerService`, as a worker runs):
+    each step's time (`splitserve_worker_step_seconds`, vLLM's stat-logger hook), each decode's
+    KV pull (`splitserve_worker_kv_pull_seconds`) and its `worker.kv_pull` span under the
+    decode's span, with bytes and seconds."""
+    prefill, decode = engines
+    names = (
+        "splitserve_worker_step_seconds_count",
+        "splitserve_worker_step_seconds_sum",
+        "splitserve_worker_steps_total",
+        "splitserve_worker_kv_pull_seconds_count",
+        "splitserve_worker_kv_pull_seconds_sum",
+    )
+    d0 = {n: decode.call("observed")["samples"].get(n, 0.0) for n in names}
+    p0 = prefill.call("observed")["samples"]
+    prompt = [1, *range(800, 861)]
+    req = _request("observed", prompt, 6)
+    outcome: PrefillOutcome = prefill.call("prefill", req)
+    assert outcome.kv is not None
+    # The prefill's queue wait and prefill time are vLLM's stamps (queued, scheduled, first
+    # token), not zero and the whole call.
+    assert outcome.queue_s > 0
+    assert outcome.prefill_s > 0
+    tokens = decode.call("decode_grpc", req, outcome.first_token_id, outcome.kv)
+    assert len(tokens) == 5
+    observed = decode.call("observed")
+    d1 = observed["samples"]
+    # Decode: one pull; a step per token after the first (the first came from the prefill).
+    assert d1["splitserve_worker_kv_pull_seconds_count"] == d0[names[3]] + 1
+    assert d1["splitserve_worker_kv_pull_seconds_sum"] > d0[names[4]]
+    steps = d1["splitserve_worker_step_seconds_count"] - d0[names[0]]
+    assert steps >= 5
+    assert d1["splitserve_worker_steps_total"] - d0[names[2]] == steps
+    assert d1["splitserve_worker_step_seconds_sum"] > d0[names[1]]
+    # Prefill: its step moved the step histogram; it pulled nothing.
+    p1 = prefill.call("observed")["samples"]
+    assert p1["splitserve_worker_step_seconds_count"] > p0["splitserve_worker_step_seconds_count"]
+    assert p1["splitserve_worker_kv_pull_seconds_count"] == p0[names[3]]
+
+    ours = [
+        s for s in observed["spans"] if s["attributes"].get("splitserve.request_id") == "observed"
+    ]
+    (span,) = [s for s in ours if s["name"] == "worker.decode"]
+    (pull,) = [s for s in observed["spans"] if s["name"] == "worker.kv_pull"]
+    assert pull["parent"] == span["span_id"]
+    assert pull["attributes"]["splitserve.kv_bytes"] == outcome.kv.num_bytes > 0
+    assert 0 < pull["attributes"]["splitserve.kv_pull_s"] <= span["seconds"]
+    assert span["events"].count("first_token") == 1
+    prefill.call("release", RequestId("observed"))

@@ -87,7 +87,9 @@ DASHBOARD: Final = Dashboard(
                 Panel(
                     "KV pull time p50 / p99",
                     "Time a decode worker took to pull one request's KV from its prefill worker "
-                    "(transfer plus the source's confirmation), per decode worker.",
+                    "(transfer plus the source's confirmation), per decode worker. vLLM engine: "
+                    "from the decode's admission to its KV received; the READ alone is the NIXL "
+                    "panel.",
                     (
                         Query(quantile(0.5, W.kv_pull_seconds, "instance"), "p50 {{instance}}"),
                         Query(quantile(0.99, W.kv_pull_seconds, "instance"), "p99 {{instance}}"),

@@ -45,7 +45,9 @@ DASHBOARD: Final = Dashboard(
                 ),
                 Panel(
                     "Step time p50 / p99",
-                    "Duration of one engine step (one batch forward pass) per worker.",
+                    "Duration of one engine step (one batch forward pass) per worker. vLLM "
+                    "engine: schedule to vLLM's stats record of the step; simulated engine: the "
+                    "modelled time.",
                     (
                         Query(quantile(0.5, W.step_seconds, "instance"), "p50 {{instance}}"),
                         Query(quantile(0.99, W.step_seconds, "instance"), "p99 {{instance}}"),

@@ -59,6 +59,7 @@ from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_par
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
+from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,10 @@ class VllmEngine:
         self.kv_pulled_bytes = 0
         self._grammars: GrammarCatchUp | None = None
         self._in_step: PullInStep | None = None
+        self.on_step_time: StepHook | None = None
+        self.on_kv_pull: KvPullHook | None = None
+        """Set by the worker service: each step's time and each decode's KV pull (`stats.py`)."""
+        self._observer = EngineObserver(self)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -277,12 +282,17 @@ class VllmEngine:
                 num_bytes=self._bytes_per_token * request.num_prompt_tokens,
                 params=kvp,
             )
+        # vLLM's own stamps (queued -> scheduled -> first token); without them, all is prefill.
+        queue_s, prefill_s = self._observer.times.pop(str(request.id)) or (
+            0.0,
+            time.monotonic() - stream.submitted_s,
+        )
         return PrefillOutcome(
             first_token_id=first,
             kv=kv,
             finish_reason=finish,
-            queue_s=0.0,
-            prefill_s=time.monotonic() - stream.submitted_s,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
             first_logprobs=first_logprobs,
         )
 
@@ -574,6 +584,7 @@ class VllmEngine:
         self._tap_schedule(core.scheduler)
         self._grammars = GrammarCatchUp.install(core.scheduler)
         clip_pulls(core.scheduler, HANDOFF_KEY)
+        self._observer.tap(engine, core.scheduler, loop, self._bytes_per_token)
         self._snapshot = self._read_load(core.scheduler)
         self._engine = engine
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
@@ -739,7 +750,11 @@ class VllmEngine:
             pin_process(cpus)  # threads vLLM and torch start while building inherit it
         progress = cfg.nixl_progress_thread or os.environ.get(PROGRESS_THREAD_ENV, "") == "1"
         with nixl_progress_thread(progress):
-            engine = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=False)
+            engine = LLMEngine.from_vllm_config(
+                vllm_config,
+                disable_log_stats=False,
+                stat_loggers=[self._observer.stat_logger_factory()],
+            )
         if cpus or original:
             # vLLM's CPU NixlConnector pinned this thread to the machine's last core: undo it.
             pin_process(cpus or original)
