@@ -36,6 +36,7 @@ from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
 from splitserve.security.owners import Owners
 from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
+from splitserve.worker.kv_source import KvSources
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             engine.on_kv_pull = self.kv_pulled
         self.owners = Owners()
         """Who started each request (`security.owners`): Cancel / ReleaseKv act only for it."""
+        self.kv_sources: KvSources | None = None
+        """Checks a Decode's NIXL endpoint against its source's own (`worker.kv_source`)."""
         self._set_role_gauge()
 
     def kv_pulled(self, request_id: str, num_bytes: int, seconds: float) -> None:
@@ -267,6 +270,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if problem is not None:
             log.warning("refused a KV handle from %s: %s", context.peer(), problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        problem = await self.kv_sources.problem(kv) if self.kv_sources is not None else None
+        if problem is not None:  # ABORTED: the router generates from the prompt instead
+            log.warning("refused a KV handle from %s: %s", context.peer(), problem)
+            await context.abort(grpc.StatusCode.ABORTED, f"KV transfer refused: {problem}")
         self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
         span = WorkerSpan.start(
             "worker.decode", context, req, {"splitserve.kv_bytes": kv.num_bytes}
