@@ -481,8 +481,9 @@ def kv_handle_problem(kv: KvHandle, prompt_tokens: int, engine: object) -> str |
     (never more than the context the request was admitted with) and its bytes at most what that
     many tokens take in this engine (`kv_bytes_per_token`, else `MAX_KV_BYTES_PER_TOKEN`): a
     forged handle must not pin KV or inflate `kv_transfer_bytes_total`. Where the handle's source
-    may point is checked by the transport: with internal TLS the decode worker connects only to
-    a peer presenting a worker certificate of its CA (docs/security.md)."""
+    may point: the router passes only handles of current pool members (`router.kv_source`), a
+    NIXL endpoint must be the source's own (`worker.kv_source`), and with internal TLS the decode
+    worker connects only to a peer presenting a worker certificate of its CA (docs/security.md)."""
     if kv.num_tokens > prompt_tokens:
         return f"kv.num_tokens ({kv.num_tokens}) is more than the prompt ({prompt_tokens} tokens)"
     per_token = getattr(engine, "kv_bytes_per_token", 0)
