@@ -165,7 +165,7 @@ def chart_rules(helpers: Path) -> dict[str, list[dict[str, Any]]]:
 
     return {
         "cluster": block("splitserve.discoveryRules"),
-        "namespace": block("splitserve.managerRules"),
+        "namespace": block("splitserve.managerRules") + block("splitserve.internalTlsRules"),
     }
 
 

@@ -111,14 +111,35 @@ app.kubernetes.io/part-of: splitserve
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]
-# Internal TLS (operator --internal-tls, on by default): each service's router and worker
-# certificates (kubernetes.io/tls Secrets it owns) and, in the operator's own namespace, the CA
-# (splitserve-internal-ca). Read live, never listed or watched.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "create", "patch"]
 # Events on LLMServices (decisions, flip steps, failures); a repeat bumps its count.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- end -}}
+
+{{/* Internal TLS (operator --internal-tls, on by default): each service's router and worker
+certificates, in every watched namespace. */}}
+{{- define "splitserve.internalTlsRules" -}}
+# The operator's own CA issues them: kubernetes.io/tls Secrets it owns (and, in the operator's
+# own namespace, the CA, splitserve-internal-ca). Read live, never listed or watched.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
+{{- end -}}
+
+{{- define "splitserve.certManagerRules" -}}
+# cert-manager issues them (operator.certManager): Certificates the service owns; cert-manager
+# writes their Secrets, which only the pods mount.
+- apiGroups: ["cert-manager.io"]
+  resources: ["certificates"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end -}}
+
+{{- define "splitserve.tlsRules" -}}
+{{- if not .Values.operator.internalTls }}
+{{- else if .Values.operator.certManager.enabled }}
+{{ include "splitserve.certManagerRules" . }}
+{{- else }}
+{{ include "splitserve.internalTlsRules" . }}
+{{- end }}
 {{- end -}}

@@ -30,6 +30,30 @@ class LogLevel(StrEnum):
     ERROR = "ERROR"
 
 
+class IssuerKind(StrEnum):
+    ISSUER = "Issuer"
+    CLUSTER_ISSUER = "ClusterIssuer"
+
+
+class IssuerRefValues(Model):
+    name: str = Field("", max_length=253)
+    """Name of the cert-manager issuer. A CA issuer: every service's certificates and the
+    operator's must chain to the one CA the `ca.crt` of each Secret names."""
+    kind: IssuerKind = IssuerKind.CLUSTER_ISSUER
+    """ClusterIssuer (one for every namespace), or Issuer (then one of that name in the release
+    namespace and in every watched namespace)."""
+
+
+class CertManagerValues(Model):
+    enabled: bool = False
+    """Have cert-manager issue the internal certificates (with `internalTls`): the operator
+    renders a `Certificate` per service and role instead of issuing from its own CA, and the
+    chart renders the operator's own. The operator refuses to start when cert-manager's CRDs
+    are not installed."""
+    issuer_ref: IssuerRefValues = Field(default_factory=IssuerRefValues)
+    """The issuer of every internal certificate (required when enabled)."""
+
+
 class OperatorValues(Model):
     replicas: int = Field(1, ge=0, le=1)
     """Operator pods. One: the operator runs standalone (no peering), so it must not run twice."""
@@ -45,6 +69,8 @@ class OperatorValues(Model):
     """Issue and mount internal TLS certificates for every LLMService (CA in the Secret
     `splitserve-internal-ca` of the release namespace; docs/security.md). false: internal RPCs
     are plaintext (`operator run --no-internal-tls`)."""
+    cert_manager: CertManagerValues = Field(default_factory=CertManagerValues)
+    """Internal certificates from cert-manager instead of the operator's CA (docs/security.md)."""
     resources: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements(
             requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"}

@@ -36,6 +36,15 @@ def operator() -> None:
     "router, worker and operator RPCs use mutual TLS. Off: plaintext, or your own --tls-dir.",
 )
 @click.option(
+    "--cert-manager-issuer",
+    envvar="SPLITSERVE_CERT_MANAGER_ISSUER",
+    default="",
+    metavar="[ClusterIssuer/|Issuer/]NAME",
+    help="With --internal-tls: render cert-manager Certificates issued by this (CA) issuer "
+    "instead of issuing from the operator's own CA; the operator's own certificate then comes "
+    "from --tls-dir. Refused at start when cert-manager's CRDs are not installed.",
+)
+@click.option(
     "--router-image",
     envvar="SPLITSERVE_ROUTER_IMAGE",
     default="ghcr.io/splitserve/splitserve:latest",
@@ -89,6 +98,7 @@ def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     internal_tls: bool,
+    cert_manager_issuer: str,
     router_image: str,
     interval: float,
     drain_wait: float,
@@ -111,10 +121,25 @@ def run(
             raise click.UsageError("give --namespace (repeatable) or --all-namespaces")
         namespaces = (own,)
     ca_namespace = None
+    issuer = None
+    if cert_manager_issuer:
+        from splitserve.operator.certs import IssuerRef
+
+        if not internal_tls:
+            raise click.UsageError("--cert-manager-issuer needs --internal-tls")
+        try:
+            issuer = IssuerRef.parse(cert_manager_issuer)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--cert-manager-issuer") from None
     if internal_tls:
         from splitserve.security import tls
 
-        if tls.identity() is not None:
+        if issuer is not None and tls.identity() is None:
+            raise click.UsageError(
+                "--cert-manager-issuer: the operator's own certificate comes from --tls-dir "
+                "(SPLITSERVE_TLS_DIR; the chart mounts a cert-manager Certificate there)"
+            )
+        if issuer is None and tls.identity() is not None:
             raise click.UsageError(
                 "--tls-dir and --internal-tls: give --no-internal-tls to use your own certificate"
             )
@@ -130,6 +155,7 @@ def run(
         interval_s=interval,
         kubeconfig=kubeconfig,
         internal_tls_namespace=ca_namespace,
+        cert_manager_issuer=issuer,
     )
     if metrics_port:
         from splitserve.operator.control import runtime

@@ -23,14 +23,15 @@ import base64
 import datetime as dt
 import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from cryptography import x509
 
 from splitserve.operator import render
-from splitserve.operator.kube import Kube, Obj
-from splitserve.security.ca import CA_FILE, CERT_FILE, KEY_FILE, Authority
+from splitserve.operator.kube import Kube, KubeError, Obj, apply
+from splitserve.security.ca import CA_FILE, CERT_FILE, KEY_FILE, Authority, role_dns, role_uri
 
 log = logging.getLogger(__name__)
 
@@ -171,3 +172,118 @@ def secret_manifest(ref: render.ServiceRef, role: str, data: dict[str, str]) -> 
         "metadata": meta,
         "data": data,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# cert-manager mode: the operator renders Certificates, cert-manager issues the Secrets.
+
+CERT_MANAGER_API: Final = "cert-manager.io/v1"
+CERT_MANAGER_GROUP: Final = "cert-manager.io"
+ISSUER_KINDS: Final = ("Issuer", "ClusterIssuer")
+
+
+class CertManagerMissingError(Exception):
+    """cert-manager mode was asked for, but the API server has no cert-manager Certificates."""
+
+
+@dataclass(frozen=True, slots=True)
+class IssuerRef:
+    """The cert-manager issuer every internal certificate comes from (one CA for all: workers
+    trust the `ca.crt` cert-manager writes into each Secret, so it must be a CA issuer)."""
+
+    name: str
+    kind: str = "ClusterIssuer"
+    group: str = CERT_MANAGER_GROUP
+
+    @classmethod
+    def parse(cls, value: str) -> IssuerRef:
+        """`ClusterIssuer/NAME`, `Issuer/NAME` or `NAME` (a ClusterIssuer)."""
+        kind, _, name = value.rpartition("/")
+        kind = kind or "ClusterIssuer"
+        if kind not in ISSUER_KINDS or not name:
+            raise ValueError(
+                f"cert-manager issuer {value!r}: expected ClusterIssuer/NAME, Issuer/NAME or NAME"
+            )
+        return cls(name, kind)
+
+    def manifest(self) -> Obj:
+        return {"name": self.name, "kind": self.kind, "group": self.group}
+
+
+def certificate_manifest(ref: render.ServiceRef, role: str, issuer: IssuerRef) -> Obj:
+    """The cert-manager `Certificate` of a service's `role`: the same names as the operator's own
+    certificates (`CN=<role>`, `OU=<service>`, URI SAN `splitserve://<service>/<role>`, DNS SAN
+    `<role>.splitserve.internal`), into the Secret render mounts (`render.tls_secret_name`), EC
+    P-256, 90 days, renewed with a third left, a new key each time."""
+    service = service_identity(ref)
+    name = render.tls_secret_name(ref.name, role)
+    return {
+        "apiVersion": CERT_MANAGER_API,
+        "kind": "Certificate",
+        "metadata": {
+            "name": name,
+            "namespace": ref.namespace,
+            "labels": render.service_labels(ref.name, role),
+            "ownerReferences": [render.owner_reference(ref)],
+        },
+        "spec": {
+            "secretName": name,
+            "secretTemplate": {"labels": render.service_labels(ref.name, role)},
+            "commonName": role,
+            "subject": {"organizations": ["splitserve"], "organizationalUnits": [service]},
+            "uris": [role_uri(service, role)],
+            "dnsNames": [role_dns(role)],
+            "duration": f"{LEAF_DAYS * 24}h",
+            "renewBefore": f"{LEAF_DAYS * 24 // 3}h",
+            "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+            "usages": ["digital signature", "key encipherment", "server auth", "client auth"],
+            "issuerRef": issuer.manifest(),
+        },
+    }
+
+
+class CertManagerIssuer:
+    """Internal TLS through cert-manager: per service, two `Certificate`s whose Secrets render
+    mounts as it mounts the operator's own. cert-manager issues and renews them (the kubelet
+    updates the mounted files; the processes re-read them). The operator's own certificate comes
+    from the chart (a `Certificate` in its namespace, mounted at `--tls-dir`)."""
+
+    def __init__(self, issuer: IssuerRef) -> None:
+        self.issuer = issuer
+
+    @classmethod
+    def start(cls, kube: Kube, namespace: str, issuer: IssuerRef) -> CertManagerIssuer:
+        """Check that the API server serves cert-manager's Certificates (listing them in
+        `namespace`).
+
+        Raises:
+            CertManagerMissingError: it does not (the CRDs are not installed).
+        """
+        try:
+            kube.list(CERT_MANAGER_API, "Certificate", namespace)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            raise CertManagerMissingError(
+                f"internal TLS from cert-manager (issuer {issuer.kind}/{issuer.name}): the API "
+                f"server has no {CERT_MANAGER_API} Certificate resource — install cert-manager, "
+                "or run without --cert-manager-issuer (the operator's own CA)"
+            ) from None
+        return cls(issuer)
+
+    def refresh_own(self, now: dt.datetime) -> bool:
+        """cert-manager renews the operator's own certificate (mounted, re-read on change)."""
+        return False
+
+    def ensure(self, kube: Kube, ref: render.ServiceRef, now: dt.datetime) -> list[str]:
+        """Create or update the service's router and worker Certificates. Returns what it did."""
+        actions = []
+        for role in SERVICE_ROLES:
+            action, _ = apply(kube, certificate_manifest(ref, role, self.issuer))
+            if action != "unchanged":
+                actions.append(f"{action} Certificate {render.tls_secret_name(ref.name, role)}")
+        return actions
+
+
+Issuer = Pki | CertManagerIssuer
+"""Where a service's internal certificates come from: the operator's CA, or cert-manager."""

@@ -91,6 +91,9 @@ class OperatorConfig:
     internal_tls_namespace: str | None = None
     """Issue internal TLS certificates from the CA Secret in this namespace (`operator.certs`;
     the operator's own namespace); None: internal RPCs stay plaintext."""
+    cert_manager_issuer: certs.IssuerRef | None = None
+    """With `internal_tls_namespace`: render cert-manager Certificates from this issuer instead
+    of issuing from the operator's CA (the operator's own identity is then `--tls-dir`'s)."""
 
 
 @dataclass
@@ -120,7 +123,7 @@ class Operator:
         self.events = Recorder()
         self.coalescer = rc.Coalescer(config.settings.coalesce_s)
         self._kube: Kube | None = None
-        self._pki: certs.Pki | None = None
+        self._pki: certs.Issuer | None = None
         self._services: dict[tuple[str, str], ServiceState] = {}
         self._guard = threading.Lock()
 
@@ -138,14 +141,22 @@ class Operator:
                     self._kube = CachedKube(rest, self.store) if self.config.cache else rest
             return self._kube
 
-    def pki(self) -> certs.Pki | None:
+    def pki(self) -> certs.Issuer | None:
         """The internal CA and the operator's identity (loaded or created on first use, then
-        `security.tls` is configured with it); None when internal TLS is off."""
+        `security.tls` is configured with it), or cert-manager (checked to be installed); None
+        when internal TLS is off.
+
+        Raises:
+            CertManagerMissingError: cert-manager mode without cert-manager's CRDs.
+        """
         namespace = self.config.internal_tls_namespace
         if namespace is None:
             return None
         kube = self.kube()
         with self._guard:
+            issuer = self.config.cert_manager_issuer
+            if self._pki is None and issuer is not None:
+                self._pki = certs.CertManagerIssuer.start(kube, namespace, issuer)
             if self._pki is None:
                 import datetime
                 import tempfile
@@ -309,7 +320,10 @@ def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: An
     settings.networking.request_timeout = 60
     op = _operator(memo)
     op.kube()
-    op.pki()
+    try:
+        op.pki()
+    except certs.CertManagerMissingError as err:
+        raise kopf.PermanentError(str(err)) from err
     logger.info("splitserve operator started (reconcile every %.1fs)", op.config.interval_s)
 
 

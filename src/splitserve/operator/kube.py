@@ -41,6 +41,7 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (v1.API_VERSION, "LLMService"): "llmservices",
     (v1.API_VERSION, "LLMPool"): "llmpools",
+    ("cert-manager.io/v1", "Certificate"): "certificates",
 }
 
 OWNED_KINDS: Final = (

@@ -320,7 +320,29 @@ RUN_AS_USER: Final = 65532
 """The numeric user (and group, and fsGroup) every rendered pod runs as (Pod Security
 "restricted": non-root). Images that run as root by default, such as vLLM's, work as this user:
 their files are world-readable and what they write goes to the emptyDirs of `writable_dirs`."""
-HOME_DIR: Final = "/home/splitserve"
+HOME_DIR: Final = "/var/lib/splitserve"
+"""The containers' `HOME`: an emptyDir (the root filesystem is read-only). Not under `/home`,
+which images may populate."""
+
+
+def cache_env(home: str = HOME_DIR) -> list[Obj]:
+    """Where the processes keep caches, all under `home`: the XDG bases (Hugging Face, vLLM,
+    outlines and FlashInfer derive theirs from `XDG_CACHE_HOME`), and the ones that do not follow
+    them (Triton's `~/.triton`, TorchInductor's `/tmp/torchinductor_<user>`) named outright.
+    `USER` is set because the numeric user has no passwd entry and `getpass.getuser()` (torch's
+    compile cache) reads it."""
+    cache = f"{home}/.cache"
+    return [
+        {"name": "HOME", "value": home},
+        {"name": "USER", "value": "splitserve"},
+        {"name": "XDG_CACHE_HOME", "value": cache},
+        {"name": "XDG_CONFIG_HOME", "value": f"{home}/.config"},
+        {"name": "HF_HOME", "value": f"{cache}/huggingface"},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{cache}/vllm"},
+        {"name": "VLLM_CONFIG_ROOT", "value": f"{home}/.config/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{home}/.triton/cache"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{cache}/torchinductor"},
+    ]
 
 
 def pod_security() -> Obj:
@@ -341,10 +363,9 @@ def container_security(*, ipc_lock: bool) -> Obj:
 
 
 def writable_dirs(pod: Obj, *containers: Obj) -> None:
-    """The root filesystem is read-only: `/tmp` and a home directory (`HOME`, where vLLM,
-    Hugging Face, Triton and torch keep their caches by default) become emptyDirs (in place).
-    `USER` is set too: the numeric user has no passwd entry, and `getpass.getuser()` (torch's
-    compile cache) reads it."""
+    """The root filesystem is read-only: `/tmp` and a home directory become emptyDirs (in
+    place), and the cache locations (`cache_env`) point into the home directory. A variable the
+    container already sets (e.g. the download Job's `HF_HOME`, or `engine.env`) is kept."""
     pod["volumes"] = [
         *pod.get("volumes", []),
         {"name": "tmp", "emptyDir": {}},
@@ -356,12 +377,8 @@ def writable_dirs(pod: Obj, *containers: Obj) -> None:
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "home", "mountPath": HOME_DIR},
         ]
-        # First, so a user's own HOME (engine.env) wins.
-        c["env"] = [
-            {"name": "HOME", "value": HOME_DIR},
-            {"name": "USER", "value": "splitserve"},
-            *c.get("env", []),
-        ]
+        own = {e["name"] for e in c.get("env", [])}
+        c["env"] = [*(e for e in cache_env() if e["name"] not in own), *c.get("env", [])]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -152,11 +152,12 @@ def reconcile(
     *,
     events: Recorder | None = None,
     coalescer: Coalescer | None = None,
-    pki: certs.Pki | None = None,
+    pki: certs.Issuer | None = None,
 ) -> Outcome:
     """Bring the service's children, roles and status in line. Returns what it did.
 
-    `pki`: issue the service's internal TLS certificates and mount them (None: plaintext).
+    `pki`: issue the service's internal TLS certificates (or have cert-manager issue them) and
+    mount them (None: plaintext).
 
     Raises `ConfigError` (invalid spec) or `KubeError` after reporting either in status and as
     an Event.
@@ -186,7 +187,7 @@ def _reconcile(
     now: str,
     events: Recorder,
     coalescer: Coalescer | None,
-    pki: certs.Pki | None = None,
+    pki: certs.Issuer | None = None,
 ) -> Outcome:
     namespace, name = str(svc["metadata"]["namespace"]), str(svc["metadata"]["name"])
     ref = render.ServiceRef(name, namespace, str(svc["metadata"]["uid"]))

@@ -58,6 +58,7 @@ from splitserve.router import messages
 from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
 from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
+from splitserve.router.kv_source import is_member, kv_source_problem
 from splitserve.router.ledger import Ledger
 from splitserve.router.mux import MuxLink, MuxLinks, MuxStream
 from splitserve.router.pool_view import PoolView
@@ -534,6 +535,12 @@ class Dispatch:
             ):
                 log.warning("prefill of %s on %s ended with %s", req.id, eid, resp.finish_reason)
                 continue
+            problem = kv_source_problem(resp.kv, eid, self._d.pool) if resp.HasField("kv") else None
+            if problem is not None:  # never hand a decode worker a foreign KV source
+                log.warning("prefill of %s on %s: %s; its KV is not used", req.id, eid, problem)
+                self._fallback("kv_source_refused")
+                self._d.canceller.cancel_later(req.id, {eid: stub})
+                continue
             if resp.prefill_s > 0:  # the worker's own report of the prefill's engine time
                 self._d.pool.latency.observe_prefill(
                     eid, resp.num_prompt_tokens or req.num_prompt_tokens, resp.prefill_s
@@ -553,6 +560,9 @@ class Dispatch:
             stub = self._involve(eid)
             if stub is None:
                 continue
+            if kv is not None and not is_member(self._d.pool, kv.source_address):
+                self._fallback("kv_source_left")  # its KV went with it: generate instead
+                kv = None
             call = self._decode_call(stub, emitted, kv, self._link(eid, stub))
             num_before = len(emitted)
             self._d.pool.acquire(eid)

@@ -20,6 +20,7 @@ import grpc
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.errors import KvTransferError
 from splitserve.security import tls
+from splitserve.worker.kv_source import KvSources
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class KvWarmService(worker_pb2_grpc.WorkerKvServicer):
         self.engine = engine
         self.own_address = own_address
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.sources: KvSources | None = None
+        """Where the peers' endpoints are remembered for checking Decodes' KV handles."""
 
     async def KvEndpoint(  # noqa: N802 - gRPC method names
         self, request: worker_pb2.KvEndpointRequest, context: grpc.aio.ServicerContext
@@ -95,6 +98,8 @@ class KvWarmService(worker_pb2_grpc.WorkerKvServicer):
             own = self.engine.kv_endpoint()
             if own is None or transport != own[0]:
                 return "failed", f"transport {transport!r} is not this engine's"
+            if self.sources is not None and isinstance(params, dict):
+                self.sources.learn(peer, params)
             return ("warmed" if await self.engine.warm_kv(params) else "already"), ""
         except grpc.aio.AioRpcError as err:
             return "failed", f"KvEndpoint: {err.code().name} {err.details()}"

@@ -35,6 +35,7 @@ from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.security import tls
 from splitserve.worker.engine import Engine
+from splitserve.worker.kv_source import KvSources
 from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, bind_health, start
 from splitserve.worker.sim_engine import SimEngine, SimEngineConfig, ZeroDelay
@@ -126,6 +127,10 @@ class _ReleaseClient:
             worker_pb2.ReleaseKvRequest(request_id=kv.source_request_id), timeout=5.0
         )
         return bool(resp.found)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The cached channel to `address` (opened if needed)."""
+        return self._channel(address)
 
     async def notify(self, kv: KvHandle) -> None:
         """ReleaseKv without the answer (the vLLM engine's hook: NIXL checks the KV itself)."""
@@ -320,6 +325,8 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         registry.register(native())
     kv_warm = KvWarmService(engine, address) if isinstance(engine, KvPeerEngine) else None
     if kv_warm is not None:  # KV pairs set up before requests (the router's WarmKv)
+        # A Decode's NIXL endpoint must be its source worker's own (docs/security.md).
+        service.kv_sources = kv_warm.sources = KvSources(release.channel)
         worker_pb2_grpc.add_WorkerKvServicer_to_server(kv_warm, server)
     health_server = None
     health_port = None

@@ -37,6 +37,7 @@ from splitserve.security.owners import Owners
 from splitserve.worker import mux
 from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
+from splitserve.worker.kv_source import KvSources
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             engine.on_step_time = self.step_ran
         self.owners = Owners()
         """Who started each request (`security.owners`): Cancel / ReleaseKv act only for it."""
+        self.kv_sources: KvSources | None = None
+        """Checks a Decode's NIXL endpoint against its source's own (`worker.kv_source`)."""
         self._set_role_gauge()
 
     def step_ran(self, seconds: float | None, preempted: int) -> None:
@@ -279,6 +282,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if problem is not None:
             log.warning("refused a KV handle from %s: %s", context.peer(), problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        problem = await self.kv_sources.problem(kv) if self.kv_sources is not None else None
+        if problem is not None:  # ABORTED: the router generates from the prompt instead
+            log.warning("refused a KV handle from %s: %s", context.peer(), problem)
+            await context.abort(grpc.StatusCode.ABORTED, f"KV transfer refused: {problem}")
         self.metrics.kv_transfer_bytes.inc(kv.num_bytes)
         span = WorkerSpan.start(
             "worker.decode", context, req, {"splitserve.kv_bytes": kv.num_bytes}
@@ -495,8 +502,9 @@ def kv_handle_problem(kv: KvHandle, prompt_tokens: int, engine: object) -> str |
     (never more than the context the request was admitted with) and its bytes at most what that
     many tokens take in this engine (`kv_bytes_per_token`, else `MAX_KV_BYTES_PER_TOKEN`): a
     forged handle must not pin KV or inflate `kv_transfer_bytes_total`. Where the handle's source
-    may point is checked by the transport: with internal TLS the decode worker connects only to
-    a peer presenting a worker certificate of its CA (docs/security.md)."""
+    may point: the router passes only handles of current pool members (`router.kv_source`), a
+    NIXL endpoint must be the source's own (`worker.kv_source`), and with internal TLS the decode
+    worker connects only to a peer presenting a worker certificate of its CA (docs/security.md)."""
     if kv.num_tokens > prompt_tokens:
         return f"kv.num_tokens ({kv.num_tokens}) is more than the prompt ({prompt_tokens} tokens)"
     per_token = getattr(engine, "kv_bytes_per_token", 0)

@@ -57,6 +57,7 @@ RESOURCES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "v1/services": ("Service", True, ("status",)),
     "v1/configmaps": ("ConfigMap", True, ()),
     "v1/secrets": ("Secret", True, ()),
+    "cert-manager.io/v1/certificates": ("Certificate", True, ("status",)),
     "v1/serviceaccounts": ("ServiceAccount", True, ()),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, ()),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, ()),

@@ -99,7 +99,7 @@ def test_gpu_examples_request_gpu_rdma_shm_and_cache() -> None:
         "dshm": "/dev/shm",
         "internal-tls": "/var/run/splitserve/tls",
         "tmp": "/tmp",
-        "home": "/home/splitserve",
+        "home": "/var/lib/splitserve",
     }
     assert pod["initContainers"][0]["name"] == "wait-for-model"
 

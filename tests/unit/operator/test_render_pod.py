@@ -315,9 +315,27 @@ def test_security_context_is_restricted_friendly() -> None:
         c = p["containers"][0]
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         assert mounts["tmp"] == "/tmp"
-        assert mounts["home"] == "/home/splitserve"
-        assert {"name": "HOME", "value": "/home/splitserve"} in c["env"]
+        assert mounts["home"] == "/var/lib/splitserve"
+        assert {"name": "HOME", "value": "/var/lib/splitserve"} in c["env"]
         assert {"name": "tmp", "emptyDir": {}} in p["volumes"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        for name in (
+            "XDG_CACHE_HOME",
+            "XDG_CONFIG_HOME",
+            "HF_HOME",
+            "VLLM_CACHE_ROOT",
+            "VLLM_CONFIG_ROOT",
+            "TRITON_CACHE_DIR",
+            "TORCHINDUCTOR_CACHE_DIR",
+        ):
+            assert env[name].startswith("/var/lib/splitserve/"), name  # the writable home
+
+
+def test_a_cache_variable_the_user_sets_is_kept_once() -> None:
+    engine = {"kind": "vllm", "image": "img:1", "env": [{"name": "HF_HOME", "value": "/models/hf"}]}
+    pod = worker_pod(make_spec(engine=engine))
+    env = [e for e in pod["containers"][0]["env"] if e["name"] == "HF_HOME"]
+    assert env == [{"name": "HF_HOME", "value": "/models/hf"}]
 
 
 # --- KV transport ----------------------------------------------------------------------------
