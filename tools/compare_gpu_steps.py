@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from splitserve.core.perf import BatchShape, build_latency_model
+from splitserve.core.perf import BatchShape, LatencyModel, build_latency_model
 from splitserve.core.perf.kvlink import kv_link
 from splitserve.core.perf.published import _gpu_steps
 from splitserve.core.perf.vidur import VidurModel, vidur_models
@@ -27,17 +27,23 @@ def _shape(kind: str, batch: int, n: int) -> BatchShape:
     return BatchShape(decode_contexts=(n,) * batch)
 
 
+def _models(gpu: str, model: str) -> tuple[LatencyModel, LatencyModel, LatencyModel | None]:
+    """The roofline on the GPU's preset, the `measured-*` fit, and Vidur's H100 model where
+    Vidur covers the model on that GPU (else None)."""
+    hw = HARDWARE[gpu]
+    vidur = None
+    if gpu == "h100" and (model, 1) in vidur_models("h100"):
+        vidur = build_latency_model("vidur-h100", model, hw)
+    roof = build_latency_model("roofline", model, hw)
+    return roof, build_latency_model(f"measured-{gpu}", model, hw), vidur
+
+
 def main() -> None:
     summary: list[str] = []
     print("| GPU | model | step | measured ms | roofline | Vidur H100 | measured-* fit |")
     print("|---|---|---|---:|---:|---:|---:|")
     for (gpu, model), rows in sorted(_gpu_steps.STEPS.items()):
-        hw = HARDWARE[gpu]
-        roof = build_latency_model("roofline", model, hw)
-        fit = build_latency_model(f"measured-{gpu}", model, hw)
-        vidur = None
-        if gpu == "h100" and (model, 1) in vidur_models("h100"):
-            vidur = build_latency_model("vidur-h100", model, hw)
+        roof, fit, vidur = _models(gpu, model)
         errs: dict[str, list[float]] = {"roofline": [], "vidur": []}
         for kind, b, n, secs in rows:
             shape = _shape(kind, b, n)
@@ -64,12 +70,7 @@ def main() -> None:
     print("| GPU | model | chunk + decodes | measured ms | roofline | Vidur H100 | measured-* |")
     print("|---|---|---|---:|---:|---:|---:|")
     for (gpu, model), mrows in sorted(_gpu_steps.MIXED.items()):
-        hw = HARDWARE[gpu]
-        roof = build_latency_model("roofline", model, hw)
-        fit = build_latency_model(f"measured-{gpu}", model, hw)
-        vidur = None
-        if gpu == "h100" and (model, 1) in vidur_models("h100"):
-            vidur = build_latency_model("vidur-h100", model, hw)
+        roof, fit, vidur = _models(gpu, model)
         for n, b, c, secs in mrows:
             shape = BatchShape(prefill_chunks=((n, 0),), decode_contexts=(c,) * b)
             vs = f"{vidur.step_s(shape) / secs:.2f}x" if vidur else "-"
