@@ -39,7 +39,7 @@ from tests.fakes.controllers import DeploymentController, Kubelet, running
 from tests.fakes.kmock_thread import KmockThread
 from tests.fakes.rbac import ApiCall
 
-from splitserve.operator.kube import Kube
+from splitserve.operator.kube import Kube, RestKube
 
 TARGET = os.environ.get("TARGET", "kmock")
 if TARGET == "kmock":
@@ -212,6 +212,19 @@ def api_server() -> Iterator[str]:
         if not kubeconfig:
             pytest.skip("TARGET=real needs KUBECONFIG")
         yield kubeconfig
+
+
+@pytest.fixture
+def kube(api_server: str) -> RestKube:
+    """A client of the API server under test, identified as the tests (`splitserve-tests`), not
+    as the operator: the lifecycle test checks every call made with the operator's user agent
+    (kmock's log spans the session) for the operator's token and the chart's RBAC."""
+    import kubernetes
+
+    client = kubernetes.config.new_client_from_config(config_file=api_server)  # type: ignore[no-untyped-call]
+    kube = RestKube(client)
+    kube.client.user_agent = "splitserve-tests"
+    return kube
 
 
 @pytest.fixture(autouse=True)

@@ -101,16 +101,6 @@ def decisions(kube: RestKube, service: str) -> list[dict[str, Any]]:
     return list((svc.get("status") or {}).get("decisions") or [])
 
 
-@pytest.fixture
-def kube(api_server: str) -> RestKube:
-    import kubernetes
-
-    client = kubernetes.config.new_client_from_config(config_file=api_server)  # type: ignore[no-untyped-call]
-    kube = RestKube(client)
-    kube.client.user_agent = "splitserve-tests"
-    return kube
-
-
 def test_managed_scales_up_and_stale_metrics_hold(api_server: str, kube: RestKube) -> None:
     router = Router()
     runtime.configure(runtime.ControlConfig(get=router.get, loads=Loads()))

@@ -33,16 +33,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 NS = "default"
 
 
-@pytest.fixture
-def kube(api_server: str) -> RestKube:
-    import kubernetes
-
-    client = kubernetes.config.new_client_from_config(config_file=api_server)  # type: ignore[no-untyped-call]
-    kube = RestKube(client)
-    kube.client.user_agent = "splitserve-tests"  # not the operator's calls (see the TLS test)
-    return kube
-
-
 def _issuer() -> certs.IssuerRef:
     if TARGET == "kmock":
         return certs.IssuerRef("internal-ca")

@@ -24,18 +24,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 NS = "default"
 
 
-@pytest.fixture
-def kube(api_server: str) -> RestKube:
-    import kubernetes
-
-    client = kubernetes.config.new_client_from_config(config_file=api_server)  # type: ignore[no-untyped-call]
-    kube = RestKube(client)
-    # The test's own calls, not the operator's: the lifecycle test checks every call made as
-    # the operator (kmock's log spans the session) for the operator's token and the chart's RBAC.
-    kube.client.user_agent = "splitserve-tests"
-    return kube
-
-
 @pytest.mark.skipif(TARGET != "kmock", reason="creates the operator's CA Secret")
 def test_reconcile_issues_and_mounts_certificates(kube: RestKube, tmp_path: Path) -> None:
     now = dt.datetime.now(dt.UTC)

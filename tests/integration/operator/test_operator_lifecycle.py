@@ -50,16 +50,6 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 45.0) -> T:
     raise AssertionError(f"timed out waiting for {what} (last error: {last})")
 
 
-@pytest.fixture
-def kube(api_server: str) -> RestKube:
-    import kubernetes
-
-    client = kubernetes.config.new_client_from_config(config_file=api_server)  # type: ignore[no-untyped-call]
-    kube = RestKube(client)
-    kube.client.user_agent = "splitserve-tests"
-    return kube
-
-
 OPERATOR_TOKEN = "operator-sa-token"
 
 
