@@ -38,6 +38,7 @@ from tests.bench_router.run import (
     _wait_http,
     chat_body,
     prompt_of,
+    start_vllm_router,
 )
 
 
@@ -96,19 +97,7 @@ def main() -> None:
             for n, (port, _) in routers.items()
         }
         if args.vllm_router:
-            fake_p, fake_d, peer_port = _free_port(), _free_port(), _free_port()
-            procs.spawn("fake-openai", [sys.executable, "-m", "tests.bench_router.fake_openai",
-                                        str(fake_p), str(fake_d)], LOAD_CORE)  # fmt: skip
-            _wait_http(fake_d)
-            peer = procs.spawn(
-                "vllm-router",
-                [args.vllm_router, "--vllm-pd-disaggregation", "--prefill",
-                 f"http://127.0.0.1:{fake_p}", "--decode", f"http://127.0.0.1:{fake_d}",
-                 "--host", "127.0.0.1", "--port", str(peer_port), "--policy", "round_robin",
-                 "--log-level", "warning"],
-                ROUTER_CORE,
-            )  # fmt: skip
-            _wait_http(peer_port)
+            peer, peer_port, _ = start_vllm_router(procs, args.vllm_router)
             routers["V"] = (peer_port, peer.pid)
             raw["V"] = loadgen.request_bytes(
                 peer_port, "/v1/chat/completions", chat_body("m", prompt)

@@ -89,6 +89,25 @@ class Procs:
                 proc.kill()
 
 
+def start_vllm_router(procs: Procs, binary: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    """vllm-router in P/D mode in front of the fake OpenAI prefill / decode servers, ready:
+    (its process, its port, the fake decode server's port)."""
+    fake_p, fake_d, peer_port = _free_port(), _free_port(), _free_port()
+    procs.spawn("fake-openai", [sys.executable, "-m", "tests.bench_router.fake_openai",
+                                str(fake_p), str(fake_d)], LOAD_CORE)  # fmt: skip
+    _wait_http(fake_d)
+    peer = procs.spawn(
+        "vllm-router",
+        [binary, "--vllm-pd-disaggregation", "--prefill",
+         f"http://127.0.0.1:{fake_p}", "--decode", f"http://127.0.0.1:{fake_d}",
+         "--host", "127.0.0.1", "--port", str(peer_port), "--policy", "round_robin",
+         "--log-level", "warning"],
+        ROUTER_CORE,
+    )  # fmt: skip
+    _wait_http(peer_port)
+    return peer, peer_port, fake_d
+
+
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> Any:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -277,22 +296,10 @@ def main() -> None:
             router_env,
         )  # fmt: skip
         _wait_http(http_port, "/ready")
-        peer_port = fake_p = fake_d = 0
+        peer_port = fake_d = 0
         peer = None
         if args.vllm_router:
-            fake_p, fake_d, peer_port = _free_port(), _free_port(), _free_port()
-            procs.spawn("fake-openai", [py, "-m", "tests.bench_router.fake_openai",
-                                        str(fake_p), str(fake_d)], LOAD_CORE)  # fmt: skip
-            _wait_http(fake_d)
-            peer = procs.spawn(
-                "vllm-router",
-                [args.vllm_router, "--vllm-pd-disaggregation", "--prefill",
-                 f"http://127.0.0.1:{fake_p}", "--decode", f"http://127.0.0.1:{fake_d}",
-                 "--host", "127.0.0.1", "--port", str(peer_port), "--policy", "round_robin",
-                 "--log-level", "warning"],
-                ROUTER_CORE,
-            )  # fmt: skip
-            _wait_http(peer_port)
+            peer, peer_port, fake_d = start_vllm_router(procs, args.vllm_router)
         for num_tokens in args.prompt_tokens:
             prompt = prompt_of(tokenizer, num_tokens)
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
