@@ -61,12 +61,11 @@ def parse_backend_flag(value: str) -> HttpBackend:
     return HttpBackend(url=url.strip(), role=parsed_role)
 
 
-class BackendDiscoverySettings(BaseModel):
-    """Find stock `vllm serve` pods in Kubernetes by their labels (`backend_discovery` in
-    router.yaml): every matching pod with an IP and a role label is a backend at
-    `scheme://podIP:httpPort`, fenced while not Ready or while its fenced label is `"true"`.
+class PodWatchSettings(BaseModel):
+    """What every pod watch of the router shares (`discovery` of our workers,
+    `backend_discovery` of stock servers): how long one watch lasts and how it backs off.
 
-    Keys are camelCase in the file (`roleLabel`); snake_case names are accepted too.
+    Keys are camelCase in the file (`watchTimeoutS`); snake_case names are accepted too.
     """
 
     model_config = ConfigDict(
@@ -77,6 +76,28 @@ class BackendDiscoverySettings(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
     )
+
+    watch_timeout_s: int = Field(300, ge=1)
+    """Server-side timeout of one watch request; the router re-lists when it ends."""
+    backoff_min_s: float = Field(0.5, gt=0)
+    """First delay after a failed list or watch."""
+    backoff_max_s: float = Field(30.0, gt=0)
+    """Longest delay between attempts."""
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> PodWatchSettings:
+        if self.backoff_max_s < self.backoff_min_s:
+            raise ValueError("backoff_max_s must be >= backoff_min_s")
+        return self
+
+
+class BackendDiscoverySettings(PodWatchSettings):
+    """Find stock `vllm serve` pods in Kubernetes by their labels (`backend_discovery` in
+    router.yaml): every matching pod with an IP and a role label is a backend at
+    `scheme://podIP:httpPort`, fenced while not Ready or while its fenced label is `"true"`.
+
+    Keys are camelCase in the file (`roleLabel`); snake_case names are accepted too.
+    """
 
     namespace: str = Field(min_length=1, max_length=253)
     """Namespace of the `vllm serve` pods."""
@@ -96,15 +117,3 @@ class BackendDiscoverySettings(BaseModel):
     """How often the router reads each server's `/metrics`."""
     request_timeout_s: float = Field(600.0, gt=0)
     """Longest a single HTTP call to a server may take."""
-    watch_timeout_s: int = Field(300, ge=1)
-    """Server-side timeout of one watch request; the router re-lists when it ends."""
-    backoff_min_s: float = Field(0.5, gt=0)
-    """First delay after a failed list or watch."""
-    backoff_max_s: float = Field(30.0, gt=0)
-    """Longest delay between attempts."""
-
-    @model_validator(mode="after")
-    def _check_backoff(self) -> BackendDiscoverySettings:
-        if self.backoff_max_s < self.backoff_min_s:
-            raise ValueError("backoff_max_s must be >= backoff_min_s")
-        return self

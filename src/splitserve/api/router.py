@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.auth import AuthSettings, FileModel
-from splitserve.api.backends import BackendDiscoverySettings, HttpBackend
+from splitserve.api.backends import BackendDiscoverySettings, HttpBackend, PodWatchSettings
 from splitserve.api.router_edge import EdgeSettings
 
 
@@ -101,20 +101,11 @@ class DispatchSettings(BaseModel):
     the request until `request_timeout_s`."""
 
 
-class DiscoverySettings(BaseModel):
+class DiscoverySettings(PodWatchSettings):
     """Where the router finds its workers in Kubernetes (the `discovery` block of `router.yaml`).
 
     Keys are camelCase in the file (`roleLabel`); snake_case names are accepted too.
     """
-
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-    )
 
     kind: Literal["kubernetes"] = "kubernetes"
     """The only discovery there is: watch worker pods."""
@@ -132,18 +123,6 @@ class DiscoverySettings(BaseModel):
     """Accept only pods whose controller is a ReplicaSet of one of these Deployments
     (`<deployment>-<pod-template-hash>`); the operator lists the service's worker Deployments.
     Empty: every pod matching the selector."""
-    watch_timeout_s: int = Field(300, ge=1)
-    """Server-side timeout of one watch request; the router re-lists when it ends."""
-    backoff_min_s: float = Field(0.5, gt=0)
-    """First delay after a failed list or watch."""
-    backoff_max_s: float = Field(30.0, gt=0)
-    """Longest delay between attempts."""
-
-    @model_validator(mode="after")
-    def _check_backoff(self) -> DiscoverySettings:
-        if self.backoff_max_s < self.backoff_min_s:
-            raise ValueError("backoff_max_s must be >= backoff_min_s")
-        return self
 
 
 class RouterConfig(BaseModel):
