@@ -112,6 +112,25 @@ def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
     assert tetri.target.hardware.name == "v100-32g"
     assert tetri.source.hardware.name == "a100-80g"
     assert not use_gpu_models()  # context-local: restored on exit
+
+
+def test_distserve_fig1_rows_price_every_side_with_vllms_fit() -> None:
+    """Fig. 1 measured vLLM ("existing systems [28]", §1) serving both phases and each alone,
+    so its recovered-SLO rows run vLLM's fit on the disaggregated side too; and vLLM's slower
+    decode gives a looser recovered TPOT than DistServe's engine would."""
+    from splitserve.sim.reproductions import distserve
+    from splitserve.sim.reproductions.common import latency_source
+
+    assert distserve.FIG1_ENGINE == "vllm"
+    with latency_source("gpu"):
+        pools = distserve._disaggregated(2, 1, distserve.FIG1_ENGINE).pools
+        span = (60, 10.0)
+        vllm_slo = distserve.fig1_slo(span)
+        engine_slo = distserve.fig1_slo(span, "distserve")
+    lat = [p.worker.latency for p in pools]
+    assert all(isinstance(m, DistServeModel) and m.engine == "vllm" for m in lat)
+    assert vllm_slo.tpot_ms > engine_slo.tpot_ms
+    assert vllm_slo.ttft_ms > engine_slo.ttft_ms
     with pytest.raises(ValueError, match="unknown latency source"), latency_source("tpu"):
         pass
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement.tetriinfer import HeavyLightMix
@@ -85,3 +86,24 @@ def test_mix_counts_open_requests_mid_run_and_p2c_balances() -> None:
     assert sum(c.num_heavy for c in counts) == cluster.num_in_flight > 0
     sent = Counter(r.decode_worker for r in cluster.requests)
     assert max(sent.values()) - min(sent.values()) <= 2  # P2C keeps the instances level
+
+
+def test_padded_prefill_model_prices_a_full_chunk_and_the_predictor() -> None:
+    """§3.3: a partial last chunk is zero-padded to ChunkSize; §5.4: the length predictor
+    beside the main model adds 10 % to every prefill step. Decode-only steps are untouched."""
+    from splitserve.core.perf import HARDWARE, MODELS, BatchShape, RooflineModel
+    from splitserve.sim.reproductions.tetriinfer_cluster import PaddedPrefillModel
+
+    base = RooflineModel(MODELS["opt-13b"], HARDWARE["v100-32g"], tp=2)
+    padded = PaddedPrefillModel(base, chunk_tokens=512, predictor_overhead=0.10)
+    short = BatchShape(((20, 0), (30, 0)))
+    full = BatchShape(((20, 0), (30, 0), (462, 0)))
+    assert padded.step_s(short) == pytest.approx(base.step_s(full) * 1.10)
+    assert base.step_s(short) < base.step_s(full)
+    whole = BatchShape(((512, 1024),))
+    assert padded.step_s(whole) == pytest.approx(base.step_s(whole) * 1.10)
+    decode = BatchShape(decode_contexts=(100, 200))
+    assert padded.step_s(decode) == base.step_s(decode)
+    assert padded.kv_transfer_s(1 << 20) == base.kv_transfer_s(1 << 20)
+    with pytest.raises(ValueError, match="predictor_overhead"):
+        PaddedPrefillModel(base, predictor_overhead=-0.1)

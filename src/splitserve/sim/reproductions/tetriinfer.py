@@ -10,9 +10,12 @@ Set-up, as the paper states it or as we infer it where it does not:
 * vLLM: one colocated instance (2 GPUs), vLLM of early 2024 (no chunked prefill, prompts first)
   with the paper's fixed batch size of 16 sequences.
 * TetriInfer: one prefill instance ("tetriinfer-prefill": ChunkSize 512, SJF, PrefillSchedBatch
-  16) + one decode instance ("tetriinfer-decode": reserve-dynamic, predictor granularity 200,
-  lower end, perfect bucket accuracy) = twice vLLM's cards, as the paper says; decode placement
-  by "tetriinfer-p2c" (moot with one decode instance, kept so the set-up is the paper's).
+  16; each step priced as the paper runs it: the last partial chunk zero-padded to 512 tokens
+  (§3.3) and +10 % for the length predictor beside the main model (§5.4),
+  `PaddedPrefillModel`) + one decode instance ("tetriinfer-decode": reserve-dynamic,
+  predictor granularity 200, lower end, perfect bucket accuracy) = twice vLLM's cards, as the
+  paper says; decode placement by "tetriinfer-p2c" (moot with one decode instance, kept so the
+  set-up is the paper's).
 * Workloads: 128 requests per class, lengths from the ShareGPT-shaped preset restricted to the
   class ranges (heavy prefill > 512 prompt tokens, heavy decode > 128 output tokens; OPT's 2048
   context caps the sum). The paper does not state arrivals; we use Poisson at 3 req/s (an offered
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitserve.core.ids import PoolName
-from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
+from splitserve.core.perf import HARDWARE, MODELS, LatencyModel, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
@@ -41,6 +44,7 @@ from splitserve.sim.reproductions.common import (
     pricing,
 )
 from splitserve.sim.reproductions.tetriinfer_cluster import (
+    PaddedPrefillModel,
     RoutedMix,
     simulate_tetriinfer,
     tetriinfer_spec,
@@ -77,10 +81,15 @@ CLASSES: tuple[WorkloadClass, ...] = (
 QUICK_CLASSES = ("LPHD", "HPLD", "Mixed")
 
 
-def _template(policy: str, params: Mapping[str, object]) -> WorkerTemplate:
+def _template(policy: str, params: Mapping[str, object], padded: bool = False) -> WorkerTemplate:
+    """A V100 TP 2 instance; `padded`: TetriInfer's prefill instance, whose steps are priced with
+    zero-padded chunks and the length predictor beside the main model (`PaddedPrefillModel`)."""
     model = RooflineModel(MODELS["opt-13b"], V100_32G, tp=2)
+    latency: LatencyModel = gpu_or(model, tp=2)
+    if padded:
+        latency = PaddedPrefillModel(latency)
     return WorkerTemplate(
-        latency=gpu_or(model, tp=2),
+        latency=latency,
         num_blocks=model.kv_capacity_tokens(0.9) // 16,
         kv_layout=model.shape.kv_layout,
         num_gpus=2,
@@ -142,7 +151,9 @@ def run_class(cls: WorkloadClass, burst: bool = False) -> tuple[Outcome, Outcome
     vllm = Outcome.of(simulate(vllm_spec(), items))
     mix = RoutedMix()
     spec = tetriinfer_spec(
-        _template("tetriinfer-prefill", {}), _template("tetriinfer-decode", {}), mix=mix
+        _template("tetriinfer-prefill", {}, padded=True),
+        _template("tetriinfer-decode", {}),
+        mix=mix,
     )
     return vllm, Outcome.of(simulate_tetriinfer(spec, items, mix))
 
@@ -177,7 +188,8 @@ def tetriinfer(quick: bool = False) -> Reproduction:
     notes = [
         f"Set-up: OPT-13B, V100-32GB, TP 2 per instance ({pricing()}). "
         "vLLM = 1 colocated instance (prompts first, no chunked prefill, 16 sequences max); "
-        "TetriInfer = 1 prefill (ChunkSize 512, SJF, window 16) + 1 decode (reserve-dynamic, "
+        "TetriInfer = 1 prefill (ChunkSize 512, SJF, window 16; partial chunks zero-padded, "
+        "+10 % per prefill step for the length predictor) + 1 decode (reserve-dynamic, "
         "G 200 lower end) instance.",
         f"Workload: {NUM_REQUESTS} requests per class, ShareGPT-shaped lengths within the class "
         f"ranges, Poisson arrivals at {RATE_PER_S:g} req/s (the paper states no arrival process).",

@@ -2,9 +2,10 @@
 
 Owns: `tetriinfer_spec` (a prefill pool running "tetriinfer-prefill", a decode pool running
 "tetriinfer-decode", prefill routing by least load, decode selection by the "tetriinfer-p2c"
-scorer), `RoutedMix` (the heavy/light decode counts that scorer reads) and `simulate_tetriinfer`,
-which runs a workload on such a cluster. Built only on the simulator's public API (`Cluster`,
-`Simulator`); nothing in `cluster.py` changes.
+scorer), `RoutedMix` (the heavy/light decode counts that scorer reads), `PaddedPrefillModel`
+(the paper's prefill instance's step cost: zero-padded chunks, the length predictor beside the
+main model) and `simulate_tetriinfer`, which runs a workload on such a cluster. Built only on
+the simulator's public API (`Cluster`, `Simulator`); nothing in `cluster.py` changes.
 
 Departure from the paper, noted: the decode instance is chosen when the request arrives (the
 live router's model, research C-table "Decode selection"), not by the prefill instance's
@@ -18,9 +19,11 @@ Pure: no I/O, no wall time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from splitserve.core.ids import EndpointId, PoolName
+from splitserve.core.perf import BatchShape, LatencyModel
 from splitserve.core.roles import Role
 from splitserve.policy.placement.base import RequestView
 from splitserve.policy.placement.decider import PdDeciderParams
@@ -31,6 +34,49 @@ from splitserve.sim.engine import Simulator
 from splitserve.sim.entities import PoolSpec, SimRequest, WorkerTemplate
 from splitserve.sim.metrics import SimResult
 from splitserve.sim.workload import WorkItem
+
+PREDICTOR_PREFILL_OVERHEAD = 0.10
+"""§5.4 (Fig. 19's text): "while co-running with a small LLM, the large LLM's average prefill
+latency increases by 10 %" (OPT-125M predictor beside OPT-13B; §3.3: "we concurrently execute
+the prefill phase of the main LLM alongside the length predictor"). The paper calls it a stress
+test whose impact "will be smaller in practice"; its own figure is used, not a chosen one."""
+
+
+@dataclass(frozen=True, slots=True)
+class PaddedPrefillModel:
+    """TetriInfer's prefill instance as the paper runs it, priced on `base`.
+
+    * §3.3: "The final chunk in a batch could be partial, and we will pad it to ChunkSize with
+      zeros. Then, we invoke the main LLM model to execute prefill forward one chunk at a time."
+      A prefill-only step with fewer than `chunk_tokens` new tokens is priced as if the missing
+      tokens were one more prompt of zeros (no cached context). (The live policy does not pad:
+      research B6.2; only the reproduction prices it.)
+    * The length predictor running beside the main model: every prefill step costs
+      (1 + `predictor_overhead`) × its time.
+    """
+
+    base: LatencyModel
+    chunk_tokens: int = 512
+    predictor_overhead: float = PREDICTOR_PREFILL_OVERHEAD
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 1 or not self.predictor_overhead >= 0:
+            raise ValueError("chunk_tokens must be >= 1 and predictor_overhead >= 0")
+
+    @property
+    def ready(self) -> bool:
+        return self.base.ready
+
+    def step_s(self, batch: BatchShape) -> float:
+        if not batch.prefill_chunks:
+            return self.base.step_s(batch)
+        new = sum(n for n, _ in batch.prefill_chunks)
+        if not batch.decode_contexts and new < self.chunk_tokens:
+            batch = BatchShape((*batch.prefill_chunks, (self.chunk_tokens - new, 0)))
+        return self.base.step_s(batch) * (1.0 + self.predictor_overhead)
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return self.base.kv_transfer_s(num_bytes)
 
 
 class RoutedMix:
