@@ -189,11 +189,16 @@ def test_load_step_adds_a_worker_that_serves_and_load_drop_drains_one_without_fa
             lambda: _metric(port, "splitserve_worker_requests_total", kind=kind, outcome="ok") > 0,
             timeout_s=120,
         )
+        # The size under load (measured before the load stops: the loop may already shrink
+        # the pool while the last requests finish).
+        most = len(up.workers())
     finally:
         high.stop()
-    most = len(up.workers())
 
-    low = Load(up.base_url, rate=0.3).start()  # requests keep coming while workers drain
+    # Requests keep coming while workers drain, at a rate two prefill workers serve with the
+    # operator's policy (tail sizing: ~0.75 worker-equivalents at 1/6 req/s, the 6 s window's
+    # mean with one request in it; 0.3 req/s needed three, the test's maximum).
+    low = Load(up.base_url, rate=0.1).start()
     try:
         up.wait_for(
             "drained and stopped worker",

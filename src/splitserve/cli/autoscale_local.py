@@ -35,6 +35,7 @@ from splitserve.policy.planner.autoscaler import (
     AutoscalerState,
     Decision,
     decide,
+    live_params,
 )
 from splitserve.policy.planner.flipper import FlipDecision, drain_order, plan_flips
 from splitserve.policy.planner.signals import PoolSignal, SignalProblem, SignalState, WorkerLoad
@@ -452,6 +453,19 @@ def loop_classes(opts: dict[str, Any]) -> list[ClassTargets]:
     return class_targets(() if slo is None else slo.classes)
 
 
+def loop_params(opts: dict[str, Any]) -> AutoscalerParams:
+    """The operator's policy (`live_params`) from `up`'s `--autoscale-*` options:
+    `--autoscale-burst-weight` is its `scaling.burstWeight` (the busiest sub-window comes from
+    the router's admission counter, one snapshot per tick, as with the operator's direct
+    scrapes)."""
+    return live_params(
+        float(opts["autoscale_interval_s"]),
+        float(opts["autoscale_stabilization_s"]),
+        float(opts["autoscale_burst_weight"]),
+        float(opts["autoscale_horizon_s"]),
+    )
+
+
 def start_autoscale(
     stack: Stack,
     supervisor: Supervisor,
@@ -465,11 +479,7 @@ def start_autoscale(
     classes = loop_classes(opts)
     tpots = [c.tpot_s for c in classes if c.tpot_s is not None]
     interval_s = float(opts["autoscale_interval_s"])
-    params = AutoscalerParams(
-        interval_s=interval_s,
-        scale_down_stabilization_s=float(opts["autoscale_stabilization_s"]),
-        horizon_s=max(interval_s, opts["autoscale_horizon_s"]),
-    )
+    params = loop_params(opts)
     loop = LocalLoop(
         fleet,
         f"http://{router['host']}:{router['port']}/metrics",
@@ -490,6 +500,7 @@ AUTOSCALE_OPTIONS = (
     "autoscale_stabilization_s",
     "autoscale_window_s",
     "autoscale_horizon_s",
+    "autoscale_burst_weight",
     "autoscale_min",
     "autoscale_max",
 )

@@ -346,6 +346,15 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     show_default=True,
     help="How far ahead the arrival rate is forecast (at least one interval).",
 )
+@click.option(
+    "--autoscale-burst-weight",
+    type=click.FloatRange(0, 1),
+    default=1.0,
+    show_default=True,
+    help="Burst headroom, as the operator's scaling.burstWeight: size for the window's mean "
+    "arrival rate plus this share of the way to its busiest sub-window (10 s, or one interval "
+    "when longer). 0: the mean alone.",
+)
 @click.option("--autoscale-min", type=int, default=1, show_default=True, help="Workers per role.")
 @click.option("--autoscale-max", type=int, default=4, show_default=True, help="Workers per role.")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)

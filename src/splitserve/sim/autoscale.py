@@ -95,6 +95,9 @@ class Setup:
             ttft_tail_fraction=0.8,
             occupancy_floor=True,
             scale_down_utilization=0.5,
+            pooled_tail=True,
+            reversal_backoff=2.0,
+            max_backoff=4.0,
         )
     )
     window_s: float = 30.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from splitserve.cli.autoscale_local import LocalLoop, LocalWorker
+from splitserve.cli.autoscale_local import LocalLoop, LocalWorker, loop_params
 from splitserve.core.roles import Role
 from splitserve.operator.control.signals import ClassTargets
-from splitserve.policy.planner.autoscaler import AutoscalerParams
+from splitserve.policy.planner.autoscaler import AutoscalerParams, Decision, live_params
 from splitserve.policy.planner.signals import WorkerLoad
 from tests.fakes.router_metrics import FakeRouterMetrics
 
@@ -82,3 +82,61 @@ def test_load_step_adds_a_worker_within_two_ticks_and_removes_it_after_stabiliza
     assert len(fleet.ws) < peak
     assert any(c.startswith("stop") for c in fleet.calls)
     assert {w.role for w in fleet.ws.values()} == {Role.PREFILL, Role.DECODE}
+
+
+def _bursty_run(burst_weight: float) -> tuple[FakeFleet, Decision]:
+    """10 requests per 5 s tick for 30 s, then one tick of 100 (a 30 s window's mean of
+    5 req/s, its busiest 10 s sub-window 11 req/s), over `up`'s loop parameters."""
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    opts = {
+        "autoscale_interval_s": 5.0,
+        "autoscale_stabilization_s": 60.0,
+        "autoscale_burst_weight": burst_weight,
+        "autoscale_horizon_s": 5.0,
+    }
+    loop = LocalLoop(
+        fleet,
+        "http://127.0.0.1:8000/metrics",
+        [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
+        params=loop_params(opts),
+        max_replicas=16,
+        window_s=30.0,
+        get=lambda url: router.text(),
+        loads=Loads(),
+        clock=lambda: now[0],
+    )
+    decision = None
+    for n in (10, 10, 10, 10, 10, 10, 100):
+        router.serve(n, "default", prompt=1000, output=100)
+        now[0] += 5.0
+        decision, _ = loop.tick()
+    assert decision is not None
+    return fleet, decision
+
+
+def test_burst_weight_sizes_for_the_busiest_sub_window_like_the_operator() -> None:
+    mean_fleet, mean = _bursty_run(0.0)
+    burst_fleet, burst = _bursty_run(1.0)
+    assert mean.rate_per_s == burst.rate_per_s == 5.0  # the same window mean
+    assert mean.forecast_per_s == 5.0  # weight 0: the mean alone
+    assert burst.forecast_per_s == 11.0  # weight 1: the busiest 10 s (110 arrivals)
+    assert "burst 11" in burst.pools[Role.PREFILL].reason
+    for role in (Role.PREFILL, Role.DECODE):
+        assert burst.desired[role] > mean.desired[role]
+    assert len(burst_fleet.ws) > len(mean_fleet.ws)
+
+
+def test_up_loop_parameters_are_the_operators_policy() -> None:
+    opts = {
+        "autoscale_interval_s": 10.0,
+        "autoscale_stabilization_s": 60.0,
+        "autoscale_burst_weight": 0.5,
+        "autoscale_horizon_s": 30.0,
+    }
+    assert loop_params(opts) == live_params(10.0, 60.0, 0.5, 30.0)
+    p = loop_params(opts)
+    assert (p.burst_weight, p.ttft_tail_fraction, p.occupancy_floor) == (0.5, 0.8, True)
+    assert (p.pooled_tail, p.reversal_backoff, p.max_backoff) == (True, 2.0, 4.0)
+    assert loop_params({**opts, "autoscale_horizon_s": 1.0}).horizon_s == 10.0  # >= interval

@@ -175,7 +175,9 @@ def test_prompt_spread_from_the_routers_length_histogram() -> None:
         exact = float(lengths.var() / lengths.mean() ** 2)
         est = histogram_cv2(samples, "splitserve_router_prompt_length_tokens")
         assert est is not None
-        assert est == pytest.approx(exact, rel=0.35, abs=0.05)
+        # Read conservatively (tests/unit/operator/test_prompt_spread.py): never far below the
+        # exact spread, a light one a little above it.
+        assert 0.9 * exact <= est <= 2.0 * exact + 0.4
     assert histogram_cv2({}, "splitserve_router_prompt_length_tokens") is None
 
 

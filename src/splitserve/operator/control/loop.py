@@ -51,6 +51,7 @@ from splitserve.policy.planner.autoscaler import (
     Kind,
     PoolDecision,
     decide,
+    live_params,
 )
 from splitserve.policy.planner.capacity import CapacityPlan, plan_capacity
 from splitserve.policy.planner.flipper import FlipDecision, drain_order, plan_flips
@@ -343,16 +344,8 @@ class Controller:
         if st is None or st.window.window_s != sc.window_seconds:
             st = _ServiceState(Window(sc.window_seconds, max_age_s=2 * sc.interval_seconds + 5))
             self.services[key] = st
-        params = AutoscalerParams(
-            interval_s=sc.interval_seconds,
-            scale_down_stabilization_s=sc.scale_down_stabilization_seconds,
-            horizon_s=max(sc.interval_seconds, 30.0),
-            burst_weight=sc.burst_weight,
-            # The evaluated policy (docs/autoscaling.md): prefill sized for the class's tail
-            # (the prompts' spread from the router's length histogram; `default_prompt_cv2`
-            # when the window has none), decode never below what its workers hold.
-            ttft_tail_fraction=0.8,
-            occupancy_floor=True,
+        params = live_params(
+            sc.interval_seconds, sc.scale_down_stabilization_seconds, sc.burst_weight
         )
         now = self.clock()
         st.window.add(self._snapshot(spec, namespace, name, now))

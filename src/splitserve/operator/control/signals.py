@@ -186,12 +186,26 @@ def busiest_rate(
 
 
 def histogram_cv2(samples: Samples, name: str) -> float | None:
-    """Squared coefficient of variation (variance / mean²) of a histogram's observations, both
-    moments from the buckets with each observation at its bucket's midpoint (the +Inf bucket at
-    its lower bound). An approximation: the router's token buckets double in width, so a spread
-    inside one or two buckets reads coarsely and a heavy tail reads low (lognormal lengths,
-    exact vs read: σ 0.3 0.09 vs 0.14, σ 0.6 0.42 vs 0.48, σ 1 1.76 vs 1.71, σ 1.5 4.97 vs
-    2.94). None: no observation."""
+    """Squared coefficient of variation (variance / mean²) of a histogram's observations, read
+    so that a heavy tail is not underestimated (the prefill pool is sized for the tail this
+    spread implies, `policy.planner.autoscaler.prefill_tail_utilization`).
+
+    Each finite bucket `(lo, hi]` counts at its midpoint for the mean and with the largest spread
+    a bucket allows around that midpoint for the second moment (half its observations at each
+    bound: `mid² + (hi − lo)² / 4`); the +Inf bucket's mean is what the histogram's exact
+    `_sum` leaves after the finite buckets (at least its lower bound), spread as an exponential
+    excess over that bound (`m² + (m − lo)²`; without a `_sum`, at its lower bound).
+
+    Measured against the exact value (1,500 random lognormal lengths and two-component mixtures
+    within the router's buckets, <= 32,768 tokens; tests/unit/operator/test_prompt_spread.py
+    checks it with hypothesis): at least 0.76× the exact spread, 0.95× at the 5th percentile,
+    median 1.26×, where the midpoint reading it replaces (every observation at its bucket's
+    midpoint, the +Inf bucket at its lower bound) fell to 0.82× at the 5th percentile.
+    Approximations: a light spread inside one or two buckets reads high (a constant length
+    0.11 instead of 0, 500-1,500 tokens uniform 0.24 instead of 0.08; a narrow body with 1 %
+    far outliers up to 2.1×: more prefill headroom); a tail heavier than exponential beyond
+    the last bucket still reads low (a σ 1.5 lognormal up to 128k tokens: 3.67 for 4.97; the
+    midpoint reading gave 3.09). None: no observation."""
     by_le: dict[float, float] = {}
     for (n, labels), v in samples.items():
         if n == name + "_bucket":
@@ -201,13 +215,22 @@ def histogram_cv2(samples: Samples, name: str) -> float | None:
     if not pts or pts[-1][1] <= 0:
         return None
     total, first, second, lo, below = pts[-1][1], 0.0, 0.0, 0.0, 0.0
+    tail_n, tail_lo = 0.0, 0.0
     for le, cum in pts:
         count = cum - below
         if count > 0:
-            mid = lo if math.isinf(le) else (lo + le) / 2
-            first += count * mid
-            second += count * mid * mid
+            if math.isinf(le):
+                tail_n, tail_lo = count, lo
+            else:
+                mid = (lo + le) / 2
+                first += count * mid
+                second += count * (mid * mid + (le - lo) ** 2 / 4)
         lo, below = (lo if math.isinf(le) else le), cum
+    if tail_n > 0:
+        exact_sum = _sum(samples, name + "_sum") if _has(samples, name + "_sum") else 0.0
+        m = max(tail_lo, (exact_sum - first) / tail_n)
+        first += tail_n * m
+        second += tail_n * (m * m + (m - tail_lo) ** 2)
     mean = first / total
     return max(0.0, second / total / (mean * mean) - 1.0) if mean > 0 else None
 

@@ -116,7 +116,31 @@ class AutoscalerParams:
     measured floor under the model, which reads output lengths from finished requests (short
     ones finish first: after a rise the mean is low for a while)."""
 
+    pooled_tail: bool = False
+    """Tail sizing over the prefill pool as one M/G/c queue (`prefill_tail_workers`: the router
+    sends each prefill to the least-loaded worker, so a request waits only when every worker is
+    busy) instead of a utilisation cap from one worker's M/G/1 queue (each worker its own
+    queue, as a random split would have it). The M/G/1 cap sized the mix shift's 4 req/s of
+    ~2,000-token prompts at 7-10 prefill workers where 2 met the target."""
+    length_alpha: float = 1.0
+    """Smoothing of the length mix (mean prompt and output tokens, prompt cv²) from tick to
+    tick: an exponential average with this weight on the newest window (1: none). A window of a
+    few hundred heavy-tailed prompts has a mean that moves by a third from one tick to the next
+    with nothing changed (the code trace's 1,865-2,463 tokens at a constant 4 req/s), and the
+    pool then ratchets up to the largest of those readings, which the hysteresis holds."""
+    reversal_backoff: float = 1.0
+    """Adaptive stabilization: when a pool scales up within a stabilization window of its own
+    scale-down (a reversal: the load came back), its scale-down window is multiplied by this
+    (1: off), up to `max_backoff` times the configured one; each window that passes without a
+    reversal divides it by this again. Recurring surges after idle gaps then find the capacity
+    still in place instead of a pool just shrunk."""
+    max_backoff: float = 8.0
+
     def __post_init__(self) -> None:
+        if not 0 < self.length_alpha <= 1:
+            raise ValueError("length_alpha must be in (0, 1]")
+        if self.reversal_backoff < 1 or self.max_backoff < 1:
+            raise ValueError("reversal_backoff and max_backoff must be >= 1")
         if self.interval_s <= 0 or self.scale_down_stabilization_s < 0 or self.horizon_s < 0:
             raise ValueError("interval_s must be > 0, stabilization and horizon >= 0")
         if not 0 < self.scale_down_utilization <= self.target_utilization <= 1:
@@ -131,6 +155,32 @@ class AutoscalerParams:
             raise ValueError("burst_weight must be in [0, 1]")
         if not 0 <= self.ttft_tail_fraction <= 1 or self.default_prompt_cv2 < 0:
             raise ValueError("ttft_tail_fraction in [0, 1], default_prompt_cv2 >= 0")
+
+
+def live_params(
+    interval_s: float,
+    scale_down_stabilization_s: float,
+    burst_weight: float = 1.0,
+    horizon_s: float = 30.0,
+) -> AutoscalerParams:
+    """The policy the live loops run, one definition for the operator (`operator.control`) and
+    `splitserve up --autoscale` (`cli.autoscale_local`): the evaluated one (docs/autoscaling.md)
+    with burst headroom `burst_weight` (`scaling.burstWeight`), prefill sized for the class's
+    tail over the pool (M/G/c, the prompts' spread from the router's length histogram,
+    `default_prompt_cv2` when the window has none), decode never below what its workers hold,
+    and a scale-down window that doubles after a reversal (up to 4×). The forecast looks at
+    least one interval ahead."""
+    return AutoscalerParams(
+        interval_s=interval_s,
+        scale_down_stabilization_s=scale_down_stabilization_s,
+        horizon_s=max(interval_s, horizon_s),
+        burst_weight=burst_weight,
+        ttft_tail_fraction=0.8,
+        occupancy_floor=True,
+        pooled_tail=True,
+        reversal_backoff=2.0,
+        max_backoff=4.0,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +266,70 @@ def prefill_tail_utilization(
     return max(lo, min(cap, 0.1))
 
 
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue with `servers` servers and `offered`
+    erlangs of load (`rate × service`); 1 when the load is at or above capacity. Through the
+    Erlang B recursion (stable for any size)."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    rho = offered / servers
+    return b / (1 - rho * (1 - b))
+
+
+def pool_wait_quantile(
+    servers: int, rate: float, service_s: float, cv2: float, quantile: float
+) -> float:
+    """The `quantile` wait of an M/G/c queue: waits with probability `C` (Erlang C), and the
+    wait, when there is one, taken as exponential with rate `(c/S − λ)·2/(1 + cv²)` (the M/M/c
+    tail with the Allen-Cunneen factor for the service's spread). For c = 1 it is the M/G/1
+    rule of `prefill_tail_utilization` (Pollaczek-Khinchine mean). Infinite when overloaded."""
+    spare = servers / service_s - rate
+    if spare <= 0:
+        return math.inf
+    c = erlang_c(servers, rate * service_s)
+    if c <= 1 - quantile:
+        return 0.0
+    return (1 + cv2) / (2 * spare) * math.log(c / (1 - quantile))
+
+
+def prefill_tail_workers(
+    rate: float, service_s: float, cv2: float, quantile: float, budget_s: float, cap: float
+) -> float:
+    """Prefill workers (fractional) for an M/G/c pool (`pool_wait_quantile`) whose `quantile`
+    wait plus the mean service fits `budget_s`, each at most at `cap` utilisation.
+
+    Rounded up, it is the fewest workers that fit. The fraction keeps the size continuous in
+    the load, so the hysteresis can act (a pool needing a third of a worker is not one full
+    worker's work): within one worker it is `rate·S / ρ*` (ρ*: the largest one-worker
+    utilisation that fits, the M/G/1 rule); beyond, it interpolates between the largest pool
+    that misses and the smallest that fits by how far each is from the budget. `rate·S /
+    min(cap, 0.1)` when even an idle worker misses the budget (as `prefill_tail_utilization`'s
+    floor). Non-decreasing in `rate`, `cv2` and `quantile`."""
+    offered = rate * service_s
+    if offered <= 0:
+        return 0.0
+    if budget_s <= service_s:
+        return offered / min(cap, 0.1)
+
+    def excess(c: int) -> float:
+        return service_s + pool_wait_quantile(c, rate, service_s, cv2, quantile) - budget_s
+
+    c = max(1, math.floor(offered) + 1)  # the fewest that are not overloaded
+    while excess(c) > 0:
+        c += 1
+    if c == 1:
+        frac = offered / prefill_tail_utilization(service_s, cv2, quantile, budget_s, 0.999)
+    else:
+        over, under = excess(c - 1), excess(c)
+        frac = c - 1 + (1.0 if math.isinf(over) else over / (over - under))
+    return max(frac, offered / cap)
+
+
 def prefill_work(
     rate: float,
     mean_prompt: float,
@@ -227,21 +341,26 @@ def prefill_work(
     tail_fraction: float = 0.0,
     prompt_cv2: float = 0.0,
     quantile: float = 0.9,
+    pooled: bool = False,
 ) -> float:
     """Prefill workers needed (fractional) for `rate` requests/s at the TTFT target: the mean
     wait within `budget_fraction` of it (M/D/1) and, when `tail_fraction` > 0, the `quantile`
-    wait within `tail_fraction` of it (M/G/1 with the prompts' spread, `prompt_cv2`)."""
+    wait within `tail_fraction` of it (with the prompts' spread, `prompt_cv2`): per worker
+    (M/G/1) or, with `pooled`, over the pool (M/G/c, `prefill_tail_workers`)."""
     service = perf.prefill_s(mean_prompt)
     if rate <= 0 or service <= 0:
         return 0.0
     rho = prefill_utilization(service, ttft_s * budget_fraction, cap)
-    if tail_fraction > 0:
-        # The service time's cv² from the prompt lengths' (S = k₁·l + c₁: the constant damps it).
-        scale = (service - perf.prefill_s(0.0)) / service if service > 0 else 0.0
-        cv2 = prompt_cv2 * scale * scale
-        tail = prefill_tail_utilization(service, cv2, quantile, ttft_s * tail_fraction, cap)
-        rho = min(rho, tail)
-    return rate * service / rho
+    if tail_fraction <= 0:
+        return rate * service / rho
+    # The service time's cv² from the prompt lengths' (S = k₁·l + c₁: the constant damps it).
+    scale = (service - perf.prefill_s(0.0)) / service if service > 0 else 0.0
+    cv2 = prompt_cv2 * scale * scale
+    if pooled:
+        workers = prefill_tail_workers(rate, service, cv2, quantile, ttft_s * tail_fraction, cap)
+        return max(rate * service / rho, workers)
+    tail = prefill_tail_utilization(service, cv2, quantile, ttft_s * tail_fraction, cap)
+    return rate * service / min(rho, tail)
 
 
 def decode_work(rate: float, stats: LengthStats, perf: AladdinPerfModel, tpot_s: float) -> float:
@@ -277,6 +396,7 @@ def work_by_role(
         tail_fraction=params.ttft_tail_fraction,
         prompt_cv2=params.default_prompt_cv2 if prompt_cv2 is None else prompt_cv2,
         quantile=targets.quantile,
+        pooled=params.pooled_tail,
     )
     # prefill_work already holds its own utilisation; express it at 100 % like decode's.
     pre *= params.target_utilization
@@ -341,7 +461,17 @@ class AutoscalerState:
     since_s: float | None = None
     """When the loop first saw a usable observation (scale-down needs a whole window of it)."""
     history: tuple[tuple[float, Role, int], ...] = ()
-    """(time, role, scale-down recommendation) within the stabilization window."""
+    """(time, role, scale-down recommendation) within the (longest) stabilization window."""
+    lengths: tuple[float, float, float | None] | None = None
+    """The smoothed mean prompt / output tokens and prompt cv² (`length_alpha`)."""
+    backoff: tuple[tuple[Role, float, float, float | None], ...] = ()
+    """Per role: (stabilization multiplier, since when it holds, last scale-down time)."""
+
+    def backoff_of(self, role: Role) -> tuple[float, float | None, float | None]:
+        for r, mult, since, down in self.backoff:
+            if r is role:
+                return mult, since, down
+        return 1.0, None, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +591,19 @@ def burst_rate(mean: float, peak: float | None, weight: float) -> float:
     return mean + weight * (peak - mean)
 
 
+def _smooth_lengths(
+    obs: Observation, last: tuple[float, float, float | None] | None, alpha: float
+) -> tuple[float, float, float | None]:
+    """The length mix sized for: the observation's, exponentially averaged with `last`."""
+    assert obs.mean_prompt_tokens is not None
+    assert obs.mean_output_tokens is not None
+    new = (obs.mean_prompt_tokens, obs.mean_output_tokens, obs.prompt_tokens_cv2)
+    if last is None or alpha >= 1:
+        return new
+    cv2 = new[2] if last[2] is None or new[2] is None else alpha * new[2] + (1 - alpha) * last[2]
+    return (alpha * new[0] + (1 - alpha) * last[0], alpha * new[1] + (1 - alpha) * last[1], cv2)
+
+
 def decide(
     obs: Observation,
     state: AutoscalerState,
@@ -496,21 +639,30 @@ def decide(
     forecast = state.forecast.update(rate, params)
     burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight)
     rate_f = max(burst, forecast.ahead(params))
-    stats = LengthStats(max(0.0, obs.mean_prompt_tokens), max(1.0, obs.mean_output_tokens))
+    lengths = _smooth_lengths(obs, state.lengths, params.length_alpha)
+    stats = LengthStats(max(0.0, lengths[0]), max(1.0, lengths[1]))
     tgt = targets or Targets.of(obs.classes)
     roles = tuple(obs.pools)
-    work = work_by_role(roles, rate_f, stats, perf, tgt, params, obs.prompt_tokens_cv2)
+    work = work_by_role(roles, rate_f, stats, perf, tgt, params, lengths[2])
     if params.occupancy_floor and Role.DECODE in work:
         occupied = decode_occupancy(obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s)
         work[Role.DECODE] = max(work[Role.DECODE], occupied)
     pressure = pressure_by_role(obs, params)
     since = state.since_s if state.since_s is not None else now
-    window_start = now - params.scale_down_stabilization_s
     watched_long_enough = now - since >= params.scale_down_stabilization_s - _EPS
-
-    history = [h for h in state.history if h[0] > window_start - _EPS]
+    longest = params.scale_down_stabilization_s * params.max_backoff
+    history = [h for h in state.history if h[0] > now - longest - _EPS]
+    backoff: list[tuple[Role, float, float, float | None]] = []
     pools: dict[Role, PoolDecision] = {}
     for role, p in obs.pools.items():
+        mult, mult_since, last_down = state.backoff_of(role)
+        # A stabilization window passed at this multiplier without a reversal: relax it.
+        window_s = params.scale_down_stabilization_s * mult
+        while mult > 1 and mult_since is not None and now - mult_since >= window_s - _EPS:
+            mult_since += window_s
+            mult = max(1.0, mult / params.reversal_backoff)
+            window_s = params.scale_down_stabilization_s * mult
+        window_start = now - window_s
         b = bounds[role]
         w = work[role]
         up_target = b.clamp(math.ceil(w / params.target_utilization - _EPS))
@@ -529,7 +681,7 @@ def decide(
         # up target above the model's scale-down count): the window then holds the new size.
         down_now = max(down_now, up_target)
         history.append((now, role, down_now))
-        down_target = max(h[2] for h in history if h[1] is role)
+        down_target = max(h[2] for h in history if h[1] is role and h[0] > window_start - _EPS)
         seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
         if params.burst_weight > 0 and obs.arrival_rate_peak_per_s is None:
             seen += ", no burst peak" + (f" ({obs.peak_problem})" if obs.peak_problem else "")
@@ -557,7 +709,7 @@ def decide(
             kind = Kind.SCALE_DOWN
             reason = (
                 f"{role.value} {cur} -> {desired}: {basis}; at most {down_target} wanted for "
-                f"{params.scale_down_stabilization_s:g} s at {params.scale_down_utilization:.0%}"
+                f"{window_s:g} s at {params.scale_down_utilization:.0%}"
             )
         else:
             desired, kind = cur, Kind.HOLD
@@ -574,10 +726,27 @@ def decide(
                 )
             else:
                 reason = f"{role.value} held at {cur}: {basis}"
+        if kind is Kind.SCALE_DOWN:
+            last_down = now
+        elif (
+            kind is Kind.SCALE_UP
+            and params.reversal_backoff > 1
+            and last_down is not None
+            and now - last_down < window_s - _EPS
+        ):
+            # A reversal: the load came back within the window this pool shrank in.
+            mult = min(params.max_backoff, mult * params.reversal_backoff)
+            mult_since = now
+            reason += (
+                f"; reversed a scale-down {now - last_down:.0f} s ago: scale-down now waits "
+                f"{params.scale_down_stabilization_s * mult:g} s"
+            )
+        backoff.append((role, mult, mult_since if mult_since is not None else now, last_down))
         pools[role] = PoolDecision(role, cur, desired, kind, reason, w, up_target, down_target, why)
 
     at_risk = _risk_lines(obs, pools)
-    new_state = AutoscalerState(forecast, since, tuple(history))
+    smoothed = lengths if params.length_alpha < 1 else None
+    new_state = AutoscalerState(forecast, since, tuple(history), smoothed, tuple(backoff))
     return Decision(now, pools, "", at_risk, rate, rate_f), new_state
 
 
