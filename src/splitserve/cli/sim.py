@@ -91,19 +91,39 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     help="The speed probe's log of the run (tools/record_run.py --speed-probe): each step is "
     "scaled by the machine's speed at that moment over its speed while the profile ran.",
 )
+@click.option(
+    "--run-steps",
+    "run_steps",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="The run's worker step logs (tools/record_run.py --steps-out: <worker>.steps.csv): "
+    "each pool is priced by a model fitted to its workers' own steps during the run.",
+)
+@click.option(
+    "--run-speed/--no-run-speed",
+    default=True,
+    show_default=True,
+    help="With --run-steps: also scale each pool's steps by its workers' speed over the run.",
+)
 def validate_cmd(
     recording: Path,
     cluster_file: Path,
     out_dir: Path | None,
     target: float,
     speed_trace: Path | None,
+    run_steps: Path | None,
+    run_speed: bool,
 ) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
+    if not run_speed and run_steps is None:
+        raise click.UsageError("--no-run-speed needs --run-steps")
     try:
-        _, text = runner.run_validation(recording, cluster_file, out_dir, target, speed_trace)
+        _, text = runner.run_validation(
+            recording, cluster_file, out_dir, target, speed_trace, run_steps, run_speed
+        )
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(text)
