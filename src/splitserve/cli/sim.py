@@ -105,6 +105,13 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     show_default=True,
     help="With --run-steps: also scale each pool's steps by its workers' speed over the run.",
 )
+@click.option(
+    "--run-gaps/--no-run-gaps",
+    default=True,
+    show_default=True,
+    help="With --run-steps: a step lasts until the worker's next step when that one carries on "
+    "its sequences (the engine's time between steps); off: engine.step() only.",
+)
 def validate_cmd(
     recording: Path,
     cluster_file: Path,
@@ -113,16 +120,17 @@ def validate_cmd(
     speed_trace: Path | None,
     run_steps: Path | None,
     run_speed: bool,
+    run_gaps: bool,
 ) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
-    if not run_speed and run_steps is None:
-        raise click.UsageError("--no-run-speed needs --run-steps")
+    if (not run_speed or not run_gaps) and run_steps is None:
+        raise click.UsageError("--no-run-speed and --no-run-gaps need --run-steps")
     try:
         _, text = runner.run_validation(
-            recording, cluster_file, out_dir, target, speed_trace, run_steps, run_speed
+            recording, cluster_file, out_dir, target, speed_trace, run_steps, run_speed, run_gaps
         )
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err

@@ -132,13 +132,15 @@ def run_validation(
     speed_trace: Path | None = None,
     run_steps: Path | None = None,
     run_speed: bool = True,
+    run_gaps: bool = True,
 ) -> tuple[Validation, str]:
     """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
     validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set.
     `speed_trace`: the speed probe's log of the run (`sim.speed`); steps are scaled by it.
     `run_steps`: a directory of the run's worker step logs (`<worker>.steps.csv`); each pool is
     priced by a model fitted to its workers' steps and, with `run_speed`, scaled by their speed
-    over the run (`sim.validate_steps`)."""
+    over the run (`sim.validate_steps`); `run_gaps`: a step lasts until the next one while the
+    worker had work."""
     if speed_trace is not None and run_steps is not None:
         raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
@@ -153,7 +155,7 @@ def run_validation(
             speed = parse_speed_trace(f)
         note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
     if run_steps is not None:
-        cal = calibrate_from_dir(spec, rec, run_steps, run_speed)
+        cal = calibrate_from_dir(spec, rec, run_steps, run_speed, run_gaps)
         spec, pool_speed = cal.spec, cal.pool_speed
         note = cal.markdown()
     v = replay(spec, rec, speed, pool_speed)
@@ -168,7 +170,7 @@ def run_validation(
 
 
 def calibrate_from_dir(
-    spec: ClusterSpec, rec: Recording, run_steps: Path, timed: bool = True
+    spec: ClusterSpec, rec: Recording, run_steps: Path, timed: bool = True, gaps: bool = True
 ) -> Calibration:
     """`validate_steps.calibrate` on every `<worker>.steps.csv` in `run_steps`."""
     files = sorted(run_steps.glob("*.steps.csv"))
@@ -183,7 +185,7 @@ def calibrate_from_dir(
             raise ValueError(f"{path.name}: {err}") from None
     reqs = rec.requests
     end = max(r.arrival_s + r.latency_s for r in reqs)
-    return calibrate(spec, steps, reqs[0].arrival_s, end, timed)
+    return calibrate(spec, steps, reqs[0].arrival_s, end, timed, gaps=gaps)
 
 
 def _write(path: Path, text: str) -> Path:

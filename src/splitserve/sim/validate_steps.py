@@ -24,7 +24,9 @@ and a shape the fit prices at 0 or less falls back to the cluster's own model.
 
 Approximation, stated: the factor is per worker and per moment, not per shape, so a slowdown
 that hit prefills and decodes differently is averaged; the step times are `engine.step()` as
-the worker measured it (its gaps between steps, event-loop and RPC work, are not in them).
+the worker measured it, plus (with `gaps`) the time to the next step when that step carries on
+one of its sequences (`with_busy_gaps`); costs outside the worker's steps (router, RPCs, the
+KV hand-off in P/D) are not in them.
 Pure: lines in, values out.
 """
 
@@ -90,6 +92,30 @@ def parse_steps_csv(lines: Iterable[str]) -> tuple[RunStep, ...]:
     if not out:
         raise ValueError("the steps CSV holds no step")
     out.sort(key=lambda s: s.start_s)
+    return tuple(out)
+
+
+def continues(step: BatchShape, nxt: BatchShape) -> bool:
+    """Does `nxt` carry on a sequence `step` ran (a decode one token further, or a prefill's
+    next chunk or first decode)? Then the worker had work between the two steps."""
+    after = {c + 1 for c in step.decode_contexts} | {ctx + n for n, ctx in step.prefill_chunks}
+    return any(c in after for c in nxt.decode_contexts) or any(
+        ctx in after for _, ctx in nxt.prefill_chunks
+    )
+
+
+def with_busy_gaps(steps: Sequence[RunStep]) -> tuple[RunStep, ...]:
+    """Each step's duration extended to the next step's start when the next step carries on
+    one of its sequences: the worker's time between steps while it had work (the engine
+    thread's command handling and output hand-off, outside `engine.step()`), which the
+    simulator has no other place for. Idle gaps (nothing carried on) are left out."""
+    out = []
+    for step, nxt in itertools.zip_longest(steps, steps[1:]):
+        assert step is not None
+        gap = nxt.start_s - step.start_s - step.duration_s if nxt is not None else 0.0
+        if nxt is not None and gap > 0 and continues(step.batch, nxt.batch):
+            step = RunStep(step.start_s, step.duration_s + gap, step.batch)
+        out.append(step)
     return tuple(out)
 
 
@@ -270,10 +296,14 @@ class Calibration:
     pool_speed: dict[str, SpeedFactor]
     """Per pool, the factor on simulated time; empty without `timed`."""
     fits: tuple[PoolFit, ...]
+    gaps: bool = False
+    """Steps include the worker's busy time to the next step (`with_busy_gaps`)."""
 
     def markdown(self) -> str:
         lines = [
-            "Steps priced from the run's own worker steps (`--run-steps`)"
+            "Steps priced from the run's own worker steps (`--run-steps`"
+            + (", with busy gaps" if self.gaps else ", engine.step() only")
+            + ")"
             + (", scaled by each worker's speed over the run" if self.pool_speed else "")
             + ":\n\n",
             "| pool | workers | steps | fit MAPE | with speed factor | factor p10 / p50 / p90 |"
@@ -298,14 +328,17 @@ def calibrate(
     end_s: float,
     timed: bool = True,
     nearest: int = NEAREST,
+    gaps: bool = True,
 ) -> Calibration:
     """Price each pool of `spec` by the steps of the recorded workers of its role (worker
     names `<role>-<i>`, as `splitserve up` names them); with `timed`, also scale each pool's
-    steps by its workers' speed over the run (`origin_s`: the run time that is simulated 0).
+    steps by its workers' speed over the run (`origin_s`: the run time that is simulated 0);
+    with `gaps`, a step's time runs to the next step's start while the worker had work
+    (`with_busy_gaps`).
     Refuses a pool whose role no recorded worker had, and a recorded worker no pool takes."""
     by_role: dict[str, dict[str, Sequence[RunStep]]] = {}
     for name, steps in steps_by_worker.items():
-        by_role.setdefault(name.split("-")[0], {})[name] = steps
+        by_role.setdefault(name.split("-")[0], {})[name] = with_busy_gaps(steps) if gaps else steps
     pools = []
     fits = []
     speed: dict[str, SpeedFactor] = {}
@@ -330,4 +363,4 @@ def calibrate(
             speed[str(pool.name)] = _speed_product(
                 [sp.step_function(origin_s, end_s) for sp in fit.speeds]
             )
-    return Calibration(dataclasses.replace(spec, pools=tuple(pools)), speed, tuple(fits))
+    return Calibration(dataclasses.replace(spec, pools=tuple(pools)), speed, tuple(fits), gaps)

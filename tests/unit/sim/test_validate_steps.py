@@ -31,8 +31,10 @@ from splitserve.sim.validate_steps import (
     RunModel,
     RunStep,
     calibrate,
+    continues,
     fit_pool,
     parse_steps_csv,
+    with_busy_gaps,
 )
 from splitserve.sim.workload import WorkItem
 
@@ -166,6 +168,19 @@ def test_steps_csv_round_trip_and_refusals() -> None:
         parse_steps_csv(good[:1])
 
 
+def test_busy_gaps_join_a_step_to_the_next_only_when_it_carries_on() -> None:
+    steps = [
+        RunStep(0.0, 0.010, BatchShape(((100, 0),))),  # its next chunk starts at 100
+        RunStep(0.012, 0.010, BatchShape(((50, 100),), (7,))),  # prefill done: decode at 150
+        RunStep(0.030, 0.010, BatchShape((), (150, 8))),
+        RunStep(2.000, 0.010, BatchShape((), (40,))),  # a new request after an idle second
+        RunStep(2.011, 0.010, BatchShape((), (41,))),
+    ]
+    got = [round(s.duration_s, 6) for s in with_busy_gaps(steps)]
+    assert got == [0.012, 0.018, 0.010, 0.011, 0.010]
+    assert continues(BatchShape((), (5,)), BatchShape(((9, 6),)))  # a preempted one recomputed
+
+
 def test_fit_recovers_the_model_and_a_mid_run_slowdown() -> None:
     truth = _truth()
     shapes = [
@@ -239,6 +254,9 @@ def test_cli_reports_the_fit_and_refuses_both_speed_sources(tmp_path: Path) -> N
     )
     assert both.exit_code != 0
     assert "not both" in both.output
+    gapless = CliRunner().invoke(sim, [*args, "--run-steps", str(run_steps), "--no-run-gaps"])
+    assert gapless.exit_code == 0, gapless.output
+    assert "engine.step() only" in gapless.output
     alone = CliRunner().invoke(sim, [*args, "--no-run-speed"])
     assert alone.exit_code != 0
     assert "--run-steps" in alone.output
