@@ -112,6 +112,14 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     help="With --run-steps: a step lasts until the worker's next step when that one carries on "
     "its sequences (the engine's time between steps); off: engine.step() only.",
 )
+@click.option(
+    "--run-overheads/--no-run-overheads",
+    default=True,
+    show_default=True,
+    help="With --run-steps: add the per-request time outside the steps measured in the run "
+    "(router arrival to the prompt's step on an idle worker, plus that step's end to the first "
+    "token) to every simulated TTFT and latency.",
+)
 def validate_cmd(
     recording: Path,
     cluster_file: Path,
@@ -121,16 +129,25 @@ def validate_cmd(
     run_steps: Path | None,
     run_speed: bool,
     run_gaps: bool,
+    run_overheads: bool,
 ) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
-    if (not run_speed or not run_gaps) and run_steps is None:
-        raise click.UsageError("--no-run-speed and --no-run-gaps need --run-steps")
+    if (not run_speed or not run_gaps or not run_overheads) and run_steps is None:
+        raise click.UsageError("--no-run-speed, --no-run-gaps, --no-run-overheads need --run-steps")
     try:
         _, text = runner.run_validation(
-            recording, cluster_file, out_dir, target, speed_trace, run_steps, run_speed, run_gaps
+            recording,
+            cluster_file,
+            out_dir,
+            target,
+            speed_trace,
+            run_steps,
+            run_speed,
+            run_gaps,
+            run_overheads,
         )
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err

@@ -133,6 +133,7 @@ def run_validation(
     run_steps: Path | None = None,
     run_speed: bool = True,
     run_gaps: bool = True,
+    run_overheads: bool = True,
 ) -> tuple[Validation, str]:
     """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
     validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set.
@@ -140,7 +141,7 @@ def run_validation(
     `run_steps`: a directory of the run's worker step logs (`<worker>.steps.csv`); each pool is
     priced by a model fitted to its workers' steps and, with `run_speed`, scaled by their speed
     over the run (`sim.validate_steps`); `run_gaps`: a step lasts until the next one while the
-    worker had work."""
+    worker had work; `run_overheads`: add the measured per-request time outside the steps."""
     if speed_trace is not None and run_steps is not None:
         raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
@@ -149,16 +150,17 @@ def run_validation(
         rec = parse_recording(f)
     speed = None
     pool_speed = None
+    overhead = 0.0
     note = ""
     if speed_trace is not None:
         with speed_trace.open() as f:
             speed = parse_speed_trace(f)
         note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
     if run_steps is not None:
-        cal = calibrate_from_dir(spec, rec, run_steps, run_speed, run_gaps)
-        spec, pool_speed = cal.spec, cal.pool_speed
+        cal = calibrate_from_dir(spec, rec, run_steps, run_speed, run_gaps, run_overheads)
+        spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
         note = cal.markdown()
-    v = replay(spec, rec, speed, pool_speed)
+    v = replay(spec, rec, speed, pool_speed, overhead)
     text = f"## Validation: {recording.name} on {cfg.name} ({cfg.latency_model})\n\n" + note
     text += v.markdown(target)
     if out_dir is not None:
@@ -170,7 +172,12 @@ def run_validation(
 
 
 def calibrate_from_dir(
-    spec: ClusterSpec, rec: Recording, run_steps: Path, timed: bool = True, gaps: bool = True
+    spec: ClusterSpec,
+    rec: Recording,
+    run_steps: Path,
+    timed: bool = True,
+    gaps: bool = True,
+    overheads: bool = True,
 ) -> Calibration:
     """`validate_steps.calibrate` on every `<worker>.steps.csv` in `run_steps`."""
     files = sorted(run_steps.glob("*.steps.csv"))
@@ -185,7 +192,8 @@ def calibrate_from_dir(
             raise ValueError(f"{path.name}: {err}") from None
     reqs = rec.requests
     end = max(r.arrival_s + r.latency_s for r in reqs)
-    return calibrate(spec, steps, reqs[0].arrival_s, end, timed, gaps=gaps)
+    requests = [(r.arrival_s, r.prompt_tokens, r.ttft_s) for r in reqs] if overheads else None
+    return calibrate(spec, steps, reqs[0].arrival_s, end, timed, gaps=gaps, requests=requests)
 
 
 def _write(path: Path, text: str) -> Path:

@@ -47,6 +47,8 @@ from splitserve.core.perf.samples import STEP_COLUMNS
 from splitserve.sim.cluster import ClusterSpec
 from splitserve.sim.speed import SpeedFactor
 
+FIRST = ("prefill", "mixed")
+"""Roles whose workers run a request's prompt (where its first token comes from)."""
 NEAREST = 21
 """The speed factor at a time: median over this many steps starting nearest to it (a window
 that is short where steps are dense, a busy decode, and long where they are sparse)."""
@@ -65,8 +67,8 @@ class RunStep:
 
 
 def parse_steps_csv(lines: Iterable[str]) -> tuple[RunStep, ...]:
-    """A worker's steps (`STEP_COLUMNS`; header required), sorted by start. A step with no
-    token or no time is refused (a worker never reports one)."""
+    """A worker's steps (`STEP_COLUMNS`; header required), sorted by start. Steps with no
+    token or no time (the simulated engine reports its KV admissions so) are left out."""
     rows = [ln.rstrip("\n") for ln in lines if ln.strip()]
     if not rows or rows[0].split(",") != list(STEP_COLUMNS):
         raise ValueError(f"a steps CSV starts with the header {','.join(STEP_COLUMNS)}")
@@ -84,10 +86,10 @@ def parse_steps_csv(lines: Iterable[str]) -> tuple[RunStep, ...]:
         except ValueError as err:
             raise ValueError(f"steps line {number}: {err}") from None
         batch = BatchShape(chunks, contexts)
-        if not math.isfinite(start) or not math.isfinite(duration) or duration <= 0:
-            raise ValueError(f"steps line {number}: start and a duration > 0 must be numbers")
-        if batch.is_empty:
-            raise ValueError(f"steps line {number}: a step with no prefill chunk and no decode")
+        if not math.isfinite(start) or not math.isfinite(duration) or duration < 0:
+            raise ValueError(f"steps line {number}: start and a duration >= 0 must be numbers")
+        if batch.is_empty or duration == 0:
+            continue  # no engine work (the simulated engine's KV admission): nothing to price
         out.append(RunStep(start, duration, batch))
     if not out:
         raise ValueError("the steps CSV holds no step")
@@ -290,6 +292,67 @@ def _speed_product(parts: Sequence[SpeedFactor]) -> SpeedFactor:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestOverheads:
+    """The live system's time per request outside the worker's steps, measured by matching
+    each recorded request to the step that ran its whole prompt (a chunk of exactly its prompt
+    length at context 0, the first such step starting after its arrival) on a first-stage
+    worker (prefill or mixed)."""
+
+    dispatch_s: tuple[float, ...]
+    """Router arrival to that step's start, for requests that arrived at an idle worker (no
+    step in progress, so no queueing in it): the router's work and the RPC to the worker."""
+    return_s: tuple[float, ...]
+    """That step's end to the router's first token (every matched request): vLLM's output
+    hand-off, the RPC back, the router."""
+    unmatched: int
+
+    @property
+    def total_s(self) -> float:
+        """Median dispatch + median return (0 for a side with no sample)."""
+        d = float(np.median(self.dispatch_s)) if self.dispatch_s else 0.0
+        r = float(np.median(self.return_s)) if self.return_s else 0.0
+        return max(0.0, d) + max(0.0, r)
+
+    def markdown(self) -> str:
+        def q(xs: Sequence[float]) -> str:
+            if not xs:
+                return "none"
+            p = np.percentile(xs, [10, 50, 90]) * 1e3
+            return f"{p[0]:.1f} / {p[1]:.1f} / {p[2]:.1f} ms ({len(xs)})"
+
+        return (
+            "Per-request time outside the steps (p10 / p50 / p90, requests): "
+            f"dispatch {q(self.dispatch_s)}, return {q(self.return_s)}, "
+            f"{self.unmatched} unmatched; "
+            f"{self.total_s * 1e3:.1f} ms added to each simulated TTFT and latency.\n\n"
+        )
+
+
+def request_overheads(
+    requests: Sequence[tuple[float, int, float]], steps: Sequence[RunStep], horizon: int = 400
+) -> RequestOverheads:
+    """`requests`: (arrival, prompt tokens, TTFT) on the run's clock; `steps`: the first-stage
+    workers' steps as they reported them (no busy gaps), sorted by start."""
+    starts = [s.start_s for s in steps]
+    dispatch: list[float] = []
+    back: list[float] = []
+    unmatched = 0
+    for arrival, prompt, ttft in requests:
+        i = bisect.bisect_left(starts, arrival)
+        match = next(
+            (s for s in steps[i : i + horizon] if (prompt, 0) in s.batch.prefill_chunks), None
+        )
+        if match is None:
+            unmatched += 1
+            continue
+        back.append(arrival + ttft - match.start_s - match.duration_s)
+        idle = i == 0 or steps[i - 1].start_s + steps[i - 1].duration_s <= arrival
+        if idle and steps[i] is match:  # the worker's next step after an idle wait: no queue
+            dispatch.append(match.start_s - arrival)
+    return RequestOverheads(tuple(dispatch), tuple(back), unmatched)
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
     spec: ClusterSpec
     """The cluster with each pool priced by its `RunModel`."""
@@ -298,6 +361,12 @@ class Calibration:
     fits: tuple[PoolFit, ...]
     gaps: bool = False
     """Steps include the worker's busy time to the next step (`with_busy_gaps`)."""
+    overheads: RequestOverheads | None = None
+    """Measured per-request time outside the steps, added to the replay (None: not asked)."""
+
+    @property
+    def request_overhead_s(self) -> float:
+        return self.overheads.total_s if self.overheads is not None else 0.0
 
     def markdown(self) -> str:
         lines = [
@@ -318,7 +387,8 @@ class Calibration:
                 f"| {f.pool} | {', '.join(f.workers)} | {f.steps} | {f.mape_model * 100:.1f} % | "
                 f"{f.mape_timed * 100:.1f} % | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | {coeffs} |\n"
             )
-        return "".join(lines) + "\n"
+        out = "".join(lines) + "\n"
+        return out + (self.overheads.markdown() if self.overheads is not None else "")
 
 
 def calibrate(
@@ -329,12 +399,15 @@ def calibrate(
     timed: bool = True,
     nearest: int = NEAREST,
     gaps: bool = True,
+    requests: Sequence[tuple[float, int, float]] | None = None,
 ) -> Calibration:
     """Price each pool of `spec` by the steps of the recorded workers of its role (worker
     names `<role>-<i>`, as `splitserve up` names them); with `timed`, also scale each pool's
     steps by its workers' speed over the run (`origin_s`: the run time that is simulated 0);
     with `gaps`, a step's time runs to the next step's start while the worker had work
-    (`with_busy_gaps`).
+    (`with_busy_gaps`). With `requests` ((arrival, prompt tokens, TTFT) on the run's clock),
+    also measure the per-request time outside the steps (`request_overheads`); the speed
+    factors then start at the median dispatch time (when the engine sees the first request).
     Refuses a pool whose role no recorded worker had, and a recorded worker no pool takes."""
     by_role: dict[str, dict[str, Sequence[RunStep]]] = {}
     for name, steps in steps_by_worker.items():
@@ -348,6 +421,20 @@ def calibrate(
         raise ValueError(
             f"recorded workers of role {', '.join(extra)} but the cluster has no such pool"
         )
+    overheads = None
+    if requests is not None:
+        first = sorted(
+            (
+                st
+                for name, sts in steps_by_worker.items()
+                if name.split("-")[0] in FIRST
+                for st in sts
+            ),
+            key=lambda st: st.start_s,
+        )
+        overheads = request_overheads(requests, first)
+        if overheads.dispatch_s:
+            origin_s += max(0.0, float(np.median(overheads.dispatch_s)))
     for pool in spec.pools:
         mine = by_role.get(pool.role.value)
         if not mine:
@@ -363,4 +450,6 @@ def calibrate(
             speed[str(pool.name)] = _speed_product(
                 [sp.step_function(origin_s, end_s) for sp in fit.speeds]
             )
-    return Calibration(dataclasses.replace(spec, pools=tuple(pools)), speed, tuple(fits), gaps)
+    return Calibration(
+        dataclasses.replace(spec, pools=tuple(pools)), speed, tuple(fits), gaps, overheads
+    )

@@ -34,6 +34,7 @@ from splitserve.sim.validate_steps import (
     continues,
     fit_pool,
     parse_steps_csv,
+    request_overheads,
     with_busy_gaps,
 )
 from splitserve.sim.workload import WorkItem
@@ -166,6 +167,8 @@ def test_steps_csv_round_trip_and_refusals() -> None:
         parse_steps_csv([good[0], good[1].replace("0.02", "-1")])
     with pytest.raises(ValueError, match="no step"):
         parse_steps_csv(good[:1])
+    idle = steps_csv([(2, 9.0, 0.0, BatchShape()), (3, 9.5, 0.0, BatchShape((), (5,)))])
+    assert parse_steps_csv([*good, *idle[1:]]) == parsed[1:]  # no work, no time: left out
 
 
 def test_busy_gaps_join_a_step_to_the_next_only_when_it_carries_on() -> None:
@@ -179,6 +182,22 @@ def test_busy_gaps_join_a_step_to_the_next_only_when_it_carries_on() -> None:
     got = [round(s.duration_s, 6) for s in with_busy_gaps(steps)]
     assert got == [0.012, 0.018, 0.010, 0.011, 0.010]
     assert continues(BatchShape((), (5,)), BatchShape(((9, 6),)))  # a preempted one recomputed
+
+
+def test_request_overheads_match_each_prompt_to_its_step() -> None:
+    steps = [
+        RunStep(10.003, 0.020, BatchShape(((100, 0),))),  # idle worker: dispatch 3 ms
+        RunStep(10.023, 0.030, BatchShape(((200, 0),), (100,))),  # arrived while busy
+        RunStep(20.000, 0.010, BatchShape((), (7,))),
+    ]
+    # (arrival, prompt, TTFT): first token 2 ms after its step's end; the second queued; the
+    # third's prompt never ran on this worker.
+    reqs = [(10.0, 100, 0.025), (10.01, 200, 0.045), (11.0, 300, 0.1)]
+    got = request_overheads(reqs, steps)
+    assert got.dispatch_s == pytest.approx((0.003,))
+    assert got.return_s == pytest.approx((0.002, 0.002))
+    assert got.unmatched == 1
+    assert got.total_s == pytest.approx(0.005)
 
 
 def test_fit_recovers_the_model_and_a_mid_run_slowdown() -> None:
@@ -257,6 +276,7 @@ def test_cli_reports_the_fit_and_refuses_both_speed_sources(tmp_path: Path) -> N
     gapless = CliRunner().invoke(sim, [*args, "--run-steps", str(run_steps), "--no-run-gaps"])
     assert gapless.exit_code == 0, gapless.output
     assert "engine.step() only" in gapless.output
+    assert "outside the steps" in gapless.output
     alone = CliRunner().invoke(sim, [*args, "--no-run-speed"])
     assert alone.exit_code != 0
     assert "--run-steps" in alone.output
