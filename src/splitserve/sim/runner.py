@@ -161,7 +161,8 @@ def run_validation(
         spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
         note = cal.markdown()
     v = replay(spec, rec, speed, pool_speed, overhead)
-    text = f"## Validation: {recording.name} on {cfg.name} ({cfg.latency_model})\n\n" + note
+    priced = "the run's own steps" if run_steps is not None else cfg.latency_model
+    text = f"## Validation: {recording.name} on {cfg.name} ({priced})\n\n" + note
     text += v.markdown(target)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
