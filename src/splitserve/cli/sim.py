@@ -120,6 +120,15 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     "(router arrival to the prompt's step on an idle worker, plus that step's end to the first "
     "token) to every simulated TTFT and latency.",
 )
+@click.option(
+    "--run-speed-steps",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --run-steps: a simulated step is scaled by the median speed of this many recorded "
+    "steps nearest its start (1: the recorded step running then, so short stalls land where "
+    "they happened).",
+)
 def validate_cmd(
     recording: Path,
     cluster_file: Path,
@@ -130,13 +139,18 @@ def validate_cmd(
     run_speed: bool,
     run_gaps: bool,
     run_overheads: bool,
+    run_speed_steps: int,
 ) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
-    if (not run_speed or not run_gaps or not run_overheads) and run_steps is None:
-        raise click.UsageError("--no-run-speed, --no-run-gaps, --no-run-overheads need --run-steps")
+    if (
+        not run_speed or not run_gaps or not run_overheads or run_speed_steps != 1
+    ) and run_steps is None:
+        raise click.UsageError(
+            "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps need --run-steps"
+        )
     try:
         _, text = runner.run_validation(
             recording,
@@ -148,6 +162,7 @@ def validate_cmd(
             run_speed,
             run_gaps,
             run_overheads,
+            run_speed_steps,
         )
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err

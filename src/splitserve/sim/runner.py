@@ -134,6 +134,7 @@ def run_validation(
     run_speed: bool = True,
     run_gaps: bool = True,
     run_overheads: bool = True,
+    run_speed_steps: int = 1,
 ) -> tuple[Validation, str]:
     """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
     validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set.
@@ -141,7 +142,9 @@ def run_validation(
     `run_steps`: a directory of the run's worker step logs (`<worker>.steps.csv`); each pool is
     priced by a model fitted to its workers' steps and, with `run_speed`, scaled by their speed
     over the run (`sim.validate_steps`); `run_gaps`: a step lasts until the next one while the
-    worker had work; `run_overheads`: add the measured per-request time outside the steps."""
+    worker had work; `run_overheads`: add the measured per-request time outside the steps;
+    `run_speed_steps`: the factor pricing a step is the median over this many recorded steps
+    nearest it (1: the step running then)."""
     if speed_trace is not None and run_steps is not None:
         raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
@@ -157,7 +160,9 @@ def run_validation(
             speed = parse_speed_trace(f)
         note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
     if run_steps is not None:
-        cal = calibrate_from_dir(spec, rec, run_steps, run_speed, run_gaps, run_overheads)
+        cal = calibrate_from_dir(
+            spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps
+        )
         spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
         note = cal.markdown()
     v = replay(spec, rec, speed, pool_speed, overhead)
@@ -179,6 +184,7 @@ def calibrate_from_dir(
     timed: bool = True,
     gaps: bool = True,
     overheads: bool = True,
+    price_nearest: int = 1,
 ) -> Calibration:
     """`validate_steps.calibrate` on every `<worker>.steps.csv` in `run_steps`."""
     files = sorted(run_steps.glob("*.steps.csv"))
@@ -194,7 +200,16 @@ def calibrate_from_dir(
     reqs = rec.requests
     end = max(r.arrival_s + r.latency_s for r in reqs)
     requests = [(r.arrival_s, r.prompt_tokens, r.ttft_s) for r in reqs] if overheads else None
-    return calibrate(spec, steps, reqs[0].arrival_s, end, timed, gaps=gaps, requests=requests)
+    return calibrate(
+        spec,
+        steps,
+        reqs[0].arrival_s,
+        end,
+        timed,
+        gaps=gaps,
+        requests=requests,
+        price_nearest=price_nearest,
+    )
 
 
 def _write(path: Path, text: str) -> Path:

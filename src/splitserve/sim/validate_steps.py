@@ -19,8 +19,11 @@ its start; the factor at a time is the median of measured / modelled over the `n
 that started closest to it (a fixed time window would lag an abrupt change: the slow side has
 fewer steps per second), normalised to a median of 1 over the steps, so the model carries the
 run's typical speed and the factor its changes. Fit and factor
-alternate `rounds` times. Columns no step exercises (a decode worker never prefills) get 0,
-and a shape the fit prices at 0 or less falls back to the cluster's own model.
+alternate `rounds` times. The replay's steps are then priced by the model times a factor with
+`price_nearest` steps (default 1: the ratio of the recorded step running at that moment, so a
+stall of the run lands on the replay's step at the same moment). Columns no step exercises (a
+decode worker never prefills) get 0, and a shape the fit prices at 0 or less falls back to the
+cluster's own model.
 
 Approximation, stated: the factor is per worker and per moment, not per shape, so a slowdown
 that hit prefills and decodes differently is averaged; the step times are `engine.step()` as
@@ -49,8 +52,11 @@ from splitserve.sim.speed import SpeedFactor
 
 FIRST = ("prefill", "mixed")
 """Roles whose workers run a request's prompt (where its first token comes from)."""
+PRICE_NEAREST = 1
+"""The factor that prices the replay's steps: by default the ratio of the recorded step running
+at that moment (so the run's short stalls land where they happened), not a smoothed one."""
 NEAREST = 21
-"""The speed factor at a time: median over this many steps starting nearest to it (a window
+"""The speed factor for the fit: median over this many steps starting nearest to it (a window
 that is short where steps are dense, a busy decode, and long where they are sparse)."""
 ROUNDS = 3
 """Fit and speed factor alternate this many times."""
@@ -187,11 +193,18 @@ class RunSpeed:
     ratios: tuple[float, ...]
     """Each step's measured / modelled time."""
     nearest: int = NEAREST
+    ends_s: tuple[float, ...] = ()
+    """Step ends (for `nearest` 1: the step running at a time)."""
 
     def factor(self, t_s: float) -> float:
-        """The median ratio of the `nearest` steps starting closest to `t_s`."""
+        """The median ratio of the `nearest` steps starting closest to `t_s`; for 1, the step
+        running at `t_s` when one is."""
         times, n = self.times_s, len(self.times_s)
         lo = hi = bisect.bisect_left(times, t_s)
+        if self.nearest == 1 and self.ends_s:
+            i = bisect.bisect_right(times, t_s) - 1
+            if i >= 0 and t_s < self.ends_s[i]:
+                return self.ratios[i]
         while hi - lo < min(self.nearest, n):  # widen toward the closer neighbour
             if lo == 0 or (hi < n and times[hi] - t_s < t_s - times[lo - 1]):
                 hi += 1
@@ -199,7 +212,7 @@ class RunSpeed:
                 lo -= 1
         return float(np.median(self.ratios[lo:hi]))
 
-    def step_function(self, origin_s: float, end_s: float, bin_s: float = 0.05) -> SpeedFactor:
+    def step_function(self, origin_s: float, end_s: float, bin_s: float = 0.01) -> SpeedFactor:
         """The factor on simulated time (`origin_s` on the run's clock is 0) up to `end_s` on
         the run's clock (the last bin holds beyond)."""
         n = max(1, int((max(end_s, self.times_s[-1]) - origin_s) / bin_s) + 2)
@@ -213,6 +226,7 @@ def run_speed(steps: Sequence[RunStep], model: RunModel, nearest: int = NEAREST)
         tuple(s.start_s for s in steps),
         tuple(s.duration_s / model.step_s(s.batch) for s in steps),
         nearest,
+        tuple(s.start_s + s.duration_s for s in steps),
     )
 
 
@@ -375,7 +389,7 @@ class Calibration:
             + ")"
             + (", scaled by each worker's speed over the run" if self.pool_speed else "")
             + ":\n\n",
-            "| pool | workers | steps | fit MAPE | with speed factor | factor p10 / p50 / p90 |"
+            "| pool | workers | steps | fit MAPE | with smoothed speed | its p10 / p50 / p90 |"
             " coefficients |\n|---|---|---|---|---|---|---|\n",
         ]
         for f in self.fits:
@@ -399,11 +413,13 @@ def calibrate(
     timed: bool = True,
     nearest: int = NEAREST,
     gaps: bool = True,
+    price_nearest: int = PRICE_NEAREST,
     requests: Sequence[tuple[float, int, float]] | None = None,
 ) -> Calibration:
     """Price each pool of `spec` by the steps of the recorded workers of its role (worker
     names `<role>-<i>`, as `splitserve up` names them); with `timed`, also scale each pool's
-    steps by its workers' speed over the run (`origin_s`: the run time that is simulated 0);
+    steps by its workers' speed over the run (`origin_s`: the run time that is simulated 0;
+    `nearest` steps smooth the factor for the fit, `price_nearest` the one that prices);
     with `gaps`, a step's time runs to the next step's start while the worker had work
     (`with_busy_gaps`). With `requests` ((arrival, prompt tokens, TTFT) on the run's clock),
     also measure the per-request time outside the steps (`request_overheads`); the speed
@@ -447,8 +463,9 @@ def calibrate(
         worker = dataclasses.replace(pool.worker, latency=fit.model)
         pools.append(dataclasses.replace(pool, worker=worker))
         if timed:
+            priced = [run_speed(mine[n], fit.model, price_nearest) for n in fit.workers]
             speed[str(pool.name)] = _speed_product(
-                [sp.step_function(origin_s, end_s) for sp in fit.speeds]
+                [sp.step_function(origin_s, end_s) for sp in priced]
             )
     return Calibration(
         dataclasses.replace(spec, pools=tuple(pools)), speed, tuple(fits), gaps, overheads
