@@ -35,6 +35,7 @@ from splitserve.sim.validate_steps import (
     fit_pool,
     parse_steps_csv,
     request_overheads,
+    run_speed,
     with_busy_gaps,
 )
 from splitserve.sim.workload import WorkItem
@@ -221,6 +222,15 @@ def test_fit_recovers_the_model_and_a_mid_run_slowdown() -> None:
         assert fit.model.step_s(b) / truth.step_s(b) == pytest.approx(
             speed.factor(5.0) ** -1, rel=0.02
         )
+
+
+def test_pricing_factor_is_the_step_running_then() -> None:
+    steps = [RunStep(0.0, 0.5, BatchShape((), (1,))), RunStep(2.0, 0.1, BatchShape((), (2,)))]
+    model = RunModel((0.0, 0.0, 0.0, 0.1, 0.0, 0.0), PRIOR)  # every decode step 0.1 s
+    one = run_speed(steps, model, nearest=1)
+    assert one.factor(0.45) == pytest.approx(5.0)  # inside the first (stalled) step
+    assert one.factor(1.5) == pytest.approx(1.0)  # idle: the nearest start
+    assert run_speed(steps, model, nearest=2).factor(0.45) == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize("cfg", [MIXED, PD], ids=["aggregated", "pd"])
