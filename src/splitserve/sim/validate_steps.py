@@ -20,7 +20,7 @@ that started closest to it (a fixed time window would lag an abrupt change: the 
 fewer steps per second), normalised to a median of 1 over the steps, so the model carries the
 run's typical speed and the factor its changes. Fit and factor
 alternate `rounds` times. The replay's steps are then priced by the model times a factor with
-`price_nearest` steps (default 1: the ratio of the recorded step running at that moment, so a
+`price_nearest` steps (default 1: the ratio of the recorded step that started nearest, so a
 stall of the run lands on the replay's step at the same moment). Columns no step exercises (a
 decode worker never prefills) get 0, and a shape the fit prices at 0 or less falls back to the
 cluster's own model.
@@ -53,8 +53,9 @@ from splitserve.sim.speed import SpeedFactor
 FIRST = ("prefill", "mixed")
 """Roles whose workers run a request's prompt (where its first token comes from)."""
 PRICE_NEAREST = 1
-"""The factor that prices the replay's steps: by default the ratio of the recorded step running
-at that moment (so the run's short stalls land where they happened), not a smoothed one."""
+"""The factor that prices the replay's steps: by default the ratio of the recorded step that
+started nearest the replayed step's start (so the run's short stalls land where they happened),
+not a smoothed one."""
 NEAREST = 21
 """The speed factor for the fit: median over this many steps starting nearest to it (a window
 that is short where steps are dense, a busy decode, and long where they are sparse)."""
@@ -193,18 +194,12 @@ class RunSpeed:
     ratios: tuple[float, ...]
     """Each step's measured / modelled time."""
     nearest: int = NEAREST
-    ends_s: tuple[float, ...] = ()
-    """Step ends (for `nearest` 1: the step running at a time)."""
 
     def factor(self, t_s: float) -> float:
-        """The median ratio of the `nearest` steps starting closest to `t_s`; for 1, the step
-        running at `t_s` when one is."""
+        """The median ratio of the `nearest` steps starting closest to `t_s` (for 1: the
+        recorded step whose start is nearest, the one a replayed step starting then matches)."""
         times, n = self.times_s, len(self.times_s)
         lo = hi = bisect.bisect_left(times, t_s)
-        if self.nearest == 1 and self.ends_s:
-            i = bisect.bisect_right(times, t_s) - 1
-            if i >= 0 and t_s < self.ends_s[i]:
-                return self.ratios[i]
         while hi - lo < min(self.nearest, n):  # widen toward the closer neighbour
             if lo == 0 or (hi < n and times[hi] - t_s < t_s - times[lo - 1]):
                 hi += 1
@@ -212,7 +207,7 @@ class RunSpeed:
                 lo -= 1
         return float(np.median(self.ratios[lo:hi]))
 
-    def step_function(self, origin_s: float, end_s: float, bin_s: float = 0.01) -> SpeedFactor:
+    def step_function(self, origin_s: float, end_s: float, bin_s: float = 0.002) -> SpeedFactor:
         """The factor on simulated time (`origin_s` on the run's clock is 0) up to `end_s` on
         the run's clock (the last bin holds beyond)."""
         n = max(1, int((max(end_s, self.times_s[-1]) - origin_s) / bin_s) + 2)
@@ -226,7 +221,6 @@ def run_speed(steps: Sequence[RunStep], model: RunModel, nearest: int = NEAREST)
         tuple(s.start_s for s in steps),
         tuple(s.duration_s / model.step_s(s.batch) for s in steps),
         nearest,
-        tuple(s.start_s + s.duration_s for s in steps),
     )
 
 

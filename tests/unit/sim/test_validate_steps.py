@@ -224,12 +224,12 @@ def test_fit_recovers_the_model_and_a_mid_run_slowdown() -> None:
         )
 
 
-def test_pricing_factor_is_the_step_running_then() -> None:
-    steps = [RunStep(0.0, 0.5, BatchShape((), (1,))), RunStep(2.0, 0.1, BatchShape((), (2,)))]
+def test_pricing_factor_is_the_step_that_started_nearest() -> None:
+    steps = [RunStep(0.0, 0.5, BatchShape((), (1,))), RunStep(0.51, 0.1, BatchShape((), (2,)))]
     model = RunModel((0.0, 0.0, 0.0, 0.1, 0.0, 0.0), PRIOR)  # every decode step 0.1 s
     one = run_speed(steps, model, nearest=1)
-    assert one.factor(0.45) == pytest.approx(5.0)  # inside the first (stalled) step
-    assert one.factor(1.5) == pytest.approx(1.0)  # idle: the nearest start
+    assert one.factor(0.2) == pytest.approx(5.0)  # the first (stalled) step
+    assert one.factor(0.49) == pytest.approx(1.0)  # a step starting now matches the second
     assert run_speed(steps, model, nearest=2).factor(0.45) == pytest.approx(3.0)
 
 
