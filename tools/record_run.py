@@ -3,17 +3,24 @@ per-request log on, drive Poisson load through the official OpenAI client, stop,
 
 Usage:
     python tools/record_run.py OUT.jsonl --rate 2 --requests 60 --prompt 64:256 --output 8:32 \
-        [--seed 0] [--profile-out DIR] -- <splitserve up options, e.g. --prefill 1 --decode 1>
+        [--seed 0] [--profile-out DIR] [--steps-out DIR] -- <splitserve up options, e.g.
+        --prefill 1 --decode 1>
 
 Prompts are random token ids (so their length is exact), outputs are forced to their length with
 `ignore_eos`. Each request is one non-streamed completion; the log (not the client) measures
 TTFT / TPOT / latency, at the router.
+
+`--steps-out DIR` watches every worker's `WatchSteps` stream during the load and writes
+`DIR/<worker>.steps.csv` (`core.perf.samples.STEP_COLUMNS`: each step the worker ran, its start
+on the worker's monotonic clock, which is the router log's clock on one machine, its duration
+and its exact batch shape), for `splitserve sim validate --run-steps DIR`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +38,46 @@ def _range(text: str) -> tuple[int, int]:
     return int(lo), int(hi or lo)
 
 
-async def drive(base_url: str, model: str, args: argparse.Namespace) -> tuple[int, int]:
+async def watch_steps(name: str, address: str, stop: asyncio.Event) -> list[str]:
+    """Every step `name` runs until `stop` is set (plus a moment for the last samples), as the
+    lines of the steps CSV."""
+    import grpc
+
+    from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+    from splitserve.core.perf.samples import steps_csv
+    from splitserve.security import tls
+    from splitserve.worker.server import step_from_pb
+
+    rows = []
+    dropped = 0
+    async with tls.aio_channel(address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        call = stub.WatchSteps(worker_pb2.WatchStepsRequest(max_buffer=1 << 16))
+        await asyncio.wait_for(call.initial_metadata(), timeout=30.0)  # subscribed from here
+
+        async def read() -> None:
+            nonlocal dropped
+            async for pb in call:
+                s = step_from_pb(pb)
+                rows.append((s.index, s.start_s, s.duration_s, s.batch))
+                dropped = pb.dropped
+
+        reader = asyncio.create_task(read())
+        await stop.wait()
+        await asyncio.sleep(1.0)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await reader
+    print(f"{name}: {len(rows)} steps ({dropped} dropped)")
+    return steps_csv(rows)
+
+
+async def drive(
+    base_url: str,
+    model: str,
+    args: argparse.Namespace,
+    workers: dict[str, str] | None = None,
+) -> tuple[int, int, dict[str, list[str]]]:
     rng = np.random.default_rng(args.seed)
     gaps = rng.exponential(1.0 / args.rate, args.requests)
     plo, phi = _range(args.prompt)
@@ -57,13 +103,22 @@ async def drive(base_url: str, model: str, args: argparse.Namespace) -> tuple[in
             failed += 1
             print(f"request {i} failed: {err}", file=sys.stderr)
 
+    stop = asyncio.Event()
+    watchers = {
+        name: asyncio.create_task(watch_steps(name, address, stop))
+        for name, address in (workers or {}).items()
+    }
+    if watchers:  # subscribed before the first request
+        await asyncio.sleep(1.0)
     tasks = []
     for i, gap in enumerate(gaps):
         await asyncio.sleep(float(gap))
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
+    stop.set()
+    steps = {name: await task for name, task in watchers.items()}
     await client.close()
-    return ok, failed
+    return ok, failed, steps
 
 
 def main() -> None:
@@ -95,6 +150,13 @@ def main() -> None:
         "speed here (with the profile's window as the reference) for `sim validate "
         "--speed-trace`.",
     )
+    p.add_argument(
+        "--steps-out",
+        type=Path,
+        default=None,
+        help="Write every worker's steps during the load (WatchSteps) to DIR/<worker>.steps.csv "
+        "for `sim validate --run-steps DIR`.",
+    )
     args = p.parse_args(argv[:cut])
     up_args = argv[cut + 1 :]
     run_dir = args.run_dir or args.out.with_suffix(".run")
@@ -121,8 +183,22 @@ def main() -> None:
         if args.speed_probe is not None:
             script = Path(__file__).with_name("speed_probe.py")
             probe = subprocess.Popen([sys.executable, str(script), str(args.speed_probe)])
+        workers: dict[str, str] = {}
+        if args.steps_out is not None:
+            args.steps_out.mkdir(parents=True, exist_ok=True)
+            for path in sorted(run_dir.glob("*.ready.json")):
+                name = path.name.removesuffix(".ready.json")
+                if name.split("-")[0] in ("prefill", "decode", "mixed"):
+                    workers[name] = json.loads(path.read_text())["address"]
+            admin = run_dir / "pki" / "admin"
+            if admin.is_dir():
+                from splitserve.security import tls
+
+                tls.configure(admin)
         t0 = time.monotonic()
-        ok, failed = asyncio.run(drive(base, args.model, args))
+        ok, failed, steps = asyncio.run(drive(base, args.model, args, workers))
+        for name, lines in steps.items():
+            (args.steps_out / f"{name}.steps.csv").write_text("\n".join(lines) + "\n")
         print(f"{ok} ok, {failed} failed in {time.monotonic() - t0:.1f} s -> {args.out}")
         if args.profile_out is not None:
             worker = sorted(run_dir.glob("*-0.ready.json"))[0]

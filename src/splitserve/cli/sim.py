@@ -91,19 +91,79 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     help="The speed probe's log of the run (tools/record_run.py --speed-probe): each step is "
     "scaled by the machine's speed at that moment over its speed while the profile ran.",
 )
+@click.option(
+    "--run-steps",
+    "run_steps",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="The run's worker step logs (tools/record_run.py --steps-out: <worker>.steps.csv): "
+    "each pool is priced by a model fitted to its workers' own steps during the run.",
+)
+@click.option(
+    "--run-speed/--no-run-speed",
+    default=True,
+    show_default=True,
+    help="With --run-steps: also scale each pool's steps by its workers' speed over the run.",
+)
+@click.option(
+    "--run-gaps/--no-run-gaps",
+    default=True,
+    show_default=True,
+    help="With --run-steps: a step lasts until the worker's next step when that one carries on "
+    "its sequences (the engine's time between steps); off: engine.step() only.",
+)
+@click.option(
+    "--run-overheads/--no-run-overheads",
+    default=True,
+    show_default=True,
+    help="With --run-steps: add the per-request time outside the steps measured in the run "
+    "(router arrival to the prompt's step on an idle worker, plus that step's end to the first "
+    "token) to every simulated TTFT and latency.",
+)
+@click.option(
+    "--run-speed-steps",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --run-steps: a simulated step is scaled by the median speed of this many recorded "
+    "steps nearest its start (1: the recorded step running then, so short stalls land where "
+    "they happened).",
+)
 def validate_cmd(
     recording: Path,
     cluster_file: Path,
     out_dir: Path | None,
     target: float,
     speed_trace: Path | None,
+    run_steps: Path | None,
+    run_speed: bool,
+    run_gaps: bool,
+    run_overheads: bool,
+    run_speed_steps: int,
 ) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
+    if (
+        not run_speed or not run_gaps or not run_overheads or run_speed_steps != 1
+    ) and run_steps is None:
+        raise click.UsageError(
+            "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps need --run-steps"
+        )
     try:
-        _, text = runner.run_validation(recording, cluster_file, out_dir, target, speed_trace)
+        _, text = runner.run_validation(
+            recording,
+            cluster_file,
+            out_dir,
+            target,
+            speed_trace,
+            run_steps,
+            run_speed,
+            run_gaps,
+            run_overheads,
+            run_speed_steps,
+        )
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(text)

@@ -16,7 +16,7 @@ Pure: no I/O, no wall time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import pairwise
@@ -86,6 +86,7 @@ class Cluster:
         max_repeat: int = 1 << 30,
         record_placements: bool = False,
         speed: Callable[[float], float] | None = None,
+        pool_speed: Mapping[str, Callable[[float], float]] | None = None,
     ) -> None:
         if any(b.arrival_s < a.arrival_s for a, b in pairwise(items)):
             raise ValueError("work items must be in arrival order")
@@ -96,6 +97,9 @@ class Cluster:
         self.speed = speed
         """Step-time factor at a simulated time (`sim.speed`: the machine's speed during a
         recorded run, for `sim validate`); None prices steps as the latency model says."""
+        self.pool_speed = pool_speed
+        """The same per pool (its workers' own speed during a recorded run, `sim.validate_steps`),
+        applied on top of `speed`; a pool not named runs at the model's price."""
         self.workers: list[SimWorker] = []
         for pool in spec.pools:
             for _ in range(pool.replicas):
@@ -279,6 +283,11 @@ class Cluster:
         if self.speed is not None:
             f = self.speed(now)
             t0, slope = t0 * f, slope * f
+        if self.pool_speed is not None:
+            g = self.pool_speed.get(worker.pool)
+            if g is not None:
+                f = g(now)
+                t0, slope = t0 * f, slope * f
         worker.run_first_s, worker.run_slope_s = t0, slope
         self._schedule_done(worker, sim)
 
@@ -413,11 +422,13 @@ def simulate(
     until_s: float | None = None,
     max_repeat: int = 1 << 30,
     speed: Callable[[float], float] | None = None,
+    pool_speed: Mapping[str, Callable[[float], float]] | None = None,
 ) -> SimResult:
     """Run `items` through a fresh cluster until every request is done (or `until_s`);
-    `speed` scales each step by the factor at its start (see `Cluster.speed`)."""
+    `speed` scales each step by the factor at its start (see `Cluster.speed`), `pool_speed`
+    a pool's steps (`Cluster.pool_speed`)."""
     sim = Simulator()
-    cluster = Cluster(spec, items, max_repeat, speed=speed)
+    cluster = Cluster(spec, items, max_repeat, speed=speed, pool_speed=pool_speed)
     cluster.start(sim)
     sim.run(cluster, until_s=until_s)
     return cluster.result(sim)

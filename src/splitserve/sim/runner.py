@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from splitserve.sim.cluster import simulate
+from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.config import (
     ClusterConfig,
     ScenarioConfig,
@@ -32,7 +32,8 @@ from splitserve.sim.report import (
 from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
 from splitserve.sim.reproductions.common import latency_source
 from splitserve.sim.speed import parse_speed_trace
-from splitserve.sim.validate import Validation, parse_recording, replay
+from splitserve.sim.validate import Recording, Validation, parse_recording, replay
+from splitserve.sim.validate_steps import Calibration, calibrate, parse_steps_csv
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,22 +130,44 @@ def run_validation(
     out_dir: Path | None = None,
     target: float = 0.05,
     speed_trace: Path | None = None,
+    run_steps: Path | None = None,
+    run_speed: bool = True,
+    run_gaps: bool = True,
+    run_overheads: bool = True,
+    run_speed_steps: int = 1,
 ) -> tuple[Validation, str]:
     """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
     validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set.
-    `speed_trace`: the speed probe's log of the run (`sim.speed`); steps are scaled by it."""
+    `speed_trace`: the speed probe's log of the run (`sim.speed`); steps are scaled by it.
+    `run_steps`: a directory of the run's worker step logs (`<worker>.steps.csv`); each pool is
+    priced by a model fitted to its workers' steps and, with `run_speed`, scaled by their speed
+    over the run (`sim.validate_steps`); `run_gaps`: a step lasts until the next one while the
+    worker had work; `run_overheads`: add the measured per-request time outside the steps;
+    `run_speed_steps`: the factor pricing a step is the median over this many recorded steps
+    nearest it (1: the step running then)."""
+    if speed_trace is not None and run_steps is not None:
+        raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
     spec = cluster_spec(cfg, _lines(cfg.latency_profile, cluster.parent))
     with recording.open() as f:
         rec = parse_recording(f)
     speed = None
+    pool_speed = None
+    overhead = 0.0
     note = ""
     if speed_trace is not None:
         with speed_trace.open() as f:
             speed = parse_speed_trace(f)
         note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
-    v = replay(spec, rec, speed)
-    text = f"## Validation: {recording.name} on {cfg.name} ({cfg.latency_model})\n\n" + note
+    if run_steps is not None:
+        cal = calibrate_from_dir(
+            spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps
+        )
+        spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
+        note = cal.markdown()
+    v = replay(spec, rec, speed, pool_speed, overhead)
+    priced = "the run's own steps" if run_steps is not None else cfg.latency_model
+    text = f"## Validation: {recording.name} on {cfg.name} ({priced})\n\n" + note
     text += v.markdown(target)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -152,6 +175,41 @@ def run_validation(
         with (out_dir / "requests.csv").open("w", newline="") as f:
             csv.writer(f).writerows(v.csv_rows())
     return v, text
+
+
+def calibrate_from_dir(
+    spec: ClusterSpec,
+    rec: Recording,
+    run_steps: Path,
+    timed: bool = True,
+    gaps: bool = True,
+    overheads: bool = True,
+    price_nearest: int = 1,
+) -> Calibration:
+    """`validate_steps.calibrate` on every `<worker>.steps.csv` in `run_steps`."""
+    files = sorted(run_steps.glob("*.steps.csv"))
+    if not files:
+        raise ValueError(f"no <worker>.steps.csv in {run_steps}")
+    steps = {}
+    for path in files:
+        try:
+            with path.open() as f:
+                steps[path.name.removesuffix(".steps.csv")] = parse_steps_csv(f)
+        except ValueError as err:
+            raise ValueError(f"{path.name}: {err}") from None
+    reqs = rec.requests
+    end = max(r.arrival_s + r.latency_s for r in reqs)
+    requests = [(r.arrival_s, r.prompt_tokens, r.ttft_s) for r in reqs] if overheads else None
+    return calibrate(
+        spec,
+        steps,
+        reqs[0].arrival_s,
+        end,
+        timed,
+        gaps=gaps,
+        requests=requests,
+        price_nearest=price_nearest,
+    )
 
 
 def _write(path: Path, text: str) -> Path:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -231,19 +231,35 @@ class Validation:
         return rows
 
 
-def replay(spec: ClusterSpec, recording: Recording, speed: SpeedTrace | None = None) -> Validation:
+def replay(
+    spec: ClusterSpec,
+    recording: Recording,
+    speed: SpeedTrace | None = None,
+    pool_speed: Mapping[str, Callable[[float], float]] | None = None,
+    request_overhead_s: float = 0.0,
+) -> Validation:
     """Run the recorded arrivals and lengths on `spec`; pair each request with its measurement.
 
     With `speed` (the machine's speed during the run, `sim.speed`), each step is scaled by the
     factor at its start on the recording's clock, and decode steps are priced one by one (a fused
-    run would hold one factor for its whole length)."""
+    run would hold one factor for its whole length). `pool_speed` does the same per pool, on
+    simulated time (`sim.validate_steps`: the workers' own speed over the run).
+    `request_overhead_s` is added to every simulated TTFT and latency: the live system's time
+    outside the engine per request (router, RPCs), measured from the run
+    (`validate_steps.request_overheads`)."""
     reqs = recording.requests
     t0 = reqs[0].arrival_s
     items = tuple(WorkItem(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in reqs)
-    if speed is None:
+    if speed is None and not pool_speed:
         result = simulate(spec, items)
     else:
-        result = simulate(spec, items, max_repeat=1, speed=speed.step_function(t0))
+        result = simulate(
+            spec,
+            items,
+            max_repeat=1,
+            speed=speed.step_function(t0) if speed is not None else None,
+            pool_speed=pool_speed or None,
+        )
     pairs: list[Pair] = []
     unfinished = 0
     for rec, sim in zip(reqs, result.requests, strict=True):
@@ -251,7 +267,7 @@ def replay(spec: ClusterSpec, recording: Recording, speed: SpeedTrace | None = N
         if ttft is None or e2e is None:
             unfinished += 1
             continue
-        pairs.append(Pair(rec, ttft, sim.tpot_s, e2e))
+        pairs.append(Pair(rec, ttft + request_overhead_s, sim.tpot_s, e2e + request_overhead_s))
     return Validation(tuple(pairs), recording.skipped, unfinished)
 
 
