@@ -141,7 +141,8 @@ class PullDriver:
 class PullInStep:
     """Pull a continued decode's KV inside the engine step that computes its first position.
 
-    On by default (`VllmEngineConfig.kv_pull_in_step`), for every prompt length.
+    On by default, for every prompt length; off with `VllmEngineConfig.kv_pull_in_step=False` or
+    `SPLITSERVE_KV_PULL_IN_STEP=0` (vLLM's async load).
 
     vLLM 0.32's NixlConnector loads remote KV asynchronously: the scheduler parks the request in
     WAITING_FOR_REMOTE_KVS, the step posts the READ (after that step's forward, if any), the
