@@ -223,6 +223,32 @@ def test_a_handoff_from_a_known_engine_is_loaded_in_the_step_that_schedules_it()
     assert hook.count == 1
 
 
+def test_an_in_step_load_is_reported_to_the_pull_timer_once_read() -> None:
+    connector, worker, kv = FakeConnector(), FakeWorker(), FakeKvCacheManager()
+    ok, failed = _request("ok"), _request("bad")
+    requests = {"ok": ok, "bad": failed}
+    scheduler = SimpleNamespace(connector=connector, kv_cache_manager=kv, requests=requests)
+    hook = PullInStep.install(scheduler, worker, KEY)
+    assert hook is not None
+    seen: list[tuple[str, bool, int]] = []
+    hook.on_received = lambda r, good: seen.append(
+        (r.request_id, good, worker.nixl_wrapper.left[1])
+    )
+    connector.get_num_new_matched_tokens(ok, 0)
+    connector.get_num_new_matched_tokens(failed, 0)
+    worker.nixl_wrapper.final[2] = "ERR"
+    original = hook._results  # the worker's own (its attribute is the hook's now)
+
+    def results() -> Results:
+        out = original()
+        out.failed_recving |= out.finished_recving & {"bad"}
+        return out
+
+    hook._results = results
+    _step(connector, worker, {"ok": 2, "bad": 0})
+    assert seen == [("bad", False, 0), ("ok", True, 0)], "after the READ, before the forward"
+
+
 def test_async_loads_keep_vllms_path() -> None:
     hook, connector, worker = _setup()
     cold = _request("cold", engine="Q")  # no handshake with Q yet: vLLM handshakes on demand

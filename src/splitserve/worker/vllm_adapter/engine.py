@@ -592,6 +592,9 @@ class VllmEngine:
             pulls.drive_after_posting(PULL_POLL_S)
             if in_step:
                 self._in_step = PullInStep.install(core.scheduler, _nixl_worker(), HANDOFF_KEY)
+                timer = self._observer.pulls
+                if self._in_step is not None and timer is not None:
+                    self._in_step.on_received = timer.received_in_step
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():

@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,12 @@ class PullInStep:
 
     def __init__(self, connector: Any, worker: Any, key: str) -> None:
         self._connector = connector
+        self._requests: Any = {}
+        """The scheduler's requests by id."""
+        self.on_received: Callable[[Any, bool], None] | None = None
+        """Called on the engine thread for each in-step load once its READ is over, with the
+        request and whether it succeeded (the scheduler never sees these in `finished_recving`,
+        where vLLM's async loads are observed)."""
         self._worker = worker
         self._key = key
         self._chosen: set[str] = set()
@@ -207,6 +213,7 @@ class PullInStep:
         ):
             return None
         hook = cls(connector, worker, key)
+        hook._requests = getattr(scheduler, "requests", {})
         matched = connector.get_num_new_matched_tokens
         after_alloc = connector.update_state_after_alloc
         allocate = kv.allocate_slots
@@ -302,6 +309,12 @@ class PullInStep:
                 log.warning("in-step KV read of %s still running after 5 s", sorted(ids))
                 warn_at += 5.0
         early = self._hide(self._results())
+        if self.on_received is not None:
+            failed = set(early.failed_recving)
+            for rid in sorted(ids):
+                request = self._requests.get(rid)
+                if request is not None:
+                    self.on_received(request, rid not in failed)
         if self._early is None:
             self._early = early
         else:
