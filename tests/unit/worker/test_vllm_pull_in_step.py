@@ -240,7 +240,7 @@ def test_an_in_step_load_is_reported_to_the_pull_timer_once_read() -> None:
     original = hook._results  # the worker's own (its attribute is the hook's now)
 
     def results() -> Results:
-        out = original()
+        out: Results = original()
         out.failed_recving |= out.finished_recving & {"bad"}
         return out
 
