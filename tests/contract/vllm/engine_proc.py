@@ -2,7 +2,8 @@
 
 `python engine_proc.py PORT MODEL_DIR NIXL_PORT CPU` serves pickled commands on 127.0.0.1:PORT:
 ("generate", Request), ("prefill", Request), ("decode", Request, first, KvHandle),
-("decode_steps", Request, first, KvHandle), ("endpoint",), ("warm", endpoint),
+("decode_steps", Request, first, KvHandle), ("decode_counted", Request, first, KvHandle),
+("endpoint",), ("warm", endpoint),
 ("generate_cancel", Request), ("release", RequestId), ("released",), ("load",), ("metrics",),
 ("decode_grpc", Request, first, KvHandle), ("observed",), ("stop",).
 The engine also sits behind the worker's real gRPC service (`WorkerService`: the hooks it wires
@@ -104,6 +105,25 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 finally:
                     sub.close()
                 value = (deltas, [s.batch for s in samples])
+            elif op == "decode_counted":  # also: step indices, steps and in-step pulls around
+                assert engine.steps is not None
+                sub = engine.steps.subscribe()
+                steps_before, pulls_before = engine.num_steps, engine.kv_pulls_in_step
+                try:
+                    deltas = [d async for d in engine.decode(cmd[1], cmd[2], cmd[3])]
+                    samples = []
+                    with contextlib.suppress(TimeoutError):
+                        while True:
+                            samples.append(await asyncio.wait_for(sub.get(), 0.5))
+                finally:
+                    sub.close()
+                value = {
+                    "deltas": deltas,
+                    "shapes": [s.batch for s in samples],
+                    "indices": [s.index for s in samples],
+                    "steps_before": steps_before,
+                    "in_step_pulls": engine.kv_pulls_in_step - pulls_before,
+                }
             elif op == "generate_cancel":
                 got = []
                 async for d in engine.generate(cmd[1]):

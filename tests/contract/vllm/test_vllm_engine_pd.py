@@ -122,6 +122,56 @@ def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EnginePro
         assert prefill.call("release", RequestId(f"steps-{i}")) is True
 
 
+def test_a_multi_block_prompt_is_pulled_in_the_step_that_yields_token_2(
+    engines: tuple[EngineProc, EngineProc],
+) -> None:
+    """The in-step pull (`nixl.PullInStep`, the default) for prompts over 3+ KV blocks (128
+    tokens each on CPU): every block is pulled (vLLM's byte count covers the whole prompt), the
+    decode engine's first step after the request arrives computes token 1's position and yields
+    token 2 (no step only moving KV, none recomputing the prompt's last position), and tokens
+    match aggregated one by one. Aggregated runs on the prefill engine so that the decode engine
+    has none of these prompts in its prefix cache (a local hit would hide a missed block)."""
+    prefill, decode = engines
+    _, endpoint = prefill.call("endpoint")
+    decode.call("warm", endpoint)  # no-op when an earlier test already pulled from it
+    max_tokens = 5
+    bytes_sum = "splitserve_worker_vllm_kv_transfer_bytes_sum"
+    prompts = (
+        [1, *[(i * 41) % 1700 + 13 for i in range(299)]],  # 300 tokens: 2 blocks and a part
+        [1, *[(i * 43) % 1600 + 17 for i in range(382)]],  # 383 + token 1: exactly 3 blocks
+    )
+    for i, prompt in enumerate(prompts):
+        aggregated = _tokens(
+            prefill.call("generate", _request(f"multi-agg-{i}", prompt, max_tokens))
+        )
+        outcome: PrefillOutcome = prefill.call(
+            "prefill", _request(f"multi-{i}", prompt, max_tokens)
+        )
+        assert outcome.kv is not None
+        assert outcome.first_token_id == aggregated[0]
+        pulled_before = decode.call("metrics")["mapped"].get(bytes_sum, 0.0)
+        got = decode.call(
+            "decode_counted",
+            _request(f"multi-{i}", prompt, max_tokens),
+            outcome.first_token_id,
+            outcome.kv,
+        )
+        tokens = [outcome.first_token_id, *_tokens(got["deltas"])]
+        for position, (want, have) in enumerate(zip(aggregated, tokens, strict=True)):
+            assert have == want, f"prompt {i}: token {position + 1} differs"
+        assert got["in_step_pulls"] == 1, "the pair is warm: the pull ran in-step"
+        pulled = decode.call("metrics")["mapped"][bytes_sum] - pulled_before
+        assert pulled >= outcome.kv.num_bytes > 0, "every block of the prompt was pulled"
+        # One step per token streamed, each one decode; the first is the first step the engine
+        # ran after the request came (the async path spends one on the KV alone).
+        want_steps = [got["steps_before"] + k for k in range(1, max_tokens)]
+        assert got["indices"] == want_steps, got["indices"]
+        assert all(not s.prefill_chunks for s in got["shapes"]), got["shapes"]
+        contexts = [c for s in got["shapes"] for c in s.decode_contexts]
+        assert contexts == [len(prompt) + k for k in range(max_tokens - 1)], contexts
+        assert prefill.call("release", RequestId(f"multi-{i}")) is True
+
+
 def test_a_pair_is_warmed_before_any_request(engines: tuple[EngineProc, EngineProc]) -> None:
     """`warm_kv` does vLLM's NIXL handshake ahead of requests (what WorkerKv.WarmKv runs).
 

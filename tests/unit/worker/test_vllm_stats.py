@@ -109,6 +109,25 @@ def test_a_pull_is_timed_from_admission_to_received() -> None:
     assert asyncio.run(run()) == [("a", 640, 0.5)]
 
 
+def test_a_pull_done_in_step_is_timed_through_its_hook() -> None:
+    """`nixl.PullInStep` hides in-step loads from `finished_recving` and reports them here."""
+
+    async def run() -> list[tuple[str, int, float]]:
+        sink, clock, sched = Sink(), FakeClock(), FakeScheduler()
+        timer = KvPullTimer(sink, asyncio.get_running_loop(), 64, lambda r: r.split("-")[0], clock)
+        assert timer.tap(sched)
+        sched.add_request(_request("a-1", remote=True, tokens=300))
+        sched.add_request(_request("f-2", remote=True))
+        clock.t += 0.25
+        timer.received_in_step(sched.requests["a-1"], True)
+        timer.received_in_step(sched.requests["f-2"], False)  # a failed read: not observed
+        timer.received_in_step(sched.requests["a-1"], True)  # once
+        await asyncio.sleep(0)
+        return sink.pulls
+
+    assert asyncio.run(run()) == [("a", 300 * 64, 0.25)]
+
+
 def test_pulls_of_requests_that_vanished_are_forgotten() -> None:
     loop = asyncio.new_event_loop()
     try:

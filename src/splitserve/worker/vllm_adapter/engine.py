@@ -10,7 +10,7 @@ One engine serves every role, so a role change needs no restart or reload:
   prompt's KV from the prefill engine (no more: `nixl.clip_pulls`), and the first step computes
   the first token's position and samples the second — no step is spent recomputing the prompt's
   last position or re-sampling a token the caller already has (one engine step still only
-  waits for the KV: `nixl.PullInStep`, experimental and off, would cut it);
+  waits for the KV, unless `nixl.PullInStep` (on by default) pulls it inside that first step);
 * `generate` runs the whole request (aggregated).
 
 vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
@@ -75,7 +75,7 @@ PULL_POLL_S = 0.01
 PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
-"""`1` turns the experimental in-step KV pull on (`VllmEngineConfig.kv_pull_in_step`)."""
+"""`0` turns the in-step KV pull off, `1` on, overriding `VllmEngineConfig.kv_pull_in_step`."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -119,13 +119,12 @@ class VllmEngineConfig:
     whole core even when nothing moves. Off (the default), the engine's own polls progress the
     transfers: the decode engine checks its reads every step, the prefill engine its
     notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
-    kv_pull_in_step: bool = False
-    """EXPERIMENTAL, off: pull a decode's KV inside the engine step that computes its first
-    position (vLLM's sync load, `nixl.PullInStep`) once the pair has shaken hands. Not correct
-    yet for prompts longer than one KV block: with a sync load vLLM hashes the new blocks at
-    allocation and NixlConnector reads only unhashed blocks, so only the last block is pulled
-    (docs/engines.md, "KV transfer"). False: vLLM's async load (one engine step more before
-    token 2)."""
+    kv_pull_in_step: bool = True
+    """Pull a decode's KV inside the engine step that computes its first position (vLLM's sync
+    load, `nixl.PullInStep`) once the pair has shaken hands, so that step yields token 2.
+    False: vLLM's async load (one engine step more before token 2; the READ never holds a step
+    of other requests, which matters for long transfers over RDMA: docs/engines.md, "KV
+    transfer")."""
     cpus: tuple[int, ...] | None = None
     """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
     None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",
@@ -576,6 +575,7 @@ class VllmEngine:
         assert self._ready is not None
         ready = self._ready
         try:
+            in_step = pull_in_step(self.config)
             engine = self._build()
         except BaseException as e:  # report any start failure to start()'s caller
             loop.call_soon_threadsafe(_set_exception, ready, e)
@@ -590,9 +590,11 @@ class VllmEngine:
         pulls = PullDriver.of(_nixl_worker) if self.config.kv_connector else None
         if pulls is not None:
             pulls.drive_after_posting(PULL_POLL_S)
-            in_step = self.config.kv_pull_in_step or os.environ.get(PULL_IN_STEP_ENV) == "1"
             if in_step:
                 self._in_step = PullInStep.install(core.scheduler, _nixl_worker(), HANDOFF_KEY)
+                timer = self._observer.pulls
+                if self._in_step is not None and timer is not None:
+                    self._in_step.on_received = timer.received_in_step
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():
@@ -935,6 +937,17 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def pull_in_step(config: VllmEngineConfig) -> bool:
+    """Whether the engine pulls KV in-step: `SPLITSERVE_KV_PULL_IN_STEP` (`0` / `1`) if set,
+    else `config.kv_pull_in_step`. Any other value is refused."""
+    value = os.environ.get(PULL_IN_STEP_ENV)
+    if value is None or value == "":
+        return config.kv_pull_in_step
+    if value not in ("0", "1"):
+        raise ValueError(f"{PULL_IN_STEP_ENV} must be 0 or 1, not {value!r}")
+    return value == "1"
 
 
 def _nixl_worker() -> Any:

@@ -430,10 +430,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--pull-in-step",
         action="store_true",
-        help="experimental in-step KV pull (SPLITSERVE_KV_PULL_IN_STEP=1; not correct yet for "
-        "prompts over one KV block)",
+        help="decode KV pulled in the step that yields token 2 (the default; "
+        "SPLITSERVE_KV_PULL_IN_STEP=1)",
     )
-    ap.add_argument("--async-pull", action="store_true", help="vLLM's async KV load (the default)")
+    ap.add_argument(
+        "--async-pull",
+        action="store_true",
+        help="vLLM's async KV load instead (SPLITSERVE_KV_PULL_IN_STEP=0), for comparison",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -441,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--json", default="", help="also write the raw numbers here")
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
+    if args.pull_in_step and args.async_pull:
+        raise SystemExit("--pull-in-step and --async-pull exclude each other")
     runs = set(args.runs.split(","))
     unknown = runs - {"single", "interference", "sim"}
     if unknown:
@@ -450,8 +456,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = {"SPLITSERVE_NIXL_PROGRESS_THREAD": "1"} if args.progress_thread else {}
     if args.no_huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "0"
-    if args.pull_in_step:
-        env["SPLITSERVE_KV_PULL_IN_STEP"] = "1"
+    env["SPLITSERVE_KV_PULL_IN_STEP"] = "0" if args.async_pull else "1"
     load = os.getloadavg()
     print(f"# bench-kv ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
     print(
@@ -459,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min); model {model}; "
         f"NIXL progress thread {'on' if args.progress_thread else 'off'}; KV cache in "
         f"{'4 KiB pages' if args.no_huge_pages else 'transparent huge pages'}; decode KV "
-        f"{'pulled in-step (experimental)' if args.pull_in_step else 'pulled async'}\n"
+        f"{'pulled async' if args.async_pull else 'pulled in-step'}\n"
     )
     results: dict[str, Any] = {}
     interference = {

@@ -11,9 +11,10 @@ every engine step, `get_new_notifs` on the serving side every step while KV is h
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -140,12 +141,8 @@ class PullDriver:
 class PullInStep:
     """Pull a continued decode's KV inside the engine step that computes its first position.
 
-    EXPERIMENTAL, off by default (`VllmEngineConfig.kv_pull_in_step`), and even when on it acts
-    only on prompts within one KV block: it is not correct yet for longer ones, which keep the
-    async path. With a sync load vLLM's scheduler caches (hashes) the
-    newly allocated blocks at allocation, and NixlConnector's `update_state_after_alloc` reads
-    into unhashed blocks only, so only the last block is pulled. Missing: hand the connector the
-    blocks covering the external tokens (docs/engines.md, "KV transfer").
+    On by default, for every prompt length; off with `VllmEngineConfig.kv_pull_in_step=False` or
+    `SPLITSERVE_KV_PULL_IN_STEP=0` (vLLM's async load).
 
     vLLM 0.32's NixlConnector loads remote KV asynchronously: the scheduler parks the request in
     WAITING_FOR_REMOTE_KVS, the step posts the READ (after that step's forward, if any), the
@@ -161,6 +158,13 @@ class PullInStep:
       hands with, `get_num_new_matched_tokens` says "not async": vLLM schedules the request at
       once (the first token's position, one token over the pulled prompt) and marks the step as
       having a sync load, so the model runner calls `start_load_kv` before the forward;
+    * block caching: for such a request the KV cache manager's `allocate_slots` is told to
+      delay caching (vLLM's `delay_cache_blocks`, what it does for async loads), and the blocks
+      are cached right after the connector's `update_state_after_alloc`. vLLM's sync path would
+      hash the newly allocated blocks at allocation, before the connector sees them, and
+      NixlConnector reads only into unhashed blocks: the connector would be handed only the last
+      (partial) block of a prompt longer than one KV block. Delayed, the connector is handed
+      every block covering the external tokens, exactly the list the async path hands it;
     * worker side: `start_load_kv` posts the READs as before, then polls them until done (on one
       host the READ is a copy inside the post) and collects the results before the forward
       (notification to the prefill engine, any post-processing); a sync-loaded request is left
@@ -175,6 +179,12 @@ class PullInStep:
 
     def __init__(self, connector: Any, worker: Any, key: str) -> None:
         self._connector = connector
+        self._requests: Any = {}
+        """The scheduler's requests by id."""
+        self.on_received: Callable[[Any, bool], None] | None = None
+        """Called on the engine thread for each in-step load once its READ is over, with the
+        request and whether it succeeded (the scheduler never sees these in `finished_recving`,
+        where vLLM's async loads are observed)."""
         self._worker = worker
         self._key = key
         self._chosen: set[str] = set()
@@ -184,39 +194,71 @@ class PullInStep:
         self._early: Any = None
         self._results = worker.get_transfer_results
         self._check = worker.nixl_wrapper.check_xfer_state
+        self._cache_after: dict[str, int] = {}
+        """Allocated in-step loads: how many tokens to cache once the connector has the blocks."""
         self.count = 0
         """In-step loads done."""
-        self.block_size = 0
-        """The scheduler's KV block size; in-step loads only for prompts within one block."""
 
     @classmethod
     def install(cls, scheduler: Any, worker: Any, key: str) -> PullInStep | None:
         """Wrap the scheduler's connector and the NIXL worker of this process; None when the
         scheduler has no connector or the worker is not vLLM's NIXL pull worker."""
         connector = getattr(scheduler, "connector", None)
+        kv: Any = getattr(scheduler, "kv_cache_manager", None)
         needed = ("get_transfer_results", "start_load_kv", "_recving_transfers", "_remote_agents")
-        if connector is None or not all(hasattr(worker, n) for n in needed):
+        if (
+            connector is None
+            or not all(hasattr(worker, n) for n in needed)
+            or not all(hasattr(kv, n) for n in ("allocate_slots", "cache_blocks"))
+        ):
             return None
         hook = cls(connector, worker, key)
-        sched = getattr(connector, "connector_scheduler", None)
-        hook.block_size = int(getattr(sched, "block_size", 0) or 0)
+        hook._requests = getattr(scheduler, "requests", {})
         matched = connector.get_num_new_matched_tokens
         after_alloc = connector.update_state_after_alloc
+        allocate = kv.allocate_slots
+        signature = inspect.signature(allocate)
         post = worker.start_load_kv
 
         def get_num_new_matched_tokens(request: Any, num_computed: int) -> tuple[int | None, bool]:
             count, is_async = matched(request, num_computed)
-            # Only prompts within one KV block: past that the sync load pulls the last block
-            # alone (see the class docstring), so longer ones keep vLLM's async path.
-            one_block = count is not None and num_computed + count <= hook.block_size
-            if is_async and count and one_block and hook.in_step(request.kv_transfer_params):
+            if is_async and count and hook.in_step(request.kv_transfer_params):
                 hook._chosen.add(request.request_id)
                 return count, False
             hook._chosen.discard(request.request_id)
             return count, is_async
 
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            if request.request_id not in hook._chosen:
+                return allocate(request, *args, **kwargs)
+            bound = signature.bind(request, *args, **kwargs)
+            given = bound.arguments
+            external = int(given.get("num_external_computed_tokens", 0))
+            if not external or given.get("delay_cache_blocks"):
+                return allocate(request, *args, **kwargs)
+            # Cache after the connector has seen the blocks (the class docstring).
+            given["delay_cache_blocks"] = True
+            blocks = allocate(*bound.args, **bound.kwargs)
+            if blocks is not None:
+                # What vLLM's allocate_slots would have cached at allocation.
+                computed = (
+                    int(request.num_computed_tokens)
+                    + int(given.get("num_new_computed_tokens", 0))
+                    + external
+                )
+                limit = getattr(kv, "max_model_len", None)
+                if limit is not None:
+                    computed = min(computed, int(limit))
+                hook._cache_after[request.request_id] = min(
+                    computed + int(given["num_new_tokens"]), int(request.num_tokens)
+                )
+            return blocks
+
         def update_state_after_alloc(request: Any, blocks: Any, num_external: int) -> Any:
             out = after_alloc(request, blocks, num_external)
+            cache_upto = hook._cache_after.pop(request.request_id, None)
+            if cache_upto is not None:
+                kv.cache_blocks(request, cache_upto)
             if request.request_id in hook._chosen:
                 # No heartbeats keeping the prefill's lease alive: the read is in this step.
                 stop = getattr(
@@ -233,6 +275,7 @@ class PullInStep:
 
         connector.get_num_new_matched_tokens = get_num_new_matched_tokens
         connector.update_state_after_alloc = update_state_after_alloc
+        kv.allocate_slots = allocate_slots
         worker.start_load_kv = start_load_kv
         worker.get_transfer_results = hook.transfer_results
         return hook
@@ -266,6 +309,12 @@ class PullInStep:
                 log.warning("in-step KV read of %s still running after 5 s", sorted(ids))
                 warn_at += 5.0
         early = self._hide(self._results())
+        if self.on_received is not None:
+            failed = set(early.failed_recving)
+            for rid in sorted(ids):
+                request = self._requests.get(rid)
+                if request is not None:
+                    self.on_received(request, rid not in failed)
         if self._early is None:
             self._early = early
         else:

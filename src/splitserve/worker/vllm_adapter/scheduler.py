@@ -9,8 +9,10 @@ prefix caching, KV-connector loads, preemption, output bookkeeping):
   waiting queues for this step (and put back, in their order, right after);
 * **waiting-queue order**: the admitted requests are queued in the decision's order;
 * **per-step token budget**: vLLM's budget for this step is the decision's token total (never more
-  than vLLM's configured `max_num_scheduled_tokens`), plus one token when the decision admits
-  remote-KV requests (0 tokens each), because vLLM stops admitting once its budget is 0.
+  than vLLM's configured `max_num_scheduled_tokens`), plus one token per remote-KV request the
+  decision admits (0 tokens each in its view): vLLM stops admitting once its budget is 0, and a
+  decode whose KV is pulled in-step (`nixl.PullInStep`, the default) computes its first
+  position, one token, in that step.
 
 So vLLM never schedules more than the decision (fewer when its allocator disagrees, e.g. on a
 prefix-cache hit). `StepDecision.preempt` is advisory: vLLM preempts by its own rule (the last
@@ -162,9 +164,13 @@ class PolicyHook:
         admitted = [rid for rid, _ in decision.chunks]
         tokens = sum(n for _, n in decision.chunks)
         waiting_ids = {seq.id for seq in view.waiting}
-        zero_token_admissions = any(n == 0 and rid in waiting_ids for rid, n in decision.chunks)
+        # Remote-KV admissions take 0 tokens in the policy's view; vLLM needs budget left to
+        # admit them, and each one pulled in-step computes one token in this step.
+        zero_token_admissions = sum(
+            1 for rid, n in decision.chunks if n == 0 and rid in waiting_ids
+        )
         configured = int(s.max_num_scheduled_tokens)
-        budget = min(configured, tokens + (1 if zero_token_admissions else 0))
+        budget = min(configured, tokens + zero_token_admissions)
         self.last = StepRecord(view, decision, budget)
         self.num_steps += 1
 

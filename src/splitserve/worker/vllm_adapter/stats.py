@@ -20,7 +20,9 @@ vLLM they come from two hooks inside the in-process engine, both running on the 
   lists it in `finished_recving` (the scheduler's `_update_from_kv_xfer_finished`): waiting for
   KV blocks to be allocated, vLLM's NIXL handshake if the pair is cold, the READ itself and its
   completion. The histogram `splitserve_worker_kv_pull_seconds` and the span measure that
-  whole wait, as the simulated engine's pull does; vLLM's transfer-only time (NIXL's telemetry)
+  whole wait, as the simulated engine's pull does (a pull done inside the step that schedules
+  its request, `nixl.PullInStep`, never reaches `finished_recving`: that hook reports it through
+  `received_in_step`); vLLM's transfer-only time (NIXL's telemetry)
   stays in `splitserve_worker_vllm_kv_transfer_seconds`. Bytes are the pulled tokens at the
   model's KV bytes per token (what `KvHandle.num_bytes` counts; NIXL moves whole blocks). A
   pull that failed, or whose request ended first, is not observed.
@@ -166,6 +168,20 @@ class KvPullTimer:
         scheduler._update_from_kv_xfer_finished = kv_xfer_finished
         return True
 
+    def received_in_step(self, request: Any, ok: bool) -> None:
+        """A pull finished inside the step that scheduled its request (`nixl.PullInStep`)."""
+        rid = str(request.request_id)
+        started = self._started.pop(rid, None)
+        hook = self.sink.on_kv_pull
+        if started is None or not ok or hook is None:
+            return
+        self._observe(rid, int(request.num_computed_tokens), started, hook)
+
+    def _observe(self, rid: str, tokens: int, started: float, hook: KvPullHook) -> None:
+        seconds = max(0.0, self.now() - started)
+        num_bytes = tokens * self.bytes_per_token
+        self.loop.call_soon_threadsafe(hook, self.external_id(rid), num_bytes, seconds)
+
     def _remember(self, rid: str) -> None:
         if len(self._started) >= MAX_TRACKED_PULLS:  # requests that ended before any read
             oldest = min(self._started, key=self._started.__getitem__)
@@ -183,9 +199,7 @@ class KvPullTimer:
         hook = self.sink.on_kv_pull
         if request is None or hook is None:
             return
-        seconds = max(0.0, self.now() - started)
-        num_bytes = int(request.num_computed_tokens) * self.bytes_per_token
-        self.loop.call_soon_threadsafe(hook, self.external_id(rid), num_bytes, seconds)
+        self._observe(rid, int(request.num_computed_tokens), started, hook)
 
 
 class EngineObserver:
