@@ -212,10 +212,11 @@ def render() -> str:
         "With prefill and decode on different workers, the prefill worker samples the first",
         "token with the same sampler fields as the decode worker (tested token by token against",
         "aggregated serving in tests/contract/vllm/test_vllm_sampling.py). `min_tokens` counts",
-        "the prefill's token. Presence and frequency penalties count vLLM's output tokens only,",
-        "and the decode worker sees the first token as part of its prompt: in P/D those two",
-        "penalties do not count the first token (an approximation; the repetition penalty covers",
-        "the prompt, so it is exact).",
+        "the prefill's token. The decode worker hands vLLM the first token as the last prompt",
+        "token (its KV is computed there) and counts it as output in vLLM's sampler, so presence",
+        "and frequency penalties and multi-token `bad_words` see it as an aggregated run does",
+        "(same test file). After a mid-stream takeover (`Generate` with the tokens so far) those",
+        "tokens count as prompt for the penalties and `bad_words`: an approximation.",
         "",
     ]
     return "\n".join(lines)

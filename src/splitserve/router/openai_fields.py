@@ -91,11 +91,12 @@ COMMON: Final[dict[str, Field]] = {
     "presence_penalty": Field(
         "acts",
         "accepted",
-        "vLLM counts output tokens only; in P/D the decode half does not count the first token "
-        "(sampled by the prefill worker), an approximation. Simulated engine: no effect.",
+        "vLLM counts output tokens only; in P/D the decode worker counts the prefill's first "
+        "token as output, like aggregated serving (after a mid-stream takeover the tokens "
+        "already sent count as prompt). Simulated engine: no effect.",
     ),
     "frequency_penalty": Field(
-        "acts", "accepted", "As `presence_penalty` (same P/D approximation)."
+        "acts", "accepted", "As `presence_penalty` (P/D and takeover alike)."
     ),
     "repetition_penalty": _SAMPLER,
     "logit_bias": Field(

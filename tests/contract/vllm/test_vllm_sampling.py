@@ -159,3 +159,30 @@ def test_pd_min_tokens_counts_the_prefills_token(engines: tuple[EngineProc, Engi
     assert got[0] != first  # the prefill worker could not stop at its token
     assert len(got) >= 4
     assert got == _agg(engine, spec)
+
+
+def test_pd_penalties_and_bad_words_count_the_prefills_token(
+    engines: tuple[EngineProc, EngineProc], tiny_model_dir: Path
+) -> None:
+    """The decode worker's sampler counts the prefill's token as output (not prompt): presence /
+    frequency penalties penalise it, and a two-token bad word that starts with it bans its
+    second token at position 2. P/D equals aggregated token for token (greedy)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    _, engine = engines
+    first, second = _agg(engine, _spec())[:2]
+    word = tok.decode([first, second])
+    assert [first, second] in (
+        tok.encode(word.lstrip(), add_special_tokens=False),
+        tok.encode(" " + word.lstrip(), add_special_tokens=False),
+    ), word
+    penalties = {"presence_penalty": 2.0, "frequency_penalty": 2.0}
+    for kw in (penalties, {"bad_words": (word,)}, {**penalties, "bad_words": (word,)}):
+        spec = _spec(**kw)
+        want = _agg(engine, spec)
+        assert want != _agg(engine, _spec()), kw  # the field acts at all
+        if "bad_words" in kw:
+            assert want[0] == first, (kw, want)
+            assert want[1] != second, (kw, want)
+        assert _pd(engines, spec) == want, kw

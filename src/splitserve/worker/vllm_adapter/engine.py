@@ -59,6 +59,7 @@ from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_par
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
+from splitserve.worker.vllm_adapter.output_history import FirstTokenAsOutput
 from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ class VllmEngine:
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
         self._grammars: GrammarCatchUp | None = None
+        self._history: FirstTokenAsOutput | None = None
         self._in_step: PullInStep | None = None
         self.on_step_time: StepHook | None = None
         self.on_kv_pull: KvPullHook | None = None
@@ -498,11 +500,17 @@ class VllmEngine:
         def add(engine: Any) -> None:
             try:
                 if self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
-                    self._grammars.add_request(engine, rid, prompt, sampling, guided_prefix)
+                    internal = self._grammars.add_request(
+                        engine, rid, prompt, sampling, guided_prefix
+                    )
                 else:
-                    engine.add_request(rid, prompt, sampling)
+                    internal = engine.add_request(rid, prompt, sampling)
             except Exception as e:  # vLLM refused it (too long, bad parameters, ...)
                 stream.put(_Out((), FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
+                return
+            if mode == "decode" and self._history is not None:
+                # The prefill's token is output for the sampler (penalties, bad_words).
+                self._history.expect(rid if internal is None else str(internal))
 
         self._commands.put(add)
         return stream
@@ -583,6 +591,7 @@ class VllmEngine:
         core = engine.engine_core.engine_core
         self._tap_schedule(core.scheduler)
         self._grammars = GrammarCatchUp.install(core.scheduler)
+        self._history = FirstTokenAsOutput.install(core)
         clip_pulls(core.scheduler, HANDOFF_KEY)
         self._observer.tap(engine, core.scheduler, loop, self._bytes_per_token)
         self._snapshot = self._read_load(core.scheduler)
@@ -815,9 +824,9 @@ def sampling_kwargs(s: SamplingSpec, max_tokens: int, continued: bool = False) -
     A prefill (one token) samples its token under the same parameters as the decode that
     follows, so `min_tokens` >= 1 keeps it from ending at end-of-text too. `continued`: a decode
     continued from a prefill's first token, which vLLM sees as the last prompt token;
-    `min_tokens` then counts one fewer. (Presence / frequency penalties count
-    vLLM's output tokens only, so in P/D they do not see the first token: an approximation,
-    documented in docs/openai-api.md. The repetition penalty covers the prompt, so it does.)
+    `min_tokens` then counts one fewer for vLLM's scheduler. The decode's model runner counts
+    that token as output (`output_history.FirstTokenAsOutput`), for presence / frequency
+    penalties, multi-token `bad_words` and `min_tokens`, like an aggregated run.
     """
     return {
         "temperature": s.temperature,
