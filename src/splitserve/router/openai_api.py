@@ -18,6 +18,7 @@ ASGI `receive` channel (whole answers).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import uuid
@@ -225,8 +226,7 @@ class OpenAiApi:
                 return _with_headers(api_error_from(err).response(), headers)
             assert last.usage is not None
             lp = fmt.logprobs_of(last, stream=False)
-            message = tools.message(text)
-            finish = None if message is None else "tool_calls"
+            message, finish = tools.answer(text, wire.finish_name(last.finish_reason))
             whole = orjson.dumps(
                 fmt.response(
                     text, last.finish_reason, last.usage, lp, message=message, finish=finish
@@ -343,6 +343,8 @@ def create_app(
             max_tokens = req.max_completion_tokens or req.max_tokens
             params = api.params(req, max_tokens, http)
             tools = api.tool_plan(req)
+            if tools.guide:  # a forced tool choice: guided by the tools' schema
+                params = dataclasses.replace(params, structured_outputs=tools.guide)
             prompt = await api.chat_prompt(req, tools)
             fmt = formatter(chat=True)
             fmt.with_logprobs(params.logprobs, generator.tokenizer)

@@ -173,12 +173,7 @@ _TOOL_FIELDS: Final[dict[str, Field]] = {
         ".function.description",
         ".function.parameters",
     )
-} | {
-    "tools.function.strict": _refused(
-        "strict function arguments need guided decoding, not yet applied to tools",
-        "`false` is accepted.",
-    ),
-}
+} | {"tools.function.strict": _ACTS}
 _TOOL_CHOICE_FIELDS: Final = (
     "tool_choice.type",
     "tool_choice.function",
@@ -212,22 +207,26 @@ CHAT: Final[dict[str, Field]] = {
         "template that does not read `tools` is a 400. An empty list is accepted everywhere.",
     ),
     **{k: _SEE_PARENT for k in _TOOL_FIELDS if k != "tools.function.strict"},
-    "tools.function.strict": _TOOL_FIELDS["tools.function.strict"],
+    "tools.function.strict": _refused_by_sim(
+        _NO_TOOLS,
+        '`true` is honoured with `tool_choice` `"required"` or a named function (the answer is '
+        "guided by the tool's schema); with `\"auto\"` it is a 400 (the model's own calls are "
+        "not guided). `false` is accepted.",
+    ),
     "tool_choice": _refused_by_sim(
         _NO_TOOLS,
         '`"auto"` (the default with tools): calls are read from the answer by the router\'s '
         "tool-call parser (`edge.tool_call_parser`: `hermes`; vLLM's `--tool-call-parser`) and "
         "returned as `tool_calls` (streamed: `delta.tool_calls`, vLLM's shape), finish reason "
         '`tool_calls`; without a parser, a 400. `"none"` (accepted by every engine): tools '
-        'rendered, no calls read. `"required"` and a named function are refused (400): '
-        "forcing a call needs guided decoding, not yet applied to tool choices.",
+        'rendered, no calls read. `"required"` and a named function force calls with guided '
+        "decoding, as vLLM does (a JSON schema of an array of `{name, parameters}` any of the "
+        "tools, or the named function's `parameters`), from the first token in P/D; no parser "
+        "is needed for them. Finish reason `tool_calls` for `required` (when the answer "
+        "stopped), the answer's own for a named function. With `response_format` or "
+        "`structured_outputs` they are a 400.",
     ),
-    **dict.fromkeys(
-        _TOOL_CHOICE_FIELDS,
-        _refused(
-            "a named function is forced with guided decoding, not yet applied to tool choices"
-        ),
-    ),
+    **dict.fromkeys(_TOOL_CHOICE_FIELDS, _SEE_PARENT),
     "parallel_tool_calls": _refused_by_sim(
         _NO_TOOLS, "`false`: only the first call is returned (as vLLM)."
     ),

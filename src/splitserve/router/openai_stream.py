@@ -130,7 +130,9 @@ async def stream_body(
                         usage=so_far,
                         logprobs=lp,
                         delta=delta,
-                        finish=None if tools is None or not final else tools.finish(),
+                        finish=None
+                        if tools is None or not final
+                        else tools.finish(wire.finish_name(chunk.finish_reason)),
                     )
                     if final:
                         tail = sse(body)

@@ -58,6 +58,18 @@ HISTORY: Any = [
     {"role": "tool", "tool_call_id": "call-1", "content": "12 degrees, rain"},
 ]
 HERMES = EdgeSettings(tool_call_parser="hermes")
+TIME: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
+    },
+}
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _with_params(tool: Any, params: Any) -> Any:
+    return {**tool, "function": {**tool["function"], "parameters": params}}
 
 
 async def _serve(
@@ -67,11 +79,12 @@ async def _serve(
     *roles: Role,
     edge: EdgeSettings = HERMES,
     engine: str = "vllm",
+    answer: str = ANSWER,
 ) -> tuple[list[FakeWorker], RouterServer, openai.AsyncOpenAI]:
     workers = []
     for role in roles or (Role.MIXED,):
         w = await make_worker(role, engine=engine)
-        w.script.completion = tuple(tokenizer.encode(ANSWER, add_special_tokens=False))
+        w.script.completion = tuple(tokenizer.encode(answer, add_special_tokens=False))
         workers.append(w)
     server = await make_router(*(w.address for w in workers), edge=edge)
     client = openai.AsyncOpenAI(
@@ -249,19 +262,51 @@ def test_special_token_spellings_in_tools_stay_text(tokenizer: TextTokenizer) ->
     ("extra", "edge", "param", "words"),
     [
         ({"tools": [WEATHER]}, EdgeSettings(), "tool_choice", "edge.tool_call_parser"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, HERMES, "tool_choice", "required"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}},
             HERMES,
-            "tool_choice",
-            "named function",
+            "tool_choice.function.name",
+            "not one of the request's `tools`",
         ),
         ({"tool_choice": "auto"}, HERMES, "tool_choice", "needs `tools`"),
+        ({"tool_choice": "required"}, HERMES, "tool_choice", "needs `tools`"),
         (
             {"tools": [{**WEATHER, "function": {**WEATHER["function"], "strict": True}}]},
             HERMES,
-            "tools.function.strict",
-            "guided decoding",
+            "tools.0.function.strict",
+            "not guided",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            HERMES,
+            "response_format",
+            "forced tool_choice",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": NAMED,
+                "structured_outputs": {"regex": "a+"},
+            },
+            EdgeSettings(),
+            "structured_outputs",
+            "forced tool_choice",
+        ),
+        (
+            {
+                "tools": [
+                    _with_params(WEATHER, {"$defs": {"c": {"type": "string"}}}),
+                    _with_params(TIME, {"$defs": {"c": {"type": "integer"}}}),
+                ],
+                "tool_choice": "required",
+            },
+            HERMES,
+            "tools",
+            "more than one schema",
         ),
         (
             {
@@ -341,3 +386,221 @@ def test_a_template_that_ignores_tools_refuses_them() -> None:
         plan(req, parser_name="hermes", template_reads_tools=False)
     assert err.value.param == "tools"
     assert plan(req, parser_name="hermes", template_reads_tools=True).parser is not None
+
+
+# -- forced tool choices (guided decoding) ----------------------------------------------------
+
+NAMED_ANSWER = '{"city": "Köln"}'
+REQUIRED_ANSWER = (
+    '[{"name": "get_weather", "parameters": {"city": "Köln"}}, '
+    '{"name": "get_time", "parameters": {"tz": "Europe/Berlin"}}]'
+)
+
+
+def _plan(parser_name: str | None = None, **extra: Any) -> Any:
+    req = wire.ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": ASK, "tools": [WEATHER, TIME], **extra}
+    )
+    return plan(req, parser_name=parser_name, template_reads_tools=True)
+
+
+def _any_of(*tools: Any) -> list[Any]:
+    return [
+        {
+            "properties": {
+                "name": {"type": "string", "enum": [t["function"]["name"]]},
+                "parameters": t["function"].get("parameters")
+                or {"type": "object", "properties": {}},
+            },
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
+
+
+def test_a_named_function_is_guided_by_its_parameters() -> None:
+    p = _plan(tool_choice=NAMED)
+    assert (p.forced, p.name, p.parser) == ("named", "get_weather", None)
+    assert json.loads(p.guide) == {"json": WEATHER["function"]["parameters"]}
+    no_params: Any = {"type": "function", "function": {"name": "ping"}}
+    bare = plan(
+        wire.ChatCompletionRequest.model_validate(
+            {
+                "model": MODEL,
+                "messages": ASK,
+                "tools": [no_params],
+                "tool_choice": {"type": "function", "function": {"name": "ping"}},
+            }
+        ),
+        parser_name=None,
+        template_reads_tools=True,
+    )
+    assert json.loads(bare.guide) == {"json": {"type": "object", "properties": {}}}
+
+
+def test_required_is_guided_by_an_array_of_calls_to_any_tool() -> None:
+    p = _plan(tool_choice="required")
+    assert (p.forced, p.parser) == ("required", None)
+    array = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": None}}
+    array["items"]["anyOf"] = _any_of(WEATHER, TIME)  # type: ignore[index]
+    assert json.loads(p.guide) == {"json": array}
+    one = _plan(tool_choice="required", parallel_tool_calls=False)
+    assert json.loads(one.guide) == {"json": {**array, "maxItems": 1}}
+    # $defs move to the array (vLLM's schema); the template still gets the tools as sent.
+    shared = {"$defs": {"c": {"type": "string"}}, "type": "object"}
+    req = wire.ChatCompletionRequest.model_validate(
+        {
+            "model": MODEL,
+            "messages": ASK,
+            "tools": [_with_params(WEATHER, shared), _with_params(TIME, shared)],
+            "tool_choice": "required",
+        }
+    )
+    defs = plan(req, parser_name=None, template_reads_tools=True)
+    schema = json.loads(defs.guide)["json"]
+    assert schema["$defs"] == {"c": {"type": "string"}}
+    assert all("$defs" not in c["properties"]["parameters"] for c in schema["items"]["anyOf"])
+    assert defs.tools is not None
+    assert all("$defs" in t["function"]["parameters"] for t in defs.tools)
+
+
+def test_strict_acts_where_the_answer_is_guided() -> None:
+    strict = [{**WEATHER, "function": {**WEATHER["function"], "strict": True}}]
+    for choice in ("required", NAMED, "none"):
+        req = wire.ChatCompletionRequest.model_validate(
+            {"model": MODEL, "messages": ASK, "tools": strict, "tool_choice": choice}
+        )
+        p = plan(req, parser_name="hermes", template_reads_tools=True)
+        assert bool(p.guide) == (choice != "none")
+
+
+def _read_stream(chunks: list[Any]) -> tuple[str, list[dict[str, Any]], str | None]:
+    """Content, calls (name, id, arguments; checking vLLM's delta shape) and finish reason."""
+    content = ""
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for piece in delta.tool_calls or []:
+            assert piece.function is not None
+            if piece.index not in calls:  # the call's first delta: id, type and name
+                assert piece.id is not None
+                assert piece.type == "function"
+                calls[piece.index] = {"id": piece.id, "name": piece.function.name, "args": ""}
+            else:
+                assert piece.id is None
+                assert piece.function.name is None
+            calls[piece.index]["args"] += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def _guides(workers: list[FakeWorker]) -> set[str]:
+    """The structured outputs every worker call carried (Prefill, Decode, Generate)."""
+    return {
+        r.sampling.structured_outputs
+        for w in workers
+        for name in ("Prefill", "Decode", "Generate")
+        for r in w.requests(name)
+    }
+
+
+@pytest.mark.parametrize("roles", [(Role.MIXED,), (Role.PREFILL, Role.DECODE)])
+async def test_a_named_tool_choice_returns_its_call_whole_and_streamed(
+    make_worker: WorkerFactory,
+    make_router: ServerFactory,
+    tokenizer: TextTokenizer,
+    roles: tuple[Role, ...],
+) -> None:
+    # No parser configured: forcing needs none (the answer is JSON, not model markup).
+    workers, _, client = await _serve(
+        make_worker, make_router, tokenizer, *roles, edge=EdgeSettings(), answer=NAMED_ANSWER
+    )
+    args: Any = {
+        "model": MODEL,
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "tool_choice": NAMED,
+        "max_tokens": 50,
+    }
+    async with client:
+        whole = await client.chat.completions.create(**args)
+        chunks = [c async for c in await client.chat.completions.create(**args, stream=True)]
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop"  # a named call keeps the answer's own (vLLM, OpenAI)
+    assert choice.message.content == ""
+    calls: Any = choice.message.tool_calls
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("function", "get_weather", {"city": "Köln"})
+    ]
+    assert calls[0].id.startswith("chatcmpl-tool-")
+    content, streamed, finish = _read_stream(chunks)
+    assert (content, finish) == ("", "stop")
+    assert [(c["name"], c["args"]) for c in streamed] == [("get_weather", NAMED_ANSWER)]
+    # Every worker call was guided by the function's schema (in P/D the prefill's token 1 too).
+    guide = json.dumps(
+        {"json": WEATHER["function"]["parameters"]}, separators=(",", ":"), sort_keys=True
+    )
+    assert _guides(workers) == {guide}
+    if len(roles) == 2:
+        assert workers[0].requests("Prefill")
+
+
+@pytest.mark.parametrize("roles", [(Role.MIXED,), (Role.PREFILL, Role.DECODE)])
+async def test_required_returns_the_calls_whole_and_streamed(
+    make_worker: WorkerFactory,
+    make_router: ServerFactory,
+    tokenizer: TextTokenizer,
+    roles: tuple[Role, ...],
+) -> None:
+    workers, _, client = await _serve(
+        make_worker, make_router, tokenizer, *roles, answer=REQUIRED_ANSWER
+    )
+    args: Any = {
+        "model": MODEL,
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "tool_choice": "required",
+        "max_tokens": 100,
+    }
+    async with client:
+        whole = await client.chat.completions.create(**args)
+        chunks = [c async for c in await client.chat.completions.create(**args, stream=True)]
+        first_only = await client.chat.completions.create(**args, parallel_tool_calls=False)
+        cut = await client.chat.completions.create(**{**args, "max_tokens": 5})
+    want = [("get_weather", {"city": "Köln"}), ("get_time", {"tz": "Europe/Berlin"})]
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == ""
+    calls: Any = choice.message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == want
+    content, streamed, finish = _read_stream(chunks)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], json.loads(c["args"])) for c in streamed] == want
+    assert len({c["id"] for c in streamed}) == 2
+    one: Any = first_only.choices[0].message.tool_calls
+    assert [c.function.name for c in one] == ["get_weather"]
+    # Cut short by max_tokens: no call parses, the answer's own finish reason (as vLLM).
+    assert cut.choices[0].finish_reason == "length"
+    assert cut.choices[0].message.tool_calls == []
+    array = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": None}}
+    array["items"]["anyOf"] = _any_of(WEATHER, TIME)  # type: ignore[index]
+    guides = {json.dumps({"json": s}, separators=(",", ":"), sort_keys=True) for s in
+              (array, {**array, "maxItems": 1})}  # fmt: skip
+    assert _guides(workers) == guides
+
+
+async def test_simulated_engine_refuses_forced_tool_choices_naming_it(
+    make_worker: WorkerFactory, make_router: ServerFactory, tokenizer: TextTokenizer
+) -> None:
+    _, _, client = await _serve(make_worker, make_router, tokenizer, engine="sim")
+    async with client:
+        for choice in ("required", NAMED):
+            with pytest.raises(openai.BadRequestError) as err:
+                await client.chat.completions.create(
+                    model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=choice
+                )
+            assert "is not supported by the sim engine" in str(err.value)
