@@ -2,8 +2,11 @@
 
 `edge_protocol(base, settings)` wraps uvicorn's httptools protocol class; each connection then
 
-- turns Nagle's algorithm off (`TCP_NODELAY`) and sends ACKs at once after each read
-  (`TCP_QUICKACK`), so no keep-alive round trip waits 40 ms for a delayed ACK;
+- turns Nagle's algorithm off (`TCP_NODELAY`) and sends ACKs at once after a read that leaves
+  a request incomplete (`TCP_QUICKACK`), so no keep-alive round trip waits 40 ms for a delayed
+  ACK;
+- puts an `EdgeStream` in each request's scope, for streamed answers written on the transport
+  directly (`http_sse`);
 - counts against `max_connections`: one over the limit is answered 429 and closed, so idle
   connections cannot use up the process's file descriptors and lock everyone out;
 - is timed per phase: `idle_timeout_s` while no request is in progress (closed silently),
@@ -24,6 +27,7 @@ import orjson
 
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.router.client_link import SCOPE_KEY, ClientLink
+from splitserve.router.http_sse import STREAM_KEY, EdgeStream
 from splitserve.router.openai_errors import error_body
 
 log = logging.getLogger(__name__)
@@ -146,9 +150,6 @@ def edge_protocol(
                 link.lost()
 
         def data_received(self, data: bytes) -> None:
-            if self._edge_sock is not None and quickack is not None:
-                with contextlib.suppress(OSError):
-                    self._edge_sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
             if self._edge_phase <= _HEADERS:  # idle or reading a request's head
                 end = data.find(b"\r\n\r\n")
                 self._edge_header_bytes += len(data) if end < 0 else end
@@ -161,6 +162,13 @@ def edge_protocol(
                     )
                     return
             super().data_received(data)
+            sock = self._edge_sock
+            if 0 < self._edge_phase < _SERVING and sock is not None and quickack is not None:
+                # Part of a request is here and the rest is awaited: ACK at once, or a client
+                # whose next write waits for this ACK (Nagle) stalls ~40 ms. A request read
+                # whole needs no ACK of its own (the answer carries it): no syscall then.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
 
         # httptools parser callbacks (the parser calls them on this object)
         def on_message_begin(self) -> None:
@@ -176,6 +184,9 @@ def edge_protocol(
                 self._edge_links = []
             self._edge_links.append(link)  # answers complete in order (pipelining)
             super().on_headers_complete()
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and cycle.scope is self.scope:  # (not an upgrade)
+                self.scope[STREAM_KEY] = EdgeStream(cycle)  # direct writes (`http_sse`)
 
         def on_message_complete(self) -> None:
             self._edge_cancel()

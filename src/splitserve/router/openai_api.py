@@ -12,8 +12,9 @@ or a list holding exactly one of those; several prompts are a 400. `n` must be 1
 
 A client that goes away cancels its request: through the connection's `ClientLink` when the
 router's own HTTP protocol serves it (`client_link`; streamed answers then skip Starlette's
-`StreamingResponse`), else through Starlette's disconnect handling (streamed) or a watcher on the
-ASGI `receive` channel (whole answers).
+`StreamingResponse` and are written on the connection directly, `http_sse`), else through
+Starlette's disconnect handling (streamed) or a watcher on the ASGI `receive` channel (whole
+answers).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from splitserve.router import openai_models as wire
 from splitserve.router.client_link import link_of
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.generation import GenerationParams, Generator
+from splitserve.router.http_sse import EdgeSseResponse, stream_of
 from splitserve.router.openai_errors import ApiError, api_error_from
 from splitserve.router.openai_fields import (
     refusal,
@@ -213,7 +215,7 @@ class OpenAiApi:
         fmt: wire.Formatter,
         client_id: str | None,
         tools: ToolPlan = NO_TOOLS,
-    ) -> Response | SseResponse:
+    ) -> Response | SseResponse | EdgeSseResponse:
         headers = {_ID_HEADER: client_id} if client_id is not None else None
         chunks = self.generator.stream(request, req.stop_strings())
         if not req.stream:
@@ -254,6 +256,9 @@ class OpenAiApi:
         )
         link = link_of(http.scope)
         if link is not None:  # served by the router's own HTTP protocol: the lean response
+            stream = stream_of(http.scope)
+            if stream is not None:  # written on the transport directly (`http_sse`)
+                return EdgeSseResponse(body, link, stream, headers)
             return SseResponse(body, link, headers)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
@@ -318,7 +323,7 @@ def create_app(
         )
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(http: HttpRequest) -> Response | SseResponse:
+    async def completions(http: HttpRequest) -> Response | SseResponse | EdgeSseResponse:
         client_id = client_request_id(http)
         try:
             req = await api.read_body(http, wire.CompletionRequest)
@@ -335,7 +340,7 @@ def create_app(
         return await api.serve(http, request, req, fmt, client_id)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(http: HttpRequest) -> Response | SseResponse:
+    async def chat_completions(http: HttpRequest) -> Response | SseResponse | EdgeSseResponse:
         client_id = client_request_id(http)
         try:
             req = await api.read_body(http, wire.ChatCompletionRequest)
@@ -384,7 +389,7 @@ def create_app(
     return EdgeApp(app, hot)
 
 
-Handler = Callable[[HttpRequest], Awaitable[Response | SseResponse]]
+Handler = Callable[[HttpRequest], Awaitable[Response | SseResponse | EdgeSseResponse]]
 
 
 class EdgeApp:
