@@ -9,7 +9,11 @@ quote: on a shared machine the absolute figures move with the other tenants.
     python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
 
 `--b-env K=V` sets environment variables of router B only (e.g. a setting to compare within
-one tree).
+one tree). `--b-processes 2` runs router B as `router serve --processes 2` with its processes
+allowed on both cores (the 1 -> 2 process scaling, with `--a-src` and `--b-src` the same tree);
+its rows then also give each process's share of B's CPU time (how evenly SO_REUSEPORT spread
+the connections and their requests). On a 2-core machine the second core also runs the load
+generator and the workers, so that speed-up is a lower bound of what a free core gives.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def main() -> None:
     parser.add_argument("--a-src", required=True, help="src/ directory of router A (before)")
     parser.add_argument("--b-src", default=None, help="src/ of router B (default: this tree)")
     parser.add_argument("--b-env", action="append", default=[], help="K=V for router B only")
+    parser.add_argument(
+        "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
     parser.add_argument("--prompt-tokens", type=int, default=200)
@@ -75,6 +82,8 @@ def main() -> None:
             )  # fmt: skip
             workers.append(_wait_file(ready, p)["address"])
         routers: dict[str, tuple[int, int]] = {}
+        pids_of: dict[str, list[int]] = {}
+        """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
         for name, src, extra in (
             ("A", args.a_src, []),
             ("B", args.b_src, args.b_env),
@@ -86,11 +95,20 @@ def main() -> None:
                 k, _, v = kv.partition("=")
                 env[k] = v
             port = _free_port()
+            more: list[str] = []
+            ready = work / f"router-{name}.json"
+            if name == "B" and args.b_processes > 1:
+                more = ["--processes", str(args.b_processes), "--ready-file", str(ready)]
             proc = procs.spawn(
-                f"router-{name}", _router_args(workers, tok_dir, port), ROUTER_CORE, env
+                f"router-{name}", _router_args(workers, tok_dir, port, *more), ROUTER_CORE, env
             )
+            pids_of[name] = [proc.pid]
+            if more:
+                pids_of[name] = [int(p) for p in _wait_file(ready, proc)["pids"]]
+                for pid in pids_of[name]:
+                    os.sched_setaffinity(pid, {ROUTER_CORE, LOAD_CORE})
             _wait_http(port, "/ready")
-            routers[name] = (port, proc.pid)
+            routers[name] = (port, pids_of[name][0])
         prompt = prompt_of(tokenizer, args.prompt_tokens)
         raw = {
             n: loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
@@ -99,6 +117,7 @@ def main() -> None:
         if args.vllm_router:
             peer, peer_port, _ = start_vllm_router(procs, args.vllm_router)
             routers["V"] = (peer_port, peer.pid)
+            pids_of["V"] = [peer.pid]
             raw["V"] = loadgen.request_bytes(
                 peer_port, "/v1/chat/completions", chat_body("m", prompt)
             )
@@ -117,9 +136,10 @@ def main() -> None:
                          "--duration", "8", "-r", "200", "--nonblocking", "--format", "raw"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
-                cpu0 = _cpu_s(pid)
+                cpu0 = [_cpu_s(p) for p in pids_of[n]]
                 sat = asyncio.run(loadgen.closed_loop(port, raw[n], 32, args.count, 30))
-                cpu = _cpu_s(pid) - cpu0
+                each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
+                cpu = sum(each)
                 if spy is not None:
                     spy.wait(60)
                 row = {
@@ -131,6 +151,8 @@ def main() -> None:
                     "ttft_p50_ms_c1": round(percentile(one.ttft_s, 50) * 1e3, 2),
                     "load": round(os.getloadavg()[0], 1),
                 }
+                if len(each) > 1:
+                    row["cpu_share"] = [round(c / max(cpu, 1e-9), 3) for c in each]
                 rows[n].append(row)
                 print(json.dumps(row), flush=True)
         mean = {n: sum(x["cpu_ms_per_req"] for x in v) / len(v) for n, v in rows.items()}

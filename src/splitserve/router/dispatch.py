@@ -280,6 +280,7 @@ class Dispatch:
         """When admission let the request go, and its TTFT point prediction then."""
         self._predicted_tpot_s: float | None = None
         """The decode worker's predicted TPOT with this request, at placement."""
+        self._sampling: common_pb2.SamplingParams | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -315,21 +316,21 @@ class Dispatch:
                 d.admission.placed(self.request.num_prompt_tokens)
             self.path = self.placement.path
             self._trace.end("admission", tracing.placement_attributes(self.placement))
-            async with contextlib.aclosing(self._run(self.placement)) as run:
-                async for chunk in run:
-                    first = self._stats.first_token_s is None
-                    self._stats.on_tokens(len(chunk.token_ids), self._path_label())
-                    if first and self._stats.first_token_s is not None:
-                        self._observe_first_token()
-                    if self._decode_eid is not None:
-                        d.pool.ledger.progress(
-                            self._decode_eid, self.request.id, self._stats.num_output_tokens
-                        )
-                    # Set before yielding: a consumer may close us as soon as it has the last one.
-                    finished = chunk.finish_reason is not None
-                    yield chunk
-                    if finished:
-                        break
+            # The prefill's first token, then the decode's stream, read here directly (no
+            # generator layer between: each layer costs every chunk a resumption).
+            first, head = await self._prefill_first(self.placement)
+            if head is not None:
+                # Set before yielding: a consumer may close us as soon as it has the last one.
+                finished = self._account(head)
+                yield head
+            if not finished:
+                decode = self._decode_order(self.placement)
+                async with contextlib.aclosing(self._decode_any(decode, first)) as run:
+                    async for chunk in run:
+                        finished = self._account(chunk)
+                        yield chunk
+                        if finished:
+                            break
             if not finished:
                 raise WorkersFailed("the worker stream ended without a finish reason")
         except BaseException as err:
@@ -471,36 +472,50 @@ class Dispatch:
             truncated=False,
         )
 
-    async def _run(self, placement: Placement) -> AsyncGenerator[Chunk, None]:
-        first: worker_pb2.PrefillResponse | None = None
-        if placement.path is Path.DISAGGREGATED:
-            first = await self._prefill_any(placement.prefill)
-            if first is None:
-                self._fallback("prefill_to_aggregated")
-                self.path = Path.AGGREGATED
-            else:
-                reason = messages.FINISH_FROM_PB.get(first.finish_reason)
-                logprobs: tuple[TokenLogprobs, ...] = ()
-                if first.HasField("first_token_logprobs"):
-                    logprobs = (messages.logprobs_from_pb(first.first_token_logprobs),)
-                yield Chunk((first.first_token_id,), reason, logprobs)
-                if reason is not None:
-                    return
+    def _account(self, chunk: Chunk) -> bool:
+        """A chunk's bookkeeping (metrics, TTFT calibration, ledger progress); is it the last?"""
+        stats = self._stats
+        first = stats.first_token_s is None
+        stats.on_tokens(len(chunk.token_ids), self._path_label())
+        if first and stats.first_token_s is not None:
+            self._observe_first_token()
+        if self._decode_eid is not None:
+            self._d.pool.ledger.progress(self._decode_eid, self.request.id, stats.num_output_tokens)
+        return chunk.finish_reason is not None
+
+    async def _prefill_first(
+        self, placement: Placement
+    ) -> tuple[worker_pb2.PrefillResponse | None, Chunk | None]:
+        """Disaggregated: the prefill's answer and its first token as a chunk (None, None when
+        aggregated, or when every prefill worker failed: then the path turns aggregated)."""
+        if placement.path is not Path.DISAGGREGATED:
+            return None, None
+        first = await self._prefill_any(placement.prefill)
+        if first is None:
+            self._fallback("prefill_to_aggregated")
+            self.path = Path.AGGREGATED
+            return None, None
+        reason = messages.FINISH_FROM_PB.get(first.finish_reason)
+        logprobs: tuple[TokenLogprobs, ...] = ()
+        if first.HasField("first_token_logprobs"):
+            logprobs = (messages.logprobs_from_pb(first.first_token_logprobs),)
+        return first, Chunk((first.first_token_id,), reason, logprobs)
+
+    def _decode_order(self, placement: Placement) -> tuple[EndpointId, ...]:
+        """The decode candidates, the one Aladdin's re-balancing moved the share to first."""
         decode = tuple(placement.decode)
         moved = self._d.pool.ledger.moved_to(self.request.id)
         if moved is not None:  # Aladdin's re-balancing moved the decode share meanwhile
             self._ledger_eps.discard(decode[0])
             self._ledger_eps.add(moved)
             decode = (moved, *(e for e in decode if e != moved))
-        async with contextlib.aclosing(self._decode_any(decode, first)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        return decode
 
     async def _prefill_any(
         self, candidates: Sequence[EndpointId]
     ) -> worker_pb2.PrefillResponse | None:
         req = self.request
-        msg = messages.prefill(req, self._slo_context())
+        msg = messages.prefill(req, self._slo_context(), sampling_pb=self._sampling_pb())
         for i, eid in enumerate(candidates):
             if i:
                 self._fallback("prefill_retry")
@@ -554,6 +569,7 @@ class Dispatch:
         emitted: list[int] = [first.first_token_id] if first is not None else []
         kv = first.kv if first is not None and first.HasField("kv") else None
         queue = list(candidates)
+        stall_s = self._d.settings.token_stall_timeout_s
         for i, eid in enumerate(queue):
             if i:
                 self._fallback("decode_retry" if kv is not None else "generate_retry")
@@ -566,13 +582,49 @@ class Dispatch:
             call = self._decode_call(stub, emitted, kv, self._link(eid, stub))
             num_before = len(emitted)
             self._d.pool.acquire(eid)
+            stall = StallTimer(stall_s)
             try:
-                async with contextlib.aclosing(self._stream(eid, call)) as stream:
-                    async for tokens, reason, logprobs in stream:
-                        emitted.extend(tokens)
-                        yield Chunk(tokens, reason, logprobs)
+                # The worker's stream read here (no generator layer of its own).
+                try:
+                    while True:
+                        try:
+                            pb = await stall.read(call)
+                        except TimeoutError:
+                            self._d.metrics.fallbacks.labels("token_stall").inc()
+                            raise _WorkerFailed(
+                                eid, f"no token for {stall_s:g} s (stalled)"
+                            ) from None
+                        if pb is None:
+                            raise _WorkerFailed(eid, "stream ended without a finish reason")
+                        if pb.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                            raise _WorkerFailed(eid, f"worker error: {pb.error or 'unknown'}")
+                        if pb.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
+                            # We did not ask (we would have stopped reading): the worker is
+                            # going away.
+                            raise _WorkerFailed(eid, "the worker cancelled the request")
+                        reason = messages.FINISH_FROM_PB.get(pb.finish_reason)
+                        if pb.token_ids or reason is not None:
+                            tokens = tuple(pb.token_ids)
+                            logprobs = (
+                                tuple(messages.logprobs_from_pb(lp) for lp in pb.logprobs)
+                                if pb.logprobs
+                                else ()
+                            )
+                            emitted.extend(tokens)
+                            yield Chunk(tokens, reason, logprobs)
                         if reason is not None:
                             return
+                except aio.AioRpcError as err:
+                    self._raise_if_final(eid, err)
+                    raise _WorkerFailed(
+                        eid,
+                        str(err.code()),
+                        unreachable=err.code() == grpc.StatusCode.UNAVAILABLE,
+                        kv_lost=err.code() == grpc.StatusCode.ABORTED,
+                    ) from err
+                finally:
+                    stall.close()
+                    call.cancel()
             except _WorkerFailed as err:
                 log.warning("request %s failed on %s: %s", self.request.id, eid, err)
                 if kv is not None and err.kv_lost and len(emitted) == num_before:
@@ -600,13 +652,19 @@ class Dispatch:
         md = self._trace.begin("decode", {"splitserve.kv": kv is not None})
         if link is not None:
             if kv is not None:
-                msg = messages.decode(self.request, emitted[0], kv, self._slo_context())
+                sampling = self._sampling_pb()
+                msg = messages.decode(
+                    self.request, emitted[0], kv, self._slo_context(), sampling_pb=sampling
+                )
                 return link.stream("decode", msg, timeout_s, md)
             gen = messages.generate(self.request, emitted, self._slo_context())
             return link.stream("generate", gen, timeout_s, md)
         if kv is not None:
+            sampling = self._sampling_pb()
             return stub.Decode(
-                messages.decode(self.request, emitted[0], kv, self._slo_context()),
+                messages.decode(
+                    self.request, emitted[0], kv, self._slo_context(), sampling_pb=sampling
+                ),
                 timeout=timeout_s,
                 metadata=md,
             )
@@ -617,50 +675,14 @@ class Dispatch:
             metadata=md,
         )
 
-    async def _stream(
-        self, eid: EndpointId, call: aio.UnaryStreamCall | MuxStream
-    ) -> AsyncGenerator[
-        tuple[tuple[int, ...], FinishReason | None, tuple[TokenLogprobs, ...]], None
-    ]:
-        stall_s = self._d.settings.token_stall_timeout_s
-        stall = StallTimer(stall_s)
-        try:
-            while True:
-                try:
-                    chunk = await stall.read(call)
-                except TimeoutError:
-                    self._d.metrics.fallbacks.labels("token_stall").inc()
-                    raise _WorkerFailed(eid, f"no token for {stall_s:g} s (stalled)") from None
-                if chunk is None:
-                    break
-                if chunk.finish_reason == common_pb2.FINISH_REASON_ERROR:
-                    raise _WorkerFailed(eid, f"worker error: {chunk.error or 'unknown'}")
-                if chunk.finish_reason == common_pb2.FINISH_REASON_CANCELLED:
-                    # We did not ask (we would have stopped reading): the worker is going away.
-                    raise _WorkerFailed(eid, "the worker cancelled the request")
-                reason = messages.FINISH_FROM_PB.get(chunk.finish_reason)
-                if chunk.token_ids or reason is not None:
-                    logprobs = (
-                        tuple(messages.logprobs_from_pb(lp) for lp in chunk.logprobs)
-                        if chunk.logprobs
-                        else ()
-                    )
-                    yield tuple(chunk.token_ids), reason, logprobs
-                if reason is not None:
-                    return
-        except aio.AioRpcError as err:
-            self._raise_if_final(eid, err)
-            unreachable = err.code() == grpc.StatusCode.UNAVAILABLE
-            kv_lost = err.code() == grpc.StatusCode.ABORTED
-            raise _WorkerFailed(
-                eid, str(err.code()), unreachable=unreachable, kv_lost=kv_lost
-            ) from err
-        finally:
-            stall.close()
-            call.cancel()
-        raise _WorkerFailed(eid, "stream ended without a finish reason")
-
     # -- helpers ---------------------------------------------------------------------------
+
+    def _sampling_pb(self) -> common_pb2.SamplingParams:
+        """The request's sampling message, built once (its prefill and decode send the same)."""
+        pb = self._sampling
+        if pb is None:
+            pb = self._sampling = messages.sampling(self.request, self.request.sampling.max_tokens)
+        return pb
 
     def _link(self, eid: EndpointId, stub: worker_pb2_grpc.WorkerAsyncStub) -> MuxLink | None:
         links = self._d.links

@@ -52,11 +52,18 @@ def logprobs_from_pb(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:
     return TokenLogprobs(tuple(pb.token_ids), tuple(pb.logprobs), pb.rank)
 
 
-def prefill(req: Request, slo: common_pb2.SloContext | None = None) -> worker_pb2.PrefillRequest:
+def prefill(
+    req: Request,
+    slo: common_pb2.SloContext | None = None,
+    *,
+    sampling_pb: common_pb2.SamplingParams | None = None,
+) -> worker_pb2.PrefillRequest:
+    """`sampling_pb`: `sampling(req, req.sampling.max_tokens)` when the caller already built it
+    (a P/D request sends the same to its prefill and decode workers)."""
     return worker_pb2.PrefillRequest(
         request_id=req.id,
         prompt_token_ids=req.prompt_token_ids,
-        sampling=sampling(req, req.sampling.max_tokens),
+        sampling=sampling(req, req.sampling.max_tokens) if sampling_pb is None else sampling_pb,
         slo_class=req.slo_class,
         slo=slo,
     )
@@ -67,12 +74,15 @@ def decode(
     first_token_id: int,
     kv: common_pb2.KvHandle,
     slo: common_pb2.SloContext | None = None,
+    *,
+    sampling_pb: common_pb2.SamplingParams | None = None,
 ) -> worker_pb2.DecodeRequest:
+    """`sampling_pb`: as in `prefill`."""
     return worker_pb2.DecodeRequest(
         request_id=req.id,
         prompt_token_ids=req.prompt_token_ids,
         first_token_id=first_token_id,
-        sampling=sampling(req, req.sampling.max_tokens),
+        sampling=sampling(req, req.sampling.max_tokens) if sampling_pb is None else sampling_pb,
         kv=kv,
         slo_class=req.slo_class,
         slo=slo,

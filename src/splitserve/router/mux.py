@@ -204,7 +204,8 @@ class MuxLink:
         self._reader: asyncio.Task[None] | None = None
         self._subs: dict[int, MuxStream] = {}
         self._next = 0
-        self._ops: list[worker_pb2.MuxOp] = []
+        self._pending = worker_pb2.MuxRequest()
+        """The ops not written yet (the writer sends them as one message)."""
         self._writer: asyncio.Task[None] | None = None
         self._write_wake = asyncio.Event()
         self._confirmed = False
@@ -223,17 +224,13 @@ class MuxLink:
         method = self.stub.Decode if kind == "decode" else self.stub.Generate
         if not self.supported:
             return method(msg, timeout=timeout, metadata=metadata)
-        op = (
-            worker_pb2.MuxOp(decode=msg)  # type: ignore[arg-type]
-            if kind == "decode"
-            else worker_pb2.MuxOp(generate=msg)  # type: ignore[arg-type]
-        )
         sub: MuxStream
 
         def fallback() -> Any:
             return method(msg, timeout=sub.remaining_s(), metadata=metadata)
 
-        sub = self._open(op, timeout, metadata, fallback)
+        sub = self._open("decode" if kind == "decode" else "generate", msg, timeout, metadata,
+                         fallback)  # fmt: skip
         return sub
 
     async def prefill(
@@ -250,9 +247,7 @@ class MuxLink:
         async def unary() -> Any:
             return await self.stub.Prefill(msg, timeout=sub.remaining_s(), metadata=metadata)
 
-        sub = self._open(
-            worker_pb2.MuxOp(prefill=msg), timeout_s, metadata, lambda: _UnaryAsStream(unary)
-        )
+        sub = self._open("prefill", msg, timeout_s, metadata, lambda: _UnaryAsStream(unary))
         try:
             resp = await sub.read()
         except asyncio.CancelledError:
@@ -265,29 +260,38 @@ class MuxLink:
 
     def _open(
         self,
-        op: worker_pb2.MuxOp,
+        field: str,
+        msg: worker_pb2.PrefillRequest | worker_pb2.DecodeRequest | worker_pb2.GenerateRequest,
         timeout: float | None,
         metadata: Metadata,
         fallback: Callable[[], Any],
     ) -> MuxStream:
+        """A sub-request: `msg` goes into the op's `field` (`prefill`, `decode`, `generate`).
+
+        The op is added straight to the next `MuxRequest` and `msg` copied into it once (a
+        `MuxOp(prefill=msg)` then `MuxRequest(ops=...)` copied the prompt's ids twice)."""
         self._next += 1
-        sid = op.stream_id = self._next
+        sid = self._next
+        if self._call is None:
+            self._start()  # before adding: a (re)start begins with an empty request
+        op = self._pending.ops.add()
+        op.stream_id = sid
+        getattr(op, field).CopyFrom(msg)
         if metadata:
             op.metadata.update(metadata)
         sub = MuxStream(self, sid, timeout, fallback)
         self._subs[sid] = sub
-        self._send(op)
+        self._write_wake.set()
         return sub
 
     def _cancel(self, sid: int) -> None:
         if self._subs.pop(sid, None) is not None:
-            self._send(worker_pb2.MuxOp(stream_id=sid, cancel=worker_pb2.MuxCancel()))
-
-    def _send(self, op: worker_pb2.MuxOp) -> None:
-        self._ops.append(op)
-        if self._call is None:
-            self._start()
-        self._write_wake.set()
+            if self._call is None:
+                self._start()
+            op = self._pending.ops.add()
+            op.stream_id = sid
+            op.cancel.SetInParent()
+            self._write_wake.set()
 
     # -- the stream -----------------------------------------------------------------------------
 
@@ -310,9 +314,9 @@ class MuxLink:
             while call is self._call:
                 await wake.wait()
                 wake.clear()
-                if self._ops and call is self._call:
-                    ops, self._ops = self._ops, []
-                    await call.write(worker_pb2.MuxRequest(ops=ops))
+                if self._pending.ops and call is self._call:
+                    pending, self._pending = self._pending, worker_pb2.MuxRequest()
+                    await call.write(pending)
         except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as err:
             log.debug("mux write to %s failed: %s", self.name, err)  # the reader reports it
 
@@ -362,7 +366,7 @@ class MuxLink:
         if call is not self._call:
             return
         self._call = None
-        self._ops = []
+        self._pending = worker_pb2.MuxRequest()
         self._write_wake.set()  # lets the writer see the call is gone
         subs, self._subs = self._subs, {}
         if subs and not isinstance(error, _Unsupported):

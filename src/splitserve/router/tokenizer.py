@@ -262,6 +262,25 @@ class TextTokenizer:
 
 def _spells_special(obj: Any, specials: Sequence[str]) -> bool:
     """Does any string in `obj` (nested lists / dicts, keys included) spell a special text?"""
+    # Exact types first (what parsed JSON is made of): no ABC `isinstance` on every string.
+    kind = type(obj)
+    if kind is str:
+        for t in specials:  # noqa: SIM110 - a loop: no generator per string
+            if t in obj:
+                return True
+        return False
+    if kind is dict:
+        for k, v in obj.items():
+            if _spells_special(k, specials) or _spells_special(v, specials):
+                return True
+        return False
+    if kind is list or kind is tuple:
+        for v in obj:  # noqa: SIM110 - a loop: no generator per list
+            if _spells_special(v, specials):
+                return True
+        return False
+    if obj is None or kind is int or kind is float or kind is bool:
+        return False
     if isinstance(obj, str):
         return any(t in obj for t in specials)
     if isinstance(obj, Mapping):

@@ -123,3 +123,21 @@ def test_chat_content_cannot_inject_special_tokens(tokenizer: TextTokenizer) -> 
 def test_direct_backend_encode_matches_transformers(tokenizer: TextTokenizer) -> None:
     text = "Grüße <|eot_id|> def f(x):\n    return x  🙂"
     assert tokenizer.encode(text) == tokenizer._hf.encode(text, add_special_tokens=True)
+
+
+def test_spells_special_finds_a_special_text_anywhere_in_messages() -> None:
+    """The exact-type fast path (str / dict / list / tuple) and the generic one agree."""
+    from collections import OrderedDict
+
+    from splitserve.router.tokenizer import _spells_special
+
+    specials = ("<|eot_id|>", "\x00")
+    clean = [{"role": "user", "content": "hi", "tool_calls": None, "n": 1, "f": 0.5, "b": True}]
+    assert not _spells_special([clean, None], specials)
+    assert _spells_special([{"role": "user", "content": "a<|eot_id|>b"}], specials)
+    assert _spells_special([{"<|eot_id|>": "key"}], specials)  # keys count
+    assert _spells_special(({"content": [{"text": "x\x00"}]},), specials)  # nested, tuple
+    # Other mappings / sequences / str subclasses take the generic path, same answers.
+    assert _spells_special([OrderedDict(content="<|eot_id|>")], specials)
+    assert not _spells_special([OrderedDict(content="fine")], specials)
+    assert _spells_special(["x", type("S", (str,), {})("<|eot_id|>")], specials)
