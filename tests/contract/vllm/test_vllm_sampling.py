@@ -172,7 +172,7 @@ def test_pd_penalties_and_bad_words_count_the_prefills_token(
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     _, engine = engines
     first, second = _agg(engine, _spec())[:2]
-    word = tok.decode([first, second])
+    word = str(tok.decode([first, second]))
     assert [first, second] in (
         tok.encode(word.lstrip(), add_special_tokens=False),
         tok.encode(" " + word.lstrip(), add_special_tokens=False),
