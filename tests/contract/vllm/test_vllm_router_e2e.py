@@ -449,6 +449,55 @@ def test_tools_reach_the_models_template_and_plain_answers_pass_the_parser(
     assert streamed == choice.message.content
 
 
+def test_a_named_tool_choice_is_forced_in_pd(stack: dict[str, Proc]) -> None:
+    """A named `tool_choice` on the real engine in P/D: the router guides the answer with the
+    function's `parameters` schema (as vLLM's server does), the prefill worker samples token 1
+    under it, and the random tiny model's greedy answer comes back as one call to that function
+    whose arguments parse and obey the schema, whole and streamed (no parser markup involved)."""
+    decode_metrics = stack["decode"].info["metrics_port"]
+    pulls = _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count")
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    reply = {"type": "function", "function": {"name": "reply", "parameters": SCHEMA}}
+    args: Any = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "answer"}],
+        "tools": [weather, reply],
+        "tool_choice": {"type": "function", "function": {"name": "reply"}},
+        "max_tokens": 32,
+        "temperature": 0,
+    }
+    client = _client(stack)
+    whole = client.chat.completions.create(**args)
+    assert _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count") == (
+        pulls + 1
+    )  # it went P/D
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop", choice  # the grammar ended it, not length
+    assert choice.message.content == ""
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function"
+    assert call.function.name == "reply"
+    parsed = json.loads(call.function.arguments)
+    assert set(parsed) == {"answer", "ok"}
+    assert parsed["answer"] in ("yes", "no")
+    assert isinstance(parsed["ok"], bool)
+    names, arguments = [], ""
+    for chunk in client.chat.completions.create(**args, stream=True):
+        for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            assert piece.index == 0
+            if piece.function is not None:
+                names += [piece.function.name] if piece.function.name else []
+                arguments += piece.function.arguments or ""
+    assert names == ["reply"]
+    assert arguments == call.function.arguments  # greedy: the same answer
+
+
 def test_killing_the_prefill_worker_falls_back_to_aggregated(stack: dict[str, Proc]) -> None:
     before_ids, _ = _generate_ids(stack["router"], PROMPT, 12)
     stack["prefill"].proc.send_signal(signal.SIGKILL)
