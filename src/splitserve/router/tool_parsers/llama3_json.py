@@ -37,6 +37,19 @@ from splitserve.router.tool_parsers.base import (
 PYTHON_TAG: Final = "<|python_tag|>"
 _DECODER: Final = json.JSONDecoder()
 _NUMBER: Final = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_PLAIN: Final = re.compile(r'[^"\\\x00-\x1f]+')
+_ESCAPES: Final = {
+    '\\"': '\\"',
+    "\\\\": "\\\\",
+    "\\/": "/",
+    "\\b": "\\b",
+    "\\f": "\\f",
+    "\\n": "\\n",
+    "\\r": "\\r",
+    "\\t": "\\t",
+}
+Strings = dict[int, tuple[list[str], int, bool]]
+"""Per string's start: its canonical text so far (one part), where reading stopped, done."""
 _NUMBER_CHARS: Final = frozenset("0123456789+-.eE")
 _LITERALS: Final = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _WS: Final = " \t\n\r"
@@ -84,6 +97,7 @@ class Llama3JsonStream(StreamParser):
         self._names: list[str] = []
         self._args_sent: list[str] = []
         self._broken = False
+        self._strings: Strings = {}  # strings read so far, by where they start
 
     @property
     def num_calls(self) -> int:
@@ -115,7 +129,7 @@ class Llama3JsonStream(StreamParser):
         if self._broken:
             return delta
         try:
-            found = _partial_calls(self._text.removeprefix(PYTHON_TAG))
+            found = _partial_calls(self._text.removeprefix(PYTHON_TAG), self._strings)
         except MalformedError:
             self._broken = True  # what was sent stays; nothing more is read
             return delta
@@ -141,7 +155,7 @@ class Llama3JsonStream(StreamParser):
         return delta
 
 
-def _partial_calls(text: str) -> list[tuple[str | None, str, bool]]:
+def _partial_calls(text: str, memo: Strings) -> list[tuple[str | None, str, bool]]:
     """Each call in `text` so far: its name (None until complete), the canonical text of its
     arguments so far, and whether its object is complete.
 
@@ -154,7 +168,7 @@ def _partial_calls(text: str) -> list[tuple[str | None, str, bool]]:
         i = _skip(text, i)
         if i == len(text) or text[i] != "{":
             return out  # the end so far, or text that is not another call
-        name, args, i, done = _object(text, i)
+        name, args, i, done = _object(text, i, memo)
         out.append((name, args, done))
         if not done:
             return out
@@ -169,7 +183,7 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def _object(text: str, i: int) -> tuple[str | None, str, int, bool]:
+def _object(text: str, i: int, memo: Strings) -> tuple[str | None, str, int, bool]:
     """The call object at `text[i]` (`{`): name, canonical arguments so far, end, complete."""
     name: str | None = None
     values: dict[str, str] = {}
@@ -187,7 +201,7 @@ def _object(text: str, i: int) -> tuple[str | None, str, int, bool]:
                 raise MalformedError(text[i])
             i = _skip(text, i + 1)
         first = False
-        key, i, key_done = _string(text, i)
+        key, i, key_done = _string(text, i, memo)
         if not key_done:
             break
         i = _skip(text, i)
@@ -195,7 +209,7 @@ def _object(text: str, i: int) -> tuple[str | None, str, int, bool]:
             break
         if text[i] != ":":
             raise MalformedError(text[i])
-        canon, i, done = _value(text, _skip(text, i + 1))
+        canon, i, done = _value(text, _skip(text, i + 1), memo)
         key = json.loads(key)
         if key in ("arguments", "parameters"):
             values[key] = canon
@@ -207,14 +221,14 @@ def _object(text: str, i: int) -> tuple[str | None, str, int, bool]:
     return name, values.get("arguments", values.get("parameters", "")), len(text), False
 
 
-def _value(text: str, i: int) -> tuple[str, int, bool]:
+def _value(text: str, i: int, memo: Strings | None = None) -> tuple[str, int, bool]:
     """The JSON value at `text[i]` as `json.dumps(..., ensure_ascii=False)` writes it, as far as
     it is final: its canonical text so far, the index after it, and whether it is complete."""
     if i == len(text):
         return "", i, False
     c = text[i]
     if c == '"':
-        return _string(text, i)
+        return _string(text, i, memo)
     if c in "{[":
         close = "}" if c == "{" else "]"
         out, i, first = c, i + 1, True
@@ -231,7 +245,7 @@ def _value(text: str, i: int) -> tuple[str, int, bool]:
                 i = _skip(text, i + 1)
             first = False
             if c == "{":
-                key, i, done = _string(text, i)
+                key, i, done = _string(text, i, memo)
                 out += key
                 if not done:
                     return out, i, False
@@ -242,7 +256,7 @@ def _value(text: str, i: int) -> tuple[str, int, bool]:
                     raise MalformedError(text[i])
                 out += ": "
                 i = _skip(text, i + 1)
-            item, i, done = _value(text, i)
+            item, i, done = _value(text, i, memo)
             out += item
             if not done:
                 return out, i, False
@@ -261,29 +275,40 @@ def _value(text: str, i: int) -> tuple[str, int, bool]:
     return json.dumps(json.loads(text[i:end])), end, True
 
 
-def _string(text: str, i: int) -> tuple[str, int, bool]:
-    """The JSON string at `text[i]` (must be `"`), canonical, as far as it is final."""
+def _string(text: str, i: int, memo: Strings | None = None) -> tuple[str, int, bool]:
+    """The JSON string at `text[i]` (must be `"`), canonical, as far as it is final. `memo` keeps
+    what was read of each string, so a stream that grows resumes where it stopped."""
     if i == len(text):
         return "", i, False
     if text[i] != '"':
         raise MalformedError(text[i])
-    out, i = '"', i + 1
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            return out + '"', i + 1, True
-        if c == "\\":
-            esc = _escape(text, i)
-            if esc is None:
-                return out, len(text), False
-            raw, i = esc
-            out += json.dumps(json.loads(f'"{raw}"'), ensure_ascii=False)[1:-1]
+    out, at, done = (
+        memo.get(i, (['"'], i + 1, False)) if memo is not None else (['"'], i + 1, False)
+    )
+    while not done and at < len(text):
+        if plain := _PLAIN.match(text, at):  # written as is by json.dumps(ensure_ascii=False)
+            out.append(plain.group())
+            at = plain.end()
             continue
-        if c < " ":
+        c = text[at]
+        if c == '"':
+            out.append('"')
+            at, done = at + 1, True
+            break
+        if c != "\\":
             raise MalformedError(repr(c))  # raw control characters are not JSON
-        out += json.dumps(c, ensure_ascii=False)[1:-1]
-        i += 1
-    return out, i, False
+        esc = _escape(text, at)
+        if esc is None:
+            break  # resume at the escape once more text came
+        raw, at = esc
+        out.append(
+            _ESCAPES.get(raw) or json.dumps(json.loads(f'"{raw}"'), ensure_ascii=False)[1:-1]
+        )
+    if len(out) > 1:
+        out[:] = ["".join(out)]
+    if memo is not None:
+        memo[i] = (out, at, done)
+    return out[0] if out else "", at if done else len(text), done
 
 
 def _escape(text: str, i: int) -> tuple[str, int] | None:

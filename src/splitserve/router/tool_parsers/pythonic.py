@@ -112,6 +112,7 @@ class PythonicStream(StreamParser):
         self._names: list[str] = []
         self._args_sent: list[bool] = []
         self._broken = False
+        self._scanner = _Scanner()
 
     @property
     def num_calls(self) -> int:
@@ -131,11 +132,11 @@ class PythonicStream(StreamParser):
         if self._broken:
             return delta
         try:
-            found = _partial_calls(self._text)
+            self._scanner.scan(self._text)
         except NotACallError:
             self._broken = True  # what was sent stays; nothing more is read
             return delta
-        for i, (name, source) in enumerate(found):
+        for i, (name, source) in enumerate(self._scanner.calls):
             if i == len(self._names):
                 self._names.append(name)
                 self._args_sent.append(False)
@@ -164,31 +165,46 @@ class PythonicStream(StreamParser):
         return Delta()
 
 
-def _partial_calls(text: str) -> list[tuple[str, str | None]]:
-    """The calls begun in `text` (which starts with `[`): each one's name, and its source once
-    its `)` has arrived.
+class _Scanner:
+    """Finds the calls begun in a streamed answer (which starts with `[`), reading each character
+    once: each call's name, and its source once its `)` has arrived."""
 
-    Raises:
-        NotACallError: a list item is not a call.
-    """
-    out: list[tuple[str, str | None]] = []
-    stack: list[str] = []
-    quote, item_at, i = "", 1, 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+        self._stack: list[str] = []
+        self._quote = ""
+        self._escaped = False
+        self._item_at = 1
+        self._at = 0
+        self._closed = False
+
+    def scan(self, text: str) -> None:
+        """Reads `text` (the answer so far) from where the last call stopped.
+
+        Raises:
+            NotACallError: a list item is not a call.
+        """
+        while self._at < len(text) and not self._closed:
+            self._step(text, self._at)
+            self._at += 1
+
+    def _step(self, text: str, i: int) -> None:
+        c, stack = text[i], self._stack
+        if self._quote:
+            if self._escaped:
+                self._escaped = False
+            elif c == "\\":
+                self._escaped = True
+            elif c == self._quote:
+                self._quote = ""
         elif c in "'\"":
-            quote = c
+            self._quote = c
         elif c in "[({":
             if c == "(" and len(stack) == 1:
-                name = text[item_at:i].strip()
+                name = text[self._item_at : i].strip()
                 if not _NAME.fullmatch(name):
                     raise NotACallError(f"call name {name!r}")
-                out.append((name, None))
+                self.calls.append((name, None))
             elif len(stack) == 1:
                 raise NotACallError("a list item is not a call")
             stack.append(c)
@@ -196,10 +212,7 @@ def _partial_calls(text: str) -> list[tuple[str, str | None]]:
             if not stack or "[({"["])}".index(c)] != stack.pop():
                 raise NotACallError("unbalanced brackets")
             if c == ")" and len(stack) == 1:
-                out[-1] = (out[-1][0], text[item_at : i + 1])
-            if not stack:
-                return out  # the list is closed: text after it is not read
+                self.calls[-1] = (self.calls[-1][0], text[self._item_at : i + 1])
+            self._closed = not stack  # the list is closed: text after it is not read
         elif c == "," and len(stack) == 1:
-            item_at = i + 1
-        i += 1
-    return out
+            self._item_at = i + 1
