@@ -51,6 +51,9 @@ PYTHONIC_WHOLE_ONLY = (
     "[1, 2, 3]",  # a list that is not calls: vLLM's stream sends nothing, ours sends content
     "[f(x=y)]",  # not a literal
     "[f(x=1)] and then words",
+    "[a.b(x=1)]",
+    "[f(x=1),]",
+    " [f(x=1)]",
 )
 
 

@@ -190,7 +190,9 @@ def test_pythonic_whole_answers() -> None:
         "[f(x=b'raw')]",
         "[f(x=-True)]",
         "[f(x=1)] trailing words",
-        " [f(x=1)]",  # must begin with `[`
+        " [f(x=1)]",  # must begin with `[name(`
+        "[a.b(x=1)]",  # the first name is plain
+        "[f(x=1),]",  # no trailing comma
         "[__import__('os').system(x='ls')]",  # a call on a call: not a (dotted) name
     ]:
         assert PYTHONIC.extract(text).content == text, text

@@ -5,14 +5,15 @@ the answer is a Python list of calls with keyword arguments,
 What vLLM's `PythonicToolParser` does, in our own code (the router does not depend on vLLM; the
 text is read with Python's `ast`, never evaluated):
 
-* whole answers: an answer that begins with `[` and parses as a list of calls is read as calls
-  (content None); names may be dotted (`a.b`); argument values must be literals (strings,
-  numbers, `True` / `False` / `None` and JSON's `true` / `false` / `null`, lists, tuples and sets
-  as lists, dicts with literal keys, signed numbers, f-strings without placeholders) and are
-  written as a JSON object (`json.dumps`, non-ASCII kept). Anything else leaves the whole text as
-  content;
+* whole answers: an answer that begins with `[name(` and parses as a list of calls (no trailing
+  comma) is read as calls (content None); names after the first may be dotted (`a.b`); argument
+  values must be literals (strings, numbers, `True` / `False` / `None` and JSON's `true` /
+  `false` / `null`, lists, tuples and sets as lists, dicts with literal keys, signed numbers,
+  f-strings without placeholders) and are written as a JSON object (`json.dumps`, non-ASCII
+  kept). Anything else leaves the whole text as content;
 * streamed answers: an answer that does not begin with `[` is content, piece by piece; otherwise
-  a call is announced once its name and `(` have arrived.
+  a call is announced once its name and `(` have arrived (as in vLLM, the whole answer's opening
+  and trailing-comma rules are not applied while streaming).
 
 Unlike vLLM: a streamed call's arguments are sent in one piece when its `)` arrives (vLLM sends
 them in pieces as they arrive; both add up to the whole answer's arguments); positional arguments
@@ -37,6 +38,8 @@ from splitserve.router.tool_parsers.base import (
 )
 
 _NAME: Final = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_OPENING: Final = re.compile(r"\[[A-Za-z]\w*\(")
+"""How a whole answer of calls begins (as vLLM requires): `[`, at once a plain name and `(`."""
 _JSON_NAMES: Final[dict[str, Any]] = {"null": None, "true": True, "false": False}
 
 
@@ -48,13 +51,15 @@ class PythonicParser(ToolCallParser):
     name = "pythonic"
 
     def extract(self, text: str) -> Extracted:
-        if not text.startswith("["):
+        if not _OPENING.match(text):
             return Extracted(text)
         try:
             body = ast.parse(text).body
             node = body[0].value if body and isinstance(body[0], ast.Expr) else None
             if not isinstance(node, ast.List) or not node.elts:
                 return Extracted(text)
+            if (ast.get_source_segment(text, node) or "")[:-1].rstrip().endswith(","):
+                return Extracted(text)  # a trailing comma: not read as calls, as in vLLM
             calls = tuple(_call(e) for e in node.elts)
         except (SyntaxError, ValueError):
             return Extracted(text)
