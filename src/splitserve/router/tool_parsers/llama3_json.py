@@ -50,6 +50,7 @@ _ESCAPES: Final = {
 }
 Strings = dict[int, tuple[list[str], int, bool]]
 """Per string's start: its canonical text so far (one part), where reading stopped, done."""
+_HEX4: Final = re.compile(r"[0-9a-fA-F]{4}")
 _NUMBER_CHARS: Final = frozenset("0123456789+-.eE")
 _LITERALS: Final = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _WS: Final = " \t\n\r"
@@ -130,7 +131,7 @@ class Llama3JsonStream(StreamParser):
             return delta
         try:
             found = _partial_calls(self._text.removeprefix(PYTHON_TAG), self._strings)
-        except MalformedError:
+        except ValueError:  # MalformedError, or an escape json cannot decode
             self._broken = True  # what was sent stays; nothing more is read
             return delta
         for i, (name, args, _done) in enumerate(found):
@@ -323,6 +324,8 @@ def _escape(text: str, i: int) -> tuple[str, int] | None:
     if i + 6 > len(text):
         return None
     raw = text[i : i + 6]
+    if not _HEX4.fullmatch(raw, 2):
+        raise MalformedError(raw)
     if "\ud800" <= chr(int(raw[2:], 16)) <= "\udbff":
         if i + 12 > len(text):
             return None if text.startswith("\\u"[: len(text) - i - 6], i + 6) else (raw, i + 6)
