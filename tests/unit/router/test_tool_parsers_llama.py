@@ -220,3 +220,18 @@ def test_pythonic_stream_announces_at_the_paren_and_sends_arguments_when_the_cal
     }
     assert stream.delta(", g(x=1)]", final=True) == {}  # parallel_tool_calls false: first only
     assert stream.finish() == "tool_calls"
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "pythonic"])
+def test_arguments_nested_too_deep_are_content_not_an_error(name: str) -> None:
+    args = "[" * 5000 + "]" * 5000
+    text = {
+        "hermes": f'<tool_call>{{"name": "f", "arguments": {args}}}</tool_call>',
+        "llama3_json": f'{{"name": "f", "arguments": {args}}}',
+        "pythonic": f"[f(a={args})]",
+    }[name]
+    assert parser(name).extract(text).calls == ()
+    stream = parser(name).stream()
+    for i in range(0, len(text), 500):
+        stream.feed(text[i : i + 500])  # does not raise
+    stream.end()

@@ -72,8 +72,8 @@ class Llama3JsonParser(ToolCallParser):
             try:
                 obj, length = _DECODER.raw_decode(text[start:])
                 call = _call(obj)
-            except (ValueError, KeyError, TypeError):
-                return Extracted(text)
+            except (ValueError, KeyError, TypeError, RecursionError):
+                return Extracted(text)  # RecursionError: nested too deep for json
             end = start + length
             calls.append(call)
         return Extracted(None, tuple(calls)) if calls else Extracted(text)
@@ -131,7 +131,7 @@ class Llama3JsonStream(StreamParser):
             return delta
         try:
             found = _partial_calls(self._text.removeprefix(PYTHON_TAG), self._strings)
-        except ValueError:  # MalformedError, or an escape json cannot decode
+        except (ValueError, RecursionError):  # MalformedError, a bad escape, or nested too deep
             self._broken = True  # what was sent stays; nothing more is read
             return delta
         for i, (name, args, _done) in enumerate(found):
