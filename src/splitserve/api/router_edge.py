@@ -12,7 +12,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-TOOL_CALL_PARSERS: Final = ("hermes",)
+TOOL_CALL_PARSERS: Final = ("hermes", "llama3_json", "pythonic")
 """The tool-call parsers the router has (`splitserve.router.tool_parsers`)."""
 
 
@@ -57,8 +57,10 @@ class EdgeSettings(BaseModel):
 
     tool_call_parser: str | None = None
     """How tool calls are read from the model's text, as vLLM's `--tool-call-parser`: `hermes`
-    (`<tool_call>{json}</tool_call>`: Hermes 2 Pro, Qwen 2 / 2.5 / 3). None: requests whose
-    `tool_choice` is `auto` (the default when `tools` are given) are refused with a 400;
+    (`<tool_call>{json}</tool_call>`: Hermes 2 Pro, Qwen 2 / 2.5 / 3), `llama3_json` (JSON
+    objects `{"name", "arguments"}` separated by `;`: Llama 3.x), `pythonic` (a Python list of
+    calls `[f(x=1)]`: Llama 3.2 / 4). None: requests whose `tool_choice` is `auto` (the default
+    when `tools` are given) are refused with a 400;
     `tool_choice: none` still renders the tools into the prompt. See docs/openai-api.md."""
 
     @field_validator("tool_call_parser")

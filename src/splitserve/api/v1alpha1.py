@@ -1017,9 +1017,11 @@ class RouterEdgeSpec(Model):
     """Request bodies with fields the API does not know are refused with a 400 naming the field
     (router default). True: such fields are dropped instead, for clients that send vendor
     extras; known fields still act or are refused."""
-    tool_call_parser: Literal["hermes"] | None = None
+    tool_call_parser: Literal["hermes", "llama3_json", "pythonic"] | None = None
     """How the router reads tool calls from the model's text, as vLLM's `--tool-call-parser`:
-    `hermes` (`<tool_call>{json}</tool_call>`: Hermes 2 Pro, Qwen 2 / 2.5 / 3). Unset: chat
+    `hermes` (`<tool_call>{json}</tool_call>`: Hermes 2 Pro, Qwen 2 / 2.5 / 3), `llama3_json`
+    (JSON objects `{"name", "arguments"}` separated by `;`: Llama 3.x), `pythonic` (a Python
+    list of calls `[f(x=1)]`: Llama 3.2 / 4). Unset: chat
     requests with `tools` and `tool_choice` `auto` (the default) get a 400
     (docs/openai-api.md)."""
 

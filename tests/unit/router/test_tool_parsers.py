@@ -30,10 +30,15 @@ def test_registry_matches_the_setting_and_refuses_unknown_names() -> None:
     assert set(PARSERS) == set(TOOL_CALL_PARSERS)
     crd = v1.RouterEdgeSpec.model_fields["tool_call_parser"].annotation
     assert set(typing.get_args(typing.get_args(crd)[0])) == set(TOOL_CALL_PARSERS)
-    with pytest.raises(ValueError, match=r"unknown tool-call parser 'mistral'.*known: hermes"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown tool-call parser 'mistral'.*known: hermes, llama3_json, pythonic",
+    ):
         parser("mistral")
-    with pytest.raises(pydantic.ValidationError, match="unknown tool-call parser 'pythonic'"):
-        EdgeSettings(tool_call_parser="pythonic")
+    with pytest.raises(
+        pydantic.ValidationError, match=r"unknown tool-call parser 'granite'.*known: hermes, llama3"
+    ):
+        EdgeSettings(tool_call_parser="granite")
     assert EdgeSettings(tool_call_parser="hermes").tool_call_parser == "hermes"
 
 
@@ -158,5 +163,6 @@ def test_router_flag_refuses_an_unknown_parser_at_start_up() -> None:
     from splitserve.cli.router import edge_settings
 
     assert edge_settings(("tool_call_parser=hermes",)).tool_call_parser == "hermes"
-    with pytest.raises(click.BadParameter, match="unknown tool-call parser 'llama3_json'"):
-        edge_settings(("tool_call_parser=llama3_json",))
+    assert edge_settings(("tool_call_parser=pythonic",)).tool_call_parser == "pythonic"
+    with pytest.raises(click.BadParameter, match="unknown tool-call parser 'llama4_json'"):
+        edge_settings(("tool_call_parser=llama4_json",))

@@ -49,7 +49,7 @@ def partial_overlap(text: str, tag: str) -> int:
 def _is_json(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -70,8 +70,8 @@ class HermesParser(ToolCallParser):
                         arguments=json.dumps(obj["arguments"], ensure_ascii=False),
                     )
                 )
-        except (ValueError, KeyError, TypeError):
-            return Extracted(text)
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return Extracted(text)  # RecursionError: nested too deep for json
         content = text[: text.index(START)]
         return Extracted(content or None, tuple(calls))
 
