@@ -216,8 +216,9 @@ CHAT: Final[dict[str, Field]] = {
     "tool_choice": _refused_by_sim(
         _NO_TOOLS,
         '`"auto"` (the default with tools): calls are read from the answer by the router\'s '
-        "tool-call parser (`edge.tool_call_parser`: `hermes`, `llama3_json` or `pythonic`; vLLM's `--tool-call-parser`) and "
-        "returned as `tool_calls` (streamed: `delta.tool_calls`, vLLM's shape), finish reason "
+        "tool-call parser (`edge.tool_call_parser`: `hermes`, `llama3_json` or `pythonic`; "
+        "vLLM's `--tool-call-parser`) and returned as `tool_calls` (streamed: "
+        "`delta.tool_calls`, vLLM's shape), finish reason "
         '`tool_calls`; without a parser, a 400. `"none"` (accepted by every engine): tools '
         'rendered, no calls read. `"required"` and a named function force calls with guided '
         "decoding, as vLLM does (a JSON schema of an array of `{name, parameters}` any of the "
