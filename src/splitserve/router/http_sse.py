@@ -10,10 +10,10 @@ largest HTTP-layer cost (issue 17, `docs/benchmarks.md`).
 router's HTTP protocol (`http_edge.EdgeProtocol`) puts in each request's ASGI scope next to its
 `ClientLink`:
 
-- the status line and headers leave together with the first event, and the events that follow
-  it without the body generator waiting (the role chunk and the first delta) join them: the
-  pending bytes are written as soon as the generator has to wait (a `call_soon` at the end of
-  the current step), so nothing waits for a later token;
+- the status line and headers leave together with the first event; a chat stream's first
+  event (the role chunk, no text) also waits for the first delta when the body produces it
+  without waiting (else it leaves at the end of the current step, a `call_soon`): one write
+  instead of three, and no event with text is ever held back;
 - later events are written as HTTP chunks with no ASGI message dict and no checks per event;
 - the last event, `[DONE]` and the chunked terminator leave in one write.
 
@@ -124,7 +124,7 @@ class EdgeSseResponse:
     `ClientLink`, and the body generator is closed (which cancels the request on its workers).
     """
 
-    __slots__ = ("_body", "_headers", "_link", "_stream")
+    __slots__ = ("_body", "_headers", "_hold_first", "_link", "_stream")
 
     def __init__(
         self,
@@ -132,10 +132,16 @@ class EdgeSseResponse:
         link: ClientLink,
         stream: EdgeStream,
         headers: dict[str, str] | None = None,
+        *,
+        hold_first: bool = False,
     ) -> None:
+        """`hold_first`: the first event carries no text (a chat stream's role chunk), so it
+        may wait for the next one: the two leave in one write if the body produces the next
+        without waiting, else the first leaves at the end of the current step."""
         self._body = body
         self._link = link
         self._stream = stream
+        self._hold_first = hold_first
         self._headers = [
             (k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
         ]
@@ -147,28 +153,30 @@ class EdgeSseResponse:
         except ClientGone:
             await body.aclose()
             return
+        loop = asyncio.get_running_loop()
         pending: list[bytes] = [out.head(self._headers)]
-        """Bytes not yet written: the head, and the events that followed it without a wait."""
+        """Bytes not yet written: the head, and a held first event."""
+        hold = self._hold_first
 
-        def flush() -> None:  # the generator is waiting: what is pending leaves now
+        def flush() -> None:  # the body is waiting: what is pending leaves now
             if pending:
                 out.write_now(b"".join(pending))
                 pending.clear()
 
-        flushing = asyncio.get_running_loop().call_soon(flush)
+        flushing = loop.call_soon(flush)  # the head alone, if the body waits before an event
         try:
             async for part in body:
                 last = part.endswith(DONE)
                 framed = _chunk(part) + _END if last else _chunk(part)
                 if pending:
-                    pending.append(framed)
                     flushing.cancel()
+                    pending.append(framed)
+                    if hold and not last:  # a text-less first event: the next may join it
+                        hold = False
+                        flushing = loop.call_soon(flush)
+                        continue
                     framed = b"".join(pending)
                     pending.clear()
-                    if not last:  # more may follow without a wait: hold them a step
-                        pending.append(framed)
-                        flushing = asyncio.get_running_loop().call_soon(flush)
-                        continue
                 await out.write(framed)
                 if last:
                     out.complete()

@@ -258,7 +258,7 @@ class OpenAiApi:
         if link is not None:  # served by the router's own HTTP protocol: the lean response
             stream = stream_of(http.scope)
             if stream is not None:  # written on the transport directly (`http_sse`)
-                return EdgeSseResponse(body, link, stream, headers)
+                return EdgeSseResponse(body, link, stream, headers, hold_first=fmt.chat)
             return SseResponse(body, link, headers)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 

@@ -77,9 +77,13 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
-async def _run(cycle: _Cycle, body: AsyncGenerator[bytes, None]) -> ClientLink:
+async def _run(
+    cycle: _Cycle, body: AsyncGenerator[bytes, None], *, hold_first: bool = True
+) -> ClientLink:
     link = ClientLink()
-    response = EdgeSseResponse(body, link, EdgeStream(cycle), {"x-request-id": "r1"})
+    response = EdgeSseResponse(
+        body, link, EdgeStream(cycle), {"x-request-id": "r1"}, hold_first=hold_first
+    )
     await response({}, None, None)
     return link
 
@@ -108,6 +112,27 @@ async def test_the_head_and_the_events_that_need_no_wait_leave_in_one_write() ->
     assert cycle.message_event.is_set()
     assert cycle.responses == 1
     assert not cycle.transport.closed  # kept alive
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+async def test_no_event_with_text_waits_for_a_later_one(chat: bool) -> None:
+    cycle = _Cycle()
+    first = [_chunk(b"data: role\n\n")] if chat else []
+    head = HEAD + b"transfer-encoding: chunked\r\n\r\n"
+
+    async def body() -> AsyncGenerator[bytes, None]:
+        if chat:
+            yield b"data: role\n\n"
+        yield b"data: one\n\n"
+        # The next token is already here (no wait): "one" must have left anyway.
+        assert cycle.transport.writes == [b"".join([head, *first, _chunk(b"data: one\n\n")])]
+        yield b"data: two\n\n"
+        assert cycle.transport.writes[-1] == _chunk(b"data: two\n\n")
+        yield DONE
+
+    await _run(cycle, body(), hold_first=chat)
+    assert len(cycle.transport.writes) == 3
+    assert cycle.response_complete
 
 
 async def test_pending_bytes_leave_as_soon_as_the_body_waits() -> None:
