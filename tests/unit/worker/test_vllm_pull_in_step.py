@@ -230,12 +230,13 @@ def test_an_in_step_load_is_reported_to_the_pull_timer_once_read() -> None:
     scheduler = SimpleNamespace(connector=connector, kv_cache_manager=kv, requests=requests)
     hook = PullInStep.install(scheduler, worker, KEY)
     assert hook is not None
-    seen: list[tuple[str, bool, int]] = []
-    hook.on_received = lambda r, good: seen.append(
-        (r.request_id, good, worker.nixl_wrapper.left[1])
+    seen: list[tuple[str, bool, int, int]] = []
+    hook.on_received = lambda r, good, tokens: seen.append(
+        (r.request_id, good, tokens, worker.nixl_wrapper.left[1])
     )
-    connector.get_num_new_matched_tokens(ok, 0)
-    connector.get_num_new_matched_tokens(failed, 0)
+    _admit(connector, kv, ok)
+    _admit(connector, kv, failed)
+    ok.num_computed_tokens = failed.num_computed_tokens = 11  # vLLM counts the step's token
     worker.nixl_wrapper.final[2] = "ERR"
     original = hook._results  # the worker's own (its attribute is the hook's now)
 
@@ -246,7 +247,8 @@ def test_an_in_step_load_is_reported_to_the_pull_timer_once_read() -> None:
 
     hook._results = results
     _step(connector, worker, {"ok": 2, "bad": 0})
-    assert seen == [("bad", False, 0), ("ok", True, 0)], "after the READ, before the forward"
+    # After the READ, before the forward; the tokens with the KV in, not the step's one.
+    assert seen == [("bad", False, 10, 0), ("ok", True, 10, 0)]
 
 
 def test_async_loads_keep_vllms_path() -> None:

@@ -116,12 +116,12 @@ def test_a_pull_done_in_step_is_timed_through_its_hook() -> None:
         sink, clock, sched = Sink(), FakeClock(), FakeScheduler()
         timer = KvPullTimer(sink, asyncio.get_running_loop(), 64, lambda r: r.split("-")[0], clock)
         assert timer.tap(sched)
-        sched.add_request(_request("a-1", remote=True, tokens=300))
+        sched.add_request(_request("a-1", remote=True, tokens=301))  # + the step's token
         sched.add_request(_request("f-2", remote=True))
         clock.t += 0.25
-        timer.received_in_step(sched.requests["a-1"], True)
-        timer.received_in_step(sched.requests["f-2"], False)  # a failed read: not observed
-        timer.received_in_step(sched.requests["a-1"], True)  # once
+        timer.received_in_step(sched.requests["a-1"], True, 300)
+        timer.received_in_step(sched.requests["f-2"], False, 10)  # a failed read: not observed
+        timer.received_in_step(sched.requests["a-1"], True, 300)  # once
         await asyncio.sleep(0)
         return sink.pulls
 

@@ -181,10 +181,13 @@ class PullInStep:
         self._connector = connector
         self._requests: Any = {}
         """The scheduler's requests by id."""
-        self.on_received: Callable[[Any, bool], None] | None = None
+        self.on_received: Callable[[Any, bool, int], None] | None = None
         """Called on the engine thread for each in-step load once its READ is over, with the
-        request and whether it succeeded (the scheduler never sees these in `finished_recving`,
-        where vLLM's async loads are observed)."""
+        request, whether it succeeded and its computed tokens with the KV in (local prefix hit
+        and pulled; the scheduler has already counted the step's token too). The scheduler
+        never sees these in `finished_recving`, where vLLM's async loads are observed."""
+        self._loaded: dict[str, int] = {}
+        """Allocated in-step loads: tokens computed once their KV is in."""
         self._worker = worker
         self._key = key
         self._chosen: set[str] = set()
@@ -249,6 +252,7 @@ class PullInStep:
                 limit = getattr(kv, "max_model_len", None)
                 if limit is not None:
                     computed = min(computed, int(limit))
+                hook._loaded[request.request_id] = computed
                 hook._cache_after[request.request_id] = min(
                     computed + int(given["num_new_tokens"]), int(request.num_tokens)
                 )
@@ -309,12 +313,12 @@ class PullInStep:
                 log.warning("in-step KV read of %s still running after 5 s", sorted(ids))
                 warn_at += 5.0
         early = self._hide(self._results())
-        if self.on_received is not None:
-            failed = set(early.failed_recving)
-            for rid in sorted(ids):
-                request = self._requests.get(rid)
-                if request is not None:
-                    self.on_received(request, rid not in failed)
+        failed = set(early.failed_recving)
+        for rid in sorted(ids):
+            request = self._requests.get(rid)
+            loaded = self._loaded.pop(rid, None)
+            if self.on_received is not None and request is not None and loaded is not None:
+                self.on_received(request, rid not in failed, loaded)
         if self._early is None:
             self._early = early
         else:

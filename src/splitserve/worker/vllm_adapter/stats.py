@@ -168,14 +168,16 @@ class KvPullTimer:
         scheduler._update_from_kv_xfer_finished = kv_xfer_finished
         return True
 
-    def received_in_step(self, request: Any, ok: bool) -> None:
-        """A pull finished inside the step that scheduled its request (`nixl.PullInStep`)."""
+    def received_in_step(self, request: Any, ok: bool, tokens: int) -> None:
+        """A pull finished inside the step that scheduled its request (`nixl.PullInStep`),
+        `tokens` computed with its KV in (vLLM has already counted that step's token in the
+        request's `num_computed_tokens`)."""
         rid = str(request.request_id)
         started = self._started.pop(rid, None)
         hook = self.sink.on_kv_pull
         if started is None or not ok or hook is None:
             return
-        self._observe(rid, int(request.num_computed_tokens), started, hook)
+        self._observe(rid, tokens, started, hook)
 
     def _observe(self, rid: str, tokens: int, started: float, hook: KvPullHook) -> None:
         seconds = max(0.0, self.now() - started)
