@@ -141,8 +141,9 @@ class PullDriver:
 class PullInStep:
     """Pull a continued decode's KV inside the engine step that computes its first position.
 
-    On by default, for every prompt length; off with `VllmEngineConfig.kv_pull_in_step=False` or
-    `SPLITSERVE_KV_PULL_IN_STEP=0` (vLLM's async load).
+    For every prompt length; opt-in (`VllmEngineConfig.kv_pull_in_step=True` or
+    `SPLITSERVE_KV_PULL_IN_STEP=1`) until a `make bench-kv` failure is explained
+    (docs/engines.md, "KV transfer").
 
     vLLM 0.32's NixlConnector loads remote KV asynchronously: the scheduler parks the request in
     WAITING_FOR_REMOTE_KVS, the step posts the READ (after that step's forward, if any), the
