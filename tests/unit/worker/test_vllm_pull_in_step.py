@@ -304,7 +304,9 @@ def test_a_prompt_over_several_blocks_hands_the_connector_every_block() -> None:
         rid = f"long-{prompt}"
         blocks = _admit(connector, kv, _request(rid, prompt=prompt))
         assert len(blocks) == -(-prompt // BLOCK)
-        assert connector.to_read[rid] == [b.block_id for b in blocks], prompt
+        # The blocks the prefill's KV covers (prompt - 1 tokens), not token 1's own new block.
+        covered = -(-(prompt - 1) // BLOCK)
+        assert connector.to_read[rid] == [b.block_id for b in blocks[:covered]], prompt
         assert kv.cached[rid] == prompt, "cached up to the first token's position, as vLLM does"
         assert all(b.block_hash is not None for b in blocks[: prompt // BLOCK])
 
