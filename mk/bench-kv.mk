@@ -10,7 +10,7 @@
 # docs/benchmarks.md. Needs .venv-vllm (`make venv-vllm`). About 15 min on an idle 2-core
 # machine; much longer when the machine is shared. KVBENCH_ARGS go to the module, e.g.
 # `--runs single --lengths 128,2048 --repeat 5`, `--progress-thread`, `--cold`, `--no-huge-pages`,
-# `--async-pull` (vLLM's async KV load instead of the in-step pull, for comparison).
+# `--pull-in-step` (the opt-in in-step KV pull).
 
 KVBENCH_ARGS ?=
 # mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.

@@ -66,6 +66,7 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
             dtype="float32",  # vLLM's "auto" runs fp32 checkpoints in 16 bits
             max_model_len=1024,
             nixl_side_channel_port=nixl_port,
+            kv_pull_in_step=True,  # the path `test_a_multi_block_prompt_...` pins
         ),
         release_remote=release_remote,
     )

@@ -304,7 +304,9 @@ def test_a_prompt_over_several_blocks_hands_the_connector_every_block() -> None:
         rid = f"long-{prompt}"
         blocks = _admit(connector, kv, _request(rid, prompt=prompt))
         assert len(blocks) == -(-prompt // BLOCK)
-        assert connector.to_read[rid] == [b.block_id for b in blocks], prompt
+        # The blocks the prefill's KV covers (prompt - 1 tokens), not token 1's own new block.
+        covered = -(-(prompt - 1) // BLOCK)
+        assert connector.to_read[rid] == [b.block_id for b in blocks[:covered]], prompt
         assert kv.cached[rid] == prompt, "cached up to the first token's position, as vLLM does"
         assert all(b.block_hash is not None for b in blocks[: prompt // BLOCK])
 
@@ -336,14 +338,14 @@ def test_a_setup_without_a_kv_cache_manager_is_not_hooked() -> None:
     assert PullInStep.install(scheduler, FakeWorker(), KEY) is None
 
 
-def test_the_in_step_pull_is_on_by_default_and_can_be_turned_off(
+def test_the_in_step_pull_is_opt_in_by_config_or_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(PULL_IN_STEP_ENV, raising=False)
-    assert pull_in_step(VllmEngineConfig(model="m")) is True
-    assert pull_in_step(VllmEngineConfig(model="m", kv_pull_in_step=False)) is False
-    monkeypatch.setenv(PULL_IN_STEP_ENV, "0")
     assert pull_in_step(VllmEngineConfig(model="m")) is False
+    assert pull_in_step(VllmEngineConfig(model="m", kv_pull_in_step=True)) is True
+    monkeypatch.setenv(PULL_IN_STEP_ENV, "0")
+    assert pull_in_step(VllmEngineConfig(model="m", kv_pull_in_step=True)) is False
     monkeypatch.setenv(PULL_IN_STEP_ENV, "1")
     assert pull_in_step(VllmEngineConfig(model="m", kv_pull_in_step=False)) is True
     monkeypatch.setenv(PULL_IN_STEP_ENV, "yes")

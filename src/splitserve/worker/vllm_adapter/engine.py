@@ -10,7 +10,7 @@ One engine serves every role, so a role change needs no restart or reload:
   prompt's KV from the prefill engine (no more: `nixl.clip_pulls`), and the first step computes
   the first token's position and samples the second — no step is spent recomputing the prompt's
   last position or re-sampling a token the caller already has (one engine step still only
-  waits for the KV, unless `nixl.PullInStep` (on by default) pulls it inside that first step);
+  waits for the KV, unless `nixl.PullInStep` (opt-in) pulls it inside that first step);
 * `generate` runs the whole request (aggregated).
 
 vLLM runs in the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no engine-core process) on
@@ -120,12 +120,13 @@ class VllmEngineConfig:
     whole core even when nothing moves. Off (the default), the engine's own polls progress the
     transfers: the decode engine checks its reads every step, the prefill engine its
     notifications every step while it holds KV (docs/engines.md, "Idle CPU")."""
-    kv_pull_in_step: bool = True
+    kv_pull_in_step: bool = False
     """Pull a decode's KV inside the engine step that computes its first position (vLLM's sync
     load, `nixl.PullInStep`) once the pair has shaken hands, so that step yields token 2.
-    False: vLLM's async load (one engine step more before token 2; the READ never holds a step
-    of other requests, which matters for long transfers over RDMA: docs/engines.md, "KV
-    transfer")."""
+    Opt-in, not yet the default: a `make bench-kv` run had the decode engine fail on its first
+    in-step pull, cause not found yet (docs/engines.md, "KV transfer"). False (the default):
+    vLLM's async load (one engine step more before token 2; the READ never holds a step of
+    other requests, which matters for long transfers over RDMA)."""
     cpus: tuple[int, ...] | None = None
     """Cores for the whole worker process (every thread: vLLM's, torch's, NIXL's, gRPC's).
     None: the cores named by `VLLM_CPU_OMP_THREADS_BIND` when it is a core list ("0", "0-3",

@@ -430,13 +430,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--pull-in-step",
         action="store_true",
-        help="decode KV pulled in the step that yields token 2 (the default; "
-        "SPLITSERVE_KV_PULL_IN_STEP=1)",
+        help="decode KV pulled in the step that yields token 2 (SPLITSERVE_KV_PULL_IN_STEP=1)",
     )
     ap.add_argument(
         "--async-pull",
         action="store_true",
-        help="vLLM's async KV load instead (SPLITSERVE_KV_PULL_IN_STEP=0), for comparison",
+        help="vLLM's async KV load (SPLITSERVE_KV_PULL_IN_STEP=0; the engine's default)",
     )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
@@ -456,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = {"SPLITSERVE_NIXL_PROGRESS_THREAD": "1"} if args.progress_thread else {}
     if args.no_huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "0"
-    env["SPLITSERVE_KV_PULL_IN_STEP"] = "0" if args.async_pull else "1"
+    env["SPLITSERVE_KV_PULL_IN_STEP"] = "1" if args.pull_in_step else "0"
     load = os.getloadavg()
     print(f"# bench-kv ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
     print(
@@ -464,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min); model {model}; "
         f"NIXL progress thread {'on' if args.progress_thread else 'off'}; KV cache in "
         f"{'4 KiB pages' if args.no_huge_pages else 'transparent huge pages'}; decode KV "
-        f"{'pulled async' if args.async_pull else 'pulled in-step'}\n"
+        f"{'pulled in-step' if args.pull_in_step else 'pulled async'}\n"
     )
     results: dict[str, Any] = {}
     interference = {

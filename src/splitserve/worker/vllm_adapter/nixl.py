@@ -141,8 +141,9 @@ class PullDriver:
 class PullInStep:
     """Pull a continued decode's KV inside the engine step that computes its first position.
 
-    On by default, for every prompt length; off with `VllmEngineConfig.kv_pull_in_step=False` or
-    `SPLITSERVE_KV_PULL_IN_STEP=0` (vLLM's async load).
+    For every prompt length; opt-in (`VllmEngineConfig.kv_pull_in_step=True` or
+    `SPLITSERVE_KV_PULL_IN_STEP=1`) until a `make bench-kv` failure is explained
+    (docs/engines.md, "KV transfer").
 
     vLLM 0.32's NixlConnector loads remote KV asynchronously: the scheduler parks the request in
     WAITING_FOR_REMOTE_KVS, the step posts the READ (after that step's forward, if any), the
@@ -258,7 +259,16 @@ class PullInStep:
                 )
             return blocks
 
+        block_size = int(getattr(getattr(connector, "connector_scheduler", None), "block_size", 0))
+
         def update_state_after_alloc(request: Any, blocks: Any, num_external: int) -> Any:
+            loaded = hook._loaded.get(request.request_id)
+            if loaded is not None and block_size > 0:
+                # Only the blocks the pulled KV covers: a prompt ending on a block boundary has
+                # one more block (token 1's) that the prefill never had (the async path
+                # allocates it after the load; NixlConnector asserts it has no more blocks
+                # than the prefill).
+                blocks = _first_blocks(blocks, -(-loaded // block_size))
             out = after_alloc(request, blocks, num_external)
             cache_upto = hook._cache_after.pop(request.request_id, None)
             if cache_upto is not None:
@@ -342,6 +352,14 @@ class PullInStep:
             results.finished_recving -= done
             self._hidden -= done
         return results
+
+
+def _first_blocks(blocks: Any, n: int) -> Any:
+    """vLLM's `KVCacheBlocks` (or a plain list) cut to its first `n` blocks in every group."""
+    groups = getattr(blocks, "blocks", None)
+    if groups is None:
+        return blocks[:n]
+    return type(blocks)(tuple(group[:n] for group in groups))
 
 
 def _merge(into: Any, other: Any) -> None:

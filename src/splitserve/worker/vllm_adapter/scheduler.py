@@ -11,7 +11,7 @@ prefix caching, KV-connector loads, preemption, output bookkeeping):
 * **per-step token budget**: vLLM's budget for this step is the decision's token total (never more
   than vLLM's configured `max_num_scheduled_tokens`), plus one token per remote-KV request the
   decision admits (0 tokens each in its view): vLLM stops admitting once its budget is 0, and a
-  decode whose KV is pulled in-step (`nixl.PullInStep`, the default) computes its first
+  decode whose KV is pulled in-step (`nixl.PullInStep`, opt-in) computes its first
   position, one token, in that step.
 
 So vLLM never schedules more than the decision (fewer when its allocator disagrees, e.g. on a
