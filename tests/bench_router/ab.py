@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from tests.bench_router.run import (
     chat_body,
     prompt_of,
     start_vllm_router,
+    start_zero_delay_workers,
 )
 
 
@@ -71,16 +71,7 @@ def main() -> None:
     tokenizer = TextTokenizer.from_dir(tok_dir)
     procs = Procs(work)
     try:
-        workers = []
-        for role in ("prefill", "decode"):
-            ready = work / f"{role}.json"
-            p = procs.spawn(
-                role,
-                [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
-                 "--sim-time-scale", "0", "--ready-file", str(ready)],
-                LOAD_CORE,
-            )  # fmt: skip
-            workers.append(_wait_file(ready, p)["address"])
+        workers = list(start_zero_delay_workers(procs, work).values())
         routers: dict[str, tuple[int, int]] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""

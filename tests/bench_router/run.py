@@ -117,6 +117,21 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120
     return json.loads(path.read_text())
 
 
+def start_zero_delay_workers(procs: Procs, work: Path) -> dict[str, str]:
+    """A zero-delay simulated prefill and decode worker on the load core: role -> address."""
+    workers = {}
+    for role in ("prefill", "decode"):
+        ready = work / f"{role}.json"
+        p = procs.spawn(
+            role,
+            [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
+             "--sim-time-scale", "0", "--ready-file", str(ready)],
+            LOAD_CORE,
+        )  # fmt: skip
+        workers[role] = _wait_file(ready, p)["address"]
+    return workers
+
+
 def _wait_http(port: int, path: str = "/health", timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -273,16 +288,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     try:
         # splitserve: zero-delay sim prefill + decode workers, the router on its own core.
-        workers = {}
-        for role in ("prefill", "decode"):
-            ready = work / f"{role}.json"
-            p = procs.spawn(
-                role,
-                [py, "-m", "splitserve", "worker", "serve", "--role", role, "--sim-time-scale",
-                 "0", "--ready-file", str(ready)],
-                LOAD_CORE,
-            )  # fmt: skip
-            workers[role] = _wait_file(ready, p)["address"]
+        workers = start_zero_delay_workers(procs, work)
         http_port = _free_port()
         router_env = None
         if args.router_src:

@@ -17,7 +17,6 @@ import collections
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +29,10 @@ from tests.bench_router.run import (
     Procs,
     _free_port,
     _router_args,
-    _wait_file,
     _wait_http,
     chat_body,
     prompt_of,
+    start_zero_delay_workers,
 )
 
 _CALL = re.compile(r'^\d+\s+(\w+)\((\d+), (?:"((?:[^"\\]|\\.){0,16}))?')
@@ -103,16 +102,7 @@ def main() -> None:
     prompt = prompt_of(TextTokenizer.from_dir(tok_dir), args.prompt_tokens)
     procs = Procs(work)
     try:
-        workers = []
-        for role in ("prefill", "decode"):
-            ready = work / f"{role}.json"
-            p = procs.spawn(
-                role,
-                [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
-                 "--sim-time-scale", "0", "--ready-file", str(ready)],
-                LOAD_CORE,
-            )  # fmt: skip
-            workers.append(_wait_file(ready, p)["address"])
+        workers = list(start_zero_delay_workers(procs, work).values())
         for name, src in (("A", args.a_src), ("B", args.b_src)):
             measure(procs, work, name, src, workers, tok_dir, prompt, args.count)
     finally:
