@@ -401,56 +401,11 @@ def scaling(
 
 
 def slow_streams(procs: Procs, work: Path, tok_dir: Path, count: int) -> dict[str, Any]:
-    """RSS of one router process holding `count` slow streams open at once.
+    """RSS of one router process holding `count` slow streams open at once
+    (`tests.bench_router.streams`: a timer-wheel bench backend, a protocol-level client)."""
+    from tests.bench_router import streams
 
-    A mixed worker with simulated timing at 1/50 of real time (a 10,000-sequence batch still
-    steps slowly: the simulation's own Python cost per sequence) and room for every sequence's
-    KV; streams of 256 tokens, opened at 1,000 a second, held until all have started (120 s
-    at most).
-    """
-    ready = work / "slow-worker.json"
-    w = procs.spawn(
-        "slow-worker",
-        [sys.executable, "-m", "splitserve", "worker", "serve", "--role", "mixed",
-         "--sim-time-scale", "0.02", "--sim-kv-blocks", str(count * 4 + 1024),
-         "--ready-file", str(ready)],
-        LOAD_CORE,
-    )  # fmt: skip
-    address = _wait_file(ready, w)["address"]
-    port = _free_port()
-    # Admission off here: it would (rightly) queue or refuse most of 10,000 requests arriving
-    # within seconds on one worker; this measures what held streams cost, not admission.
-    slo = work / "slo-slow.yaml"
-    slo.write_text("router:\n  admission: false\n")
-    router = procs.spawn(
-        "router-slow",
-        _router_args([address], tok_dir, port, "--edge", f"max_connections={count + 1024}",
-                     "--default-max-tokens", "256", "--slo-config", str(slo),
-                     "--token-stall-timeout-s", "300"),
-        ROUTER_CORE,
-    )  # fmt: skip
-    _wait_http(port, "/ready")
-    idle_mb = _rss_mb(router.pid)
-    body = json.dumps(
-        {"model": "bench", "messages": [{"role": "user", "content": "tell me a long story"}],
-         "max_tokens": 256, "stream": True, "ignore_eos": True}
-    ).encode()  # fmt: skip
-    raw = loadgen.request_bytes(port, "/v1/chat/completions", body)
-    statuses: dict[str, int] = {}
-    started, failed, peak_mb = asyncio.run(
-        loadgen.hold_streams(port, raw, count, 1000, 120, lambda: _rss_mb(router.pid), statuses)
-    )
-    router.send_signal(signal.SIGTERM)
-    w.send_signal(signal.SIGTERM)
-    return {
-        "streams": count,
-        "started": started,
-        "failed": failed,
-        "statuses": statuses,
-        "idle_rss_mb": idle_mb,
-        "peak_rss_mb": peak_mb,
-        "kb_per_stream": ((peak_mb or idle_mb) - idle_mb) * 1024 / max(1, started),
-    }
+    return streams.run(procs, work, tok_dir, count)
 
 
 def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
@@ -492,13 +447,9 @@ def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> s
                   f"{sc['speedup']:.2f}x; CPU / request {sc['cpu_ms_per_req_2']:.2f} ms; "
                   f"errors {sc['errors_2']}"]  # fmt: skip
     if "slow_streams" in extra:
-        ss = extra["slow_streams"]
-        lines += [
-            "",
-            f"slow streams on one router process: {ss['started']} of {ss['streams']} open at "
-            f"once ({ss['failed']} failed: {ss['statuses']}); RSS {ss['idle_rss_mb']:.0f} MB idle, "
-            f"{ss['peak_rss_mb']:.0f} MB at peak, {ss['kb_per_stream']:.1f} KB / stream",
-        ]
+        from tests.bench_router import streams
+
+        lines += ["", *streams.report_lines(extra["slow_streams"])]
     return "\n".join(lines) + "\n"
 
 
