@@ -25,3 +25,14 @@ bench-router: $(STAMP) $(BENCH_ROUTER_VENV)/.installed
 	@mkdir -p out
 	$(PY) -m tests.bench_router.run --vllm-router $(BENCH_ROUTER_VENV)/bin/vllm-router \
 	  --py-spy $(BENCH_ROUTER_VENV)/bin/py-spy --out out/bench-router.md $(BENCH_ROUTER_ARGS)
+
+# The slow-stream scenario alone (issue 17 item 2): RSS of one router process at 1,000 / 5,000 /
+# 10,000 open streams over a timer-wheel bench backend; BENCH_STREAMS_ARGS="--trace" adds a
+# tracemalloc diff (use a smaller --count: tracing slows the router). ~2 minutes.
+BENCH_STREAMS_ARGS ?=
+
+.PHONY: bench-router-streams
+
+bench-router-streams: $(STAMP)
+	@mkdir -p out
+	$(PY) -m tests.bench_router.streams --out out/bench-router-streams.md $(BENCH_STREAMS_ARGS)
