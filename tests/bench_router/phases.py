@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from splitserve.core.ids import EndpointId
+from splitserve.core.ids import EndpointId, RequestId
 from splitserve.core.roles import Role
 from splitserve.policy.placement import EndpointView, RequestView
 from splitserve.router import openai_models as wire
@@ -72,7 +72,7 @@ def main() -> None:
     for i in range(32):
         ledger.reserve(EndpointId("d"), f"r{i}", prefill=False, num_prompt_tokens=len(ids),
                        predicted_output_tokens=TOKENS, block_size=16)  # fmt: skip
-    view = RequestView("x", len(ids), TOKENS)
+    view = RequestView(RequestId("x"), len(ids), TOKENS)
     rows = [
         ("body JSON + validation (orjson + pydantic)", best_us(parse, 2000)),
         ("chat messages for the template", best_us(lambda: template_messages(req.messages), 5000)),
