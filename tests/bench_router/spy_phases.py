@@ -70,11 +70,11 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("_prefill_any (", "_prefill_first (", "prefill (splitserve/router/mux.py"),
     ),
     ("Decode op set-up", ("_decode_call (", "_decode_order (")),
+    ("step reports (latency watch)", ("router/latency.py",)),
     (
         "worker link (mux reader / writer tasks, grpc.aio)",
         ("_read (splitserve/router/mux.py", "_write (splitserve/router/mux.py", "grpc/"),
     ),
-    ("step reports (latency watch)", ("router/latency.py",)),
     (
         "per-chunk: worker stream -> generator -> SSE -> write",
         (
