@@ -130,7 +130,27 @@ async def test_worker_without_steps_falls_back_to_request_timings(
         assert per == pytest.approx(0.001, abs=2e-4)
 
 
-class _OlderWorker(WorkerService):
+class _Recording(WorkerService):
+    """The real worker, noting which step stream its watchers used."""
+
+    streams: list[str]
+
+    async def WatchSteps(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSample]:
+        self.streams.append("WatchSteps")
+        async for pb in super().WatchSteps(request, context):
+            yield pb
+
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        self.streams.append("WatchStepBatches")
+        async for pb in super().WatchStepBatches(request, context):
+            yield pb
+
+
+class _OlderWorker(_Recording):
     """A worker from before `WatchStepBatches` (it serves `WatchSteps` only)."""
 
     async def WatchStepBatches(  # noqa: N802
@@ -140,12 +160,19 @@ class _OlderWorker(WorkerService):
         yield worker_pb2.StepSampleBatch()  # unreachable: makes this an async generator
 
 
-@pytest.mark.parametrize("service_cls", [WorkerService, _OlderWorker])
+@pytest.mark.parametrize(
+    ("service_cls", "stream"),
+    [(_Recording, "WatchStepBatches"), (_OlderWorker, "WatchSteps")],
+)
 async def test_step_reports_arrive_with_or_without_batches(
-    sim_worker: SimFactory, service_cls: type[WorkerService], monkeypatch: pytest.MonkeyPatch
+    sim_worker: SimFactory,
+    service_cls: type[_Recording],
+    stream: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The router asks for `WatchStepBatches` and falls back to `WatchSteps` when a worker does
     not serve it; either way every step reaches the step model."""
+    service_cls.streams = []
     address, engine = await sim_worker(Role.MIXED, service_cls)
     eid = EndpointId(address)
     async with PoolView([address], clock=SystemClock(), settings=FAST_POOL) as pool:
@@ -168,3 +195,4 @@ async def test_step_reports_arrive_with_or_without_batches(
             *(BatchShape(decode_contexts=(40 + i,)) for i in range(4)),
         ]
         assert all(s > 0 for _, s in seen)
+        assert service_cls.streams == [stream]
