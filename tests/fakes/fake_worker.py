@@ -296,6 +296,13 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the fake worker reports no steps")
         yield worker_pb2.StepSample()  # unreachable: makes this an async generator
 
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        """As `WatchSteps` (not recorded: the router asks for it before `WatchSteps`)."""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the fake worker reports no steps")
+        yield worker_pb2.StepSampleBatch()  # unreachable: makes this an async generator
+
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: Any
     ) -> worker_pb2.DrainResponse:

@@ -96,18 +96,22 @@ class Admission:
         prefill = [v for v in live if v.role is Role.PREFILL]
         return prefill or [v for v in live if v.role.can_decode]
 
-    def backlog_s(self, extra_tokens: int = 0) -> float | None:
-        """Predicted seconds before a new prompt starts prefilling on the best worker."""
+    def backlog_s(
+        self, extra_tokens: int = 0, views: list[EndpointView] | None = None
+    ) -> float | None:
+        """Predicted seconds before a new prompt starts prefilling on the best worker.
+        `views`: the pool's snapshot when the caller has one (else taken here)."""
         best: float | None = None
-        for v in self._prefill_side(self.pool.views()):
+        for v in self._prefill_side(self.pool.views() if views is None else views):
             if v.prefill_tokens_per_s <= 0:
                 return None  # a worker without an estimate: no prediction
             s = (v.pending_prefill_tokens + extra_tokens) / v.prefill_tokens_per_s
             best = s if best is None else min(best, s)
         return best
 
-    def has_room(self) -> bool:
-        views = self.pool.views()
+    def has_room(self, views: list[EndpointView] | None = None) -> bool:
+        if views is None:
+            views = self.pool.views()
         cap = self.settings.max_outstanding_per_worker
         if cap is not None:
             decode = [v for v in views if v.accepts_work and v.role.can_decode]
@@ -117,20 +121,22 @@ class Admission:
         if self._backlog_bound_s is not None:
             # The backlog an arrival of the tightest class would find, at its percentile.
             backlog = self.at_percentile(
-                self.backlog_s(self._admitting_tokens), self.tightest_percentile
+                self.backlog_s(self._admitting_tokens, views), self.tightest_percentile
             )
             if backlog is not None and backlog > self._backlog_bound_s:
                 return False
         return True
 
-    def predicted_ttft_s(self, entry: Entry, prompt_tokens: int) -> float | None:
+    def predicted_ttft_s(
+        self, entry: Entry, prompt_tokens: int, views: list[EndpointView] | None = None
+    ) -> float | None:
         """If `entry` waited its turn: the backlog plus prompts queued ahead plus its own."""
         ahead = sum(
             self._waiters[e.id].prompt_tokens
             for e in self.gate.queue.ahead_of(entry)
             if e.id in self._waiters
         )
-        return self.backlog_s(self._admitting_tokens + ahead + prompt_tokens)
+        return self.backlog_s(self._admitting_tokens + ahead + prompt_tokens, views)
 
     def at_percentile(self, predicted_s: float | None, percentile: float) -> float | None:
         """A point prediction of TTFT turned into one at the class's percentile."""
@@ -153,13 +159,29 @@ class Admission:
         Raises:
             Overloaded: shed (sheddable, cannot meet its SLO) or rejected (queue full).
         """
+        predicted, _ = await self.enter_with(request_id, prompt_tokens, rs, None)
+        return predicted
+
+    async def enter_with(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        rs: RequestSlo,
+        views: list[EndpointView] | None,
+    ) -> tuple[float | None, bool]:
+        """`enter`, deciding on `views` (the pool's snapshot taken by the caller in this same
+        step: one snapshot serves admission and placement instead of four); also says whether
+        the request went on at once (True: `views` still describe the pool, nothing ran
+        between) or waited in the queue (False: take a new snapshot)."""
         now_s = self.clock.now_s()
+        if views is None:
+            views = self.pool.views()
         if not self.settings.admission:
             self.metrics.admission.labels(rs.label, "admitted").inc()
-            predicted_now = self.backlog_s(self._admitting_tokens + prompt_tokens)
+            predicted_now = self.backlog_s(self._admitting_tokens + prompt_tokens, views)
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
-            return predicted_now
+            return predicted_now, True
         entry = Entry(
             id=request_id,
             priority=rs.cls.priority,
@@ -169,10 +191,10 @@ class Admission:
             enqueued_s=now_s,
             seq=self.gate.next_seq(),
         )
-        point = self.predicted_ttft_s(entry, prompt_tokens)
+        point = self.predicted_ttft_s(entry, prompt_tokens, views)
         predicted = self.at_percentile(point, rs.cls.percentile)
         verdict, evicted = self.gate.arrive(
-            entry, room=self.has_room(), predicted_ttft_s=predicted, now_s=now_s
+            entry, room=self.has_room(views), predicted_ttft_s=predicted, now_s=now_s
         )
         for e in evicted:
             self._refuse(e, "shed", "pushed out of the full admission queue")
@@ -180,7 +202,7 @@ class Admission:
         if verdict.outcome is Outcome.ADMITTED:
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
-            return point
+            return point, True
         if verdict.outcome is not Outcome.QUEUED:
             log.info("request %s %s: %s", request_id, verdict.outcome.value, verdict.reason)
             raise Overloaded(
@@ -201,7 +223,7 @@ class Admission:
                 self._forget(request_id)
             raise
         self.metrics.queue_wait.labels(rs.label).observe(self.clock.now_s() - now_s)
-        return waiter.predicted_s
+        return waiter.predicted_s, False
 
     def placed(self, prompt_tokens: int) -> None:
         """The request admitted by `enter` is placed (its reservations now count)."""

@@ -306,12 +306,15 @@ class Dispatch:
         try:
             d = self._d
             self._trace.begin("admission")
-            predicted = await d.admission.enter(
-                self.request.id, self.request.num_prompt_tokens, self.slo
+            # One snapshot of the pool for admission and placement (they run in the same step
+            # unless the request waits in the queue; then placement takes a new one).
+            views = d.pool.views()
+            predicted, at_once = await d.admission.enter_with(
+                self.request.id, self.request.num_prompt_tokens, self.slo, views
             )
             self._admitted = (d.clock.now_s(), predicted)
             try:
-                self.placement = self._place()
+                self.placement = self._place(views if at_once else d.pool.views())
             finally:
                 d.admission.placed(self.request.num_prompt_tokens)
             self.path = self.placement.path
@@ -359,8 +362,11 @@ class Dispatch:
             if outcome == "ok":
                 self._observe_finish()
 
-    def _place(self) -> Placement:
+    def _place(self, views: list[EndpointView] | None = None) -> Placement:
+        """Place on `views` (the pool's snapshot admission decided on; None: take one now)."""
         req, d = self.request, self._d
+        if views is None:
+            views = d.pool.views()
         now_s = d.clock.now_s()
         dl = self.slo.deadlines
         # Targets hold at the class's percentile: the headroom scorers compare the point
@@ -380,7 +386,6 @@ class Dispatch:
             ttft_budget_s=ttft_budget,
             tpot_target_s=tpot_target,
         )
-        views = d.pool.views()
         placement = d.decider.place(view, views)
         d.metrics.placements.labels(placement.path.value, placement.reason).inc()
         by_id = {v.id: v for v in views}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -72,16 +73,22 @@ class LatencyBook:
         self, eid: EndpointId, m: _Models, stub: worker_pb2_grpc.WorkerAsyncStub
     ) -> None:
         request = worker_pb2.WatchStepsRequest(max_buffer=self.max_buffer)
+        batches = getattr(stub, "WatchStepBatches", None) is not None
+        """Ask for `WatchStepBatches` first (many steps per message); `WatchSteps` when the
+        worker does not serve it (an older worker, an HTTP backend, a test fake)."""
         while True:
             try:
-                call = stub.WatchSteps(request, wait_for_ready=True)
-                async for pb in call:
-                    if m.reports_steps is not True:
-                        log.info("fitting the latency model of %s from its step reports", eid)
-                    m.reports_steps = True
-                    m.steps.observe(batch_of(pb), pb.duration_s)
+                if batches:
+                    async for batch in stub.WatchStepBatches(request, wait_for_ready=True):
+                        self._observe_steps(eid, m, batch.samples)
+                else:
+                    async for pb in stub.WatchSteps(request, wait_for_ready=True):
+                        self._observe_steps(eid, m, (pb,))
             except grpc.RpcError as err:
                 code = err.code() if isinstance(err, aio.AioRpcError) else None
+                if code == grpc.StatusCode.UNIMPLEMENTED and batches:
+                    batches = False  # try the one-sample stream at once
+                    continue
                 if code == grpc.StatusCode.UNIMPLEMENTED:
                     m.reports_steps = False
                     log.info(
@@ -91,6 +98,17 @@ class LatencyBook:
                     )
                     return
             await asyncio.sleep(self.reconnect_s)
+
+    @staticmethod
+    def _observe_steps(
+        eid: EndpointId, m: _Models, samples: Iterable[worker_pb2.StepSample]
+    ) -> None:
+        if m.reports_steps is not True:
+            log.info("fitting the latency model of %s from its step reports", eid)
+        m.reports_steps = True
+        observe = m.steps.observe
+        for pb in samples:
+            observe(batch_of(pb), pb.duration_s)
 
     def observe_step(self, eid: EndpointId, batch: BatchShape, seconds: float) -> None:
         """One engine step of `eid` (what the step stream delivers)."""

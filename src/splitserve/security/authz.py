@@ -34,6 +34,7 @@ WORKER_METHODS: Final[Mapping[str, frozenset[str]]] = {
     "/splitserve.v1.Worker/ReleaseKv": _ROUTER | {"worker"},
     "/splitserve.v1.Worker/WatchLoad": _ROUTER | _OPERATOR,
     "/splitserve.v1.Worker/WatchSteps": _ROUTER | _OPERATOR,
+    "/splitserve.v1.Worker/WatchStepBatches": _ROUTER | _OPERATOR,
     "/splitserve.v1.Worker/Drain": _OPERATOR,
     "/splitserve.v1.Worker/SetRole": _OPERATOR,
     # The router warms prefill -> decode pairs; the decode worker asks its peer's endpoint.

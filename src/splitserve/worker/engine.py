@@ -94,6 +94,15 @@ class StepSubscription:
             await self._ready.wait()
         return self._buffer.popleft()
 
+    async def get_all(self) -> list[StepSample]:
+        """Every buffered sample, oldest first, waiting for one if there is none."""
+        while not self._buffer:
+            self._ready.clear()
+            await self._ready.wait()
+        out = list(self._buffer)
+        self._buffer.clear()
+        return out
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True

@@ -452,6 +452,28 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finally:  # the caller went away (cancelled) or the server stops
             sub.close()
 
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        """`WatchSteps`, the samples that queued during the previous write in one message."""
+        feed = self.engine.steps
+        if feed is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"the {self.engine.kind} engine does not report its steps",
+            )
+            return
+        sub = feed.subscribe(request.max_buffer or DEFAULT_STEP_BUFFER)
+        try:
+            await context.send_initial_metadata((("splitserve-watch-steps", "1"),))
+            while True:
+                samples = await sub.get_all()
+                yield worker_pb2.StepSampleBatch(
+                    samples=[step_to_pb(s, sub.dropped) for s in samples]
+                )
+        finally:
+            sub.close()
+
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DrainResponse:

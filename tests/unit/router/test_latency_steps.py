@@ -17,6 +17,8 @@ from splitserve.core.ids import EndpointId
 from splitserve.core.perf import BatchShape
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.router import latency as latency_mod
+from splitserve.router.latency import batch_of as _batch_of
 from splitserve.router.pool_view import PoolView
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
@@ -30,14 +32,16 @@ SimFactory = Callable[..., Coroutine[Any, Any, tuple[str, SimEngine]]]
 async def sim_worker() -> AsyncIterator[SimFactory]:
     cleanups: list[Callable[[], Coroutine[Any, Any, None]]] = []
 
-    async def factory(role: Role) -> tuple[str, SimEngine]:
+    async def factory(
+        role: Role, service_cls: type[WorkerService] = WorkerService
+    ) -> tuple[str, SimEngine]:
         cfg = WorkerConfig(role=role, sim_time_scale=0.02, sim_num_kv_blocks=512, vocab_size=1000)
         server, port = bind("127.0.0.1", 0)
         address = f"127.0.0.1:{port}"
         release = _ReleaseClient()
         metrics = WorkerMetrics(CollectorRegistry())
         engine = build_sim_engine(cfg, address, release, metrics)
-        service = WorkerService(
+        service = service_cls(
             engine, role, WorkerIdentity(address, address), metrics, SystemClock()
         )
         await engine.start()
@@ -124,3 +128,71 @@ async def test_worker_without_steps_falls_back_to_request_timings(
         )
         assert base == pytest.approx(0.010, abs=1e-3)
         assert per == pytest.approx(0.001, abs=2e-4)
+
+
+class _Recording(WorkerService):
+    """The real worker, noting which step stream its watchers used."""
+
+    streams: list[str]
+
+    async def WatchSteps(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSample]:
+        self.streams.append("WatchSteps")
+        async for pb in super().WatchSteps(request, context):
+            yield pb
+
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        self.streams.append("WatchStepBatches")
+        async for pb in super().WatchStepBatches(request, context):
+            yield pb
+
+
+class _OlderWorker(_Recording):
+    """A worker from before `WatchStepBatches` (it serves `WatchSteps` only)."""
+
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        yield worker_pb2.StepSampleBatch()  # unreachable: makes this an async generator
+
+
+@pytest.mark.parametrize(
+    ("service_cls", "stream"),
+    [(_Recording, "WatchStepBatches"), (_OlderWorker, "WatchSteps")],
+)
+async def test_step_reports_arrive_with_or_without_batches(
+    sim_worker: SimFactory,
+    service_cls: type[_Recording],
+    stream: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The router asks for `WatchStepBatches` and falls back to `WatchSteps` when a worker does
+    not serve it; either way every step reaches the step model."""
+    service_cls.streams = []
+    address, engine = await sim_worker(Role.MIXED, service_cls)
+    eid = EndpointId(address)
+    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await pool.wait_for(lambda pv: pv.view(address).ready, 10)
+        model = pool.latency.step_model(eid)
+        assert model is not None
+        seen: list[tuple[BatchShape, float]] = []
+
+        def recording(pb: worker_pb2.StepSample) -> BatchShape:
+            shape = _batch_of(pb)
+            seen.append((shape, pb.duration_s))
+            return shape
+
+        monkeypatch.setattr(latency_mod, "batch_of", recording)
+        await _until(lambda: engine.steps is not None and engine.steps.num_subscribers == 1)
+        await _generate(address, "a", 40, 5)
+        await _until(lambda: len(seen) >= 5)
+        assert [b for b, _ in seen] == [
+            BatchShape(prefill_chunks=((40, 0),)),
+            *(BatchShape(decode_contexts=(40 + i,)) for i in range(4)),
+        ]
+        assert all(s > 0 for _, s in seen)
+        assert service_cls.streams == [stream]

@@ -174,3 +174,48 @@ async def test_a_worker_without_watch_steps_is_seen_as_such() -> None:
             assert await profiler._watch_steps() is None
     finally:
         await fake.stop()
+
+
+async def test_step_batches_carry_every_step_in_order(make_worker: WorkerFactory) -> None:
+    """`WatchStepBatches`: the same samples as `WatchSteps`, in order; the steps that queue
+    while the stream's writer is busy leave as one message."""
+    worker = await make_worker(Role.MIXED, sim_time_scale=0.01)
+    call = worker.stub.WatchStepBatches(worker_pb2.WatchStepsRequest())
+    await _until(lambda: _feed(worker).num_subscribers >= 1)
+    one = await _watch(worker)  # the one-sample stream beside it, for comparison
+    assert await _generate(worker, "a", 16, 6) == 6
+    singles = await _take(one.__aiter__(), 5)
+    got: list[worker_pb2.StepSample] = []
+    sizes = []
+    batches = call.__aiter__()
+    async for batch in batches:
+        sizes.append(len(batch.samples))
+        got.extend(batch.samples)
+        if sum(len(s.decode_context_tokens) for s in got) >= 5:
+            break
+    assert [s.SerializeToString() for s in got] == [s.SerializeToString() for s in singles]
+    assert [s.index for s in got] == list(range(got[0].index, got[0].index + 6))
+    assert all(n >= 1 for n in sizes)
+    # Steps published while the stream's writer waits (here: in one go) leave as one message.
+    feed = _feed(worker)
+    for i in range(5):
+        feed.publish(StepSample(1000 + i, float(i), 0.01, BatchShape(decode_contexts=(i,))))
+    batch = await anext(batches)
+    assert [s.index for s in batch.samples] == [1000, 1001, 1002, 1003, 1004]
+    assert [tuple(s.decode_context_tokens) for s in batch.samples] == [(i,) for i in range(5)]
+    call.cancel()
+    one.cancel()
+    await _until(lambda: _feed(worker).num_subscribers == 0)
+
+
+async def test_step_batches_without_steps_answer_unimplemented(
+    make_worker: WorkerFactory,
+) -> None:
+    worker = await make_worker(Role.MIXED)
+    engine = worker.service.engine
+    assert isinstance(engine, SimEngine)
+    engine.steps = None
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in worker.stub.WatchStepBatches(worker_pb2.WatchStepsRequest()):
+            pass
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED

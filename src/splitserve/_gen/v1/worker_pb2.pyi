@@ -656,6 +656,28 @@ class StepSample(_message.Message):
 Global___StepSample: _TypeAlias = StepSample  # noqa: Y015
 
 @_typing.final
+class StepSampleBatch(_message.Message):
+    """Step samples in the order the engine ran them (`WatchStepBatches`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def samples(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepSample]: ...
+    def __init__(
+        self,
+        *,
+        samples: _abc.Iterable[Global___StepSample] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["samples", b"samples"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepSampleBatch: _TypeAlias = StepSampleBatch  # noqa: Y015
+
+@_typing.final
 class KvEndpointRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

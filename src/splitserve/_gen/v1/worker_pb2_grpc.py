@@ -86,6 +86,11 @@ class WorkerStub:
                 request_serializer=splitserve_dot_v1_dot_worker__pb2.MuxRequest.SerializeToString,
                 response_deserializer=splitserve_dot_v1_dot_worker__pb2.MuxResponse.FromString,
                 _registered_method=True)
+        self.WatchStepBatches = channel.unary_stream(
+                '/splitserve.v1.Worker/WatchStepBatches',
+                request_serializer=splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.SerializeToString,
+                response_deserializer=splitserve_dot_v1_dot_worker__pb2.StepSampleBatch.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -172,6 +177,16 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchStepBatches(self, request, context):
+        """WatchSteps with the samples that queued while the previous message was being written sent
+        together (the router's step-model feed: at high step rates one message, one read and one
+        event-loop wake-up serve many steps). Same samples, same order; nothing waits for company.
+        Engines that cannot report steps answer UNIMPLEMENTED, as WatchSteps.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +239,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Multiplex,
                     request_deserializer=splitserve_dot_v1_dot_worker__pb2.MuxRequest.FromString,
                     response_serializer=splitserve_dot_v1_dot_worker__pb2.MuxResponse.SerializeToString,
+            ),
+            'WatchStepBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchStepBatches,
+                    request_deserializer=splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.FromString,
+                    response_serializer=splitserve_dot_v1_dot_worker__pb2.StepSampleBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -496,6 +516,33 @@ class Worker:
             '/splitserve.v1.Worker/Multiplex',
             splitserve_dot_v1_dot_worker__pb2.MuxRequest.SerializeToString,
             splitserve_dot_v1_dot_worker__pb2.MuxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchStepBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/splitserve.v1.Worker/WatchStepBatches',
+            splitserve_dot_v1_dot_worker__pb2.WatchStepsRequest.SerializeToString,
+            splitserve_dot_v1_dot_worker__pb2.StepSampleBatch.FromString,
             options,
             channel_credentials,
             insecure,

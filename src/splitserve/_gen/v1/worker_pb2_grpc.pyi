@@ -71,6 +71,12 @@ class WorkerStub:
     several sub-requests that are ready together travel in one MuxResponse. Same semantics as
     the per-request methods (which stay): owner, role, draining, tracing, cancellation.
     """
+    WatchStepBatches: _grpc.UnaryStreamMultiCallable[_worker_pb2.WatchStepsRequest, _worker_pb2.StepSampleBatch]
+    """WatchSteps with the samples that queued while the previous message was being written sent
+    together (the router's step-model feed: at high step rates one message, one read and one
+    event-loop wake-up serve many steps). Same samples, same order; nothing waits for company.
+    Engines that cannot report steps answer UNIMPLEMENTED, as WatchSteps.
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -108,6 +114,12 @@ class WorkerAsyncStub(WorkerStub):
     its last chunk, or the code and details its own call would have ended with). Events of
     several sub-requests that are ready together travel in one MuxResponse. Same semantics as
     the per-request methods (which stay): owner, role, draining, tracing, cancellation.
+    """
+    WatchStepBatches: _aio.UnaryStreamMultiCallable[_worker_pb2.WatchStepsRequest, _worker_pb2.StepSampleBatch]  # type: ignore[assignment]
+    """WatchSteps with the samples that queued while the previous message was being written sent
+    together (the router's step-model feed: at high step rates one message, one read and one
+    event-loop wake-up serve many steps). Same samples, same order; nothing waits for company.
+    Engines that cannot report steps answer UNIMPLEMENTED, as WatchSteps.
     """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
@@ -203,6 +215,18 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         its last chunk, or the code and details its own call would have ended with). Events of
         several sub-requests that are ready together travel in one MuxResponse. Same semantics as
         the per-request methods (which stay): owner, role, draining, tracing, cancellation.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchStepBatches(
+        self,
+        request: _worker_pb2.WatchStepsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.StepSampleBatch], _abc.AsyncIterator[_worker_pb2.StepSampleBatch]]:
+        """WatchSteps with the samples that queued while the previous message was being written sent
+        together (the router's step-model feed: at high step rates one message, one read and one
+        event-loop wake-up serve many steps). Same samples, same order; nothing waits for company.
+        Engines that cannot report steps answer UNIMPLEMENTED, as WatchSteps.
         """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
