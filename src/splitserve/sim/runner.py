@@ -163,6 +163,7 @@ def run_validation(
     speed = None
     pool_speed = None
     overhead = 0.0
+    side_by_side = False
     note = ""
     if speed_trace is not None:
         with speed_trace.open() as f:
@@ -173,8 +174,9 @@ def run_validation(
             spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps, run_handoff
         )
         spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
+        side_by_side = cal.side_by_side_transfers
         note = cal.markdown()
-    v = replay(spec, rec, speed, pool_speed, overhead)
+    v = replay(spec, rec, speed, pool_speed, overhead, side_by_side)
     priced = "the run's own steps" if run_steps is not None else cfg.latency_model
     text = f"## Validation: {recording.name} on {cfg.name} ({priced})\n\n" + note
     text += v.markdown(target)
@@ -214,7 +216,8 @@ def calibrate_from_dir(
     requests = [(r.arrival_s, r.prompt_tokens, r.ttft_s) for r in reqs] if overheads else None
     measured = None
     pulls_path = run_steps / "kv_pulls.jsonl"
-    if handoff and pulls_path.exists():
+    has_decode = any(p.role.value == "decode" and p.replicas > 0 for p in spec.pools)
+    if handoff and has_decode and pulls_path.exists():
         try:
             with pulls_path.open() as f:
                 pulls = parse_kv_pulls(f)
@@ -232,7 +235,7 @@ def calibrate_from_dir(
         price_nearest=price_nearest,
         handoff=measured,
     )
-    if handoff and measured is None and any(p.role.value == "decode" for p in spec.pools):
+    if handoff and measured is None and has_decode:
         note = "P/D hand-off: not recorded (no kv_pulls.jsonl); the link prices it.\n\n"
         return dataclasses.replace(cal, note=note)
     return cal

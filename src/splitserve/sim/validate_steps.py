@@ -36,12 +36,13 @@ The P/D hand-off (`Handoffs`, from the decode workers' `kv_pulls.jsonl`,
 worker (the router's second RPC) plus the engine's KV pull (for vLLM: admission to the step that
 lists the KV received). The decode pool's model then prices each request's KV transfer as that
 request's measured hand-off (`RunModel.transfers`, by the bytes of its prompt; the median
-hand-off for a size no request had), instead of the link. Approximations, stated: the
-simulator still queues transfers one at a time on the decode worker's link and starts one at the
-decode engine's next step boundary, and a vLLM pull ends at a step boundary, so a hand-off that
-overlapped another in the run, or the wait for the step in flight, can be counted twice (the
-report gives the overlaps); the time from the `Decode`'s arrival to the pull's start (the engine
-thread taking the command) is left to the simulator's step boundary and not charged.
+hand-off for a size no request had), instead of the link, and the replay runs such transfers
+side by side (`validate.SideBySideTransfers`: the run did its pulls at once, and each measured
+hand-off already holds what they cost each other; queued on the link, an overlap would count
+twice). Approximations, stated: the simulator starts a transfer at the decode engine's next step
+boundary and a vLLM pull ends at one, so the wait for the step in flight can count twice; the
+time from the `Decode`'s arrival to the pull's start (the engine thread taking the command) is
+left to the simulator's step boundary and not charged.
 Pure: lines in, values out.
 """
 
@@ -532,6 +533,12 @@ class Calibration:
     """The measured P/D hand-off charged per request (None: not asked, or not recorded)."""
     note: str = ""
     """A line for the report (e.g. that the run recorded no hand-off)."""
+
+    @property
+    def side_by_side_transfers(self) -> bool:
+        """Transfers are measured hand-offs, so the replay must not queue them on the link
+        (`validate.SideBySideTransfers`)."""
+        return self.handoffs is not None and bool(self.handoffs.pull_s)
 
     @property
     def request_overhead_s(self) -> float:

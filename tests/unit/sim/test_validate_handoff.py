@@ -25,7 +25,8 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.perf.samples import steps_csv
 from splitserve.sim.cluster import KvOverlap, simulate
 from splitserve.sim.config import ClusterConfig, cluster_spec
-from splitserve.sim.validate import parse_recording, replay
+from splitserve.sim.engine import Simulator
+from splitserve.sim.validate import SideBySideTransfers, parse_recording, replay
 from splitserve.sim.validate_steps import (
     KvPull,
     RunModel,
@@ -110,12 +111,22 @@ class _OddLink(_Recorder):
         return 0.015 + (num_bytes * 7919 % 1000) * 45e-6
 
 
-def _pd_run() -> tuple[list[str], dict[str, list[RunStep]], list[str]]:
-    """The "live" P/D run: router lines, worker steps, and the decode worker's pull log."""
+class _SlowOddLink(_Recorder):
+    """Hand-offs of 0.2-0.65 s, longer than the gap between arrivals: they overlap."""
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return 0.2 + (num_bytes * 7919 % 1000) * 45e-5
+
+
+def _pd_run(
+    link: type[_Recorder] = _OddLink, parallel: bool = False
+) -> tuple[list[str], dict[str, list[RunStep]], list[str]]:
+    """The "live" P/D run: router lines, worker steps, and the decode worker's pull log; with
+    `parallel`, the live decode worker pulls side by side."""
     spec = cluster_spec(ClusterConfig.model_validate(PD))
     recorders = {
         "prefill-0": _Recorder(_truth(), lambda now: 1.0),
-        "decode-0": _OddLink(_truth(), lambda now: 1.0),
+        "decode-0": link(_truth(), lambda now: 1.0),
     }
     pools = [
         dataclasses.replace(
@@ -125,7 +136,14 @@ def _pd_run() -> tuple[list[str], dict[str, list[RunStep]], list[str]]:
     ]
     by_pool = {str(p.name): recorders[f"{p.role.value}-0"] for p in spec.pools}
     live = dataclasses.replace(spec, pools=tuple(pools))
-    result = simulate(live, _items(), max_repeat=1, pool_speed=by_pool)
+    if parallel:
+        loop = Simulator()
+        world = SideBySideTransfers(live, _items(), 1, pool_speed=by_pool)
+        world.start(loop)
+        loop.run(world)
+        result = world.result(loop)
+    else:
+        result = simulate(live, _items(), max_repeat=1, pool_speed=by_pool)
     lines, pulls = [], []
     for r in result.requests:
         assert r.ttft_s is not None
@@ -163,6 +181,23 @@ def test_pd_run_with_per_request_handoffs_replays_its_tpot_from_the_log() -> Non
     layered = dataclasses.replace(spec, kv_overlap=KvOverlap.LAYER)
     with pytest.raises(ValueError, match="kv_overlap 'layer'"):
         calibrate(layered, steps, T0, end, handoff=measured)
+
+
+def test_overlapping_handoffs_replay_side_by_side() -> None:
+    lines, steps, pulls = _pd_run(_SlowOddLink, parallel=True)
+    spec = cluster_spec(ClusterConfig.model_validate(PD))
+    rec = parse_recording(lines)
+    end = max(r.arrival_s + r.latency_s for r in rec.requests)
+    reqs = [(r.id, r.arrival_s, r.prompt_tokens, r.ttft_s) for r in rec.requests]
+    measured = handoffs(reqs, parse_kv_pulls(pulls))
+    assert measured.overlaps() > 20
+    cal = calibrate(spec, steps, T0, end, handoff=measured)
+    assert cal.side_by_side_transfers
+    kw = {"pool_speed": cal.pool_speed}
+    errs = _tpot_errors((cal.spec, lines), side_by_side_transfers=True, **kw)
+    assert all(abs(e) < 0.02 for e in errs), errs
+    queued = _tpot_errors((cal.spec, lines), **kw)  # on the link, each overlap counts twice
+    assert max(queued) > 0.10, queued
 
 
 def test_cli_charges_the_handoff_and_switches_it_off(tmp_path: Path) -> None:
