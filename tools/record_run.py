@@ -13,7 +13,10 @@ TTFT / TPOT / latency, at the router.
 `--steps-out DIR` watches every worker's `WatchSteps` stream during the load and writes
 `DIR/<worker>.steps.csv` (`core.perf.samples.STEP_COLUMNS`: each step the worker ran, its start
 on the worker's monotonic clock, which is the router log's clock on one machine, its duration
-and its exact batch shape), for `splitserve sim validate --run-steps DIR`.
+and its exact batch shape), for `splitserve sim validate --run-steps DIR`. It also has every
+worker write `DIR/kv_pulls.jsonl` (`splitserve.worker.kv_pull_log`: per P/D request, when its
+Decode reached the decode worker and its KV pull's start and end), which the replay charges per
+request as the hand-off (`--run-handoff`).
 """
 
 from __future__ import annotations
@@ -165,6 +168,11 @@ def main() -> None:
     ready = run_dir / "router.ready.json"
     ready.unlink(missing_ok=True)  # a previous run's file would point at a stopped router
     env = {**os.environ, "SPLITSERVE_REQUEST_LOG": str(args.out.resolve())}
+    if args.steps_out is not None:  # the decode workers' per-request hand-off (P/D)
+        args.steps_out.mkdir(parents=True, exist_ok=True)
+        pulls = (args.steps_out / "kv_pulls.jsonl").resolve()
+        pulls.unlink(missing_ok=True)
+        env["SPLITSERVE_KV_PULL_LOG"] = str(pulls)
     cmd = [sys.executable, "-m", "splitserve", "up", "--run-dir", str(run_dir), "--port", "0"]
     cmd += up_args
     log = (run_dir / "up.out").open("w")

@@ -129,6 +129,14 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     "steps nearest its start (1: the recorded step running then, so short stalls land where "
     "they happened).",
 )
+@click.option(
+    "--run-handoff/--no-run-handoff",
+    default=True,
+    show_default=True,
+    help="With --run-steps: price each P/D request's KV transfer as its hand-off measured in "
+    "the run (kv_pulls.jsonl beside the steps: the router's first token to the Decode at the "
+    "decode worker, plus the KV pull); off: the cluster's link.",
+)
 def validate_cmd(
     recording: Path,
     cluster_file: Path,
@@ -140,16 +148,22 @@ def validate_cmd(
     run_gaps: bool,
     run_overheads: bool,
     run_speed_steps: int,
+    run_handoff: bool,
 ) -> None:
     """Replay RECORDING (the router's per-request log) in the simulator; print the errors."""
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
     if (
-        not run_speed or not run_gaps or not run_overheads or run_speed_steps != 1
+        not run_speed
+        or not run_gaps
+        or not run_overheads
+        or run_speed_steps != 1
+        or not run_handoff
     ) and run_steps is None:
         raise click.UsageError(
-            "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps need --run-steps"
+            "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps, "
+            "--no-run-handoff need --run-steps"
         )
     try:
         _, text = runner.run_validation(
@@ -163,6 +177,7 @@ def validate_cmd(
             run_gaps,
             run_overheads,
             run_speed_steps,
+            run_handoff,
         )
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err

@@ -9,6 +9,7 @@ comes from the pure modules.
 from __future__ import annotations
 
 import csv
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,13 @@ from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
 from splitserve.sim.reproductions.common import latency_source
 from splitserve.sim.speed import parse_speed_trace
 from splitserve.sim.validate import Recording, Validation, parse_recording, replay
-from splitserve.sim.validate_steps import Calibration, calibrate, parse_steps_csv
+from splitserve.sim.validate_steps import (
+    Calibration,
+    calibrate,
+    handoffs,
+    parse_kv_pulls,
+    parse_steps_csv,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,7 @@ def run_validation(
     run_gaps: bool = True,
     run_overheads: bool = True,
     run_speed_steps: int = 1,
+    run_handoff: bool = True,
 ) -> tuple[Validation, str]:
     """Replay `recording` (JSON lines or CSV) on the cluster in `cluster`; write
     validation.md and requests.csv (per request, measured vs simulated) when `out_dir` is set.
@@ -144,7 +152,8 @@ def run_validation(
     over the run (`sim.validate_steps`); `run_gaps`: a step lasts until the next one while the
     worker had work; `run_overheads`: add the measured per-request time outside the steps;
     `run_speed_steps`: the factor pricing a step is the median over this many recorded steps
-    nearest it (1: the step running then)."""
+    nearest it (1: the step running then); `run_handoff`: charge each P/D request's measured
+    hand-off (`kv_pulls.jsonl` in `run_steps`) as its KV transfer."""
     if speed_trace is not None and run_steps is not None:
         raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
@@ -154,6 +163,7 @@ def run_validation(
     speed = None
     pool_speed = None
     overhead = 0.0
+    side_by_side = False
     note = ""
     if speed_trace is not None:
         with speed_trace.open() as f:
@@ -161,11 +171,12 @@ def run_validation(
         note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
     if run_steps is not None:
         cal = calibrate_from_dir(
-            spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps
+            spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps, run_handoff
         )
         spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
+        side_by_side = cal.side_by_side_transfers
         note = cal.markdown()
-    v = replay(spec, rec, speed, pool_speed, overhead)
+    v = replay(spec, rec, speed, pool_speed, overhead, side_by_side)
     priced = "the run's own steps" if run_steps is not None else cfg.latency_model
     text = f"## Validation: {recording.name} on {cfg.name} ({priced})\n\n" + note
     text += v.markdown(target)
@@ -185,8 +196,11 @@ def calibrate_from_dir(
     gaps: bool = True,
     overheads: bool = True,
     price_nearest: int = 1,
+    handoff: bool = True,
 ) -> Calibration:
-    """`validate_steps.calibrate` on every `<worker>.steps.csv` in `run_steps`."""
+    """`validate_steps.calibrate` on every `<worker>.steps.csv` in `run_steps`; with
+    `handoff`, the P/D hand-off from its `kv_pulls.jsonl` when the run wrote one (a run
+    recorded without it says so in the report: the link prices the transfers)."""
     files = sorted(run_steps.glob("*.steps.csv"))
     if not files:
         raise ValueError(f"no <worker>.steps.csv in {run_steps}")
@@ -200,7 +214,17 @@ def calibrate_from_dir(
     reqs = rec.requests
     end = max(r.arrival_s + r.latency_s for r in reqs)
     requests = [(r.arrival_s, r.prompt_tokens, r.ttft_s) for r in reqs] if overheads else None
-    return calibrate(
+    measured = None
+    pulls_path = run_steps / "kv_pulls.jsonl"
+    has_decode = any(p.role.value == "decode" and p.replicas > 0 for p in spec.pools)
+    if handoff and has_decode and pulls_path.exists():
+        try:
+            with pulls_path.open() as f:
+                pulls = parse_kv_pulls(f)
+        except ValueError as err:
+            raise ValueError(f"{pulls_path.name}: {err}") from None
+        measured = handoffs([(r.id, r.arrival_s, r.prompt_tokens, r.ttft_s) for r in reqs], pulls)
+    cal = calibrate(
         spec,
         steps,
         reqs[0].arrival_s,
@@ -209,7 +233,12 @@ def calibrate_from_dir(
         gaps=gaps,
         requests=requests,
         price_nearest=price_nearest,
+        handoff=measured,
     )
+    if handoff and measured is None and has_decode:
+        note = "P/D hand-off: not recorded (no kv_pulls.jsonl); the link prices it.\n\n"
+        return dataclasses.replace(cal, note=note)
+    return cal
 
 
 def _write(path: Path, text: str) -> Path:

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitserve.sim.cluster import ClusterSpec, simulate
+from splitserve.sim.cluster import Cluster, ClusterSpec, simulate
+from splitserve.sim.engine import Simulator
+from splitserve.sim.entities import SimRequest, SimWorker
+from splitserve.sim.events import EventKind
 from splitserve.sim.report import markdown_table
 from splitserve.sim.speed import SpeedTrace
 from splitserve.sim.workload import WorkItem
@@ -231,12 +234,27 @@ class Validation:
         return rows
 
 
+class SideBySideTransfers(Cluster):
+    """The replay's cluster when every KV transfer is a hand-off measured in the run
+    (`validate_steps.Handoffs`): each takes its own time from when the decode engine takes the
+    request, side by side with any other in flight. The run did its pulls at once, and a
+    measured hand-off already holds whatever they cost each other; queueing them one after
+    another on the decode worker's link (`Cluster._start_transfer`) would count an overlap
+    twice."""
+
+    def _start_transfer(self, req: SimRequest, decode: SimWorker, sim: Simulator) -> None:
+        dur = self.transfer_s(req, self.workers[req.prefill_worker], decode)
+        req.kv_transfer_s = dur
+        sim.schedule(sim.now_s + dur, EventKind.TRANSFER_DONE, decode.index, req)
+
+
 def replay(
     spec: ClusterSpec,
     recording: Recording,
     speed: SpeedTrace | None = None,
     pool_speed: Mapping[str, Callable[[float], float]] | None = None,
     request_overhead_s: float = 0.0,
+    side_by_side_transfers: bool = False,
 ) -> Validation:
     """Run the recorded arrivals and lengths on `spec`; pair each request with its measurement.
 
@@ -246,11 +264,24 @@ def replay(
     simulated time (`sim.validate_steps`: the workers' own speed over the run).
     `request_overhead_s` is added to every simulated TTFT and latency: the live system's time
     outside the engine per request (router, RPCs), measured from the run
-    (`validate_steps.request_overheads`)."""
+    (`validate_steps.request_overheads`). `side_by_side_transfers`: KV transfers do not queue
+    on the decode worker's link (`SideBySideTransfers`: for measured hand-offs)."""
     reqs = recording.requests
     t0 = reqs[0].arrival_s
     items = tuple(WorkItem(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in reqs)
-    if speed is None and not pool_speed:
+    if side_by_side_transfers:
+        loop = Simulator()
+        cluster = SideBySideTransfers(
+            spec,
+            items,
+            1,
+            speed=speed.step_function(t0) if speed is not None else None,
+            pool_speed=pool_speed or None,
+        )
+        cluster.start(loop)
+        loop.run(cluster)
+        result = cluster.result(loop)
+    elif speed is None and not pool_speed:
         result = simulate(spec, items)
     else:
         result = simulate(

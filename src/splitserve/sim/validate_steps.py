@@ -30,6 +30,19 @@ that hit prefills and decodes differently is averaged; the step times are `engin
 the worker measured it, plus (with `gaps`) the time to the next step when that step carries on
 one of its sequences (`with_busy_gaps`); costs outside the worker's steps (router, RPCs, the
 KV hand-off in P/D) are not in them.
+
+The P/D hand-off (`Handoffs`, from the decode workers' `kv_pulls.jsonl`,
+`worker.kv_pull_log`): per request, the router's first token to its `Decode` reaching the decode
+worker (the router's second RPC) plus the engine's KV pull (for vLLM: admission to the step that
+lists the KV received). The decode pool's model then prices each request's KV transfer as that
+request's measured hand-off (`RunModel.transfers`, by the bytes of its prompt; the median
+hand-off for a size no request had), instead of the link, and the replay runs such transfers
+side by side (`validate.SideBySideTransfers`: the run did its pulls at once, and each measured
+hand-off already holds what they cost each other; queued on the link, an overlap would count
+twice). Approximations, stated: the simulator starts a transfer at the decode engine's next step
+boundary and a vLLM pull ends at one, so the wait for the step in flight can count twice; the
+time from the `Decode`'s arrival to the pull's start (the engine thread taking the command) is
+left to the simulator's step boundary and not charged.
 Pure: lines in, values out.
 """
 
@@ -38,6 +51,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +61,8 @@ import numpy as np
 from splitserve.core.perf.fit import COEFF_NAMES, features
 from splitserve.core.perf.protocol import BatchShape, LatencyModel
 from splitserve.core.perf.samples import STEP_COLUMNS
-from splitserve.sim.cluster import ClusterSpec
+from splitserve.core.roles import Role
+from splitserve.sim.cluster import ClusterSpec, KvOverlap
 from splitserve.sim.speed import SpeedFactor
 
 FIRST = ("prefill", "mixed")
@@ -135,7 +150,11 @@ class RunModel:
     coeffs: tuple[float, ...]
     """In `COEFF_NAMES` order, all >= 0."""
     prior: LatencyModel
-    """Prices KV transfers, and any shape the coefficients price at 0 (never seen in the run)."""
+    """Prices KV transfers (unless `transfers`), and any shape the coefficients price at 0
+    (never seen in the run)."""
+    transfers: tuple[tuple[int, float], ...] = ()
+    """(KV bytes, seconds) ascending by bytes, one per size: the run's measured hand-off of a
+    request with that many bytes (`Handoffs.table`); empty: the prior's link prices them."""
 
     @property
     def ready(self) -> bool:
@@ -151,7 +170,15 @@ class RunModel:
         return value if value > 0 else self.prior.step_s(batch)
 
     def kv_transfer_s(self, num_bytes: int) -> float:
-        return self.prior.kv_transfer_s(num_bytes)
+        """The measured hand-off of the request with these bytes; a size the run had none of:
+        the median hand-off; without `transfers`: the prior's link."""
+        table = self.transfers
+        if not table:
+            return self.prior.kv_transfer_s(num_bytes)
+        i = bisect.bisect_left(table, (num_bytes, -math.inf))
+        if i < len(table) and table[i][0] == num_bytes:
+            return table[i][1]
+        return float(np.median([sec for _, sec in table]))
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -361,6 +388,137 @@ def request_overheads(
 
 
 @dataclass(frozen=True, slots=True)
+class KvPull:
+    """One line of a run's `kv_pulls.jsonl` (`worker.kv_pull_log`), the worker's clock."""
+
+    id: str
+    received_s: float | None
+    """The request's `Decode` reached the decode worker (None: not seen)."""
+    start_s: float
+    end_s: float
+    num_bytes: int
+
+
+def parse_kv_pulls(lines: Iterable[str]) -> dict[str, KvPull]:
+    """The pulls of a run by request id (JSON lines; blank lines skipped). Refuses a line
+    without its fields, a pull that ends before it starts, and an id pulled twice."""
+    out: dict[str, KvPull] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rid = str(row["id"])
+            received = row.get("received_s")
+            pull = KvPull(
+                rid,
+                None if received is None else float(received),
+                float(row["pull_start_s"]),
+                float(row["pull_end_s"]),
+                int(row["bytes"]),
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"kv pulls line {number}: {type(err).__name__}: {err}") from None
+        if not pull.end_s >= pull.start_s or pull.num_bytes < 0:
+            raise ValueError(f"kv pulls line {number}: want pull_end_s >= pull_start_s, bytes >= 0")
+        if rid in out:
+            raise ValueError(f"kv pulls line {number}: request {rid!r} pulled twice")
+        out[rid] = pull
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Handoffs:
+    """Each P/D request's hand-off to the decode worker, measured (see the module docstring):
+    parallel tuples, one entry per recorded request with a logged pull."""
+
+    prompt_tokens: tuple[int, ...]
+    first_token_s: tuple[float, ...]
+    """The router's first token (arrival + TTFT), the run's clock."""
+    dispatch_s: tuple[float, ...]
+    """First token to the `Decode` at the decode worker (0 where the worker did not see it)."""
+    admit_s: tuple[float, ...]
+    """The `Decode` at the worker to the engine's pull start (not charged)."""
+    pull_s: tuple[float, ...]
+    end_s: tuple[float, ...]
+    """The pull's end, the run's clock."""
+    unmatched: int
+    """Logged pulls with no completed request of that id in the recording."""
+
+    @property
+    def charged_s(self) -> tuple[float, ...]:
+        """Per request: dispatch + pull (each at least 0)."""
+        return tuple(
+            max(0.0, d) + max(0.0, p) for d, p in zip(self.dispatch_s, self.pull_s, strict=True)
+        )
+
+    def table(self, bytes_per_token: int) -> tuple[tuple[int, float], ...]:
+        """(prompt bytes, charged seconds) per prompt length (the median where several
+        requests had one), ascending: `RunModel.transfers` for a pool of that KV layout."""
+        by_len: dict[int, list[float]] = {}
+        for n, c in zip(self.prompt_tokens, self.charged_s, strict=True):
+            by_len.setdefault(n, []).append(c)
+        return tuple((n * bytes_per_token, float(np.median(v))) for n, v in sorted(by_len.items()))
+
+    def overlaps(self) -> int:
+        """Requests whose hand-off (first token to pull end) overlapped an earlier one's: the
+        run did them at once, the replay's link one after another."""
+        spans = sorted(zip(self.first_token_s, self.end_s, strict=True))
+        count, reach = 0, -math.inf
+        for start, end in spans:
+            if start < reach:
+                count += 1
+            reach = max(reach, end)
+        return count
+
+    def markdown(self) -> str:
+        def q(xs: Sequence[float]) -> str:
+            p = np.percentile(xs, [10, 50, 90]) * 1e3
+            return f"{p[0]:.1f} / {p[1]:.1f} / {p[2]:.1f}"
+
+        if not self.pull_s:
+            return "P/D hand-off: no pull of a recorded request logged; the link prices it.\n\n"
+        return (
+            f"P/D hand-off per request ({len(self.pull_s)} requests; p10 / p50 / p90 ms): "
+            f"router's first token to the Decode at the worker {q(self.dispatch_s)}, "
+            f"to the pull's start {q(self.admit_s)} (not charged), "
+            f"KV pull {q(self.pull_s)}; charged (dispatch + pull) {q(self.charged_s)}; "
+            f"{self.overlaps()} overlapping an earlier one, {self.unmatched} pulls unmatched.\n\n"
+        )
+
+
+def handoffs(
+    requests: Sequence[tuple[str, float, int, float]], pulls: Mapping[str, KvPull]
+) -> Handoffs:
+    """`requests`: (id, arrival, prompt tokens, TTFT) on the run's clock; `pulls` by id."""
+    rows = []
+    seen = set()
+    for rid, arrival, prompt, ttft in requests:
+        pull = pulls.get(rid)
+        if pull is None:
+            continue
+        seen.add(rid)
+        first = arrival + ttft
+        received = pull.received_s
+        dispatch = received - first if received is not None else 0.0
+        admit = pull.start_s - received if received is not None else pull.start_s - first
+        rows.append((prompt, first, dispatch, admit, pull.end_s - pull.start_s, pull.end_s))
+
+    def col(k: int) -> tuple[float, ...]:
+        return tuple(float(r[k]) for r in rows)
+
+    return Handoffs(
+        tuple(int(r[0]) for r in rows),
+        col(1),
+        col(2),
+        col(3),
+        col(4),
+        col(5),
+        unmatched=len(set(pulls) - seen),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
     spec: ClusterSpec
     """The cluster with each pool priced by its `RunModel`."""
@@ -371,6 +529,16 @@ class Calibration:
     """Steps include the worker's busy time to the next step (`with_busy_gaps`)."""
     overheads: RequestOverheads | None = None
     """Measured per-request time outside the steps, added to the replay (None: not asked)."""
+    handoffs: Handoffs | None = None
+    """The measured P/D hand-off charged per request (None: not asked, or not recorded)."""
+    note: str = ""
+    """A line for the report (e.g. that the run recorded no hand-off)."""
+
+    @property
+    def side_by_side_transfers(self) -> bool:
+        """Transfers are measured hand-offs, so the replay must not queue them on the link
+        (`validate.SideBySideTransfers`)."""
+        return self.handoffs is not None and bool(self.handoffs.pull_s)
 
     @property
     def request_overhead_s(self) -> float:
@@ -396,7 +564,9 @@ class Calibration:
                 f"{f.mape_timed * 100:.1f} % | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | {coeffs} |\n"
             )
         out = "".join(lines) + "\n"
-        return out + (self.overheads.markdown() if self.overheads is not None else "")
+        out += self.overheads.markdown() if self.overheads is not None else ""
+        out += self.handoffs.markdown() if self.handoffs is not None else ""
+        return out + self.note
 
 
 def calibrate(
@@ -409,6 +579,7 @@ def calibrate(
     gaps: bool = True,
     price_nearest: int = PRICE_NEAREST,
     requests: Sequence[tuple[float, int, float]] | None = None,
+    handoff: Handoffs | None = None,
 ) -> Calibration:
     """Price each pool of `spec` by the steps of the recorded workers of its role (worker
     names `<role>-<i>`, as `splitserve up` names them); with `timed`, also scale each pool's
@@ -418,7 +589,15 @@ def calibrate(
     (`with_busy_gaps`). With `requests` ((arrival, prompt tokens, TTFT) on the run's clock),
     also measure the per-request time outside the steps (`request_overheads`); the speed
     factors then start at the median dispatch time (when the engine sees the first request).
+    With `handoff`, the decode pools price each request's KV transfer as its measured hand-off
+    (`RunModel.transfers`); refused with `kv_overlap: layer` (which would hide part of it).
     Refuses a pool whose role no recorded worker had, and a recorded worker no pool takes."""
+    if handoff is not None and spec.kv_overlap is not KvOverlap.NONE:
+        raise ValueError(
+            "the measured hand-off is charged whole; the cluster's kv_overlap "
+            f"{spec.kv_overlap.value!r} would hide part of it (use kv_overlap: none, or turn "
+            "the hand-off off)"
+        )
     by_role: dict[str, dict[str, Sequence[RunStep]]] = {}
     for name, steps in steps_by_worker.items():
         by_role.setdefault(name.split("-")[0], {})[name] = with_busy_gaps(steps) if gaps else steps
@@ -453,6 +632,9 @@ def calibrate(
                 continue
             raise ValueError(f"pool {pool.name!r} ({pool.role.value}): no recorded worker steps")
         fit = fit_pool(str(pool.name), mine, pool.worker.latency, nearest)
+        if handoff is not None and handoff.pull_s and pool.role is Role.DECODE:
+            table = handoff.table(pool.worker.kv_layout.bytes_per_token)
+            fit = dataclasses.replace(fit, model=dataclasses.replace(fit.model, transfers=table))
         fits.append(fit)
         worker = dataclasses.replace(pool.worker, latency=fit.model)
         pools.append(dataclasses.replace(pool, worker=worker))
@@ -462,5 +644,10 @@ def calibrate(
                 [sp.step_function(origin_s, end_s) for sp in priced]
             )
     return Calibration(
-        dataclasses.replace(spec, pools=tuple(pools)), speed, tuple(fits), gaps, overheads
+        dataclasses.replace(spec, pools=tuple(pools)),
+        speed,
+        tuple(fits),
+        gaps,
+        overheads,
+        handoff,
     )

@@ -35,6 +35,7 @@ from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.security import tls
 from splitserve.worker.engine import Engine
+from splitserve.worker.kv_pull_log import KvPullLog
 from splitserve.worker.kv_source import KvSources
 from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, bind_health, start
@@ -316,6 +317,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         metrics=metrics,
         clock=SystemClock(),
     )
+    service.pull_log = KvPullLog.from_env()  # SPLITSERVE_KV_PULL_LOG=<path>: per-pull log
     await engine.start()
     collector = getattr(engine, "metrics_collector", None)
     if collector is not None:  # vLLM's own metrics, renamed through one mapping table

@@ -37,6 +37,7 @@ from splitserve.security.owners import Owners
 from splitserve.worker import mux
 from splitserve.worker.coalesce import coalesce
 from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
+from splitserve.worker.kv_pull_log import KvPullLog
 from splitserve.worker.kv_source import KvSources
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._load_seq = 0
         self._decode_spans: dict[str, Any] = {}
         """Open `worker.decode` spans by request id (tracing on): a KV pull's span joins it."""
+        self.pull_log: KvPullLog | None = None
+        """When set, each KV pull is written to it with the Decode's arrival (`kv_pull_log`)."""
+        self._decode_received: dict[str, float] = {}
+        """When each running Decode reached this worker, by request id (with `pull_log`)."""
         if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (Sim, vLLM)
             engine.on_kv_pull = self.kv_pulled
         if hasattr(engine, "on_step_time"):  # engines that time their own steps (VllmEngine)
@@ -163,6 +168,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """The engine pulled a request's KV (`SimEngine.on_kv_pull`): the pull-time histogram,
         and a `worker.kv_pull` span under the request's decode span (bytes, seconds)."""
         self.metrics.kv_pull_seconds.observe(seconds)
+        if self.pull_log is not None:
+            rid = str(request_id)
+            received = self._decode_received.get(rid)
+            self.pull_log.record(rid, received, self.clock.now_s(), seconds, num_bytes)
         parent = self._decode_spans.get(str(request_id))
         if parent is not None:
             child_span(
@@ -273,6 +282,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Decode(  # noqa: N802
         self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
+        received_s = self.clock.now_s()
         await self._admit(context, request.request_id, self.role.can_decode, "decode")
         if not request.HasField("kv"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
@@ -292,12 +302,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
         if span is not None:
             self._decode_spans[str(req.id)] = span
+        if self.pull_log is not None:
+            self._decode_received[str(req.id)] = received_s
         try:
             stream = self.engine.decode(req, request.first_token_id, kv)
             async for chunk in self._relay("decode", req, stream, context, span):
                 yield chunk
         finally:
             self._decode_spans.pop(str(req.id), None)
+            self._decode_received.pop(str(req.id), None)
 
     async def Generate(  # noqa: N802
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
