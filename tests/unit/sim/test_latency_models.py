@@ -111,6 +111,9 @@ def test_reproductions_switch_to_gpu_models_inside_latency_source() -> None:
     assert tetri.base.tp == 2
     assert tetri.target.hardware.name == "v100-32g"
     assert tetri.source.hardware.name == "a100-80g"
+    # vLLM's per-step cost off the GPU (≈ 15 ms at TP 2) is held, not scaled to the V100.
+    assert tetri.fixed_s == RescaledModel.fixed_overhead(tetri.base, tetri.source)
+    assert 0.01 < tetri.fixed_s < 0.02
     assert not use_gpu_models()  # context-local: restored on exit
 
 
