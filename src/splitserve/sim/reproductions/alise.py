@@ -354,6 +354,7 @@ def alise(quick: bool = False) -> Reproduction:
     notes.append("Why rows miss the band: docs/reproductions/alise.md.")
     notes += latency_note(
         "DistServe's fit of vLLM for OPT-13B on A100-80GB, carried to the paper's V100-32GB by "
-        "the roofline's per-shape ratio (RescaledModel)."
+        "the roofline's per-shape ratio (RescaledModel), the per-step cost off the GPU held "
+        "as measured (RescaledModel.fixed_overhead)."
     )
     return Reproduction("ALISE", tuple(comparisons), {}, tuple(notes))

@@ -393,7 +393,8 @@ def reproduction(results: Sweep, quick: bool) -> Reproduction:
     notes.append("Why some rows miss the band: docs/reproductions/bros.md.")
     notes += latency_note(
         "DistServe's fit of vLLM for OPT-13B on A100-80GB, carried to the paper's A100-40GB "
-        "(1.56 TB/s) by the roofline's per-shape ratio (RescaledModel), with the 40 GB card's "
+        "(1.56 TB/s) by the roofline's per-shape ratio (RescaledModel; the per-step cost off "
+        "the GPU held as measured), with the 40 GB card's "
         "KV capacity; other model shapes keep the roofline."
     )
     return Reproduction("BROS", tuple(comparisons), {}, tuple(notes))

@@ -56,14 +56,22 @@ def gpu_or(roofline: RooflineModel, model: str = "opt-13b", tp: int = 1) -> Late
     set-up: DistServe's published fit of vLLM on A100-80GB for `model` at `tp` (KV over NVLink,
     Vidur's A100 send/recv). Where the paper's GPU (`roofline.hardware`) is another one, the fit
     is carried to it by the roofline's per-shape ratio (`RescaledModel`): the measured engine on
-    the paper's GPU, not an A100 standing in for it. Papers say which in their notes."""
+    the paper's GPU, not an A100 standing in for it. Papers say which in their notes.
+
+    The part of each step the A100's roofline does not explain at the smallest step
+    (`RescaledModel.fixed_overhead`) is held as measured rather than scaled with the GPU: it is
+    the engine's per-step work off the GPU. Measured in the fits themselves: vLLM's residual
+    grows with TP (OPT-13B TP 1/2/4: ≈ 5 / 15 / 25 ms) while the GPU's share of the step
+    halves, the signature of the 2023 vLLM's per-step Python scheduling and Ray RPC to its TP
+    workers, which a V100 or an A100-40GB would not make 2× or 1.3× slower (scaling it did
+    until this revision: a V100 TP 2 decode of 16 × 600 tokens cost 58 ms, now 42 ms)."""
     if not use_gpu_models():
         return roofline
     fit = DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
     if roofline.hardware.name == FIT_HARDWARE:
         return fit
     source = RooflineModel(roofline.shape, HARDWARE[FIT_HARDWARE], tp=roofline.tp)
-    return RescaledModel(fit, source, roofline)
+    return RescaledModel(fit, source, roofline, RescaledModel.fixed_overhead(fit, source))
 
 
 def pricing() -> str:

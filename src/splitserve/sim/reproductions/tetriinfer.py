@@ -214,6 +214,7 @@ def tetriinfer(quick: bool = False) -> Reproduction:
     notes.append("Why some rows miss the band: docs/simulator.md § TetriInfer.")
     notes += latency_note(
         "DistServe's fit of vLLM for OPT-13B TP 2 on A100-80GB, carried to the paper's V100s "
-        "by the roofline's per-shape ratio (RescaledModel)."
+        "by the roofline's per-shape ratio (RescaledModel), the per-step cost off the GPU held "
+        "as measured (RescaledModel.fixed_overhead)."
     )
     return Reproduction("TetriInfer", tuple(comparisons), {}, tuple(notes))

@@ -61,3 +61,33 @@ def test_empty_step_and_kv_transfer_keep_the_base_model() -> None:
 def test_rooflines_of_different_models_or_tp_are_refused() -> None:
     with pytest.raises(ValueError, match="same model"):
         RescaledModel(_fit(), _roof("a100-80g", 1), _roof("v100-32g", 2))
+
+
+def test_fixed_part_is_held_and_the_rest_scales() -> None:
+    src, dst = _roof("a100-80g", 2), _roof("v100-32g", 2)
+    fixed = 0.01
+    model = RescaledModel(_fit(2), src, dst, fixed)
+    for shape in SHAPES:
+        base = _fit(2).step_s(shape)
+        ratio = dst.step_s(shape) / src.step_s(shape)
+        assert model.step_s(shape) == pytest.approx(fixed + (base - fixed) * ratio)
+        # Slower GPU: dearer than the measurement, cheaper than scaling all of it.
+        assert base < model.step_s(shape) < RescaledModel(_fit(2), src, dst).step_s(shape)
+    assert model.step_s(BatchShape()) == 0.0
+    with pytest.raises(ValueError, match="fixed_s"):
+        RescaledModel(_fit(2), src, dst, -0.001)
+
+
+def test_fixed_overhead_is_the_smallest_steps_residual_over_the_roofline() -> None:
+    """vLLM's residual over the A100 roofline grows with TP (per-step CPU and RPC work), while
+    DistServe's own engine leaves little; never negative."""
+    src = {tp: _roof("a100-80g", tp) for tp in (1, 2, 4)}
+    vllm = {tp: RescaledModel.fixed_overhead(_fit(tp), src[tp]) for tp in (1, 2, 4)}
+    assert 0.0 < vllm[1] < vllm[2] < vllm[4]
+    assert vllm[2] == pytest.approx(0.0146, abs=0.001)
+    smallest = BatchShape((), (1,))
+    assert vllm[2] == pytest.approx(_fit(2).step_s(smallest) - src[2].step_s(smallest))
+    own = DistServeModel("distserve", "opt-13b", 2, kv_link("nvlink-a100"))
+    assert 0.0 <= RescaledModel.fixed_overhead(own, src[2]) < vllm[2]
+    # A model faster than the roofline at its smallest step holds nothing fixed.
+    assert RescaledModel.fixed_overhead(_roof("h100-80g", 2), src[2]) == 0.0
