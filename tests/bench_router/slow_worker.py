@@ -239,6 +239,12 @@ class SlowWorker(worker_pb2_grpc.WorkerServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the slow bench worker has no steps")
         yield worker_pb2.StepSample()  # unreachable: makes this an async generator
 
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the slow bench worker has no steps")
+        yield worker_pb2.StepSampleBatch()  # unreachable: makes this an async generator
+
 
 async def serve(interval_s: float, tick_s: float, ready_file: Path) -> None:
     worker = SlowWorker(interval_s, tick_s)
