@@ -449,8 +449,24 @@ def reactive_shortfall(
     arriving while need > capacity is at risk (queues absorb some of it, so a loop can do a
     little better than 1 - this; a loop that predicts the surge can do better still).
     """
+    return reactive_hold(items, perf, lag_s, hold_s, window_s, utilization, floor)[0]
+
+
+def reactive_hold(
+    items: Sequence[WorkItem],
+    perf: AladdinPerfModel,
+    lag_s: float,
+    hold_s: float,
+    window_s: float = 10.0,
+    utilization: float = 0.8,
+    floor: int = 1,
+) -> tuple[float, float]:
+    """`reactive_shortfall`'s share at risk, and the mean prefill workers that capacity takes
+    (held need over the workload's span): the trade-off of holding the recent peak need for
+    `hold_s` (a surge floor; the loop's `scale_down_stabilization_s` plays this part). The
+    workers are the estimate's, not a simulation's (no hysteresis, no rate limits)."""
     if not items:
-        return 0.0
+        return 0.0, 0.0
     arrivals = np.array([w.arrival_s for w in items])
     service = np.array([perf.prefill_s(w.num_prompt_tokens) for w in items])
     seconds = int(np.ceil(arrivals.max())) + 1
@@ -464,7 +480,7 @@ def reactive_shortfall(
     for i in range(lag, seconds):
         cap[i] = max(floor, need[max(0, i - lag - hold) : i - lag + 1].max())
     short = need > cap
-    return float(short[arrivals.astype(int)].mean())
+    return float(short[arrivals.astype(int)].mean()), float(cap.mean())
 
 
 SHORTFALL_LAGS_S = (0.0, 10.0, 20.0, 30.0)
@@ -489,4 +505,94 @@ def shortfall_markdown(
             f"{reactive_shortfall(items, perf, lag, hold):.1%}" for lag in SHORTFALL_LAGS_S
         )
         rows.append(f"| {name} | {cells} |")
+    rows += [
+        "",
+        f"Holding the recent peak need (lag {HOLD_LAG_S:g} s): at risk / mean prefill workers",
+        "",
+    ]
+    head = " | ".join(f"hold {h:g} s" for h in HOLDS_S)
+    rows += [f"| scenario | {head} |", "|---" * (len(HOLDS_S) + 1) + "|"]
+    for name in names:
+        items = build_scenario(name, trace_lines, quick).items
+        held = [reactive_hold(items, perf, HOLD_LAG_S, h) for h in HOLDS_S]
+        rows.append(f"| {name} | " + " | ".join(f"{a:.1%} / {w:.1f}" for a, w in held) + " |")
+    rows += [
+        "",
+        "Surge onsets forecast by their period (causal autocorrelation, 200-400 s):",
+        "",
+        "| scenario | onsets | periods (s) | autocorrelation | median error (s) | within 20 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        fc = periodic_onset_forecasts(build_scenario(name, trace_lines, quick).items)
+        if not fc:
+            rows.append(f"| {name} | 0 | - | - | - | - |")
+            continue
+        periods = ", ".join(f"{p:g}" for p in sorted({f.period_s for f in fc}))
+        rows.append(
+            f"| {name} | {len(fc)} | {periods} | {min(f.acf for f in fc):.2f}-"
+            f"{max(f.acf for f in fc):.2f} | {np.median([f.error_s for f in fc]):g} "
+            f"| {sum(f.error_s <= 20.0 for f in fc)} |"
+        )
     return "\n".join(rows)
+
+
+HOLD_LAG_S = 20.0
+HOLDS_S = (120.0, 480.0, 900.0, 3600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class OnsetForecast:
+    """One surge onset and what a causal periodic forecast made of it."""
+
+    onset_s: float
+    period_s: float
+    """The lag (in the searched range) with the highest autocorrelation of the per-bin
+    arrival counts before the onset."""
+    acf: float
+    """That autocorrelation."""
+    error_s: float
+    """Distance from the onset to the nearest of the last three earlier onsets plus one
+    period: how far off a forecast of "the next surge one period after a past one" was."""
+
+
+def periodic_onset_forecasts(
+    items: Sequence[WorkItem],
+    bin_s: float = 10.0,
+    quantile: float = 0.9,
+    min_period_s: float = 200.0,
+    max_period_s: float = 400.0,
+    min_history_s: float = 600.0,
+) -> list[OnsetForecast]:
+    """Are the surges predictable from the past alone by their period? Per-`bin_s` arrival
+    counts; a surge onset is a bin above the counts' `quantile` after a minute without
+    one. For each onset after `min_history_s`, the period is the lag in `[min_period_s,
+    max_period_s]` with the highest autocorrelation of the counts *before* it (causal), and
+    the forecast error is as `OnsetForecast.error_s`. (The quantile threshold uses the whole
+    workload: it only labels onsets, the forecast never sees it.)"""
+    if not items:
+        return []
+    arrivals = np.array([w.arrival_s for w in items])
+    bins = (arrivals // bin_s).astype(int)
+    counts = np.bincount(bins, minlength=int(bins.max()) + 1).astype(float)
+    high = counts > np.quantile(counts, quantile)
+    quiet = max(1, round(60.0 / bin_s))
+    onsets = [i for i in range(1, len(counts)) if high[i] and not high[max(0, i - quiet) : i].any()]
+    lo, hi = max(1, round(min_period_s / bin_s)), round(max_period_s / bin_s)
+    out = []
+    for i in onsets:
+        if i * bin_s < min_history_s or i <= hi:
+            continue
+        x = counts[:i] - counts[:i].mean()
+        norm = float(np.dot(x, x))
+        if norm <= 0:
+            continue
+        acfs = [float(np.dot(x[:-k], x[k:])) / norm for k in range(lo, hi + 1)]
+        k = int(np.argmax(acfs))
+        period = lo + k
+        earlier = [j for j in onsets if j < i][-3:]
+        if not earlier:
+            continue
+        err = min(abs(i - (j + period)) for j in earlier)
+        out.append(OnsetForecast(i * bin_s, period * bin_s, acfs[k], err * bin_s))
+    return out
