@@ -98,6 +98,7 @@ class Setup:
             pooled_tail=True,
             reversal_backoff=2.0,
             max_backoff=4.0,
+            feedback_settle=True,
         )
     )
     window_s: float = 30.0
