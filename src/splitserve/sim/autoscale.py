@@ -98,6 +98,7 @@ class Setup:
             pooled_tail=True,
             reversal_backoff=2.0,
             max_backoff=4.0,
+            feedback_settle=True,
         )
     )
     window_s: float = 30.0
@@ -165,6 +166,10 @@ class ClassResult:
     """Fraction of the class's requests that finished meeting both targets (drops miss)."""
     ttft_p: float | None
     tpot_p: float | None
+    ttft_misses: int = 0
+    """Requests that missed the TTFT target (or never finished)."""
+    tpot_misses: int = 0
+    """Finished requests that missed the TPOT target (a request can miss both)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +603,10 @@ def _summarize(cluster: Cluster, setup: Setup, label: str, gpu_s: float) -> _Sum
                 met / len(mine) if mine else 1.0,
                 percentile(ttfts, c.percentile) if ttfts else None,
                 percentile(tpots, c.percentile) if tpots else None,
+                sum(
+                    1 for r in mine if r.finish_s is None or r.ttft_s is None or r.ttft_s > c.ttft_s
+                ),
+                sum(1 for r in mine if r.tpot_s is not None and r.tpot_s > c.tpot_s),
             )
         )
     return _Summary(tuple(out), gpu_s / 3600, warm_met / len(warm) if warm else None)

@@ -22,13 +22,15 @@ included). Pure apart from the PNG rendering (matplotlib's Agg canvas, bytes ret
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from splitserve.core.roles import Role
-from splitserve.policy.planner.aladdin import AladdinPerfModel
+from splitserve.policy.planner.aladdin import AladdinPerfModel, LengthStats
+from splitserve.policy.planner.autoscaler import Targets, work_by_role
 from splitserve.sim.autoscale import (
     ROLES,
     RunResult,
@@ -58,10 +60,18 @@ class Evaluation:
     static_peak: RunResult
     static_best: RunResult | None
     """None when no static split up to the search limit met the target."""
+    static_planned: Planned | None = None
+    """The loop-independent yardstick (`planned_static`); None: not run."""
 
     @property
     def gpu_ratio_peak(self) -> float:
         return self.autoscaled.gpu_hours / self.static_peak.gpu_hours
+
+    @property
+    def gpu_ratio_planned(self) -> float | None:
+        if self.static_planned is None:
+            return None
+        return self.autoscaled.gpu_hours / self.static_planned.result.gpu_hours
 
     @property
     def gpu_ratio_best(self) -> float | None:
@@ -126,12 +136,143 @@ def min_static(
     return best
 
 
-def evaluate(scenario: Scenario, setup: Setup, search: bool = True) -> Evaluation:
+# -- the loop-independent yardstick: what a user would provision statically for the peak --------
+
+PLANNED_WINDOW_S = 60.0
+"""The busiest window the `static-planned` yardstick is sized for: the trace's busiest minute
+(peak-minute provisioning)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeakWindow:
+    """The busiest `window_s` of a workload: its start, rate and length mix."""
+
+    start_s: float
+    window_s: float
+    requests: int
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    prompt_cv2: float
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.requests / self.window_s
+
+
+def busiest_window(items: Sequence[WorkItem], window_s: float = PLANNED_WINDOW_S) -> PeakWindow:
+    """The `window_s` holding the most arrivals (windows starting at an arrival; ties: the
+    earliest), with that window's prompt / output means and prompt spread (variance / mean²)."""
+    if not items:
+        raise ValueError("the workload has no requests")
+    if window_s <= 0:
+        raise ValueError("window_s must be > 0")
+    arrivals = np.array([w.arrival_s for w in items])
+    order = np.argsort(arrivals, kind="stable")
+    arrivals = arrivals[order]
+    ends = np.searchsorted(arrivals, arrivals + window_s, side="left")
+    counts = ends - np.arange(len(arrivals))
+    i = int(np.argmax(counts))
+    chosen = [items[int(k)] for k in order[i : int(ends[i])]]
+    prompts = np.array([w.num_prompt_tokens for w in chosen], dtype=float)
+    outputs = np.array([w.num_output_tokens for w in chosen], dtype=float)
+    mean_p = float(prompts.mean())
+    cv2 = float(prompts.var() / mean_p**2) if len(prompts) > 1 and mean_p > 0 else 0.0
+    return PeakWindow(float(arrivals[i]), window_s, len(chosen), mean_p, float(outputs.mean()), cv2)
+
+
+def planned_pools(peak: PeakWindow, setup: Setup) -> dict[Role, int]:
+    """The pools the autoscaler's own steady-state sizing gives for `peak`'s rate and length
+    mix (`policy.planner.autoscaler.work_by_role` with the evaluated policy's parameters: tail
+    sizing over the pool, the class's attainment quantile), at its scale-up utilization, at
+    least `setup.min_replicas` each. No forecast, burst headroom or feedback: a steady load."""
+    p = setup.params
+    targets = Targets(
+        min(c.ttft_s for c in setup.classes),
+        min(c.tpot_s for c in setup.classes),
+        min(0.999, max(max(c.percentile, c.attainment) for c in setup.classes)),
+    )
+    stats = LengthStats(peak.mean_prompt_tokens, max(1.0, peak.mean_output_tokens))
+    work = work_by_role(
+        ROLES, peak.rate_per_s, stats, setup.perf_model(), targets, p, peak.prompt_cv2
+    )
+    return {
+        r: min(
+            setup.max_replicas,
+            max(setup.min_replicas, 1, math.ceil(w / p.target_utilization - 1e-9)),
+        )
+        for r, w in work.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The `static-planned` yardstick: `planned_pools` for the busiest window, grown one worker
+    at a time until a static run of the whole workload meets the target."""
+
+    peak: PeakWindow
+    sized: Mapping[Role, int]
+    """What the steady-state sizing gave."""
+    result: RunResult
+    """The static run at the final (grown) pools; its attainment meets the target unless
+    `max_replicas` stopped the growth."""
+    grown: tuple[str, ...] = ()
+    """One line per worker added after the sized pools missed the target."""
+    met: bool = True
+    """False: growth stopped below the target (`PLANNED_PATIENCE` workers in a row raised no
+    attainment, or `max_replicas`); `result` is then the best run seen."""
+
+
+PLANNED_PATIENCE = 4
+"""`planned_static` gives up after this many added workers in a row raised no attainment."""
+
+
+def planned_static(
+    items: Sequence[WorkItem], setup: Setup, target: float, window_s: float = PLANNED_WINDOW_S
+) -> Planned:
+    """`static-planned`: size for the busiest `window_s` (`planned_pools`), run it statically;
+    while it misses `target`, add one worker to the pool whose side misses more (TTFT misses:
+    prefill; TPOT misses: decode) and run again. Attainment can plateau for a worker or two (a
+    burst's prefills queue in whole rounds), so growth gives up only after `PLANNED_PATIENCE`
+    workers in a row raised nothing (misses no pool size removes, e.g. the KV pull of a long
+    prompt before a short output's second token), or at `setup.max_replicas`; then the best
+    run seen is kept and `Planned.met` is False."""
+    peak = busiest_window(items, window_s)
+    sized = planned_pools(peak, setup)
+    pools = dict(sized)
+    grown: list[str] = []
+    result = best = run_static(items, setup, pools, "static-planned")
+    kept = 0  # grown lines up to the best run
+    stalled = 0
+    while result.attainment < target and stalled < PLANNED_PATIENCE:
+        ttft = sum(c.ttft_misses for c in result.classes)
+        tpot = sum(c.tpot_misses for c in result.classes)
+        role = Role.PREFILL if ttft >= tpot else Role.DECODE
+        if pools[role] >= setup.max_replicas:
+            role = Role.DECODE if role is Role.PREFILL else Role.PREFILL
+            if pools[role] >= setup.max_replicas:
+                break
+        grown.append(
+            f"{_fmt_pools(pools)} {result.attainment:.2%} ({ttft} TTFT / {tpot} TPOT misses): "
+            f"+1 {role.value}"
+        )
+        pools[role] += 1
+        result = run_static(items, setup, pools, "static-planned")
+        if result.attainment > best.attainment:
+            best, kept, stalled = result, len(grown), 0
+        else:
+            stalled += 1
+    return Planned(peak, sized, best, tuple(grown[:kept]), best.attainment >= target)
+
+
+def evaluate(
+    scenario: Scenario, setup: Setup, search: bool = True, planned: bool = True
+) -> Evaluation:
     auto = run_autoscaled(scenario.items, setup, step_at_s=scenario.step_at_s)
     peak = run_static(scenario.items, setup, auto.peak_workers, "static-peak")
     target = min(c.attainment for c in setup.classes)
     best = min_static(scenario.items, setup, target, auto.peak_workers) if search else None
-    return Evaluation(scenario, auto, peak, best)
+    plan = planned_static(scenario.items, setup, target) if planned else None
+    return Evaluation(scenario, auto, peak, best, plan)
 
 
 # -- reporting ----------------------------------------------------------------------------------
@@ -162,36 +303,64 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
         f"{setup.warmup_s:g} s.\n\n"
     )
     rows = [
-        "| scenario | run | pools | attainment | after warm-up | GPU-h | vs static-peak "
-        "| vs static-best | scale actions | flips | oscillations | reaction (s) "
+        "| scenario | run | pools | attainment | after warm-up | GPU-h | vs static-planned "
+        "| vs static-peak | vs static-best | scale actions | flips | oscillations | reaction (s) "
         "| capacity ready (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
     for e in evals:
         a = e.autoscaled
-        ratio_best = e.gpu_ratio_best
         rows.append(
             f"| {e.scenario.name} | autoscaled | up to {_fmt_pools(a.peak_workers)} "
             f"| {a.attainment:.2%} | {_opt(a.warm_attainment, '.2%')} "
-            f"| {a.gpu_hours:.2f} | {e.gpu_ratio_peak:.2f}x "
-            f"| {_opt(ratio_best, '.2f')}{'x' if ratio_best is not None else ''} "
+            f"| {a.gpu_hours:.2f} | {ratio(e.gpu_ratio_planned)} | {e.gpu_ratio_peak:.2f}x "
+            f"| {ratio(e.gpu_ratio_best)} "
             f"| {a.num_scale_actions} | {a.num_flips} | {a.oscillations} "
             f"| {_opt(a.reaction_s, '.0f')} | {_opt(a.ready_s, '.0f')} |"
         )
-        for s in (e.static_peak, e.static_best):
+        planned = e.static_planned.result if e.static_planned is not None else None
+        for s in (planned, e.static_peak, e.static_best):
             if s is None:
                 continue
             rows.append(
                 f"| {e.scenario.name} | {s.label} | {_fmt_pools(s.peak_workers)} "
                 f"| {s.attainment:.2%} | {_opt(s.warm_attainment, '.2%')} "
-                f"| {s.gpu_hours:.2f} | | | | | | | |"
+                f"| {s.gpu_hours:.2f} | | | | | | | | |"
             )
     notes = [f"- `{e.scenario.name}`: {e.scenario.note}" for e in evals]
-    return head + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
+    for e in evals:
+        pl = e.static_planned
+        if pl is None:
+            continue
+        k = pl.peak
+        grown = f"; grown: {'; '.join(pl.grown)}" if pl.grown else "; met as sized"
+        if not pl.met:
+            grown += (
+                f"; growth stopped below the target ({PLANNED_PATIENCE} more workers in a row "
+                "raised no attainment): the best run is shown"
+            )
+        notes.append(
+            f"- `{e.scenario.name}` static-planned: busiest {k.window_s:g} s from "
+            f"{k.start_s:.0f} s, {k.rate_per_s:.3g} req/s, prompt {k.mean_prompt_tokens:.0f} / "
+            f"output {k.mean_output_tokens:.0f} tokens, prompt cv² {k.prompt_cv2:.2f}: sized "
+            f"{_fmt_pools(pl.sized)}{grown}"
+        )
+    legend = (
+        "static-planned: the pools the autoscaler's steady-state sizing gives for the "
+        "workload's busiest minute (its rate and length mix), grown one worker at a time until "
+        "a static run meets the target (what a user provisioning for the peak would run; "
+        "independent of the loop). static-peak: the largest sizes the autoscaled run reached. "
+        "static-best: the smallest split found meeting the target (hindsight search).\n\n"
+    )
+    return head + legend + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
 
 
 def plot_png(e: Evaluation) -> bytes:
-    """Load, workers per role and attainment over time: autoscaled vs the two static runs."""
+    """Load, workers per role and attainment over time: autoscaled vs the static runs."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -212,7 +381,8 @@ def plot_png(e: Evaluation) -> bytes:
             color=colors[role],
             label=f"{role.value} (autoscaled)",
         )
-        for s, style in ((e.static_peak, ":"), (e.static_best, "--")):
+        planned = e.static_planned.result if e.static_planned is not None else None
+        for s, style in ((planned, "-."), (e.static_peak, ":"), (e.static_best, "--")):
             if s is not None:
                 ax2.axhline(
                     s.peak_workers.get(role, 0),
@@ -279,8 +449,24 @@ def reactive_shortfall(
     arriving while need > capacity is at risk (queues absorb some of it, so a loop can do a
     little better than 1 - this; a loop that predicts the surge can do better still).
     """
+    return reactive_hold(items, perf, lag_s, hold_s, window_s, utilization, floor)[0]
+
+
+def reactive_hold(
+    items: Sequence[WorkItem],
+    perf: AladdinPerfModel,
+    lag_s: float,
+    hold_s: float,
+    window_s: float = 10.0,
+    utilization: float = 0.8,
+    floor: int = 1,
+) -> tuple[float, float]:
+    """`reactive_shortfall`'s share at risk, and the mean prefill workers that capacity takes
+    (held need over the workload's span): the trade-off of holding the recent peak need for
+    `hold_s` (a surge floor; the loop's `scale_down_stabilization_s` plays this part). The
+    workers are the estimate's, not a simulation's (no hysteresis, no rate limits)."""
     if not items:
-        return 0.0
+        return 0.0, 0.0
     arrivals = np.array([w.arrival_s for w in items])
     service = np.array([perf.prefill_s(w.num_prompt_tokens) for w in items])
     seconds = int(np.ceil(arrivals.max())) + 1
@@ -294,7 +480,7 @@ def reactive_shortfall(
     for i in range(lag, seconds):
         cap[i] = max(floor, need[max(0, i - lag - hold) : i - lag + 1].max())
     short = need > cap
-    return float(short[arrivals.astype(int)].mean())
+    return float(short[arrivals.astype(int)].mean()), float(cap.mean())
 
 
 SHORTFALL_LAGS_S = (0.0, 10.0, 20.0, 30.0)
@@ -319,4 +505,94 @@ def shortfall_markdown(
             f"{reactive_shortfall(items, perf, lag, hold):.1%}" for lag in SHORTFALL_LAGS_S
         )
         rows.append(f"| {name} | {cells} |")
+    rows += [
+        "",
+        f"Holding the recent peak need (lag {HOLD_LAG_S:g} s): at risk / mean prefill workers",
+        "",
+    ]
+    head = " | ".join(f"hold {h:g} s" for h in HOLDS_S)
+    rows += [f"| scenario | {head} |", "|---" * (len(HOLDS_S) + 1) + "|"]
+    for name in names:
+        items = build_scenario(name, trace_lines, quick).items
+        held = [reactive_hold(items, perf, HOLD_LAG_S, h) for h in HOLDS_S]
+        rows.append(f"| {name} | " + " | ".join(f"{a:.1%} / {w:.1f}" for a, w in held) + " |")
+    rows += [
+        "",
+        "Surge onsets forecast by their period (causal autocorrelation, 200-400 s):",
+        "",
+        "| scenario | onsets | periods (s) | autocorrelation | median error (s) | within 20 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        fc = periodic_onset_forecasts(build_scenario(name, trace_lines, quick).items)
+        if not fc:
+            rows.append(f"| {name} | 0 | - | - | - | - |")
+            continue
+        periods = ", ".join(f"{p:g}" for p in sorted({f.period_s for f in fc}))
+        rows.append(
+            f"| {name} | {len(fc)} | {periods} | {min(f.acf for f in fc):.2f}-"
+            f"{max(f.acf for f in fc):.2f} | {np.median([f.error_s for f in fc]):g} "
+            f"| {sum(f.error_s <= 20.0 for f in fc)} |"
+        )
     return "\n".join(rows)
+
+
+HOLD_LAG_S = 20.0
+HOLDS_S = (120.0, 480.0, 900.0, 3600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class OnsetForecast:
+    """One surge onset and what a causal periodic forecast made of it."""
+
+    onset_s: float
+    period_s: float
+    """The lag (in the searched range) with the highest autocorrelation of the per-bin
+    arrival counts before the onset."""
+    acf: float
+    """That autocorrelation."""
+    error_s: float
+    """Distance from the onset to the nearest of the last three earlier onsets plus one
+    period: how far off a forecast of "the next surge one period after a past one" was."""
+
+
+def periodic_onset_forecasts(
+    items: Sequence[WorkItem],
+    bin_s: float = 10.0,
+    quantile: float = 0.9,
+    min_period_s: float = 200.0,
+    max_period_s: float = 400.0,
+    min_history_s: float = 600.0,
+) -> list[OnsetForecast]:
+    """Are the surges predictable from the past alone by their period? Per-`bin_s` arrival
+    counts; a surge onset is a bin above the counts' `quantile` after a minute without
+    one. For each onset after `min_history_s`, the period is the lag in `[min_period_s,
+    max_period_s]` with the highest autocorrelation of the counts *before* it (causal), and
+    the forecast error is as `OnsetForecast.error_s`. (The quantile threshold uses the whole
+    workload: it only labels onsets, the forecast never sees it.)"""
+    if not items:
+        return []
+    arrivals = np.array([w.arrival_s for w in items])
+    bins = (arrivals // bin_s).astype(int)
+    counts = np.bincount(bins, minlength=int(bins.max()) + 1).astype(float)
+    high = counts > np.quantile(counts, quantile)
+    quiet = max(1, round(60.0 / bin_s))
+    onsets = [i for i in range(1, len(counts)) if high[i] and not high[max(0, i - quiet) : i].any()]
+    lo, hi = max(1, round(min_period_s / bin_s)), round(max_period_s / bin_s)
+    out = []
+    for i in onsets:
+        if i * bin_s < min_history_s or i <= hi:
+            continue
+        x = counts[:i] - counts[:i].mean()
+        norm = float(np.dot(x, x))
+        if norm <= 0:
+            continue
+        acfs = [float(np.dot(x[:-k], x[k:])) / norm for k in range(lo, hi + 1)]
+        k = int(np.argmax(acfs))
+        period = lo + k
+        earlier = [j for j in onsets if j < i][-3:]
+        if not earlier:
+            continue
+        err = min(abs(i - (j + period)) for j in earlier)
+        out.append(OnsetForecast(i * bin_s, period * bin_s, acfs[k], err * bin_s))
+    return out

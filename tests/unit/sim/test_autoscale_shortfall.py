@@ -3,6 +3,8 @@ given reaction lag could have started (an estimate of what is physically possibl
 
 from __future__ import annotations
 
+import numpy as np
+
 from splitserve.policy.planner.aladdin import AladdinPerfModel
 from splitserve.sim.autoscale_eval import reactive_shortfall
 from splitserve.sim.workload import WorkItem
@@ -48,3 +50,42 @@ def test_cli_prints_the_table_without_simulating() -> None:
     assert "| step-5x | 0.0% |" in result.output
     bad = CliRunner().invoke(sim, ["autoscale", "--shortfall", "--no-search"])
     assert bad.exit_code == 2
+
+
+def test_holding_longer_trades_capacity_for_fewer_requests_at_risk() -> None:
+    from splitserve.sim.autoscale_eval import reactive_hold
+
+    # three surges of growing size: a held peak covers a repeat, never a new record
+    items = [WorkItem(float(t), 1000, 10) for t in range(900)]
+    for start, rate in ((200, 4), (500, 4), (800, 8)):
+        items += [WorkItem(start + i / rate, 1000, 10) for i in range(rate * 20)]
+    items.sort(key=lambda w: w.arrival_s)
+    rows = [reactive_hold(items, PERF, lag_s=20, hold_s=h, floor=2) for h in (60, 120, 400, 900)]
+    shares = [r[0] for r in rows]
+    workers = [r[1] for r in rows]
+    assert shares == sorted(shares, reverse=True)
+    assert workers == sorted(workers)
+    assert shares[-1] > 0  # the record surge at 800 s is at risk whatever is held
+    assert reactive_hold(items, PERF, 20, 400, floor=2)[0] < reactive_hold(items, PERF, 20, 60)[0]
+
+
+def test_periodic_surges_are_forecast_by_their_period() -> None:
+    from splitserve.sim.autoscale_eval import periodic_onset_forecasts
+
+    # 1 req/s with a 20 s surge of 6 req/s every 300 s: the causal period is 300 s, no error
+    items = [WorkItem(float(t), 1000, 10) for t in range(3000)]
+    for start in range(100, 3000, 300):
+        items += [WorkItem(start + i / 6, 1000, 10) for i in range(120)]
+    items.sort(key=lambda w: w.arrival_s)
+    rows = periodic_onset_forecasts(items)
+    assert len(rows) >= 6
+    assert all(r.period_s == 300.0 for r in rows)
+    assert all(r.error_s == 0.0 for r in rows)
+    assert all(r.acf > 0.5 for r in rows)
+    # the same surges at random times: the forecast errs
+    rng = np.random.default_rng(1)
+    jit = [WorkItem(float(t), 1000, 10) for t in range(3000)]
+    for start in np.sort(rng.uniform(0, 2900, 10)):
+        jit += [WorkItem(float(start) + i / 6, 1000, 10) for i in range(120)]
+    jit.sort(key=lambda w: w.arrival_s)
+    assert np.median([r.error_s for r in periodic_onset_forecasts(jit)]) > 20.0

@@ -135,6 +135,13 @@ class AutoscalerParams:
     reversal divides it by this again. Recurring surges after idle gaps then find the capacity
     still in place instead of a pool just shrunk."""
     max_backoff: float = 8.0
+    feedback_settle: bool = False
+    """SLO feedback waits for its effect: after a pool's serving workers rose, its pressure adds
+    no further worker until one observation window (`Observation.window_s`) has passed, since
+    until then the window's misses are mostly of requests served before the new capacity
+    (False: only workers not yet serving are awaited). The mix shift's prefill pool grew
+    2 -> 5 on misses from the first 30 s after the shift, where the model's 3 met the target,
+    and the hysteresis then held the overshoot."""
 
     def __post_init__(self) -> None:
         if not 0 < self.length_alpha <= 1:
@@ -180,6 +187,7 @@ def live_params(
         pooled_tail=True,
         reversal_backoff=2.0,
         max_backoff=4.0,
+        feedback_settle=True,
     )
 
 
@@ -466,6 +474,14 @@ class AutoscalerState:
     """The smoothed mean prompt / output tokens and prompt cv² (`length_alpha`)."""
     backoff: tuple[tuple[Role, float, float, float | None], ...] = ()
     """Per role: (stabilization multiplier, since when it holds, last scale-down time)."""
+    serving: tuple[tuple[Role, int, float | None], ...] = ()
+    """Per role: (serving workers last seen, when that count last rose; None: not seen to)."""
+
+    def serving_of(self, role: Role) -> tuple[int | None, float | None]:
+        for r, n, rose in self.serving:
+            if r is role:
+                return n, rose
+        return None, None
 
     def backoff_of(self, role: Role) -> tuple[float, float | None, float | None]:
         for r, mult, since, down in self.backoff:
@@ -653,6 +669,7 @@ def decide(
     longest = params.scale_down_stabilization_s * params.max_backoff
     history = [h for h in state.history if h[0] > now - longest - _EPS]
     backoff: list[tuple[Role, float, float, float | None]] = []
+    serving: list[tuple[Role, int, float | None]] = []
     pools: dict[Role, PoolDecision] = {}
     for role, p in obs.pools.items():
         mult, mult_since, last_down = state.backoff_of(role)
@@ -669,10 +686,17 @@ def decide(
         down_now = b.clamp(math.ceil(w / params.scale_down_utilization - _EPS))
         why = pressure.get(role, "")
         starting = p.ready is not None and p.ready < p.current
+        now_serving = p.ready if p.ready is not None else p.current
+        last_seen, rose = state.serving_of(role)
+        if last_seen is not None and now_serving > last_seen:
+            rose = now
+        serving.append((role, now_serving, rose))
+        settling = params.feedback_settle and rose is not None and now - rose < obs.window_s - _EPS
         if why:
             # One more worker per tick of pressure, unless workers already on their way (started
-            # or flipping in, not serving yet) are still to show their effect.
-            if not starting:
+            # or flipping in, not serving yet) are still to show their effect, or (with
+            # `feedback_settle`) started serving less than a window ago.
+            if not starting and not settling:
                 # One more per tick. (Sizing for the whole queue at once was tried: it
                 # overshot on the traces' bursts, 1.5x the GPU-hours for no attainment gain.)
                 up_target = max(up_target, b.clamp(p.current + 1))
@@ -720,6 +744,12 @@ def decide(
                     f"{role.value} held at {cur}: {why}; waiting for "
                     f"{cur - (p.ready or 0)} worker(s) to start serving"
                 )
+            elif why and settling:
+                assert rose is not None
+                reason = (
+                    f"{role.value} held at {cur}: {why}; workers added {now - rose:.0f} s ago, "
+                    f"waiting a {obs.window_s:g} s window for their effect"
+                )
             elif down_target < cur and not watched_long_enough:
                 reason = (
                     f"{role.value} held at {cur}: watched < {params.scale_down_stabilization_s:g} s"
@@ -746,7 +776,9 @@ def decide(
 
     at_risk = _risk_lines(obs, pools)
     smoothed = lengths if params.length_alpha < 1 else None
-    new_state = AutoscalerState(forecast, since, tuple(history), smoothed, tuple(backoff))
+    new_state = AutoscalerState(
+        forecast, since, tuple(history), smoothed, tuple(backoff), tuple(serving)
+    )
     return Decision(now, pools, "", at_risk, rate, rate_f), new_state
 
 

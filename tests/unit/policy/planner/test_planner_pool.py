@@ -26,10 +26,12 @@ from splitserve.policy.planner.autoscaler import (
     Kind,
     decide,
     erlang_c,
+    live_params,
     pool_wait_quantile,
     prefill_tail_workers,
     prefill_work,
 )
+from splitserve.policy.planner.signals import Observation
 
 POOLED = replace(TAIL, pooled_tail=True, reversal_backoff=2.0, max_backoff=4.0)
 
@@ -194,51 +196,103 @@ def test_length_smoothing_averages_the_mix() -> None:
     assert "prompt 2000" in d.pools[Role.PREFILL].reason
 
 
-# -- the invariants with both on --------------------------------------------------------------
+# -- the invariants, once per parameter set -----------------------------------------------------
 
+SETTLED = replace(POOLED, feedback_settle=True)
+VARIANTS = pytest.mark.parametrize(
+    "params", [TAIL, POOLED, SETTLED], ids=["tail", "pooled+backoff", "pooled+backoff+settle"]
+)
 rates = st.floats(min_value=0.0, max_value=200.0, allow_nan=False)
 
 
+@VARIANTS
 @settings(max_examples=100, deadline=None)
 @given(st.lists(rates, min_size=1, max_size=30), st.integers(0, 10), st.integers(0, 20))
-def test_pooled_never_outside_bounds(load: list[float], lo: int, span: int) -> None:
-    for d in run(load, params=POOLED, bounds=(lo, lo + span)):
+def test_never_outside_bounds(
+    params: AutoscalerParams, load: list[float], lo: int, span: int
+) -> None:
+    for d in run(load, params=params, bounds=(lo, lo + span)):
         assert all(lo <= n <= lo + span for n in d.desired.values())
 
 
+@VARIANTS
 @settings(max_examples=100, deadline=None)
 @given(rates, rates, st.lists(rates, max_size=20))
-def test_pooled_monotone_in_load(r1: float, r2: float, past: list[float]) -> None:
+def test_monotone_in_load(
+    params: AutoscalerParams, r1: float, r2: float, past: list[float]
+) -> None:
     lo, hi = sorted((r1, r2))
     current = {Role.PREFILL: 2, Role.DECODE: 2}
     state = AutoscalerState()
     for i, r in enumerate(past):  # any history, reversals included
-        d, state = decide(obs(i * 10, r, current, classes=(STRICT,)), state, PERF, POOLED)
+        d, state = decide(obs(i * 10, r, current, classes=(STRICT,)), state, PERF, params)
         current = d.desired
     t = len(past) * 10
-    a, _ = decide(obs(t, lo, current, classes=(STRICT,)), state, PERF, POOLED)
-    b, _ = decide(obs(t, hi, current, classes=(STRICT,)), state, PERF, POOLED)
+    a, _ = decide(obs(t, lo, current, classes=(STRICT,)), state, PERF, params)
+    b, _ = decide(obs(t, hi, current, classes=(STRICT,)), state, PERF, params)
     for role in current:
         assert a.desired[role] <= b.desired[role]
 
 
+@VARIANTS
 @settings(max_examples=60, deadline=None)
 @given(st.floats(0.5, 100), st.floats(-0.02, 0.02), st.integers(20, 60))
-def test_pooled_slowly_varying_load_never_reverses_within_a_window(
-    start: float, drift: float, n: int
+def test_slowly_varying_load_never_reverses_within_a_window(
+    params: AutoscalerParams, start: float, drift: float, n: int
 ) -> None:
-    ds = run([start * (1 + drift) ** i for i in range(n)], params=POOLED)
-    window = int(POOLED.scale_down_stabilization_s / POOLED.interval_s)
+    ds = run([start * (1 + drift) ** i for i in range(n)], params=params)
+    window = int(params.scale_down_stabilization_s / params.interval_s)
     for role in (Role.PREFILL, Role.DECODE):
         assert reversals_within(sizes(ds, role), window) == 0
 
 
+@VARIANTS
 @settings(max_examples=60, deadline=None)
 @given(st.floats(0.1, 50), st.floats(0.2, 5.0))
-def test_pooled_converges_after_a_step(base: float, factor: float) -> None:
-    ds = run([base] * 10 + [base * factor] * 80, params=POOLED)
+def test_converges_after_a_step(params: AutoscalerParams, base: float, factor: float) -> None:
+    ds = run([base] * 10 + [base * factor] * 80, params=params)
     for role in (Role.PREFILL, Role.DECODE):
         s = sizes(ds, role)
         assert len(set(s[-10:])) == 1, s
         final = ds[-1].pools[role]
         assert final.up_target <= final.desired <= max(final.down_target, 1)
+
+
+# -- SLO feedback waits a window for the workers it added (`feedback_settle`) -------------------
+
+
+def _missing(t: float, current: int, ready: int) -> Observation:
+    """A prefill pool under SLO pressure (TTFT p90 3 s > 2 s) at a light modelled load."""
+    missed = replace(STRICT, requests=100, ttft_s=3.0, tpot_s=0.05, attainment=0.9)
+    base = obs(t, 0.1, {Role.PREFILL: current, Role.DECODE: 1}, classes=(missed,))
+    pools = dict(base.pools)
+    pools[Role.PREFILL] = replace(pools[Role.PREFILL], ready=ready)
+    return replace(base, pools=pools)
+
+
+@pytest.mark.parametrize("settle", [False, True])
+def test_feedback_waits_a_window_after_new_workers_serve(settle: bool) -> None:
+    params = replace(POOLED, feedback_settle=settle)
+    state = AutoscalerState()
+    d, state = decide(_missing(0, 2, 2), state, PERF, params)
+    assert d.desired[Role.PREFILL] == 3  # pressure: one more
+    d, state = decide(_missing(10, 3, 2), state, PERF, params)
+    assert d.desired[Role.PREFILL] == 3  # the new one is not serving yet: awaited either way
+    assert "to start serving" in d.pools[Role.PREFILL].reason
+    # it serves from t = 20; the window (60 s) still holds misses from before it
+    d, state = decide(_missing(20, 3, 3), state, PERF, params)
+    if not settle:
+        assert d.desired[Role.PREFILL] == 4
+        return
+    assert d.desired[Role.PREFILL] == 3
+    assert "waiting a 60 s window for their effect" in d.pools[Role.PREFILL].reason
+    for t in (30, 40, 70):
+        d, state = decide(_missing(t, 3, 3), state, PERF, params)
+        assert d.desired[Role.PREFILL] == 3, t  # held: no scale-down while under pressure
+    d, state = decide(_missing(80, 3, 3), state, PERF, params)
+    assert d.desired[Role.PREFILL] == 4  # a whole window later and still missing: one more
+
+
+def test_settling_is_off_by_default_and_on_in_the_live_policy() -> None:
+    assert not AutoscalerParams().feedback_settle
+    assert live_params(10.0, 120.0).feedback_settle

@@ -12,9 +12,6 @@ from hypothesis import strategies as st
 from tests.unit.policy.planner.test_planner_autoscaler import (
     PERF,
     obs,
-    reversals_within,
-    run,
-    sizes,
 )
 
 from splitserve.core.roles import Role
@@ -138,46 +135,5 @@ def test_occupancy_floor_is_monotone_in_what_is_held(
     assert a.desired[Role.DECODE] <= b.desired[Role.DECODE]
 
 
-# -- the invariants with tail sizing and the floor on -----------------------------------------
-
-rates = st.floats(min_value=0.0, max_value=200.0, allow_nan=False)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(rates, min_size=1, max_size=30), st.integers(0, 10), st.integers(0, 20))
-def test_tail_never_outside_bounds(load: list[float], lo: int, span: int) -> None:
-    for d in run(load, params=TAIL, bounds=(lo, lo + span)):
-        assert all(lo <= n <= lo + span for n in d.desired.values())
-
-
-@settings(max_examples=100, deadline=None)
-@given(rates, rates)
-def test_tail_monotone_in_load(r1: float, r2: float) -> None:
-    lo, hi = sorted((r1, r2))
-    current = {Role.PREFILL: 2, Role.DECODE: 2}
-    a, _ = decide(obs(0, lo, current, classes=(STRICT,)), AutoscalerState(), PERF, TAIL)
-    b, _ = decide(obs(0, hi, current, classes=(STRICT,)), AutoscalerState(), PERF, TAIL)
-    for role in current:
-        assert a.desired[role] <= b.desired[role]
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.floats(0.5, 100), st.floats(-0.02, 0.02), st.integers(20, 60))
-def test_tail_slowly_varying_load_never_reverses_within_a_window(
-    start: float, drift: float, n: int
-) -> None:
-    ds = run([start * (1 + drift) ** i for i in range(n)], params=TAIL)
-    window = int(TAIL.scale_down_stabilization_s / TAIL.interval_s)
-    for role in (Role.PREFILL, Role.DECODE):
-        assert reversals_within(sizes(ds, role), window) == 0
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.floats(0.1, 50), st.floats(0.2, 5.0))
-def test_tail_converges_after_a_step(base: float, factor: float) -> None:
-    ds = run([base] * 10 + [base * factor] * 80, params=TAIL)
-    for role in (Role.PREFILL, Role.DECODE):
-        s = sizes(ds, role)
-        assert len(set(s[-10:])) == 1, s
-        final = ds[-1].pools[role]
-        assert final.up_target <= final.desired <= max(final.down_target, 1)
+# The autoscaler's invariants with tail sizing and the floor on (bounds, monotone, no reversal,
+# converges) run in test_planner_pool.py, parametrized over TAIL and the pooled variants.
