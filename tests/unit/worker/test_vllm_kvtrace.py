@@ -37,6 +37,17 @@ class _Worker:
         return _Results(done)
 
 
+class _Executor:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def execute_model(self, *_: Any) -> None:
+        self.calls.append("execute")
+
+    def sample_tokens(self, *_: Any) -> None:
+        self.calls.append("sample")
+
+
 def test_off_without_the_variable() -> None:
     assert KvTrace.from_env({}) is None
     assert KvTrace.from_env({kvtrace.TRACE_ENV: ""}) is None
@@ -48,6 +59,8 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     assert trace is not None
     worker = _Worker()
     trace.install(worker)
+    executor = _Executor()
+    trace.install_executor(executor)
     client = KvTrace(path)  # the bench client appends to the same file
     client.mark("r", "token1", 1.0)
     trace.begin("r")
@@ -60,6 +73,9 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     worker.get_transfer_results()
     trace.step_ended()  # step 1: only moved KV
     trace.step_started()
+    trace.scheduled()
+    executor.execute_model()
+    executor.sample_tokens()
     trace.step_ended()  # step 2: token 2
     trace.dispatched("r")
     trace.step_started()
@@ -69,6 +85,7 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     trace.close()
     client.close()
     assert worker.posted == ["r-internal", "untraced"]  # the wrapped methods still ran
+    assert executor.calls == ["execute", "sample"]
 
     events = kvtrace.load(path)
     assert set(events) == {"r"}
@@ -79,6 +96,7 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     assert m["steps"] == 2
     second_step = [t for n, t in events["r"] if n == "step_start"][1]
     assert m["step2_start"] == second_step
+    assert m["step2_start"] < m["step2_sched"] < m["step2_fwd_start"] < m["step2_fwd_end"]
     for a, b in zip(kvtrace.MILESTONES, kvtrace.MILESTONES[1:], strict=False):
         assert m[a[0]] <= m[b[0]], (a[0], b[0])
     table = kvtrace.breakdown([m])

@@ -58,7 +58,7 @@ from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.kvtrace import KvTrace
-from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls
+from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls, warm_read
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 from splitserve.worker.vllm_adapter.output_history import FirstTokenAsOutput
 from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
@@ -207,6 +207,10 @@ class VllmEngine:
         self.prefill_tokens = 0
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
+        self.kv_warm_read_descs = 0
+        """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.warm_read`)."""
+        self.kv_warm_read_error: str | None = None
+        """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
         self._history: FirstTokenAsOutput | None = None
         self._in_step: PullInStep | None = None
@@ -433,10 +437,18 @@ class VllmEngine:
             agents = list(worker._remote_agents.get(eid, {}).values())
             for agent in agents:
                 worker.nixl_wrapper.make_connection(agent)
-            return len(agents)
+            # The pair's first READ costs more than later ones (docs/benchmarks.md, "KV
+            # handoff"): pay it here, on vLLM's null block. The pair works without it.
+            try:
+                return warm_read(worker, eid)
+            except Exception as err:
+                self.kv_warm_read_error = f"{type(err).__name__}: {err}"
+                log.warning("no warm-up READ from engine %s: %s", eid, err)
+                return 0
 
-        await self._in_engine_thread(connect)
-        log.info("KV pair warm: engine %s at %s:%d", eid, *where)
+        read = await self._in_engine_thread(connect)
+        self.kv_warm_read_descs += read
+        log.info("KV pair warm: engine %s at %s:%d (warm-up READ of %d blocks)", eid, *where, read)
         return True
 
     async def _in_engine_thread(self, fn: Callable[[Any], Any]) -> Any:
@@ -618,6 +630,8 @@ class VllmEngine:
                     self._in_step.on_received = timer.received_in_step
             if self._trace is not None:
                 self._trace.install(_nixl_worker())
+        if self._trace is not None:
+            self._trace.install_executor(core.model_executor)
         trace = self._trace
         loop.call_soon_threadsafe(_set_result, ready)
         try:

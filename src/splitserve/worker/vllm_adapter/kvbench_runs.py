@@ -238,8 +238,6 @@ def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
         for a, b, _, _ in table:
             if (a, b) not in spans:
                 spans.append((a, b))
-    order = {n: i for i, (n, _) in enumerate(kvtrace.MILESTONES)}
-    spans.sort(key=lambda x: (order[x[0]], order[x[1]]))
     lines = [
         "| interval | " + " | ".join(f"{c} ms" for c, _ in cols) + " |",
         "|---|" + "---:|" * len(cols),

@@ -36,6 +36,9 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("posted", "start_load_kv returns"),
     ("recv_done", "vLLM reports the READ done (async path)"),
     ("step2_start", "the step that yields token 2 starts"),
+    ("step2_sched", "its schedule() returns"),
+    ("step2_fwd_start", "its model execution starts"),
+    ("step2_fwd_end", "its model execution (forward, sampling) ends"),
     ("step2_end", "that step ends"),
     ("dispatch", "token 2 handed to the asyncio side"),
     ("yield", "token 2 leaves the engine stream"),
@@ -56,6 +59,8 @@ class KvTrace:
         """vLLM's internal request id -> the worker's, for traced decodes."""
         self._unseen: set[str] = set()
         self._step_start: float | None = None
+        self._phases: dict[str, float] = {}
+        """Times within the traced step: `step_sched`, `step_fwd_start`, `step_fwd_end`."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> KvTrace | None:
@@ -84,6 +89,8 @@ class KvTrace:
 
     def scheduled(self) -> None:
         """After a `schedule()`: requests added before it have been seen by the scheduler."""
+        if self._step_start is not None:
+            self._phases.setdefault("step_sched", time.perf_counter())
         if self._unseen:
             now = time.perf_counter()
             for rid in list(self._unseen):
@@ -117,7 +124,31 @@ class KvTrace:
         worker.start_load_kv = start_load_kv
         worker.get_transfer_results = get_transfer_results
 
+    def install_executor(self, executor: Any) -> None:
+        """Time the model execution of traced steps (the executor's `execute_model` and
+        `sample_tokens`, on this instance)."""
+        execute = executor.execute_model
+        sample = executor.sample_tokens
+
+        def execute_model(*args: Any, **kwargs: Any) -> Any:
+            if self._step_start is not None:
+                self._phases["step_fwd_start"] = time.perf_counter()
+            out = execute(*args, **kwargs)
+            if self._step_start is not None:
+                self._phases["step_fwd_end"] = time.perf_counter()
+            return out
+
+        def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+            out = sample(*args, **kwargs)
+            if self._step_start is not None:
+                self._phases["step_fwd_end"] = time.perf_counter()
+            return out
+
+        executor.execute_model = execute_model
+        executor.sample_tokens = sample_tokens
+
     def step_started(self) -> None:
+        self._phases = {}
         self._step_start = time.perf_counter() if self._open else None
 
     def step_ended(self) -> None:
@@ -129,6 +160,8 @@ class KvTrace:
         for rid in list(self._open):
             self.mark(rid, "step_start", start)
             self.mark(rid, "step_end", end)
+            for name, t in self._phases.items():
+                self.mark(rid, name, t)
 
     def dispatched(self, rid: str) -> None:
         """Token 2 left the engine thread: the engine side of this decode is traced."""
@@ -169,26 +202,37 @@ def milestones(events: Sequence[tuple[str, float]]) -> dict[str, float]:
         if n1 == "step_start" and n2 == "step_end" and (dispatch is None or e <= dispatch)
     ]
     if steps:
-        out["step2_start"], out["step2_end"] = steps[-1]
+        start, end = steps[-1]
+        out["step2_start"], out["step2_end"] = start, end
         out["steps"] = float(len(steps))
+        for name, t in events:
+            phase = name.startswith("step_") and name not in ("step_start", "step_end")
+            if phase and start <= t <= end:
+                out["step2_" + name.removeprefix("step_")] = t
     return out
 
 
 def breakdown(requests: Iterable[Mapping[str, float]]) -> list[tuple[str, str, float, int]]:
     """Median interval between consecutive milestones over `requests` (each one's
-    `milestones`): (from, to, median seconds, requests with both). Milestones a request lacks
-    are skipped for it (the in-step path has no `recv_done`)."""
+    `milestones`): (from, to, median seconds, requests with both), in the order they happen.
+    Each request's milestones are taken in the order they happened (the in-step path reads
+    the KV inside the token-2 step, so that step starts before the scheduler sees the
+    request); milestones a request lacks are skipped for it (the in-step path has no
+    `recv_done`)."""
     names = [m for m, _ in MILESTONES]
+    rank = {n: i for i, n in enumerate(names)}
     spans: dict[tuple[str, str], list[float]] = {}
+    starts: dict[tuple[str, str], list[float]] = {}
     for r in requests:
-        present = [n for n in names if n in r]
+        present = sorted((n for n in names if n in r), key=lambda n: (r[n], rank[n]))
+        if not present:
+            continue
+        t0 = r[present[0]]
         for a, b in itertools.pairwise(present):
             spans.setdefault((a, b), []).append(r[b] - r[a])
-    out = []
-    for (a, b), xs in spans.items():
-        out.append((a, b, statistics.median(xs), len(xs)))
-    order = {n: i for i, n in enumerate(names)}
-    out.sort(key=lambda x: (order[x[0]], order[x[1]]))
+            starts.setdefault((a, b), []).append(r[a] - t0)
+    out = [(a, b, statistics.median(xs), len(xs)) for (a, b), xs in spans.items()]
+    out.sort(key=lambda x: (statistics.median(starts[x[0], x[1]]), rank[x[0]], rank[x[1]]))
     return out
 
 

@@ -366,3 +366,56 @@ def _merge(into: Any, other: Any) -> None:
     into.finished_sending |= other.finished_sending
     into.finished_recving |= other.finished_recving
     into.failed_recving |= other.failed_recving
+
+
+def warm_read(worker: Any, engine_id: str, timeout_s: float = 5.0) -> int:
+    """READ block 0 of every KV region of the engine `engine_id` (handshake done) into this
+    engine's block 0, and wait for it: the pair's first transfer, paid when the pair is warmed
+    (`VllmEngine.warm_kv`) instead of by a user's first request. Block 0 is vLLM's null block on
+    both sides (never a request's KV), so nothing a request reads changes. No notification is
+    sent: the prefill side sees nothing.
+
+    Returns the descriptors read.
+
+    Raises:
+        ValueError: this worker's layout is not the plain one this supports (one descriptor
+            list per engine, region-major, equal block sizes, one memory type, no SSM state,
+            one remote rank); the first request then pays as before.
+        RuntimeError: the READ failed or did not finish in `timeout_s`.
+    """
+    regions: Any = getattr(worker, "dst_region_num_blocks", {})
+    local_blocks = list(regions.get(getattr(worker, "engine_id", None)) or ())
+    remote_blocks = list(regions.get(engine_id) or ())
+    remote_handles = getattr(worker, "dst_xfer_side_handles", {}).get(engine_id, {})
+    local_handle = getattr(worker, "src_xfer_handles_by_block_size", {}).get(
+        getattr(worker, "block_size", None)
+    )
+    problems = {
+        "no local regions": not local_blocks,
+        f"{len(remote_blocks)} remote regions, {len(local_blocks)} local": len(remote_blocks)
+        != len(local_blocks),
+        "no local descriptor list": local_handle is None,
+        f"{len(remote_handles)} remote ranks": len(remote_handles) != 1,
+        "mixed memory types": bool(getattr(worker, "_mixed_mem_types", True)),
+        "SSM state": bool(getattr(worker, "_has_mamba", True)),
+        "descriptors are not one per block and region": len(getattr(worker, "src_blocks_data", ()))
+        != sum(local_blocks),
+    }
+    found = [k for k, bad in problems.items() if bad]
+    if found:
+        raise ValueError("KV layout not supported: " + ", ".join(found))
+    local_ids = [sum(local_blocks[:i]) for i in range(len(local_blocks))]
+    remote_ids = [sum(remote_blocks[:i]) for i in range(len(remote_blocks))]
+    wrapper = worker.nixl_wrapper
+    (remote_handle,) = remote_handles.values()
+    handle = wrapper.make_prepped_xfer("READ", local_handle, local_ids, remote_handle, remote_ids)
+    try:
+        state = wrapper.transfer(handle)
+        deadline = time.perf_counter() + timeout_s
+        while state == "PROC" and time.perf_counter() < deadline:
+            state = wrapper.check_xfer_state(handle)
+        if state != "DONE":
+            raise RuntimeError(f"warm-up READ from engine {engine_id} ended {state!r}")
+    finally:
+        wrapper.release_xfer_handle(handle)
+    return len(local_ids)
