@@ -58,7 +58,7 @@ from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.kvtrace import KvTrace
-from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls, warm_read
+from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, WarmReads, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 from splitserve.worker.vllm_adapter.output_history import FirstTokenAsOutput
 from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
@@ -208,7 +208,8 @@ class VllmEngine:
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
         self.kv_warm_read_descs = 0
-        """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.warm_read`)."""
+        """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.WarmReads`)."""
+        self._warm_reads = WarmReads()
         self.kv_warm_read_error: str | None = None
         """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
@@ -438,9 +439,9 @@ class VllmEngine:
             for agent in agents:
                 worker.nixl_wrapper.make_connection(agent)
             # The pair's first READ costs more than later ones (docs/benchmarks.md, "KV
-            # handoff"): pay it here, on vLLM's null block. The pair works without it.
+            # handoff"): post it here, on vLLM's null block. The pair works without it.
             try:
-                return warm_read(worker, eid)
+                return self._warm_reads.start(worker, eid)
             except Exception as err:
                 self.kv_warm_read_error = f"{type(err).__name__}: {err}"
                 log.warning("no warm-up READ from engine %s: %s", eid, err)
@@ -638,6 +639,8 @@ class VllmEngine:
             while not self._stopping.is_set():
                 busy = bool(core.scheduler.has_requests())
                 self._drain(engine, block=not busy)
+                if self._warm_reads.pending:
+                    self._warm_reads.poll()
                 if not busy and not core.scheduler.has_requests():
                     continue
                 start_s = self.clock.now_s()
