@@ -10,7 +10,8 @@
 # docs/benchmarks.md. Needs .venv-vllm (`make venv-vllm`). About 15 min on an idle 2-core
 # machine; much longer when the machine is shared. KVBENCH_ARGS go to the module, e.g.
 # `--runs single --lengths 128,2048 --repeat 5`, `--progress-thread`, `--cold`, `--no-huge-pages`,
-# `--pull-in-step` (the opt-in in-step KV pull).
+# `--pull-in-step` (the opt-in in-step KV pull), `--trace` (token 1 -> token 2 milestones per P/D
+# request, SPLITSERVE_KV_TRACE).
 
 KVBENCH_ARGS ?=
 # mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.

@@ -136,6 +136,8 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 value = engine.kv_endpoint()
             elif op == "warm":
                 value = await engine.warm_kv(cmd[1])
+            elif op == "warm_read_descs":
+                value = (engine.kv_warm_read_descs, engine.kv_warm_read_error)
             elif op == "release":
                 value = await engine.release_kv(cmd[1])
             elif op == "released":

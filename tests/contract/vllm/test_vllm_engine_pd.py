@@ -184,6 +184,10 @@ def test_a_pair_is_warmed_before_any_request(engines: tuple[EngineProc, EnginePr
     assert endpoint["port"] not in (0, 5600)
     assert endpoint["tp_size"] == 1
     assert prefill.call("warm", endpoint) is True, "never pulled in this direction yet"
+    # The pair's first READ (vLLM's null block of every KV region) was paid here too.
+    descs, error = prefill.call("warm_read_descs")
+    assert descs > 0, error
+    assert error is None
     assert prefill.call("warm", endpoint) is False, "already warm"
     _, own = prefill.call("endpoint")
     assert prefill.call("warm", own) is False, "itself"

@@ -57,7 +57,8 @@ from splitserve.worker.engine import (
 from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
-from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, clip_pulls
+from splitserve.worker.vllm_adapter.kvtrace import KvTrace
+from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, WarmReads, clip_pulls
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 from splitserve.worker.vllm_adapter.output_history import FirstTokenAsOutput
 from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
@@ -206,6 +207,11 @@ class VllmEngine:
         self.prefill_tokens = 0
         self.generated_tokens = 0
         self.kv_pulled_bytes = 0
+        self.kv_warm_read_descs = 0
+        """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.WarmReads`)."""
+        self._warm_reads = WarmReads()
+        self.kv_warm_read_error: str | None = None
+        """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
         self._history: FirstTokenAsOutput | None = None
         self._in_step: PullInStep | None = None
@@ -213,6 +219,8 @@ class VllmEngine:
         self.on_kv_pull: KvPullHook | None = None
         """Set by the worker service: each step's time and each decode's KV pull (`stats.py`)."""
         self._observer = EngineObserver(self)
+        self._trace: KvTrace | None = KvTrace.from_env()
+        """`SPLITSERVE_KV_TRACE`: timestamps of each decode's token 1 -> token 2 (`kvtrace.py`)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -331,6 +339,8 @@ class VllmEngine:
             prompt_token_ids=(*request.prompt_token_ids, first_token_id),
             sampling=replace(request.sampling, max_tokens=request.sampling.max_tokens - 1),
         )
+        if self._trace is not None:
+            self._trace.begin(str(request.id))
         stream = self._submit(continued, "decode", kv_params=params)
         self.kv_pulled_bytes += kv.num_bytes
         deltas = self._deltas(request.id, stream, pulled=kv)
@@ -428,10 +438,18 @@ class VllmEngine:
             agents = list(worker._remote_agents.get(eid, {}).values())
             for agent in agents:
                 worker.nixl_wrapper.make_connection(agent)
-            return len(agents)
+            # The pair's first READ costs more than later ones (docs/benchmarks.md, "KV
+            # handoff"): post it here, on vLLM's null block. The pair works without it.
+            try:
+                return self._warm_reads.start(worker, eid)
+            except Exception as err:
+                self.kv_warm_read_error = f"{type(err).__name__}: {err}"
+                log.warning("no warm-up READ from engine %s: %s", eid, err)
+                return 0
 
-        await self._in_engine_thread(connect)
-        log.info("KV pair warm: engine %s at %s:%d", eid, *where)
+        read = await self._in_engine_thread(connect)
+        self.kv_warm_read_descs += read
+        log.info("KV pair warm: engine %s at %s:%d (warm-up READ of %d blocks)", eid, *where, read)
         return True
 
     async def _in_engine_thread(self, fn: Callable[[Any], Any]) -> Any:
@@ -509,6 +527,8 @@ class VllmEngine:
             except Exception as e:  # vLLM refused it (too long, bad parameters, ...)
                 stream.put(_Out((), FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
                 return
+            if self._trace is not None:
+                self._trace.added(rid, rid if internal is None else str(internal))
             if mode == "decode" and self._history is not None:
                 # The prefill's token is output for the sampler (penalties, bad_words).
                 self._history.expect(rid if internal is None else str(internal))
@@ -533,6 +553,7 @@ class VllmEngine:
         pulled: KvHandle | None = None,
     ) -> AsyncGenerator[TokenDelta, None]:
         source = pulled
+        trace = self._trace if pulled is not None else None
         try:
             while True:
                 out = await stream.queue.get()
@@ -552,6 +573,9 @@ class VllmEngine:
                     yield TokenDelta(ids, FinishReason.ERROR, out.error, out.logprobs)
                     return
                 if ids or out.finish_reason is not None:
+                    if trace is not None:
+                        trace.mark(str(rid), "yield")
+                        trace = None
                     yield TokenDelta(ids, out.finish_reason, logprobs=out.logprobs)
                 if out.finish_reason is not None:
                     return
@@ -605,15 +629,26 @@ class VllmEngine:
                 timer = self._observer.pulls
                 if self._in_step is not None and timer is not None:
                     self._in_step.on_received = timer.received_in_step
+            if self._trace is not None:
+                self._trace.install(_nixl_worker())
+        if self._trace is not None:
+            self._trace.install_executor(core.model_executor)
+        trace = self._trace
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():
                 busy = bool(core.scheduler.has_requests())
                 self._drain(engine, block=not busy)
+                if self._warm_reads.pending:
+                    self._warm_reads.poll()
                 if not busy and not core.scheduler.has_requests():
                     continue
                 start_s = self.clock.now_s()
+                if trace is not None:
+                    trace.step_started()
                 outs = engine.step()
+                if trace is not None:
+                    trace.step_ended()
                 end_s = self.clock.now_s()
                 self.num_steps += 1
                 shape, self._step_shape = self._step_shape, None
@@ -644,6 +679,8 @@ class VllmEngine:
 
         def tapped(*args: Any, **kwargs: Any) -> Any:
             out = schedule(*args, **kwargs)
+            if self._trace is not None:
+                self._trace.scheduled()
             feed = self.steps
             if feed is not None and feed.active and out.total_num_scheduled_tokens > 0:
                 self._step_shape = step_shape(out, sched.requests)
@@ -676,6 +713,8 @@ class VllmEngine:
             return
         completion = out.outputs[0] if out.outputs else None
         ids = tuple(completion.token_ids) if completion is not None else ()
+        if self._trace is not None and (ids or out.finished):
+            self._trace.dispatched(str(out.request_id))
         reason = None
         if out.finished:
             raw = completion.finish_reason if completion is not None else None

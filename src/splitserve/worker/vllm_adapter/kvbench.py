@@ -173,10 +173,13 @@ class Timing:
 class Client:
     """gRPC stubs for the workers, used the way the router uses them."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace: Any = None) -> None:
         import grpc
 
         from splitserve._gen.v1 import worker_pb2_grpc
+
+        self.trace = trace
+        """A `kvtrace.KvTrace`: P/D requests mark when token 1 and token 2 reach us."""
 
         self._grpc = grpc
         self._channels: dict[str, Any] = {}
@@ -215,6 +218,8 @@ class Client:
             )
         )
         t1 = time.perf_counter() - t0
+        if self.trace is not None:
+            self.trace.mark(rid, "token1", t0 + t1)
         tokens = [out.first_token_id]
         times = [t1]
         kv_bytes = float(out.kv.num_bytes) if out.HasField("kv") else 0.0
@@ -231,6 +236,8 @@ class Client:
             if chunk.error:
                 raise RuntimeError(f"decode of {rid}: {chunk.error}")
             now = time.perf_counter() - t0
+            if self.trace is not None and len(tokens) == 1 and chunk.token_ids:
+                self.trace.mark(rid, "token2", t0 + now)
             for t in chunk.token_ids:
                 tokens.append(t)
                 times.append(now)

@@ -80,9 +80,10 @@ async def _single(
     warm: bool,
     raw: RawNixl | None,
     raw_core: RawNixl | None = None,
+    trace: Any = None,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
-    client = Client()
+    client = Client(trace)
     out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
     moved: dict[int, int] = {}
     try:
@@ -166,7 +167,16 @@ def run_single(
     idle_s: float,
     engine: str = "vllm",
     warm: bool = True,
+    trace: bool = False,
 ) -> dict[str, Any]:
+    """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
+    the result has each one's milestones under "trace"."""
+    from splitserve.worker.vllm_adapter import kvtrace
+
+    trace_file = run_dir / "kvtrace.jsonl"
+    if trace:
+        trace_file.unlink(missing_ok=True)
+        env = {**env, kvtrace.TRACE_ENV: str(trace_file)}
     args = engine_args(max(lengths) + max_tokens + 16) if engine == "vllm" else []
     kw: dict[str, Any] = {"env": env, "engine_args": args, "engine": engine}
     res: dict[str, Any] = {}
@@ -178,11 +188,14 @@ def run_single(
         kv_max = (max(lengths) + 128) * bytes_per_token(model) if engine == "vllm" else 0
         raw = RawNixl(kv_max) if kv_max else None
         raw_core = RawNixl(kv_max, cpu=DECODE_CPU) if kv_max else None
+        tracer = kvtrace.KvTrace(trace_file) if trace else None
         try:
             timings = asyncio.run(
-                _single(p, d, lengths, repeat, max_tokens, warm_it, raw, raw_core)
+                _single(p, d, lengths, repeat, max_tokens, warm_it, raw, raw_core, tracer)
             )
         finally:
+            if tracer is not None:
+                tracer.close()
             for r in (raw, raw_core):
                 if r is not None:
                     r.close()
@@ -191,7 +204,66 @@ def run_single(
         timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens))
     res["timings"] = timings
     res["warm"] = warm and engine == "vllm"
+    if trace:
+        events = kvtrace.load(trace_file)
+        res["trace"] = {
+            rid: kvtrace.milestones(ev) for rid, ev in events.items() if rid.startswith("pd-")
+        }
     return res
+
+
+def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
+    """Median milestone-to-milestone intervals of the P/D requests per prompt length, and the
+    first request on the pair against the later ones of its length."""
+    from splitserve.worker.vllm_adapter import kvtrace
+
+    trace: dict[str, dict[str, float]] = res.get("trace") or {}
+    if not trace:
+        return ""
+
+    def rows_of(n: int, first: bool) -> list[dict[str, float]]:
+        # pd-{rep}-{n}: rep 0 warms every path up (its first length is the pair's first request)
+        out = []
+        for rid, m in trace.items():
+            _, rep, length = rid.split("-")
+            if int(length) == n and (int(rep) == 0) == first:
+                out.append(m)
+        return out
+
+    cols = [(f"{n}", rows_of(n, False)) for n in lengths]
+    cols.append((f"{lengths[0]} first on the pair", rows_of(lengths[0], True)))
+    tables = [kvtrace.breakdown(rows) for _, rows in cols]
+    spans: list[tuple[str, str]] = []
+    for table in tables:
+        for a, b, _, _ in table:
+            if (a, b) not in spans:
+                spans.append((a, b))
+    lines = [
+        "| interval | " + " | ".join(f"{c} ms" for c, _ in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for a, b in spans:
+        cells = []
+        for table in tables:
+            hit = [x for x in table if (x[0], x[1]) == (a, b)]
+            cells.append(f"{1000 * hit[0][2]:.2f} (n={hit[0][3]})" if hit else "")
+        lines.append(f"| {a} -> {b} | " + " | ".join(cells) + " |")
+    totals = []
+    steps = []
+    for _, rows in cols:
+        whole = [r["token2"] - r["token1"] for r in rows if "token1" in r and "token2" in r]
+        totals.append(f"{1000 * med(whole):.2f}" if whole else "")
+        counted = [r["steps"] for r in rows if "steps" in r]
+        steps.append(f"{med(counted):.0f}" if counted else "")
+    lines.append("| **token1 -> token2** | " + " | ".join(totals) + " |")
+    lines.append("| engine steps while traced | " + " | ".join(steps) + " |")
+    lines.append("")
+    lines.append(
+        "Milestones: "
+        + "; ".join(f"`{n}` {kvtrace.describe(n)}" for n, _ in kvtrace.MILESTONES)
+        + ". Each cell is the median over the requests that have both milestones."
+    )
+    return "\n".join(lines)
 
 
 def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
@@ -437,6 +509,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="vLLM's async KV load (SPLITSERVE_KV_PULL_IN_STEP=0; the engine's default)",
     )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="time each P/D decode's token 1 -> token 2 milestones (SPLITSERVE_KV_TRACE)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -484,10 +561,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                 env,
                 args.idle_s,
                 warm=not args.cold,
+                trace=args.trace,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))
             print()
+            if args.trace:
+                print("## Where token 1 -> token 2 goes (P/D, decode worker traced)\n")
+                print(report_trace(res, lengths))
+                print()
             results["single"] = _jsonable(res)
         if "interference" in runs:
             res = run_interference(run_dir, model, env, "vllm", **interference)

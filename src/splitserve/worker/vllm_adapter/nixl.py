@@ -366,3 +366,86 @@ def _merge(into: Any, other: Any) -> None:
     into.finished_sending |= other.finished_sending
     into.finished_recving |= other.finished_recving
     into.failed_recving |= other.failed_recving
+
+
+class WarmReads:
+    """The pair's first NIXL READ, made when the pair is warmed (`VllmEngine.warm_kv`)
+    instead of by a user's first request.
+
+    `start` posts a READ of block 0 of every KV region of a peer engine (handshake done) into
+    this engine's block 0: vLLM's null block on both sides, never a request's KV, so nothing a
+    request reads changes; no notification goes to the peer. The READ does not wait for its
+    end: measured, a waiting version was still in progress after 5 s with the peer engine idle
+    (likely, not verified: without NIXL's progress thread the pair's first READ needs the
+    *peer* to poll NIXL too, which an idle engine does not do). The engine thread calls `poll`
+    between iterations; the handle is released once the READ is over."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, Any, str]] = []
+        self.failed: list[str] = []
+        """Peers whose warm-up READ ended in an error (the pair works without it)."""
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def start(self, worker: Any, engine_id: str) -> int:
+        """Post the READ; returns the descriptors read.
+
+        Raises:
+            ValueError: this worker's layout is not the plain one this supports (one
+                descriptor per block and region, region-major, equal block sizes, one memory
+                type, no SSM state, one remote rank); the first request then pays as before.
+        """
+        local_ids, remote_ids, local, remote = _null_block_descriptors(worker, engine_id)
+        wrapper = worker.nixl_wrapper
+        handle = wrapper.make_prepped_xfer("READ", local, local_ids, remote, remote_ids)
+        state = wrapper.transfer(handle)
+        self._pending.append((wrapper, handle, engine_id))
+        if state != "PROC":
+            self.poll()
+        return len(local_ids)
+
+    def poll(self) -> None:
+        """Release the READs that are over."""
+        left = []
+        for wrapper, handle, engine_id in self._pending:
+            state = wrapper.check_xfer_state(handle)
+            if state == "PROC":
+                left.append((wrapper, handle, engine_id))
+                continue
+            if state != "DONE":
+                self.failed.append(engine_id)
+                log.warning("warm-up READ from engine %s ended %r", engine_id, state)
+            wrapper.release_xfer_handle(handle)
+        self._pending = left
+
+
+def _null_block_descriptors(worker: Any, engine_id: str) -> tuple[list[int], list[int], Any, Any]:
+    """Descriptor ids of block 0 of every region, here and at `engine_id`, and the two
+    prepared descriptor lists (vLLM 0.32's NixlConnector worker fields)."""
+    regions: Any = getattr(worker, "dst_region_num_blocks", {})
+    local_blocks = list(regions.get(getattr(worker, "engine_id", None)) or ())
+    remote_blocks = list(regions.get(engine_id) or ())
+    remote_handles = getattr(worker, "dst_xfer_side_handles", {}).get(engine_id, {})
+    local_handle = getattr(worker, "src_xfer_handles_by_block_size", {}).get(
+        getattr(worker, "block_size", None)
+    )
+    problems = {
+        "no local regions": not local_blocks,
+        f"{len(remote_blocks)} remote regions, {len(local_blocks)} local": len(remote_blocks)
+        != len(local_blocks),
+        "no local descriptor list": local_handle is None,
+        f"{len(remote_handles)} remote ranks": len(remote_handles) != 1,
+        "mixed memory types": bool(getattr(worker, "_mixed_mem_types", True)),
+        "SSM state": bool(getattr(worker, "_has_mamba", True)),
+        "descriptors are not one per block and region": len(getattr(worker, "src_blocks_data", ()))
+        != sum(local_blocks),
+    }
+    found = [k for k, bad in problems.items() if bad]
+    if found:
+        raise ValueError("KV layout not supported: " + ", ".join(found))
+    local_ids = [sum(local_blocks[:i]) for i in range(len(local_blocks))]
+    remote_ids = [sum(remote_blocks[:i]) for i in range(len(remote_blocks))]
+    (remote_handle,) = remote_handles.values()
+    return local_ids, remote_ids, local_handle, remote_handle

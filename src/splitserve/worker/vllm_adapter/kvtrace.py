@@ -1,0 +1,240 @@
+"""Timestamps of a P/D decode's hand-off, token 1 -> token 2 (`make bench-kv --trace`).
+
+Off unless `SPLITSERVE_KV_TRACE` names a file. Then the vLLM engine of a decode worker appends
+one JSON line per event of each decode it continues from a prefill (`{"rid", "event", "t"}`,
+`t` from `time.perf_counter()`: CLOCK_MONOTONIC on Linux, so the bench client, which appends its
+own events for the same request to the same file, shares the clock). Events, in the order one
+decode meets them (`MILESTONES`): the Decode call reaches the engine, the request is added to
+vLLM in the engine thread, the scheduler first sees it, the NIXL READ is posted and returns,
+vLLM reports the READ done (the asynchronous path only), the engine step that yields token 2
+starts and ends, the token is handed to the asyncio side and leaves the engine's stream.
+`breakdown` turns the lines into per-request intervals.
+
+A measuring aid, not a metric: each event is a small locked write (a few microseconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+TRACE_ENV = "SPLITSERVE_KV_TRACE"
+
+MILESTONES: tuple[tuple[str, str], ...] = (
+    ("token1", "router has token 1 (Prefill answered)"),
+    ("call", "Decode call reaches the engine"),
+    ("added", "request added to vLLM (engine thread)"),
+    ("seen", "scheduler first sees it (schedule() returns)"),
+    ("post", "NIXL READ posted (start_load_kv)"),
+    ("posted", "start_load_kv returns"),
+    ("recv_done", "vLLM reports the READ done (async path)"),
+    ("step2_start", "the step that yields token 2 starts"),
+    ("step2_sched", "its schedule() returns"),
+    ("step2_fwd_start", "its model execution starts"),
+    ("step2_fwd_end", "its model execution (forward, sampling) ends"),
+    ("step2_end", "that step ends"),
+    ("dispatch", "token 2 handed to the asyncio side"),
+    ("yield", "token 2 leaves the engine stream"),
+    ("token2", "router has token 2"),
+)
+"""Trace events in the order a decode meets them, with what each marks."""
+
+
+class KvTrace:
+    """Appends events to a file; thread-safe (the engine thread and the asyncio loop write)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._lock = threading.Lock()
+        self._out: TextIO = open(path, "a", buffering=1)  # noqa: SIM115 (lives with the engine)
+        self._open: set[str] = set()
+        """Decodes between their call and token 2 (the worker's request ids)."""
+        self._alias: dict[str, str] = {}
+        """vLLM's internal request id -> the worker's, for traced decodes."""
+        self._unseen: set[str] = set()
+        self._step_start: float | None = None
+        self._phases: dict[str, float] = {}
+        """Times within the traced step: `step_sched`, `step_fwd_start`, `step_fwd_end`."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> KvTrace | None:
+        path = env.get(TRACE_ENV)
+        return cls(path) if path else None
+
+    def mark(self, rid: str, event: str, t: float | None = None) -> None:
+        stamp = time.perf_counter() if t is None else t
+        line = json.dumps({"rid": rid, "event": event, "t": stamp})
+        with self._lock:
+            self._out.write(line + "\n")
+
+    # -- a decode's life in the engine -------------------------------------------------
+
+    def begin(self, rid: str) -> None:
+        """A decode continued from a prefill reached the engine: trace it until token 2."""
+        self._open.add(rid)
+        self.mark(rid, "call")
+
+    def added(self, rid: str, internal: str) -> None:
+        """vLLM took the request (in the engine thread) under its internal id `internal`."""
+        if rid in self._open:
+            self._alias[internal] = rid
+            self._unseen.add(rid)
+            self.mark(rid, "added")
+
+    def scheduled(self) -> None:
+        """After a `schedule()`: requests added before it have been seen by the scheduler."""
+        if self._step_start is not None:
+            self._phases.setdefault("step_sched", time.perf_counter())
+        if self._unseen:
+            now = time.perf_counter()
+            for rid in list(self._unseen):
+                self.mark(rid, "seen", now)
+            self._unseen.clear()
+
+    def install(self, worker: Any) -> None:
+        """Time the NIXL worker's READ posts and its reports of finished READs (wrapping the
+        outermost `start_load_kv` / `get_transfer_results`, whoever wrapped them before)."""
+        post = worker.start_load_kv
+        results = worker.get_transfer_results
+
+        def start_load_kv(metadata: Any, *args: Any, **kwargs: Any) -> Any:
+            recv = getattr(metadata, "reqs_to_recv", {})
+            ids = [self._alias[i] for i in recv if i in self._alias]
+            for rid in ids:
+                self.mark(rid, "post")
+            out = post(metadata, *args, **kwargs)
+            for rid in ids:
+                self.mark(rid, "posted")
+            return out
+
+        def get_transfer_results(*args: Any, **kwargs: Any) -> Any:
+            out = results(*args, **kwargs)
+            for i in getattr(out, "finished_recving", ()):
+                rid = self._alias.get(i)
+                if rid is not None and rid in self._open:
+                    self.mark(rid, "recv_done")
+            return out
+
+        worker.start_load_kv = start_load_kv
+        worker.get_transfer_results = get_transfer_results
+
+    def install_executor(self, executor: Any) -> None:
+        """Time the model execution of traced steps (the executor's `execute_model` and
+        `sample_tokens`, on this instance)."""
+        execute = executor.execute_model
+        sample = executor.sample_tokens
+
+        def execute_model(*args: Any, **kwargs: Any) -> Any:
+            if self._step_start is not None:
+                self._phases["step_fwd_start"] = time.perf_counter()
+            out = execute(*args, **kwargs)
+            if self._step_start is not None:
+                self._phases["step_fwd_end"] = time.perf_counter()
+            return out
+
+        def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+            out = sample(*args, **kwargs)
+            if self._step_start is not None:
+                self._phases["step_fwd_end"] = time.perf_counter()
+            return out
+
+        executor.execute_model = execute_model
+        executor.sample_tokens = sample_tokens
+
+    def step_started(self) -> None:
+        self._phases = {}
+        self._step_start = time.perf_counter() if self._open else None
+
+    def step_ended(self) -> None:
+        """After an engine step: every traced request gets the step's times."""
+        start, self._step_start = self._step_start, None
+        if start is None:
+            return
+        end = time.perf_counter()
+        for rid in list(self._open):
+            self.mark(rid, "step_start", start)
+            self.mark(rid, "step_end", end)
+            for name, t in self._phases.items():
+                self.mark(rid, name, t)
+
+    def dispatched(self, rid: str) -> None:
+        """Token 2 left the engine thread: the engine side of this decode is traced."""
+        if rid in self._open:
+            self._open.discard(rid)
+            self._unseen.discard(rid)
+            for internal in [i for i, r in self._alias.items() if r == rid]:
+                del self._alias[internal]
+            self.mark(rid, "dispatch")
+
+    def close(self) -> None:
+        with self._lock:
+            self._out.close()
+
+
+def load(path: str | Path) -> dict[str, list[tuple[str, float]]]:
+    """The trace file's events by request, in file order."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        e = json.loads(line)
+        out.setdefault(str(e["rid"]), []).append((str(e["event"]), float(e["t"])))
+    return out
+
+
+def milestones(events: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """One request's events as `MILESTONES` times: the first of each event, except the token-2
+    step, which is the last step the engine ran for the request before it dispatched token 2."""
+    first: dict[str, float] = {}
+    for name, t in events:
+        first.setdefault(name, t)
+    out = {k: v for k, v in first.items() if k in dict(MILESTONES)}
+    dispatch = first.get("dispatch")
+    steps = [
+        (s, e)
+        for (n1, s), (n2, e) in itertools.pairwise(events)
+        if n1 == "step_start" and n2 == "step_end" and (dispatch is None or e <= dispatch)
+    ]
+    if steps:
+        start, end = steps[-1]
+        out["step2_start"], out["step2_end"] = start, end
+        out["steps"] = float(len(steps))
+        for name, t in events:
+            phase = name.startswith("step_") and name not in ("step_start", "step_end")
+            if phase and start <= t <= end:
+                out["step2_" + name.removeprefix("step_")] = t
+    return out
+
+
+def breakdown(requests: Iterable[Mapping[str, float]]) -> list[tuple[str, str, float, int]]:
+    """Median interval between consecutive milestones over `requests` (each one's
+    `milestones`): (from, to, median seconds, requests with both), in the order they happen.
+    Each request's milestones are taken in the order they happened (the in-step path reads
+    the KV inside the token-2 step, so that step starts before the scheduler sees the
+    request); milestones a request lacks are skipped for it (the in-step path has no
+    `recv_done`)."""
+    names = [m for m, _ in MILESTONES]
+    rank = {n: i for i, n in enumerate(names)}
+    spans: dict[tuple[str, str], list[float]] = {}
+    starts: dict[tuple[str, str], list[float]] = {}
+    for r in requests:
+        present = sorted((n for n in names if n in r), key=lambda n: (r[n], rank[n]))
+        if not present:
+            continue
+        t0 = r[present[0]]
+        for a, b in itertools.pairwise(present):
+            spans.setdefault((a, b), []).append(r[b] - r[a])
+            starts.setdefault((a, b), []).append(r[a] - t0)
+    out = [(a, b, statistics.median(xs), len(xs)) for (a, b), xs in spans.items()]
+    out.sort(key=lambda x: (statistics.median(starts[x[0], x[1]]), rank[x[0]], rank[x[1]]))
+    return out
+
+
+def describe(name: str) -> str:
+    return dict(MILESTONES).get(name, name)

@@ -1,0 +1,121 @@
+"""`kvtrace`: the token 1 -> token 2 timestamps of a P/D decode (`make bench-kv --trace`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitserve.worker.vllm_adapter import kvtrace
+from splitserve.worker.vllm_adapter.kvtrace import KvTrace
+
+
+@dataclass
+class _Meta:
+    reqs_to_recv: dict[str, Any]
+
+
+@dataclass
+class _Results:
+    finished_recving: set[str] = field(default_factory=set)
+
+
+class _Worker:
+    """The two NIXL worker methods the trace wraps."""
+
+    def __init__(self) -> None:
+        self.posted: list[str] = []
+        self.done: set[str] = set()
+
+    def start_load_kv(self, metadata: _Meta) -> None:
+        self.posted.extend(metadata.reqs_to_recv)
+
+    def get_transfer_results(self) -> _Results:
+        done, self.done = self.done, set()
+        return _Results(done)
+
+
+class _Executor:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def execute_model(self, *_: Any) -> None:
+        self.calls.append("execute")
+
+    def sample_tokens(self, *_: Any) -> None:
+        self.calls.append("sample")
+
+
+def test_off_without_the_variable() -> None:
+    assert KvTrace.from_env({}) is None
+    assert KvTrace.from_env({kvtrace.TRACE_ENV: ""}) is None
+
+
+def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    trace = KvTrace.from_env({kvtrace.TRACE_ENV: str(path)})
+    assert trace is not None
+    worker = _Worker()
+    trace.install(worker)
+    executor = _Executor()
+    trace.install_executor(executor)
+    client = KvTrace(path)  # the bench client appends to the same file
+    client.mark("r", "token1", 1.0)
+    trace.begin("r")
+    trace.added("r", "r-internal")
+    trace.scheduled()
+    trace.scheduled()  # seen once
+    trace.step_started()
+    worker.start_load_kv(_Meta({"r-internal": object(), "untraced": object()}))
+    worker.done = {"r-internal", "untraced"}
+    worker.get_transfer_results()
+    trace.step_ended()  # step 1: only moved KV
+    trace.step_started()
+    trace.scheduled()
+    executor.execute_model()
+    executor.sample_tokens()
+    trace.step_ended()  # step 2: token 2
+    trace.dispatched("r")
+    trace.step_started()
+    trace.step_ended()  # after token 2: not this decode's any more
+    trace.mark("r", "yield")
+    client.mark("r", "token2", 1e9)
+    trace.close()
+    client.close()
+    assert worker.posted == ["r-internal", "untraced"]  # the wrapped methods still ran
+    assert executor.calls == ["execute", "sample"]
+
+    events = kvtrace.load(path)
+    assert set(events) == {"r"}
+    names = [n for n, _ in events["r"]]
+    assert names.count("seen") == 1
+    assert names.count("step_start") == 2
+    m = kvtrace.milestones(events["r"])
+    assert m["steps"] == 2
+    second_step = [t for n, t in events["r"] if n == "step_start"][1]
+    assert m["step2_start"] == second_step
+    assert m["step2_start"] < m["step2_sched"] < m["step2_fwd_start"] < m["step2_fwd_end"]
+    for a, b in zip(kvtrace.MILESTONES, kvtrace.MILESTONES[1:], strict=False):
+        assert m[a[0]] <= m[b[0]], (a[0], b[0])
+    table = kvtrace.breakdown([m])
+    assert [(a, b) for a, b, _, _ in table] == list(
+        zip(
+            [n for n, _ in kvtrace.MILESTONES],
+            [n for n, _ in kvtrace.MILESTONES[1:]],
+            strict=False,
+        )
+    )
+    # The intervals add up to the whole gap.
+    assert sum(x for _, _, x, _ in table) == pytest.approx(m["token2"] - m["token1"])
+
+
+def test_breakdown_skips_missing_milestones() -> None:
+    in_step = {"token1": 0.0, "call": 1.0, "post": 3.0, "token2": 10.0}
+    async_ = {"token1": 0.0, "call": 2.0, "post": 3.0, "recv_done": 5.0, "token2": 12.0}
+    table = {(a, b): (x, n) for a, b, x, n in kvtrace.breakdown([in_step, async_])}
+    assert table[("token1", "call")] == (1.5, 2)
+    assert table[("post", "token2")] == (7.0, 1)
+    assert table[("post", "recv_done")] == (2.0, 1)
+    assert table[("recv_done", "token2")] == (7.0, 1)
