@@ -36,7 +36,13 @@ from splitserve.security.authz import WORKER_METHODS, RoleInterceptor
 from splitserve.security.owners import Owners
 from splitserve.worker import mux
 from splitserve.worker.coalesce import coalesce
-from splitserve.worker.engine import DEFAULT_STEP_BUFFER, Engine, StepSample, TokenDelta
+from splitserve.worker.engine import (
+    DEFAULT_STEP_BUFFER,
+    Engine,
+    StepSample,
+    StepSubscription,
+    TokenDelta,
+)
 from splitserve.worker.kv_pull_log import KvPullLog
 from splitserve.worker.kv_source import KvSources
 
@@ -446,17 +452,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             yield self.load_report()
             await asyncio.sleep(interval_s)
 
-    async def WatchSteps(  # noqa: N802
+    async def _subscribe_steps(
         self, request: worker_pb2.WatchStepsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[worker_pb2.StepSample]:
+    ) -> StepSubscription:
+        """The step feed for `WatchSteps` / `WatchStepBatches`; UNIMPLEMENTED without one."""
         feed = self.engine.steps
         if feed is None:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"the {self.engine.kind} engine does not report its steps",
             )
-            return
-        sub = feed.subscribe(request.max_buffer or DEFAULT_STEP_BUFFER)
+            raise AssertionError("unreachable: abort raises")
+        return feed.subscribe(request.max_buffer or DEFAULT_STEP_BUFFER)
+
+    async def WatchSteps(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StepSample]:
+        sub = await self._subscribe_steps(request, context)
         try:
             # Headers go out now: a caller that awaits them knows no later step is missed.
             await context.send_initial_metadata((("splitserve-watch-steps", "1"),))
@@ -469,14 +481,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.WatchStepsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
         """`WatchSteps`, the samples that queued during the previous write in one message."""
-        feed = self.engine.steps
-        if feed is None:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"the {self.engine.kind} engine does not report its steps",
-            )
-            return
-        sub = feed.subscribe(request.max_buffer or DEFAULT_STEP_BUFFER)
+        sub = await self._subscribe_steps(request, context)
         try:
             await context.send_initial_metadata((("splitserve-watch-steps", "1"),))
             while True:
