@@ -87,18 +87,19 @@ class StepSubscription:
         self._buffer.append(sample)
         self._ready.set()
 
-    async def get(self) -> StepSample:
-        """The oldest buffered sample, waiting for one if there is none."""
+    async def _wait(self) -> None:
         while not self._buffer:
             self._ready.clear()
             await self._ready.wait()
+
+    async def get(self) -> StepSample:
+        """The oldest buffered sample, waiting for one if there is none."""
+        await self._wait()
         return self._buffer.popleft()
 
     async def get_all(self) -> list[StepSample]:
         """Every buffered sample, oldest first, waiting for one if there is none."""
-        while not self._buffer:
-            self._ready.clear()
-            await self._ready.wait()
+        await self._wait()
         out = list(self._buffer)
         self._buffer.clear()
         return out
