@@ -4,9 +4,11 @@
 # 0), and vllm-router (PyPI, pinned, in its own venv) in P/D mode over fake OpenAI backends on the
 # same core; drives both with our own bounded load generator (closed and open loop) from core 1;
 # prints the figures side by side as ratios and writes out/bench-router.md, plus a py-spy flame
-# graph of our router at saturation (out/flame-splitserve-*.svg). Summarised by hand in
-# docs/benchmarks.md. Needs 2+ cores and `taskset`. ~5 minutes on the 2-core dev machine (more
-# with --scaling and --slow-streams; bound it with BENCH_ROUTER_ARGS, e.g. "--rates 200").
+# graph of our router at saturation (out/flame-splitserve-*.svg), and every figure as JSON
+# (out/bench-router.json). Summarised by hand in docs/benchmarks.md. Needs 2+ cores (pinning
+# with os.sched_setaffinity; the layout is printed in the report). ~5 minutes on the 2-core dev
+# machine (more with --scaling and --slow-streams; bound it with BENCH_ROUTER_ARGS, e.g.
+# "--rates 200", or cap it with "--budget-s 300").
 
 BENCH_ROUTER_VENV   ?= .venv-bench-router
 VLLM_ROUTER_VERSION ?= 0.1.17
@@ -36,3 +38,22 @@ BENCH_STREAMS_ARGS ?=
 bench-router-streams: $(STAMP)
 	@mkdir -p out
 	$(PY) -m tests.bench_router.streams --out out/bench-router-streams.md $(BENCH_STREAMS_ARGS)
+
+# The scale-out figure on a many-core machine (issue 17 items 3-4): 1 / 2 / 4 router processes
+# (`router serve --processes N`, each pinned to its own core; c = 32 per process), vllm-router on
+# 1 and 4 cores, the 200- and 1,024-token rows, all within BENCH_SCALE_BUDGET_S seconds (parts
+# that would not fit are skipped, and the report says which). Automatic layout from 8 cores
+# (router / load generator / backend cores disjoint); set the cores with BENCH_SCALE_ARGS, e.g.
+# "--router-cores 0-3 --load-cores 4-6 --worker-cores 7-15". Runs from the source tree alone
+# (PYTHONPATH=src, no install): see docs/benchmarks.md "Scale-out".
+BENCH_SCALE_BUDGET_S ?= 290
+BENCH_SCALE_ARGS     ?=
+
+.PHONY: bench-router-scale
+
+bench-router-scale: $(STAMP) $(BENCH_ROUTER_VENV)/.installed
+	@mkdir -p out
+	PYTHONPATH=src $(PY) -m tests.bench_router.run \
+	  --vllm-router $(BENCH_ROUTER_VENV)/bin/vllm-router --py-spy $(BENCH_ROUTER_VENV)/bin/py-spy \
+	  --out out/bench-router.md --scale 1 2 4 --slow-streams 0 --rates 100 200 400 800 \
+	  --budget-s $(BENCH_SCALE_BUDGET_S) $(BENCH_SCALE_ARGS)

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -28,10 +28,50 @@ class Result:
     wall_s: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
     """Non-200 answers by status line."""
+    started_s: float = 0.0
+    """`time.monotonic()` when the run started (the same clock in every process on Linux)."""
+    cpu_s: float = 0.0
+    """CPU time of the load generator process over the run (filled in by `loadproc`)."""
 
     @property
     def done(self) -> int:
         return len(self.e2e_s)
+
+    def to_json(self) -> dict[str, object]:
+        return {"ttft_s": self.ttft_s, "e2e_s": self.e2e_s, "errors": self.errors,
+                "wall_s": self.wall_s, "statuses": self.statuses,
+                "started_s": self.started_s, "cpu_s": self.cpu_s}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        return cls(
+            ttft_s=[float(x) for x in data["ttft_s"]],
+            e2e_s=[float(x) for x in data["e2e_s"]],
+            errors=int(data["errors"]),
+            wall_s=float(data["wall_s"]),
+            statuses={str(k): int(v) for k, v in data["statuses"].items()},
+            started_s=float(data["started_s"]),
+            cpu_s=float(data["cpu_s"]),
+        )
+
+
+def merge(results: list[Result]) -> Result:
+    """Several load generators' results of one run as one: latencies pooled, counts and CPU
+    summed, wall time from the earliest start to the latest end (so req/s = done / wall_s is the
+    rate all of them together sustained)."""
+    if not results:
+        return Result()
+    out = Result()
+    for r in results:
+        out.ttft_s += r.ttft_s
+        out.e2e_s += r.e2e_s
+        out.errors += r.errors
+        out.cpu_s += r.cpu_s
+        for status, n in r.statuses.items():
+            out.statuses[status] = out.statuses.get(status, 0) + n
+    out.started_s = min(r.started_s for r in results)
+    out.wall_s = max(r.started_s + r.wall_s for r in results) - out.started_s
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -104,11 +144,19 @@ async def closed_loop(port: int, raw: bytes, concurrency: int, count: int, max_s
         conn = await _Conn.open(port)
         while issued < count and time.perf_counter() < deadline:
             issued += 1
-            if not await conn.stream(raw, result):
+            try:
+                ok = await conn.stream(raw, result)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
+                result.errors += 1
+                name = type(err).__name__
+                result.statuses[name] = result.statuses.get(name, 0) + 1
+                ok = False
+            if not ok:
                 conn.close()
                 conn = await _Conn.open(port)
         conn.close()
 
+    result.started_s = time.monotonic()
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     result.wall_s = time.perf_counter() - start

@@ -1,9 +1,16 @@
 """`make bench-router`: the router's added latency, CPU and throughput, beside vllm-router's.
 
-Machine layout (needs 2+ cores): the router under test is pinned to core 0; the load generator
-(this process), the backends and everything else to core 1. Each router is measured against
-talking to its backend directly (the splitserve decode worker over gRPC; vllm-router's fake
-decode backend over HTTP) with the same requests: streamed chat completions of 16 tokens.
+Machine layout (`tests.bench_router.layout`; needs 2+ cores): the router under test on the
+router core(s), the load generator(s) on the load core(s), the zero-delay backends on the
+backend core(s). On 2 cores: router on core 0, everything else on core 1. Each router is
+measured against talking to its backend directly (the splitserve decode worker over gRPC;
+vllm-router's fake decode backend over HTTP) with the same requests: streamed chat completions
+of 16 tokens. `--scale 1 2 4` adds the scale-out figure (`router serve --processes N`, each
+process pinned to its own router core, c = 32 per process); `--budget-s` caps the whole run.
+
+Runs from a source tree without installing splitserve: `PYTHONPATH=src python3 -m
+tests.bench_router.run ...` (every child is `sys.executable` with the inherited environment;
+pinning is `os.sched_setaffinity` in the child, no `taskset`).
 
     python -m tests.bench_router.run --vllm-router PATH [--py-spy PATH] [--out FILE]
 """
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -21,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +37,13 @@ import grpc
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
-from tests.bench_router import loadgen
+from tests.bench_router import loadgen, loadproc
+from tests.bench_router.layout import Budget, Layout, backend_counts, format_cores, make_layout
 from tests.bench_router.loadgen import Result, percentile
 
 ROUTER_CORE = 0
 LOAD_CORE = 1
+"""The 2-core layout (router on 0, the rest on 1) that `ab`, `streams` and `syscalls` use."""
 TOKENS = 16
 RATES = (50, 100, 200, 400, 800)
 SLO_ARGS = (
@@ -67,16 +77,38 @@ class Procs:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.named: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(
-        self, name: str, args: list[str], core: int, env: dict[str, str] | None = None
+        self,
+        name: str,
+        args: list[str],
+        core: int | Iterable[int],
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start `args` pinned to `core` (one core or a set; `os.sched_setaffinity` in the
+        child, inherited by everything it starts), output to `<name>.log`."""
+        cores = {core} if isinstance(core, int) else set(core)
         with (self.logs / f"{name}.log").open("wb") as out:
             proc = subprocess.Popen(
-                ["taskset", "-c", str(core), *args], stdout=out, stderr=out, env=env
-            )
+                args, stdout=out, stderr=out, env=env,
+                preexec_fn=lambda: os.sched_setaffinity(0, cores),
+            )  # fmt: skip
         self.procs.append(proc)
+        self.named[name] = proc
         return proc
+
+    def pids(self, *prefixes: str) -> list[int]:
+        """The live processes whose name starts with one of `prefixes`."""
+        return [p.pid for n, p in self.named.items() if n.startswith(prefixes) and p.poll() is None]
+
+    def log_tails(self, lines: int = 40) -> str:
+        """The last `lines` lines of every log, for a report when something failed."""
+        out = []
+        for log in sorted(self.logs.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out += [f"==> {log.name} <==", *tail, ""]
+        return "\n".join(out)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -89,23 +121,49 @@ class Procs:
                 proc.kill()
 
 
-def start_vllm_router(procs: Procs, binary: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """vllm-router in P/D mode in front of the fake OpenAI prefill / decode servers, ready:
-    (its process, its port, the fake decode server's port)."""
-    fake_p, fake_d, peer_port = _free_port(), _free_port(), _free_port()
-    procs.spawn("fake-openai", [sys.executable, "-m", "tests.bench_router.fake_openai",
-                                str(fake_p), str(fake_d)], LOAD_CORE)  # fmt: skip
-    _wait_http(fake_d)
-    peer = procs.spawn(
-        "vllm-router",
-        [binary, "--vllm-pd-disaggregation", "--prefill",
-         f"http://127.0.0.1:{fake_p}", "--decode", f"http://127.0.0.1:{fake_d}",
-         "--host", "127.0.0.1", "--port", str(peer_port), "--policy", "round_robin",
-         "--log-level", "warning"],
-        ROUTER_CORE,
-    )  # fmt: skip
-    _wait_http(peer_port)
-    return peer, peer_port, fake_d
+def start_vllm_router(
+    procs: Procs, binary: str, layout: Layout | None = None, backends: int = 1
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """vllm-router in P/D mode in front of `backends` fake OpenAI prefill / decode server
+    pairs (on the backend cores), itself on the first router core, ready: (its process, its
+    port, the first fake decode server's port)."""
+    layout = layout or Layout((ROUTER_CORE,), (LOAD_CORE,), (LOAD_CORE,))
+    pairs = start_fake_backends(procs, layout, backends)
+    peer, peer_port = start_peer(procs, binary, pairs, layout.router[:1])
+    return peer, peer_port, pairs[0][1]
+
+
+def start_fake_backends(procs: Procs, layout: Layout, count: int) -> list[tuple[int, int]]:
+    """`count` fake OpenAI processes, each serving a prefill and a decode port, one per backend
+    core (round robin): [(prefill port, decode port)]."""
+    pairs = []
+    for i in range(count):
+        fake_p, fake_d = _free_port(), _free_port()
+        procs.spawn(f"fake-openai-{i}", [sys.executable, "-m", "tests.bench_router.fake_openai",
+                                         str(fake_p), str(fake_d)],
+                    layout.worker_core_of(i))  # fmt: skip
+        pairs.append((fake_p, fake_d))
+    for _, fake_d in pairs:
+        _wait_http(fake_d)
+    return pairs
+
+
+def start_peer(
+    procs: Procs, binary: str, pairs: list[tuple[int, int]], cores: Iterable[int]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """vllm-router in P/D mode (round robin) over the fake pairs, pinned to `cores` (it is
+    multi-threaded: its runtime sizes itself to the cores it may use)."""
+    cores = tuple(cores)
+    port = _free_port()
+    args = [binary, "--vllm-pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
+            "--policy", "round_robin", "--log-level", "warning"]  # fmt: skip
+    for fake_p, _ in pairs:
+        args += ["--prefill", f"http://127.0.0.1:{fake_p}"]
+    for _, fake_d in pairs:
+        args += ["--decode", f"http://127.0.0.1:{fake_d}"]
+    peer = procs.spawn(f"vllm-router-{format_cores(cores)}", args, cores)
+    _wait_http(port)
+    return peer, port
 
 
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> Any:
@@ -119,16 +177,30 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120
 
 def start_zero_delay_workers(procs: Procs, work: Path) -> dict[str, str]:
     """A zero-delay simulated prefill and decode worker on the load core: role -> address."""
-    workers = {}
-    for role in ("prefill", "decode"):
-        ready = work / f"{role}.json"
+    layout = Layout((ROUTER_CORE,), (LOAD_CORE,), (LOAD_CORE,))
+    both = start_workers(procs, work, layout, 1, 1)
+    return {role: addresses[0] for role, addresses in both.items()}
+
+
+def start_workers(
+    procs: Procs, work: Path, layout: Layout, prefill: int, decode: int
+) -> dict[str, list[str]]:
+    """`prefill` zero-delay simulated prefill workers and `decode` decode workers, one per
+    backend core (round robin, prefill first): role -> addresses."""
+    started: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
+    roles = [("prefill", i) for i in range(prefill)] + [("decode", i) for i in range(decode)]
+    for k, (role, i) in enumerate(roles):
+        ready = work / f"{role}-{i}.json"
         p = procs.spawn(
-            role,
+            f"{role}-{i}",
             [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
              "--sim-time-scale", "0", "--ready-file", str(ready)],
-            LOAD_CORE,
+            layout.worker_core_of(k),
         )  # fmt: skip
-        workers[role] = _wait_file(ready, p)["address"]
+        started.append((role, ready, p))
+    workers: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for role, ready, p in started:
+        workers[role].append(_wait_file(ready, p)["address"])
     return workers
 
 
@@ -202,8 +274,16 @@ def measure(
     out_dir: Path,
     rates: tuple[int, ...] = RATES,
     flame_format: str = "flamegraph",
+    load_cores: tuple[int, ...] = (LOAD_CORE,),
+    backend_pids: tuple[int, ...] = (),
+    sat_count: int = 4000,
+    sat_s: float = 30,
 ) -> dict[str, Any]:
-    """Every figure for one router: c=1 TTFT, saturated throughput and CPU, Poisson rates."""
+    """Every figure for one router: c=1 TTFT, saturated throughput and CPU, Poisson rates.
+
+    The saturation run (c=32) comes from one load generator process per load core
+    (`loadproc`); the busiest backend's and the load generators' CPU use over it are recorded
+    so a bottleneck outside the router shows."""
     run = asyncio.run
     run(loadgen.closed_loop(port, raw, 4, 200, 30))  # warm-up
     base = run(direct())
@@ -218,8 +298,10 @@ def measure(
              "--nonblocking", "--format", flame_format],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-    sat = run(loadgen.closed_loop(port, raw, 32, 4000, 30))
+    back0 = {p: _cpu_s(p) for p in backend_pids}
+    sat = loadproc.closed_loop(port, raw, 32, sat_count, sat_s, load_cores)
     cpu = _cpu_s(pid) - cpu0
+    busiest = max((_cpu_s(p) - c for p, c in back0.items()), default=0.0)
     if spy is not None:
         spy.wait(60)
     by_rate = {}
@@ -238,10 +320,18 @@ def measure(
         "sat_rps": sat.done / sat.wall_s,
         "sat_errors": sat.errors,
         "sat_statuses": sat.statuses,
+        "sat_load_cpu_pct": _pct(sat.cpu_s / max(1, len(load_cores[:32])), sat.wall_s),
+        "sat_busiest_backend_cpu_pct": _pct(busiest, sat.wall_s),
+        "router_cpu_pct": _pct(cpu, sat.wall_s),
         "rss_mb": _rss_mb(pid),
         "best_rate": max(ok_rates, default=0),
         "rates": {r: round((p99 - base_p99) * 1e3, 2) for r, (p99, _, _) in by_rate.items()},
     }
+
+
+def _pct(cpu_s: float, wall_s: float) -> float:
+    """CPU time over a wall time, in % of one core."""
+    return round(100 * cpu_s / max(wall_s, 1e-9), 1)
 
 
 def main() -> None:
@@ -249,6 +339,9 @@ def main() -> None:
     parser.add_argument("--vllm-router", default=None, help="vllm-router executable (peer)")
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--out", default="out/bench-router.md")
+    parser.add_argument(
+        "--json", default=None, help="every figure as JSON (default: --out with .json)"
+    )
     parser.add_argument("--prompt-tokens", type=int, nargs="*", default=[200, 1024])
     parser.add_argument(
         "--rates", type=int, nargs="*", default=list(RATES), help="Poisson rates (none: skip)"
@@ -256,7 +349,44 @@ def main() -> None:
     parser.add_argument(
         "--scaling",
         action="store_true",
-        help="also run `router serve --processes 2` on both cores: the 1 -> 2 core figure",
+        help="also measure `router serve --processes 2` (the same as --scale 1 2)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=int,
+        nargs="*",
+        default=None,
+        help="router process counts for the scale-out figure, e.g. 1 2 4 (each process pinned "
+        "to its own router core; c = 32 per process)",
+    )
+    parser.add_argument("--router-cores", default=None, help="e.g. 0-3 (default: automatic)")
+    parser.add_argument("--load-cores", default=None, help="e.g. 4-7 (default: automatic)")
+    parser.add_argument("--worker-cores", default=None, help="e.g. 8-15 (default: automatic)")
+    parser.add_argument(
+        "--backends",
+        type=int,
+        default=None,
+        help="zero-delay decode workers (and half as many prefill workers); default: one "
+        "worker per backend core, a third of them prefill. The peer gets one fake OpenAI "
+        "prefill / decode pair per backend core",
+    )
+    parser.add_argument(
+        "--sat-s", type=float, default=10.0, help="length of each scale-out saturation run"
+    )
+    parser.add_argument(
+        "--peer-scaling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --scale and --vllm-router: vllm-router's saturated req/s pinned to 1 core "
+        "and to as many cores as the largest --scale",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall-clock cap for the whole run: parts that would not fit are skipped (in this "
+        "order of priority: the first prompt's splitserve row, the scale-out figure, the peer's "
+        "row, the peer's scaling, the other prompts, the slow streams) and the report says so",
     )
     parser.add_argument(
         "--slow-streams",
@@ -273,12 +403,32 @@ def main() -> None:
         help="run the splitserve router from this src/ directory (e.g. an older tree from "
         "`git archive`) to compare before / after; the workers stay this tree's",
     )
+    parser.add_argument(
+        "--logs", default=None, help="write the tail of every process's log here at the end"
+    )
     args = parser.parse_args()
-    if (os.cpu_count() or 1) < 2:
-        raise SystemExit("bench-router needs 2 cores (router on one, load on the other)")
-    os.sched_setaffinity(0, {LOAD_CORE})
+    scale = sorted(set(args.scale or ([1, 2] if args.scaling else [])))
+    if any(n < 1 for n in scale):
+        parser.error("--scale: process counts must be >= 1")
+    try:
+        layout = make_layout(
+            sorted(os.sched_getaffinity(0)), max(scale, default=1),
+            args.router_cores, args.load_cores, args.worker_cores,
+        )  # fmt: skip
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        n_prefill, n_decode = backend_counts(layout, args.backends)
+    except ValueError as err:
+        parser.error(str(err))
+    _absolute_pythonpath()
+    budget = Budget(args.budget_s, time.monotonic)
+    # an outer `timeout` (SIGTERM) still stops every process started here (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.sched_setaffinity(0, {layout.load[0]})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    json_out = Path(args.json) if args.json else out.with_suffix(".json")
     work = Path(tempfile.mkdtemp(prefix="bench-router-"))
     cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", work / "cache"))
     tok_dir = default_tokenizer_dir(cache / "tokenizer")
@@ -286,41 +436,69 @@ def main() -> None:
     py = sys.executable
     procs = Procs(work)
     rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {
+        "layout": _layout_json(layout, n_prefill, n_decode, scale),
+        "skipped": budget.skipped,
+        "budget_s": args.budget_s,
+    }
+
+    def save() -> None:
+        extra["elapsed_s"] = round(budget.clock() - budget.start_s, 1)
+        out.write_text(report(rows, extra))
+        json_out.write_text(json.dumps({"machine": machine(), "rows": rows, **extra}, indent=1))
+
     try:
         # splitserve: zero-delay sim prefill + decode workers, the router on its own core.
-        workers = start_zero_delay_workers(procs, work)
+        workers = start_workers(procs, work, layout, n_prefill, n_decode)
+        all_workers = workers["prefill"] + workers["decode"]
         http_port = _free_port()
         router_env = None
         if args.router_src:
             router_env = {**os.environ, "PYTHONPATH": str(Path(args.router_src).resolve())}
         router = procs.spawn(
             "router",
-            [py, "-m", "splitserve", "router", "serve", "--worker", workers["prefill"],
-             "--worker", workers["decode"], "--model", "bench", "--tokenizer", str(tok_dir),
-             "--port", str(http_port), "--grpc-port", "0", "--log-level", "WARNING", *SLO_ARGS],
-            ROUTER_CORE,
+            [py, "-m", "splitserve", "router", "serve", "--model", "bench",
+             "--tokenizer", str(tok_dir), "--port", str(http_port), "--grpc-port", "0",
+             "--log-level", "WARNING", *SLO_ARGS,
+             *(a for w in all_workers for a in ("--worker", w))],
+            layout.router[0],
             router_env,
         )  # fmt: skip
         _wait_http(http_port, "/ready")
         peer_port = fake_d = 0
         peer = None
+        pairs: list[tuple[int, int]] = []
         if args.vllm_router:
-            peer, peer_port, fake_d = start_vllm_router(procs, args.vllm_router)
-        for num_tokens in args.prompt_tokens:
+            pairs = start_fake_backends(procs, layout, len(layout.worker))
+            fake_d = pairs[0][1]
+            peer, peer_port = start_peer(procs, args.vllm_router, pairs, layout.router[:1])
+        row_est = 90.0
+        for k, num_tokens in enumerate(args.prompt_tokens):
             prompt = prompt_of(tokenizer, num_tokens)
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             ours_raw = loadgen.request_bytes(http_port, "/v1/chat/completions",
                                              chat_body("bench", prompt))  # fmt: skip
 
             def direct_grpc(ids: list[int] = ids) -> Coroutine[Any, Any, Result]:
-                return _grpc_direct(workers["decode"], ids, 400)
+                return _grpc_direct(workers["decode"][0], ids, 400)
 
-            row = measure(f"splitserve-{num_tokens}", http_port, router.pid, ours_raw,
-                          direct_grpc, args.py_spy, out.parent, tuple(args.rates),
-                          args.flame_format)  # fmt: skip
-            row["prompt_tokens"] = num_tokens
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            if budget.allows(f"splitserve row, {num_tokens}-token prompt", row_est):
+                t0 = budget.clock()
+                row = measure(f"splitserve-{num_tokens}", http_port, router.pid, ours_raw,
+                              direct_grpc, args.py_spy, out.parent,
+                              flame_format=args.flame_format,
+                              backend_pids=tuple(procs.pids("prefill-", "decode-")),
+                              rates=tuple(args.rates), load_cores=layout.load)  # fmt: skip
+                row_est = max(30.0, budget.clock() - t0)
+                row["prompt_tokens"] = num_tokens
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                save()
+            if k == 0 and scale:
+                extra["scaling"] = scaling(procs, work, all_workers, tok_dir, prompt, layout,
+                                           scale, args.sat_s, budget)  # fmt: skip
+                print(json.dumps(extra["scaling"]), flush=True)
+                save()
             if peer is not None:
                 body = chat_body("m", prompt)
                 peer_raw = loadgen.request_bytes(peer_port, "/v1/chat/completions", body)
@@ -329,23 +507,84 @@ def main() -> None:
                 def direct_http(raw: bytes = direct_raw) -> Coroutine[Any, Any, Result]:
                     return loadgen.closed_loop(fake_d, raw, 1, 400, 60)
 
-                row = measure(f"vllm-router-{num_tokens}", peer_port, peer.pid, peer_raw,
-                              direct_http, None, out.parent, tuple(args.rates))  # fmt: skip
-                row["prompt_tokens"] = num_tokens
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        extra: dict[str, Any] = {}
-        if args.scaling and rows:
-            prompt = prompt_of(tokenizer, args.prompt_tokens[0])
-            extra["scaling"] = scaling(procs, work, workers, tok_dir, prompt, rows[0])
-            print(json.dumps(extra["scaling"]), flush=True)
-        if args.slow_streams:
+                if budget.allows(f"vllm-router row, {num_tokens}-token prompt", row_est):
+                    row = measure(f"vllm-router-{num_tokens}", peer_port, peer.pid, peer_raw,
+                                  direct_http, None, out.parent,
+                                  backend_pids=tuple(procs.pids("fake-openai-")),
+                                  rates=tuple(args.rates), load_cores=layout.load)  # fmt: skip
+                    row["prompt_tokens"] = num_tokens
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    save()
+                if k == 0 and scale and args.peer_scaling:
+                    extra["peer_scaling"] = peer_scaling(
+                        procs,
+                        args.vllm_router,
+                        pairs,
+                        body,
+                        layout,
+                        max(scale),
+                        args.sat_s,
+                        budget,
+                    )
+                    print(json.dumps(extra["peer_scaling"]), flush=True)
+                    save()
+        if args.slow_streams and budget.allows(f"{args.slow_streams} slow streams", 150):
             extra["slow_streams"] = slow_streams(procs, work, tok_dir, args.slow_streams)
             print(json.dumps(extra["slow_streams"]), flush=True)
     finally:
         procs.stop()
-    out.write_text(report(rows, extra))
+        if args.logs:
+            Path(args.logs).write_text(procs.log_tails())
+    save()
     print(out.read_text())
+
+
+def _absolute_pythonpath() -> None:
+    """`PYTHONPATH=src` (a run from a source tree) as absolute paths, so every child (they all
+    inherit this environment) imports the same tree whatever its working directory."""
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    if entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join(str(Path(e).resolve()) for e in entries)
+
+
+def _layout_json(layout: Layout, prefill: int, decode: int, scale: list[int]) -> dict[str, Any]:
+    return {
+        "router_cores": format_cores(layout.router),
+        "load_cores": format_cores(layout.load),
+        "worker_cores": format_cores(layout.worker),
+        "automatic": layout.auto,
+        "overlaps": layout.overlaps,
+        "prefill_workers": prefill,
+        "decode_workers": decode,
+        "scale": scale,
+        "text": layout.describe(),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    load = os.getloadavg()
+    siblings = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        with contextlib.suppress(OSError):
+            topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+            siblings[cpu] = topo.read_text().strip()
+    return {
+        "cpu_model": model,
+        "thread_siblings": siblings,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": [round(x, 2) for x in load],
+    }
 
 
 def _router_args(workers: list[str], tok_dir: Path, port: int, *more: str) -> list[str]:
@@ -360,44 +599,131 @@ def _router_args(workers: list[str], tok_dir: Path, port: int, *more: str) -> li
 def scaling(
     procs: Procs,
     work: Path,
-    workers: dict[str, str],
+    workers: list[str],
     tok_dir: Path,
     prompt: str,
-    one_process: dict[str, Any],
+    layout: Layout,
+    counts: list[int],
+    sat_s: float,
+    budget: Budget,
 ) -> dict[str, Any]:
-    """`--processes 2` on cores 0 and 1 against the one-process router's figure on core 0.
+    """The scale-out figure: for each N of `counts`, `router serve --processes N` (N = 1: one
+    plain process), process i pinned to router core i, saturated by c = 32 x N closed-loop
+    clients (one load generator process per load core) for `sat_s` seconds. Per N: req/s, its
+    ratio to N = 1, router CPU per request, each process's share of the router CPU (balance),
+    and the busiest backend's and the load generators' CPU use (a bottleneck outside the
+    router shows there). When the router's cores are shared (`layout.overlaps`, e.g. on 2
+    cores) the figure is a lower bound on what free cores would give."""
+    runs: list[dict[str, Any]] = []
+    for n in counts:
+        if not budget.allows(f"scale-out, {n} router process(es)", sat_s + 20):
+            continue
+        runs.append(_scale_run(procs, work, workers, tok_dir, prompt, layout, n, sat_s))
+        print(json.dumps(runs[-1]), flush=True)
+    base = next((r["rps"] for r in runs if r["processes"] == 1), None)
+    for r in runs:
+        r["ratio"] = round(r["rps"] / base, 2) if base else None
+    return {"concurrency_per_process": 32, "sat_s": sat_s, "pinning": "one core per process",
+            "runs": runs}  # fmt: skip
 
-    On a 2-core machine the second core also runs the load generator and the workers, so this
-    is a lower bound on what a second free core would give.
-    """
+
+def _scale_run(
+    procs: Procs,
+    work: Path,
+    workers: list[str],
+    tok_dir: Path,
+    prompt: str,
+    layout: Layout,
+    n: int,
+    sat_s: float,
+) -> dict[str, Any]:
     port = _free_port()
-    ready = work / "router2.json"
-    sup = procs.spawn(
-        "router-2proc",
-        _router_args(list(workers.values()), tok_dir, port, "--processes", "2",
-                     "--ready-file", str(ready)),
-        ROUTER_CORE,
-    )  # fmt: skip
-    info = _wait_file(ready, sup)
-    pids = [int(p) for p in info["pids"]]
-    for pid in pids:
-        os.sched_setaffinity(pid, {ROUTER_CORE, LOAD_CORE})
-    _wait_http(port, "/ready")
-    raw = loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
-    asyncio.run(loadgen.closed_loop(port, raw, 8, 200, 30))  # warm-up
-    cpu0 = sum(_cpu_s(p) for p in pids)
-    sat = asyncio.run(loadgen.closed_loop(port, raw, 32, 4000, 30))
-    cpu = sum(_cpu_s(p) for p in pids) - cpu0
-    sup.send_signal(signal.SIGTERM)
-    sup.wait(60)
-    rps = sat.done / sat.wall_s
+    ready = work / f"router-{n}proc.json"
+    more = ["--processes", str(n), "--ready-file", str(ready)] if n > 1 else []
+    cores = layout.router[:n]
+    sup = procs.spawn(f"router-{n}proc", _router_args(workers, tok_dir, port, *more), cores)
+    try:
+        pids = [sup.pid]
+        if n > 1:
+            pids = [int(p) for p in _wait_file(ready, sup)["pids"]]
+        for i, pid in enumerate(pids):
+            os.sched_setaffinity(pid, {layout.router_core_of(i)})
+        _wait_http(port, "/ready")
+        raw = loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
+        asyncio.run(loadgen.closed_loop(port, raw, 8 * n, 200 * n, 30))  # warm-up
+        back = procs.pids("prefill-", "decode-")
+        cpu0 = {p: _cpu_s(p) for p in pids + back}
+        sat = loadproc.closed_loop(port, raw, 32 * n, 10**9, sat_s, layout.load)
+        used = {p: _cpu_s(p) - c for p, c in cpu0.items()}
+    finally:
+        sup.send_signal(signal.SIGTERM)
+        try:
+            sup.wait(60)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+    router_cpu = sum(used[p] for p in pids)
+    n_load = min(len(layout.load), 32 * n)
     return {
-        "rps_1": one_process["sat_rps"],
-        "rps_2": rps,
-        "speedup": rps / max(one_process["sat_rps"], 1e-9),
-        "cpu_ms_per_req_2": cpu / max(1, sat.done) * 1e3,
-        "errors_2": sat.errors,
+        "processes": n,
+        "cores": format_cores(cores),
+        "concurrency": 32 * n,
+        "rps": round(sat.done / sat.wall_s, 1),
+        "done": sat.done,
+        "errors": sat.errors,
+        "statuses": sat.statuses,
+        "ttft_p50_ms": round(percentile(sat.ttft_s, 50) * 1e3, 2),
+        "cpu_ms_per_req": round(router_cpu / max(1, sat.done) * 1e3, 3),
+        "router_cpu_pct": [_pct(used[p], sat.wall_s) for p in pids],
+        "cpu_shares": [round(used[p] / max(router_cpu, 1e-9), 3) for p in pids],
+        "busiest_backend_cpu_pct": max((_pct(used[p], sat.wall_s) for p in back), default=0.0),
+        "load_cpu_pct": _pct(sat.cpu_s / n_load, sat.wall_s),
     }
+
+
+def peer_scaling(
+    procs: Procs,
+    binary: str,
+    pairs: list[tuple[int, int]],
+    body: bytes,
+    layout: Layout,
+    n_max: int,
+    sat_s: float,
+    budget: Budget,
+) -> dict[str, Any]:
+    """vllm-router's saturated req/s pinned to 1 core (c = 32) and to `n_max` router cores
+    (c = 32 x n_max; it is multi-threaded), over the same fake backends and load generators."""
+    runs = []
+    for n in sorted({1, n_max}):
+        if not budget.allows(f"vllm-router scaling, {n} core(s)", sat_s + 10):
+            continue
+        peer, port = start_peer(procs, binary, pairs, layout.router[:n])
+        try:
+            raw = loadgen.request_bytes(port, "/v1/chat/completions", body)
+            asyncio.run(loadgen.closed_loop(port, raw, 8 * n, 200 * n, 30))  # warm-up
+            back = procs.pids("fake-openai-")
+            cpu0 = {p: _cpu_s(p) for p in [peer.pid, *back]}
+            sat = loadproc.closed_loop(port, raw, 32 * n, 10**9, sat_s, layout.load)
+            used = {p: _cpu_s(p) - c for p, c in cpu0.items()}
+        finally:
+            peer.send_signal(signal.SIGTERM)
+            try:
+                peer.wait(30)
+            except subprocess.TimeoutExpired:
+                peer.kill()
+        runs.append({
+            "cores": format_cores(layout.router[:n]),
+            "n_cores": n,
+            "concurrency": 32 * n,
+            "rps": round(sat.done / sat.wall_s, 1),
+            "errors": sat.errors,
+            "cpu_ms_per_req": round(used[peer.pid] / max(1, sat.done) * 1e3, 3),
+            "router_cpu_pct": _pct(used[peer.pid], sat.wall_s),
+            "busiest_backend_cpu_pct": max((_pct(used[p], sat.wall_s) for p in back),
+                                           default=0.0),
+            "load_cpu_pct": _pct(sat.cpu_s / min(len(layout.load), 32 * n), sat.wall_s),
+        })  # fmt: skip
+        print(json.dumps(runs[-1]), flush=True)
+    return {"runs": runs}
 
 
 def slow_streams(procs: Procs, work: Path, tok_dir: Path, count: int) -> dict[str, Any]:
@@ -409,21 +735,32 @@ def slow_streams(procs: Procs, work: Path, tok_dir: Path, count: int) -> dict[st
 
 
 def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
-    load = os.getloadavg()
+    extra = extra or {}
+    m = machine()
+    lay = extra.get("layout")
+    where = (
+        lay["text"] + f"; zero-delay sim workers: {lay['prefill_workers']} prefill, "
+        f"{lay['decode_workers']} decode, one process per backend core (round robin)"
+        if lay
+        else f"router on core {ROUTER_CORE}, load generator and backends on core {LOAD_CORE}"
+    )
+    load = m["load_average"]
     lines = [
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
-        f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; router on core "
-        f"{ROUTER_CORE}, load generator and backends on core {LOAD_CORE}",
+        f"machine: {m['cpu_model']}, {m['cores']} cores ({m['usable_cores']} usable), "
+        f"{platform.machine()}, Python {m['python']}, load average "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; {where}",
         "",
         "| router | prompt | added TTFT p50 / p99 (ms, c=1) | CPU / request (ms) | req/s at c=32 "
-        "| errors | highest Poisson rate with added p99 <= 10 ms | RSS (MB) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| errors | highest Poisson rate with added p99 <= 10 ms | RSS (MB) "
+        "| load gen. / busiest backend CPU at c=32 (% of a core) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['prompt_tokens']} | {r['added_p50_ms']:.2f} / "
             f"{r['added_p99_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | {r['sat_rps']:.0f} | "
-            f"{r['sat_errors']} | {r['best_rate']} | {r['rss_mb']:.0f} |"
+            f"{r['sat_errors']} | {r['best_rate']} | {r['rss_mb']:.0f} | "
+            f"{r.get('sat_load_cpu_pct', '-')} / {r.get('sat_busiest_backend_cpu_pct', '-')} |"
         )
     by = {(r["name"].split("-")[0], r["prompt_tokens"]): r for r in rows}
     lines += ["", "| prompt | ours / vllm-router: added p50 | CPU per request | req/s |",
@@ -439,18 +776,65 @@ def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> s
         )
     lines += ["", "Poisson sweeps (added p99 ms by offered rate):", ""]
     lines += [f"- {r['name']}: {r['rates']}" for r in rows]
-    extra = extra or {}
-    if "scaling" in extra:
-        sc = extra["scaling"]
-        lines += ["", f"--processes 2 on cores 0+1 (core 1 shared with the load): "
-                  f"{sc['rps_2']:.0f} req/s vs {sc['rps_1']:.0f} on one process, "
-                  f"{sc['speedup']:.2f}x; CPU / request {sc['cpu_ms_per_req_2']:.2f} ms; "
-                  f"errors {sc['errors_2']}"]  # fmt: skip
+    lines += scaling_lines(extra)
     if "slow_streams" in extra:
         from tests.bench_router import streams
 
         lines += ["", *streams.report_lines(extra["slow_streams"])]
+    if extra.get("skipped"):
+        lines += ["", f"Skipped to stay within --budget-s {extra.get('budget_s')}:", ""]
+        lines += [f"- {part}" for part in extra["skipped"]]
+    if "elapsed_s" in extra:
+        lines += ["", f"Run time: {extra['elapsed_s']} s."]
     return "\n".join(lines) + "\n"
+
+
+def scaling_lines(extra: dict[str, Any]) -> list[str]:
+    """The scale-out table (ours, then vllm-router's) with the ratios to one process."""
+    lines: list[str] = []
+    sc = extra.get("scaling")
+    if sc and sc["runs"]:
+        lay = extra.get("layout", {})
+        lines += [
+            "",
+            f"Scale-out: `router serve --processes N`, process i pinned to router core i "
+            f"(cores {lay.get('router_cores', '?')}), c = {sc['concurrency_per_process']} x N "
+            f"closed-loop clients from load core(s) {lay.get('load_cores', '?')}, "
+            f"{sc['sat_s']:.0f} s each"
+            + (" (the router's cores are shared: a lower bound)" if lay.get("overlaps") else ""),
+            "",
+            "| processes | cores | c | req/s | ratio to 1 | CPU / request (ms) | CPU per process "
+            "(% of a core) | CPU shares | errors | busiest backend / load gen. CPU (%) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sc["runs"]:
+            lines.append(
+                f"| {r['processes']} | {r['cores']} | {r['concurrency']} | {r['rps']:.0f} | "
+                f"{r['ratio'] if r['ratio'] is not None else '-'} | {r['cpu_ms_per_req']:.2f} | "
+                f"{' / '.join(str(x) for x in r['router_cpu_pct'])} | "
+                f"{' / '.join(f'{x:.2f}' for x in r['cpu_shares'])} | {r['errors']} | "
+                f"{r['busiest_backend_cpu_pct']} / {r['load_cpu_pct']} |"
+            )
+        ratios = {r["processes"]: r["ratio"] for r in sc["runs"]}
+        lines += ["", "ratios: " + ", ".join(f"{n}/1 = {ratios[n]}" for n in sorted(ratios)
+                                             if n > 1 and ratios[n] is not None)]  # fmt: skip
+    ps = extra.get("peer_scaling")
+    if ps and ps["runs"]:
+        lines += [
+            "",
+            "vllm-router (one multi-threaded process) on 1 and on N router cores:",
+            "",
+            "| cores | c | req/s | CPU / request (ms) | CPU (% of a core) | errors "
+            "| busiest backend / load gen. CPU (%) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in ps["runs"]:
+            lines.append(
+                f"| {r['cores']} | {r['concurrency']} | {r['rps']:.0f} | "
+                f"{r['cpu_ms_per_req']:.3f} | {r['router_cpu_pct']} | {r['errors']} | "
+                f"{r['busiest_backend_cpu_pct']} / {r['load_cpu_pct']} |"
+            )
+    return lines
 
 
 if __name__ == "__main__":
