@@ -46,6 +46,8 @@ LOAD_CORE = 1
 """The 2-core layout (router on 0, the rest on 1) that `ab`, `streams` and `syscalls` use."""
 TOKENS = 16
 RATES = (50, 100, 200, 400, 800)
+_START_CPUS = frozenset(os.sched_getaffinity(0))
+"""The cores this run may use (before it pins itself to a load core)."""
 SLO_ARGS = (
     "--slo-class", "interactive:ttftMs=1000,tpotMs=100,priority=10",
     "--slo-class", "batch:ttftMs=10000,tpotMs=500,sheddable=true",
@@ -149,20 +151,26 @@ def start_fake_backends(procs: Procs, layout: Layout, count: int) -> list[tuple[
 
 
 def start_peer(
-    procs: Procs, binary: str, pairs: list[tuple[int, int]], cores: Iterable[int]
+    procs: Procs,
+    binary: str,
+    pairs: list[tuple[int, int]],
+    cores: Iterable[int],
+    name: str = "vllm-router",
 ) -> tuple[subprocess.Popen[bytes], int]:
     """vllm-router in P/D mode (round robin) over the fake pairs, pinned to `cores` (it is
     multi-threaded: its runtime sizes itself to the cores it may use)."""
     cores = tuple(cores)
     port = _free_port()
     args = [binary, "--vllm-pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
-            "--policy", "round_robin", "--log-level", "warning"]  # fmt: skip
+            "--policy", "round_robin", "--log-level", "warning",
+            # its own metrics port: two peers at once (1 core, N cores) must not collide
+            "--prometheus-port", str(_free_port())]  # fmt: skip
     for fake_p, _ in pairs:
         args += ["--prefill", f"http://127.0.0.1:{fake_p}"]
     for _, fake_d in pairs:
         args += ["--decode", f"http://127.0.0.1:{fake_d}"]
-    peer = procs.spawn(f"vllm-router-{format_cores(cores)}", args, cores)
-    _wait_http(port)
+    peer = procs.spawn(f"{name}-cores-{format_cores(cores)}", args, cores)
+    _wait_http(port, proc=peer)
     return peer, port
 
 
@@ -204,9 +212,16 @@ def start_workers(
     return workers
 
 
-def _wait_http(port: int, path: str = "/health", timeout_s: float = 120) -> None:
+def _wait_http(
+    port: int,
+    path: str = "/health",
+    timeout_s: float = 120,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"port {port}: its process exited with {proc.returncode} (see logs)")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
                 s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -412,7 +427,7 @@ def main() -> None:
         parser.error("--scale: process counts must be >= 1")
     try:
         layout = make_layout(
-            sorted(os.sched_getaffinity(0)), max(scale, default=1),
+            sorted(_START_CPUS), max(scale, default=1),
             args.router_cores, args.load_cores, args.worker_cores,
         )  # fmt: skip
     except ValueError as err:
@@ -464,7 +479,7 @@ def main() -> None:
             layout.router[0],
             router_env,
         )  # fmt: skip
-        _wait_http(http_port, "/ready")
+        _wait_http(http_port, "/ready", proc=router)
         peer_port = fake_d = 0
         peer = None
         pairs: list[tuple[int, int]] = []
@@ -472,7 +487,7 @@ def main() -> None:
             pairs = start_fake_backends(procs, layout, len(layout.worker))
             fake_d = pairs[0][1]
             peer, peer_port = start_peer(procs, args.vllm_router, pairs, layout.router[:1])
-        row_est = 90.0
+        row_est = peer_est = 90.0  # s; then what the first row of each took
         for k, num_tokens in enumerate(args.prompt_tokens):
             prompt = prompt_of(tokenizer, num_tokens)
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -507,11 +522,13 @@ def main() -> None:
                 def direct_http(raw: bytes = direct_raw) -> Coroutine[Any, Any, Result]:
                     return loadgen.closed_loop(fake_d, raw, 1, 400, 60)
 
-                if budget.allows(f"vllm-router row, {num_tokens}-token prompt", row_est):
+                if budget.allows(f"vllm-router row, {num_tokens}-token prompt", peer_est):
+                    t0 = budget.clock()
                     row = measure(f"vllm-router-{num_tokens}", peer_port, peer.pid, peer_raw,
                                   direct_http, None, out.parent,
                                   backend_pids=tuple(procs.pids("fake-openai-")),
                                   rates=tuple(args.rates), load_cores=layout.load)  # fmt: skip
+                    peer_est = max(20.0, budget.clock() - t0)
                     row["prompt_tokens"] = num_tokens
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -532,11 +549,14 @@ def main() -> None:
         if args.slow_streams and budget.allows(f"{args.slow_streams} slow streams", 150):
             extra["slow_streams"] = slow_streams(procs, work, tok_dir, args.slow_streams)
             print(json.dumps(extra["slow_streams"]), flush=True)
+    except BaseException as err:
+        extra["failed"] = f"{type(err).__name__}: {err}"
+        raise
     finally:
         procs.stop()
         if args.logs:
             Path(args.logs).write_text(procs.log_tails())
-    save()
+        save()
     print(out.read_text())
 
 
@@ -572,7 +592,7 @@ def machine() -> dict[str, Any]:
                 break
     load = os.getloadavg()
     siblings = {}
-    for cpu in sorted(os.sched_getaffinity(0)):
+    for cpu in range(os.cpu_count() or 1):
         with contextlib.suppress(OSError):
             topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
             siblings[cpu] = topo.read_text().strip()
@@ -580,7 +600,7 @@ def machine() -> dict[str, Any]:
         "cpu_model": model,
         "thread_siblings": siblings,
         "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
+        "usable_cores": len(_START_CPUS),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_average": [round(x, 2) for x in load],
@@ -594,6 +614,23 @@ def _router_args(workers: list[str], tok_dir: Path, port: int, *more: str) -> li
     for w in workers:
         args += ["--worker", w]
     return args
+
+
+def pin_threads(pid: int, cores: set[int]) -> None:
+    """Pin every thread of `pid` (a router child's gRPC threads started before this, too; the
+    threads it starts later inherit from its main thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cores)
+
+
+def thread_cores(pid: int) -> str:
+    """The cores any thread of `pid` may run on (what the pinning achieved)."""
+    cores: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            cores |= os.sched_getaffinity(int(task.name))
+    return format_cores(cores)
 
 
 def scaling(
@@ -647,8 +684,9 @@ def _scale_run(
         if n > 1:
             pids = [int(p) for p in _wait_file(ready, sup)["pids"]]
         for i, pid in enumerate(pids):
-            os.sched_setaffinity(pid, {layout.router_core_of(i)})
-        _wait_http(port, "/ready")
+            pin_threads(pid, {layout.router_core_of(i)})
+        _wait_http(port, "/ready", proc=sup)
+        affinity = [thread_cores(p) for p in pids]
         raw = loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
         asyncio.run(loadgen.closed_loop(port, raw, 8 * n, 200 * n, 30))  # warm-up
         back = procs.pids("prefill-", "decode-")
@@ -666,6 +704,7 @@ def _scale_run(
     return {
         "processes": n,
         "cores": format_cores(cores),
+        "thread_affinity": affinity,
         "concurrency": 32 * n,
         "rps": round(sat.done / sat.wall_s, 1),
         "done": sat.done,
@@ -696,7 +735,7 @@ def peer_scaling(
     for n in sorted({1, n_max}):
         if not budget.allows(f"vllm-router scaling, {n} core(s)", sat_s + 10):
             continue
-        peer, port = start_peer(procs, binary, pairs, layout.router[:n])
+        peer, port = start_peer(procs, binary, pairs, layout.router[:n], "vllm-router-scale")
         try:
             raw = loadgen.request_bytes(port, "/v1/chat/completions", body)
             asyncio.run(loadgen.closed_loop(port, raw, 8 * n, 200 * n, 30))  # warm-up
@@ -784,6 +823,8 @@ def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> s
     if extra.get("skipped"):
         lines += ["", f"Skipped to stay within --budget-s {extra.get('budget_s')}:", ""]
         lines += [f"- {part}" for part in extra["skipped"]]
+    if "failed" in extra:
+        lines += ["", f"Stopped early by {extra['failed']} (the figures above are complete)."]
     if "elapsed_s" in extra:
         lines += ["", f"Run time: {extra['elapsed_s']} s."]
     return "\n".join(lines) + "\n"
@@ -803,21 +844,24 @@ def scaling_lines(extra: dict[str, Any]) -> list[str]:
             f"{sc['sat_s']:.0f} s each"
             + (" (the router's cores are shared: a lower bound)" if lay.get("overlaps") else ""),
             "",
-            "| processes | cores | c | req/s | ratio to 1 | CPU / request (ms) | CPU per process "
+            "| processes | cores of each process's threads | c | req/s | ratio to 1 "
+            "| CPU / request (ms) | CPU per process "
             "(% of a core) | CPU shares | errors | busiest backend / load gen. CPU (%) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sc["runs"]:
             lines.append(
-                f"| {r['processes']} | {r['cores']} | {r['concurrency']} | {r['rps']:.0f} | "
+                f"| {r['processes']} | {' / '.join(r.get('thread_affinity', [r['cores']]))} | "
+                f"{r['concurrency']} | {r['rps']:.0f} | "
                 f"{r['ratio'] if r['ratio'] is not None else '-'} | {r['cpu_ms_per_req']:.2f} | "
                 f"{' / '.join(str(x) for x in r['router_cpu_pct'])} | "
                 f"{' / '.join(f'{x:.2f}' for x in r['cpu_shares'])} | {r['errors']} | "
                 f"{r['busiest_backend_cpu_pct']} / {r['load_cpu_pct']} |"
             )
-        ratios = {r["processes"]: r["ratio"] for r in sc["runs"]}
-        lines += ["", "ratios: " + ", ".join(f"{n}/1 = {ratios[n]}" for n in sorted(ratios)
-                                             if n > 1 and ratios[n] is not None)]  # fmt: skip
+        ratios = [f"{r['processes']}/1 = {r['ratio']}" for r in sc["runs"]
+                  if r["processes"] > 1 and r["ratio"] is not None]  # fmt: skip
+        if ratios:
+            lines += ["", "ratios: " + ", ".join(ratios)]
     ps = extra.get("peer_scaling")
     if ps and ps["runs"]:
         lines += [
