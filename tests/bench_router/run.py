@@ -381,8 +381,8 @@ def main() -> None:
         "--backends",
         type=int,
         default=None,
-        help="zero-delay decode workers (and half as many prefill workers); default: one "
-        "worker per backend core, a third of them prefill. The peer gets one fake OpenAI "
+        help="zero-delay decode workers (and two thirds as many prefill workers); default: "
+        "one worker per backend core, 40 %% of them prefill. The peer gets one fake OpenAI "
         "prefill / decode pair per backend core",
     )
     parser.add_argument(
@@ -715,6 +715,10 @@ def _scale_run(
         "router_cpu_pct": [_pct(used[p], sat.wall_s) for p in pids],
         "cpu_shares": [round(used[p] / max(router_cpu, 1e-9), 3) for p in pids],
         "busiest_backend_cpu_pct": max((_pct(used[p], sat.wall_s) for p in back), default=0.0),
+        "backend_cpu_ms_per_req": {
+            role: round(sum(used[p] for p in procs.pids(f"{role}-")) / max(1, sat.done) * 1e3, 3)
+            for role in ("prefill", "decode")
+        },
         "load_cpu_pct": _pct(sat.cpu_s / n_load, sat.wall_s),
     }
 

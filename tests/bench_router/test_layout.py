@@ -50,16 +50,17 @@ def test_one_core_is_refused() -> None:
 def test_sixteen_cores_give_disjoint_router_load_and_backend_cores() -> None:
     layout = auto_layout(list(range(16)), 4)
     assert layout.router == (0, 1, 2, 3)
-    assert layout.load == (4, 5, 6)
-    assert layout.worker == tuple(range(7, 16))
+    assert layout.load == (4, 5)
+    assert layout.worker == tuple(range(6, 16))
     assert not layout.overlaps
     assert [layout.router_core_of(i) for i in range(4)] == [0, 1, 2, 3]
 
 
-def test_backends_default_to_one_per_backend_core_a_third_of_them_prefill() -> None:
-    assert backend_counts(auto_layout(list(range(16)), 4)) == (3, 6)
+def test_backends_default_to_one_per_backend_core_40_percent_of_them_prefill() -> None:
+    assert backend_counts(auto_layout(list(range(16)), 4)) == (4, 6)
     assert backend_counts(auto_layout([0, 1], 1)) == (1, 1)
-    assert backend_counts(auto_layout([0, 1], 1), 4) == (2, 4)
+    assert backend_counts(auto_layout([0, 1], 1), 6) == (4, 6)
+    assert backend_counts(auto_layout([0, 1], 1), 1) == (1, 1)
     with pytest.raises(ValueError, match="--backends"):
         backend_counts(auto_layout([0, 1], 1), 0)
 
