@@ -65,6 +65,10 @@ class Layout:
         """The router shares a core with the load generator or the backends (a lower bound)."""
         return bool(set(self.router) & (set(self.load) | set(self.worker)))
 
+    def fits(self, processes: int) -> bool:
+        """`processes` router processes get a core each."""
+        return processes <= len(self.router)
+
     def router_core_of(self, index: int) -> int:
         """The core of router process `index` (pinned one process per core)."""
         return self.router[index % len(self.router)]
@@ -88,9 +92,10 @@ def auto_layout(cpus: Sequence[int], max_processes: int) -> Layout:
     """The layout when none is given, over the cores this process may use (`cpus`).
 
     Fewer than 8 cores: router on the first, everything else on the second (the 2-core layout
-    the earlier runs used). From 8: `max_processes` router cores (at most a quarter of the
-    cores), then a sixth of the rest for the load generators and the remainder for the
-    backends. Measured on the 2-core dev machine (c=32 through one router process, 200-token
+    the earlier runs used); more router processes than one get the first `max_processes` cores,
+    shared with the rest (a lower bound, and the report says so). From 8: `max_processes`
+    router cores (at most a quarter of the cores), then a sixth of the rest for the load
+    generators and the remainder for the backends. Measured on the 2-core dev machine (c=32 through one router process, 200-token
     prompts): the load generator costs ~0.08 ms of CPU per streamed request, the zero-delay sim
     workers ~1.7 ms (prefill) + ~2.5 ms (decode), about as much as the router itself, so the
     backends get most of the cores.
@@ -99,7 +104,8 @@ def auto_layout(cpus: Sequence[int], max_processes: int) -> Layout:
     if len(cpus) < 2:
         raise ValueError("bench-router needs 2 cores (router on one, load on the other)")
     if len(cpus) < 8:
-        return Layout((cpus[0],), (cpus[1],), (cpus[1],), auto=True)
+        router = tuple(cpus[: max(1, min(max_processes, len(cpus)))])
+        return Layout(router, (cpus[1],), (cpus[1],), auto=True)
     n_router = max(1, min(max_processes, len(cpus) // 4))
     rest = cpus[n_router:]
     n_load = max(1, len(rest) // 6)
@@ -114,8 +120,10 @@ def make_layout(
     worker: str | None = None,
 ) -> Layout:
     """The given core lists (each defaults to the automatic layout's), checked against `cpus`:
-    every core must be one this process may run on, and the router needs a core per process
-    when more than one process is measured (else ValueError saying which)."""
+    every core must be one this process may run on, and given router cores must number at
+    least `max_processes` (one per process; else ValueError saying which). The automatic
+    layout may have fewer router cores than `max_processes` (few cores): the caller measures
+    only the process counts that fit (`Layout.fits`)."""
     base = auto_layout(cpus, max_processes)
     given = Layout(
         parse_cores(router) if router else base.router,
@@ -130,7 +138,7 @@ def make_layout(
         if missing:
             raise ValueError(f"{name}: core(s) {format_cores(missing)} not available here "
                              f"(this process may use {format_cores(allowed)})")  # fmt: skip
-    if max_processes > len(given.router):
+    if router and max_processes > len(given.router):
         raise ValueError(
             f"--router-cores {format_cores(given.router)}: {max_processes} router processes "
             f"need {max_processes} cores (one each)"

@@ -432,12 +432,22 @@ def main() -> None:
         )  # fmt: skip
     except ValueError as err:
         parser.error(str(err))
+    budget = Budget(args.budget_s, time.monotonic)
+    for n in [n for n in scale if not layout.fits(n)]:
+        scale.remove(n)
+        budget.skipped.append(f"scale-out, {n} router processes (only {len(layout.router)} "
+                              f"router cores in the automatic layout)")  # fmt: skip
+    if args.vllm_router and not os.access(args.vllm_router, os.X_OK):
+        budget.skipped.append(f"vllm-router (no executable at {args.vllm_router})")
+        args.vllm_router = None
+    if args.py_spy and not os.access(args.py_spy, os.X_OK):
+        budget.skipped.append(f"py-spy flame graphs (no executable at {args.py_spy})")
+        args.py_spy = None
     try:
         n_prefill, n_decode = backend_counts(layout, args.backends)
     except ValueError as err:
         parser.error(str(err))
     _absolute_pythonpath()
-    budget = Budget(args.budget_s, time.monotonic)
     # an outer `timeout` (SIGTERM) still stops every process started here (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.sched_setaffinity(0, {layout.load[0]})
@@ -825,7 +835,11 @@ def report(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> s
 
         lines += ["", *streams.report_lines(extra["slow_streams"])]
     if extra.get("skipped"):
-        lines += ["", f"Skipped to stay within --budget-s {extra.get('budget_s')}:", ""]
+        lines += [
+            "",
+            f"Skipped (to stay within --budget-s {extra.get('budget_s')}, or no cores for them):",
+            "",
+        ]
         lines += [f"- {part}" for part in extra["skipped"]]
     if "failed" in extra:
         lines += ["", f"Stopped early by {extra['failed']} (the figures above are complete)."]

@@ -42,6 +42,20 @@ def test_two_cores_keep_the_historical_layout() -> None:
     assert not layout.overlaps
 
 
+def test_two_cores_with_two_router_processes_share_the_second_core() -> None:
+    layout = auto_layout([0, 1], 2)
+    assert layout.router == (0, 1)
+    assert layout.overlaps
+    assert layout.fits(2)
+
+
+def test_automatic_layout_on_too_few_cores_says_which_process_counts_fit() -> None:
+    layout = make_layout(list(range(12)), 4)
+    assert layout.router == (0, 1, 2)
+    assert layout.fits(2)
+    assert not layout.fits(4)
+
+
 def test_one_core_is_refused() -> None:
     with pytest.raises(ValueError, match="2 cores"):
         auto_layout([0], 1)
