@@ -95,8 +95,8 @@ def auto_layout(cpus: Sequence[int], max_processes: int) -> Layout:
     the earlier runs used); more router processes than one get the first `max_processes` cores,
     shared with the rest (a lower bound, and the report says so). From 8: `max_processes`
     router cores (at most a quarter of the cores), then a sixth of the rest for the load
-    generators and the remainder for the backends. Measured on the 2-core dev machine (c=32 through one router process, 200-token
-    prompts): the load generator costs ~0.08 ms of CPU per streamed request, the zero-delay sim
+    generators and the remainder for the backends. Measured on the 2-core dev machine (c=32
+    through one router process, 200-token prompts): the load generator costs ~0.08 ms of CPU per streamed request, the zero-delay sim
     workers ~1.7 ms (prefill) + ~2.5 ms (decode), about as much as the router itself, so the
     backends get most of the cores.
     """
