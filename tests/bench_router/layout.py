@@ -96,8 +96,9 @@ def auto_layout(cpus: Sequence[int], max_processes: int) -> Layout:
     shared with the rest (a lower bound, and the report says so). From 8: `max_processes`
     router cores (at most a quarter of the cores), then a sixth of the rest for the load
     generators and the remainder for the backends. Measured on the 2-core dev machine (c=32
-    through one router process, 200-token prompts): the load generator costs ~0.08 ms of CPU per streamed request, the zero-delay sim
-    workers ~1.7 ms (prefill) + ~2.5 ms (decode), about as much as the router itself, so the
+    through one router process, 200-token prompts): the load generator costs ~0.08 ms of CPU
+    per streamed request, the zero-delay sim workers ~1.7 ms (prefill) + ~2.5 ms (decode),
+    about as much as the router itself, so the
     backends get most of the cores.
     """
     cpus = sorted(cpus)
