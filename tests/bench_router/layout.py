@@ -98,8 +98,7 @@ def auto_layout(cpus: Sequence[int], max_processes: int) -> Layout:
     generators and the remainder for the backends. Measured on the 2-core dev machine (c=32
     through one router process, 200-token prompts): the load generator costs ~0.08 ms of CPU
     per streamed request, the zero-delay sim workers ~1.7 ms (prefill) + ~2.5 ms (decode),
-    about as much as the router itself, so the
-    backends get most of the cores.
+    about as much as the router itself, so the backends get most of the cores.
     """
     cpus = sorted(cpus)
     if len(cpus) < 2:

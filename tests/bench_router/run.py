@@ -169,7 +169,9 @@ def start_peer(
         args += ["--prefill", f"http://127.0.0.1:{fake_p}"]
     for _, fake_d in pairs:
         args += ["--decode", f"http://127.0.0.1:{fake_d}"]
-    peer = procs.spawn(f"{name}-cores-{format_cores(cores)}", args, cores)
+    # its own venv's packages only: not the PYTHONPATH a source-tree run of this bench sets
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    peer = procs.spawn(f"{name}-cores-{format_cores(cores)}", args, cores, env)
     _wait_http(port, proc=peer)
     return peer, port
 
