@@ -469,14 +469,17 @@ def main() -> None:
         "budget_s": args.budget_s,
     }
 
-    def save() -> None:
+    def save(part: str | None = None) -> None:
         extra["elapsed_s"] = round(budget.clock() - budget.start_s, 1)
+        if part is not None:  # when each part ended, s from the start (for sizing --budget-s)
+            extra.setdefault("timeline", {})[part] = extra["elapsed_s"]
         out.write_text(report(rows, extra))
         json_out.write_text(json.dumps({"machine": machine(), "rows": rows, **extra}, indent=1))
 
     try:
         # splitserve: zero-delay sim prefill + decode workers, the router on its own core.
         workers = start_workers(procs, work, layout, n_prefill, n_decode)
+        save("workers up")
         all_workers = workers["prefill"] + workers["decode"]
         http_port = _free_port()
         router_env = None
@@ -499,7 +502,9 @@ def main() -> None:
             pairs = start_fake_backends(procs, layout, len(layout.worker))
             fake_d = pairs[0][1]
             peer, peer_port = start_peer(procs, args.vllm_router, pairs, layout.router[:1])
-        row_est = peer_est = 90.0  # s; then what the first row of each took
+        # s: a first guess, then what the last row of each router took (x 1.5 for a longer
+        # prompt: the 1,024-token rows took ~1.5-2x the 200-token ones on the 2-core machine)
+        row_est, peer_est = 90.0, 45.0
         for k, num_tokens in enumerate(args.prompt_tokens):
             prompt = prompt_of(tokenizer, num_tokens)
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -516,16 +521,16 @@ def main() -> None:
                               flame_format=args.flame_format,
                               backend_pids=tuple(procs.pids("prefill-", "decode-")),
                               rates=tuple(args.rates), load_cores=layout.load)  # fmt: skip
-                row_est = max(30.0, budget.clock() - t0)
+                row_est = 1.5 * max(20.0, budget.clock() - t0)
                 row["prompt_tokens"] = num_tokens
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                save()
+                save(f"splitserve-{num_tokens}")
             if k == 0 and scale:
                 extra["scaling"] = scaling(procs, work, all_workers, tok_dir, prompt, layout,
                                            scale, args.sat_s, budget)  # fmt: skip
                 print(json.dumps(extra["scaling"]), flush=True)
-                save()
+                save("scaling")
             if peer is not None:
                 body = chat_body("m", prompt)
                 peer_raw = loadgen.request_bytes(peer_port, "/v1/chat/completions", body)
@@ -540,11 +545,11 @@ def main() -> None:
                                   direct_http, None, out.parent,
                                   backend_pids=tuple(procs.pids("fake-openai-")),
                                   rates=tuple(args.rates), load_cores=layout.load)  # fmt: skip
-                    peer_est = max(20.0, budget.clock() - t0)
+                    peer_est = 1.5 * max(15.0, budget.clock() - t0)
                     row["prompt_tokens"] = num_tokens
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                    save()
+                    save(f"vllm-router-{num_tokens}")
                 if k == 0 and scale and args.peer_scaling:
                     extra["peer_scaling"] = peer_scaling(
                         procs,
@@ -557,10 +562,11 @@ def main() -> None:
                         budget,
                     )
                     print(json.dumps(extra["peer_scaling"]), flush=True)
-                    save()
+                    save("peer_scaling")
         if args.slow_streams and budget.allows(f"{args.slow_streams} slow streams", 150):
             extra["slow_streams"] = slow_streams(procs, work, tok_dir, args.slow_streams)
             print(json.dumps(extra["slow_streams"]), flush=True)
+            save("slow_streams")
     except BaseException as err:
         extra["failed"] = f"{type(err).__name__}: {err}"
         raise
