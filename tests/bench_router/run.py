@@ -733,8 +733,14 @@ def _scale_run(
         "router_cpu_pct": [_pct(used[p], sat.wall_s) for p in pids],
         "cpu_shares": [round(used[p] / max(router_cpu, 1e-9), 3) for p in pids],
         "busiest_backend_cpu_pct": max((_pct(used[p], sat.wall_s) for p in back), default=0.0),
+        "backend_cpu_pct": {
+            role: [_pct(used[p], sat.wall_s) for p in procs.pids(f"{role}-") if p in used]
+            for role in ("prefill", "decode")
+        },
         "backend_cpu_ms_per_req": {
-            role: round(sum(used[p] for p in procs.pids(f"{role}-")) / max(1, sat.done) * 1e3, 3)
+            role: round(
+                sum(used.get(p, 0.0) for p in procs.pids(f"{role}-")) / max(1, sat.done) * 1e3, 3
+            )
             for role in ("prefill", "decode")
         },
         "load_cpu_pct": _pct(sat.cpu_s / n_load, sat.wall_s),
@@ -888,6 +894,11 @@ def scaling_lines(extra: dict[str, Any]) -> list[str]:
                   if r["processes"] > 1 and r["ratio"] is not None]  # fmt: skip
         if ratios:
             lines += ["", "ratios: " + ", ".join(ratios)]
+        lines += ["", "Placement across the backends (each worker's CPU, % of a core):", ""]
+        for r in sc["runs"]:
+            per = r.get("backend_cpu_pct", {})
+            lines.append(f"- {r['processes']} process(es): prefill {per.get('prefill')}, "
+                         f"decode {per.get('decode')}")  # fmt: skip
     ps = extra.get("peer_scaling")
     if ps and ps["runs"]:
         lines += [
