@@ -376,6 +376,12 @@ def main() -> None:
         help="router process counts for the scale-out figure, e.g. 1 2 4 (each process pinned "
         "to its own router core; c = 32 per process)",
     )
+    parser.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="only the scale-out figure (no per-router rows, no peer rows; the first "
+        "--prompt-tokens value is the prompt)",
+    )
     parser.add_argument("--router-cores", default=None, help="e.g. 0-3 (default: automatic)")
     parser.add_argument("--load-cores", default=None, help="e.g. 4-7 (default: automatic)")
     parser.add_argument("--worker-cores", default=None, help="e.g. 8-15 (default: automatic)")
@@ -485,20 +491,37 @@ def main() -> None:
         router_env = None
         if args.router_src:
             router_env = {**os.environ, "PYTHONPATH": str(Path(args.router_src).resolve())}
-        router = procs.spawn(
-            "router",
-            [py, "-m", "splitserve", "router", "serve", "--model", "bench",
-             "--tokenizer", str(tok_dir), "--port", str(http_port), "--grpc-port", "0",
-             "--log-level", "WARNING", *SLO_ARGS,
-             *(a for w in all_workers for a in ("--worker", w))],
-            layout.router[0],
-            router_env,
-        )  # fmt: skip
-        _wait_http(http_port, "/ready", proc=router)
+
+        def start_rows_router() -> subprocess.Popen[bytes]:
+            proc = procs.spawn(
+                "router",
+                [py, "-m", "splitserve", "router", "serve", "--model", "bench",
+                 "--tokenizer", str(tok_dir), "--port", str(http_port), "--grpc-port", "0",
+                 "--log-level", "WARNING", *SLO_ARGS,
+                 *(a for w in all_workers for a in ("--worker", w))],
+                layout.router[0],
+                router_env,
+            )  # fmt: skip
+            _wait_http(http_port, "/ready", proc=proc)
+            return proc
+
+        def stop_rows_router(proc: subprocess.Popen[bytes]) -> None:
+            """The rows' router follows every worker's step feed even when no request goes
+            through it: left running on router core 0 during the scale-out, it took ~25 % of
+            that core from the process pinned there (measured on the 16-core machine), so it is
+            stopped for the scale-out and started again for the rows after it."""
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+        router = start_rows_router() if not args.scale_only else None
         peer_port = fake_d = 0
         peer = None
         pairs: list[tuple[int, int]] = []
-        if args.vllm_router:
+        if args.vllm_router and not args.scale_only:
             pairs = start_fake_backends(procs, layout, len(layout.worker))
             fake_d = pairs[0][1]
             peer, peer_port = start_peer(procs, args.vllm_router, pairs, layout.router[:1])
@@ -514,7 +537,12 @@ def main() -> None:
             def direct_grpc(ids: list[int] = ids) -> Coroutine[Any, Any, Result]:
                 return _grpc_direct(workers["decode"][0], ids, 400)
 
-            if budget.allows(f"splitserve row, {num_tokens}-token prompt", row_est):
+            if router is not None and router.poll() is not None and not args.scale_only:
+                router = start_rows_router()  # stopped for the scale-out
+            if not args.scale_only and budget.allows(
+                f"splitserve row, {num_tokens}-token prompt", row_est
+            ):
+                assert router is not None
                 t0 = budget.clock()
                 row = measure(f"splitserve-{num_tokens}", http_port, router.pid, ours_raw,
                               direct_grpc, args.py_spy, out.parent,
@@ -527,6 +555,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 save(f"splitserve-{num_tokens}")
             if k == 0 and scale:
+                if router is not None:
+                    stop_rows_router(router)
                 extra["scaling"] = scaling(procs, work, all_workers, tok_dir, prompt, layout,
                                            scale, args.sat_s, budget)  # fmt: skip
                 print(json.dumps(extra["scaling"]), flush=True)
