@@ -7,7 +7,9 @@ Invariants:
    paper's; every other quick claim lands in the band we measure and outside the paper's (docs/
    reproductions/bros.md measures why), so a change that moves one must update the docs;
 3. the driver submits each BE batch only once the previous one has finished, none after the
-   trace ends, and keeps RT and BE request ids apart.
+   trace ends, and keeps RT and BE request ids apart;
+4. under `--latency gpu` BROS and RR (BROS's own engine) take DistServe's engine fit and the
+   vLLM baseline vLLM's, both carried to the A100-40GB.
 """
 
 from __future__ import annotations
