@@ -42,7 +42,13 @@ from splitserve.sim.cluster import ClusterSpec
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import RequestRecord, SimResult
 from splitserve.sim.reproductions.bros_cluster import simulate_hybrid
-from splitserve.sim.reproductions.common import Comparison, Reproduction, gpu_or, latency_note
+from splitserve.sim.reproductions.common import (
+    Comparison,
+    Reproduction,
+    gpu_or,
+    latency_note,
+    pricing,
+)
 from splitserve.sim.workload import LogNormal, Poisson, Uniform, WorkItem
 
 OPT_30B = ModelShape("opt-30b", 48, 7168, 28672, 56, 56, 50272, mlp_matrices=2)
@@ -400,7 +406,7 @@ def reproduction(results: Sweep, quick: bool) -> Reproduction:
     if not quick:
         comparisons += _ablations(lines)
     notes = [
-        "Set-up: OPT-13B, A100-40GB, TP 2, one colocated instance (roofline); vLLM = FCFS, no "
+        f"Set-up: OPT-13B, A100-40GB, TP 2, one colocated instance ({pricing()}); vLLM = FCFS, no "
         "chunked prefill, prompts first; RR = BROS engine with RT/BE round-robin; BROS defaults "
         "(Bsz 8 +1, τ_min packing, BE fill/replace, KV sharing by block-level checkpoints of "
         "BE to host, recompute when the host is full).",
