@@ -7,7 +7,9 @@ Invariants:
    paper's; every other quick claim lands in the band we measure and outside the paper's (docs/
    reproductions/bros.md measures why), so a change that moves one must update the docs;
 3. the driver submits each BE batch only once the previous one has finished, none after the
-   trace ends, and keeps RT and BE request ids apart.
+   trace ends, and keeps RT and BE request ids apart;
+4. under `--latency gpu` BROS and RR (BROS's own engine) take DistServe's engine fit and the
+   vLLM baseline vLLM's, both carried to the A100-40GB.
 """
 
 from __future__ import annotations
@@ -125,3 +127,40 @@ def test_outcome_metrics_on_a_small_hybrid_run() -> None:
     assert o.be_throughput == pytest.approx(len(done) / 2.0)
     assert o.be_throughput > 0
     assert DATASETS[0].name == "ShareGPT"
+
+
+def test_gpu_models_price_bros_own_engine_with_distserves_engine_fit() -> None:
+    """§6: BROS (and RR, BROS with its scheduler replaced) run on BROS's own engine, not vLLM;
+    under `--latency gpu` they take DistServe's own-engine fit, the vLLM baseline vLLM's fit,
+    both carried to the paper's A100-40GB with the per-step cost off the GPU held."""
+    from splitserve.core.perf import BatchShape, DistServeModel, RescaledModel, RooflineModel
+    from splitserve.sim.reproductions.bros import OWN_ENGINE_FIT, RR
+    from splitserve.sim.reproductions.common import latency_source
+
+    assert OWN_ENGINE_FIT == "distserve"
+    opt13b = MODELS["opt-13b"]
+    assert isinstance(spec(BROS, opt13b, 2).pools[0].worker.latency, RooflineModel)
+    with latency_source("gpu"):
+        lat = {
+            name: spec(s, opt13b, 2).pools[0].worker.latency
+            for name, s in (("vLLM", VLLM), ("RR", RR), ("BROS", BROS))
+        }
+        cost = spec(BROS, opt13b, 2).pools[0].worker.policy_params["latency"]
+    engines = {}
+    for name, m in lat.items():
+        assert isinstance(m, RescaledModel)
+        assert isinstance(m.base, DistServeModel)
+        assert m.base.tp == 2
+        assert m.target.hardware.name == "a100-40g"
+        engines[name] = m.base.engine
+    assert engines == {"vLLM": "vllm", "RR": "distserve", "BROS": "distserve"}
+    assert isinstance(cost, RescaledModel)  # BROS's cost model is profiled on its own engine
+    assert isinstance(cost.base, DistServeModel)
+    assert cost.base.engine == "distserve"
+    # DistServe's engine leaves less per-step cost off the GPU than vLLM's (≈ 3 vs 15 ms at TP 2).
+    one = BatchShape((), (1,))
+    assert lat["BROS"].step_s(one) < lat["vLLM"].step_s(one)
+    bros_m, vllm_m = lat["BROS"], lat["vLLM"]
+    assert isinstance(bros_m, RescaledModel)
+    assert isinstance(vllm_m, RescaledModel)
+    assert bros_m.fixed_s < vllm_m.fixed_s

@@ -51,7 +51,9 @@ FIT_HARDWARE = "a100-80g"
 """The GPU DistServe's published fits were measured on."""
 
 
-def gpu_or(roofline: RooflineModel, model: str = "opt-13b", tp: int = 1) -> LatencyModel:
+def gpu_or(
+    roofline: RooflineModel, model: str = "opt-13b", tp: int = 1, engine: str = "vllm"
+) -> LatencyModel:
     """`roofline`, or inside `latency_source("gpu")` the nearest GPU-measured model for an OPT
     set-up: DistServe's published fit of vLLM on A100-80GB for `model` at `tp` (KV over NVLink,
     Vidur's A100 send/recv). Where the paper's GPU (`roofline.hardware`) is another one, the fit
@@ -64,10 +66,15 @@ def gpu_or(roofline: RooflineModel, model: str = "opt-13b", tp: int = 1) -> Late
     grows with TP (OPT-13B TP 1/2/4: ≈ 5 / 15 / 25 ms) while the GPU's share of the step
     halves, the signature of the 2023 vLLM's per-step Python scheduling and Ray RPC to its TP
     workers, which a V100 or an A100-40GB would not make 2× or 1.3× slower (scaling it did
-    until this revision: a V100 TP 2 decode of 16 × 600 tokens cost 58 ms, now 42 ms)."""
+    until this revision: a V100 TP 2 decode of 16 × 600 tokens cost 58 ms, now 42 ms).
+
+    `engine` picks which of DistServe's published engines: "vllm" (vLLM v0.2 as DistServe
+    measured it, the default: most papers' baselines and engines are vLLM) or "distserve"
+    (DistServe's own engine, for a paper whose system is its own research engine rather than
+    vLLM; the paper's module says why)."""
     if not use_gpu_models():
         return roofline
-    fit = DistServeModel("vllm", model, tp, kv_link("nvlink-a100"))
+    fit = DistServeModel(engine, model, tp, kv_link("nvlink-a100"))
     if roofline.hardware.name == FIT_HARDWARE:
         return fit
     source = RooflineModel(roofline.shape, HARDWARE[FIT_HARDWARE], tp=roofline.tp)
