@@ -66,6 +66,14 @@ def _zero_prompt(num_tokens: int) -> tuple[int, ...]:
     return (0,) * num_tokens
 
 
+@functools.lru_cache(maxsize=8192)
+def _sampling(max_tokens: int) -> SamplingSpec:
+    """The sampling spec of a simulated request with that output length, shared (it is
+    immutable): a frozen 17-field dataclass's `__init__` and checks cost ≈ 3.5 % of a compiled
+    replay when built once per request."""
+    return SamplingSpec(max_tokens=max_tokens, ignore_eos=True)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerTemplate:
     """What every worker of a pool looks like."""
@@ -143,7 +151,7 @@ class SimRequest:
         request = Request(
             id=rid,
             prompt_token_ids=_zero_prompt(item.num_prompt_tokens),
-            sampling=SamplingSpec(max_tokens=item.num_output_tokens, ignore_eos=True),
+            sampling=_sampling(item.num_output_tokens),
             arrival_s=item.arrival_s,
             slo_class=item.slo_class,
         )
