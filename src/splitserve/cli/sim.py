@@ -118,7 +118,8 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -
     show_default=True,
     help="With --run-steps: add the per-request time outside the steps measured in the run "
     "(router arrival to the prompt's step on an idle worker, plus that step's end to the first "
-    "token) to every simulated TTFT and latency.",
+    "token) to every simulated TTFT and latency, and the run's first request's cold dispatch "
+    "(its dispatch over the median) to that request alone.",
 )
 @click.option(
     "--run-speed-steps",

@@ -16,6 +16,7 @@ Pure: no I/O, no wall time.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -36,7 +37,7 @@ from splitserve.policy.placement.profile import (
     default_decode_profile,
     default_prefill_profile,
 )
-from splitserve.sim.engine import Simulator
+from splitserve.sim.engine import Simulator, relax_gc
 from splitserve.sim.entities import (
     PoolSpec,
     SimRequest,
@@ -431,4 +432,8 @@ def simulate(
     cluster = Cluster(spec, items, max_repeat, speed=speed, pool_speed=pool_speed)
     cluster.start(sim)
     sim.run(cluster, until_s=until_s)
-    return cluster.result(sim)
+    thresholds = relax_gc()
+    try:
+        return cluster.result(sim)
+    finally:
+        gc.set_threshold(*thresholds)

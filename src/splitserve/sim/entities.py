@@ -9,7 +9,6 @@ moves these entities as events arrive.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,11 +58,35 @@ def steps_done(first_s: float, slope_s: float, elapsed_s: float, repeat: int) ->
     return m
 
 
-@functools.lru_cache(maxsize=8192)
+_CACHE_MAX = 8192
+"""Distinct lengths each shared-value cache keeps (beyond it, values are built per call)."""
+_PROMPTS: dict[int, tuple[int, ...]] = {}
+_SAMPLING: dict[int, SamplingSpec] = {}
+
+
 def _zero_prompt(num_tokens: int) -> tuple[int, ...]:
     """The placeholder prompt of that length (the simulator never reads token ids), shared: the
-    cyclic GC then scans one ~1,000-element tuple per distinct length, not one per request."""
-    return (0,) * num_tokens
+    cyclic GC then scans one ~1,000-element tuple per distinct length, not one per request.
+    A plain dict, not `functools.lru_cache`: its wrapper cost ≈ 2.5 % of a compiled replay
+    (with `_sampling`'s), the dict lookup compiles to a native one."""
+    prompt = _PROMPTS.get(num_tokens)
+    if prompt is None:
+        prompt = (0,) * num_tokens
+        if len(_PROMPTS) < _CACHE_MAX:
+            _PROMPTS[num_tokens] = prompt
+    return prompt
+
+
+def _sampling(max_tokens: int) -> SamplingSpec:
+    """The sampling spec of a simulated request with that output length, shared (it is
+    immutable): a frozen 17-field dataclass's `__init__` and checks cost ≈ 3.5 % of a compiled
+    replay when built once per request."""
+    spec = _SAMPLING.get(max_tokens)
+    if spec is None:
+        spec = SamplingSpec(max_tokens=max_tokens, ignore_eos=True)
+        if len(_SAMPLING) < _CACHE_MAX:
+            _SAMPLING[max_tokens] = spec
+    return spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +166,7 @@ class SimRequest:
         request = Request(
             id=rid,
             prompt_token_ids=_zero_prompt(item.num_prompt_tokens),
-            sampling=SamplingSpec(max_tokens=item.num_output_tokens, ignore_eos=True),
+            sampling=_sampling(item.num_output_tokens),
             arrival_s=item.arrival_s,
             slo_class=item.slo_class,
         )

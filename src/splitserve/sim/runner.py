@@ -150,7 +150,8 @@ def run_validation(
     `run_steps`: a directory of the run's worker step logs (`<worker>.steps.csv`); each pool is
     priced by a model fitted to its workers' steps and, with `run_speed`, scaled by their speed
     over the run (`sim.validate_steps`); `run_gaps`: a step lasts until the next one while the
-    worker had work; `run_overheads`: add the measured per-request time outside the steps;
+    worker had work; `run_overheads`: add the measured per-request time outside the steps
+    (and the first request's cold dispatch to it);
     `run_speed_steps`: the factor pricing a step is the median over this many recorded steps
     nearest it (1: the step running then); `run_handoff`: charge each P/D request's measured
     hand-off (`kv_pulls.jsonl` in `run_steps`) as its KV transfer."""
@@ -163,6 +164,7 @@ def run_validation(
     speed = None
     pool_speed = None
     overhead = 0.0
+    cold = 0.0
     side_by_side = False
     note = ""
     if speed_trace is not None:
@@ -174,9 +176,10 @@ def run_validation(
             spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps, run_handoff
         )
         spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
+        cold = cal.first_request_extra_s
         side_by_side = cal.side_by_side_transfers
         note = cal.markdown()
-    v = replay(spec, rec, speed, pool_speed, overhead, side_by_side)
+    v = replay(spec, rec, speed, pool_speed, overhead, side_by_side, cold)
     priced = "the run's own steps" if run_steps is not None else cfg.latency_model
     text = f"## Validation: {recording.name} on {cfg.name} ({priced})\n\n" + note
     text += v.markdown(target)

@@ -25,7 +25,7 @@ from splitserve.core.ids import PoolName
 from splitserve.core.roles import Role
 from splitserve.sim.cluster import Cluster, ClusterSpec, KvOverlap, simulate
 from splitserve.sim.engine import Simulator
-from splitserve.sim.entities import PoolSpec, WorkerTemplate
+from splitserve.sim.entities import PoolSpec, SimRequest, WorkerTemplate
 from splitserve.sim.workload import Fixed, Poisson, Uniform, WorkItem, synthetic
 from tests.unit.sim.builders import TINY_LAYOUT, ConstantModel, colocated, disaggregated
 
@@ -176,3 +176,14 @@ def test_stale_reports_with_inflight_spread_a_burst() -> None:
         if interval:
             # Every decision saw the same (stale) report; only the in-flight counts moved.
             assert {tuple(e.num_waiting for e in r.endpoints) for r in records} == {(0, 0, 0, 0)}
+
+
+def test_requests_share_their_immutable_per_length_values() -> None:
+    a = SimRequest.from_item(0, WorkItem(0.0, 100, 7))
+    b = SimRequest.from_item(1, WorkItem(1.0, 100, 7))
+    c = SimRequest.from_item(2, WorkItem(2.0, 101, 8))
+    assert a.request.sampling is b.request.sampling  # immutable, shared per output length
+    assert a.request.prompt_token_ids is b.request.prompt_token_ids
+    assert c.request.sampling.max_tokens == 8
+    assert c.request.sampling.ignore_eos
+    assert c.request.num_prompt_tokens == 101

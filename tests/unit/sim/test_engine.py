@@ -8,9 +8,11 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
-from splitserve.sim.engine import Simulator
+from splitserve.sim.engine import Simulator, relax_gc
 from splitserve.sim.events import Event, EventKind
 
 
@@ -67,3 +69,16 @@ def test_cannot_schedule_in_the_past() -> None:
     sim = Simulator(start_s=5.0)
     with pytest.raises(ValueError, match="past"):
         sim.schedule(4.0, EventKind.WAKE)
+
+
+def test_relax_gc_raises_floors_and_leaves_a_disabled_collector_off() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert relax_gc() == (700, 10, 10)
+        assert gc.get_threshold() == (100_000, 50, 100)
+        gc.set_threshold(0, 10, 10)  # automatic collection off: stays off
+        assert relax_gc() == (0, 10, 10)
+        assert gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.set_threshold(*before)

@@ -65,6 +65,18 @@ def test_a_simulated_recording_replays_with_zero_error() -> None:
     assert max(abs(e) for e in per_request_errors(v, "ttft_s")) < 1e-9
 
 
+def test_the_first_requests_extra_goes_to_it_alone() -> None:
+    cfg = ClusterConfig.model_validate(CLUSTER)
+    rec = parse_recording(_recording_of(cfg))
+    base = replay(cluster_spec(cfg), rec, request_overhead_s=0.003)
+    cold = replay(cluster_spec(cfg), rec, request_overhead_s=0.003, first_request_extra_s=0.02)
+    first, *rest = zip(base.pairs, cold.pairs, strict=True)
+    assert first[1].ttft_s == pytest.approx(first[0].ttft_s + 0.02)
+    assert first[1].latency_s == pytest.approx(first[0].latency_s + 0.02)
+    assert first[1].recorded is rec.requests[0]
+    assert all(b.ttft_s == c.ttft_s and b.latency_s == c.latency_s for b, c in rest)
+
+
 def test_a_slower_model_shows_up_as_positive_error() -> None:
     cfg = ClusterConfig.model_validate(CLUSTER)
     slow = ClusterConfig.model_validate({**CLUSTER, "time_scale": 2.0})

@@ -199,6 +199,27 @@ def test_request_overheads_match_each_prompt_to_its_step() -> None:
     assert got.return_s == pytest.approx((0.002, 0.002))
     assert got.unmatched == 1
     assert got.total_s == pytest.approx(0.005)
+    assert got.first_dispatch_s == pytest.approx(0.003)
+    assert got.cold_s == 0.0  # the first request's dispatch is the median: nothing extra
+
+
+def test_the_first_requests_cold_dispatch_is_measured_apart() -> None:
+    # Three requests at idle workers: the first waits 30 ms for its step (the cold path), the
+    # others 3 ms; the cold part is its dispatch over the median (3 ms), for it alone.
+    steps = [
+        RunStep(10.030, 0.020, BatchShape(((100, 0),))),
+        RunStep(11.003, 0.020, BatchShape(((200, 0),))),
+        RunStep(12.003, 0.020, BatchShape(((300, 0),))),
+    ]
+    reqs = [(10.0, 100, 0.052), (11.0, 200, 0.025), (12.0, 300, 0.025)]
+    got = request_overheads(reqs, steps)
+    assert got.dispatch_s == pytest.approx((0.030, 0.003, 0.003))
+    assert got.first_dispatch_s == pytest.approx(0.030)
+    assert got.cold_s == pytest.approx(0.027)
+    # A first request that queued behind a step is not a dispatch sample: nothing charged.
+    busy = [RunStep(9.99, 0.05, BatchShape(((50, 0),))), *steps]
+    assert request_overheads(reqs, busy).first_dispatch_s is None
+    assert request_overheads(reqs, busy).cold_s == 0.0
 
 
 def test_fit_recovers_the_model_and_a_mid_run_slowdown() -> None:
