@@ -100,3 +100,14 @@ def test_an_unsupported_layout_is_refused_by_name(over: dict[str, Any], why: str
     with pytest.raises(ValueError, match=why):
         WarmReads().start(worker, "peer")
     assert worker.nixl_wrapper.made == []
+
+
+def test_the_warm_up_read_is_on_unless_the_env_says_0() -> None:
+    from splitserve.worker.vllm_adapter.engine import WARM_READ_ENV, warm_read_on
+
+    assert warm_read_on({}) is True
+    assert warm_read_on({WARM_READ_ENV: ""}) is True
+    assert warm_read_on({WARM_READ_ENV: "1"}) is True
+    assert warm_read_on({WARM_READ_ENV: "0"}) is False
+    with pytest.raises(ValueError, match="SPLITSERVE_KV_WARM_READ must be 0 or 1, not 'off'"):
+        warm_read_on({WARM_READ_ENV: "off"})

@@ -78,6 +78,8 @@ PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
 """`0` turns the in-step KV pull off, `1` on, overriding `VllmEngineConfig.kv_pull_in_step`."""
+WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
+"""`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -210,6 +212,7 @@ class VllmEngine:
         self.kv_warm_read_descs = 0
         """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.WarmReads`)."""
         self._warm_reads = WarmReads()
+        self._warm_read = warm_read_on()
         self.kv_warm_read_error: str | None = None
         """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
@@ -440,6 +443,8 @@ class VllmEngine:
                 worker.nixl_wrapper.make_connection(agent)
             # The pair's first READ costs more than later ones (docs/benchmarks.md, "KV
             # handoff"): post it here, on vLLM's null block. The pair works without it.
+            if not self._warm_read:
+                return 0
             try:
                 return self._warm_reads.start(worker, eid)
             except Exception as err:
@@ -997,6 +1002,15 @@ def pull_in_step(config: VllmEngineConfig) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{PULL_IN_STEP_ENV} must be 0 or 1, not {value!r}")
     return value == "1"
+
+
+def warm_read_on(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether `warm_kv` posts the pair's warm-up READ: yes unless `SPLITSERVE_KV_WARM_READ` is
+    `0`. Any value but `0` / `1` / empty is refused."""
+    value = env.get(WARM_READ_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{WARM_READ_ENV} must be 0 or 1, not {value!r}")
+    return value != "0"
 
 
 def _nixl_worker() -> Any:
