@@ -63,7 +63,10 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     trace.install_executor(executor)
     client = KvTrace(path)  # the bench client appends to the same file
     client.mark("r", "token1", 1.0)
+    trace.received("r")
     trace.begin("r")
+    trace.picked("r")
+    trace.picked("untraced")  # not a traced decode: no event
     trace.added("r", "r-internal")
     trace.scheduled()
     trace.scheduled()  # seen once

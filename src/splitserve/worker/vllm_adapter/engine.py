@@ -225,6 +225,12 @@ class VllmEngine:
         self._trace: KvTrace | None = KvTrace.from_env()
         """`SPLITSERVE_KV_TRACE`: timestamps of each decode's token 1 -> token 2 (`kvtrace.py`)."""
 
+    @property
+    def kv_trace(self) -> KvTrace | None:
+        """The `SPLITSERVE_KV_TRACE` tracer (None when off): the worker service marks when a
+        Decode call reaches it."""
+        return self._trace
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -522,6 +528,8 @@ class VllmEngine:
         rid = str(request.id)
 
         def add(engine: Any) -> None:
+            if self._trace is not None:
+                self._trace.picked(rid)
             try:
                 if self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
                     internal = self._grammars.add_request(

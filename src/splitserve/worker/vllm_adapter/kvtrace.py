@@ -4,10 +4,11 @@ Off unless `SPLITSERVE_KV_TRACE` names a file. Then the vLLM engine of a decode 
 one JSON line per event of each decode it continues from a prefill (`{"rid", "event", "t"}`,
 `t` from `time.perf_counter()`: CLOCK_MONOTONIC on Linux, so the bench client, which appends its
 own events for the same request to the same file, shares the clock). Events, in the order one
-decode meets them (`MILESTONES`): the Decode call reaches the engine, the request is added to
-vLLM in the engine thread, the scheduler first sees it, the NIXL READ is posted and returns,
-vLLM reports the READ done (the asynchronous path only), the engine step that yields token 2
-starts and ends, the token is handed to the asyncio side and leaves the engine's stream.
+decode meets them (`MILESTONES`): the worker service takes the Decode call, the call reaches
+the engine, the engine thread takes the request and has added it to vLLM, the scheduler first
+sees it, the NIXL READ is posted and returns, vLLM reports the READ done (the asynchronous path
+only), the engine step that yields token 2 starts and ends, the token is handed to the asyncio
+side and leaves the engine's stream.
 `breakdown` turns the lines into per-request intervals.
 
 A measuring aid, not a metric: each event is a small locked write (a few microseconds).
@@ -29,7 +30,9 @@ TRACE_ENV = "SPLITSERVE_KV_TRACE"
 
 MILESTONES: tuple[tuple[str, str], ...] = (
     ("token1", "router has token 1 (Prefill answered)"),
-    ("call", "Decode call reaches the engine"),
+    ("received", "the worker service's Decode handler starts (gRPC delivered the call)"),
+    ("call", "Decode call reaches the engine (after the service's checks)"),
+    ("picked", "the engine thread takes the request (before `add_request`)"),
     ("added", "request added to vLLM (engine thread)"),
     ("seen", "scheduler first sees it (schedule() returns)"),
     ("post", "NIXL READ posted (start_load_kv)"),
@@ -79,6 +82,15 @@ class KvTrace:
         """A decode continued from a prefill reached the engine: trace it until token 2."""
         self._open.add(rid)
         self.mark(rid, "call")
+
+    def received(self, rid: str) -> None:
+        """The worker service took a Decode call for `rid` (before its checks)."""
+        self.mark(rid, "received")
+
+    def picked(self, rid: str) -> None:
+        """The engine thread took `rid`'s request off its command queue."""
+        if rid in self._open:
+            self.mark(rid, "picked")
 
     def added(self, rid: str, internal: str) -> None:
         """vLLM took the request (in the engine thread) under its internal id `internal`."""
