@@ -16,9 +16,13 @@ class _Wrapper:
         self.states = states
         self.made: list[tuple[Any, ...]] = []
         self.released: list[str] = []
+        self.notifs: list[bytes] = []
 
-    def make_prepped_xfer(self, op: str, local: Any, lids: Any, remote: Any, rids: Any) -> str:
+    def make_prepped_xfer(
+        self, op: str, local: Any, lids: Any, remote: Any, rids: Any, notif_msg: bytes = b""
+    ) -> str:
         self.made.append((op, local, list(lids), remote, list(rids)))
+        self.notifs.append(notif_msg)
         return "xfer"
 
     def transfer(self, handle: str) -> str:
@@ -57,6 +61,9 @@ def test_reads_block_0_of_every_region_without_waiting() -> None:
     assert (op, local, remote) == ("READ", "local-dlist", "remote-dlist")
     assert lids == [0, 10, 20]  # region-major descriptor lists: block 0 of each region
     assert rids == [0, 12, 24]
+    # It ends with a notification, as a request's READ does: an empty heartbeat, which vLLM's
+    # prefill side reads as extending the leases of the requests it names (none).
+    assert worker.nixl_wrapper.notifs == [b"HB:"]
     assert reads.pending == 1  # still in progress: the engine polls it between iterations
     reads.poll()
     assert reads.pending == 1
