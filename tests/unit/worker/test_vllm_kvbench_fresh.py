@@ -23,6 +23,8 @@ def test_first_second_and_last_request_over_the_pairs() -> None:
         ("noread", "1st"),
         ("noread", "2nd"),
         ("noread", "3rd"),
+        ("read", "2nd–3rd, pooled"),
+        ("noread", "2nd–3rd, pooled"),
     }
     first = rows["read", "1st"]
     assert first["pairs"] == 2
@@ -30,6 +32,8 @@ def test_first_second_and_last_request_over_the_pairs() -> None:
     assert spread(first["gap_s"]) == "40.0 (30.0–50.0)"
     assert rows["read", "3rd"]["ttft_s"] == [0.009, 0.008]
     assert rows["noread", "1st"]["gap_s"] == [0.060]
+    # Every request but the first, over every pair: the steady state the first is held to.
+    assert rows["read", "2nd–3rd, pooled"]["gap_s"] == [0.029, 0.028, 0.031, 0.027]
 
 
 def test_the_last_request_is_the_shortest_pairs_last_and_json_rows_work() -> None:
@@ -37,7 +41,7 @@ def test_the_last_request_is_the_shortest_pairs_last_and_json_rows_work() -> Non
         "read": [[{"ttft_s": 0.01, "token2_s": 0.03}] * 4, [{"ttft_s": 0.02, "token2_s": 0.04}] * 3]
     }
     rows = summary(as_json)
-    assert [r["request"] for r in rows] == ["1st", "2nd", "3rd"]
+    assert [r["request"] for r in rows] == ["1st", "2nd", "3rd", "2nd–3rd, pooled"]
     assert rows[2]["gap_s"] == [0.03, 0.04]
 
 

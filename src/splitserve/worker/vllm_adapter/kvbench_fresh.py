@@ -207,6 +207,16 @@ def summary(timings: Mapping[str, Sequence[Sequence[Any]]]) -> list[dict[str, An
                     "gap_s": [get(t, "token2_s") for t in at],
                 }
             )
+        later = [t for reqs in per_pair for t in reqs[1:last]]
+        rows.append(
+            {
+                "variant": variant,
+                "request": f"2nd–{ordinal(last)}, pooled",
+                "pairs": len(per_pair),
+                "ttft_s": [get(t, "ttft_s") for t in later],
+                "gap_s": [get(t, "token2_s") for t in later],
+            }
+        )
     return rows
 
 
