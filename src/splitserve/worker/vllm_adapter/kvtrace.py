@@ -36,6 +36,10 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("added", "request added to vLLM (engine thread)"),
     ("seen", "scheduler first sees it (schedule() returns)"),
     ("post", "NIXL READ posted (start_load_kv)"),
+    ("prep", "vLLM calls NIXL's make_prepped_xfer (after its own bookkeeping)"),
+    ("prepped", "make_prepped_xfer returns"),
+    ("transfer", "vLLM calls NIXL's transfer()"),
+    ("transferred", "transfer() returns (with `cma`, the copy is done)"),
     ("posted", "start_load_kv returns"),
     ("recv_done", "vLLM reports the READ done (async path)"),
     ("step2_start", "the step that yields token 2 starts"),
@@ -62,6 +66,8 @@ class KvTrace:
         """vLLM's internal request id -> the worker's, for traced decodes."""
         self._unseen: set[str] = set()
         self._step_start: float | None = None
+        self._posting: list[str] = []
+        """Traced decodes inside the current `start_load_kv` (their NIXL calls are timed)."""
         self._phases: dict[str, float] = {}
         """Times within the traced step: `step_sched`, `step_fwd_start`, `step_fwd_end`."""
 
@@ -120,7 +126,11 @@ class KvTrace:
             ids = [self._alias[i] for i in recv if i in self._alias]
             for rid in ids:
                 self.mark(rid, "post")
-            out = post(metadata, *args, **kwargs)
+            self._posting = ids
+            try:
+                out = post(metadata, *args, **kwargs)
+            finally:
+                self._posting = []
             for rid in ids:
                 self.mark(rid, "posted")
             return out
@@ -135,6 +145,28 @@ class KvTrace:
 
         worker.start_load_kv = start_load_kv
         worker.get_transfer_results = get_transfer_results
+        wrapper = getattr(worker, "nixl_wrapper", None)
+        if wrapper is not None:
+            self._time_nixl(wrapper)
+
+    def _time_nixl(self, wrapper: Any) -> None:
+        """Time NIXL's `make_prepped_xfer` and `transfer` when vLLM calls them for a traced
+        decode inside `start_load_kv` (other calls, the warm-up READ's among them, pass)."""
+        calls = (("make_prepped_xfer", "prep", "prepped"), ("transfer", "transfer", "transferred"))
+        for method, before, after in calls:
+            inner = getattr(wrapper, method)
+
+            def timed(*args: Any, _inner: Any = inner, _b: str = before, _a: str = after,
+                      **kwargs: Any) -> Any:  # fmt: skip
+                ids = self._posting
+                for rid in ids:
+                    self.mark(rid, _b)
+                out = _inner(*args, **kwargs)
+                for rid in ids:
+                    self.mark(rid, _a)
+                return out
+
+            setattr(wrapper, method, timed)
 
     def install_executor(self, executor: Any) -> None:
         """Time the model execution of traced steps (the executor's `execute_model` and
