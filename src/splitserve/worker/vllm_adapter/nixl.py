@@ -372,7 +372,9 @@ WARM_NOTIF = b"HB:"
 """The notification the warm-up READ ends with, as a request's READ ends with one: vLLM's
 prefill side reads `HB:<request ids>` as a heartbeat extending those requests' leases, and this
 one names none. Without it the first request's READ still posted 13-14 ms against 2.6-3.5 ms
-later (docs/benchmarks.md, fresh pairs): the READ alone did not warm the pair's first one."""
+later (docs/benchmarks.md, fresh pairs); with it, shorter in 3 of 7 fresh pairs only: the
+notification round completes only when the prefill engine progresses NIXL, which it does not
+while idle."""
 
 
 class WarmReads:
