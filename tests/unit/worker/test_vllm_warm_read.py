@@ -118,3 +118,14 @@ def test_the_warm_up_read_is_on_unless_the_env_says_0() -> None:
     assert warm_read_on({WARM_READ_ENV: "0"}) is False
     with pytest.raises(ValueError, match="SPLITSERVE_KV_WARM_READ must be 0 or 1, not 'off'"):
         warm_read_on({WARM_READ_ENV: "off"})
+
+
+def test_the_held_kv_poll_interval_is_5_ms_unless_the_env_says_otherwise() -> None:
+    from splitserve.worker.vllm_adapter.engine import HELD_POLL_ENV, held_poll_s
+
+    assert held_poll_s({}) == 0.005
+    assert held_poll_s({HELD_POLL_ENV: "1"}) == 0.001
+    assert held_poll_s({HELD_POLL_ENV: "0.5"}) == 0.0005
+    for bad in ("0", "1000", "fast", "nan"):
+        with pytest.raises(ValueError, match="SPLITSERVE_KV_HELD_POLL_MS must be a number of ms"):
+            held_poll_s({HELD_POLL_ENV: bad})

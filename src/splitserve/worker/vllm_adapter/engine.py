@@ -78,6 +78,10 @@ PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
 """`0` turns the in-step KV pull off, `1` on, overriding `VllmEngineConfig.kv_pull_in_step`."""
+HELD_POLL_ENV = "SPLITSERVE_KV_HELD_POLL_MS"
+"""Milliseconds between the engine's steps while it only holds KV for pulls (or has only
+transfers left): how soon a peer's READ completion (its notification) is progressed here.
+Default 5; for comparisons (docs/benchmarks.md, fresh pairs run 3)."""
 WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
 """`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
@@ -213,6 +217,7 @@ class VllmEngine:
         """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.WarmReads`)."""
         self._warm_reads = WarmReads()
         self._warm_read = warm_read_on()
+        self._held_poll_s = held_poll_s()
         self.kv_warm_read_error: str | None = None
         """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
@@ -675,7 +680,7 @@ class VllmEngine:
                 if pulls is not None and pulls.in_flight():
                     pulls.drive(PULL_POLL_S)
                 elif not outs and core.scheduler.get_num_unfinished_requests() == 0:
-                    time.sleep(0.005)  # only held KV / transfers left: poll, don't spin
+                    time.sleep(self._held_poll_s)  # only held KV / transfers left: poll
         except Exception as e:  # the engine died: fail every request in flight
             log.exception("vLLM engine loop failed")
             for stream in list(self._streams.values()):
@@ -1019,6 +1024,21 @@ def warm_read_on(env: Mapping[str, str] = os.environ) -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"{WARM_READ_ENV} must be 0 or 1, not {value!r}")
     return value != "0"
+
+
+def held_poll_s(env: Mapping[str, str] = os.environ) -> float:
+    """Seconds between steps while only held KV is left: `SPLITSERVE_KV_HELD_POLL_MS` (0.1 to
+    100 ms) if set, else 5 ms. Anything else is refused."""
+    value = env.get(HELD_POLL_ENV, "")
+    if value == "":
+        return 0.005
+    try:
+        poll_ms = float(value)
+    except ValueError:
+        poll_ms = float("nan")
+    if not 0.1 <= poll_ms <= 100:
+        raise ValueError(f"{HELD_POLL_ENV} must be a number of ms in [0.1, 100], not {value!r}")
+    return poll_ms / 1000
 
 
 def _nixl_worker() -> Any:
