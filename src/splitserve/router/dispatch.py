@@ -322,14 +322,23 @@ class Dispatch:
             # The prefill's first token, then the decode's stream, read here directly (no
             # generator layer between: each layer costs every chunk a resumption).
             first, head = await self._prefill_first(self.placement)
-            if head is not None:
-                # Set before yielding: a consumer may close us as soon as it has the last one.
-                finished = self._account(head)
+            # Set before yielding: a consumer may close us as soon as it has the last one.
+            finished = head is not None and self._account(head)
+            if head is not None and finished:
                 yield head
             if not finished:
                 decode = self._decode_order(self.placement)
-                async with contextlib.aclosing(self._decode_any(decode, first)) as run:
+                run = self._decode_any(decode, first, start_first=head is not None)
+                async with contextlib.aclosing(run):
+                    if head is not None:
+                        # The Decode call is made before token 1 goes to the consumer: it is on
+                        # its way while the consumer sends token 1 (closing us cancels it).
+                        early = await self._start_decode(run)
+                        yield head
+                        if early is not None:
+                            raise early
                     async for chunk in run:
+                        assert chunk is not None
                         finished = self._account(chunk)
                         yield chunk
                         if finished:
@@ -568,9 +577,28 @@ class Dispatch:
             return resp
         return None
 
+    @staticmethod
+    async def _start_decode(run: AsyncGenerator[Chunk | None, None]) -> Exception | None:
+        """Run `_decode_any(start_first=True)` up to its first worker call (its None); what it
+        raised before (every candidate gone) is returned, to raise after token 1 is out."""
+        try:
+            started = await anext(run)
+        except StopAsyncIteration:
+            return WorkersFailed("the decode ended before it started")
+        except Exception as err:
+            return err
+        assert started is None
+        return None
+
     async def _decode_any(
-        self, candidates: Sequence[EndpointId], first: worker_pb2.PrefillResponse | None
-    ) -> AsyncGenerator[Chunk, None]:
+        self,
+        candidates: Sequence[EndpointId],
+        first: worker_pb2.PrefillResponse | None,
+        *,
+        start_first: bool = False,
+    ) -> AsyncGenerator[Chunk | None, None]:
+        """The decode's chunks from the first candidate that finishes it. `start_first`: yield
+        None once, right after the first worker call is made (before any chunk is read)."""
         emitted: list[int] = [first.first_token_id] if first is not None else []
         kv = first.kv if first is not None and first.HasField("kv") else None
         queue = list(candidates)
@@ -591,6 +619,9 @@ class Dispatch:
             try:
                 # The worker's stream read here (no generator layer of its own).
                 try:
+                    if start_first:
+                        start_first = False
+                        yield None
                     while True:
                         try:
                             pb = await stall.read(call)

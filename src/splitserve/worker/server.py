@@ -289,6 +289,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         received_s = self.clock.now_s()
+        trace = getattr(self.engine, "kv_trace", None)  # SPLITSERVE_KV_TRACE (vLLM engines)
+        if trace is not None:
+            trace.received(request.request_id)
         await self._admit(context, request.request_id, self.role.can_decode, "decode")
         if not request.HasField("kv"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")

@@ -351,3 +351,40 @@ async def test_stop_string_cuts_text_and_cancels_workers(
         )
         == 1
     )
+
+
+async def test_decode_is_called_before_the_consumer_asks_past_token_one(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """The Decode call goes out when token 1 reaches the consumer, not when the consumer comes
+    back for token 2: a consumer that holds token 1 until the decode worker has the call gets
+    it (before, this waited forever), and the tokens are the same."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    received: list[Chunk] = []
+    async with contextlib.aclosing(stack.dispatcher.open(_request(max_tokens=5)).chunks()) as cs:
+        async for chunk in cs:
+            received.append(chunk)
+            if len(received) == 1:
+                assert d.names() == []  # nothing has run on the loop since the call was made
+                await d.wait_call("Decode", timeout_s=10)
+    assert _tokens(received) == list(COMPLETION[:5])
+    assert d.names() == ["Decode"]
+
+
+async def test_closing_at_token_one_cancels_the_started_decode(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    async with contextlib.aclosing(stack.dispatcher.open(_request(rid="early")).chunks()) as cs:
+        head = await anext(cs)
+        await d.wait_call("Decode")
+    assert head.token_ids == (COMPLETION[0],)
+    await d.wait_call("Cancel")
+    assert d.cancelled == ["early"]
+    await stack.dispatcher.drain_background()
+    assert stack.sample("splitserve_router_inflight_requests") == 0
+    assert all(v.inflight == 0 for v in stack.pool.views())

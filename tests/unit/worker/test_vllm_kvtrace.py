@@ -22,15 +22,33 @@ class _Results:
     finished_recving: set[str] = field(default_factory=set)
 
 
+class _Agent:
+    """The NIXL agent calls the trace times inside `start_load_kv`."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def make_prepped_xfer(self, *_: Any, notif_msg: bytes = b"") -> str:
+        self.calls.append("prep")
+        return "handle"
+
+    def transfer(self, handle: str) -> str:
+        self.calls.append("transfer")
+        return "DONE"
+
+
 class _Worker:
-    """The two NIXL worker methods the trace wraps."""
+    """The two NIXL worker methods the trace wraps, and the agent it times."""
 
     def __init__(self) -> None:
         self.posted: list[str] = []
         self.done: set[str] = set()
+        self.nixl_wrapper = _Agent()
 
     def start_load_kv(self, metadata: _Meta) -> None:
         self.posted.extend(metadata.reqs_to_recv)
+        handle = self.nixl_wrapper.make_prepped_xfer("READ", notif_msg=b"r:1")
+        self.nixl_wrapper.transfer(handle)
 
     def get_transfer_results(self) -> _Results:
         done, self.done = self.done, set()
@@ -63,7 +81,10 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     trace.install_executor(executor)
     client = KvTrace(path)  # the bench client appends to the same file
     client.mark("r", "token1", 1.0)
+    trace.received("r")
     trace.begin("r")
+    trace.picked("r")
+    trace.picked("untraced")  # not a traced decode: no event
     trace.added("r", "r-internal")
     trace.scheduled()
     trace.scheduled()  # seen once
@@ -84,13 +105,17 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     client.mark("r", "token2", 1e9)
     trace.close()
     client.close()
+    # A NIXL call outside start_load_kv (the warm-up READ) passes untimed.
+    worker.nixl_wrapper.make_prepped_xfer("READ", notif_msg=b"HB:")
     assert worker.posted == ["r-internal", "untraced"]  # the wrapped methods still ran
+    assert worker.nixl_wrapper.calls == ["prep", "transfer", "prep"]
     assert executor.calls == ["execute", "sample"]
 
     events = kvtrace.load(path)
     assert set(events) == {"r"}
     names = [n for n, _ in events["r"]]
     assert names.count("seen") == 1
+    assert names.count("prep") == 1  # the warm-up READ's call was not marked
     assert names.count("step_start") == 2
     m = kvtrace.milestones(events["r"])
     assert m["steps"] == 2

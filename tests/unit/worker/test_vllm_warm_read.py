@@ -16,9 +16,13 @@ class _Wrapper:
         self.states = states
         self.made: list[tuple[Any, ...]] = []
         self.released: list[str] = []
+        self.notifs: list[bytes] = []
 
-    def make_prepped_xfer(self, op: str, local: Any, lids: Any, remote: Any, rids: Any) -> str:
+    def make_prepped_xfer(
+        self, op: str, local: Any, lids: Any, remote: Any, rids: Any, notif_msg: bytes = b""
+    ) -> str:
         self.made.append((op, local, list(lids), remote, list(rids)))
+        self.notifs.append(notif_msg)
         return "xfer"
 
     def transfer(self, handle: str) -> str:
@@ -57,6 +61,9 @@ def test_reads_block_0_of_every_region_without_waiting() -> None:
     assert (op, local, remote) == ("READ", "local-dlist", "remote-dlist")
     assert lids == [0, 10, 20]  # region-major descriptor lists: block 0 of each region
     assert rids == [0, 12, 24]
+    # It ends with a notification, as a request's READ does: an empty heartbeat, which vLLM's
+    # prefill side reads as extending the leases of the requests it names (none).
+    assert worker.nixl_wrapper.notifs == [b"HB:"]
     assert reads.pending == 1  # still in progress: the engine polls it between iterations
     reads.poll()
     assert reads.pending == 1
@@ -100,3 +107,25 @@ def test_an_unsupported_layout_is_refused_by_name(over: dict[str, Any], why: str
     with pytest.raises(ValueError, match=why):
         WarmReads().start(worker, "peer")
     assert worker.nixl_wrapper.made == []
+
+
+def test_the_warm_up_read_is_on_unless_the_env_says_0() -> None:
+    from splitserve.worker.vllm_adapter.engine import WARM_READ_ENV, warm_read_on
+
+    assert warm_read_on({}) is True
+    assert warm_read_on({WARM_READ_ENV: ""}) is True
+    assert warm_read_on({WARM_READ_ENV: "1"}) is True
+    assert warm_read_on({WARM_READ_ENV: "0"}) is False
+    with pytest.raises(ValueError, match="SPLITSERVE_KV_WARM_READ must be 0 or 1, not 'off'"):
+        warm_read_on({WARM_READ_ENV: "off"})
+
+
+def test_the_held_kv_poll_interval_is_5_ms_unless_the_env_says_otherwise() -> None:
+    from splitserve.worker.vllm_adapter.engine import HELD_POLL_ENV, held_poll_s
+
+    assert held_poll_s({}) == 0.005
+    assert held_poll_s({HELD_POLL_ENV: "1"}) == 0.001
+    assert held_poll_s({HELD_POLL_ENV: "0.5"}) == 0.0005
+    for bad in ("0", "1000", "fast", "nan"):
+        with pytest.raises(ValueError, match="SPLITSERVE_KV_HELD_POLL_MS must be a number of ms"):
+            held_poll_s({HELD_POLL_ENV: bad})

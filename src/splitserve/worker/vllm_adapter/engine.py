@@ -78,6 +78,12 @@ PROGRESS_THREAD_ENV = "SPLITSERVE_NIXL_PROGRESS_THREAD"
 """`1` turns NIXL's progress thread on for engines whose config leaves it off (for comparisons)."""
 PULL_IN_STEP_ENV = "SPLITSERVE_KV_PULL_IN_STEP"
 """`0` turns the in-step KV pull off, `1` on, overriding `VllmEngineConfig.kv_pull_in_step`."""
+HELD_POLL_ENV = "SPLITSERVE_KV_HELD_POLL_MS"
+"""Milliseconds between the engine's steps while it only holds KV for pulls (or has only
+transfers left): how soon a peer's READ completion (its notification) is progressed here.
+Default 5; for comparisons (docs/benchmarks.md, fresh pairs run 3)."""
+WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
+"""`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -210,6 +216,8 @@ class VllmEngine:
         self.kv_warm_read_descs = 0
         """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.WarmReads`)."""
         self._warm_reads = WarmReads()
+        self._warm_read = warm_read_on()
+        self._held_poll_s = held_poll_s()
         self.kv_warm_read_error: str | None = None
         """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
@@ -221,6 +229,12 @@ class VllmEngine:
         self._observer = EngineObserver(self)
         self._trace: KvTrace | None = KvTrace.from_env()
         """`SPLITSERVE_KV_TRACE`: timestamps of each decode's token 1 -> token 2 (`kvtrace.py`)."""
+
+    @property
+    def kv_trace(self) -> KvTrace | None:
+        """The `SPLITSERVE_KV_TRACE` tracer (None when off): the worker service marks when a
+        Decode call reaches it."""
+        return self._trace
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -440,6 +454,8 @@ class VllmEngine:
                 worker.nixl_wrapper.make_connection(agent)
             # The pair's first READ costs more than later ones (docs/benchmarks.md, "KV
             # handoff"): post it here, on vLLM's null block. The pair works without it.
+            if not self._warm_read:
+                return 0
             try:
                 return self._warm_reads.start(worker, eid)
             except Exception as err:
@@ -517,6 +533,8 @@ class VllmEngine:
         rid = str(request.id)
 
         def add(engine: Any) -> None:
+            if self._trace is not None:
+                self._trace.picked(rid)
             try:
                 if self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
                     internal = self._grammars.add_request(
@@ -662,7 +680,7 @@ class VllmEngine:
                 if pulls is not None and pulls.in_flight():
                     pulls.drive(PULL_POLL_S)
                 elif not outs and core.scheduler.get_num_unfinished_requests() == 0:
-                    time.sleep(0.005)  # only held KV / transfers left: poll, don't spin
+                    time.sleep(self._held_poll_s)  # only held KV / transfers left: poll
         except Exception as e:  # the engine died: fail every request in flight
             log.exception("vLLM engine loop failed")
             for stream in list(self._streams.values()):
@@ -997,6 +1015,30 @@ def pull_in_step(config: VllmEngineConfig) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{PULL_IN_STEP_ENV} must be 0 or 1, not {value!r}")
     return value == "1"
+
+
+def warm_read_on(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether `warm_kv` posts the pair's warm-up READ: yes unless `SPLITSERVE_KV_WARM_READ` is
+    `0`. Any value but `0` / `1` / empty is refused."""
+    value = env.get(WARM_READ_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{WARM_READ_ENV} must be 0 or 1, not {value!r}")
+    return value != "0"
+
+
+def held_poll_s(env: Mapping[str, str] = os.environ) -> float:
+    """Seconds between steps while only held KV is left: `SPLITSERVE_KV_HELD_POLL_MS` (0.1 to
+    100 ms) if set, else 5 ms. Anything else is refused."""
+    value = env.get(HELD_POLL_ENV, "")
+    if value == "":
+        return 0.005
+    try:
+        poll_ms = float(value)
+    except ValueError:
+        poll_ms = float("nan")
+    if not 0.1 <= poll_ms <= 100:
+        raise ValueError(f"{HELD_POLL_ENV} must be a number of ms in [0.1, 100], not {value!r}")
+    return poll_ms / 1000
 
 
 def _nixl_worker() -> Any:

@@ -514,6 +514,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="time each P/D decode's token 1 -> token 2 milestones (SPLITSERVE_KV_TRACE)",
     )
+    ap.add_argument(
+        "--fresh-pairs",
+        type=int,
+        default=3,
+        help="the fresh run: decode workers started per variant (warm-up READ on / off)",
+    )
+    ap.add_argument("--fresh-requests", type=int, default=10, help="P/D requests per fresh pair")
+    ap.add_argument(
+        "--fresh-length",
+        type=int,
+        default=0,
+        help="their prompt length (default: the first of --lengths)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -524,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.pull_in_step and args.async_pull:
         raise SystemExit("--pull-in-step and --async-pull exclude each other")
     runs = set(args.runs.split(","))
-    unknown = runs - {"single", "interference", "sim"}
+    unknown = runs - {"single", "interference", "sim", "fresh"}
     if unknown:
         raise SystemExit(f"unknown runs: {sorted(unknown)}")
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "splitserve"
@@ -571,6 +584,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(report_trace(res, lengths))
                 print()
             results["single"] = _jsonable(res)
+        if "fresh" in runs:
+            from splitserve.worker.vllm_adapter import kvbench_fresh
+
+            n = args.fresh_length or lengths[0]
+            res = kvbench_fresh.run_fresh(
+                run_dir,
+                model,
+                pairs=args.fresh_pairs,
+                length=n,
+                requests=args.fresh_requests,
+                max_tokens=args.max_tokens,
+                env=env,
+                engine_args=engine_args(n + args.max_tokens + 300),
+                trace=args.trace,
+            )
+            print("## vLLM, the first requests on fresh pairs (item 3)\n")
+            print(kvbench_fresh.report_fresh(res))
+            print()
+            results["fresh"] = _jsonable(res)
         if "interference" in runs:
             res = run_interference(run_dir, model, env, "vllm", **interference)
             print("## vLLM, decodes while long prompts arrive\n")

@@ -4,10 +4,11 @@ Off unless `SPLITSERVE_KV_TRACE` names a file. Then the vLLM engine of a decode 
 one JSON line per event of each decode it continues from a prefill (`{"rid", "event", "t"}`,
 `t` from `time.perf_counter()`: CLOCK_MONOTONIC on Linux, so the bench client, which appends its
 own events for the same request to the same file, shares the clock). Events, in the order one
-decode meets them (`MILESTONES`): the Decode call reaches the engine, the request is added to
-vLLM in the engine thread, the scheduler first sees it, the NIXL READ is posted and returns,
-vLLM reports the READ done (the asynchronous path only), the engine step that yields token 2
-starts and ends, the token is handed to the asyncio side and leaves the engine's stream.
+decode meets them (`MILESTONES`): the worker service takes the Decode call, the call reaches
+the engine, the engine thread takes the request and has added it to vLLM, the scheduler first
+sees it, the NIXL READ is posted and returns, vLLM reports the READ done (the asynchronous path
+only), the engine step that yields token 2 starts and ends, the token is handed to the asyncio
+side and leaves the engine's stream.
 `breakdown` turns the lines into per-request intervals.
 
 A measuring aid, not a metric: each event is a small locked write (a few microseconds).
@@ -29,10 +30,16 @@ TRACE_ENV = "SPLITSERVE_KV_TRACE"
 
 MILESTONES: tuple[tuple[str, str], ...] = (
     ("token1", "router has token 1 (Prefill answered)"),
-    ("call", "Decode call reaches the engine"),
+    ("received", "the worker service's Decode handler starts (gRPC delivered the call)"),
+    ("call", "Decode call reaches the engine (after the service's checks)"),
+    ("picked", "the engine thread takes the request (before `add_request`)"),
     ("added", "request added to vLLM (engine thread)"),
     ("seen", "scheduler first sees it (schedule() returns)"),
     ("post", "NIXL READ posted (start_load_kv)"),
+    ("prep", "vLLM calls NIXL's make_prepped_xfer (after its own bookkeeping)"),
+    ("prepped", "make_prepped_xfer returns"),
+    ("transfer", "vLLM calls NIXL's transfer()"),
+    ("transferred", "transfer() returns (with `cma`, the copy is done)"),
     ("posted", "start_load_kv returns"),
     ("recv_done", "vLLM reports the READ done (async path)"),
     ("step2_start", "the step that yields token 2 starts"),
@@ -59,6 +66,8 @@ class KvTrace:
         """vLLM's internal request id -> the worker's, for traced decodes."""
         self._unseen: set[str] = set()
         self._step_start: float | None = None
+        self._posting: list[str] = []
+        """Traced decodes inside the current `start_load_kv` (their NIXL calls are timed)."""
         self._phases: dict[str, float] = {}
         """Times within the traced step: `step_sched`, `step_fwd_start`, `step_fwd_end`."""
 
@@ -79,6 +88,15 @@ class KvTrace:
         """A decode continued from a prefill reached the engine: trace it until token 2."""
         self._open.add(rid)
         self.mark(rid, "call")
+
+    def received(self, rid: str) -> None:
+        """The worker service took a Decode call for `rid` (before its checks)."""
+        self.mark(rid, "received")
+
+    def picked(self, rid: str) -> None:
+        """The engine thread took `rid`'s request off its command queue."""
+        if rid in self._open:
+            self.mark(rid, "picked")
 
     def added(self, rid: str, internal: str) -> None:
         """vLLM took the request (in the engine thread) under its internal id `internal`."""
@@ -108,7 +126,11 @@ class KvTrace:
             ids = [self._alias[i] for i in recv if i in self._alias]
             for rid in ids:
                 self.mark(rid, "post")
-            out = post(metadata, *args, **kwargs)
+            self._posting = ids
+            try:
+                out = post(metadata, *args, **kwargs)
+            finally:
+                self._posting = []
             for rid in ids:
                 self.mark(rid, "posted")
             return out
@@ -123,6 +145,28 @@ class KvTrace:
 
         worker.start_load_kv = start_load_kv
         worker.get_transfer_results = get_transfer_results
+        wrapper = getattr(worker, "nixl_wrapper", None)
+        if wrapper is not None:
+            self._time_nixl(wrapper)
+
+    def _time_nixl(self, wrapper: Any) -> None:
+        """Time NIXL's `make_prepped_xfer` and `transfer` when vLLM calls them for a traced
+        decode inside `start_load_kv` (other calls, the warm-up READ's among them, pass)."""
+        calls = (("make_prepped_xfer", "prep", "prepped"), ("transfer", "transfer", "transferred"))
+        for method, before, after in calls:
+            inner = getattr(wrapper, method)
+
+            def timed(*args: Any, _inner: Any = inner, _b: str = before, _a: str = after,
+                      **kwargs: Any) -> Any:  # fmt: skip
+                ids = self._posting
+                for rid in ids:
+                    self.mark(rid, _b)
+                out = _inner(*args, **kwargs)
+                for rid in ids:
+                    self.mark(rid, _a)
+                return out
+
+            setattr(wrapper, method, timed)
 
     def install_executor(self, executor: Any) -> None:
         """Time the model execution of traced steps (the executor's `execute_model` and

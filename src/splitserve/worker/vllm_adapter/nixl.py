@@ -368,17 +368,27 @@ def _merge(into: Any, other: Any) -> None:
     into.failed_recving |= other.failed_recving
 
 
+WARM_NOTIF = b"HB:"
+"""The notification the warm-up READ ends with, as a request's READ ends with one: vLLM's
+prefill side reads `HB:<request ids>` as a heartbeat extending those requests' leases, and this
+one names none. Without it the first request's READ still posted 13-14 ms against 2.6-3.5 ms
+later (docs/benchmarks.md, fresh pairs); with it, shorter in 3 of 7 fresh pairs only: the
+notification round completes only when the prefill engine progresses NIXL, which it does not
+while idle."""
+
+
 class WarmReads:
     """The pair's first NIXL READ, made when the pair is warmed (`VllmEngine.warm_kv`)
     instead of by a user's first request.
 
     `start` posts a READ of block 0 of every KV region of a peer engine (handshake done) into
     this engine's block 0: vLLM's null block on both sides, never a request's KV, so nothing a
-    request reads changes; no notification goes to the peer. The READ does not wait for its
-    end: measured, a waiting version was still in progress after 5 s with the peer engine idle
-    (likely, not verified: without NIXL's progress thread the pair's first READ needs the
-    *peer* to poll NIXL too, which an idle engine does not do). The engine thread calls `poll`
-    between iterations; the handle is released once the READ is over."""
+    request reads changes; it ends with an empty heartbeat notification (`WARM_NOTIF`). The
+    READ does not wait for its end: measured, a waiting version was still in progress after
+    5 s with the peer engine idle (likely, not verified: without NIXL's progress thread the
+    pair's first READ needs the *peer* to poll NIXL too, which an idle engine does not do). The
+    engine thread calls `poll` between iterations; the handle is released once the READ is
+    over."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[Any, Any, str]] = []
@@ -399,7 +409,9 @@ class WarmReads:
         """
         local_ids, remote_ids, local, remote = _null_block_descriptors(worker, engine_id)
         wrapper = worker.nixl_wrapper
-        handle = wrapper.make_prepped_xfer("READ", local, local_ids, remote, remote_ids)
+        handle = wrapper.make_prepped_xfer(
+            "READ", local, local_ids, remote, remote_ids, notif_msg=WARM_NOTIF
+        )
         state = wrapper.transfer(handle)
         self._pending.append((wrapper, handle, engine_id))
         if state != "PROC":

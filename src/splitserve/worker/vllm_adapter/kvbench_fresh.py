@@ -1,0 +1,283 @@
+"""`make bench-kv KVBENCH_ARGS="--runs fresh ..."`: the first requests on fresh pairs (issue 21,
+item 3), as a distribution.
+
+One prefill worker stays up (its engine warmed once); the decode worker is started afresh for
+every pair — a new process, so a new NIXL agent, handshake and UCX connection to the prefill
+worker — `pairs` times in each variant, the variants interleaved pair by pair (the order
+alternating) so that load from other processes on a shared machine hits both alike:
+
+* `read`: `WarmKv` as the router sends it when a worker joins (handshake, connection and the
+  warm-up READ of vLLM's null block, `nixl.WarmReads`);
+* `noread`: the same `WarmKv` with the warm-up READ off (`SPLITSERVE_KV_WARM_READ=0`).
+
+Each fresh decode worker first runs two Generate requests (the one-off costs of a process's
+first forward passes, which are not the pair's), then gets `WarmKv`, then, after `settle_s`
+(the warm-up READ is not waited for), `requests` P/D requests one at a time, each with its own
+prompt of `length` tokens. Recorded per request: TTFT and the token-1 -> token-2 gap; the
+report gives the first, second and last (by default the tenth) request's over the pairs:
+median, min and max. With `--trace`, the decode workers' `kvtrace` milestones of the first and
+the last request, per variant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from splitserve.worker.vllm_adapter.kvbench import (
+    Client,
+    Timing,
+    WorkerProc,
+    ms,
+    prompt_of,
+    start_worker,
+    stop_worker,
+)
+
+VARIANTS: Mapping[str, str] = {"read": "1", "noread": "0"}
+"""Variant -> `SPLITSERVE_KV_WARM_READ` of its decode workers."""
+
+
+async def _pair_requests(
+    p: WorkerProc,
+    d: WorkerProc,
+    tag: str,
+    length: int,
+    requests: int,
+    max_tokens: int,
+    settle_s: float,
+    trace: Any,
+) -> list[Timing]:
+    from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+
+    client = Client(trace)
+    out: list[Timing] = []
+    try:
+        for n in (64, 300):  # the decode process's first forward passes: not the pair's cost
+            await client.generate(d.address, f"warm-{tag}-{n}", prompt_of(n, seed=-n), max_tokens)
+        stub = worker_pb2_grpc.WorkerKvStub(client.channel(d.address))
+        warmed = await stub.WarmKv(worker_pb2.WarmKvRequest(peers=[p.address]), timeout=120)
+        if warmed.failed:
+            raise RuntimeError(f"WarmKv failed: {list(warmed.failed)}")
+        await asyncio.sleep(settle_s)
+        for k in range(requests):
+            prompt = prompt_of(length, seed=zlib.crc32(f"{tag}-{k}".encode()))
+            out.append(await client.pd(p.address, d.address, f"{tag}-{k}", prompt, max_tokens))
+    finally:
+        await client.close()
+    return out
+
+
+def run_fresh(
+    run_dir: Path,
+    model: str,
+    *,
+    pairs: int,
+    length: int,
+    requests: int,
+    max_tokens: int,
+    env: Mapping[str, str],
+    engine_args: Sequence[str],
+    settle_s: float = 1.0,
+    trace: bool = False,
+    decode_cpu: int = 1,
+) -> dict[str, Any]:
+    """The runs described in the module doc. Returns {"timings": {variant: [[Timing per
+    request] per pair]}, "shape": ..., "trace": {rid: milestones}} (trace only with `trace`)."""
+    from splitserve.worker.vllm_adapter import kvtrace
+
+    if pairs < 1 or requests < 2:
+        raise ValueError("fresh pairs need pairs >= 1 and requests >= 2")
+    trace_file = run_dir / "kvtrace-fresh.jsonl"
+    base = dict(env)
+    if trace:
+        trace_file.unlink(missing_ok=True)
+        base[kvtrace.TRACE_ENV] = str(trace_file)
+    kw: dict[str, Any] = {"engine_args": list(engine_args)}
+    timings: dict[str, list[list[Timing]]] = {v: [] for v in VARIANTS}
+    starts: list[float] = []
+    p = start_worker(run_dir, "prefill", "prefill", model, 0, env=base, **kw)
+    tracer = kvtrace.KvTrace(trace_file) if trace else None
+    try:
+        _warm_prefill(p, max_tokens)
+        for i in range(pairs):
+            order = list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]
+            for variant in order:
+                denv = {**base, "SPLITSERVE_KV_WARM_READ": VARIANTS[variant]}
+                t0 = time.monotonic()
+                d = start_worker(run_dir, f"decode-{variant}-{i}", "decode", model, decode_cpu,
+                                 env=denv, **kw)  # fmt: skip
+                starts.append(time.monotonic() - t0)
+                try:
+                    got = asyncio.run(
+                        _pair_requests(
+                            p, d, f"{variant}-{i}", length, requests, max_tokens, settle_s, tracer
+                        )
+                    )
+                finally:
+                    stop_worker(d)
+                timings[variant].append(got)
+    finally:
+        if tracer is not None:
+            tracer.close()
+        stop_worker(p)
+    res: dict[str, Any] = {
+        "timings": timings,
+        "shape": {
+            "pairs": pairs,
+            "length": length,
+            "requests": requests,
+            "max_tokens": max_tokens,
+            "settle_s": settle_s,
+            "decode_start_s": starts,
+        },
+    }
+    if trace:
+        events = kvtrace.load(trace_file)
+        res["trace"] = {
+            rid: kvtrace.milestones(ev)
+            for rid, ev in events.items()
+            if rid.split("-", 1)[0] in VARIANTS
+        }
+    return res
+
+
+def _warm_prefill(p: WorkerProc, max_tokens: int) -> None:
+    async def go() -> None:
+        from splitserve._gen.v1 import worker_pb2
+
+        client = Client()
+        try:
+            for n in (64, 300):
+                out = await client.stub(p.address).Prefill(
+                    worker_pb2.PrefillRequest(
+                        request_id=f"warm-p-{n}",
+                        prompt_token_ids=prompt_of(n, seed=-2 * n),
+                        sampling=client.sampling(max_tokens),
+                    )
+                )
+                await client.stub(p.address).Cancel(
+                    worker_pb2.CancelRequest(request_id=out.request_id)
+                )
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ... 11th, 12th, 13th, ... 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def spread(values: Sequence[float]) -> str:
+    """`median (min–max)` in ms; `n/a` for none."""
+    if not values:
+        return "n/a"
+    return f"{ms(statistics.median(values))} ({ms(min(values))}–{ms(max(values))})"
+
+
+def summary(timings: Mapping[str, Sequence[Sequence[Any]]]) -> list[dict[str, Any]]:
+    """Per variant and request position (first, second, last): the TTFT and token-1 ->
+    token-2 gap of that request over the pairs. Works on `Timing`s or their JSON dicts."""
+
+    def get(t: Any, key: str) -> float:
+        return float(t[key] if isinstance(t, Mapping) else getattr(t, key))
+
+    rows = []
+    for variant, per_pair in timings.items():
+        if not per_pair:
+            continue
+        last = min(len(reqs) for reqs in per_pair)
+        for k in sorted({0, 1, last - 1}):
+            label = ordinal(k + 1)
+            at = [reqs[k] for reqs in per_pair]
+            rows.append(
+                {
+                    "variant": variant,
+                    "request": label,
+                    "pairs": len(at),
+                    "ttft_s": [get(t, "ttft_s") for t in at],
+                    "gap_s": [get(t, "token2_s") for t in at],
+                }
+            )
+        later = [t for reqs in per_pair for t in reqs[1:last]]
+        rows.append(
+            {
+                "variant": variant,
+                "request": f"2nd–{ordinal(last)}, pooled",
+                "pairs": len(per_pair),
+                "ttft_s": [get(t, "ttft_s") for t in later],
+                "gap_s": [get(t, "token2_s") for t in later],
+            }
+        )
+    return rows
+
+
+def report_fresh(res: Mapping[str, Any]) -> str:
+    sh = res["shape"]
+    lines = [
+        f"{sh['pairs']} fresh decode workers per variant (variants interleaved), each paired "
+        f"with the same prefill worker: {sh['requests']} P/D requests of {sh['length']} tokens "
+        f"one at a time, {sh['settle_s']:g} s after `WarmKv`. Decode worker start: "
+        f"{spread(sh['decode_start_s'])} ms.",
+        "",
+        "| variant | request | pairs | TTFT ms median (min–max) | token-1 -> token-2 ms median "
+        "(min–max) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in summary(res["timings"]):
+        lines.append(
+            f"| {row['variant']} | {row['request']} | {row['pairs']} | {spread(row['ttft_s'])} "
+            f"| {spread(row['gap_s'])} |"
+        )
+    trace = res.get("trace")
+    if trace:
+        lines += ["", report_fresh_trace(trace, int(sh["requests"]))]
+    return "\n".join(lines)
+
+
+def report_fresh_trace(trace: Mapping[str, Mapping[str, float]], requests: int) -> str:
+    """Median milestone intervals of the first and the last request per variant."""
+    from splitserve.worker.vllm_adapter import kvtrace
+
+    cols: list[tuple[str, list[Mapping[str, float]]]] = []
+    for variant in VARIANTS:
+        for label, k in (("1st", 0), (ordinal(requests), requests - 1)):
+            rows = [
+                m
+                for rid, m in trace.items()
+                if rid.startswith(f"{variant}-") and rid.rsplit("-", 1)[1] == str(k)
+            ]
+            cols.append((f"{variant} {label}", rows))
+    tables = [kvtrace.breakdown(rows) for _, rows in cols]
+    spans: list[tuple[str, str]] = []
+    for table in tables:
+        for a, b, _, _ in table:
+            if (a, b) not in spans:
+                spans.append((a, b))
+    lines = [
+        "| interval | " + " | ".join(f"{c} ms" for c, _ in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for a, b in spans:
+        cells = []
+        for table in tables:
+            hit = [x for x in table if (x[0], x[1]) == (a, b)]
+            cells.append(f"{1000 * hit[0][2]:.2f} (n={hit[0][3]})" if hit else "")
+        lines.append(f"| {a} -> {b} | " + " | ".join(cells) + " |")
+    whole = []
+    for _, rows in cols:
+        gaps = [r["token2"] - r["token1"] for r in rows if "token1" in r and "token2" in r]
+        whole.append(f"{1000 * statistics.median(gaps):.2f}" if gaps else "")
+    lines.append("| **token1 -> token2** | " + " | ".join(whole) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["VARIANTS", "ordinal", "report_fresh", "run_fresh", "spread", "summary"]
