@@ -47,9 +47,18 @@ def _changed(a: Setup, b: Setup) -> set[str]:
         ("no trend", {"forecast_beta"}),
         ("no occupancy floor", {"occupancy_floor"}),
         ("min 0", {"min_replicas"}),
-        ("poisson burst", {"burst_poisson"}),
+        (
+            "lean",
+            {
+                "burst_weight",
+                "ttft_tail_fraction",
+                "scale_down_utilization",
+                "min_samples",
+                "queue_per_worker",
+            },
+        ),
+        ("full burst", {"burst_poisson"}),
         ("noise band", {"band_z"}),
-        ("both", {"burst_poisson", "band_z"}),
     ],
 )
 def test_each_variant_changes_one_margin(name: str, changed: set[str]) -> None:

@@ -150,10 +150,8 @@ class AutoscalerParams:
     Poisson arrivals at the sized rate, so the part of the busiest sub-window's excess that a
     Poisson stream at the mean rate shows anyway (its expected largest of `k` sub-windows,
     `poisson_peak_excess`) is counted once there and not again here; a real step or surge
-    (an excess well beyond that) is still sized in full."""
-    peak_window_s: float = 10.0
-    """The sub-window the busiest rate is counted in (`Observation.arrival_rate_peak_per_s`;
-    the operator's and the simulator's 10 s), for `burst_poisson`."""
+    (an excess well beyond that) is still sized in full. Needs the sub-window's length
+    (`Observation.arrival_rate_peak_window_s`); without it nothing is deducted."""
     band_z: float = 0.0
     """Scale-down band from the noise of the measured rate (0: off, the fixed band of
     `scale_down_utilization` alone). A window of `T` seconds reads a Poisson rate `λ` with a
@@ -164,8 +162,8 @@ class AutoscalerParams:
     reading's noise shrinks like `1/√λ`: at 5 req/s over 30 s, z = 2 is a 16 % margin."""
 
     def __post_init__(self) -> None:
-        if self.peak_window_s <= 0 or self.band_z < 0:
-            raise ValueError("peak_window_s must be > 0, band_z >= 0")
+        if self.band_z < 0:
+            raise ValueError("band_z must be >= 0")
         if not 0 < self.length_alpha <= 1:
             raise ValueError("length_alpha must be in (0, 1]")
         if self.reversal_backoff < 1 or self.max_backoff < 1:
@@ -197,8 +195,9 @@ def live_params(
     with burst headroom `burst_weight` (`scaling.burstWeight`), prefill sized for the class's
     tail over the pool (M/G/c, the prompts' spread from the router's length histogram,
     `default_prompt_cv2` when the window has none), decode never below what its workers hold,
-    and a scale-down window that doubles after a reversal (up to 4×). The forecast looks at
-    least one interval ahead."""
+    and a scale-down window that doubles after a reversal (up to 4×), burst headroom less the
+    busiest sub-window's Poisson excess (`burst_poisson`: the tail sizing already covers it).
+    The forecast looks at least one interval ahead."""
     return AutoscalerParams(
         interval_s=interval_s,
         scale_down_stabilization_s=scale_down_stabilization_s,
@@ -210,6 +209,7 @@ def live_params(
         reversal_backoff=2.0,
         max_backoff=4.0,
         feedback_settle=True,
+        burst_poisson=True,
     )
 
 
@@ -708,9 +708,10 @@ def decide(
 
     rate = max(0.0, obs.arrival_rate_per_s)
     forecast = state.forecast.update(rate, params)
+    sub_s = obs.arrival_rate_peak_window_s
     noise = (
-        poisson_peak_excess(rate, obs.window_s, params.peak_window_s)
-        if params.burst_poisson
+        poisson_peak_excess(rate, obs.window_s, sub_s)
+        if params.burst_poisson and sub_s is not None and sub_s > 0
         else 0.0
     )
     burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight, noise)

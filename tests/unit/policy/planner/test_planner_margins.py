@@ -23,6 +23,7 @@ from splitserve.policy.planner.autoscaler import (
     band_workers,
     burst_rate,
     decide,
+    live_params,
     noisy_rate,
     poisson_peak_excess,
 )
@@ -33,7 +34,12 @@ WINDOW_S = 30.0
 
 
 def peaked(t: float, rate: float, peak: float, current: dict[Role, int]) -> Observation:
-    return replace(obs(t, rate, current), window_s=WINDOW_S, arrival_rate_peak_per_s=peak)
+    return replace(
+        obs(t, rate, current),
+        window_s=WINDOW_S,
+        arrival_rate_peak_per_s=peak,
+        arrival_rate_peak_window_s=10.0,
+    )
 
 
 def drive(rates: list[tuple[float, float]], params: AutoscalerParams) -> list[Decision]:
@@ -90,6 +96,15 @@ def test_a_real_step_is_still_sized_but_a_steady_poisson_peak_is_not() -> None:
         assert d.forecast_per_s == pytest.approx(sized)
     d, _ = decide(step, AutoscalerState(), PERF, replace(RESHAPED, burst_poisson=False))
     assert d.forecast_per_s == pytest.approx(15.0)
+    # without the sub-window's length nothing is deducted: the full headroom
+    unknown = replace(step, arrival_rate_peak_window_s=None)
+    d, _ = decide(unknown, AutoscalerState(), PERF, RESHAPED)
+    assert d.forecast_per_s == pytest.approx(15.0)
+
+
+def test_the_live_policy_deducts_the_poisson_excess() -> None:
+    assert live_params(10.0, 120.0).burst_poisson
+    assert not AutoscalerParams().burst_poisson
 
 
 # -- the scale-down band from the rate's noise -----------------------------------------------
@@ -124,8 +139,6 @@ def test_band_shrinks_relative_to_the_pool_as_the_load_grows() -> None:
 def test_validation() -> None:
     with pytest.raises(ValueError, match="band_z"):
         AutoscalerParams(band_z=-1.0)
-    with pytest.raises(ValueError, match="peak_window_s"):
-        AutoscalerParams(peak_window_s=0.0)
 
 
 # -- the invariants with both on, bursty observations ------------------------------------------
