@@ -18,7 +18,9 @@ decisions):
   never below the rate just observed (sizing for a rise before it arrives);
 - burst headroom: the rate sized for moves `burst_weight` of the way from the window's mean to
   its busiest sub-window (`Observation.arrival_rate_peak_per_s`): headroom in proportion to the
-  observed burstiness, and a step sized in full on the first tick after it;
+  observed burstiness, and a step sized on the first tick after it; with `burst_poisson`, less
+  what a Poisson stream at the mean shows in the busiest sub-window anyway (`poisson_peak_
+  excess`, ∝ √rate: the tail sizing already assumes Poisson arrivals);
 - hysteresis: scale up when the `target_utilization` count exceeds the pool; scale down only to
   the `scale_down_utilization` count (lower utilisation, so more workers), so a load that sits
   between the two thresholds moves nothing;
