@@ -5,6 +5,7 @@ Thin: parses options and calls `splitserve.sim.runner` / `splitserve.sim.bench`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -219,6 +220,38 @@ def bench_cmd(
     click.echo(report.markdown())
 
 
+def _ablation(
+    names: Sequence[str],
+    lines: Callable[[str], list[str]],
+    quick: bool,
+    variants: tuple[str, ...],
+    out_dir: Path | None,
+) -> None:
+    """`sim autoscale --ablation`: one table per scenario, printed as each finishes."""
+    from splitserve.sim import autoscale_ablation as ab
+    from splitserve.sim import autoscale_eval
+    from splitserve.sim.autoscale import Setup
+
+    try:
+        chosen = [ab.variant(v) for v in variants]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--variant") from e
+    runs = (
+        [ab.variant("evaluated"), *(v for v in chosen if v.name != "evaluated")]
+        if chosen
+        else [*ab.VARIANTS, *ab.CANDIDATES]
+    )
+    tables = []
+    for name in names:
+        scenario = autoscale_eval.build_scenario(name, lines, quick)
+        tables.append(ab.markdown([ab.ablate(scenario, Setup(), runs)]))
+        click.echo(tables[-1])
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "ablation.md").write_text("\n".join(tables))
+        click.echo(f"wrote {out_dir / 'ablation.md'}")
+
+
 def bundled_trace(kind: str) -> Path:
     """The Azure LLM inference trace (2023) shipped with the package: "conv" or "code"."""
     from splitserve.sim.traces import bundled_trace as bundled
@@ -260,6 +293,19 @@ def bundled_trace(kind: str) -> Path:
     help="The autoscaler's burst headroom: 0 sizes for the window's mean arrival rate, 1 for "
     "its busiest 10 s (default: the evaluation's, 1).",
 )
+@click.option(
+    "--ablation",
+    is_flag=True,
+    help="Instead of the static comparison: run the loop with each safety margin removed or "
+    "halved (and the reshaped margins), each against static-planned (docs/autoscaling.md).",
+)
+@click.option(
+    "--variant",
+    "variants",
+    multiple=True,
+    help="With --ablation: only these variants (repeatable; the evaluated policy always runs "
+    "first). Names as in the table, e.g. 'no burst', 'noise band'.",
+)
 def autoscale_cmd(
     scenarios: tuple[str, ...],
     quick: bool,
@@ -267,6 +313,8 @@ def autoscale_cmd(
     out_dir: Path | None,
     shortfall: bool,
     burst_weight: float | None,
+    ablation: bool,
+    variants: tuple[str, ...],
 ) -> None:
     """Replay traces with the autoscaler and flipper in the loop vs static provisioning."""
     from splitserve.sim import autoscale_eval
@@ -275,6 +323,16 @@ def autoscale_cmd(
         return bundled_trace(kind).read_text().splitlines()
 
     names = scenarios or autoscale_eval.SCENARIOS
+    if variants and not ablation:
+        raise click.UsageError("--variant needs --ablation")
+    if ablation:
+        if shortfall or no_search or burst_weight is not None:
+            raise click.UsageError(
+                "--ablation runs its own variants of the evaluated policy and no search: "
+                "drop --shortfall / --no-search / --burst-weight"
+            )
+        _ablation(names, lines, quick, variants, out_dir)
+        return
     if shortfall:
         if no_search or out_dir is not None or burst_weight is not None:
             raise click.UsageError(

@@ -99,6 +99,7 @@ class Setup:
             reversal_backoff=2.0,
             max_backoff=4.0,
             feedback_settle=True,
+            burst_poisson=True,
         )
     )
     window_s: float = 30.0
@@ -398,6 +399,7 @@ def observe(
         tuple(classes),
         pools,
         arrival_rate_peak_per_s=peak,
+        arrival_rate_peak_window_s=setup.peak_window_s,
         prompt_tokens_cv2=cv2,
     )
 

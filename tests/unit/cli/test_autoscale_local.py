@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from splitserve.cli.autoscale_local import LocalLoop, LocalWorker, loop_params
 from splitserve.core.roles import Role
 from splitserve.operator.control.signals import ClassTargets
-from splitserve.policy.planner.autoscaler import AutoscalerParams, Decision, live_params
+from splitserve.policy.planner.autoscaler import (
+    AutoscalerParams,
+    Decision,
+    live_params,
+    poisson_peak_excess,
+)
 from splitserve.policy.planner.signals import WorkerLoad
 from tests.fakes.router_metrics import FakeRouterMetrics
 
@@ -121,8 +128,10 @@ def test_burst_weight_sizes_for_the_busiest_sub_window_like_the_operator() -> No
     burst_fleet, burst = _bursty_run(1.0)
     assert mean.rate_per_s == burst.rate_per_s == 5.0  # the same window mean
     assert mean.forecast_per_s == 5.0  # weight 0: the mean alone
-    assert burst.forecast_per_s == 11.0  # weight 1: the busiest 10 s (110 arrivals)
-    assert "burst 11" in burst.pools[Role.PREFILL].reason
+    # weight 1: the busiest 10 s (110 arrivals) less the Poisson excess at 5 req/s of the
+    # busiest of the 30 s window's three (live_params: burst_poisson)
+    assert burst.forecast_per_s == pytest.approx(11.0 - poisson_peak_excess(5.0, 30.0, 10.0))
+    assert "burst 10.4" in burst.pools[Role.PREFILL].reason
     for role in (Role.PREFILL, Role.DECODE):
         assert burst.desired[role] > mean.desired[role]
     assert len(burst_fleet.ws) > len(mean_fleet.ws)

@@ -44,10 +44,12 @@ def test_bursty_window_sizes_pools_larger_than_its_mean_alone() -> None:
 def test_default_burst_weight_acts_and_peak_is_in_the_decision_inputs() -> None:
     env = Env(pools=POOLS, scaling=SCALING)  # burstWeight left out: 1
     result = _bursty(env)
-    assert "burst 20" in result.decision.pools[next(iter(result.decision.pools))].reason
+    # the busiest 10 s (20 req/s) less what Poisson arrivals at the mean (7.33 req/s) show in
+    # the busiest of the window's sub-windows anyway (live_params: burst_poisson)
+    assert "burst 19.3" in result.decision.pools[next(iter(result.decision.pools))].reason
     scale = [d for d in env.status()["decisions"] if d["kind"] == "scale"]
     assert scale[-1]["inputs"]["arrivalRatePeak"] == "20/s"
-    assert scale[-1]["inputs"]["forecastRate"] == "20/s"
+    assert scale[-1]["inputs"]["forecastRate"] == "19.3/s"
 
 
 def test_burst_weight_out_of_range_is_refused() -> None:

@@ -160,8 +160,17 @@ def _at(points: Sequence[tuple[float, float]], t: float) -> float:
 def busiest_rate(
     series: Mapping[str, Sequence[tuple[float, float]]], end_s: float, span_s: float, sub_s: float
 ) -> tuple[float | None, str]:
+    """`busiest_rate_over` without the sub-window's length."""
+    rate, why, _ = busiest_rate_over(series, end_s, span_s, sub_s)
+    return rate, why
+
+
+def busiest_rate_over(
+    series: Mapping[str, Sequence[tuple[float, float]]], end_s: float, span_s: float, sub_s: float
+) -> tuple[float | None, str, float]:
     """The highest arrival rate over the sub-windows tiling `(end_s - span_s, end_s]`, newest
-    first, from cumulative counters sampled per router: `(rate, "")`, or `(None, why)`.
+    first, from cumulative counters sampled per router: `(rate, "", sub-window length)`, or
+    `(None, why, sub-window length)` (the length the autoscaler's Poisson deduction needs).
 
     A sub-window is `sub_s` long, or the largest spacing between two samples of one router when
     that is longer (a finer peak is not in the data). The routers' counters are summed at the
@@ -172,17 +181,17 @@ def busiest_rate(
     """
     pts = {k: _monotone(v) for k, v in series.items() if len(v) >= 2}
     if not pts:
-        return None, "fewer than two samples of the admission counter in the window"
+        return None, "fewer than two samples of the admission counter in the window", sub_s
     gap = max(t1 - t0 for p in pts.values() for (t0, _), (t1, _) in itertools.pairwise(p))
     step = max(sub_s, gap)
     first = min(p[0][0] for p in pts.values())
     start = max(end_s - span_s, first)
     k = int((end_s - start) / step + 1e-6)
     if k < 1:
-        return None, f"the window's samples span less than one {step:g} s sub-window"
+        return None, f"the window's samples span less than one {step:g} s sub-window", step
     edges = [end_s - i * step for i in range(k + 1)]
     totals = [sum(_at(p, t) for p in pts.values()) for t in edges]
-    return max(a - b for a, b in itertools.pairwise(totals)) / step, ""
+    return max(a - b for a, b in itertools.pairwise(totals)) / step, "", step
 
 
 def histogram_cv2(samples: Samples, name: str) -> float | None:
@@ -365,7 +374,7 @@ class Window:
             if any(_has(s, QUEUE_DEPTH) for s in new.routers.values())
             else None
         )
-        peak, peak_problem = self._peak(new, span)
+        peak, peak_problem, peak_window = self._peak(new, span)
         cv2 = histogram_cv2(delta, PROMPT_LEN) if n_prompt else None
         return Observation(
             now_s,
@@ -379,24 +388,26 @@ class Window:
             shed=int(shed_all),
             problems=tuple(problems),
             arrival_rate_peak_per_s=peak,
+            arrival_rate_peak_window_s=peak_window,
             peak_problem=peak_problem,
             prompt_tokens_cv2=cv2,
         )
 
-    def _peak(self, new: Snapshot, span: float) -> tuple[float | None, SignalProblem | None]:
+    def _peak(
+        self, new: Snapshot, span: float
+    ) -> tuple[float | None, SignalProblem | None, float | None]:
         """The busiest sub-window of the window: from the source's raw samples when it gave
         them (Prometheus), else from the snapshots' admission counters."""
         name = "arrival rate peak"
         if new.admissions_problem is not None:
-            return None, SignalProblem(name, SignalState.MISSING, new.admissions_problem)
+            return None, SignalProblem(name, SignalState.MISSING, new.admissions_problem), None
         if new.admissions is not None:
             series = new.admissions
             newest = max((t for p in series.values() for t, _ in p), default=None)
             if newest is not None and new.time_s - newest > self.max_age_s:
                 age = new.time_s - newest
-                return None, SignalProblem(
-                    name, SignalState.STALE, f"newest admission sample {age:.0f} s old"
-                )
+                stale = f"newest admission sample {age:.0f} s old"
+                return None, SignalProblem(name, SignalState.STALE, stale), None
         else:
             snaps = [s for s in self.snapshots if s.time_s >= new.time_s - span - 1e-9]
             addrs = set(new.routers)
@@ -404,7 +415,7 @@ class Window:
                 a: [(s.time_s, _sum(s.routers[a], ADMISSION)) for s in snaps if a in s.routers]
                 for a in addrs
             }
-        rate, why = busiest_rate(series, new.time_s, span, self.peak_window_s)
+        rate, why, sub_s = busiest_rate_over(series, new.time_s, span, self.peak_window_s)
         if rate is None:
-            return None, SignalProblem(name, SignalState.MISSING, why)
-        return rate, None
+            return None, SignalProblem(name, SignalState.MISSING, why), None
+        return rate, None, sub_s

@@ -18,7 +18,9 @@ decisions):
   never below the rate just observed (sizing for a rise before it arrives);
 - burst headroom: the rate sized for moves `burst_weight` of the way from the window's mean to
   its busiest sub-window (`Observation.arrival_rate_peak_per_s`): headroom in proportion to the
-  observed burstiness, and a step sized in full on the first tick after it;
+  observed burstiness, and a step sized on the first tick after it; with `burst_poisson`, less
+  what a Poisson stream at the mean shows in the busiest sub-window anyway (`poisson_peak_
+  excess`, ∝ √rate: the tail sizing already assumes Poisson arrivals);
 - hysteresis: scale up when the `target_utilization` count exceeds the pool; scale down only to
   the `scale_down_utilization` count (lower utilisation, so more workers), so a load that sits
   between the two thresholds moves nothing;
@@ -48,6 +50,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from statistics import NormalDist
 
 from splitserve.core.roles import Role
 from splitserve.policy.planner.aladdin import (
@@ -143,7 +146,26 @@ class AutoscalerParams:
     2 -> 5 on misses from the first 30 s after the shift, where the model's 3 met the target,
     and the hysteresis then held the overshoot."""
 
+    burst_poisson: bool = False
+    """Burst headroom for what Poisson arrivals do not explain (False: for the whole excess of
+    the busiest sub-window over the mean). The prefill tail sizing (M/G/c) already assumes
+    Poisson arrivals at the sized rate, so the part of the busiest sub-window's excess that a
+    Poisson stream at the mean rate shows anyway (its expected largest of `k` sub-windows,
+    `poisson_peak_excess`) is counted once there and not again here; a real step or surge
+    (an excess well beyond that) is still sized in full. Needs the sub-window's length
+    (`Observation.arrival_rate_peak_window_s`); without it nothing is deducted."""
+    band_z: float = 0.0
+    """Scale-down band from the noise of the measured rate (0: off, the fixed band of
+    `scale_down_utilization` alone). A window of `T` seconds reads a Poisson rate `λ` with a
+    standard error of `√(λ/T)` (relative: `1/√(λT)`); the pool scales down only to the size
+    that still runs at `target_utilization` the work of the sized rate plus `z` standard
+    errors (`band_workers`), never to more than the fixed band's size. The fixed band holds
+    `target / scale_down − 1` (60 % at 0.8 / 0.5) extra workers at every pool size, where the
+    reading's noise shrinks like `1/√λ`: at 5 req/s over 30 s, z = 2 is a 16 % margin."""
+
     def __post_init__(self) -> None:
+        if self.band_z < 0:
+            raise ValueError("band_z must be >= 0")
         if not 0 < self.length_alpha <= 1:
             raise ValueError("length_alpha must be in (0, 1]")
         if self.reversal_backoff < 1 or self.max_backoff < 1:
@@ -175,8 +197,9 @@ def live_params(
     with burst headroom `burst_weight` (`scaling.burstWeight`), prefill sized for the class's
     tail over the pool (M/G/c, the prompts' spread from the router's length histogram,
     `default_prompt_cv2` when the window has none), decode never below what its workers hold,
-    and a scale-down window that doubles after a reversal (up to 4×). The forecast looks at
-    least one interval ahead."""
+    and a scale-down window that doubles after a reversal (up to 4×), burst headroom less the
+    busiest sub-window's Poisson excess (`burst_poisson`: the tail sizing already covers it).
+    The forecast looks at least one interval ahead."""
     return AutoscalerParams(
         interval_s=interval_s,
         scale_down_stabilization_s=scale_down_stabilization_s,
@@ -188,6 +211,7 @@ def live_params(
         reversal_backoff=2.0,
         max_backoff=4.0,
         feedback_settle=True,
+        burst_poisson=True,
     )
 
 
@@ -599,12 +623,45 @@ def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, s
     return {r: "; ".join(v) for r, v in out.items()}
 
 
-def burst_rate(mean: float, peak: float | None, weight: float) -> float:
-    """The rate sized for: `mean + weight × (peak − mean)`; the mean when no peak is known (a
-    peak below the mean is treated as the mean)."""
-    if peak is None or peak <= mean:
+def burst_rate(mean: float, peak: float | None, weight: float, noise: float = 0.0) -> float:
+    """The rate sized for: `mean + weight × (peak − mean − noise)`; the mean when no peak is
+    known (a peak below `mean + noise` is treated as the mean). `noise`: the part of the peak's
+    excess that is Poisson variation (`poisson_peak_excess`), 0: none deducted."""
+    if peak is None or peak <= mean + noise:
         return mean
-    return mean + weight * (peak - mean)
+    return mean + weight * (peak - mean - noise)
+
+
+def poisson_peak_excess(mean: float, window_s: float, sub_s: float) -> float:
+    """How far the busiest of `k = window_s / sub_s` sub-windows of a Poisson stream at `mean`
+    requests/s is expected to read above the mean: the expected largest of `k` standard normals
+    (Blom's approximation `Φ⁻¹((k − 0.375)/(k + 0.25))`) times a sub-window rate's standard
+    deviation `√(mean / sub_s)`. 0 for one sub-window. Grows like `√mean`, so relative to the
+    rate it shrinks as the load grows: what a proportional headroom gets wrong."""
+    k = math.floor(window_s / sub_s + 1e-9)
+    if k <= 1 or mean <= 0:
+        return 0.0
+    z = NormalDist().inv_cdf((k - 0.375) / (k + 0.25))
+    return max(0.0, z) * math.sqrt(mean / sub_s)
+
+
+def band_workers(work: float, work_high: float, params: AutoscalerParams) -> int:
+    """The size the pool may scale down to (unbounded): the fixed band (`work /
+    scale_down_utilization`), or with `band_z` > 0 the size that runs `work_high` (the work at
+    the rate `z` standard errors above the window's reading, `noisy_rate`) at
+    `target_utilization`: never more than the fixed band's, never fewer than the scale-up
+    count. Both counts are monotone in the rate, so their minimum is too."""
+    fixed = math.ceil(work / params.scale_down_utilization - _EPS)
+    if params.band_z <= 0:
+        return fixed
+    up = math.ceil(work / params.target_utilization - _EPS)
+    return min(fixed, max(up, math.ceil(work_high / params.target_utilization - _EPS)))
+
+
+def noisy_rate(sized: float, observed: float, window_s: float, z: float) -> float:
+    """`sized` plus `z` standard errors of a Poisson rate read over `window_s`
+    (`√(observed / window_s)`): increasing in both rates."""
+    return sized + z * math.sqrt(max(0.0, observed) / window_s) if window_s > 0 else sized
 
 
 def _smooth_lengths(
@@ -653,16 +710,27 @@ def decide(
 
     rate = max(0.0, obs.arrival_rate_per_s)
     forecast = state.forecast.update(rate, params)
-    burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight)
+    sub_s = obs.arrival_rate_peak_window_s
+    noise = (
+        poisson_peak_excess(rate, obs.window_s, sub_s)
+        if params.burst_poisson and sub_s is not None and sub_s > 0
+        else 0.0
+    )
+    burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight, noise)
     rate_f = max(burst, forecast.ahead(params))
     lengths = _smooth_lengths(obs, state.lengths, params.length_alpha)
     stats = LengthStats(max(0.0, lengths[0]), max(1.0, lengths[1]))
     tgt = targets or Targets.of(obs.classes)
     roles = tuple(obs.pools)
     work = work_by_role(roles, rate_f, stats, perf, tgt, params, lengths[2])
+    work_high = work
+    if params.band_z > 0:
+        high = noisy_rate(rate_f, rate, obs.window_s, params.band_z)
+        work_high = work_by_role(roles, high, stats, perf, tgt, params, lengths[2])
     if params.occupancy_floor and Role.DECODE in work:
         occupied = decode_occupancy(obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s)
         work[Role.DECODE] = max(work[Role.DECODE], occupied)
+        work_high[Role.DECODE] = max(work_high[Role.DECODE], occupied)
     pressure = pressure_by_role(obs, params)
     since = state.since_s if state.since_s is not None else now
     watched_long_enough = now - since >= params.scale_down_stabilization_s - _EPS
@@ -683,7 +751,7 @@ def decide(
         b = bounds[role]
         w = work[role]
         up_target = b.clamp(math.ceil(w / params.target_utilization - _EPS))
-        down_now = b.clamp(math.ceil(w / params.scale_down_utilization - _EPS))
+        down_now = b.clamp(band_workers(w, work_high[role], params))
         why = pressure.get(role, "")
         starting = p.ready is not None and p.ready < p.current
         now_serving = p.ready if p.ready is not None else p.current

@@ -158,6 +158,10 @@ class Observation:
     """Squared coefficient of variation of the window's prompt lengths (variance / mean²): how
     widely they spread (prefill's queueing tail). None: not measured (the policy assumes
     `AutoscalerParams.default_prompt_cv2`)."""
+    arrival_rate_peak_window_s: float | None = None
+    """The sub-window `arrival_rate_peak_per_s` was counted over (10 s, or the samples' spacing
+    when coarser). None: not said (the policy then deducts no Poisson excess from the burst
+    headroom, `AutoscalerParams.burst_poisson`: the full headroom, as before)."""
     peak_problem: SignalProblem | None = None
     """Why `arrival_rate_peak_per_s` is None, where an edge tried to measure it. Unlike
     `problems` it does not stop the policies (the mean is still known); they record it."""
