@@ -75,6 +75,16 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """SIGTERM `proc` and wait for it; SIGKILL after `timeout_s`."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class Procs:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
@@ -505,18 +515,6 @@ def main() -> None:
             _wait_http(http_port, "/ready", proc=proc)
             return proc
 
-        def stop_rows_router(proc: subprocess.Popen[bytes]) -> None:
-            """The rows' router follows every worker's step feed even when no request goes
-            through it: left running on router core 0 during the scale-out, it took ~25 % of
-            that core from the process pinned there (measured on the 16-core machine), so it is
-            stopped for the scale-out and started again for the rows after it."""
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
         router = start_rows_router() if not args.scale_only else None
         peer_port = fake_d = 0
         peer = None
@@ -556,7 +554,11 @@ def main() -> None:
                 save(f"splitserve-{num_tokens}")
             if k == 0 and scale:
                 if router is not None:
-                    stop_rows_router(router)
+                    # The rows' router follows every worker's step feed even with no request
+                    # through it: left running on router core 0 during the scale-out it took
+                    # 25-43 % of that core from the process pinned there (16-core machine), so
+                    # it stops for the scale-out and starts again for the rows after it.
+                    terminate(router)
                 extra["scaling"] = scaling(procs, work, all_workers, tok_dir, prompt, layout,
                                            scale, args.sat_s, budget)  # fmt: skip
                 print(json.dumps(extra["scaling"]), flush=True)
@@ -742,11 +744,7 @@ def _scale_run(
         sat = loadproc.closed_loop(port, raw, 32 * n, 10**9, sat_s, layout.load)
         used = {p: _cpu_s(p) - c for p, c in cpu0.items()}
     finally:
-        sup.send_signal(signal.SIGTERM)
-        try:
-            sup.wait(60)
-        except subprocess.TimeoutExpired:
-            sup.kill()
+        terminate(sup, 60)
     router_cpu = sum(used[p] for p in pids)
     n_load = min(len(layout.load), 32 * n)
     return {
@@ -802,11 +800,7 @@ def peer_scaling(
             sat = loadproc.closed_loop(port, raw, 32 * n, 10**9, sat_s, layout.load)
             used = {p: _cpu_s(p) - c for p, c in cpu0.items()}
         finally:
-            peer.send_signal(signal.SIGTERM)
-            try:
-                peer.wait(30)
-            except subprocess.TimeoutExpired:
-                peer.kill()
+            terminate(peer)
         runs.append({
             "cores": format_cores(layout.router[:n]),
             "n_cores": n,

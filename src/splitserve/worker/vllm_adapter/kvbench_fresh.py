@@ -256,22 +256,7 @@ def report_fresh_trace(trace: Mapping[str, Mapping[str, float]], requests: int) 
                 if rid.startswith(f"{variant}-") and rid.rsplit("-", 1)[1] == str(k)
             ]
             cols.append((f"{variant} {label}", rows))
-    tables = [kvtrace.breakdown(rows) for _, rows in cols]
-    spans: list[tuple[str, str]] = []
-    for table in tables:
-        for a, b, _, _ in table:
-            if (a, b) not in spans:
-                spans.append((a, b))
-    lines = [
-        "| interval | " + " | ".join(f"{c} ms" for c, _ in cols) + " |",
-        "|---|" + "---:|" * len(cols),
-    ]
-    for a, b in spans:
-        cells = []
-        for table in tables:
-            hit = [x for x in table if (x[0], x[1]) == (a, b)]
-            cells.append(f"{1000 * hit[0][2]:.2f} (n={hit[0][3]})" if hit else "")
-        lines.append(f"| {a} -> {b} | " + " | ".join(cells) + " |")
+    lines = kvtrace.breakdown_rows(cols)
     whole = []
     for _, rows in cols:
         gaps = [r["token2"] - r["token1"] for r in rows if "token1" in r and "token2" in r]

@@ -232,22 +232,7 @@ def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
 
     cols = [(f"{n}", rows_of(n, False)) for n in lengths]
     cols.append((f"{lengths[0]} first on the pair", rows_of(lengths[0], True)))
-    tables = [kvtrace.breakdown(rows) for _, rows in cols]
-    spans: list[tuple[str, str]] = []
-    for table in tables:
-        for a, b, _, _ in table:
-            if (a, b) not in spans:
-                spans.append((a, b))
-    lines = [
-        "| interval | " + " | ".join(f"{c} ms" for c, _ in cols) + " |",
-        "|---|" + "---:|" * len(cols),
-    ]
-    for a, b in spans:
-        cells = []
-        for table in tables:
-            hit = [x for x in table if (x[0], x[1]) == (a, b)]
-            cells.append(f"{1000 * hit[0][2]:.2f} (n={hit[0][3]})" if hit else "")
-        lines.append(f"| {a} -> {b} | " + " | ".join(cells) + " |")
+    lines = kvtrace.breakdown_rows(cols)
     totals = []
     steps = []
     for _, rows in cols:

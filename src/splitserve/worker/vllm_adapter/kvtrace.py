@@ -280,5 +280,28 @@ def breakdown(requests: Iterable[Mapping[str, float]]) -> list[tuple[str, str, f
     return out
 
 
+def breakdown_rows(cols: Sequence[tuple[str, Sequence[Mapping[str, float]]]]) -> list[str]:
+    """A markdown table of `breakdown` per column (label, the column's requests' milestones):
+    the header and one row per interval, in the order the intervals happen; cells are the
+    median in ms and how many requests had both ends."""
+    tables = [breakdown(rows) for _, rows in cols]
+    spans: list[tuple[str, str]] = []
+    for table in tables:
+        for a, b, _, _ in table:
+            if (a, b) not in spans:
+                spans.append((a, b))
+    lines = [
+        "| interval | " + " | ".join(f"{c} ms" for c, _ in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for a, b in spans:
+        cells = []
+        for table in tables:
+            hit = [x for x in table if (x[0], x[1]) == (a, b)]
+            cells.append(f"{1000 * hit[0][2]:.2f} (n={hit[0][3]})" if hit else "")
+        lines.append(f"| {a} -> {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def describe(name: str) -> str:
     return dict(MILESTONES).get(name, name)
