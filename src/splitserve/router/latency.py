@@ -6,6 +6,23 @@ simulator's `core.perf` latency-model object (DistServe A.4 reduced forms) refit
 sliding window of steps. Placement reads its prefill drain rate and its decode step cost
 (`estimates`).
 
+The router asks each worker for at most `STEP_SAMPLES_PER_S` samples per second of each kind
+of step (`WatchStepsRequest.max_samples_per_s`: the worker sends a step only when it started at
+least 1 / rate after the last one of its kind it sent; prefill and decode-only steps are
+thinned apart, so a mixed worker's prefill steps still reach the fit). Every router process
+follows every worker, so on fast engines (a zero-delay sim worker runs thousands of steps a
+second) following every step cost each router process CPU in proportion to the whole fleet's
+traffic. Why 400/s suffices: the
+model's window (512 steps) then still spans >= 1.3 s of the worker's recent steps, the first fit
+(`min_samples` 24) is ready 60 ms into a busy period, and the refit (every 32 samples) runs at
+most ~12 times a second; an engine whose steps take >= 2.5 ms (vLLM on a GPU or CPU) is not
+thinned at all. A lower rate (100/s) was tried: it cut more of an idle router's cost, but a
+sim worker with a scaled clock (`--sim-time-scale 0.02`, steps ~0.3 ms) then gave the fit too
+few distinct shapes in a ~1 s burst to stay within 20 % (tests/unit/router/test_latency_steps).
+Approximation, stated: a time-based sample of the steps slightly favours steps that follow a
+long one (the one straddling each interval's end); the fit is of a step's time given its own
+shape, which that selection does not change. A worker older than the field sends every step.
+
 Fallback, for engines that answer `WatchSteps` with UNIMPLEMENTED (and until a step fit is
 ready): the coarse fits from the router's own calls (`policy.predict.latency`: prefill rate from
 `PrefillResponse.prefill_s` / time to first token, decode base + per-seq from per-request TPOT
@@ -17,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,6 +48,9 @@ from splitserve.policy.predict.latency import PrefillRate, StepFit
 from splitserve.policy.predict.step_model import OnlineStepModel
 
 log = logging.getLogger(__name__)
+
+STEP_SAMPLES_PER_S = 400.0
+"""Step samples per second the router asks of each worker (see the module docstring)."""
 
 
 @dataclass(slots=True)
@@ -50,10 +71,23 @@ def batch_of(pb: worker_pb2.StepSample) -> BatchShape:
 
 
 class LatencyBook:
-    def __init__(self, *, reconnect_s: float = 1.0, max_buffer: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        reconnect_s: float = 1.0,
+        max_buffer: int = 1024,
+        max_samples_per_s: float = STEP_SAMPLES_PER_S,
+    ) -> None:
+        """`max_samples_per_s`: the step samples asked of each worker per second (0: every
+        step)."""
+        if not (math.isfinite(max_samples_per_s) and max_samples_per_s >= 0):
+            raise ValueError(
+                f"max_samples_per_s must be 0 or a positive finite number, got {max_samples_per_s}"
+            )
         self._by_ep: dict[EndpointId, _Models] = {}
         self.reconnect_s = reconnect_s
         self.max_buffer = max_buffer
+        self.max_samples_per_s = max_samples_per_s
 
     def _get(self, eid: EndpointId) -> _Models:
         m = self._by_ep.get(eid)
@@ -72,7 +106,9 @@ class LatencyBook:
     async def _watch(
         self, eid: EndpointId, m: _Models, stub: worker_pb2_grpc.WorkerAsyncStub
     ) -> None:
-        request = worker_pb2.WatchStepsRequest(max_buffer=self.max_buffer)
+        request = worker_pb2.WatchStepsRequest(
+            max_buffer=self.max_buffer, max_samples_per_s=self.max_samples_per_s
+        )
         batches = getattr(stub, "WatchStepBatches", None) is not None
         """Ask for `WatchStepBatches` first (many steps per message); `WatchSteps` when the
         worker does not serve it (an older worker, an HTTP backend, a test fake)."""

@@ -17,9 +17,11 @@ from splitserve.core.ids import EndpointId
 from splitserve.core.perf import BatchShape
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.policy.predict.step_model import OnlineStepModel
 from splitserve.router import latency as latency_mod
 from splitserve.router.latency import batch_of as _batch_of
 from splitserve.router.pool_view import PoolView
+from splitserve.worker.engine import StepFeed, StepSample
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
 from splitserve.worker.sim_engine import SimEngine
@@ -171,11 +173,14 @@ async def test_step_reports_arrive_with_or_without_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The router asks for `WatchStepBatches` and falls back to `WatchSteps` when a worker does
-    not serve it; either way every step reaches the step model."""
+    not serve it; either way every step reaches the step model (a book that asks for every
+    step: an old-style request, `max_samples_per_s` unset)."""
     service_cls.streams = []
     address, engine = await sim_worker(Role.MIXED, service_cls)
     eid = EndpointId(address)
-    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL) as pool:
+    pool = PoolView([address], clock=SystemClock(), settings=FAST_POOL)
+    pool.latency.max_samples_per_s = 0.0
+    async with pool:
         await pool.wait_for(lambda pv: pv.view(address).ready, 10)
         model = pool.latency.step_model(eid)
         assert model is not None
@@ -196,3 +201,54 @@ async def test_step_reports_arrive_with_or_without_batches(
         ]
         assert all(s > 0 for _, s in seen)
         assert service_cls.streams == [stream]
+
+
+class _Requests(WorkerService):
+    """The real worker, noting the step-stream requests it got."""
+
+    requests: list[worker_pb2.WatchStepsRequest]
+
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        self.requests.append(request)
+        async for pb in super().WatchStepBatches(request, context):
+            yield pb
+
+
+async def test_the_router_asks_for_a_thinned_step_stream(sim_worker: SimFactory) -> None:
+    _Requests.requests = []
+    address, engine = await sim_worker(Role.MIXED, _Requests)
+    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await _until(lambda: engine.steps is not None and engine.steps.num_subscribers == 1)
+        assert [r.max_samples_per_s for r in _Requests.requests] == [latency_mod.STEP_SAMPLES_PER_S]
+        assert pool.latency.max_samples_per_s == latency_mod.STEP_SAMPLES_PER_S > 0
+
+
+def test_a_model_fed_a_thinned_burst_stays_fitted() -> None:
+    """A zero-delay worker's burst (20,000 steps in 2 s of its clock), thinned to the router's
+    rate, still fits the step model and its decode estimate."""
+    feed = StepFeed()
+    sub = feed.subscribe(max_buffer=10_000, min_interval_s=1 / latency_mod.STEP_SAMPLES_PER_S)
+
+    def truth(b: BatchShape) -> float:  # base 2 ms + 20 us per sequence + 10 ns per KV token
+        return 0.002 + 2e-5 * len(b.decode_contexts) + 1e-8 * sum(b.decode_contexts)
+
+    for i in range(20_000):
+        batch = BatchShape(decode_contexts=(200 + i % 300,) * (1 + i % 16))
+        feed.publish(StepSample(i + 1, i * 1e-4, truth(batch), batch))
+    kept = [sub._buffer.popleft() for _ in range(len(sub._buffer))]
+    assert len(kept) <= 1 + 2 * latency_mod.STEP_SAMPLES_PER_S
+    model = OnlineStepModel()
+    for s in kept:
+        model.observe(s.batch, s.duration_s)
+    assert model.fitted is not None
+    base, per = model.decode_step()
+    assert base == pytest.approx(0.002, rel=0.05)
+    ctx = sum(model._contexts) / len(model._contexts)
+    assert per == pytest.approx(2e-5 + 1e-8 * ctx, rel=0.1)
+
+
+def test_a_bad_sample_rate_is_refused_by_the_book() -> None:
+    with pytest.raises(ValueError, match="max_samples_per_s"):
+        latency_mod.LatencyBook(max_samples_per_s=-1.0)
