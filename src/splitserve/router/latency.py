@@ -6,22 +6,21 @@ simulator's `core.perf` latency-model object (DistServe A.4 reduced forms) refit
 sliding window of steps. Placement reads its prefill drain rate and its decode step cost
 (`estimates`).
 
-The router asks each worker for at most `STEP_SAMPLES_PER_S` samples per second of each kind
+A router can ask each worker for at most `max_samples_per_s` samples per second of each kind
 of step (`WatchStepsRequest.max_samples_per_s`: the worker sends a step only when it started at
 least 1 / rate after the last one of its kind it sent; prefill and decode-only steps are
 thinned apart, so a mixed worker's prefill steps still reach the fit). Every router process
 follows every worker, so on fast engines (a zero-delay sim worker runs thousands of steps a
-second) following every step cost each router process CPU in proportion to the whole fleet's
-traffic. Why 400/s suffices: the
-model's window (512 steps) then still spans >= 1.3 s of the worker's recent steps, the first fit
-(`min_samples` 24) is ready 60 ms into a busy period, and the refit (every 32 samples) runs at
-most ~12 times a second; an engine whose steps take >= 2.5 ms (vLLM on a GPU or CPU) is not
-thinned at all. A lower rate (100/s) was tried: it cut more of an idle router's cost, but a
-sim worker with a scaled clock (`--sim-time-scale 0.02`, steps ~0.3 ms) then gave the fit too
-few distinct shapes in a ~1 s burst to stay within 20 % (tests/unit/router/test_latency_steps).
+second) following every step costs each router process CPU in proportion to the whole fleet's
+traffic. The default (`STEP_SAMPLES_PER_S`) is still 0, every step, as before: with 100, 400
+and 1,000 samples/s the fit of a sim worker with a scaled clock (`--sim-time-scale 0.02`,
+~0.3 ms steps, a ~1 s burst; tests/unit/router/test_latency_steps) missed its 20 % bound on
+the 9 x 500-token decode step in 1-2 of 6 runs each (0.21-0.26), against 0 of 6 unthinned, so
+thinning by default would trade placement accuracy for router CPU; measured: an idle router's
+CPU fell ~38 % at 100/s and ~7 % at 400/s (docs/benchmarks.md, "Feed cost per router process").
 Approximation, stated: a time-based sample of the steps slightly favours steps that follow a
-long one (the one straddling each interval's end); the fit is of a step's time given its own
-shape, which that selection does not change. A worker older than the field sends every step.
+long one (the one straddling each interval's end). A worker older than the field sends every
+step.
 
 Fallback, for engines that answer `WatchSteps` with UNIMPLEMENTED (and until a step fit is
 ready): the coarse fits from the router's own calls (`policy.predict.latency`: prefill rate from
@@ -49,8 +48,9 @@ from splitserve.policy.predict.step_model import OnlineStepModel
 
 log = logging.getLogger(__name__)
 
-STEP_SAMPLES_PER_S = 400.0
-"""Step samples per second the router asks of each worker (see the module docstring)."""
+STEP_SAMPLES_PER_S = 0.0
+"""Step samples per second the router asks of each worker by default; 0: every step (see the
+module docstring for why thinning is not the default yet)."""
 
 
 @dataclass(slots=True)

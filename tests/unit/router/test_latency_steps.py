@@ -173,14 +173,11 @@ async def test_step_reports_arrive_with_or_without_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The router asks for `WatchStepBatches` and falls back to `WatchSteps` when a worker does
-    not serve it; either way every step reaches the step model (a book that asks for every
-    step: an old-style request, `max_samples_per_s` unset)."""
+    not serve it; either way every step reaches the step model."""
     service_cls.streams = []
     address, engine = await sim_worker(Role.MIXED, service_cls)
     eid = EndpointId(address)
-    pool = PoolView([address], clock=SystemClock(), settings=FAST_POOL)
-    pool.latency.max_samples_per_s = 0.0
-    async with pool:
+    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL) as pool:
         await pool.wait_for(lambda pv: pv.view(address).ready, 10)
         model = pool.latency.step_model(eid)
         assert model is not None
@@ -216,20 +213,30 @@ class _Requests(WorkerService):
             yield pb
 
 
-async def test_the_router_asks_for_a_thinned_step_stream(sim_worker: SimFactory) -> None:
+async def test_the_router_asks_for_the_books_step_rate(sim_worker: SimFactory) -> None:
+    """The default book sends an old-style request (every step); a book given a rate sends it."""
     _Requests.requests = []
     address, engine = await sim_worker(Role.MIXED, _Requests)
-    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL) as pool:
-        await _until(lambda: engine.steps is not None and engine.steps.num_subscribers == 1)
-        assert [r.max_samples_per_s for r in _Requests.requests] == [latency_mod.STEP_SAMPLES_PER_S]
-        assert pool.latency.max_samples_per_s == latency_mod.STEP_SAMPLES_PER_S > 0
+    steps = engine.steps
+    assert steps is not None
+    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL):
+        await _until(lambda: steps.num_subscribers == 1)
+    await _until(lambda: steps.num_subscribers == 0)
+    pool = PoolView([address], clock=SystemClock(), settings=FAST_POOL)
+    pool.latency.max_samples_per_s = 250.0
+    async with pool:
+        await _until(lambda: steps.num_subscribers == 1)
+    assert [r.max_samples_per_s for r in _Requests.requests] == [
+        latency_mod.STEP_SAMPLES_PER_S,
+        250.0,
+    ]
 
 
 def test_a_model_fed_a_thinned_burst_stays_fitted() -> None:
-    """A zero-delay worker's burst (20,000 steps in 2 s of its clock), thinned to the router's
-    rate, still fits the step model and its decode estimate."""
+    """A zero-delay worker's burst (20,000 steps in 2 s of its clock), thinned to 400/s, still
+    fits the step model and its decode estimate."""
     feed = StepFeed()
-    sub = feed.subscribe(max_buffer=10_000, min_interval_s=1 / latency_mod.STEP_SAMPLES_PER_S)
+    sub = feed.subscribe(max_buffer=10_000, min_interval_s=1 / 400)
 
     def truth(b: BatchShape) -> float:  # base 2 ms + 20 us per sequence + 10 ns per KV token
         return 0.002 + 2e-5 * len(b.decode_contexts) + 1e-8 * sum(b.decode_contexts)
@@ -238,7 +245,7 @@ def test_a_model_fed_a_thinned_burst_stays_fitted() -> None:
         batch = BatchShape(decode_contexts=(200 + i % 300,) * (1 + i % 16))
         feed.publish(StepSample(i + 1, i * 1e-4, truth(batch), batch))
     kept = [sub._buffer.popleft() for _ in range(len(sub._buffer))]
-    assert len(kept) <= 1 + 2 * latency_mod.STEP_SAMPLES_PER_S
+    assert len(kept) <= 1 + 2 * 400
     model = OnlineStepModel()
     for s in kept:
         model.observe(s.batch, s.duration_s)
