@@ -6,6 +6,22 @@ simulator's `core.perf` latency-model object (DistServe A.4 reduced forms) refit
 sliding window of steps. Placement reads its prefill drain rate and its decode step cost
 (`estimates`).
 
+A router can ask each worker for at most `max_samples_per_s` samples per second of each kind
+of step (`WatchStepsRequest.max_samples_per_s`: the worker sends a step only when it started at
+least 1 / rate after the last one of its kind it sent; prefill and decode-only steps are
+thinned apart, so a mixed worker's prefill steps still reach the fit). Every router process
+follows every worker, so on fast engines (a zero-delay sim worker runs thousands of steps a
+second) following every step costs each router process CPU in proportion to the whole fleet's
+traffic. The default (`STEP_SAMPLES_PER_S`) is still 0, every step, as before: with 100, 400
+and 1,000 samples/s the fit of a sim worker with a scaled clock (`--sim-time-scale 0.02`,
+~0.3 ms steps, a ~1 s burst; tests/unit/router/test_latency_steps) missed its 20 % bound on
+the 9 x 500-token decode step in 1-2 of 6 runs each (0.21-0.26), against 0 of 6 unthinned, so
+thinning by default would trade placement accuracy for router CPU; measured: an idle router's
+CPU fell ~38 % at 100/s and ~7 % at 400/s (docs/benchmarks.md, "Feed cost per router process").
+Approximation, stated: a time-based sample of the steps slightly favours steps that follow a
+long one (the one straddling each interval's end). A worker older than the field sends every
+step.
+
 Fallback, for engines that answer `WatchSteps` with UNIMPLEMENTED (and until a step fit is
 ready): the coarse fits from the router's own calls (`policy.predict.latency`: prefill rate from
 `PrefillResponse.prefill_s` / time to first token, decode base + per-seq from per-request TPOT
@@ -17,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,6 +47,10 @@ from splitserve.policy.predict.latency import PrefillRate, StepFit
 from splitserve.policy.predict.step_model import OnlineStepModel
 
 log = logging.getLogger(__name__)
+
+STEP_SAMPLES_PER_S = 0.0
+"""Step samples per second the router asks of each worker by default; 0: every step (see the
+module docstring for why thinning is not the default yet)."""
 
 
 @dataclass(slots=True)
@@ -50,10 +71,23 @@ def batch_of(pb: worker_pb2.StepSample) -> BatchShape:
 
 
 class LatencyBook:
-    def __init__(self, *, reconnect_s: float = 1.0, max_buffer: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        reconnect_s: float = 1.0,
+        max_buffer: int = 1024,
+        max_samples_per_s: float = STEP_SAMPLES_PER_S,
+    ) -> None:
+        """`max_samples_per_s`: the step samples asked of each worker per second (0: every
+        step)."""
+        if not (math.isfinite(max_samples_per_s) and max_samples_per_s >= 0):
+            raise ValueError(
+                f"max_samples_per_s must be 0 or a positive finite number, got {max_samples_per_s}"
+            )
         self._by_ep: dict[EndpointId, _Models] = {}
         self.reconnect_s = reconnect_s
         self.max_buffer = max_buffer
+        self.max_samples_per_s = max_samples_per_s
 
     def _get(self, eid: EndpointId) -> _Models:
         m = self._by_ep.get(eid)
@@ -72,7 +106,9 @@ class LatencyBook:
     async def _watch(
         self, eid: EndpointId, m: _Models, stub: worker_pb2_grpc.WorkerAsyncStub
     ) -> None:
-        request = worker_pb2.WatchStepsRequest(max_buffer=self.max_buffer)
+        request = worker_pb2.WatchStepsRequest(
+            max_buffer=self.max_buffer, max_samples_per_s=self.max_samples_per_s
+        )
         batches = getattr(stub, "WatchStepBatches", None) is not None
         """Ask for `WatchStepBatches` first (many steps per message); `WatchSteps` when the
         worker does not serve it (an older worker, an HTTP backend, a test fake)."""

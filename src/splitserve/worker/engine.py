@@ -8,6 +8,7 @@ objects living in the worker's event loop.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -72,16 +73,35 @@ DEFAULT_STEP_BUFFER = 4096
 
 
 class StepSubscription:
-    """One watcher's bounded buffer of step samples: full, it drops the oldest (counted)."""
+    """One watcher's bounded buffer of step samples: full, it drops the oldest (counted).
 
-    def __init__(self, feed: StepFeed, max_buffer: int) -> None:
+    With `min_interval_s` > 0 the watcher is thinned, separately for the two kinds of step
+    (with a prefill chunk; decode only), so a mixed worker's rarer prefill steps are not passed
+    over for its decode steps: a step is kept only when it started at least `min_interval_s`
+    (worker clock, the samples' own `start_s`) after the last kept step of its kind. Over any
+    T seconds of steps the watcher gets at most 1 + T / min_interval_s samples of each kind.
+    Each kept sample is one real step (its batch and time unchanged); the steps passed over
+    are counted in `thinned`, not in `dropped`.
+    """
+
+    def __init__(self, feed: StepFeed, max_buffer: int, min_interval_s: float = 0.0) -> None:
         self._feed = feed
         self._buffer: deque[StepSample] = deque(maxlen=max(1, max_buffer))
         self._ready = asyncio.Event()
+        self.min_interval_s = min_interval_s
+        self._next_s = [-math.inf, -math.inf]
+        """Per kind ([0] decode only, [1] with a prefill chunk): when the next may start."""
         self.dropped = 0
+        self.thinned = 0
         self.closed = False
 
     def push(self, sample: StepSample) -> None:
+        if self.min_interval_s > 0:
+            kind = 1 if sample.batch.prefill_chunks else 0
+            if sample.start_s < self._next_s[kind]:
+                self.thinned += 1
+                return
+            self._next_s[kind] = sample.start_s + self.min_interval_s
         if len(self._buffer) == self._buffer.maxlen:
             self.dropped += 1  # the deque drops the oldest on append
         self._buffer.append(sample)
@@ -135,8 +155,10 @@ class StepFeed:
     def num_subscribers(self) -> int:
         return len(self._subs)
 
-    def subscribe(self, max_buffer: int = DEFAULT_STEP_BUFFER) -> StepSubscription:
-        sub = StepSubscription(self, max_buffer)
+    def subscribe(
+        self, max_buffer: int = DEFAULT_STEP_BUFFER, min_interval_s: float = 0.0
+    ) -> StepSubscription:
+        sub = StepSubscription(self, max_buffer, min_interval_s)
         self._subs = [*self._subs, sub]
         return sub
 

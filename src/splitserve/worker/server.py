@@ -466,7 +466,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 f"the {self.engine.kind} engine does not report its steps",
             )
             raise AssertionError("unreachable: abort raises")
-        return feed.subscribe(request.max_buffer or DEFAULT_STEP_BUFFER)
+        rate = request.max_samples_per_s
+        if not (math.isfinite(rate) and rate >= 0):  # NaN fails too
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_samples_per_s must be 0 (every step) or a positive finite number, got {rate}",
+            )
+        return feed.subscribe(
+            request.max_buffer or DEFAULT_STEP_BUFFER, 1.0 / rate if rate > 0 else 0.0
+        )
 
     async def WatchSteps(  # noqa: N802
         self, request: worker_pb2.WatchStepsRequest, context: grpc.aio.ServicerContext

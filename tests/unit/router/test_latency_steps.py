@@ -17,9 +17,11 @@ from splitserve.core.ids import EndpointId
 from splitserve.core.perf import BatchShape
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.policy.predict.step_model import OnlineStepModel
 from splitserve.router import latency as latency_mod
 from splitserve.router.latency import batch_of as _batch_of
 from splitserve.router.pool_view import PoolView
+from splitserve.worker.engine import StepFeed, StepSample
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
 from splitserve.worker.sim_engine import SimEngine
@@ -196,3 +198,64 @@ async def test_step_reports_arrive_with_or_without_batches(
         ]
         assert all(s > 0 for _, s in seen)
         assert service_cls.streams == [stream]
+
+
+class _Requests(WorkerService):
+    """The real worker, noting the step-stream requests it got."""
+
+    requests: list[worker_pb2.WatchStepsRequest]
+
+    async def WatchStepBatches(  # noqa: N802
+        self, request: worker_pb2.WatchStepsRequest, context: Any
+    ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
+        self.requests.append(request)
+        async for pb in super().WatchStepBatches(request, context):
+            yield pb
+
+
+async def test_the_router_asks_for_the_books_step_rate(sim_worker: SimFactory) -> None:
+    """The default book sends an old-style request (every step); a book given a rate sends it."""
+    _Requests.requests = []
+    address, engine = await sim_worker(Role.MIXED, _Requests)
+    steps = engine.steps
+    assert steps is not None
+    async with PoolView([address], clock=SystemClock(), settings=FAST_POOL):
+        await _until(lambda: steps.num_subscribers == 1)
+    await _until(lambda: steps.num_subscribers == 0)
+    pool = PoolView([address], clock=SystemClock(), settings=FAST_POOL)
+    pool.latency.max_samples_per_s = 250.0
+    async with pool:
+        await _until(lambda: steps.num_subscribers == 1)
+    assert [r.max_samples_per_s for r in _Requests.requests] == [
+        latency_mod.STEP_SAMPLES_PER_S,
+        250.0,
+    ]
+
+
+def test_a_model_fed_a_thinned_burst_stays_fitted() -> None:
+    """A zero-delay worker's burst (20,000 steps in 2 s of its clock), thinned to 400/s, still
+    fits the step model and its decode estimate."""
+    feed = StepFeed()
+    sub = feed.subscribe(max_buffer=10_000, min_interval_s=1 / 400)
+
+    def truth(b: BatchShape) -> float:  # base 2 ms + 20 us per sequence + 10 ns per KV token
+        return 0.002 + 2e-5 * len(b.decode_contexts) + 1e-8 * sum(b.decode_contexts)
+
+    for i in range(20_000):
+        batch = BatchShape(decode_contexts=(200 + i % 300,) * (1 + i % 16))
+        feed.publish(StepSample(i + 1, i * 1e-4, truth(batch), batch))
+    kept = [sub._buffer.popleft() for _ in range(len(sub._buffer))]
+    assert len(kept) <= 1 + 2 * 400
+    model = OnlineStepModel()
+    for s in kept:
+        model.observe(s.batch, s.duration_s)
+    assert model.fitted is not None
+    base, per = model.decode_step()
+    assert base == pytest.approx(0.002, rel=0.05)
+    ctx = sum(model._contexts) / len(model._contexts)
+    assert per == pytest.approx(2e-5 + 1e-8 * ctx, rel=0.1)
+
+
+def test_a_bad_sample_rate_is_refused_by_the_book() -> None:
+    with pytest.raises(ValueError, match="max_samples_per_s"):
+        latency_mod.LatencyBook(max_samples_per_s=-1.0)

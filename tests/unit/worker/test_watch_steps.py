@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -219,3 +221,75 @@ async def test_step_batches_without_steps_answer_unimplemented(
         async for _ in worker.stub.WatchStepBatches(worker_pb2.WatchStepsRequest()):
             pass
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def _burst(feed: StepFeed, steps: int, every_s: float, prefill_every: int = 0) -> None:
+    """`steps` back-to-back steps `every_s` apart on the worker clock; every `prefill_every`-th
+    one carries a prefill chunk (0: none)."""
+    for i in range(steps):
+        if prefill_every and i % prefill_every == 0:
+            batch = BatchShape(prefill_chunks=((64 + i % 7, 0),))
+        else:
+            batch = BatchShape(decode_contexts=(100 + i % 50,) * (1 + i % 4))
+        feed.publish(StepSample(i + 1, i * every_s, every_s, batch))
+
+
+def test_a_thinned_watcher_gets_at_most_its_rate_of_each_kind() -> None:
+    feed = StepFeed()
+    every = feed.subscribe(max_buffer=10_000)
+    thin = feed.subscribe(max_buffer=10_000, min_interval_s=0.01)  # 100 samples/s
+    _burst(feed, 2000, 0.0005, prefill_every=20)  # 1 s of 2,000 steps, 100 of them prefill
+    everything = [every._buffer.popleft() for _ in range(len(every._buffer))]
+    kept = [thin._buffer.popleft() for _ in range(len(thin._buffer))]
+    assert len(everything) == 2000  # the watcher that asked for nothing gets every step
+    decode = [s for s in kept if not s.batch.prefill_chunks]
+    prefill = [s for s in kept if s.batch.prefill_chunks]
+    span = everything[-1].start_s - everything[0].start_s
+    for kind in (decode, prefill):
+        assert 0.8 * span / 0.01 <= len(kind) <= 1 + span / 0.01
+        gaps = [b.start_s - a.start_s for a, b in itertools.pairwise(kind)]
+        assert min(gaps) >= 0.01 - 1e-12
+    # Each kept sample is one real step, unchanged; the rest are counted as thinned, not dropped.
+    by_index = {s.index: s for s in everything}
+    assert all(by_index[s.index] == s for s in kept)
+    assert thin.thinned == 2000 - len(kept)
+    assert thin.dropped == every.dropped == 0
+
+
+async def test_watch_steps_thins_on_request_and_not_without(make_worker: WorkerFactory) -> None:
+    """Over gRPC: `max_samples_per_s` thins a watcher's stream; an old-style request (field
+    unset) still gets every step."""
+    worker = await make_worker(Role.MIXED)
+    feed = _feed(worker)
+    thin = worker.stub.WatchStepBatches(worker_pb2.WatchStepsRequest(max_samples_per_s=50))
+    full = worker.stub.WatchStepBatches(worker_pb2.WatchStepsRequest())
+    await _until(lambda: feed.num_subscribers == 2)
+    _burst(feed, 1000, 0.001)  # 1 s of decode steps at 1,000/s
+    feed.publish(StepSample(5000, 10.0, 0.001, BatchShape(decode_contexts=(1,))))  # a marker
+
+    async def until_marker(call: Any) -> list[worker_pb2.StepSample]:
+        out: list[worker_pb2.StepSample] = []
+        async for batch in call:
+            out.extend(batch.samples)
+            if out[-1].index == 5000:
+                return out
+        raise AssertionError("stream ended")
+
+    got_thin = await until_marker(thin)
+    got_full = await until_marker(full)
+    assert len(got_full) == 1001
+    assert 40 <= len(got_thin) - 1 <= 51  # <= 1 + 1 s x 50/s, and still samples
+    assert all(s.dropped == 0 for s in got_thin)
+    thin.cancel()
+    full.cancel()
+    await _until(lambda: feed.num_subscribers == 0)
+
+
+@pytest.mark.parametrize("rate", [-1.0, math.nan, math.inf])
+async def test_a_bad_sample_rate_is_refused(make_worker: WorkerFactory, rate: float) -> None:
+    worker = await make_worker(Role.MIXED)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in worker.stub.WatchSteps(worker_pb2.WatchStepsRequest(max_samples_per_s=rate)):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_samples_per_s" in (err.value.details() or "")

@@ -557,18 +557,28 @@ class WatchStepsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MAX_BUFFER_FIELD_NUMBER: _builtins.int
+    MAX_SAMPLES_PER_S_FIELD_NUMBER: _builtins.int
     max_buffer: _builtins.int
     """Samples buffered for this watcher before the oldest are dropped; 0 means the worker's
     default (4096).
+    """
+    max_samples_per_s: _builtins.float
+    """0 (unset): every step. Otherwise at most this many samples per second of the worker's
+    clock for each of the two kinds of step (with a prefill chunk; decode only): a step is sent
+    only when it started at least 1 / max_samples_per_s after the last step of its kind sent to
+    this watcher (each sample sent is one real step, not a merge; the steps passed over are not
+    counted in `dropped`). Negative or not finite: INVALID_ARGUMENT. A worker that
+    predates the field sends every step.
     """
     def __init__(
         self,
         *,
         max_buffer: _builtins.int = ...,
+        max_samples_per_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_buffer", b"max_buffer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_buffer", b"max_buffer", "max_samples_per_s", b"max_samples_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
