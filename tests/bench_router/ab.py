@@ -37,6 +37,7 @@ from tests.bench_router.run import (
     _cpu_s,
     _free_port,
     _router_args,
+    _router_pythonpath,
     _wait_file,
     _wait_http,
     chat_body,
@@ -81,7 +82,7 @@ def main() -> None:
         ):
             env = dict(os.environ)
             if src:
-                env["PYTHONPATH"] = str(Path(src).resolve())
+                env["PYTHONPATH"] = _router_pythonpath(src)
             for kv in extra:
                 k, _, v = kv.partition("=")
                 env[k] = v

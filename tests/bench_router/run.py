@@ -500,7 +500,7 @@ def main() -> None:
         http_port = _free_port()
         router_env = None
         if args.router_src:
-            router_env = {**os.environ, "PYTHONPATH": str(Path(args.router_src).resolve())}
+            router_env = {**os.environ, "PYTHONPATH": _router_pythonpath(args.router_src)}
 
         def start_rows_router() -> subprocess.Popen[bytes]:
             proc = procs.spawn(
@@ -608,6 +608,15 @@ def main() -> None:
             Path(args.logs).write_text(procs.log_tails())
         save()
     print(out.read_text())
+
+
+def _router_pythonpath(router_src: str) -> str:
+    """`--router-src`'s tree first, then the inherited `PYTHONPATH` less this tree's `src/`
+    (a source-tree run keeps its dependencies there: dropping them broke the older router)."""
+    own = (Path(__file__).resolve().parents[2] / "src").resolve()
+    rest = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    kept = [e for e in rest if Path(e).resolve() != own]
+    return os.pathsep.join([str(Path(router_src).resolve()), *kept])
 
 
 def _absolute_pythonpath() -> None:
