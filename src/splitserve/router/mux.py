@@ -63,6 +63,7 @@ class MuxStream:
         "_timer",
         "_waiter",
         "deadline",
+        "lane",
     )
 
     def __init__(
@@ -79,6 +80,8 @@ class MuxStream:
         self._call: Any = None
         """The per-request call that replaced this sub-request (the worker has no Multiplex)."""
         self.deadline: float | None = None
+        self.lane: Any = None
+        """A `fast_lane.FastLane` that may handle a chunk in the reader (None: none)."""
         self._timer: asyncio.TimerHandle | None = None
         if timeout_s is not None:
             self.deadline = due = self._loop.time() + timeout_s
@@ -87,6 +90,21 @@ class MuxStream:
     # -- fed by the link ------------------------------------------------------------------------
 
     def _push(self, item: Any) -> None:
+        lane = self.lane
+        if lane is not None and not self._items:
+            w = self._waiter
+            # Only while the request's task is parked in `read` with nothing queued: every
+            # level of its chain is then where it is before its next chunk (`fast_lane`).
+            if w is not None and not w.done():
+                try:
+                    if lane.offer(self, item):
+                        return
+                except Exception as err:  # the reader serves every request: fail this one alone
+                    log.exception("the fast lane of a %s sub-request failed", self._link.name)
+                    self.lane = None
+                    self._link._cancel(self._sid)
+                    self._end(err)
+                    return
         self._items.append(item)
         self._wake()
 
