@@ -65,7 +65,7 @@ def enabled_from_env(environ: dict[str, str] | None = None) -> bool:
 class FastLane:
     """One streamed request's lane (see the module's docstring)."""
 
-    __slots__ = ("detok", "fmt", "on_tokens", "out", "sub", "taken", "with_usage")
+    __slots__ = ("detok", "fmt", "held", "on_tokens", "out", "sub", "taken", "with_usage")
 
     taken_total: ClassVar[int] = 0
     """Chunks that took a lane in this process (for tests and the benchmark's counts)."""
@@ -78,6 +78,8 @@ class FastLane:
         self.fmt: Formatter | None = None
         self.with_usage = False
         self.out: EdgeStream | None = None
+        self.held: list[int] = []
+        """Tokens taken from the worker message being read, handled at its end (`flush`)."""
         self.taken = 0
 
     def attach(self, sub: Any, on_tokens: Callable[[tuple[int, ...]], None]) -> None:
@@ -93,14 +95,15 @@ class FastLane:
         sub.lane = None
 
     def offer(self, sub: Any, chunk: common_pb2.TokenChunk) -> bool:
-        """Handle `chunk` here (True) or leave it to the request's task (False). Called by the
-        link's reader only while the task is parked in `sub.read()` with nothing queued."""
-        out, fmt, detok, on_tokens = self.out, self.fmt, self.detok, self.on_tokens
+        """Take `chunk` (True: the reader calls `flush` at the end of the worker message it is
+        reading) or leave it to the request's task (False). Called by the link's reader only
+        while the task is parked in `sub.read()` with nothing queued."""
+        out = self.out
         if (
             out is None
-            or fmt is None
-            or detok is None
-            or on_tokens is None
+            or self.fmt is None
+            or self.detok is None
+            or self.on_tokens is None
             or sub is not self.sub
             or chunk.finish_reason != _UNFINISHED
             or chunk.logprobs
@@ -108,11 +111,21 @@ class FastLane:
             or not out.writable
         ):
             return False
-        tokens = tuple(chunk.token_ids)
-        on_tokens(tokens)  # `Dispatch._decode_any` and `Dispatch.chunks`' work for the chunk
-        text = detok.push(tokens)  # `Generator.stream`'s (no stop strings)
-        if text:  # `stream_body`'s plain delta, then `EdgeSseResponse`'s write
-            out.write_chunk_now(fmt.delta_event(text, with_usage=self.with_usage))
+        # Chunks of one worker message are handled as one, as the request's task handles the
+        # chunks queued together (`mux._merge`): one detokenize step, one event, one write.
+        self.held.extend(chunk.token_ids)
         self.taken += 1
         FastLane.taken_total += 1
         return True
+
+    def flush(self) -> None:
+        """What the request's task does with a mid-stream chunk, for the tokens taken."""
+        tokens = tuple(self.held)
+        self.held.clear()
+        out, fmt, detok, on_tokens = self.out, self.fmt, self.detok, self.on_tokens
+        if not tokens or out is None or fmt is None or detok is None or on_tokens is None:
+            return
+        on_tokens(tokens)  # `Dispatch._decode_any`'s and `Dispatch.chunks`' work
+        text = detok.push(tokens)  # `Generator.stream`'s (no stop strings)
+        if text:  # `stream_body`'s plain delta, then `EdgeSseResponse`'s write
+            out.write_chunk_now(fmt.delta_event(text, with_usage=self.with_usage))

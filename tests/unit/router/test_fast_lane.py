@@ -262,3 +262,35 @@ def test_the_switch_reads_its_variable() -> None:
     assert enabled_from_env({ENV: "0"}) is False
     with pytest.raises(ValueError, match=ENV):
         enabled_from_env({ENV: "yes"})
+
+
+async def test_a_failure_in_the_lane_fails_its_request_alone(
+    make_worker: WorkerFactory, make_stack: StackFactory, tokenizer: TextTokenizer
+) -> None:
+    w = await make_worker(Role.MIXED, completion=tuple(tokenizer.encode(TEXT)))
+    w.script.token_delay_s = _DELAY_S
+    stack = await make_stack(w)
+    gen = stack.generator
+    request = gen.build_request("boom", tokenizer.encode("Foxes"), GenerationParams(max_tokens=20))
+    lane = FastLane()
+    chunks = gen.stream(request, (), lane)
+    first = await anext(chunks)
+    assert lane.detok is not None
+
+    def boom(token_ids: Any) -> str:
+        raise RuntimeError("scripted detokenizer failure")
+
+    lane.detok.push = boom  # type: ignore[method-assign]
+    fmt = wire.Formatter(chat=True, response_id="chatcmpl-x", created=1, model=MODEL)
+    body = stream_body(fmt, first, chunks, include_usage=True, lane=lane)
+    response = EdgeSseResponse(body, ClientLink(), EdgeStream(_Cycle()), None, lane=lane)
+    with pytest.raises(RuntimeError, match="scripted detokenizer failure"):
+        await response({}, None, None)
+    await stack.dispatcher.drain_background()
+    assert "boom" in w.cancelled
+    # The worker's link still serves the next request, through the lane.
+    cycle = _Cycle()
+    lane = await _drive(stack, cycle, tokenizer, lane_on=True, rid="after")
+    assert lane is not None
+    assert lane.taken > 0
+    assert cycle.response_complete
