@@ -294,3 +294,21 @@ async def test_a_failure_in_the_lane_fails_its_request_alone(
     assert lane is not None
     assert lane.taken > 0
     assert cycle.response_complete
+
+
+def test_the_lanes_write_is_the_responses_framing() -> None:
+    """The lane writes `fmt.delta_event(text)` framed as `EdgeSseResponse` frames a body part:
+    for the same text, the same bytes as the task's path (`stream_body`'s plain delta)."""
+    from splitserve.router.http_sse import _chunk
+    from splitserve.router.openai_stream import sse
+
+    cycle = _Cycle()
+    fmt = wire.Formatter(chat=True, response_id="chatcmpl-x", created=1, model=MODEL)
+    event = fmt.delta_event('a "quoted" é\n', with_usage=True)
+    assert event == sse(fmt.chunk('a "quoted" é\n', None, with_usage=True))
+    EdgeStream(cycle).write_chunk_now(event)
+    assert cycle.transport.writes == [_chunk(event)]
+    cycle.flow.write_paused = True
+    assert not EdgeStream(cycle).writable
+    cycle.flow.write_paused, cycle.disconnected = False, True
+    assert not EdgeStream(cycle).writable
