@@ -290,9 +290,9 @@ async def test_a_failure_in_the_lane_fails_its_request_alone(
     assert "boom" in w.cancelled
     # The worker's link still serves the next request, through the lane.
     cycle = _Cycle()
-    lane = await _drive(stack, cycle, tokenizer, lane_on=True, rid="after")
-    assert lane is not None
-    assert lane.taken > 0
+    after = await _drive(stack, cycle, tokenizer, lane_on=True, rid="after")
+    assert after is not None
+    assert after.taken > 0
     assert cycle.response_complete
 
 
