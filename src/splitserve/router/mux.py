@@ -117,7 +117,11 @@ class MuxStream:
             self.lane = None
             if not self._ended:
                 self._link._cancel(self._sid)
-                self._end(err)
+            # Also when the stream had ended (its last chunk queued): the request fails rather
+            # than finish without the text of the tokens taken.
+            self._items.clear()
+            self._end(err)
+            self._error = err
 
     def _end(self, error: BaseException | None) -> None:
         if self._ended:
