@@ -141,6 +141,9 @@ def main() -> None:
                     "rps": round(sat.done / sat.wall_s, 1),
                     "errors": sat.errors,
                     "ttft_p50_ms_c1": round(percentile(one.ttft_s, 50) * 1e3, 2),
+                    "ttft_p99_ms_c1": round(percentile(one.ttft_s, 99) * 1e3, 2),
+                    "ttft_p50_ms_c32": round(percentile(sat.ttft_s, 50) * 1e3, 2),
+                    "ttft_p99_ms_c32": round(percentile(sat.ttft_s, 99) * 1e3, 2),
                     "load": round(os.getloadavg()[0], 1),
                 }
                 if len(each) > 1:

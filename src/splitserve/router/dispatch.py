@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,6 +58,7 @@ from splitserve.router import messages
 from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
 from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
+from splitserve.router.fast_lane import FastLane
 from splitserve.router.kv_source import is_member, kv_source_problem
 from splitserve.router.ledger import Ledger
 from splitserve.router.mux import MuxLink, MuxLinks, MuxStream
@@ -134,6 +135,12 @@ class StallTimer:
             return None
         assert isinstance(chunk, common_pb2.TokenChunk)
         return chunk
+
+    def restart(self) -> None:
+        """A chunk was taken by the fast lane (`fast_lane`) while a read waits: the wait for
+        the next token starts now, as a new read would."""
+        if self._since is not None:
+            self._since = self._loop.time()
 
     def _check(self) -> None:
         self._handle = None
@@ -281,6 +288,9 @@ class Dispatch:
         self._predicted_tpot_s: float | None = None
         """The decode worker's predicted TPOT with this request, at placement."""
         self._sampling: common_pb2.SamplingParams | None = None
+        self.lane: FastLane | None = None
+        """Set by the consumer before `chunks()` runs: mid-stream chunks of a `Multiplex`
+        decode may be handled in the link's reader (`fast_lane`)."""
 
     @property
     def num_output_tokens(self) -> int:
@@ -616,6 +626,9 @@ class Dispatch:
             num_before = len(emitted)
             self._d.pool.acquire(eid)
             stall = StallTimer(stall_s)
+            lane = self.lane
+            if lane is not None and type(call) is MuxStream:
+                lane.attach(call, self._lane_bookkeeping(emitted, stall))
             try:
                 # The worker's stream read here (no generator layer of its own).
                 try:
@@ -659,6 +672,8 @@ class Dispatch:
                         kv_lost=err.code() == grpc.StatusCode.ABORTED,
                     ) from err
                 finally:
+                    if lane is not None and type(call) is MuxStream:
+                        lane.detach(call)
                     stall.close()
                     call.cancel()
             except _WorkerFailed as err:
@@ -676,6 +691,20 @@ class Dispatch:
                 self._trace.end("decode")
                 self._d.pool.release(eid)
         raise WorkersFailed(f"no decode worker could finish request {self.request.id}")
+
+    def _lane_bookkeeping(
+        self, emitted: list[int], stall: StallTimer
+    ) -> Callable[[tuple[int, ...]], None]:
+        """What `_decode_any` and `chunks` do for a mid-stream chunk, for the fast lane: the
+        tokens kept for a take-over, the stall timer's wait restarted, `_account`."""
+        account = self._account
+
+        def on_tokens(tokens: tuple[int, ...]) -> None:
+            emitted.extend(tokens)
+            stall.restart()
+            account(Chunk(tokens))
+
+        return on_tokens
 
     def _decode_call(
         self,

@@ -20,6 +20,7 @@ from splitserve.policy.admission.classes import BadOverride
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
 from splitserve.router.dispatch import Dispatcher
 from splitserve.router.errors import InvalidRequest, RouterShuttingDown
+from splitserve.router.fast_lane import FastLane, enabled_from_env
 from splitserve.router.request_log import RequestLog
 from splitserve.router.stops import StopStrings
 from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing, tools_chars
@@ -117,7 +118,11 @@ class Generator:
         default_max_tokens: int | None,
         request_log: RequestLog | None = None,
         edge: EdgeSettings | None = None,
+        fast_lane: bool | None = None,
     ) -> None:
+        """`fast_lane`: let plain mid-stream chunks be handled in the worker link's reader
+        (`router.fast_lane`); None: `SPLITSERVE_ROUTER_FAST_LANE` (default on)."""
+        self.fast_lane = enabled_from_env() if fast_lane is None else fast_lane
         self.request_log = request_log
         """When set, each completed request is written to it (`router.request_log`)."""
         self.dispatcher = dispatcher
@@ -305,10 +310,17 @@ class Generator:
             raise InvalidRequest(f"x-slo-class: {err}", "x-slo-class") from err
         return cls.name
 
+    def lane(self) -> FastLane | None:
+        """A fast lane for one streamed request (None when the lane is off)."""
+        return FastLane() if self.fast_lane else None
+
     async def stream(
-        self, request: Request, stop: Sequence[str] = ()
+        self, request: Request, stop: Sequence[str] = (), lane: FastLane | None = None
     ) -> AsyncGenerator[TextChunk, None]:
         """Run `request`; yield text as it becomes final. Close early to cancel the request.
+
+        `lane`: mid-stream chunks may be handled in the worker link's reader (`fast_lane`);
+        not with stop strings, which are matched here.
 
         Raises whatever `Dispatch.chunks()` raises (placement, rejection, worker failures).
         """
@@ -317,6 +329,10 @@ class Generator:
             self.tokenizer, request.prompt_token_ids[-INITIAL_CONTEXT_TOKENS:]
         )
         stops = StopStrings(stop) if stop else None
+        if lane is not None and stops is None:
+            # Stop strings need this task (the cut, `dispatch.stop()`): no lane with them.
+            lane.detok = detok
+            dispatch.lane = lane
         final: TextChunk | None = None
         first_token_s: float | None = None
         running = _Running()

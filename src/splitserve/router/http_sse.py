@@ -31,6 +31,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final
 
 from splitserve.router.client_link import ClientGone, ClientLink
+from splitserve.router.fast_lane import FastLane
 
 STREAM_KEY: Final = "splitserve.edge_stream"
 """The ASGI scope key holding the request's `EdgeStream`."""
@@ -100,6 +101,19 @@ class EdgeStream:
         if not cycle.disconnected:
             cycle.transport.write(data)
 
+    @property
+    def writable(self) -> bool:
+        """Bytes written now leave without waiting: not paused by flow control (the write
+        buffer is under its high-water mark) and the client is still there."""
+        cycle = self._cycle
+        return not cycle.flow.write_paused and not cycle.disconnected
+
+    def write_chunk_now(self, body: bytes) -> None:
+        """One event framed as an HTTP chunk, written now (the fast lane's write)."""
+        cycle = self._cycle
+        if not cycle.disconnected:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+
     def complete(self) -> None:
         """The body is out: what uvicorn's `send` does after the last body message."""
         cycle = self._cycle
@@ -124,7 +138,7 @@ class EdgeSseResponse:
     `ClientLink`, and the body generator is closed (which cancels the request on its workers).
     """
 
-    __slots__ = ("_body", "_headers", "_hold_first", "_link", "_stream")
+    __slots__ = ("_body", "_headers", "_hold_first", "_lane", "_link", "_stream")
 
     def __init__(
         self,
@@ -134,10 +148,15 @@ class EdgeSseResponse:
         headers: dict[str, str] | None = None,
         *,
         hold_first: bool = False,
+        lane: FastLane | None = None,
     ) -> None:
         """`hold_first`: the first event carries no text (a chat stream's role chunk), so it
         may wait for the next one: the two leave in one write if the body produces the next
-        without waiting, else the first leaves at the end of the current step."""
+        without waiting, else the first leaves at the end of the current step.
+
+        `lane`: the body's request's fast lane; it may write on the connection while this
+        holds nothing pending (`fast_lane`)."""
+        self._lane = lane
         self._body = body
         self._link = link
         self._stream = stream
@@ -157,11 +176,14 @@ class EdgeSseResponse:
         pending: list[bytes] = [out.head(self._headers)]
         """Bytes not yet written: the head, and a held first event."""
         hold = self._hold_first
+        lane = self._lane
 
         def flush() -> None:  # the body is waiting: what is pending leaves now
             if pending:
                 out.write_now(b"".join(pending))
                 pending.clear()
+            if lane is not None:
+                lane.out = out  # nothing pending: the lane's writes keep the order
 
         flushing = loop.call_soon(flush)  # the head alone, if the body waits before an event
         try:
@@ -181,6 +203,8 @@ class EdgeSseResponse:
                 if last:
                     out.complete()
                     return
+                if lane is not None:
+                    lane.out = out
             flush()
             await out.write(_END)
             out.complete()
@@ -191,5 +215,7 @@ class EdgeSseResponse:
         finally:
             flushing.cancel()
             flush()
+            if lane is not None:
+                lane.out = None
             link.unwatch()
             await body.aclose()

@@ -63,6 +63,7 @@ class MuxStream:
         "_timer",
         "_waiter",
         "deadline",
+        "lane",
     )
 
     def __init__(
@@ -79,6 +80,8 @@ class MuxStream:
         self._call: Any = None
         """The per-request call that replaced this sub-request (the worker has no Multiplex)."""
         self.deadline: float | None = None
+        self.lane: Any = None
+        """A `fast_lane.FastLane` that may handle a chunk in the reader (None: none)."""
         self._timer: asyncio.TimerHandle | None = None
         if timeout_s is not None:
             self.deadline = due = self._loop.time() + timeout_s
@@ -87,8 +90,38 @@ class MuxStream:
     # -- fed by the link ------------------------------------------------------------------------
 
     def _push(self, item: Any) -> None:
+        lane = self.lane
+        if lane is not None and not self._items:
+            w = self._waiter
+            # Only while the request's task is parked in `read` with nothing queued: every
+            # level of its chain is then where it is before its next chunk (`fast_lane`).
+            if w is not None and not w.done():
+                first = not lane.held
+                if lane.offer(self, item):
+                    if first:
+                        self._link._held.append(self)  # flushed at the end of the message
+                    return
         self._items.append(item)
         self._wake()
+
+    def _flush_lane(self) -> None:
+        """The fast lane's tokens of the message just read: detokenized, written."""
+        lane = self.lane
+        if lane is None:
+            return
+        try:
+            lane.flush()
+        except Exception as err:  # the reader serves every request: fail this one alone
+            log.exception("the fast lane of a %s sub-request failed", self._link.name)
+            lane.held.clear()
+            self.lane = None
+            if not self._ended:
+                self._link._cancel(self._sid)
+            # Also when the stream had ended (its last chunk queued): the request fails rather
+            # than finish without the text of the tokens taken.
+            self._items.clear()
+            self._end(err)
+            self._error = err
 
     def _end(self, error: BaseException | None) -> None:
         if self._ended:
@@ -210,6 +243,8 @@ class MuxLink:
         self._write_wake = asyncio.Event()
         self._confirmed = False
         """The worker sent something on the current stream: it serves Multiplex."""
+        self._held: list[MuxStream] = []
+        """Sub-requests whose fast lane took chunks of the message being read."""
 
     # -- opening sub-requests -------------------------------------------------------------------
 
@@ -349,6 +384,11 @@ class MuxLink:
                                 _CODES.get(code, grpc.StatusCode.UNKNOWN), ev.status.details
                             )
                         )
+                held = self._held
+                if held:
+                    for sub in held:
+                        sub._flush_lane()
+                    held.clear()
         except aio.AioRpcError as err:
             error = err
             if err.code() == grpc.StatusCode.UNIMPLEMENTED and not self._confirmed:
@@ -367,6 +407,7 @@ class MuxLink:
             return
         self._call = None
         self._pending = worker_pb2.MuxRequest()
+        self._held.clear()
         self._write_wake.set()  # lets the writer see the call is gone
         subs, self._subs = self._subs, {}
         if subs and not isinstance(error, _Unsupported):

@@ -217,7 +217,8 @@ class OpenAiApi:
         tools: ToolPlan = NO_TOOLS,
     ) -> Response | SseResponse | EdgeSseResponse:
         headers = {_ID_HEADER: client_id} if client_id is not None else None
-        chunks = self.generator.stream(request, req.stop_strings())
+        lane = self.generator.lane() if req.stream else None  # `fast_lane`
+        chunks = self.generator.stream(request, req.stop_strings(), lane)
         if not req.stream:
             try:
                 text, last = await unless_disconnected(http, collect(chunks))
@@ -253,12 +254,13 @@ class OpenAiApi:
             include_usage=req.include_usage,
             continuous_usage=continuous,
             tools=tools.stream(),
+            lane=lane,
         )
         link = link_of(http.scope)
         if link is not None:  # served by the router's own HTTP protocol: the lean response
             stream = stream_of(http.scope)
             if stream is not None:  # written on the transport directly (`http_sse`)
-                return EdgeSseResponse(body, link, stream, headers, hold_first=fmt.chat)
+                return EdgeSseResponse(body, link, stream, headers, hold_first=fmt.chat, lane=lane)
             return SseResponse(body, link, headers)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 

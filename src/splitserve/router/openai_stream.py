@@ -20,6 +20,7 @@ from splitserve.core.errors import SplitserveError
 from splitserve.core.request import TokenLogprobs
 from splitserve.router import openai_models as wire
 from splitserve.router.client_link import ClientGone, ClientLink, link_of
+from splitserve.router.fast_lane import FastLane
 from splitserve.router.generation import TextChunk, Usage
 from splitserve.router.openai_errors import api_error_from
 from splitserve.router.openai_tools import ToolStream
@@ -93,12 +94,15 @@ async def stream_body(
     include_usage: bool,
     continuous_usage: int | None = None,
     tools: ToolStream | None = None,
+    lane: FastLane | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """SSE events for a stream whose first chunk the caller already has.
 
     `continuous_usage`: the prompt's token count, to put the usage so far on every chunk
     (vLLM's `stream_options.continuous_usage_stats`); None: only the last chunk has usage.
     `tools`: reads tool calls out of the text (the deltas carry content and `tool_calls`).
+    `lane`: a plain stream's mid-stream deltas may be written by the worker link's reader
+    (`fast_lane`); not with continuous usage, log probabilities or tools (built here).
     """
     usage: Usage | None = None
     num_out = 0
@@ -110,6 +114,8 @@ async def stream_body(
             yield sse(fmt.role_chunk(with_usage=include_usage, usage=first_usage))
         chunk: TextChunk | None = first
         with_logprobs = fmt.logprobs is not None
+        if lane is not None and continuous_usage is None and not with_logprobs and tools is None:
+            lane.fmt, lane.with_usage = fmt, include_usage
         while chunk is not None:
             num_out += len(chunk.token_ids)
             final = chunk.finish_reason is not None
@@ -149,6 +155,8 @@ async def stream_body(
     except SplitserveError as err:
         tail = sse(api_error_from(err).body())
     finally:
+        if lane is not None:
+            lane.fmt = None
         await chunks.aclose()
     yield tail + DONE
 
