@@ -67,3 +67,16 @@ def test_jobs_refused_where_it_cannot_act(tmp_path: Path) -> None:
         runner.run_reproduction("tetriinfer", True, tmp_path, jobs=2)
     with pytest.raises(ValueError, match="jobs must be at least 1"), parallel(0):
         pass
+
+
+def test_cli_refuses_jobs_it_cannot_use() -> None:
+    from click.testing import CliRunner
+
+    from splitserve.cli.sim import sim
+
+    res = CliRunner().invoke(sim, ["reproduce", "tetriinfer", "--quick", "--jobs", "2"])
+    assert res.exit_code != 0
+    assert "--jobs acts on alise, bros, distserve" in res.output
+    res = CliRunner().invoke(sim, ["reproduce", "distserve", "--quick", "--jobs", "0"])
+    assert res.exit_code == 2
+    assert "--jobs" in res.output
