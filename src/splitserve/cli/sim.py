@@ -59,11 +59,22 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
     show_default=True,
     help="Step pricing: the roofline, or the nearest model from published GPU measurements.",
 )
-def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str) -> None:
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes for the run's independent probes (distserve, bros, alise); the "
+    "results are the same for every value.",
+)
+def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str, jobs: int) -> None:
     """Re-run PAPER's headline comparison and print paper vs ours."""
     from splitserve.sim import runner
 
-    repro = runner.run_reproduction(paper, quick, out_dir, latency)
+    try:
+        repro = runner.run_reproduction(paper, quick, out_dir, latency, jobs)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from err
     click.echo(repro.markdown())
 
 

@@ -30,8 +30,8 @@ from splitserve.sim.report import (
     requests_csv,
     summary_markdown,
 )
-from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
-from splitserve.sim.reproductions.common import latency_source
+from splitserve.sim.reproductions import PARALLEL, REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions.common import latency_source, parallel
 from splitserve.sim.speed import parse_speed_trace
 from splitserve.sim.validate import Recording, Validation, parse_recording, replay
 from splitserve.sim.validate_steps import (
@@ -110,11 +110,18 @@ def run_scenario(
 
 
 def run_reproduction(
-    paper: str, quick: bool, out_dir: Path | None, latency: str = "roofline"
+    paper: str, quick: bool, out_dir: Path | None, latency: str = "roofline", jobs: int = 1
 ) -> Reproduction:
     """Run one paper's headline comparison; write its table and plots when `out_dir` is set.
-    `latency`: "roofline" or "gpu" (the nearest published GPU-measured model)."""
-    with latency_source(latency):
+    `latency`: "roofline" or "gpu" (the nearest published GPU-measured model). `jobs`: worker
+    processes for the run's independent units (the same results for every value; papers
+    without units run in this process)."""
+    if jobs > 1 and paper not in PARALLEL:
+        raise ValueError(
+            f"--jobs {jobs}: {paper}'s reproduction runs in one process; "
+            f"--jobs acts on {', '.join(sorted(PARALLEL))}"
+        )
+    with latency_source(latency), parallel(jobs):
         repro = REPRODUCTIONS[paper](quick)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

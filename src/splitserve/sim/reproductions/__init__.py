@@ -35,6 +35,10 @@ REPRODUCTIONS: dict[str, Callable[[bool], Reproduction]] = {
     "aladdin": _lazy("splitserve.sim.reproductions.aladdin:aladdin"),
 }
 
+PARALLEL = frozenset({"distserve", "bros", "alise"})
+"""The papers whose runs are split into independent units (`common.parallel_map`), so that
+`--jobs` above 1 acts on them; the others run in one process and refuse it."""
+
 
 def run(paper: str, quick: bool = False, latency: str = "roofline") -> Reproduction:
     """Run `paper`'s reproduction with `latency`'s step pricing (`LATENCY_SOURCES`)."""
@@ -42,4 +46,4 @@ def run(paper: str, quick: bool = False, latency: str = "roofline") -> Reproduct
         return REPRODUCTIONS[paper](quick)
 
 
-__all__ = ["LATENCY_SOURCES", "REPRODUCTIONS", "Reproduction", "run"]
+__all__ = ["LATENCY_SOURCES", "PARALLEL", "REPRODUCTIONS", "Reproduction", "run"]

@@ -48,6 +48,7 @@ from splitserve.sim.reproductions.common import (
     Reproduction,
     gpu_or,
     latency_note,
+    parallel_map,
     pricing,
 )
 from splitserve.sim.workload import PRESETS, LengthDist, LogNormal, WorkItem
@@ -216,13 +217,22 @@ def rate_at_bound(curve: Sequence[tuple[float, float]], bound: float) -> float:
 Curves = dict[str, list[tuple[float, Outcome]]]
 
 
-def curves(dataset: Dataset, plan: Mapping[str, Sequence[float]], seconds: float) -> Curves:
-    """Each named system at each of its rates."""
+def _curve_calls(
+    dataset: Dataset, plan: Mapping[str, Sequence[float]], seconds: float
+) -> list[tuple[object, ...]]:
+    """`run`'s arguments for each named system at each of its rates, in `plan` order."""
     found = systems(dataset)
-    return {
-        name: [(r, run(found[name], dataset, r, seconds)) for r in rates]
-        for name, rates in plan.items()
-    }
+    return [(found[name], dataset, r, seconds) for name, rates in plan.items() for r in rates]
+
+
+def _as_curves(plan: Mapping[str, Sequence[float]], outcomes: Sequence[Outcome]) -> Curves:
+    done = iter(outcomes)
+    return {name: [(r, next(done)) for r in rates] for name, rates in plan.items()}
+
+
+def curves(dataset: Dataset, plan: Mapping[str, Sequence[float]], seconds: float) -> Curves:
+    """Each named system at each of its rates (each point a `parallel_map` unit)."""
+    return _as_curves(plan, parallel_map(run, _curve_calls(dataset, plan, seconds)))
 
 
 def bound_rate(c: Curves, name: str) -> float:
@@ -285,7 +295,14 @@ def alise(quick: bool = False) -> Reproduction:
         }
     else:
         plan = dict.fromkeys(systems(SHAREGPT), SHAREGPT.rates)
-    share = curves(SHAREGPT, plan, seconds)
+    alpaca_plan = dict.fromkeys(("vLLM", "ALISE", "Defer", "Recompute"), ALPACA.rates)
+    # ShareGPT's points and (full run) Alpaca's in one batch, so `--jobs` spreads all.
+    calls = _curve_calls(SHAREGPT, plan, seconds)
+    if not quick:
+        calls += _curve_calls(ALPACA, alpaca_plan, ALPACA_SECONDS)
+    points = parallel_map(run, calls)
+    share = _as_curves(plan, points)
+    alpaca = _as_curves(alpaca_plan, points[sum(map(len, plan.values())) :]) if not quick else {}
     comparisons = [
         Comparison(
             "ShareGPT: throughput at 200 ms/token, ALISE / vLLM",
@@ -298,8 +315,9 @@ def alise(quick: bool = False) -> Reproduction:
     ]
     fig9_rate = bound_rate(share, "vLLM")
     found = systems(SHAREGPT)
-    base = run(found["vLLM"], SHAREGPT, fig9_rate, seconds)
-    ours = run(found["ALISE"], SHAREGPT, fig9_rate, seconds)
+    base, ours = parallel_map(
+        run, [(found[name], SHAREGPT, fig9_rate, seconds) for name in ("vLLM", "ALISE")]
+    )
     comparisons.append(
         Comparison(
             "ShareGPT: mean response latency reduction vs FCFS (Fig. 9)",
@@ -329,8 +347,6 @@ def alise(quick: bool = False) -> Reproduction:
             f"ShareGPT Oracle / vLLM throughput at the bound: "
             f"{bound_rate(share, 'Oracle') / bound_rate(share, 'vLLM'):.2f}×."
         )
-        names = ("vLLM", "ALISE", "Defer", "Recompute")
-        alpaca = curves(ALPACA, dict.fromkeys(names, ALPACA.rates), ALPACA_SECONDS)
         comparisons.append(
             Comparison(
                 "Alpaca: throughput at 200 ms/token, ALISE / vLLM",

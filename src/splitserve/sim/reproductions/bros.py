@@ -47,6 +47,7 @@ from splitserve.sim.reproductions.common import (
     Reproduction,
     gpu_or,
     latency_note,
+    parallel_map,
     pricing,
 )
 from splitserve.sim.workload import LogNormal, Poisson, Uniform, WorkItem
@@ -324,18 +325,31 @@ def _line(ds: str, rate: float, name: str, o: Outcome) -> str:
 SYSTEMS: Mapping[str, tuple[str, Mapping[str, object]]] = {"vLLM": VLLM, "RR": RR, "BROS": BROS}
 
 
-def _ablations(lines: list[str]) -> list[Comparison]:
-    """Full run only: the RT-only microbenchmark (§7.3) and the Bi-cache ablation (§7.4)."""
+def _ablation_calls() -> list[tuple[object, ...]]:
+    """`run`'s arguments for the full run's ablations: per MICRO_RATES vLLM and RT-only BROS
+    without BE, then BROS with and without Bi-cache on OPT-30B."""
     sharegpt = DATASETS[0]
-    cuts: list[float] = []
+    calls: list[tuple[object, ...]] = []
     for rate in MICRO_RATES:
-        vllm = run(VLLM, sharegpt, rate, TRACE_S, with_be=False)
-        rt_only = run(RT_ONLY, sharegpt, rate, TRACE_S, with_be=False)
+        calls.append((VLLM, sharegpt, rate, TRACE_S, None, 2, False))
+        calls.append((RT_ONLY, sharegpt, rate, TRACE_S, None, 2, False))
+    calls.append((BROS, sharegpt, ABLATION_RATE, TRACE_S, OPT_30B, 4))
+    calls.append((NO_BICACHE, sharegpt, ABLATION_RATE, TRACE_S, OPT_30B, 4))
+    return calls
+
+
+def _ablations(lines: list[str], outcomes: Sequence[Outcome] | None = None) -> list[Comparison]:
+    """Full run only: the RT-only microbenchmark (§7.3) and the Bi-cache ablation (§7.4).
+    `outcomes`: `run` over `_ablation_calls()`, when already run (else run here)."""
+    if outcomes is None:
+        outcomes = parallel_map(run, _ablation_calls())
+    cuts: list[float] = []
+    for i, rate in enumerate(MICRO_RATES):
+        vllm, rt_only = outcomes[2 * i], outcomes[2 * i + 1]
         lines.append(_line("RT only", rate, "vLLM", vllm))
         lines.append(_line("RT only", rate, "BROS (no BE phase, no Bi-cache)", rt_only))
         cuts.append(1 - rt_only.norm_latency_s / vllm.norm_latency_s)
-    with_bi = run(BROS, sharegpt, ABLATION_RATE, TRACE_S, OPT_30B, tp=4)
-    without = run(NO_BICACHE, sharegpt, ABLATION_RATE, TRACE_S, OPT_30B, tp=4)
+    with_bi, without = outcomes[2 * len(MICRO_RATES) :]
     lines.append(_line("OPT-30B", ABLATION_RATE, "BROS", with_bi))
     lines.append(_line("OPT-30B", ABLATION_RATE, "BROS, No Bi-cache", without))
     return [
@@ -370,24 +384,47 @@ Sweep = dict[str, dict[str, list[Outcome]]]
 """dataset -> system -> one outcome per rate."""
 
 
-def sweep(quick: bool) -> Sweep:
-    """Every system on every (dataset, rate) of the run."""
+def _sweep_calls(quick: bool) -> list[tuple[object, ...]]:
+    """`run`'s arguments for every system on every (dataset, rate) of the run, in `Sweep`
+    order (dataset, system, rate)."""
     rates = QUICK_RATES if quick else RATES
     trace_s = QUICK_TRACE_S if quick else TRACE_S
-    out: Sweep = {}
-    for ds in DATASETS[:1] if quick else DATASETS:
-        out[ds.name] = {
-            name: [run(system, ds, rate, trace_s) for rate in rates]
-            for name, system in SYSTEMS.items()
-        }
-    return out
+    return [
+        (system, ds, rate, trace_s)
+        for ds in (DATASETS[:1] if quick else DATASETS)
+        for system in SYSTEMS.values()
+        for rate in rates
+    ]
+
+
+def _as_sweep(quick: bool, outcomes: Sequence[Outcome]) -> Sweep:
+    rates = QUICK_RATES if quick else RATES
+    found = iter(outcomes)
+    return {
+        ds.name: {name: [next(found) for _ in rates] for name in SYSTEMS}
+        for ds in (DATASETS[:1] if quick else DATASETS)
+    }
+
+
+def sweep(quick: bool) -> Sweep:
+    """Every system on every (dataset, rate) of the run (each point a `parallel_map` unit)."""
+    return _as_sweep(quick, parallel_map(run, _sweep_calls(quick)))
 
 
 def bros(quick: bool = False) -> Reproduction:
-    return reproduction(sweep(quick), quick)
+    if quick:
+        return reproduction(sweep(quick), quick)
+    # Full run: the sweep's points and the ablations' in one batch, so `--jobs` spreads all.
+    calls = _sweep_calls(quick)
+    outcomes = parallel_map(run, calls + _ablation_calls())
+    return reproduction(_as_sweep(quick, outcomes[: len(calls)]), quick, outcomes[len(calls) :])
 
 
-def reproduction(results: Sweep, quick: bool) -> Reproduction:
+def reproduction(
+    results: Sweep, quick: bool, ablations: Sequence[Outcome] | None = None
+) -> Reproduction:
+    """The rows and notes of `results`; the full run's ablations are run unless `ablations`
+    (`run` over `_ablation_calls()`) is given."""
     rates = QUICK_RATES if quick else RATES
     trace_s = QUICK_TRACE_S if quick else TRACE_S
     comparisons: list[Comparison] = []
@@ -404,7 +441,7 @@ def reproduction(results: Sweep, quick: bool) -> Reproduction:
             )
         )
     if not quick:
-        comparisons += _ablations(lines)
+        comparisons += _ablations(lines, ablations)
     notes = [
         f"Set-up: OPT-13B, A100-40GB, TP 2, one colocated instance ({pricing()}); vLLM = FCFS, no "
         "chunked prefill, prompts first; RR = BROS engine with RT/BE round-robin; BROS defaults "

@@ -6,10 +6,13 @@ Pure: the runner prints a `Reproduction` and writes its plots.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import multiprocessing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from splitserve.core.perf import (
     HARDWARE,
@@ -45,6 +48,56 @@ def latency_source(name: str) -> Iterator[None]:
 def use_gpu_models() -> bool:
     """True inside `latency_source("gpu")`."""
     return _LATENCY.get() == "gpu"
+
+
+_POOL: ContextVar[Executor | None] = ContextVar("reproduction_pool", default=None)
+_T = TypeVar("_T")
+
+
+@contextmanager
+def parallel(jobs: int) -> Iterator[None]:
+    """Run the independent units (`parallel_map`) of the reproductions inside in `jobs` worker
+    processes (1: in this process). Each unit is a deterministic function of its arguments
+    (its own seeded generators), so the results are the same for every `jobs`; only the
+    order in which units finish differs, and `parallel_map` returns them in call order.
+    Workers are spawned, not forked: a fresh interpreter imports the package, so nothing of
+    this process's state (threads, numpy's pools) is copied half-way."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if jobs == 1:
+        token = _POOL.set(None)
+        try:
+            yield
+        finally:
+            _POOL.reset(token)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        token = _POOL.set(pool)
+        try:
+            yield
+        finally:
+            _POOL.reset(token)
+
+
+def _unit(latency: str, fn: Callable[..., _T], args: tuple[object, ...]) -> _T:
+    """One unit in a worker: the caller's latency source is set again there (context
+    variables do not cross processes)."""
+    with latency_source(latency):
+        return fn(*args)
+
+
+def parallel_map(fn: Callable[..., _T], calls: Sequence[tuple[object, ...]]) -> list[_T]:
+    """`[fn(*args) for args in calls]`, the calls spread over the worker processes of the
+    enclosing `parallel(jobs)` (in this process outside one). `fn` must be a module-level
+    function and its arguments picklable. All calls are submitted at once, so the longest
+    units start first only if the caller lists them first."""
+    pool = _POOL.get()
+    if pool is None:
+        return [fn(*args) for args in calls]
+    latency = _LATENCY.get()
+    futures = [pool.submit(_unit, latency, fn, args) for args in calls]
+    return [f.result() for f in futures]
 
 
 FIT_HARDWARE = "a100-80g"

@@ -27,6 +27,7 @@ from splitserve.sim.reproductions.common import (
     Comparison,
     Reproduction,
     SystemResult,
+    parallel_map,
     use_gpu_models,
 )
 from splitserve.sim.workload import PRESETS, Fixed, LengthDist, Poisson, WorkItem, synthetic
@@ -95,6 +96,23 @@ def _search(
 
     g = goodput(attainment_at, slo.percentile, 0.5 * gpus, 2.0 * gpus, tolerance)
     return SystemResult(name, gpus, g)
+
+
+def _search_unit(
+    p: int,
+    d: int,
+    engine: str,
+    lengths: tuple[LengthDist, LengthDist],
+    span: tuple[int, float],
+    tolerance: float,
+    slo: SloClass,
+) -> SystemResult:
+    """One system's search, a unit `parallel_map` can send to a worker: `p` = 0 is the
+    colocated vLLM baseline, else `p` prefill and `d` decode instances of `engine`."""
+    if p == 0:
+        return _search("colocated vLLM (1 GPU)", _colocated(), lengths, span, tolerance, slo)
+    spec = _disaggregated(p, d, engine)
+    return _search(f"disaggregated {p}P+{d}D", spec, lengths, span, tolerance, slo)
 
 
 def _best_ratio(systems: Sequence[SystemResult]) -> float:
@@ -168,13 +186,18 @@ def distserve(quick: bool = False) -> Reproduction:
     if not quick:
         workloads[_FIG1_TIGHT] = ((Fixed(512), Fixed(64)), tight, "distserve")
         workloads[_CHAT] = ((sharegpt.prompt, sharegpt.output), _SLO, "distserve")
-    systems: dict[str, tuple[SystemResult, ...]] = {}
-    for wname, (lengths, slo, engine) in workloads.items():
-        found = [_search("colocated vLLM (1 GPU)", _colocated(), lengths, span, tolerance, slo)]
-        for p, d in ratios:
-            spec = _disaggregated(p, d, engine)
-            found.append(_search(f"disaggregated {p}P+{d}D", spec, lengths, span, tolerance, slo))
-        systems[wname] = tuple(found)
+    # Every (workload, system) search is independent: one flat list, so `--jobs` spreads all.
+    placements = [(0, 0), *ratios]
+    calls = [
+        (p, d, engine, lengths, span, tolerance, slo)
+        for lengths, slo, engine in workloads.values()
+        for p, d in placements
+    ]
+    found = parallel_map(_search_unit, calls)
+    n = len(placements)
+    systems: dict[str, tuple[SystemResult, ...]] = {
+        wname: tuple(found[i * n : (i + 1) * n]) for i, wname in enumerate(workloads)
+    }
     fig1 = "per-GPU goodput ratio, disaggregated / colocated"
     comparisons = [
         Comparison(
