@@ -6,9 +6,13 @@ every pair — a new process, so a new NIXL agent, handshake and UCX connection 
 worker — `pairs` times in each variant, the variants interleaved pair by pair (the order
 alternating) so that load from other processes on a shared machine hits both alike:
 
-* `read`: `WarmKv` as the router sends it when a worker joins (handshake, connection and the
-  warm-up READ of vLLM's null block, `nixl.WarmReads`);
-* `noread`: the same `WarmKv` with the warm-up READ off (`SPLITSERVE_KV_WARM_READ=0`).
+* `window`: `WarmKv` as the router sends it when a worker joins (handshake, connection and the
+  warm-up READ of vLLM's null block, `nixl.WarmReads`), the prefill worker asked to progress
+  NIXL meanwhile (`KvEndpointRequest.warm_up_ms`, `nixl.WarmupWindow`);
+* `read`: the same without that window (`SPLITSERVE_KV_WARMUP_MS=0`: before it);
+* `noread`: `read` with the warm-up READ off too (`SPLITSERVE_KV_WARM_READ=0`).
+
+`variants` picks which (default `window` and `read`).
 
 Each fresh decode worker first runs two Generate requests (the one-off costs of a process's
 first forward passes, which are not the pair's), then gets `WarmKv`, then, after `settle_s`
@@ -39,8 +43,13 @@ from splitserve.worker.vllm_adapter.kvbench import (
     stop_worker,
 )
 
-VARIANTS: Mapping[str, str] = {"read": "1", "noread": "0"}
-"""Variant -> `SPLITSERVE_KV_WARM_READ` of its decode workers."""
+VARIANTS: Mapping[str, Mapping[str, str]] = {
+    "window": {"SPLITSERVE_KV_WARM_READ": "1", "SPLITSERVE_KV_WARMUP_MS": ""},
+    "read": {"SPLITSERVE_KV_WARM_READ": "1", "SPLITSERVE_KV_WARMUP_MS": "0"},
+    "noread": {"SPLITSERVE_KV_WARM_READ": "0", "SPLITSERVE_KV_WARMUP_MS": "0"},
+}
+"""Variant -> environment of its decode workers."""
+DEFAULT_VARIANTS = ("window", "read")
 
 
 async def _pair_requests(
@@ -86,6 +95,7 @@ def run_fresh(
     settle_s: float = 1.0,
     trace: bool = False,
     decode_cpu: int = 1,
+    variants: Sequence[str] = DEFAULT_VARIANTS,
 ) -> dict[str, Any]:
     """The runs described in the module doc. Returns {"timings": {variant: [[Timing per
     request] per pair]}, "shape": ..., "trace": {rid: milestones}} (trace only with `trace`)."""
@@ -93,22 +103,25 @@ def run_fresh(
 
     if pairs < 1 or requests < 2:
         raise ValueError("fresh pairs need pairs >= 1 and requests >= 2")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"fresh variants must be some of {list(VARIANTS)}, got {list(variants)}")
     trace_file = run_dir / "kvtrace-fresh.jsonl"
     base = dict(env)
     if trace:
         trace_file.unlink(missing_ok=True)
         base[kvtrace.TRACE_ENV] = str(trace_file)
     kw: dict[str, Any] = {"engine_args": list(engine_args)}
-    timings: dict[str, list[list[Timing]]] = {v: [] for v in VARIANTS}
+    timings: dict[str, list[list[Timing]]] = {v: [] for v in variants}
     starts: list[float] = []
     p = start_worker(run_dir, "prefill", "prefill", model, 0, env=base, **kw)
     tracer = kvtrace.KvTrace(trace_file) if trace else None
     try:
         _warm_prefill(p, max_tokens)
         for i in range(pairs):
-            order = list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]
+            order = list(variants) if i % 2 == 0 else list(variants)[::-1]
             for variant in order:
-                denv = {**base, "SPLITSERVE_KV_WARM_READ": VARIANTS[variant]}
+                denv = {**base, **VARIANTS[variant]}
                 t0 = time.monotonic()
                 d = start_worker(run_dir, f"decode-{variant}-{i}", "decode", model, decode_cpu,
                                  env=denv, **kw)  # fmt: skip
@@ -135,6 +148,7 @@ def run_fresh(
             "max_tokens": max_tokens,
             "settle_s": settle_s,
             "decode_start_s": starts,
+            "variants": list(variants),
         },
     }
     if trace:
@@ -142,7 +156,7 @@ def run_fresh(
         res["trace"] = {
             rid: kvtrace.milestones(ev)
             for rid, ev in events.items()
-            if rid.split("-", 1)[0] in VARIANTS
+            if rid.split("-", 1)[0] in variants
         }
     return res
 
@@ -239,16 +253,21 @@ def report_fresh(res: Mapping[str, Any]) -> str:
         )
     trace = res.get("trace")
     if trace:
-        lines += ["", report_fresh_trace(trace, int(sh["requests"]))]
+        variants = sh.get("variants") or list(res["timings"])
+        lines += ["", report_fresh_trace(trace, int(sh["requests"]), variants)]
     return "\n".join(lines)
 
 
-def report_fresh_trace(trace: Mapping[str, Mapping[str, float]], requests: int) -> str:
+def report_fresh_trace(
+    trace: Mapping[str, Mapping[str, float]],
+    requests: int,
+    variants: Sequence[str] = DEFAULT_VARIANTS,
+) -> str:
     """Median milestone intervals of the first and the last request per variant."""
     from splitserve.worker.vllm_adapter import kvtrace
 
     cols: list[tuple[str, list[Mapping[str, float]]]] = []
-    for variant in VARIANTS:
+    for variant in variants:
         for label, k in (("1st", 0), (ordinal(requests), requests - 1)):
             rows = [
                 m
