@@ -37,11 +37,18 @@ from splitserve.worker.vllm_adapter.kvbench import (
     Client,
     Timing,
     WorkerProc,
+    cpu_seconds,
+    idle_cpu,
     ms,
     prompt_of,
     start_worker,
     stop_worker,
 )
+
+IDLE_AFTER_S = 1.5
+IDLE_S = 2.0
+"""After the settling time, wait `IDLE_AFTER_S` more (past a 2 s warm-up window) and measure
+both workers' idle CPU over `IDLE_S`."""
 
 VARIANTS: Mapping[str, Mapping[str, str]] = {
     "window": {"SPLITSERVE_KV_WARM_READ": "1", "SPLITSERVE_KV_WARMUP_MS": ""},
@@ -61,6 +68,7 @@ async def _pair_requests(
     max_tokens: int,
     settle_s: float,
     trace: Any,
+    cpu: dict[str, float],
 ) -> list[Timing]:
     from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 
@@ -70,10 +78,17 @@ async def _pair_requests(
         for n in (64, 300):  # the decode process's first forward passes: not the pair's cost
             await client.generate(d.address, f"warm-{tag}-{n}", prompt_of(n, seed=-n), max_tokens)
         stub = worker_pb2_grpc.WorkerKvStub(client.channel(d.address))
+        t0, c0 = time.monotonic(), cpu_seconds(p.pid)
         warmed = await stub.WarmKv(worker_pb2.WarmKvRequest(peers=[p.address]), timeout=120)
         if warmed.failed:
             raise RuntimeError(f"WarmKv failed: {list(warmed.failed)}")
         await asyncio.sleep(settle_s)
+        # The prefill worker's share of a core from WarmKv to the end of the settling time (its
+        # warm-up window, if asked for, inside), then both workers' once any window is over.
+        cpu["prefill_warm"] = (cpu_seconds(p.pid) - c0) / (time.monotonic() - t0)
+        await asyncio.sleep(IDLE_AFTER_S)
+        idle = idle_cpu([p, d], IDLE_S)
+        cpu["prefill_idle"], cpu["decode_idle"] = idle[p.name], idle[d.name]
         for k in range(requests):
             prompt = prompt_of(length, seed=zlib.crc32(f"{tag}-{k}".encode()))
             out.append(await client.pd(p.address, d.address, f"{tag}-{k}", prompt, max_tokens))
@@ -113,6 +128,7 @@ def run_fresh(
         base[kvtrace.TRACE_ENV] = str(trace_file)
     kw: dict[str, Any] = {"engine_args": list(engine_args)}
     timings: dict[str, list[list[Timing]]] = {v: [] for v in variants}
+    cpus: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     starts: list[float] = []
     p = start_worker(run_dir, "prefill", "prefill", model, 0, env=base, **kw)
     tracer = kvtrace.KvTrace(trace_file) if trace else None
@@ -126,21 +142,25 @@ def run_fresh(
                 d = start_worker(run_dir, f"decode-{variant}-{i}", "decode", model, decode_cpu,
                                  env=denv, **kw)  # fmt: skip
                 starts.append(time.monotonic() - t0)
+                cpu: dict[str, float] = {}
                 try:
                     got = asyncio.run(
                         _pair_requests(
-                            p, d, f"{variant}-{i}", length, requests, max_tokens, settle_s, tracer
+                            p, d, f"{variant}-{i}", length, requests, max_tokens, settle_s, tracer,
+                            cpu,
                         )
-                    )
+                    )  # fmt: skip
                 finally:
                     stop_worker(d)
                 timings[variant].append(got)
+                cpus[variant].append(cpu)
     finally:
         if tracer is not None:
             tracer.close()
         stop_worker(p)
     res: dict[str, Any] = {
         "timings": timings,
+        "cpu": cpus,
         "shape": {
             "pairs": pairs,
             "length": length,
@@ -197,6 +217,14 @@ def spread(values: Sequence[float]) -> str:
     return f"{ms(statistics.median(values))} ({ms(min(values))}–{ms(max(values))})"
 
 
+def pct(values: Sequence[float]) -> str:
+    """Fractions of a core as `median (min–max)` in %; `n/a` for none."""
+    if not values:
+        return "n/a"
+    med, lo, hi = (100 * x for x in (statistics.median(values), min(values), max(values)))
+    return f"{med:.1f} ({lo:.1f}–{hi:.1f})"
+
+
 def summary(timings: Mapping[str, Sequence[Sequence[Any]]]) -> list[dict[str, Any]]:
     """Per variant and request position (first, second, last): the TTFT and token-1 ->
     token-2 gap of that request over the pairs. Works on `Timing`s or their JSON dicts."""
@@ -251,6 +279,23 @@ def report_fresh(res: Mapping[str, Any]) -> str:
             f"| {row['variant']} | {row['request']} | {row['pairs']} | {spread(row['ttft_s'])} "
             f"| {spread(row['gap_s'])} |"
         )
+    cpu = res.get("cpu")
+    if cpu:
+        lines += [
+            "",
+            "Share of a core, % median (min–max) over the pairs: the prefill worker from WarmKv "
+            f"to {sh['settle_s']:g} s later; then each worker idle over {IDLE_S:g} s, "
+            f"{IDLE_AFTER_S:g} s after that.",
+            "",
+            "| variant | prefill, warm-up | prefill idle | decode idle |",
+            "|---|---:|---:|---:|",
+        ]
+        for variant, per_pair in cpu.items():
+            cells = [
+                pct([c[k] for c in per_pair if k in c])
+                for k in ("prefill_warm", "prefill_idle", "decode_idle")
+            ]
+            lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     trace = res.get("trace")
     if trace:
         variants = sh.get("variants") or list(res["timings"])
