@@ -12,7 +12,8 @@
 # `--runs single --lengths 128,2048 --repeat 5`, `--progress-thread`, `--cold`, `--no-huge-pages`,
 # `--pull-in-step` (the opt-in in-step KV pull), `--trace` (token 1 -> token 2 milestones per P/D
 # request, SPLITSERVE_KV_TRACE), `--runs fresh --fresh-pairs 3` (the first requests on fresh
-# decode workers, warm-up READ on and off; not in the default runs).
+# decode workers; `--fresh-variants window,read,noread`: with the prefill-side warm-up window,
+# without it, without the warm-up READ either; not in the default runs).
 
 KVBENCH_ARGS ?=
 # mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.

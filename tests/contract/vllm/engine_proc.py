@@ -138,6 +138,17 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 value = await engine.warm_kv(cmd[1])
             elif op == "warm_read_descs":
                 value = (engine.kv_warm_read_descs, engine.kv_warm_read_error)
+            elif op == "serve_warmup":  # what KvEndpoint(warm_up_ms) does
+                value = engine.serve_kv_warmup(cmd[1])
+            elif op == "warmup":  # the serving side's window, and this side's warm-up READs
+                w = engine.kv_warmup
+                value = {
+                    "active": w is not None and w.active,
+                    "opened": w.opened if w else 0,
+                    "polls": w.polls if w else 0,
+                    "warm_notifs": w.warm_notifs if w else 0,
+                    "reads_pending": engine.kv_warm_reads_pending,
+                }
             elif op == "release":
                 value = await engine.release_kv(cmd[1])
             elif op == "released":

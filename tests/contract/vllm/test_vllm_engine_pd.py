@@ -183,11 +183,26 @@ def test_a_pair_is_warmed_before_any_request(engines: tuple[EngineProc, EnginePr
     assert endpoint["host"] == "127.0.0.1"
     assert endpoint["port"] not in (0, 5600)
     assert endpoint["tp_size"] == 1
+    # The serving side is told first (WarmKv's KvEndpoint call, `warm_up_ms`): it progresses
+    # NIXL, idle as it is, until the warm-up READ has notified it, then stops.
+    assert decode.call("serve_warmup", 30.0) is True
     assert prefill.call("warm", endpoint) is True, "never pulled in this direction yet"
     # The pair's first READ (vLLM's null block of every KV region) was paid here too.
     descs, error = prefill.call("warm_read_descs")
     assert descs > 0, error
     assert error is None
+    deadline = time.monotonic() + 60.0  # an event awaited, not a time asserted
+    while True:
+        served, pulled = decode.call("warmup"), prefill.call("warmup")
+        if served["warm_notifs"] == 1 and pulled["reads_pending"] == 0:
+            break
+        assert time.monotonic() < deadline, (served, pulled)
+        time.sleep(0.05)
+    assert served["opened"] == 1
+    assert served["polls"] > 0
+    assert not served["active"], "the window closed on the warm-up READ's notification"
+    time.sleep(0.3)
+    assert decode.call("warmup")["polls"] == served["polls"], "idle again: no more polling"
     assert prefill.call("warm", endpoint) is False, "already warm"
     _, own = prefill.call("endpoint")
     assert prefill.call("warm", own) is False, "itself"

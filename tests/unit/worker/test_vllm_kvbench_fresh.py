@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from splitserve.worker.vllm_adapter.kvbench import Timing
-from splitserve.worker.vllm_adapter.kvbench_fresh import ordinal, report_fresh, spread, summary
+from splitserve.worker.vllm_adapter.kvbench_fresh import (
+    ordinal,
+    pct,
+    report_fresh,
+    spread,
+    summary,
+)
 
 
 def _t(ttft_ms: float, gap_ms: float) -> Timing:
@@ -78,3 +84,29 @@ def test_ordinals() -> None:
         "22nd",
         "101st",
     ]
+
+
+def test_report_gives_the_workers_cpu_per_variant() -> None:
+    res = {
+        "shape": {
+            "pairs": 2,
+            "length": 128,
+            "requests": 2,
+            "max_tokens": 8,
+            "settle_s": 1.0,
+            "decode_start_s": [20.0, 21.0],
+            "variants": ["window", "read"],
+        },
+        "timings": {"window": [[_t(10, 30), _t(9, 29)]] * 2, "read": [[_t(11, 40), _t(9, 30)]] * 2},
+        "cpu": {
+            "window": [
+                {"prefill_warm": 0.10, "prefill_idle": 0.01, "decode_idle": 0.02},
+                {"prefill_warm": 0.30, "prefill_idle": 0.03, "decode_idle": 0.02},
+            ],
+            "read": [{"prefill_warm": 0.01, "prefill_idle": 0.01, "decode_idle": 0.01}] * 2,
+        },
+    }
+    text = report_fresh(res)
+    assert "| window | 20.0 (10.0–30.0) | 2.0 (1.0–3.0) | 2.0 (2.0–2.0) |" in text
+    assert "| read | 1.0 (1.0–1.0) | 1.0 (1.0–1.0) | 1.0 (1.0–1.0) |" in text
+    assert pct([]) == "n/a"

@@ -691,12 +691,21 @@ Global___StepSampleBatch: _TypeAlias = StepSampleBatch  # noqa: Y015
 class KvEndpointRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WARM_UP_MS_FIELD_NUMBER: _builtins.int
+    warm_up_ms: _builtins.int
+    """The caller is about to warm a KV pair with this worker (WorkerKv.WarmKv): for up to this
+    many milliseconds, or until the caller's warm-up READ has notified it, this worker progresses
+    its KV transfers (NIXL) even while idle, so the pair's set-up completes before any request.
+    0 (the default): a plain lookup. At most 10000.
+    """
     def __init__(
         self,
+        *,
+        warm_up_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["warm_up_ms", b"warm_up_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -54,11 +54,18 @@ from splitserve.worker.engine import (
     StepSample,
     TokenDelta,
 )
+from splitserve.worker.kv_warm import warmup_ms
 from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.kvtrace import KvTrace
-from splitserve.worker.vllm_adapter.nixl import PullDriver, PullInStep, WarmReads, clip_pulls
+from splitserve.worker.vllm_adapter.nixl import (
+    PullDriver,
+    PullInStep,
+    WarmReads,
+    WarmupWindow,
+    clip_pulls,
+)
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 from splitserve.worker.vllm_adapter.output_history import FirstTokenAsOutput
 from splitserve.worker.vllm_adapter.stats import EngineObserver, KvPullHook, StepHook
@@ -82,6 +89,12 @@ HELD_POLL_ENV = "SPLITSERVE_KV_HELD_POLL_MS"
 """Milliseconds between the engine's steps while it only holds KV for pulls (or has only
 transfers left): how soon a peer's READ completion (its notification) is progressed here.
 Default 5; for comparisons (docs/benchmarks.md, fresh pairs run 3)."""
+WARMUP_POLL_S = 0.001
+"""While a peer warms up with this engine (`serve_kv_warmup`), or this engine's own warm-up READ
+is in flight, the engine thread progresses NIXL this often even while idle (else: every
+`IDLE_WAIT_S` at most, and only its own READs)."""
+IDLE_WAIT_S = 0.05
+"""How long an idle engine thread waits for a command before looking again."""
 WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
 """`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
@@ -217,6 +230,12 @@ class VllmEngine:
         """NIXL descriptors read by `warm_kv`'s warm-up READs (`nixl.WarmReads`)."""
         self._warm_reads = WarmReads()
         self._warm_read = warm_read_on()
+        self._warm_poll_s = warmup_ms() / 1000
+        """How long the engine thread polls its own warm-up READ closely (0: every
+        `IDLE_WAIT_S`, as before `SPLITSERVE_KV_WARMUP_MS`)."""
+        self._warm_poll_until = 0.0
+        self._warmup: WarmupWindow | None = None
+        """Progresses NIXL while peers warm up with this engine (`serve_kv_warmup`)."""
         self._held_poll_s = held_poll_s()
         self.kv_warm_read_error: str | None = None
         """Why the latest warm-up READ was not made (the pair works without it)."""
@@ -457,7 +476,9 @@ class VllmEngine:
             if not self._warm_read:
                 return 0
             try:
-                return self._warm_reads.start(worker, eid)
+                descs = self._warm_reads.start(worker, eid)
+                self._warm_poll_until = time.monotonic() + self._warm_poll_s
+                return descs
             except Exception as err:
                 self.kv_warm_read_error = f"{type(err).__name__}: {err}"
                 log.warning("no warm-up READ from engine %s: %s", eid, err)
@@ -467,6 +488,30 @@ class VllmEngine:
         self.kv_warm_read_descs += read
         log.info("KV pair warm: engine %s at %s:%d (warm-up READ of %d blocks)", eid, *where, read)
         return True
+
+    def serve_kv_warmup(self, seconds: float) -> bool:
+        """A peer is about to warm up with this engine (its `KvEndpoint` call from `WarmKv`):
+        progress NIXL for up to `seconds`, or until its warm-up READ has notified this engine
+        (`nixl.WarmupWindow`). False when this engine has no NIXL worker."""
+        if not self._endpoint or self._thread is None:
+            return False
+
+        def open_window(_engine: Any) -> None:
+            if self._warmup is not None:
+                self._warmup.open(seconds)
+
+        self._commands.put(open_window)
+        return True
+
+    @property
+    def kv_warmup(self) -> WarmupWindow | None:
+        """The serving side's warm-up window (counters for tests and benchmarks)."""
+        return self._warmup
+
+    @property
+    def kv_warm_reads_pending(self) -> int:
+        """This engine's warm-up READs still in flight."""
+        return self._warm_reads.pending
 
     async def _in_engine_thread(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(engine)` in the engine thread between steps; its result or exception."""
@@ -649,16 +694,24 @@ class VllmEngine:
                     self._in_step.on_received = timer.received_in_step
             if self._trace is not None:
                 self._trace.install(_nixl_worker())
+        if self.config.kv_connector:
+            try:
+                self._warmup = WarmupWindow(_nixl_worker().nixl_wrapper)
+            except Exception as err:  # no NIXL worker here: peers warm up as before
+                log.warning("no KV warm-up window: %s", err)
         if self._trace is not None:
             self._trace.install_executor(core.model_executor)
         trace = self._trace
+        warmup = self._warmup
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():
                 busy = bool(core.scheduler.has_requests())
-                self._drain(engine, block=not busy)
+                self._drain(engine, block=not busy, wait_s=self._idle_wait_s())
                 if self._warm_reads.pending:
                     self._warm_reads.poll()
+                if warmup is not None:
+                    warmup.progress()  # nothing outside a window
                 if not busy and not core.scheduler.has_requests():
                     continue
                 start_s = self.clock.now_s()
@@ -710,9 +763,19 @@ class VllmEngine:
         if self.steps is not None:
             self.steps.publish(sample)
 
-    def _drain(self, engine: Any, block: bool) -> None:
+    def _idle_wait_s(self) -> float:
+        """How long the idle engine thread may wait for a command: `WARMUP_POLL_S` while a
+        peer warms up with this engine or this engine's warm-up READ is young, else
+        `IDLE_WAIT_S`."""
+        if self._warmup is not None and self._warmup.active:
+            return WARMUP_POLL_S
+        if self._warm_reads.pending and time.monotonic() < self._warm_poll_until:
+            return WARMUP_POLL_S
+        return IDLE_WAIT_S
+
+    def _drain(self, engine: Any, block: bool, wait_s: float = IDLE_WAIT_S) -> None:
         try:
-            command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:

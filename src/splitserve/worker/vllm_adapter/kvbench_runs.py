@@ -503,7 +503,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--fresh-pairs",
         type=int,
         default=3,
-        help="the fresh run: decode workers started per variant (warm-up READ on / off)",
+        help="the fresh run: decode workers started per variant",
+    )
+    ap.add_argument(
+        "--fresh-variants",
+        default="window,read",
+        help="the fresh run's variants, comma-separated: window (the default WarmKv), read "
+        "(no prefill-side warm-up window), noread (no warm-up READ either)",
     )
     ap.add_argument("--fresh-requests", type=int, default=10, help="P/D requests per fresh pair")
     ap.add_argument(
@@ -583,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 env=env,
                 engine_args=engine_args(n + args.max_tokens + 300),
                 trace=args.trace,
+                variants=[v for v in args.fresh_variants.split(",") if v],
             )
             print("## vLLM, the first requests on fresh pairs (item 3)\n")
             print(kvbench_fresh.report_fresh(res))

@@ -461,3 +461,80 @@ def _null_block_descriptors(worker: Any, engine_id: str) -> tuple[list[int], lis
     remote_ids = [sum(remote_blocks[:i]) for i in range(len(remote_blocks))]
     (remote_handle,) = remote_handles.values()
     return local_ids, remote_ids, local_handle, remote_handle
+
+
+class WarmupWindow:
+    """The serving (prefill) side's part of warming a pair: progress NIXL while a peer warms up.
+
+    Without NIXL's progress thread an engine progresses NIXL only from vLLM's own polls: the
+    prefill engine reads its notifications every step while it holds KV, never while idle. A
+    peer's first READ from an idle engine then stayed in progress (its UCX connection's set-up
+    and the READ's notification both need this side to progress), and the pair's first real
+    READ paid for it (docs/benchmarks.md, "KV handoff", fresh pairs). So when a peer says it is
+    about to warm up with this engine (`KvEndpoint` with `warm_up_ms`, `open`), the engine
+    thread calls `progress` about every millisecond until each announced peer's warm-up READ
+    notification (`WARM_NOTIF`) has arrived or the window's time is up; then it is idle again.
+
+    `progress` reads notifications with the agent's `get_new_notifs` (which progresses the
+    backends); any that are not a warm-up's are kept and handed to vLLM's next own call of
+    `get_new_notifs` (wrapped on the agent), so vLLM sees every request's notification as
+    before. Warm-up notifications are consumed here (vLLM would read them as heartbeats naming
+    no request: a no-op)."""
+
+    def __init__(self, wrapper: Any, now: Callable[[], float] = time.monotonic) -> None:
+        self._get = wrapper.get_new_notifs
+        self._now = now
+        self._kept: dict[str, list[bytes]] = {}
+        self._until = 0.0
+        self._expected = 0
+        self.opened = 0
+        """Windows opened."""
+        self.polls = 0
+        """`progress` calls that read notifications (inside a window)."""
+        self.warm_notifs = 0
+        """Peers' warm-up notifications consumed."""
+        wrapper.get_new_notifs = self.get_new_notifs
+
+    def open(self, seconds: float) -> None:
+        """A peer is about to warm up with this engine: progress for up to `seconds` more (or
+        until its warm-up notification arrives)."""
+        if seconds <= 0:
+            return
+        self._until = max(self._until, self._now() + seconds)
+        self._expected += 1
+        self.opened += 1
+
+    @property
+    def active(self) -> bool:
+        if self._until and self._now() >= self._until:
+            self._close()
+        return self._until > 0.0
+
+    def progress(self) -> None:
+        """Inside a window: progress NIXL, consume warm-up notifications, keep the rest."""
+        if not self.active:
+            return
+        self.polls += 1
+        for agent, msgs in self._get().items():
+            for msg in msgs:
+                if msg == WARM_NOTIF:
+                    self.warm_notifs += 1
+                    self._expected -= 1
+                else:
+                    self._kept.setdefault(agent, []).append(msg)
+        if self._expected <= 0:
+            self._close()
+
+    def get_new_notifs(self, *args: Any, **kwargs: Any) -> dict[str, list[bytes]]:
+        """The agent's `get_new_notifs` as vLLM calls it, plus what `progress` kept."""
+        new: dict[str, list[bytes]] = self._get(*args, **kwargs)
+        if not self._kept:
+            return new
+        out, self._kept = self._kept, {}
+        for agent, msgs in new.items():
+            out.setdefault(agent, []).extend(msgs)
+        return out
+
+    def _close(self) -> None:
+        self._until = 0.0
+        self._expected = 0
