@@ -205,6 +205,8 @@ def test_fleet_step_is_the_step_at_ten_times_the_rate() -> None:
     assert during / 240.0 == pytest.approx(50.0, rel=0.1)
     low = planned_pools(PeakWindow(0.0, 60.0, 600, 1075.0, 211.0, 1.0), SETUP)
     assert low == pools(3, 3)  # the low phase needs several workers per role
+    assert fleet.initial == low  # the loop starts as a service running at the low rate
+    assert small.initial is None
     with pytest.raises(ValueError, match="step-5x-fleet"):
         autoscale_eval.build_scenario("nope", lines)
 
