@@ -275,8 +275,9 @@ def bundled_trace(kind: str) -> Path:
     "--scenario",
     "scenarios",
     multiple=True,
-    type=click.Choice(["azure-conv", "azure-code", "step-5x", "mix-shift"]),
-    help="Scenario to run (repeatable). Default: all four.",
+    type=click.Choice(["azure-conv", "azure-code", "step-5x", "mix-shift", "step-5x-fleet"]),
+    help="Scenario to run (repeatable). Default: the first four (step-5x-fleet, the step at "
+    "10 req/s, runs only when named).",
 )
 @click.option("--quick", is_flag=True, help="Shorter workloads (seconds, for checks).")
 @click.option(
@@ -317,6 +318,22 @@ def bundled_trace(kind: str) -> Path:
     help="With --ablation: only these variants (repeatable; the evaluated policy always runs "
     "first). Names as in the table, e.g. 'no burst', 'noise band'.",
 )
+@click.option(
+    "--cold-start",
+    "cold_start_s",
+    type=click.FloatRange(0.0),
+    default=None,
+    help="Diagnostic: the workers' cold start in seconds (default: the evaluation's, 20); "
+    "loop, oracle and static runs all use it.",
+)
+@click.option(
+    "--stabilization",
+    "stabilization_s",
+    type=click.FloatRange(0.0),
+    default=None,
+    help="Diagnostic: the loop's scale-down stabilization window in seconds (default: the "
+    "evaluation's, 120).",
+)
 def autoscale_cmd(
     scenarios: tuple[str, ...],
     quick: bool,
@@ -326,6 +343,8 @@ def autoscale_cmd(
     burst_weight: float | None,
     ablation: bool,
     variants: tuple[str, ...],
+    cold_start_s: float | None,
+    stabilization_s: float | None,
 ) -> None:
     """Replay traces with the autoscaler and flipper in the loop vs static provisioning."""
     from splitserve.sim import autoscale_eval
@@ -336,29 +355,38 @@ def autoscale_cmd(
     names = scenarios or autoscale_eval.SCENARIOS
     if variants and not ablation:
         raise click.UsageError("--variant needs --ablation")
+    diagnostic = cold_start_s is not None or stabilization_s is not None
     if ablation:
-        if shortfall or no_search or burst_weight is not None:
+        if shortfall or no_search or burst_weight is not None or diagnostic:
             raise click.UsageError(
                 "--ablation runs its own variants of the evaluated policy and no search: "
-                "drop --shortfall / --no-search / --burst-weight"
+                "drop --shortfall / --no-search / --burst-weight / --cold-start / "
+                "--stabilization"
             )
         _ablation(names, lines, quick, variants, out_dir)
         return
     if shortfall:
-        if no_search or out_dir is not None or burst_weight is not None:
+        if no_search or out_dir is not None or burst_weight is not None or diagnostic:
             raise click.UsageError(
-                "--shortfall runs no simulation: drop --no-search / --out / --burst-weight"
+                "--shortfall runs no simulation: drop --no-search / --out / --burst-weight / "
+                "--cold-start / --stabilization"
             )
         click.echo(autoscale_eval.shortfall_markdown(names, lines, quick=quick))
         return
     setup = None
-    if burst_weight is not None:
+    if burst_weight is not None or diagnostic:
         from dataclasses import replace
 
         from splitserve.sim.autoscale import Setup
 
-        base = Setup()
-        setup = replace(base, params=replace(base.params, burst_weight=burst_weight))
+        setup = Setup()
+        if burst_weight is not None:
+            setup = replace(setup, params=replace(setup.params, burst_weight=burst_weight))
+        if cold_start_s is not None:
+            setup = replace(setup, startup_s=cold_start_s)
+        if stabilization_s is not None:
+            params = replace(setup.params, scale_down_stabilization_s=stabilization_s)
+            setup = replace(setup, params=params)
     report = autoscale_eval.run(
         names, lines, setup=setup, quick=quick, search=not no_search, plots=bool(out_dir)
     )

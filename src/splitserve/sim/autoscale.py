@@ -640,6 +640,68 @@ def run_static(
     )
 
 
+def run_scheduled(
+    items: Sequence[WorkItem],
+    setup: Setup,
+    schedule: Sequence[Mapping[Role, int]],
+    interval_s: float,
+    label: str = "oracle",
+) -> RunResult:
+    """The workload on pools that follow a fixed `schedule` (no loop): `schedule[k]` serves
+    from `k * interval_s`; a worker the next interval adds is started `setup.startup_s` before
+    it (so it serves on time), workers it removes are fenced at its start and drained (the
+    emptiest first); the last entry holds until the last request finishes. GPU time as in
+    `run_autoscaled` (from the start, cold start included, to the end of the drain)."""
+    if not schedule:
+        raise ValueError("the schedule is empty")
+    if interval_s <= 0:
+        raise ValueError("interval_s must be > 0")
+    template = setup.template()
+    spec = ClusterSpec(tuple(PoolSpec(PoolName(r.value), r, 0, template) for r in ROLES))
+    sim = Simulator()
+    cluster = Cluster(spec, items)
+    fleet = _Fleet(cluster, template, schedule[0])
+    cluster.start(sim)
+    # (time, order, role, +n start / -n fence): starts before fences at the same instant.
+    events: list[tuple[float, int, Role, int]] = []
+    for k in range(1, len(schedule)):
+        at = k * interval_s
+        for r in ROLES:
+            d = schedule[k].get(r, 0) - schedule[k - 1].get(r, 0)
+            if d > 0:
+                events.append((max(0.0, at - setup.startup_s), 0, r, d))
+            elif d < 0:
+                events.append((at, 1, r, d))
+    events.sort(key=lambda e: (e[0], e[1]))
+    end = items[-1].arrival_s if items else 0.0
+    t, i = 0.0, 0
+    while t < end or cluster.num_in_flight > 0:
+        t += setup.resolution_s
+        sim.run(cluster, until_s=t)
+        while i < len(events) and events[i][0] <= t + 1e-9:
+            _, _, role, n = events[i]
+            fleet.advance(t)
+            if n > 0:
+                # started at its own time (the tick may be up to a resolution late)
+                fleet.start(role, n, events[i][0], setup.startup_s)
+            else:
+                fleet.fence(role, (), -n, None)
+            i += 1
+        fleet.advance(t)
+    gpu_s = fleet.finish(sim.now_s if sim.now_s > t else t)
+    s = _summarize(cluster, setup, label, gpu_s)
+    return RunResult(
+        label,
+        s.classes,
+        s.gpu_hours,
+        0,
+        0,
+        0,
+        peak_workers={r: max(p.get(r, 0) for p in schedule) for r in ROLES},
+        warm_attainment=s.warm_attainment,
+    )
+
+
 # -- workloads ---------------------------------------------------------------------------------
 
 

@@ -165,6 +165,8 @@ def ablate(
     rows = []
     for v in variants:
         s = v.apply(setup)
+        if scenario.initial is not None:
+            s = replace(s, initial=scenario.initial)
         r = run_autoscaled(scenario.items, s, v.name, step_at_s=scenario.step_at_s)
         osc = oscillations(r, base.scale_down_stabilization_s, base.interval_s)
         gpu = yardstick.result.gpu_hours if yardstick is not None else None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from splitserve.sim.autoscale import (
     RunResult,
     Setup,
     run_autoscaled,
+    run_scheduled,
     run_static,
     step_workload,
     with_class,
@@ -43,6 +44,13 @@ from splitserve.sim.autoscale import (
 from splitserve.sim.workload import WorkItem, parse_azure_trace
 
 SCENARIOS = ("azure-conv", "azure-code", "step-5x", "mix-shift")
+EXTRA_SCENARIOS = ("step-5x-fleet",)
+"""Run only when named: `step-5x-fleet`, the step at a fleet size (10 req/s: P3:D3 in the low
+phases, about P11:D11 at the peak) where whole workers are a small step."""
+FLEET_BASE_RATE = 10.0
+FLEET_INITIAL = 3
+"""Workers per role `step-5x-fleet`'s loop starts with: what `planned_pools` gives for the low
+phase (a test holds it to that)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,8 @@ class Scenario:
     items: tuple[WorkItem, ...]
     step_at_s: float | None = None
     note: str = ""
+    initial: Mapping[Role, int] | None = None
+    """Where the loop starts (None: `Setup.initial`, one worker per role)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,8 @@ class Evaluation:
     """None when no static split up to the search limit met the target."""
     static_planned: Planned | None = None
     """The loop-independent yardstick (`planned_static`); None: not run."""
+    oracle: Oracle | None = None
+    """The clairvoyant whole-worker schedule (`oracle`); None: not run."""
 
     @property
     def gpu_ratio_peak(self) -> float:
@@ -72,6 +84,21 @@ class Evaluation:
         if self.static_planned is None:
             return None
         return self.autoscaled.gpu_hours / self.static_planned.result.gpu_hours
+
+    @property
+    def gpu_ratio_oracle(self) -> float | None:
+        """The loop's GPU-hours over the oracle's."""
+        if self.oracle is None:
+            return None
+        return self.autoscaled.gpu_hours / self.oracle.gpu_hours
+
+    @property
+    def oracle_ratio_planned(self) -> float | None:
+        """The oracle's GPU-hours over static-planned's: the least any loop with whole
+        workers and these cold starts could reach against the yardstick."""
+        if self.oracle is None or self.static_planned is None:
+            return None
+        return self.oracle.gpu_hours / self.static_planned.result.gpu_hours
 
     @property
     def gpu_ratio_best(self) -> float | None:
@@ -91,10 +118,18 @@ def build_scenario(
         items = with_class(parse_azure_trace(trace_lines(kind), max_requests=limit), "chat")
         return Scenario(name, items, note=f"Azure LLM 2023 {kind} trace, recorded arrival times")
     conv = _pairs(trace_lines("conv"))
-    if name == "step-5x":
+    if name in ("step-5x", "step-5x-fleet"):
+        base = 1.0 if name == "step-5x" else FLEET_BASE_RATE
         before, during, after = (120.0, 240.0, 300.0) if quick else (300.0, 600.0, 900.0)
-        items = step_workload(conv, 1.0, 5.0, before, during, after, rng)
-        return Scenario(name, items, before, note=f"1 req/s, 5x from {before:g} s for {during:g} s")
+        items = step_workload(conv, base, 5.0, before, during, after, rng)
+        note = f"{base:g} req/s, 5x from {before:g} s for {during:g} s"
+        if name == "step-5x":
+            return Scenario(name, items, before, note=note)
+        # A service already running at the low rate: from one worker per role the first
+        # minutes' backlog at 10 req/s is what the run would measure, not the step.
+        start = {Role.PREFILL: FLEET_INITIAL, Role.DECODE: FLEET_INITIAL}
+        note += f"; the loop starts at P{FLEET_INITIAL}:D{FLEET_INITIAL} (the low phase's sizing)"
+        return Scenario(name, items, before, note=note, initial=start)
     if name == "mix-shift":
         code = _pairs(trace_lines("code"))
         half = 300.0 if quick else 900.0
@@ -107,7 +142,8 @@ def build_scenario(
         return Scenario(
             name, items, half, note=f"4 req/s; conv lengths, code lengths from {half:g} s"
         )
-    raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}")
+    valid = ", ".join(SCENARIOS + EXTRA_SCENARIOS)
+    raise ValueError(f"unknown scenario {name!r}; valid: {valid}")
 
 
 def _pairs(lines: Iterable[str]) -> list[tuple[int, int]]:
@@ -173,11 +209,18 @@ def busiest_window(items: Sequence[WorkItem], window_s: float = PLANNED_WINDOW_S
     counts = ends - np.arange(len(arrivals))
     i = int(np.argmax(counts))
     chosen = [items[int(k)] for k in order[i : int(ends[i])]]
+    return _window(chosen, float(arrivals[i]), window_s)
+
+
+def _window(chosen: Sequence[WorkItem], start_s: float, window_s: float) -> PeakWindow:
+    """`chosen`'s rate over `window_s` and length mix (no requests: zero rate and lengths)."""
+    if not chosen:
+        return PeakWindow(start_s, window_s, 0, 0.0, 0.0, 0.0)
     prompts = np.array([w.num_prompt_tokens for w in chosen], dtype=float)
     outputs = np.array([w.num_output_tokens for w in chosen], dtype=float)
     mean_p = float(prompts.mean())
     cv2 = float(prompts.var() / mean_p**2) if len(prompts) > 1 and mean_p > 0 else 0.0
-    return PeakWindow(float(arrivals[i]), window_s, len(chosen), mean_p, float(outputs.mean()), cv2)
+    return PeakWindow(start_s, window_s, len(chosen), mean_p, float(outputs.mean()), cv2)
 
 
 def planned_pools(peak: PeakWindow, setup: Setup) -> dict[Role, int]:
@@ -264,15 +307,146 @@ def planned_static(
     return Planned(peak, sized, best, tuple(grown[:kept]), best.attainment >= target)
 
 
+# -- the oracle: the best a loop with whole workers and these cold starts could do ---------------
+
+ORACLE_INTERVAL_S = 60.0
+"""The oracle re-sizes its pools once per this many seconds (the same minute `static-planned`
+is sized for)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Oracle:
+    """A clairvoyant whole-worker schedule: in every `interval_s` the pools the static sizing
+    model needs for that interval's own arrivals and lengths (`planned_pools`, scaled by what
+    `static-planned`'s simulation check had to add), each added worker started `startup_s`
+    early, each removed one gone at once (no stabilization, no drain)."""
+
+    interval_s: float
+    schedule: tuple[Mapping[Role, int], ...]
+    """The pools of each interval, from 0."""
+    scale: Mapping[Role, float]
+    """The factor each interval's sizing was multiplied by (rounded up after)."""
+    end_s: float
+    gpu_hours: float
+    """The schedule's GPU-hours: `oracle_gpu_seconds` / 3600."""
+    cold_start_gpu_hours: float
+    """Of which the early starts (`startup_s` per added worker)."""
+    simulated: RunResult | None = None
+    """The schedule replayed (`sim.autoscale.run_scheduled`, drains counted); None: not run."""
+
+
+def interval_windows(
+    items: Sequence[WorkItem], interval_s: float, end_s: float
+) -> list[PeakWindow]:
+    """The arrivals of each `[k·interval_s, (k+1)·interval_s)` up to `end_s`, with their rate
+    (over `interval_s`, also for a last, shorter interval: a tail of a few seconds must not
+    read as a burst) and length mix."""
+    if interval_s <= 0:
+        raise ValueError("interval_s must be > 0")
+    n = max(1, math.ceil(end_s / interval_s - 1e-9))
+    buckets: list[list[WorkItem]] = [[] for _ in range(n)]
+    for w in items:
+        buckets[min(n - 1, int(w.arrival_s // interval_s))].append(w)
+    return [_window(b, k * interval_s, interval_s) for k, b in enumerate(buckets)]
+
+
+def oracle_gpu_seconds(
+    schedule: Sequence[Mapping[Role, int]],
+    interval_s: float,
+    end_s: float,
+    startup_s: float,
+    gpus: Mapping[Role, int] | None = None,
+) -> tuple[float, float]:
+    """(GPU-seconds of `schedule`, of which cold starts): entry k holds from k·interval_s to
+    the next (the last one to `end_s`); the first entry is up at 0 (the static runs' and the
+    loop's initial workers pay no start either); every worker entry k adds over entry k-1 is
+    paid `startup_s` more; removed workers cost nothing after their interval. `gpus`: GPUs per
+    worker of each role (default 1)."""
+    if not schedule:
+        return 0.0, 0.0
+    per = {r: (gpus or {}).get(r, 1) for r in ROLES}
+    total = cold = 0.0
+    for k, pools in enumerate(schedule):
+        start = k * interval_s
+        stop = end_s if k == len(schedule) - 1 else (k + 1) * interval_s
+        total += sum(pools.get(r, 0) * per[r] for r in ROLES) * max(0.0, stop - start)
+        if k > 0:
+            added = sum(max(0, pools.get(r, 0) - schedule[k - 1].get(r, 0)) * per[r] for r in ROLES)
+            cold += added * startup_s
+    return total + cold, cold
+
+
+def oracle_schedule(
+    items: Sequence[WorkItem],
+    setup: Setup,
+    end_s: float,
+    planned: Planned | None = None,
+    interval_s: float = ORACLE_INTERVAL_S,
+) -> tuple[tuple[dict[Role, int], ...], dict[Role, float]]:
+    """Each interval's pools: `planned_pools` of its own arrivals (at least
+    `setup.min_replicas`, 1), times per role the factor `planned`'s simulation check grew the
+    sizing by at the peak (its final pools over the largest per-interval sizing, at least 1:
+    the sizing model's own error at the peak, spread proportionally; a pool the check did not
+    grow keeps factor 1), rounded up."""
+    floor = max(setup.min_replicas, 1)
+    sized = [
+        planned_pools(w, setup) if w.requests else dict.fromkeys(ROLES, floor)
+        for w in interval_windows(items, interval_s, end_s)
+    ]
+    scale = dict.fromkeys(ROLES, 1.0)
+    if planned is not None:
+        for r in ROLES:
+            top = max(p[r] for p in sized)
+            scale[r] = max(1.0, planned.result.peak_workers.get(r, 0) / top)
+    schedule = tuple(
+        {r: min(setup.max_replicas, max(floor, math.ceil(p[r] * scale[r] - 1e-9))) for r in ROLES}
+        for p in sized
+    )
+    return schedule, scale
+
+
+def static_end_s(result: RunResult, setup: Setup) -> float:
+    """When a static run's last request finished (its GPU-hours over its GPUs)."""
+    gpus = sum(n * setup.tp_of(r) for r, n in result.peak_workers.items())
+    return result.gpu_hours * 3600 / gpus if gpus else 0.0
+
+
+def oracle(
+    items: Sequence[WorkItem],
+    setup: Setup,
+    planned: Planned | None = None,
+    interval_s: float = ORACLE_INTERVAL_S,
+    simulate: bool = True,
+) -> Oracle:
+    """The `Oracle` of `items`: over the span `planned`'s static run took (or to the last
+    arrival), with `setup.startup_s` cold starts; `simulate` replays the schedule to give its
+    attainment. A bound on what the sizing model allows, not a proof that no loop can do
+    better: a loop that accepts more misses, or a finer sizing, could go lower."""
+    end = items[-1].arrival_s if items else 0.0
+    if planned is not None:
+        end = max(end, static_end_s(planned.result, setup))
+    schedule, scale = oracle_schedule(items, setup, end, planned, interval_s)
+    gpus = {r: setup.tp_of(r) for r in ROLES}
+    total, cold = oracle_gpu_seconds(schedule, interval_s, end, setup.startup_s, gpus)
+    sim = run_scheduled(items, setup, schedule, interval_s) if simulate and items else None
+    return Oracle(interval_s, schedule, scale, end, total / 3600, cold / 3600, sim)
+
+
 def evaluate(
-    scenario: Scenario, setup: Setup, search: bool = True, planned: bool = True
+    scenario: Scenario,
+    setup: Setup,
+    search: bool = True,
+    planned: bool = True,
+    with_oracle: bool = True,
 ) -> Evaluation:
-    auto = run_autoscaled(scenario.items, setup, step_at_s=scenario.step_at_s)
+    loop_setup = setup if scenario.initial is None else replace(setup, initial=scenario.initial)
+    auto = run_autoscaled(scenario.items, loop_setup, step_at_s=scenario.step_at_s)
     peak = run_static(scenario.items, setup, auto.peak_workers, "static-peak")
     target = min(c.attainment for c in setup.classes)
     best = min_static(scenario.items, setup, target, auto.peak_workers) if search else None
     plan = planned_static(scenario.items, setup, target) if planned else None
-    return Evaluation(scenario, auto, peak, best, plan)
+    orc = oracle(scenario.items, setup, plan) if with_oracle else None
+    return Evaluation(scenario, auto, peak, best, plan, orc)
 
 
 # -- reporting ----------------------------------------------------------------------------------
@@ -280,6 +454,20 @@ def evaluate(
 
 def _fmt_pools(p: Mapping[Role, int]) -> str:
     return "P" + str(p.get(Role.PREFILL, 0)) + ":D" + str(p.get(Role.DECODE, 0))
+
+
+def _fmt_range(schedule: Sequence[Mapping[Role, int]]) -> str:
+    def span(r: Role) -> str:
+        lo, hi = min(p.get(r, 0) for p in schedule), max(p.get(r, 0) for p in schedule)
+        return str(lo) if lo == hi else f"{lo}-{hi}"
+
+    return f"P{span(Role.PREFILL)}:D{span(Role.DECODE)}"
+
+
+def _oracle_sim(o: Oracle) -> str:
+    if o.simulated is None:
+        return "-"
+    return f"{o.simulated.attainment:.2%}, {o.simulated.gpu_hours:.2f} GPU-h"
 
 
 def _opt(x: float | None, fmt: str) -> str:
@@ -306,9 +494,9 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
     )
     rows = [
         "| scenario | run | pools | attainment | after warm-up | GPU-h | vs static-planned "
-        "| vs static-peak | vs static-best | scale actions | flips | oscillations | reaction (s) "
-        "| capacity ready (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs static-peak | vs static-best | vs oracle | scale actions | flips | oscillations "
+        "| reaction (s) | capacity ready (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ratio(x: float | None) -> str:
@@ -320,7 +508,7 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
             f"| {e.scenario.name} | autoscaled | up to {_fmt_pools(a.peak_workers)} "
             f"| {a.attainment:.2%} | {_opt(a.warm_attainment, '.2%')} "
             f"| {a.gpu_hours:.2f} | {ratio(e.gpu_ratio_planned)} | {e.gpu_ratio_peak:.2f}x "
-            f"| {ratio(e.gpu_ratio_best)} "
+            f"| {ratio(e.gpu_ratio_best)} | {ratio(e.gpu_ratio_oracle)} "
             f"| {a.num_scale_actions} | {a.num_flips} | {a.oscillations} "
             f"| {_opt(a.reaction_s, '.0f')} | {_opt(a.ready_s, '.0f')} |"
         )
@@ -331,7 +519,16 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
             rows.append(
                 f"| {e.scenario.name} | {s.label} | {_fmt_pools(s.peak_workers)} "
                 f"| {s.attainment:.2%} | {_opt(s.warm_attainment, '.2%')} "
-                f"| {s.gpu_hours:.2f} | | | | | | | | |"
+                f"| {s.gpu_hours:.2f} | | | | | | | | | |"
+            )
+        o = e.oracle
+        if o is not None:
+            sim = o.simulated
+            rows.append(
+                f"| {e.scenario.name} | oracle | {_fmt_range(o.schedule)} "
+                f"| {'-' if sim is None else format(sim.attainment, '.2%')} "
+                f"| {'-' if sim is None else _opt(sim.warm_attainment, '.2%')} "
+                f"| {o.gpu_hours:.2f} | {ratio(e.oracle_ratio_planned)} | | | | | | | | |"
             )
     notes = [f"- `{e.scenario.name}`: {e.scenario.note}" for e in evals]
     for e in evals:
@@ -351,6 +548,33 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
             f"output {k.mean_output_tokens:.0f} tokens, prompt cv² {k.prompt_cv2:.2f}: sized "
             f"{_fmt_pools(pl.sized)}{grown}"
         )
+    oracle_rows = []
+    for e in evals:
+        if e.oracle is None:
+            continue
+        planned_h = e.static_planned.result.gpu_hours if e.static_planned is not None else None
+        oracle_rows.append(
+            f"| {e.scenario.name} | {_opt(planned_h, '.2f')} "
+            f"| {e.oracle.gpu_hours:.2f} ({e.oracle.cold_start_gpu_hours:.2f} cold starts) "
+            f"| {ratio(e.oracle_ratio_planned)} | {e.autoscaled.gpu_hours:.2f} "
+            f"| {ratio(e.gpu_ratio_planned)} | {ratio(e.gpu_ratio_oracle)} "
+            f"| {_oracle_sim(e.oracle)} |"
+        )
+    if oracle_rows:
+        o0 = next(e.oracle for e in evals if e.oracle is not None)
+        notes += [
+            "",
+            f"Oracle (the best a loop with whole workers and {setup.startup_s:g} s cold starts "
+            f"could do): every {o0.interval_s:g} s the pools the static sizing needs for that "
+            "interval's own arrivals, scaled by what static-planned's check added, each added "
+            "worker paid from its start, none held after its interval (no stabilization, no "
+            "drain); 'simulated': the same schedule replayed (drains counted).",
+            "",
+            "| scenario | static-planned GPU-h | oracle GPU-h | oracle / static-planned "
+            "| loop GPU-h | loop / static-planned | loop / oracle | oracle simulated |",
+            "|---|---|---|---|---|---|---|---|",
+            *oracle_rows,
+        ]
     legend = (
         "static-planned: the pools the autoscaler's steady-state sizing gives for the "
         "workload's busiest minute (its rate and length mix), grown one worker at a time until "
