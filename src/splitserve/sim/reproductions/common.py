@@ -6,13 +6,15 @@ Pure: the runner prints a `Reproduction` and writes its plots.
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from splitserve.core.perf import (
     HARDWARE,
@@ -80,11 +82,47 @@ def parallel(jobs: int) -> Iterator[None]:
             _POOL.reset(token)
 
 
+def _rebuild(cls: type[_T], kwargs: dict[str, object]) -> _T:
+    """A dataclass instance from its init fields (the reducer `_picklable` registers)."""
+    return cls(**kwargs)
+
+
+def _reduce_dataclass(obj: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    init = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+    return (_rebuild, (type(obj), init))
+
+
+def _picklable(obj: object, seen: set[int] | None = None) -> None:
+    """Register a constructor-based pickle reducer for every dataclass type reachable from
+    `obj`. The simulator's hot classes are frozen dataclasses that the optional mypyc build
+    compiles (`make sim-compiled`); a compiled frozen dataclass has no `__dict__`, so pickle's
+    default restores it with `setattr`, which the frozen class refuses. Rebuilding through
+    the constructor works for both builds and gives equal objects."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if type(obj) not in copyreg.dispatch_table:
+            copyreg.pickle(type(obj), _reduce_dataclass)
+        for f in dataclasses.fields(obj):
+            _picklable(getattr(obj, f.name), seen)
+    elif isinstance(obj, (tuple, list, set, frozenset)):
+        for item in obj:
+            _picklable(item, seen)
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            _picklable(key, seen)
+            _picklable(value, seen)
+
+
 def _unit(latency: str, fn: Callable[..., _T], args: tuple[object, ...]) -> _T:
     """One unit in a worker: the caller's latency source is set again there (context
     variables do not cross processes)."""
     with latency_source(latency):
-        return fn(*args)
+        result = fn(*args)
+    _picklable(result)
+    return result
 
 
 def parallel_map(fn: Callable[..., _T], calls: Sequence[tuple[object, ...]]) -> list[_T]:
@@ -96,6 +134,7 @@ def parallel_map(fn: Callable[..., _T], calls: Sequence[tuple[object, ...]]) -> 
     if pool is None:
         return [fn(*args) for args in calls]
     latency = _LATENCY.get()
+    _picklable(list(calls))
     futures = [pool.submit(_unit, latency, fn, args) for args in calls]
     return [f.result() for f in futures]
 
