@@ -14,6 +14,7 @@ from splitserve._gen.v1 import worker_pb2_grpc
 from splitserve.core.clock import SystemClock
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
+from splitserve.worker.kv_warm import KvWarmService
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
 
@@ -73,3 +74,27 @@ async def make_worker() -> AsyncIterator[WorkerFactory]:
     yield factory
     for c in reversed(cleanups):
         await c()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Any]:
+    """`await serve(engine[, warm_up_ms])`: a `KvWarmService` for `engine` behind a real
+    grpc.aio server on 127.0.0.1; its address. Closed and stopped after the test."""
+    servers: list[grpc.aio.Server] = []
+    services: list[KvWarmService] = []
+
+    async def start(engine: Any, warm_up_ms: int | None = None) -> str:
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        service = KvWarmService(engine, f"127.0.0.1:{port}", warm_up_ms)
+        worker_pb2_grpc.add_WorkerKvServicer_to_server(service, server)
+        await server.start()
+        servers.append(server)
+        services.append(service)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for service in services:
+        await service.close()
+    for server in servers:
+        await server.stop(None)

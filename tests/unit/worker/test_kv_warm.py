@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -11,7 +11,7 @@ from grpc import aio
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.errors import KvTransferError
-from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
+from splitserve.worker.kv_warm import KvPeerEngine
 
 
 class FakeKvEngine:
@@ -35,28 +35,6 @@ class FakeKvEngine:
 
 
 Served = tuple[FakeKvEngine, str]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Any]:
-    servers: list[aio.Server] = []
-    services: list[KvWarmService] = []
-
-    async def start(engine: FakeKvEngine) -> str:
-        server = aio.server()
-        port = server.add_insecure_port("127.0.0.1:0")
-        service = KvWarmService(engine, f"127.0.0.1:{port}")
-        worker_pb2_grpc.add_WorkerKvServicer_to_server(service, server)
-        await server.start()
-        servers.append(server)
-        services.append(service)
-        return f"127.0.0.1:{port}"
-
-    yield start
-    for service in services:
-        await service.close()
-    for server in servers:
-        await server.stop(None)
 
 
 def test_the_fake_is_a_kv_peer_engine() -> None:

@@ -3,7 +3,7 @@ progresses NIXL (`nixl.WarmupWindow`), then goes idle again; `KvEndpoint(warm_up
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -11,7 +11,7 @@ import pytest
 from grpc import aio
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
-from splitserve.worker.kv_warm import KvWarmService, KvWarmupServer, warmup_ms
+from splitserve.worker.kv_warm import KvWarmupServer, warmup_ms
 from splitserve.worker.vllm_adapter.engine import (
     IDLE_WAIT_S,
     WARMUP_POLL_S,
@@ -165,28 +165,6 @@ class _ServingEngine:
     def serve_kv_warmup(self, seconds: float) -> bool:
         self.windows.append(seconds)
         return True
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Any]:
-    servers: list[aio.Server] = []
-    services: list[KvWarmService] = []
-
-    async def start(engine: _ServingEngine, warm_up_ms: int | None = None) -> str:
-        server = aio.server()
-        port = server.add_insecure_port("127.0.0.1:0")
-        service = KvWarmService(engine, f"127.0.0.1:{port}", warm_up_ms)
-        worker_pb2_grpc.add_WorkerKvServicer_to_server(service, server)
-        await server.start()
-        servers.append(server)
-        services.append(service)
-        return f"127.0.0.1:{port}"
-
-    yield start
-    for service in services:
-        await service.close()
-    for server in servers:
-        await server.stop(None)
 
 
 async def test_warm_kv_asks_each_peer_to_progress_while_it_warms_up(serve: Any) -> None:
