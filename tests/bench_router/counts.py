@@ -30,6 +30,7 @@ from tests.bench_router.run import (
     Procs,
     _free_port,
     _router_args,
+    _router_pythonpath,
     _wait_http,
     chat_body,
     prompt_of,
@@ -69,7 +70,7 @@ def main() -> None:
         workers = list(start_zero_delay_workers(procs, work).values())
         env = dict(os.environ)
         if args.src:
-            env["PYTHONPATH"] = str(Path(args.src).resolve())
+            env["PYTHONPATH"] = _router_pythonpath(args.src)
         for kv in args.env:
             k, _, v = kv.partition("=")
             env[k] = v

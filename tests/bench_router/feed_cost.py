@@ -33,6 +33,7 @@ from tests.bench_router.run import (
     _cpu_s,
     _free_port,
     _router_args,
+    _router_pythonpath,
     _wait_http,
     chat_body,
     prompt_of,
@@ -62,7 +63,7 @@ def main() -> None:
         loaded: dict[str, tuple[int, int]] = {}
         idle: dict[str, int] = {}
         for kind, src in kinds.items():
-            env = None if src is None else {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+            env = None if src is None else {**os.environ, "PYTHONPATH": _router_pythonpath(src)}
             port = _free_port()
             a = procs.spawn(f"a-{kind}", _router_args(workers, tok_dir, port), ROUTER_CORE, env)
             loaded[kind] = (a.pid, port)

@@ -29,6 +29,7 @@ from tests.bench_router.run import (
     Procs,
     _free_port,
     _router_args,
+    _router_pythonpath,
     _wait_http,
     chat_body,
     prompt_of,
@@ -57,7 +58,7 @@ def measure(
 ) -> dict[str, float]:  # fmt: skip
     env = dict(os.environ)
     if src:
-        env["PYTHONPATH"] = str(Path(src).resolve())
+        env["PYTHONPATH"] = _router_pythonpath(src)
     port = _free_port()
     router = procs.spawn(f"router-{name}", _router_args(workers, tok_dir, port), ROUTER_CORE, env)
     _wait_http(port, "/ready")
