@@ -316,7 +316,7 @@ def _live(cluster: Cluster) -> list[SimRequest]:
 
 def _work(w: SimWorker) -> int:
     load = w.engine.load()
-    return load.num_waiting + load.num_running + w.inflight
+    return load.num_waiting + load.num_running + w.inflight + w.reserved
 
 
 def _loads(fleet: _Fleet) -> dict[Role, tuple[WorkerLoad, ...]]:

@@ -26,6 +26,7 @@ from mypy_extensions import mypyc_attr
 
 from splitserve.core.errors import CapacityError, NoEligibleEndpoint
 from splitserve.core.ids import RequestId
+from splitserve.core.kv import blocks_for
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.roles import Role
 from splitserve.policy.batching.engine import RequestMode, SeqPhase
@@ -194,6 +195,8 @@ class Cluster:
             self._drop(req, "exceeds worker KV capacity")
             return
         self._count_on(req, target)
+        if mode is RequestMode.PREFILL:
+            self._reserve(req, self.workers[req.decode_worker])
         self._touch(target, sim)
 
     def _step_done(self, worker: SimWorker, run_id: object, sim: Simulator) -> None:
@@ -220,6 +223,7 @@ class Cluster:
         self._kick(worker, sim)
 
     def _hand_to_decode(self, req: SimRequest, sim: Simulator) -> None:
+        self._reserve(req, None)
         decode = self.workers[req.decode_worker]
         try:
             decode.engine.add(req.request, RequestMode.DECODE, first_token_id=0)
@@ -361,6 +365,8 @@ class Cluster:
             if not split or req.counted_on != req.prefill_worker:
                 return False  # not yet on its decode engine only while prefilling
             req.decode_worker = worker
+            if req.reserved_on >= 0:
+                self._reserve(req, target)
             return True
         if phase is not SeqPhase.WAITING or engine.blocks.blocks_held(rid):
             return False
@@ -388,13 +394,37 @@ class Cluster:
         if worker is not None:
             worker.inflight += 1
 
+    def _reserve(self, req: SimRequest, worker: SimWorker | None) -> None:
+        """Move `req`'s decode reservation to `worker` (None: release it). A split request's
+        decode share is reserved on its decode worker from placement until the prefill hands it
+        over, as the live router's ledger does (`SimWorker.reserved`): without it every
+        arrival during a prefill backlog sees the same emptiest decode worker and all their
+        decodes land there at once. The blocks are the prompt + the request's own output
+        length (the live ledger uses the length predictor's estimate)."""
+        if req.reserved_on >= 0:
+            old = self.workers[req.reserved_on]
+            old.reserved -= 1
+            old.reserved_blocks -= req.reserved_blocks
+        if worker is None:
+            req.reserved_on, req.reserved_blocks = -1, 0
+            return
+        size = worker.template.block_size
+        req.reserved_on = worker.index
+        req.reserved_blocks = blocks_for(
+            req.item.num_prompt_tokens + max(1, req.item.num_output_tokens), size
+        )
+        worker.reserved += 1
+        worker.reserved_blocks += req.reserved_blocks
+
     def _finish(self, req: SimRequest, now: float) -> None:
+        self._reserve(req, None)
         self._count_on(req, None)
         req.finish_s = now
         del self._live[req.id]
         self.num_finished += 1
 
     def _drop(self, req: SimRequest, reason: str) -> None:
+        self._reserve(req, None)
         self._count_on(req, None)
         req.dropped = reason
         del self._live[req.id]

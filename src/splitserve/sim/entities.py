@@ -157,6 +157,10 @@ class SimRequest:
     kv_transfer_s: float = 0.0
     counted_on: int = -1
     """The worker whose `inflight` counts this request now (-1: none)."""
+    reserved_on: int = -1
+    """The decode worker holding this split request's reservation while its prompt is still on
+    the prefill side (-1: none; see `SimWorker.reserved`)."""
+    reserved_blocks: int = 0
     dropped: str = ""
     """Why the request was dropped (empty when it was not)."""
 
@@ -226,6 +230,14 @@ class SimWorker:
         self.inflight = 0
         """Requests the router sent here and has not seen finish (prefill: until the first
         token; decode or aggregated: until the last), as the live router counts them."""
+        self.reserved = 0
+        """Decode shares placed here whose prompt is still on a prefill worker: the live
+        router's ledger reserves them at placement (`router.ledger.Ledger.reserve`) and its pool
+        view adds them to `inflight` and takes their KV blocks off the free ones
+        (`router.pool_view.PoolView._view`), so the next placement sees them."""
+        self.reserved_blocks = 0
+        """KV blocks of those shares (prompt + output tokens)."""
+        self._view_reserved_blocks = 0
         self.link_free_s = 0.0
         """When the inbound KV link finishes its queued pulls (transfers into this worker)."""
 
@@ -265,7 +277,8 @@ class SimWorker:
             and self._exact_step is self.step
             and self._exact_started_s == self.step_started_s
             and self._exact_lo_s <= now_s - self.step_started_s < self._exact_hi_s
-            and view.inflight == self.inflight
+            and view.inflight == self.inflight + self.reserved
+            and self._view_reserved_blocks == self.reserved_blocks
         ):
             return view  # `_exact_load` would hit its cache, and the view shows that load
         if report_interval_s > 0:
@@ -276,15 +289,23 @@ class SimWorker:
         else:
             load = self._exact_load(now_s)
             view = self._view
-            if view is not None and load is self._view_load and view.inflight == self.inflight:
+            if (
+                view is not None
+                and load is self._view_load
+                and view.inflight == self.inflight + self.reserved
+                and self._view_reserved_blocks == self.reserved_blocks
+            ):
                 return view  # nothing the view shows has changed
             self._view_load = load
             waiting, running, free, total, size, pending = load
+        inflight = self.inflight + self.reserved
+        free = max(0, free - self.reserved_blocks)
+        self._view_reserved_blocks = self.reserved_blocks
         view = self._view
         if (
             view is None
             or view.kv_free_blocks != free
-            or view.inflight != self.inflight
+            or view.inflight != inflight
             or view.num_waiting != waiting
             or view.num_running != running
             or view.pending_prefill_tokens != pending
@@ -298,7 +319,7 @@ class SimWorker:
                 kv_total_blocks=total,
                 kv_block_size=size,
                 pending_prefill_tokens=pending,
-                inflight=self.inflight,
+                inflight=inflight,
             )
             self._view = view
         return view

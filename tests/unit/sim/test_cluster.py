@@ -187,3 +187,40 @@ def test_requests_share_their_immutable_per_length_values() -> None:
     assert c.request.sampling.max_tokens == 8
     assert c.request.sampling.ignore_eos
     assert c.request.num_prompt_tokens == 101
+
+
+def test_decode_shares_are_reserved_while_their_prompts_wait_for_prefill() -> None:
+    """A burst queues on one prefill worker; each request's decode worker is chosen at arrival.
+    The live router's ledger reserves the decode share at placement, so the next placement
+    sees it; without that every arrival saw the same idle decode workers and all the decodes
+    went to one of them (the fleet step's collapse: one decode worker with hundreds queued
+    while others sat idle, docs/autoscaling.md)."""
+    slow = WorkerTemplate(latency=ConstantModel(1.0), num_blocks=256, kv_layout=TINY_LAYOUT)
+    spec = ClusterSpec(
+        (
+            PoolSpec(PoolName("prefill"), Role.PREFILL, 1, slow),
+            PoolSpec(PoolName("decode"), Role.DECODE, 4, slow),
+        )
+    )
+    burst = tuple(WorkItem(0.001 * i, 64, 4) for i in range(16))
+    sim = Simulator()
+    cluster = Cluster(spec, burst, record_placements=True)
+    cluster.start(sim)
+    sim.run(cluster, until_s=0.5)
+    decode = [w for w in cluster.workers if w.role is Role.DECODE]
+    records = cluster.router.records
+    assert records is not None
+    picks = [r.placement.decode[0] for r in records]
+    assert sorted(picks.count(w.id) for w in decode) == [4, 4, 4, 4]
+    # Every prompt is still on the prefill side: nothing handed over yet, all reserved.
+    assert all(w.engine.load().num_waiting + w.engine.load().num_running == 0 for w in decode)
+    assert sorted(w.reserved for w in decode) == [4, 4, 4, 4]
+    last = {e.id: e for e in records[-1].endpoints}
+    # The last placement saw the 15 earlier shares as in flight and their blocks as taken.
+    assert sum(last[w.id].inflight for w in decode) == 15
+    assert sum(last[w.id].kv_free_blocks for w in decode) < 4 * 256
+    sim.run(cluster)
+    assert cluster.num_finished == 16
+    assert all(w.reserved == 0 and w.reserved_blocks == 0 for w in cluster.workers)
+    done = sorted(sum(1 for r in cluster.requests if r.decode_worker == w.index) for w in decode)
+    assert done == [4, 4, 4, 4]
