@@ -125,9 +125,9 @@ def test_report_shows_all_three_yardsticks() -> None:
 
 
 def test_growth_stops_when_no_worker_helps_and_says_so() -> None:
-    # 40 long prompts with 2-token outputs over 20 s: their TPOT is the KV pull before token 2 (0.13 s
-    # for 4,000 tokens over one link, above the 0.1 s target), which no worker of either pool
-    # shortens. (With 10-token outputs, as before, it was the pulls queueing on one decode
+    # 40 long prompts with 2-token outputs over 20 s: their TPOT is the KV pull before token 2
+    # (0.13 s for 4,000 tokens over one link, above the 0.1 s target), which no worker of either
+    # pool shortens. (With 10-token outputs, as before, it was the pulls queueing on one decode
     # worker's link because every decode share went to the same worker; decode reservations
     # spread them, and one more decode worker then met the target.)
     items = [WorkItem(float(t), 1000, 50) for t in range(120)]
