@@ -113,10 +113,18 @@ def test_split_request_still_prefilling_moves_its_decode_choice() -> None:
     assert req.decode_worker > 0
     assert not cluster.reassign(req.id, 0, sim)  # a prefill worker cannot decode
     new = 3 - req.decode_worker
+    old = req.decode_worker
     counted = [w.inflight for w in cluster.workers]
+    reserved = [w.reserved for w in cluster.workers]
+    blocks = cluster.workers[old].reserved_blocks
+    assert reserved[old] >= 1
     assert cluster.reassign(req.id, new, sim)
     assert req.decode_worker == new
     assert [w.inflight for w in cluster.workers] == counted  # still counted on its prefill
+    # Its decode reservation (the live ledger's `move`) follows it.
+    assert cluster.workers[old].reserved == reserved[old] - 1
+    assert cluster.workers[new].reserved == reserved[new] + 1
+    assert cluster.workers[old].reserved_blocks == blocks - req.reserved_blocks
     _conserved(cluster)
     sim.run(cluster)
     _conserved(cluster)
@@ -124,3 +132,4 @@ def test_split_request_still_prefilling_moves_its_decode_choice() -> None:
     assert cluster.workers[new].num_steps > 0
     assert req.finish_s is not None
     assert req.num_output_tokens == 4
+    assert all(w.reserved == 0 and w.reserved_blocks == 0 for w in cluster.workers)
