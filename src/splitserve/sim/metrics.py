@@ -26,8 +26,8 @@ class RequestRecord:
     """One request's outcome. Immutable: `Final` fields, checked by mypy (and at runtime where
     compiled). A slotted dataclass with an explicit `__init__` rather than `frozen=True`, whose
     generated `__init__` (one `object.__setattr__` per field, 1.5 µs against 0.2 µs compiled) cost
-    ≈ 3 % of a compiled replay,
-    one record per request (as `events.Event`); equality and hashing are the dataclass's."""
+    ≈ 3 % of a compiled replay, one record per request (as `events.Event`); equality and hashing
+    are the dataclass's."""
 
     id: Final[str]
     slo_class: Final[SloClassName]
