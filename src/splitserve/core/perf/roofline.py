@@ -32,8 +32,18 @@ class RooflineModel:
     tp: int = 1
     time_scale: float = 1.0
     """Multiplies every step time; < 1 runs a simulated engine faster than the real one."""
-    _k: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
-    """Derived constants, computed once (`step_s` is the simulator's hottest pricing call)."""
+    # Derived constants, computed once (`step_s` is the simulator's hottest pricing call). One
+    # field each, typed, rather than one tuple: compiled, a field is a native double or int,
+    # where unpacking a `tuple[float, ...]` boxed and checked nine objects per call.
+    _c_flops: float = field(init=False, repr=False, compare=False, default=0.0)
+    _c_bw: float = field(init=False, repr=False, compare=False, default=0.0)
+    _c_ppl: int = field(init=False, repr=False, compare=False, default=0)
+    _c_layers: int = field(init=False, repr=False, compare=False, default=0)
+    _c_hidden: int = field(init=False, repr=False, compare=False, default=0)
+    _c_vocab: int = field(init=False, repr=False, compare=False, default=0)
+    _c_weight_s: float = field(init=False, repr=False, compare=False, default=0.0)
+    _c_kv_bpt: int = field(init=False, repr=False, compare=False, default=0)
+    _c_overhead: float = field(init=False, repr=False, compare=False, default=0.0)
     _tp_k: tuple[float, float] = field(init=False, repr=False, compare=False, default=(0.0, 0.0))
     """(ring traffic factor or 0 when off, all-reduce latency per step or 0 when none)."""
 
@@ -45,18 +55,15 @@ class RooflineModel:
         s = self.shape
         flops = self._flops
         bw = self._bw
-        k = (
-            flops,
-            bw,
-            s.params_per_layer,
-            s.num_layers,
-            s.hidden_size,
-            s.vocab_size,
-            s.weight_bytes / bw,
-            s.kv_layout.bytes_per_token,
-            self.hardware.step_overhead_s,
-        )
-        object.__setattr__(self, "_k", k)
+        object.__setattr__(self, "_c_flops", flops)
+        object.__setattr__(self, "_c_bw", bw)
+        object.__setattr__(self, "_c_ppl", s.params_per_layer)
+        object.__setattr__(self, "_c_layers", s.num_layers)
+        object.__setattr__(self, "_c_hidden", s.hidden_size)
+        object.__setattr__(self, "_c_vocab", s.vocab_size)
+        object.__setattr__(self, "_c_weight_s", s.weight_bytes / bw)
+        object.__setattr__(self, "_c_kv_bpt", s.kv_layout.bytes_per_token)
+        object.__setattr__(self, "_c_overhead", self.hardware.step_overhead_s)
         ring = self._ring_factor if self.hardware.tp_ring_allreduce else 0.0
         object.__setattr__(self, "_tp_k", (ring, self._allreduce_latency_step_s))
 
@@ -94,7 +101,9 @@ class RooflineModel:
         contexts = batch.decode_contexts
         if not chunks and not contexts:
             return 0.0
-        flops, bw, ppl, layers, hidden, vocab, weight_s, kv_bpt, overhead = self._k
+        flops, bw, ppl, layers = self._c_flops, self._c_bw, self._c_ppl, self._c_layers
+        hidden, vocab, weight_s = self._c_hidden, self._c_vocab, self._c_weight_s
+        kv_bpt, overhead = self._c_kv_bpt, self._c_overhead
         new_tokens = sum(n for n, _ in chunks) + len(contexts) if chunks else len(contexts)
         num_seqs = len(chunks) + len(contexts)
         gemm_flops = 2.0 * new_tokens * ppl * layers
