@@ -128,7 +128,7 @@ def test_two_hand_offs_are_ended_by_two_notifications() -> None:
 
 
 def test_the_engine_thread_polls_closely_while_a_hand_off_is_awaited() -> None:
-    window, agent, clock = _window()
+    window, _agent, clock = _window()
     engine = VllmEngine(VllmEngineConfig(model="m"))
     engine._warmup = window
     assert engine._idle_wait_s() == IDLE_WAIT_S
