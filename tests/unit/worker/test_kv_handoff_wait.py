@@ -127,6 +127,20 @@ def test_two_hand_offs_are_ended_by_two_notifications() -> None:
     assert window.handoffs_notified == 2
 
 
+def test_a_notification_vllm_reads_itself_ends_the_hand_off() -> None:
+    """vLLM's step may read the READ's notification first (through the wrapped agent): the
+    hand-off must end then too, or the engine would poll on for its whole time."""
+    window, agent, clock = _window()
+    window.handed_off(0.2)
+    agent.due.append((clock.t, {"d": [b"HB:req-2", b"req-1:1"]}))
+    assert agent.get_new_notifs() == {"d": [b"HB:req-2", b"req-1:1"]}  # vLLM's own read
+    assert not window.awaiting
+    assert window.handoffs_notified == 1
+    calls = agent.calls
+    assert window.wait(0.005, 0.0005, clock.sleep) is False
+    assert agent.calls == calls
+
+
 def test_the_engine_thread_polls_closely_while_a_hand_off_is_awaited() -> None:
     window, _agent, clock = _window()
     engine = VllmEngine(VllmEngineConfig(model="m"))

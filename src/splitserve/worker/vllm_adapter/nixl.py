@@ -561,11 +561,8 @@ class WarmupWindow:
                     self._expected -= 1
                     continue
                 self._kept.setdefault(agent, []).append(msg)
-                if not msg.startswith(WARM_NOTIF):  # vLLM's own heartbeats name requests
-                    requests += 1
-        for _ in range(min(requests, len(self._handoffs))):
-            self._handoffs.pop(0)
-            self.handoffs_notified += 1
+                requests += _is_request(msg)
+        self._notified(requests)
         if window and self._expected <= 0:
             self._close()
         return requests > 0
@@ -593,6 +590,8 @@ class WarmupWindow:
     def get_new_notifs(self, *args: Any, **kwargs: Any) -> dict[str, list[bytes]]:
         """The agent's `get_new_notifs` as vLLM calls it, plus what `progress` kept."""
         new: dict[str, list[bytes]] = self._get(*args, **kwargs)
+        if self._handoffs:  # a READ's notification vLLM reads itself ends a hand-off too
+            self._notified(sum(_is_request(m) for msgs in new.values() for m in msgs))
         if not self._kept:
             return new
         out, self._kept = self._kept, {}
@@ -600,6 +599,18 @@ class WarmupWindow:
             out.setdefault(agent, []).extend(msgs)
         return out
 
+    def _notified(self, requests: int) -> None:
+        """`requests` READ notifications arrived: end as many open hand-offs, oldest first."""
+        for _ in range(min(requests, len(self._handoffs))):
+            self._handoffs.pop(0)
+            self.handoffs_notified += 1
+
     def _close(self) -> None:
         self._until = 0.0
         self._expected = 0
+
+
+def _is_request(msg: bytes) -> bool:
+    """A request's READ notification (`<request id>:<consumers>`), not a heartbeat (`HB:...`,
+    vLLM's own naming requests, or the warm-up READ's naming none)."""
+    return not msg.startswith(WARM_NOTIF)
