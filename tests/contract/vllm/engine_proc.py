@@ -147,6 +147,9 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                     "opened": w.opened if w else 0,
                     "polls": w.polls if w else 0,
                     "warm_notifs": w.warm_notifs if w else 0,
+                    "handoffs": w.handoffs if w else 0,
+                    "handoffs_ended": w.handoffs_notified + w.handoffs_expired if w else 0,
+                    "handoffs_notified": w.handoffs_notified if w else 0,
                     "reads_pending": engine.kv_warm_reads_pending,
                 }
             elif op == "release":

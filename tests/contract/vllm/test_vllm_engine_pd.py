@@ -90,6 +90,13 @@ def test_pd_is_token_identical_to_aggregated(engines: tuple[EngineProc, EnginePr
     # The decode engine told the source (through the runtime's ReleaseKv client) once per pull.
     released = decode.call("released")
     assert released == [f"127.0.0.1:{prefill.port}/pd-{i}" for i in range(len(PROMPTS))]
+    # The prefill engine awaited each hand-off's READ closely (`WarmupWindow.handed_off`), and
+    # each ended (its notification read, or its 200 ms up): it is not left polling.
+    deadline = time.monotonic() + 30.0  # an event awaited, not a time asserted
+    while (w := prefill.call("warmup"))["handoffs_ended"] < len(PROMPTS):
+        assert time.monotonic() < deadline, w
+        time.sleep(0.05)
+    assert w["handoffs"] == len(PROMPTS), w
 
 
 def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EngineProc]) -> None:

@@ -89,6 +89,14 @@ HELD_POLL_ENV = "SPLITSERVE_KV_HELD_POLL_MS"
 """Milliseconds between the engine's steps while it only holds KV for pulls (or has only
 transfers left): how soon a peer's READ completion (its notification) is progressed here.
 Default 5; for comparisons (docs/benchmarks.md, fresh pairs run 3)."""
+HANDOFF_ENV = "SPLITSERVE_KV_HANDOFF_MS"
+"""How long (ms) after handing a request's KV out the engine progresses NIXL every
+`HANDOFF_POLL_S` while it only holds KV (until a READ notification arrives): 0 to 10000, default
+200; `0` = the behaviour before (a step every `SPLITSERVE_KV_HELD_POLL_MS`), for comparisons."""
+HANDOFF_DEFAULT_MS = 200
+HANDOFF_POLL_S = 0.0005
+"""How often the engine progresses NIXL while a hand-off's READ is awaited (`nixl.WarmupWindow.
+wait`): a notification read call, not an engine step."""
 WARMUP_POLL_S = 0.001
 """While a peer warms up with this engine (`serve_kv_warmup`), or this engine's own warm-up READ
 is in flight, the engine thread progresses NIXL this often even while idle (else: every
@@ -237,6 +245,8 @@ class VllmEngine:
         self._warmup: WarmupWindow | None = None
         """Progresses NIXL while peers warm up with this engine (`serve_kv_warmup`)."""
         self._held_poll_s = held_poll_s()
+        self._handoff_s = handoff_ms() / 1000
+        """How long each hand-off is awaited closely (`SPLITSERVE_KV_HANDOFF_MS`; 0: not)."""
         self.kv_warm_read_error: str | None = None
         """Why the latest warm-up READ was not made (the pair works without it)."""
         self._grammars: GrammarCatchUp | None = None
@@ -730,10 +740,18 @@ class VllmEngine:
                 self._snapshot = self._read_load(core.scheduler)
                 for out in outs:
                     self._dispatch(out)
+                    if warmup is not None and _hands_off(out):
+                        warmup.handed_off(self._handoff_s)
                 if pulls is not None and pulls.in_flight():
                     pulls.drive(PULL_POLL_S)
                 elif not outs and core.scheduler.get_num_unfinished_requests() == 0:
-                    time.sleep(self._held_poll_s)  # only held KV / transfers left: poll
+                    # Only held KV / transfers left: step again after the held-KV poll, but
+                    # while a hand-off's READ is awaited progress NIXL meanwhile (cheap) and
+                    # step as soon as its notification is in.
+                    if warmup is not None:
+                        warmup.wait(self._held_poll_s, HANDOFF_POLL_S, time.sleep)
+                    else:
+                        time.sleep(self._held_poll_s)
         except Exception as e:  # the engine died: fail every request in flight
             log.exception("vLLM engine loop failed")
             for stream in list(self._streams.values()):
@@ -767,7 +785,7 @@ class VllmEngine:
         """How long the idle engine thread may wait for a command: `WARMUP_POLL_S` while a
         peer warms up with this engine or this engine's warm-up READ is young, else
         `IDLE_WAIT_S`."""
-        if self._warmup is not None and self._warmup.active:
+        if self._warmup is not None and (self._warmup.active or self._warmup.awaiting):
             return WARMUP_POLL_S
         if self._warm_reads.pending and time.monotonic() < self._warm_poll_until:
             return WARMUP_POLL_S
@@ -1102,6 +1120,25 @@ def held_poll_s(env: Mapping[str, str] = os.environ) -> float:
     if not 0.1 <= poll_ms <= 100:
         raise ValueError(f"{HELD_POLL_ENV} must be a number of ms in [0.1, 100], not {value!r}")
     return poll_ms / 1000
+
+
+def handoff_ms(env: Mapping[str, str] = os.environ) -> int:
+    """`SPLITSERVE_KV_HANDOFF_MS` (0 to 10000) if set, else 200. Anything else is refused."""
+    value = env.get(HANDOFF_ENV, "")
+    if value == "":
+        return HANDOFF_DEFAULT_MS
+    if not value.isdigit() or int(value) > 10_000:
+        raise ValueError(f"{HANDOFF_ENV} must be a whole number of ms in [0, 10000], not {value!r}")
+    return int(value)
+
+
+def _hands_off(out: Any) -> bool:
+    """Whether a vLLM output is a prefill that finished holding KV for a decode worker's READ
+    (the NIXL connector's `kv_transfer_params` with blocks to read)."""
+    kvp = out.kv_transfer_params if out.finished else None
+    if not kvp or not kvp.get("do_remote_prefill"):
+        return False
+    return any(len(group) > 0 for group in kvp.get("remote_block_ids") or ())
 
 
 def _nixl_worker() -> Any:

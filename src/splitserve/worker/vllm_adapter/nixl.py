@@ -10,6 +10,7 @@ every engine step, `get_new_notifs` on the serving side every step while KV is h
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import inspect
 import logging
@@ -487,12 +488,20 @@ class WarmupWindow:
         self._kept: dict[str, list[bytes]] = {}
         self._until = 0.0
         self._expected = 0
+        self._handoffs: list[float] = []
+        """Deadlines of this engine's hand-offs whose READ has not notified yet (sorted)."""
         self.opened = 0
         """Windows opened."""
         self.polls = 0
-        """`progress` calls that read notifications (inside a window)."""
+        """`progress` calls that read notifications (inside a window or a hand-off)."""
         self.warm_notifs = 0
         """Peers' warm-up notifications consumed."""
+        self.handoffs = 0
+        """Hand-offs announced (`handed_off`)."""
+        self.handoffs_notified = 0
+        """Of those, ended by a request's READ notification read here."""
+        self.handoffs_expired = 0
+        """Of those, ended by their time running out."""
         wrapper.get_new_notifs = self.get_new_notifs
 
     def open(self, seconds: float) -> None:
@@ -510,24 +519,79 @@ class WarmupWindow:
             self._close()
         return self._until > 0.0
 
-    def progress(self) -> None:
-        """Inside a window: progress NIXL, consume warm-up notifications, keep the rest."""
-        if not self.active:
+    def handed_off(self, seconds: float) -> None:
+        """This engine just handed a request's KV out (its prefill finished holding KV for a
+        decode worker, which READs it within milliseconds): progress NIXL promptly until a
+        request's READ notification arrives or `seconds` pass (`wait`).
+
+        Why: the decode worker's READ is reported done only once its completion notification
+        has reached this engine, which needs this side to progress NIXL; the engine stepped
+        only every `SPLITSERVE_KV_HELD_POLL_MS` (5 ms) while holding KV, and the READ waited
+        0.1-5.8 ms for it (docs/benchmarks.md, "KV handoff"). Notifications are matched to
+        hand-offs by count, oldest first, not by request id: each request notification read
+        ends the oldest open hand-off (an approximation; a READ that never comes leaves its
+        hand-off to time out)."""
+        if seconds <= 0:
             return
+        bisect.insort(self._handoffs, self._now() + seconds)
+        self.handoffs += 1
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether a hand-off's READ notification is still expected (within its time)."""
+        now = self._now()
+        while self._handoffs and self._handoffs[0] <= now:
+            self._handoffs.pop(0)
+            self.handoffs_expired += 1
+        return bool(self._handoffs)
+
+    def progress(self) -> bool:
+        """Inside a window or while a hand-off is awaited: progress NIXL, consume warm-up
+        notifications, keep the rest for vLLM. True when a request's notification was read
+        (vLLM's next step can free its KV)."""
+        window, awaiting = self.active, self.awaiting
+        if not (window or awaiting):
+            return False
         self.polls += 1
+        requests = 0
         for agent, msgs in self._get().items():
             for msg in msgs:
                 if msg == WARM_NOTIF:
                     self.warm_notifs += 1
                     self._expected -= 1
-                else:
-                    self._kept.setdefault(agent, []).append(msg)
-        if self._expected <= 0:
+                    continue
+                self._kept.setdefault(agent, []).append(msg)
+                requests += _is_request(msg)
+        self._notified(requests)
+        if window and self._expected <= 0:
             self._close()
+        return requests > 0
+
+    def wait(self, seconds: float, poll_s: float, sleep: Callable[[float], None]) -> bool:
+        """The engine's pause between steps while it only holds KV: `seconds` in all, but while
+        a hand-off is awaited, progress NIXL every `poll_s` and return as soon as a request's
+        notification is read (True), so the peer's READ completes without waiting for the
+        next step. Without an awaited hand-off: one `sleep(seconds)`, as before."""
+        if not self.awaiting:
+            sleep(seconds)
+            return False
+        deadline = self._now() + seconds
+        while True:
+            remaining = deadline - self._now()
+            if remaining <= 0:
+                return False
+            if not self.awaiting:
+                sleep(remaining)
+                return False
+            if self.progress():
+                return True
+            sleep(min(poll_s, remaining))
 
     def get_new_notifs(self, *args: Any, **kwargs: Any) -> dict[str, list[bytes]]:
         """The agent's `get_new_notifs` as vLLM calls it, plus what `progress` kept."""
         new: dict[str, list[bytes]] = self._get(*args, **kwargs)
+        if self._handoffs:  # a READ's notification vLLM reads itself ends a hand-off too
+            self._notified(sum(_is_request(m) for msgs in new.values() for m in msgs))
         if not self._kept:
             return new
         out, self._kept = self._kept, {}
@@ -535,6 +599,18 @@ class WarmupWindow:
             out.setdefault(agent, []).extend(msgs)
         return out
 
+    def _notified(self, requests: int) -> None:
+        """`requests` READ notifications arrived: end as many open hand-offs, oldest first."""
+        for _ in range(min(requests, len(self._handoffs))):
+            self._handoffs.pop(0)
+            self.handoffs_notified += 1
+
     def _close(self) -> None:
         self._until = 0.0
         self._expected = 0
+
+
+def _is_request(msg: bytes) -> bool:
+    """A request's READ notification (`<request id>:<consumers>`), not a heartbeat (`HB:...`,
+    vLLM's own naming requests, or the warm-up READ's naming none)."""
+    return not msg.startswith(WARM_NOTIF)
