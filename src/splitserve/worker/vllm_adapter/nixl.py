@@ -465,7 +465,8 @@ def _null_block_descriptors(worker: Any, engine_id: str) -> tuple[list[int], lis
 
 
 class WarmupWindow:
-    """The serving (prefill) side's part of warming a pair: progress NIXL while a peer warms up.
+    """The serving (prefill) side's part of warming a pair: progress NIXL while a peer warms up;
+    and, in the steady state, while a hand-off's READ is awaited (`handed_off`, `wait`).
 
     Without NIXL's progress thread an engine progresses NIXL only from vLLM's own polls: the
     prefill engine reads its notifications every step while it holds KV, never while idle. A
