@@ -9,6 +9,11 @@ call, so `MuxStream.read` counts the request task's wake-ups at a token's read a
 `stream_body` the body's resumptions. Counts only: cProfile's times are inflated.
 
     python -m tests.bench_router.counts [--src TREE/src] [--env K=V] [--count 2000]
+        [--max-tokens 16] [--top 25] [--prof-out FILE]
+
+`--top N` also prints the N largest self-time shares grouped by source file (cProfile's own
+overhead inflates every call alike, so the shares are indicative, not CPU times); running once
+with `--max-tokens 1` and once with 16 splits the per-request fixed cost from the per-token one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import json
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +64,9 @@ def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="K=V for the router")
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--prompt-tokens", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--top", type=int, default=0, help="print the N largest self-time files")
+    parser.add_argument("--prof-out", default=None, help="keep the cProfile file here")
     args = parser.parse_args()
     os.sched_setaffinity(0, {LOAD_CORE})
     work = Path(tempfile.mkdtemp(prefix="bench-router-counts-"))
@@ -82,7 +91,7 @@ def main() -> None:
         raw = loadgen.request_bytes(
             port,
             "/v1/chat/completions",
-            chat_body("bench", prompt_of(tokenizer, args.prompt_tokens)),
+            chat_body("bench", prompt_of(tokenizer, args.prompt_tokens), args.max_tokens),
         )
         asyncio.run(loadgen.closed_loop(port, raw, 8, 300, 60))  # warm-up
         sat = asyncio.run(loadgen.closed_loop(port, raw, 32, args.count, 60))
@@ -100,6 +109,21 @@ def main() -> None:
                 counts[key] = counts.get(key, 0) + ncalls
     per_request = {k: round(v / total, 2) for k, v in sorted(counts.items())}
     print(json.dumps({"requests": total, "errors": sat.errors, "per_request": per_request}))
+    if args.prof_out:
+        shutil.copyfile(prof, args.prof_out)
+    if args.top:
+        print(json.dumps(self_time_by_file(stats, args.top), indent=1))
+
+
+def self_time_by_file(stats: pstats.Stats, top: int) -> dict[str, float]:
+    """Share of all self time per source file (the last two path parts), largest `top` first."""
+    by_file: dict[str, float] = {}
+    for (file, _, _), (_, _, tottime, *_) in stats.stats.items():  # type: ignore[attr-defined]
+        key = "/".join(Path(file).parts[-2:]) if file.startswith("/") else file
+        by_file[key] = by_file.get(key, 0.0) + tottime
+    whole = sum(by_file.values()) or 1.0
+    ranked = sorted(by_file.items(), key=lambda kv: -kv[1])[:top]
+    return {k: round(v / whole, 3) for k, v in ranked}
 
 
 if __name__ == "__main__":

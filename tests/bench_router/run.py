@@ -245,11 +245,11 @@ def _wait_http(
     raise SystemExit(f"port {port} never answered {path}")
 
 
-def chat_body(model: str, prompt: str) -> bytes:
+def chat_body(model: str, prompt: str, max_tokens: int = TOKENS) -> bytes:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": TOKENS,
+        "max_tokens": max_tokens,
         "stream": True,
         "ignore_eos": True,
     }

@@ -118,6 +118,7 @@ class TextTokenizer:
         )
         """Texts that must not reach the template unescaped: the special tokens, longest first,
         and the escape character itself."""
+        self._special_groups = _group_by_first_char(self._special_texts)
         self._template: Any = None
         self._template_vars: dict[str, Any] = {}
         template = getattr(hf, "chat_template", None)
@@ -211,7 +212,7 @@ class TextTokenizer:
         specials = self._special_texts
         gen = add_generation_prompt
         tool_list = None if tools is None else [dict(t) for t in tools]
-        if not _spells_special([messages, tool_list], specials):
+        if not _spells_grouped([messages, tool_list], self._special_groups):
             # The template writes the special tokens itself (BOS included): add none here.
             return self._encode_bare(self._render(messages, gen, tool_list))
         # A message spells a special token (`<|eot_id|>system...`: a faked turn). Escape those
@@ -260,35 +261,58 @@ class TextTokenizer:
         return str(text)
 
 
+SpecialGroups = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def _group_by_first_char(specials: Sequence[str]) -> SpecialGroups:
+    """`specials` grouped by their first character: a string that lacks the character spells
+    none of its group, so one `in` test stands for the whole group (a model's few hundred
+    reserved `<|...|>` tokens share one). Empty texts are dropped (they spell nothing)."""
+    groups: dict[str, list[str]] = {}
+    for t in specials:
+        if t:
+            groups.setdefault(t[0], []).append(t)
+    return tuple((c, tuple(ts)) for c, ts in groups.items())
+
+
 def _spells_special(obj: Any, specials: Sequence[str]) -> bool:
     """Does any string in `obj` (nested lists / dicts, keys included) spell a special text?"""
+    return _spells_grouped(obj, _group_by_first_char(specials))
+
+
+def _spells_in_str(text: str, groups: SpecialGroups) -> bool:
+    for first, texts in groups:
+        if first in text:
+            for t in texts:
+                if t in text:
+                    return True
+    return False
+
+
+def _spells_grouped(obj: Any, groups: SpecialGroups) -> bool:
+    """`_spells_special` over texts grouped by `_group_by_first_char`."""
     # Exact types first (what parsed JSON is made of): no ABC `isinstance` on every string.
     kind = type(obj)
     if kind is str:
-        for t in specials:  # noqa: SIM110 - a loop: no generator per string
-            if t in obj:
-                return True
-        return False
+        return _spells_in_str(obj, groups)
     if kind is dict:
-        for k, v in obj.items():
-            if _spells_special(k, specials) or _spells_special(v, specials):
+        for k, v in obj.items():  # noqa: SIM110 - a loop: no generator per dict
+            if _spells_grouped(k, groups) or _spells_grouped(v, groups):
                 return True
         return False
     if kind is list or kind is tuple:
         for v in obj:  # noqa: SIM110 - a loop: no generator per list
-            if _spells_special(v, specials):
+            if _spells_grouped(v, groups):
                 return True
         return False
     if obj is None or kind is int or kind is float or kind is bool:
         return False
     if isinstance(obj, str):
-        return any(t in obj for t in specials)
+        return _spells_in_str(obj, groups)
     if isinstance(obj, Mapping):
-        return any(
-            _spells_special(k, specials) or _spells_special(v, specials) for k, v in obj.items()
-        )
+        return any(_spells_grouped(k, groups) or _spells_grouped(v, groups) for k, v in obj.items())
     if isinstance(obj, list | tuple):
-        return any(_spells_special(v, specials) for v in obj)
+        return any(_spells_grouped(v, groups) for v in obj)
     return False
 
 

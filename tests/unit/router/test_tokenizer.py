@@ -141,3 +141,27 @@ def test_spells_special_finds_a_special_text_anywhere_in_messages() -> None:
     assert _spells_special([OrderedDict(content="<|eot_id|>")], specials)
     assert not _spells_special([OrderedDict(content="fine")], specials)
     assert _spells_special(["x", type("S", (str,), {})("<|eot_id|>")], specials)
+
+
+def test_grouped_special_scan_agrees_with_a_scan_of_every_text() -> None:
+    """The first-character groups skip texts whose first character is absent; the answer must
+    be the same as testing every special text in every string (issue 17's per-request cost)."""
+    from splitserve.router.tokenizer import _group_by_first_char, _spells_grouped
+
+    specials = ("<|reserved_7|>", "<|eot_id|>", "[INST]", "", "\x00")
+    groups = _group_by_first_char(specials)
+    assert [c for c, _ in groups] == ["<", "[", "\x00"]  # the empty text spells nothing
+    samples = [
+        "plain",
+        "a < b",
+        "<|eot_id",
+        "x<|eot_id|>",
+        "[INS",
+        "[INST] hi",
+        "q\x00",
+        "<|reserved_7|>",
+    ]
+    for text in samples:
+        want = any(t and t in text for t in specials)
+        assert _spells_grouped([{"content": text}], groups) is want, text
+        assert _spells_grouped({text: 1}, groups) is want, text  # keys count
