@@ -306,10 +306,14 @@ class _QuietTimer(logging.Filter):
         return record.getMessage() != "Timer 'tick' succeeded."
 
 
-def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: Any) -> None:
-    objects = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, _QuietTimer) for f in objects.filters):
-        objects.addFilter(_QuietTimer())
+# How often kopf re-checks a timer or daemon that did not stop at once when its service was
+# deleted. The finalizer (so `kubectl delete llmservice`) waits on that check; kopf's default
+# is 60 s, and a `tick` caught mid-run (it runs in a thread) always misses the instant exit.
+CANCELLATION_POLLING_S = 1.0
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """The kopf settings the operator runs with (set at startup)."""
     settings.persistence.finalizer = f"{v1.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=v1.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -318,6 +322,14 @@ def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: An
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    settings.background.cancellation_polling = CANCELLATION_POLLING_S
+
+
+def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: Any) -> None:
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietTimer) for f in objects.filters):
+        objects.addFilter(_QuietTimer())
+    configure(settings)
     op = _operator(memo)
     op.kube()
     try:

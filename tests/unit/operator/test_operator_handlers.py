@@ -284,3 +284,14 @@ async def test_autoscale_daemon_holds_no_thread_between_ticks(
     assert all(t != threading.current_thread().name for t in ticks)  # ticks run in threads
     stopped.event.set()
     await asyncio.wait_for(daemon, 5)
+
+
+def test_deleted_services_timers_are_rechecked_every_second_not_every_minute() -> None:
+    # A `tick` caught mid-run when its service is deleted does not stop at once; kopf then
+    # holds the finalizer until its next check, 60 s by default (an integration test waiting
+    # 45 s for "service gone" failed on it under load).
+    settings = kopf.OperatorSettings()
+    assert settings.background.cancellation_polling == 60
+    handlers.configure(settings)
+    assert settings.background.cancellation_polling == handlers.CANCELLATION_POLLING_S == 1.0
+    assert settings.persistence.finalizer == f"{v1.GROUP}/finalizer"
