@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
     parser.add_argument("--prompt-tokens", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=16, help="streamed tokens per request")
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--spy-out", default="out/ab-spy-b.txt")
     parser.add_argument("--spy-a", action="store_true", help="profile router A instead of B")
@@ -103,7 +104,9 @@ def main() -> None:
             routers[name] = (port, pids_of[name][0])
         prompt = prompt_of(tokenizer, args.prompt_tokens)
         raw = {
-            n: loadgen.request_bytes(port, "/v1/chat/completions", chat_body("bench", prompt))
+            n: loadgen.request_bytes(
+                port, "/v1/chat/completions", chat_body("bench", prompt, args.max_tokens)
+            )
             for n, (port, _) in routers.items()
         }
         if args.vllm_router:
@@ -111,7 +114,7 @@ def main() -> None:
             routers["V"] = (peer_port, peer.pid)
             pids_of["V"] = [peer.pid]
             raw["V"] = loadgen.request_bytes(
-                peer_port, "/v1/chat/completions", chat_body("m", prompt)
+                peer_port, "/v1/chat/completions", chat_body("m", prompt, args.max_tokens)
             )
         for n, (port, _) in routers.items():
             asyncio.run(loadgen.closed_loop(port, raw[n], 8, 300, 30))  # warm-up
@@ -155,6 +158,7 @@ def main() -> None:
             json.dumps(
                 {
                     "prompt_tokens": args.prompt_tokens,
+                    "max_tokens": args.max_tokens,
                     "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
                     "cpu_ratio_b_over_a": round(mean["B"] / mean["A"], 3),
                     "cpu_ratio_b_over_v": round(mean["B"] / mean["V"], 2) if "V" in mean else None,

@@ -1,6 +1,6 @@
 """A py-spy raw profile of the router (`--format raw`) split into the phases of a request.
 
-    python -m tests.bench_router.spy_phases out/ab-spy-b.txt [--cpu-ms 3.5]
+    python -m tests.bench_router.spy_phases out/ab-spy-b.txt [--cpu-ms 3.5] [--functions 25]
 
 Each sample goes to the first phase (in the order of `PHASES`) with a frame matching one of its
 patterns anywhere in the sample's stack; samples matching none are "other". With `--cpu-ms`
@@ -8,6 +8,10 @@ patterns anywhere in the sample's stack; samples matching none are "other". With
 An approximation: py-spy without `--native` puts the event loop's C code (uvloop, grpc's
 callbacks) on the innermost Python frame that called it, and a coroutine resumed by the loop
 shows only its own chain, so "event loop" is what sits on `asyncio.run` itself.
+
+`--functions N` also prints the N functions with the most samples, self (the innermost frame)
+and cumulative (anywhere in the stack, counted once per sample), as shares and, with `--cpu-ms`,
+milliseconds per request; a function is its name and file (line numbers dropped).
 """
 
 from __future__ import annotations
@@ -121,10 +125,43 @@ def phases(path: str) -> tuple[collections.Counter[str], int]:
     return counts, total
 
 
+def functions(path: str) -> tuple[collections.Counter[str], collections.Counter[str], int]:
+    """Samples per function: (self, cumulative, total)."""
+    own: collections.Counter[str] = collections.Counter()
+    cumulative: collections.Counter[str] = collections.Counter()
+    total = 0
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for line in lines:
+        stack, _, n = line.rstrip("\n").rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        frames = [_frame_name(f) for f in stack.split(";") if f]
+        if not frames:
+            continue
+        own[frames[-1]] += int(n)
+        for name in set(frames):
+            cumulative[name] += int(n)
+    return own, cumulative, total
+
+
+def _frame_name(frame: str) -> str:
+    """`func (path/to/site-packages/pkg/file.py:12)` -> `func (pkg/file.py)`."""
+    frame = re.sub(r":\d+\)$", ")", frame)
+    name, _, where = frame.partition(" (")
+    for marker in ("site-packages/", "/src/", "/lib/python3"):
+        if marker in where:
+            where = where.rsplit(marker, 1)[1]
+            break
+    return f"{name} ({where}" if where else name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("profile")
     parser.add_argument("--cpu-ms", type=float, default=None, help="CPU per request, ms")
+    parser.add_argument("--functions", type=int, default=0, help="also the N top functions")
     args = parser.parse_args()
     counts, total = phases(args.profile)
     print(f"{total} samples")
@@ -132,6 +169,14 @@ def main() -> None:
         share = n / max(total, 1)
         ms = f"  {share * args.cpu_ms:.2f} ms" if args.cpu_ms else ""
         print(f"{100 * share:5.1f} %{ms}  {name}")
+    if args.functions:
+        own, cumulative, total = functions(args.profile)
+        for title, counter in (("self", own), ("cumulative", cumulative)):
+            print(f"-- top {args.functions} functions, {title}")
+            for name, n in counter.most_common(args.functions):
+                share = n / max(total, 1)
+                ms = f"  {share * args.cpu_ms * 1e3:6.0f} us" if args.cpu_ms else ""
+                print(f"{100 * share:5.1f} %{ms}  {name}")
 
 
 if __name__ == "__main__":

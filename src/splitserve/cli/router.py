@@ -27,6 +27,7 @@ from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
+from splitserve.router import gc_tuning
 from splitserve.router.auth import key_sha256_hex, load_key_file
 from splitserve.router.server import RouterServer
 
@@ -235,12 +236,16 @@ def serve_cmd(
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
+    try:
+        settle_gc = gc_tuning.enabled_from_env()
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
     if processes > 1:
         from splitserve.cli.router_processes import supervise
 
         supervise(config, processes, ready_file)
         return
-    _serve(config, ready_file, reuse_port)
+    _serve(config, ready_file, reuse_port, settle_gc)
 
 
 def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:
@@ -253,12 +258,14 @@ def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:
     return tuple(out)
 
 
-def _serve(config: RouterConfig, ready_file: Path | None, reuse_port: bool) -> None:
+def _serve(
+    config: RouterConfig, ready_file: Path | None, reuse_port: bool, settle_gc: bool = False
+) -> None:
     host = config.http_host
     _raise_fd_limit(config.edge.max_connections)
 
     async def main(stop: asyncio.Event) -> None:
-        server = RouterServer(config, reuse_port=reuse_port)
+        server = RouterServer(config, reuse_port=reuse_port, settle_gc=settle_gc)
         await server.start()
         if ready_file is not None:
             info = {

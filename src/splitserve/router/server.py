@@ -34,6 +34,7 @@ from splitserve.router.auth import (
 )
 from splitserve.router.discovery import FileDiscovery, KubernetesDiscovery, PodSource
 from splitserve.router.dispatch import Dispatcher, default_decider
+from splitserve.router.gc_tuning import settle as settle_gc_now
 from splitserve.router.generation import Generator
 from splitserve.router.grpc_service import RouterService
 from splitserve.router.http_backend import HttpWorker
@@ -74,12 +75,16 @@ class RouterServer:
         registry: CollectorRegistry | None = None,
         pod_source: PodSource | None = None,
         reuse_port: bool = False,
+        settle_gc: bool = False,
     ) -> None:
         """`pod_source` replaces the Kubernetes API for discovery (tests). `reuse_port`: bind
         both ports with `SO_REUSEPORT`, so several router processes share them (the kernel
-        spreads new connections across the processes)."""
+        spreads new connections across the processes). `settle_gc`: once started, set the
+        process's garbage collector for a long-running server (`gc_tuning.settle`; a process
+        setting, so `router serve` asks for it and in-process users such as tests do not)."""
         self.config = config
         self.reuse_port = reuse_port
+        self.settle_gc = settle_gc
         self.clock: Clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
@@ -172,6 +177,8 @@ class RouterServer:
             model_root=self.config.tokenizer_dir,
         )
         await self._start_http(self._secured(app))
+        if self.settle_gc:
+            settle_gc_now()
         log.info(
             "router serving %s: http %s:%s grpc %s, %d static workers%s",
             self.config.model_name,
