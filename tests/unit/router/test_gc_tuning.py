@@ -70,7 +70,12 @@ async def test_router_settles_only_when_asked(
     tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(server, "settle_gc_now", lambda: calls.append(1) or (700, 10, 10))
+
+    def fake_settle() -> tuple[int, int, int]:
+        calls.append(1)
+        return (700, 10, 10)
+
+    monkeypatch.setattr(server, "settle_gc_now", fake_settle)
     config = RouterConfig(
         model_name=MODEL,
         tokenizer_dir=str(tokenizer_dir),
