@@ -265,7 +265,8 @@ def _serve(
     _raise_fd_limit(config.edge.max_connections)
 
     async def main(stop: asyncio.Event) -> None:
-        server = RouterServer(config, reuse_port=reuse_port, settle_gc=settle_gc)
+        server = RouterServer(config, reuse_port=reuse_port)
+        server.settle_gc = settle_gc  # read by `start()` (an attribute: test doubles ignore it)
         await server.start()
         if ready_file is not None:
             info = {

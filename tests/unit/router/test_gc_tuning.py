@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,3 +119,39 @@ def test_cli_passes_the_switch_and_refuses_a_bad_value(
     assert result.exit_code == 2
     assert gc_tuning.ENV in result.output
     assert len(got) == 2
+
+
+def test_serve_hands_the_switch_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+
+    class Double:
+        settle_gc = False
+        http_port, grpc_port = 1, 2
+
+        def __init__(self, config: RouterConfig, *, reuse_port: bool = False) -> None:
+            pass
+
+        async def start(self) -> None:
+            seen.append(self.settle_gc)
+
+        async def wait(self) -> None:
+            await asyncio.Event().wait()
+
+        async def stop(self) -> None:
+            pass
+
+    def run(main: Any) -> None:
+        async def runner() -> None:
+            stop = asyncio.Event()
+            stop.set()
+            await main(stop)
+
+        asyncio.run(runner())
+
+    monkeypatch.setattr(cli_router, "RouterServer", Double)
+    monkeypatch.setattr(cli_router, "run_until_signalled", run)
+    monkeypatch.setattr(cli_router, "_raise_fd_limit", lambda _: None)
+    config = RouterConfig(model_name=MODEL, tokenizer_dir="/unused")
+    for settle in (True, False):
+        cli_router._serve(config, None, False, settle)
+    assert seen == [True, False]
