@@ -380,6 +380,9 @@ class Dispatch:
             )
             if outcome == "ok":
                 self._observe_finish()
+            # The exception's traceback holds this frame, whose `error` holds the exception: a
+            # cycle that would leave the whole request to the garbage collector.
+            error = None
 
     def _place(self, views: list[EndpointView] | None = None) -> Placement:
         """Place on `views` (the pool's snapshot admission decided on; None: take one now)."""

@@ -76,7 +76,7 @@ class MuxStream:
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._error: BaseException | None = None
-        self._fallback = fallback
+        self._fallback: Callable[[], Any] | None = fallback
         self._call: Any = None
         """The per-request call that replaced this sub-request (the worker has no Multiplex)."""
         self.deadline: float | None = None
@@ -128,6 +128,10 @@ class MuxStream:
             return
         self._ended = True
         self._error = error
+        if not isinstance(error, _Unsupported):
+            # Only an unsupported link reads the fallback; it closes over this stream (a cycle
+            # that would leave the request's objects to the garbage collector).
+            self._fallback = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -155,7 +159,9 @@ class MuxStream:
             if self._ended:
                 err = self._error
                 if isinstance(err, _Unsupported):
-                    self._call = self._fallback()
+                    fallback, self._fallback = self._fallback, None
+                    assert fallback is not None
+                    self._call = fallback()
                     return await self._call.read()
                 if err is not None:
                     raise err
