@@ -461,10 +461,17 @@ def _fmt_admission(setup: Setup) -> str:
         if a.max_outstanding_per_worker is None
         else f", at most {a.max_outstanding_per_worker} outstanding per decode worker"
     )
+    shed = [c.name for c in setup.classes if c.sheddable]
+    who = (
+        f"class {', '.join(f'`{n}`' for n in shed)} sheddable: requests predicted to miss their "
+        "TTFT deadline are shed and count as misses"
+        if shed
+        else "no class sheddable: queued requests wait however late"
+    )
     return (
         f"the router's admission gate (room while the best prefill worker's predicted backlog "
         f"is within {a.max_backlog_fraction:g}x the tightest TTFT target{cap}, "
-        f"queue {a.queue_capacity}; shed requests count as misses)"
+        f"queue {a.queue_capacity}; {who})"
     )
 
 
