@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitserve.core.ids import PoolName, SloClassName
 from splitserve.core.roles import Role
+from splitserve.policy.admission import SloPolicyClass
 from splitserve.sim.admission import SHED, AdmissionSpec, SimAdmission
 from splitserve.sim.autoscale import (
     ROLES,
@@ -20,8 +23,9 @@ from splitserve.sim.autoscale import (
 )
 from splitserve.sim.cluster import Cluster, ClusterSpec, _record
 from splitserve.sim.engine import Simulator
-from splitserve.sim.entities import PoolSpec
+from splitserve.sim.entities import PoolSpec, SimRequest
 from splitserve.sim.workload import WorkItem
+from tests.unit.sim.builders import colocated, disaggregated
 
 CHAT = SloTarget("chat", 2.0, 0.1)
 SETUP = Setup(classes=(CHAT,))
@@ -166,3 +170,59 @@ def test_outstanding_cap_holds_requests_at_the_gate() -> None:
     assert adm.waiting == len(items) - 2
     sim.run(cluster)
     assert cluster.num_finished == len(items)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 0.05), st.integers(1, 300), st.integers(1, 40)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 8),
+)
+def test_gated_cluster_conserves_requests_and_admits_in_arrival_order(
+    raw: list[tuple[float, int, int]], disagg: bool, sheddable: bool, capacity: int
+) -> None:
+    """At every event arrived = finished + dropped + in flight (queued at the gate counts as in
+    flight); the run drains; only the gate drops (sheds); one class is admitted first come
+    first served; a non-sheddable class is shed only when the queue is full."""
+    t, items = 0.0, []
+    for gap, p, o in raw:
+        t += gap
+        items.append(WorkItem(t, p, o, SloClassName("c")))
+    spec = disaggregated(1, 2, 256) if disagg else colocated(2, 256)
+    cluster = Cluster(spec, items)
+    cls = SloPolicyClass("c", ttft_s=0.05, tpot_s=1.0, sheddable=sheddable)
+    adm = SimAdmission(
+        cluster, [cls], AdmissionSpec(max_backlog_fraction=0.1, queue_capacity=capacity)
+    )
+    cluster.admission = adm
+    order: list[int] = []
+    place = cluster.place
+
+    def placing(req: SimRequest, sim: Simulator) -> None:
+        order.append(int(req.id[1:]))
+        place(req, sim)
+
+    cluster.place = placing  # type: ignore[method-assign]
+    sim = Simulator()
+    cluster.start(sim)
+    while True:
+        while sim.run(cluster, max_events=1):
+            assert cluster.num_arrived == (
+                cluster.num_finished + cluster.num_dropped + cluster.num_in_flight
+            )
+        if not adm.pump(sim):
+            break
+    assert adm.waiting == 0
+    assert cluster.num_in_flight == 0
+    assert cluster.num_finished + cluster.num_dropped == len(items)
+    dropped = [r for r in cluster.requests if r.dropped]
+    assert all(r.dropped.startswith(SHED) for r in dropped)
+    assert len(dropped) == adm.num_shed
+    assert order == sorted(order)
+    if not sheddable and capacity >= len(items):
+        assert adm.num_shed == 0
