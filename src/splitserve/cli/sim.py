@@ -334,6 +334,19 @@ def bundled_trace(kind: str) -> Path:
     help="Diagnostic: the loop's scale-down stabilization window in seconds (default: the "
     "evaluation's, 120).",
 )
+@click.option(
+    "--admission/--no-admission",
+    default=True,
+    help="Place requests through the router's admission gate (default, as the live router: "
+    "arrivals without room wait in its queue and are placed later) or every request at "
+    "arrival (the simulator before the gate).",
+)
+@click.option(
+    "--sheddable",
+    is_flag=True,
+    help="Make the SLO class sheddable: the router's gate sheds (429) requests predicted to "
+    "miss their TTFT deadline; each counts as a miss (default: not sheddable, they wait).",
+)
 def autoscale_cmd(
     scenarios: tuple[str, ...],
     quick: bool,
@@ -345,6 +358,8 @@ def autoscale_cmd(
     variants: tuple[str, ...],
     cold_start_s: float | None,
     stabilization_s: float | None,
+    admission: bool,
+    sheddable: bool,
 ) -> None:
     """Replay traces with the autoscaler and flipper in the loop vs static provisioning."""
     from splitserve.sim import autoscale_eval
@@ -356,6 +371,14 @@ def autoscale_cmd(
     if variants and not ablation:
         raise click.UsageError("--variant needs --ablation")
     diagnostic = cold_start_s is not None or stabilization_s is not None
+    if sheddable and not admission:
+        raise click.UsageError("--sheddable acts through the admission gate: drop --no-admission")
+    gate_flags = sheddable or not admission
+    if gate_flags and (ablation or shortfall):
+        raise click.UsageError(
+            "--no-admission / --sheddable change the evaluation's runs: drop --ablation / "
+            "--shortfall"
+        )
     if ablation:
         if shortfall or no_search or burst_weight is not None or diagnostic:
             raise click.UsageError(
@@ -374,7 +397,7 @@ def autoscale_cmd(
         click.echo(autoscale_eval.shortfall_markdown(names, lines, quick=quick))
         return
     setup = None
-    if burst_weight is not None or diagnostic:
+    if burst_weight is not None or diagnostic or gate_flags:
         from dataclasses import replace
 
         from splitserve.sim.autoscale import Setup
@@ -387,6 +410,10 @@ def autoscale_cmd(
         if stabilization_s is not None:
             params = replace(setup.params, scale_down_stabilization_s=stabilization_s)
             setup = replace(setup, params=params)
+        if not admission:
+            setup = replace(setup, admission=None)
+        if sheddable:
+            setup = replace(setup, classes=tuple(replace(c, sheddable=True) for c in setup.classes))
     report = autoscale_eval.run(
         names, lines, setup=setup, quick=quick, search=not no_search, plots=bool(out_dir)
     )

@@ -18,6 +18,13 @@ engine of the target role (its KV cache is empty after the drain anyway); pendin
 are checked every `resolution_s` (1 s), so a drain completes up to 1 s late; the observation
 sees exact per-request records where the live loop reads router histograms.
 
+Every run (loop, static, scheduled) places requests through the live router's admission gate
+(`Setup.admission`, `sim.admission.SimAdmission`: the router's defaults): an arrival without
+room in the pool waits in the EDF queue and is placed when room appears, on the workers there
+are then, so workers the loop adds take part of a backlog; a sheddable request that cannot meet
+its TTFT deadline is shed and counts as a miss. `Setup.admission = None` places every request at
+arrival (the simulator before the gate; the paper reproductions still do).
+
 `run_static` replays the same workload with fixed pools, for the comparison. Pure: no I/O.
 """
 
@@ -33,6 +40,7 @@ from splitserve.core.ids import PoolName, SloClassName
 from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.request import SloClass
 from splitserve.core.roles import Role
+from splitserve.policy.admission import SloPolicyClass
 from splitserve.policy.planner.aladdin import AladdinPerfModel, fit_perf_model
 from splitserve.policy.planner.autoscaler import (
     AutoscalerParams,
@@ -48,6 +56,7 @@ from splitserve.policy.planner.signals import (
     PoolSignal,
     WorkerLoad,
 )
+from splitserve.sim.admission import SHED, AdmissionSpec, SimAdmission
 from splitserve.sim.cluster import Cluster, ClusterSpec
 from splitserve.sim.engine import Simulator
 from splitserve.sim.entities import PoolSpec, SimRequest, SimWorker, WorkerTemplate
@@ -66,10 +75,27 @@ class SloTarget:
     tpot_s: float
     percentile: float = 0.9
     attainment: float = 0.99
+    priority: int = 0
+    """The router serves a higher priority first when it queues (`SloClassSpec.priority`)."""
+    sheddable: bool = False
+    """Whether the router may shed the class's requests (`SloClassSpec.sheddable`; its default
+    is False: queued however late)."""
 
     def slo_class(self) -> SloClass:
         return SloClass(
             SloClassName(self.name), self.ttft_s * 1000, self.tpot_s * 1000, self.percentile
+        )
+
+    def policy_class(self) -> SloPolicyClass:
+        """The class as the router's admission gate sees it."""
+        return SloPolicyClass(
+            self.name,
+            self.ttft_s,
+            self.tpot_s,
+            self.percentile,
+            self.attainment,
+            self.priority,
+            self.sheddable,
         )
 
 
@@ -119,6 +145,18 @@ class Setup:
     """`RunResult.warm_attainment` counts only the requests arriving after this: the replay
     starts every autoscaled run at `initial` sizes under the trace's full load (a cold start a
     running service does not go through), the static runs at their full sizes."""
+    admission: AdmissionSpec | None = field(default_factory=AdmissionSpec)
+    """The router's admission gate (its defaults: room while the best prefill worker's
+    predicted backlog is within 25 % of the tightest TTFT target, no outstanding cap, 1,024
+    queued). None: every request is placed at arrival (the simulator before the gate)."""
+
+    def gate(self, cluster: Cluster) -> SimAdmission | None:
+        """The admission gate for `cluster` (installed), or None without one."""
+        if self.admission is None:
+            return None
+        gate = SimAdmission(cluster, [c.policy_class() for c in self.classes], self.admission)
+        cluster.admission = gate
+        return gate
 
     def tp_of(self, role: Role) -> int:
         return self.tp if self.tp_by_role is None else self.tp_by_role.get(role, self.tp)
@@ -190,6 +228,18 @@ class RunResult:
     """From `step_at_s` until the added capacity serves (first start or flip completed)."""
     warm_attainment: float | None = None
     """Attainment over the requests arriving after `Setup.warmup_s` (all classes; None: none)."""
+    shed: int = 0
+    """Requests the router's admission gate shed or rejected (each counts as a miss)."""
+    queued: int = 0
+    """Arrivals the gate queued rather than placed at once."""
+
+    @property
+    def requests(self) -> int:
+        return sum(c.requests for c in self.classes)
+
+    @property
+    def shed_fraction(self) -> float:
+        return self.shed / self.requests if self.requests else 0.0
 
     @property
     def attainment(self) -> float:
@@ -339,8 +389,14 @@ def observe(
     now: float,
     setup: Setup,
     finished: Sequence[RequestRecord],
+    gate: SimAdmission | None = None,
 ) -> Observation:
-    """The loop's view of the last `window_s`: the same fields the live loop reads."""
+    """The loop's view of the last `window_s`: the same fields the live loop reads. Arrivals
+    count every request that reached the router (placed, queued or shed: the live
+    `splitserve_router_admission_total`); `finished` holds no shed request (the router counts
+    those as shed, not as SLO results); the gate's queue depth and the window's sheds are
+    `router_queue` and `shed` (the live `splitserve_router_queue_depth` and admission
+    outcomes)."""
     # The replay starts at 0: before a whole window has passed, rates cover what has.
     span = min(setup.window_s, now) if now > 0 else setup.window_s
     start = now - span
@@ -356,6 +412,10 @@ def observe(
         if outs
         else (float(np.mean([r.item.num_output_tokens for r in arrived])) if arrived else None)
     )
+    shed_by_class: dict[str, int] = {}
+    for r in arrived:
+        if r.dropped.startswith(SHED):
+            shed_by_class[r.slo_class] = shed_by_class.get(r.slo_class, 0) + 1
     classes = []
     for c in setup.classes:
         mine = [r for r in finished if r.slo_class == c.name]
@@ -374,6 +434,7 @@ def observe(
                 tpot_s=percentile(tpots, c.percentile) if tpots else None,
                 attainment=met / len(mine) if mine else None,
                 goodput_per_s=met / span,
+                shed=shed_by_class.get(c.name, 0),
             )
         )
     counts = fleet.counts()
@@ -398,6 +459,8 @@ def observe(
         output,
         tuple(classes),
         pools,
+        router_queue=gate.waiting if gate is not None else 0,
+        shed=sum(1 for x in gate.shed_at if x > start) if gate is not None else 0,
         arrival_rate_peak_per_s=peak,
         arrival_rate_peak_window_s=setup.peak_window_s,
         prompt_tokens_cv2=cv2,
@@ -418,13 +481,15 @@ def peak_rate(arrivals: Sequence[float], now: float, span: float, sub_s: float) 
 
 
 def _finished_since(cluster: Cluster, since: float) -> list[RequestRecord]:
+    """Requests that finished (or were dropped, not shed) in the window: the SLO results the
+    live router records (`splitserve_router_slo_requests_total`)."""
     from splitserve.sim.cluster import _record
 
     return [
         _record(r)
         for r in cluster.requests
         if (r.finish_s is not None and r.finish_s > since)
-        or (r.dropped and r.item.arrival_s > since)
+        or (r.dropped and not r.dropped.startswith(SHED) and r.item.arrival_s > since)
     ]
 
 
@@ -441,6 +506,7 @@ def run_autoscaled(
     sim = Simulator()
     cluster = Cluster(spec, items)
     fleet = _Fleet(cluster, template, setup.initial)
+    gate = setup.gate(cluster)
     cluster.start(sim)
     state = AutoscalerState()
     ticks: list[Tick] = []
@@ -456,11 +522,13 @@ def run_autoscaled(
         t += setup.resolution_s
         sim.run(cluster, until_s=t)
         fleet.advance(t)
+        if gate is not None:
+            gate.pump(sim)  # workers joined or left; also the router's periodic re-check
         if t + 1e-9 < next_tick:
             continue
         next_tick += params.interval_s
         finished = _finished_since(cluster, t - setup.window_s)
-        obs = observe(cluster, fleet, t, setup, finished)
+        obs = observe(cluster, fleet, t, setup, finished, gate)
         if obs.mean_prompt_tokens is None or obs.mean_output_tokens is None:
             obs = _with_lengths(obs, last_lengths)
         else:
@@ -471,6 +539,8 @@ def run_autoscaled(
             decision, obs, flip_pairs, setup.max_concurrent_flips, in_flight, setup.flipping
         )
         actions = _act(fleet, decision, flips, t, setup)
+        if gate is not None:
+            gate.pump(sim)
         num_scale += sum(
             1 for p in decision.pools.values() if p.kind in (Kind.SCALE_UP, Kind.SCALE_DOWN)
         )
@@ -499,7 +569,7 @@ def run_autoscaled(
             )
         )
     gpu_s = fleet.finish(sim.now_s if sim.now_s > t else t)
-    result = _summarize(cluster, setup, label, gpu_s)
+    result = _summarize(cluster, setup, label, gpu_s, gate)
     window_ticks = int(params.scale_down_stabilization_s / params.interval_s)
     ready = None
     if step_at_s is not None:
@@ -517,6 +587,8 @@ def run_autoscaled(
         reaction,
         ready,
         result.warm_attainment,
+        result.shed,
+        result.queued,
     )
 
 
@@ -583,9 +655,13 @@ class _Summary:
     classes: tuple[ClassResult, ...]
     gpu_hours: float
     warm_attainment: float | None = None
+    shed: int = 0
+    queued: int = 0
 
 
-def _summarize(cluster: Cluster, setup: Setup, label: str, gpu_s: float) -> _Summary:
+def _summarize(
+    cluster: Cluster, setup: Setup, label: str, gpu_s: float, gate: SimAdmission | None = None
+) -> _Summary:
     from splitserve.sim.cluster import _record
 
     records = [_record(r) for r in cluster.requests]
@@ -611,7 +687,13 @@ def _summarize(cluster: Cluster, setup: Setup, label: str, gpu_s: float) -> _Sum
                 sum(1 for r in mine if r.tpot_s is not None and r.tpot_s > c.tpot_s),
             )
         )
-    return _Summary(tuple(out), gpu_s / 3600, warm_met / len(warm) if warm else None)
+    return _Summary(
+        tuple(out),
+        gpu_s / 3600,
+        warm_met / len(warm) if warm else None,
+        gate.num_shed if gate is not None else 0,
+        gate.num_queued if gate is not None else 0,
+    )
 
 
 def run_static(
@@ -623,11 +705,14 @@ def run_static(
     )
     sim = Simulator()
     cluster = Cluster(spec, items)
+    gate = setup.gate(cluster)
     cluster.start(sim)
     sim.run(cluster)
+    while gate is not None and gate.waiting and gate.pump(sim):
+        sim.run(cluster)  # the gate re-checks on every step; this only catches an idle pool
     end = max(sim.now_s, items[-1].arrival_s if items else 0.0)
     gpu_s = sum(n * setup.tp_of(r) for r, n in pools.items()) * end
-    s = _summarize(cluster, setup, label, gpu_s)
+    s = _summarize(cluster, setup, label, gpu_s, gate)
     return RunResult(
         label,
         s.classes,
@@ -637,6 +722,8 @@ def run_static(
         0,
         peak_workers=dict(pools),
         warm_attainment=s.warm_attainment,
+        shed=s.shed,
+        queued=s.queued,
     )
 
 
@@ -661,6 +748,7 @@ def run_scheduled(
     sim = Simulator()
     cluster = Cluster(spec, items)
     fleet = _Fleet(cluster, template, schedule[0])
+    gate = setup.gate(cluster)
     cluster.start(sim)
     # (time, order, role, +n start / -n fence): starts before fences at the same instant.
     events: list[tuple[float, int, Role, int]] = []
@@ -688,8 +776,10 @@ def run_scheduled(
                 fleet.fence(role, (), -n, None)
             i += 1
         fleet.advance(t)
+        if gate is not None:
+            gate.pump(sim)
     gpu_s = fleet.finish(sim.now_s if sim.now_s > t else t)
-    s = _summarize(cluster, setup, label, gpu_s)
+    s = _summarize(cluster, setup, label, gpu_s, gate)
     return RunResult(
         label,
         s.classes,
@@ -699,6 +789,8 @@ def run_scheduled(
         0,
         peak_workers={r: max(p.get(r, 0) for p in schedule) for r in ROLES},
         warm_attainment=s.warm_attainment,
+        shed=s.shed,
+        queued=s.queued,
     )
 
 

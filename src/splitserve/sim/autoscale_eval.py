@@ -452,6 +452,29 @@ def evaluate(
 # -- reporting ----------------------------------------------------------------------------------
 
 
+def _fmt_admission(setup: Setup) -> str:
+    a = setup.admission
+    if a is None:
+        return "no admission gate (every request placed at arrival)"
+    cap = (
+        ""
+        if a.max_outstanding_per_worker is None
+        else f", at most {a.max_outstanding_per_worker} outstanding per decode worker"
+    )
+    shed = [c.name for c in setup.classes if c.sheddable]
+    who = (
+        f"class {', '.join(f'`{n}`' for n in shed)} sheddable: requests predicted to miss their "
+        "TTFT deadline are shed and count as misses"
+        if shed
+        else "no class sheddable: queued requests wait however late"
+    )
+    return (
+        f"the router's admission gate (room while the best prefill worker's predicted backlog "
+        f"is within {a.max_backlog_fraction:g}x the tightest TTFT target{cap}, "
+        f"queue {a.queue_capacity}; {who})"
+    )
+
+
 def _fmt_pools(p: Mapping[Role, int]) -> str:
     return "P" + str(p.get(Role.PREFILL, 0)) + ":D" + str(p.get(Role.DECODE, 0))
 
@@ -490,13 +513,13 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
         f"{p.scale_down_utilization:g} down, prefill tail fraction {p.ttft_tail_fraction:g}, "
         f"decode occupancy floor {'on' if p.occupancy_floor else 'off'}; "
         f"'after warm-up': requests arriving after "
-        f"{setup.warmup_s:g} s.\n\n"
+        f"{setup.warmup_s:g} s; {_fmt_admission(setup)}.\n\n"
     )
     rows = [
-        "| scenario | run | pools | attainment | after warm-up | GPU-h | vs static-planned "
-        "| vs static-peak | vs static-best | vs oracle | scale actions | flips | oscillations "
-        "| reaction (s) | capacity ready (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | run | pools | attainment | after warm-up | shed | GPU-h "
+        "| vs static-planned | vs static-peak | vs static-best | vs oracle | scale actions "
+        "| flips | oscillations | reaction (s) | capacity ready (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ratio(x: float | None) -> str:
@@ -506,7 +529,7 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
         a = e.autoscaled
         rows.append(
             f"| {e.scenario.name} | autoscaled | up to {_fmt_pools(a.peak_workers)} "
-            f"| {a.attainment:.2%} | {_opt(a.warm_attainment, '.2%')} "
+            f"| {a.attainment:.2%} | {_opt(a.warm_attainment, '.2%')} | {a.shed_fraction:.2%} "
             f"| {a.gpu_hours:.2f} | {ratio(e.gpu_ratio_planned)} | {e.gpu_ratio_peak:.2f}x "
             f"| {ratio(e.gpu_ratio_best)} | {ratio(e.gpu_ratio_oracle)} "
             f"| {a.num_scale_actions} | {a.num_flips} | {a.oscillations} "
@@ -519,7 +542,7 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
             rows.append(
                 f"| {e.scenario.name} | {s.label} | {_fmt_pools(s.peak_workers)} "
                 f"| {s.attainment:.2%} | {_opt(s.warm_attainment, '.2%')} "
-                f"| {s.gpu_hours:.2f} | | | | | | | | | |"
+                f"| {s.shed_fraction:.2%} | {s.gpu_hours:.2f} | | | | | | | | | |"
             )
         o = e.oracle
         if o is not None:
@@ -528,6 +551,7 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
                 f"| {e.scenario.name} | oracle | {_fmt_range(o.schedule)} "
                 f"| {'-' if sim is None else format(sim.attainment, '.2%')} "
                 f"| {'-' if sim is None else _opt(sim.warm_attainment, '.2%')} "
+                f"| {'-' if sim is None else format(sim.shed_fraction, '.2%')} "
                 f"| {o.gpu_hours:.2f} | {ratio(e.oracle_ratio_planned)} | | | | | | | | |"
             )
     notes = [f"- `{e.scenario.name}`: {e.scenario.note}" for e in evals]

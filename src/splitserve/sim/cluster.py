@@ -4,11 +4,13 @@ Owns: `ClusterSpec` (pools, placement profiles, KV transfer mode), the `Cluster`
 handles events, and `simulate()`, which runs a workload to completion and returns a `SimResult`.
 
 Request flow mirrors the live system (design §3): the router places a request at arrival with the
-`PdDecider` (prefill and decode worker chosen together, or aggregated); the prefill worker runs
-the prompt and holds the KV; the decode worker admits the request when its step policy finds
-blocks (pull-based, DistServe §4.3), pulls the KV over its inbound link, then decodes. KV is
-released on the prefill worker when the pull completes. Cluster set-ups: colocated (mixed pools
-only: every request aggregated) and disaggregated (prefill + decode pools).
+`PdDecider` (prefill and decode worker chosen together, or aggregated) — or, with an admission
+gate installed (`Cluster.admission`, `sim.admission`), when the gate admits it; the prefill
+worker runs the prompt and holds the KV; the decode worker admits the request when its step
+policy finds blocks (pull-based, DistServe §4.3), pulls the KV over its inbound link, then
+decodes. KV is released on the prefill worker when the pull completes. Cluster set-ups:
+colocated (mixed pools only: every request aggregated) and disaggregated (prefill + decode
+pools).
 
 Invariant (property-tested): arrived = finished + dropped + in flight, at every event.
 Pure: no I/O, no wall time.
@@ -21,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import pairwise
+from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -77,6 +80,23 @@ class ClusterSpec:
         return sum(p.replicas for p in self.pools)
 
 
+class AdmissionHook(Protocol):
+    """The router's admission gate in front of placement (`sim.admission.SimAdmission`)."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    def arrive(self, req: SimRequest, sim: Simulator) -> None:
+        """Place `req` now (`Cluster.place`), queue it, or shed it (`Cluster.shed`)."""
+
+    def pump(self, sim: Simulator) -> bool:
+        """Re-check the queue (the pool may have changed)."""
+
+    def first_token(self, req: SimRequest, now_s: float) -> None: ...
+
+    def forget(self, req: SimRequest) -> None: ...
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # cluster set-ups subclass it (Splitwise, BROS)
 class Cluster:
     """The world the event loop drives."""
@@ -116,6 +136,9 @@ class Cluster:
         self._live: dict[RequestId, SimRequest] = {}
         self.num_finished = 0
         self.num_dropped = 0
+        self.admission: AdmissionHook | None = None
+        """The live router's admission gate, where the modelled router has one (`sim autoscale`);
+        None (the paper reproductions): every request is placed at arrival."""
 
     # -- bookkeeping --------------------------------------------------------------------------
 
@@ -175,6 +198,13 @@ class Cluster:
         req = SimRequest.from_item(index, self.items[index])
         self.requests.append(req)
         self._live[req.id] = req
+        if self.admission is not None:
+            self.admission.arrive(req, sim)
+        else:
+            self.place(req, sim)
+
+    def place(self, req: SimRequest, sim: Simulator) -> None:
+        """Place an arrived request on workers now (at arrival, or when the gate admits it)."""
         try:
             placement = self.router.place(req, sim.now_s)
         except NoEligibleEndpoint:
@@ -199,6 +229,10 @@ class Cluster:
             self._reserve(req, self.workers[req.decode_worker])
         self._touch(target, sim)
 
+    def shed(self, req: SimRequest, reason: str) -> None:
+        """The gate refused an arrived, unplaced request (shed or rejected: HTTP 429)."""
+        self._drop(req, reason)
+
     def _step_done(self, worker: SimWorker, run_id: object, sim: Simulator) -> None:
         if run_id != worker.run_id:
             return  # a fused run that was cut short: its new end has its own event
@@ -211,16 +245,21 @@ class Cluster:
         worker.step = None
         worker.busy_s += now - worker.step_started_s
         live = self._live
+        admission = self.admission
         for tok in result.tokens:
             req = live[tok.request_id]
             if req.first_token_s is None:
                 req.first_token_s = now
+                if admission is not None:
+                    admission.first_token(req, now)
             req.num_output_tokens = tok.index + 1
         for rid in result.finished:
             self._finish(live[rid], now)
         for rid in result.prefilled:
             self._hand_to_decode(live[rid], sim)
         self._kick(worker, sim)
+        if admission is not None and admission.waiting:
+            admission.pump(sim)  # the pool changed (the live router: each load report)
 
     def _hand_to_decode(self, req: SimRequest, sim: Simulator) -> None:
         self._reserve(req, None)
@@ -264,6 +303,9 @@ class Cluster:
         prefill.changed()
         self._touch(decode, sim)
         self._touch(prefill, sim)
+        admission = self.admission
+        if admission is not None and admission.waiting:
+            admission.pump(sim)
 
     def _kick(self, worker: SimWorker, sim: Simulator) -> None:
         """Start the worker's next step if it is idle and has something it can run."""
@@ -424,6 +466,8 @@ class Cluster:
         self.num_finished += 1
 
     def _drop(self, req: SimRequest, reason: str) -> None:
+        if self.admission is not None:
+            self.admission.forget(req)
         self._reserve(req, None)
         self._count_on(req, None)
         req.dropped = reason

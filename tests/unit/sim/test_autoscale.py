@@ -114,6 +114,27 @@ def test_cli_burst_weight_acts_and_shortfall_refuses_it() -> None:
     assert "--burst-weight" in refused.output
 
 
+def test_cli_admission_flags_act_and_are_refused_where_they_cannot() -> None:
+    base = ["autoscale", "--scenario", "step-5x", "--quick", "--no-search"]
+    gate = CliRunner().invoke(sim, base)
+    assert gate.exit_code == 0, gate.output
+    assert "no class sheddable: queued requests wait however late" in gate.output
+    off = CliRunner().invoke(sim, [*base, "--no-admission"])
+    assert off.exit_code == 0, off.output
+    assert "no admission gate (every request placed at arrival)" in off.output
+    shed = CliRunner().invoke(sim, [*base, "--sheddable"])
+    assert shed.exit_code == 0, shed.output
+    assert "class `chat` sheddable" in shed.output
+    for bad in (
+        ["--sheddable", "--no-admission"],
+        ["--no-admission", "--shortfall"],
+        ["--sheddable", "--ablation"],
+    ):
+        refused = CliRunner().invoke(sim, [*base, *bad])
+        assert refused.exit_code != 0, bad
+        assert "--no-admission" in refused.output or "--sheddable" in refused.output
+
+
 def test_warm_attainment_counts_only_requests_after_the_warm_up() -> None:
     items = step_workload(PAIRS, 1.0, 1.0, 100.0, 0.0, 0.0, np.random.default_rng(3))
     early = [w for w in items if w.arrival_s < 40.0]

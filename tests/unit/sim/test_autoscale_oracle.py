@@ -189,7 +189,7 @@ def test_report_has_the_oracle_row_and_ratios() -> None:
     assert e.gpu_ratio_oracle == pytest.approx(1.25)
     md = autoscale_eval.markdown([e], SETUP)
     assert "| vs static-best | vs oracle |" in md
-    assert "| step-5x | oracle | P1-2:D1-2 | - | - | 1.20 | 0.60x |" in md
+    assert "| step-5x | oracle | P1-2:D1-2 | - | - | - | 1.20 | 0.60x |" in md  # no replay: no shed
     assert "| step-5x | 2.00 | 1.20 (0.01 cold starts) | 0.60x | 1.50 | 0.75x | 1.25x | - |" in md
 
 
