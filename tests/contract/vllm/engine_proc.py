@@ -154,6 +154,18 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 }
             elif op == "release":
                 value = await engine.release_kv(cmd[1])
+            elif op == "cancel":
+                value = await engine.cancel(cmd[1])
+            elif op == "kv_state":  # what vLLM holds now (scheduler, block pool, NIXL leases)
+                value = await engine.kv_state()
+            elif op == "kv_state_settled":  # ... once nothing is held, or after cmd[1] steps
+                start = engine.num_steps
+                while True:
+                    value = await engine.kv_state()
+                    value["steps"] = engine.num_steps - start
+                    if not value["requests"] or value["steps"] >= cmd[1]:
+                        break
+                    await asyncio.sleep(0.001)
             elif op == "released":
                 value = list(released)
             elif op == "load":

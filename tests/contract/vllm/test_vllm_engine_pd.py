@@ -283,6 +283,36 @@ def test_load_reports_vllm_queue_and_kv(engines: tuple[EngineProc, EngineProc]) 
     assert prefill.call("load").num_kv_held == 0
 
 
+def test_a_cancelled_held_prefill_leaves_nothing_held_in_vllm(
+    engines: tuple[EngineProc, EngineProc],
+) -> None:
+    """Prefill, then Cancel instead of a Decode (the router's cancel, the bench's warm-ups):
+    vLLM must free the KV blocks and forget the request within a few engine steps, not keep
+    them for its 30 s lease (vLLM's abort skips finished requests; `nixl.expire_send`)."""
+    prefill, _ = engines
+    idle = prefill.call("kv_state_settled", 50)
+    assert idle["requests"] == [], idle
+    outcome: PrefillOutcome = prefill.call("prefill", _request("drop", [1, *range(10, 300)], 4))
+    assert outcome.kv is not None
+    assert outcome.kv.params is not None
+    vllm_id = outcome.kv.params["remote_request_id"]
+    held = prefill.call("kv_state")
+    assert held["requests"] == [vllm_id] == held["finished_holding"], held
+    assert held["free_blocks"] < idle["free_blocks"]
+    assert held["held_here"] == ["drop"]
+    assert held["has_requests"] is True  # what keeps the engine stepping while KV is held
+
+    assert prefill.call("cancel", RequestId("drop")) is True
+    # Settled: nothing held, or 5 steps gone by (the engine steps while it holds KV).
+    after = prefill.call("kv_state_settled", 5)
+    assert after["requests"] == [], after
+    assert after["need_send"] == after["to_send"] == after["to_process"] == [], after
+    assert after["free_blocks"] == idle["free_blocks"], after
+    assert after["held_here"] == []
+    assert after["has_requests"] is False
+    assert prefill.call("cancel", RequestId("drop")) is False
+
+
 def test_prefill_that_ends_at_the_first_token_holds_nothing(
     engines: tuple[EngineProc, EngineProc],
 ) -> None:
