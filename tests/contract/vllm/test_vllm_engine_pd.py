@@ -290,26 +290,28 @@ def test_a_cancelled_held_prefill_leaves_nothing_held_in_vllm(
     vLLM must free the KV blocks and forget the request within a few engine steps, not keep
     them for its 30 s lease (vLLM's abort skips finished requests; `nixl.expire_send`)."""
     prefill, _ = engines
-    idle = prefill.call("kv_state_settled", 50)
-    assert idle["requests"] == [], idle
+    # Other tests' prefills may still be under their leases (release_kv only stops counting
+    # them here): judge this request by its own id, and the blocks against before it ran.
+    idle = prefill.call("kv_state")
     outcome: PrefillOutcome = prefill.call("prefill", _request("drop", [1, *range(10, 300)], 4))
     assert outcome.kv is not None
     assert outcome.kv.params is not None
     vllm_id = outcome.kv.params["remote_request_id"]
     held = prefill.call("kv_state")
-    assert held["requests"] == [vllm_id] == held["finished_holding"], held
+    assert vllm_id in held["requests"], held
+    assert vllm_id in held["finished_holding"], held
     assert held["free_blocks"] < idle["free_blocks"]
-    assert held["held_here"] == ["drop"]
+    assert "drop" in held["held_here"]
     assert held["has_requests"] is True  # what keeps the engine stepping while KV is held
 
     assert prefill.call("cancel", RequestId("drop")) is True
-    # Settled: nothing held, or 5 steps gone by (the engine steps while it holds KV).
-    after = prefill.call("kv_state_settled", 5)
-    assert after["requests"] == [], after
-    assert after["need_send"] == after["to_send"] == after["to_process"] == [], after
-    assert after["free_blocks"] == idle["free_blocks"], after
-    assert after["held_here"] == []
-    assert after["has_requests"] is False
+    # Within 5 engine steps (the engine steps while it holds KV), nothing of it is left.
+    after = prefill.call("kv_state_gone", vllm_id, 5)
+    assert vllm_id not in after["requests"], after
+    for lease in ("need_send", "to_send", "to_process"):
+        assert vllm_id not in after[lease], after
+    assert after["free_blocks"] >= idle["free_blocks"], after
+    assert "drop" not in after["held_here"]
     assert prefill.call("cancel", RequestId("drop")) is False
 
 
