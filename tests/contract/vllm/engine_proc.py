@@ -154,6 +154,18 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 }
             elif op == "release":
                 value = await engine.release_kv(cmd[1])
+            elif op == "cancel":
+                value = await engine.cancel(cmd[1])
+            elif op == "kv_state":  # what vLLM holds now (scheduler, block pool, NIXL leases)
+                value = await engine.kv_state()
+            elif op == "kv_state_gone":  # ... once vLLM forgot request cmd[1], or cmd[2] steps on
+                start = engine.num_steps
+                while True:
+                    value = await engine.kv_state()
+                    value["steps"] = engine.num_steps - start
+                    if cmd[1] not in value["requests"] or value["steps"] >= cmd[2]:
+                        break
+                    await asyncio.sleep(0.001)
             elif op == "released":
                 value = list(released)
             elif op == "load":

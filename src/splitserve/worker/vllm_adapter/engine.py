@@ -3,7 +3,8 @@
 One engine serves every role, so a role change needs no restart or reload:
 
 * `prefill` runs the prompt with `max_tokens=1` and `kv_transfer_params={"do_remote_decode":
-  True}`; vLLM keeps the KV blocks (for a lease, `kv_hold_timeout_s`) and answers with the
+  True}`; vLLM keeps the KV blocks (for a lease, `kv_hold_timeout_s`, ended at once by a
+  `cancel`: `nixl.expire_send`) and answers with the
   `kv_transfer_params` a decode engine needs, which become `KvHandle(transport="nixl", params=...)`;
 * `decode` continues the request from the prefill's first token: it hands vLLM the prompt plus
   that token with the prefill's params (`do_remote_prefill`); vLLM's NixlConnector pulls the
@@ -65,6 +66,8 @@ from splitserve.worker.vllm_adapter.nixl import (
     WarmReads,
     WarmupWindow,
     clip_pulls,
+    expire_send,
+    kv_state,
 )
 from splitserve.worker.vllm_adapter.nixl import progress_thread as nixl_progress_thread
 from splitserve.worker.vllm_adapter.output_history import FirstTokenAsOutput
@@ -222,7 +225,8 @@ class VllmEngine:
         self.model = config.name
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._streams: dict[RequestId, _Stream] = {}
-        self._held: dict[RequestId, float] = {}
+        self._held: dict[RequestId, tuple[float, str]] = {}
+        """Prefills whose KV vLLM holds for a pull: until when we count them, vLLM's id."""
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._ready: asyncio.Future[None] | None = None
@@ -326,7 +330,8 @@ class VllmEngine:
             kvp = json.loads(json.dumps(out.kv_transfer_params or {}))
             if not kvp:
                 raise KvTransferError(f"vLLM returned no kv_transfer_params for {request.id!r}")
-            self._held[request.id] = time.monotonic() + self.config.kv_hold_timeout_s
+            internal = str(kvp.get("remote_request_id") or request.id)
+            self._held[request.id] = (time.monotonic() + self.config.kv_hold_timeout_s, internal)
             kv = KvHandle(
                 transport=KV_TRANSPORT,
                 source_address=self.config.address,
@@ -402,10 +407,14 @@ class VllmEngine:
                 yield delta
 
     async def cancel(self, request_id: RequestId) -> bool:
-        held = self._held.pop(request_id, None) is not None
+        held = self._held.pop(request_id, None)
+        if held is not None:
+            # A finished prefill whose KV no one will pull: vLLM's abort skips finished
+            # requests, so end its send lease and vLLM frees the blocks in its next step.
+            self._expire_send(held[1])
         stream = self._streams.pop(request_id, None)
         if stream is None:
-            return held
+            return held is not None
         self._abort(request_id)
         stream.queue.put_nowait(_Out((), FinishReason.CANCELLED))
         return True
@@ -417,7 +426,7 @@ class VllmEngine:
 
     def load(self) -> LoadSnapshot:
         now = time.monotonic()
-        for rid in [r for r, until in self._held.items() if until <= now]:
+        for rid in [r for r, (until, _) in self._held.items() if until <= now]:
             del self._held[rid]
         s = self._snapshot
         return LoadSnapshot(
@@ -674,6 +683,28 @@ class VllmEngine:
     def _abort(self, rid: RequestId) -> None:
         if self._engine is not None and not self._stopping.is_set():
             self._commands.put(lambda engine: engine.abort_request([str(rid)]))
+
+    def _expire_send(self, internal: str) -> None:
+        if self._engine is None or self._stopping.is_set() or not self.config.kv_connector:
+            return
+
+        def expire(engine: Any) -> None:
+            expire_send(engine.engine_core.engine_core.scheduler, _nixl_worker(), internal)
+
+        self._commands.put(expire)
+
+    async def kv_state(self) -> dict[str, Any]:
+        """What vLLM holds for KV now (`nixl.kv_state`: scheduler requests, free blocks, the
+        connector's send leases), read on the engine thread; plus the prefills counted as held
+        here. For tests and diagnostics."""
+
+        def read(engine: Any) -> dict[str, Any]:
+            worker = _nixl_worker() if self.config.kv_connector else None
+            return kv_state(engine.engine_core.engine_core.scheduler, worker)
+
+        state: dict[str, Any] = await self._in_engine_thread(read)
+        state["held_here"] = sorted(str(r) for r in self._held)
+        return state
 
     # -- the engine thread ------------------------------------------------------------------
 

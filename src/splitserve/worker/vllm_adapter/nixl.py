@@ -615,3 +615,79 @@ def _is_request(msg: bytes) -> bool:
     """A request's READ notification (`<request id>:<consumers>`), not a heartbeat (`HB:...`,
     vLLM's own naming requests, or the warm-up READ's naming none)."""
     return not msg.startswith(WARM_NOTIF)
+
+
+def expire_send(scheduler: Any, worker: Any, request_id: str, now: float | None = None) -> bool:
+    """End the send lease of a finished prefill whose KV no one will pull (it was cancelled):
+    vLLM's NIXL connector then frees its blocks in the next engine step, as when a lease runs
+    out (`_reap_expired_send_leases` reports it in `finished_sending`; the scheduler frees the
+    blocks and forgets the request), instead of holding them for `kv_lease_duration`.
+
+    vLLM 0.32 has no call for this: `abort_request` skips a finished request, and its
+    connector's own expiry path is the lease. The lease is set in two places, depending on
+    whether the step that ships it to the worker has run: the scheduler side's
+    `_reqs_need_send` (deadline in the scheduler's `perf_counter`, rebased by the worker) and
+    the worker's `_reqs_to_send`. Both deadlines become `now`. True if the request held a lease.
+    """
+    now = time.perf_counter() if now is None else now
+    found = False
+    connector = getattr(getattr(scheduler, "connector", None), "connector_scheduler", None)
+    pending = getattr(connector, "_reqs_need_send", None)
+    if isinstance(pending, dict) and request_id in pending:
+        pending[request_id] = now
+        found = True
+    leases = getattr(worker, "_reqs_to_send", None)
+    if isinstance(leases, dict) and request_id in leases:
+        leases[request_id] = now
+        found = True
+    if found:
+        _quiet_expiry(request_id)
+    return found
+
+
+class _ExpiredOnPurpose(logging.Filter):
+    """Drops vLLM's "Releasing expired KV blocks" warning for leases `expire_send` ended on
+    purpose (a cancel is not a lost decode); every other expiry is still logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.ids or not record.msg.startswith("Releasing expired KV blocks"):
+            return True
+        rid = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if rid in self.ids:
+            self.ids.discard(str(rid))
+            return False
+        return True
+
+
+_EXPIRY_FILTER = _ExpiredOnPurpose()
+
+
+def _quiet_expiry(request_id: str) -> None:
+    logger = logging.getLogger(_WORKER_MODULE)
+    if _EXPIRY_FILTER not in logger.filters:
+        logger.addFilter(_EXPIRY_FILTER)
+    if len(_EXPIRY_FILTER.ids) > 10_000:  # never reaped (the engine stopped): do not grow
+        _EXPIRY_FILTER.ids.clear()
+    _EXPIRY_FILTER.ids.add(request_id)
+
+
+def kv_state(scheduler: Any, worker: Any | None) -> dict[str, Any]:
+    """What vLLM holds for KV right now (read on the engine thread): requests its scheduler
+    knows, those finished but keeping their blocks, the block pool's free count, the connector's
+    send leases (scheduler side, not yet shipped, and worker side) and `has_requests()`."""
+    requests = getattr(scheduler, "requests", {})
+    finished = sorted(str(r) for r, req in requests.items() if req.is_finished())
+    connector = getattr(getattr(scheduler, "connector", None), "connector_scheduler", None)
+    return {
+        "requests": sorted(str(r) for r in requests),
+        "finished_holding": finished,
+        "free_blocks": int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
+        "need_send": sorted(getattr(connector, "_reqs_need_send", {}) or {}),
+        "to_send": sorted(getattr(worker, "_reqs_to_send", {}) or {}),
+        "to_process": sorted(getattr(worker, "_reqs_to_process", set()) or set()),
+        "has_requests": bool(scheduler.has_requests()),
+    }
