@@ -28,6 +28,11 @@ decisions):
   window (as the Kubernetes HPA does), and only once the loop has watched for a whole window;
 - rate limits: at most `max(max_step_up, ⌈current·max_step_up_fraction⌉)` workers added and
   `max_step_down` removed per tick;
+- the router's queue (`Observation.router_queue`: requests held at the admission gate, on no
+  worker) is demand: it adds `backlog_rate` (the rate that clears it within one horizon) to
+  the rate both sides are sized for, counts in decode's occupancy floor, and counts in the
+  prefill side's queue for pressure (a count only: the router's queue depth carries no prompt
+  tokens, so the window's mean prompt stands for theirs);
 - SLO feedback: a class missing its TTFT (TPOT) target with enough samples, or a queue above
   `queue_per_worker` per worker, puts the prefill (decode) side under *pressure*: one more
   worker per tick (unless workers already started for the pool are not serving yet: their
@@ -445,17 +450,30 @@ def work_by_role(
     return out
 
 
+def backlog_rate(queued: int, params: AutoscalerParams) -> float:
+    """The extra arrival rate that clears `queued` requests waiting at the router within one
+    forecast horizon (at least one interval): `queued / max(horizon_s, interval_s)`. The
+    window's arrival rate already counts them once (as arrivals); this is the capacity beyond
+    the arrivals' that the backlog needs to drain. Linear, 0 for an empty queue."""
+    return max(0, queued) / max(params.horizon_s, params.interval_s)
+
+
 def decode_occupancy(
-    pool: PoolSignal | None, stats: LengthStats, perf: AladdinPerfModel, tpot_s: float
+    pool: PoolSignal | None,
+    stats: LengthStats,
+    perf: AladdinPerfModel,
+    tpot_s: float,
+    waiting: int = 0,
 ) -> float:
     """Worker-equivalents the decode workers hold now (0 when they report nothing): the larger
-    of their summed KV use and their requests (running + queued) over the batch that still
-    decodes within `tpot_s` (the model's `slo_batch` at the mean context)."""
+    of their summed KV use and their requests (running + queued, plus `waiting`: requests held
+    at the router, each of which will be decoded) over the batch that still decodes within
+    `tpot_s` (the model's `slo_batch` at the mean context)."""
     if pool is None or not pool.workers:
         return 0.0
     kv = sum(w.kv_used for w in pool.workers if w.kv_used is not None)
     batch = perf.slo_batch(tpot_s, stats.mean_context)
-    held = sum(w.work for w in pool.workers)
+    held = sum(w.work for w in pool.workers) + max(0, waiting)
     return max(kv, held / batch if batch >= 1 else 0.0)
 
 
@@ -614,12 +632,17 @@ def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, s
                 out.setdefault(role, []).append(
                     f"class {c.name}: attainment {c.attainment:.1%} < {c.attainment_target:.0%}"
                 )
+    # Requests held at the router's admission gate wait for the side that takes new requests
+    # (prefill, else mixed, else decode): its queue is theirs plus its workers'.
+    entry = _side("prefill", roles)
     for role, pool in obs.pools.items():
         q = pool.queued
+        held = (obs.router_queue or 0) if role is entry else 0
+        if held:
+            q = (q or 0) + held
         if q is not None and pool.current > 0 and q > params.queue_per_worker * pool.current:
-            out.setdefault(role, []).append(
-                f"{role.value} queue {q} > {params.queue_per_worker:g} per worker"
-            )
+            what = f"{role.value} queue {q}" + (f" ({held} at the router)" if held else "")
+            out.setdefault(role, []).append(f"{what} > {params.queue_per_worker:g} per worker")
     return {r: "; ".join(v) for r, v in out.items()}
 
 
@@ -722,13 +745,19 @@ def decide(
     stats = LengthStats(max(0.0, lengths[0]), max(1.0, lengths[1]))
     tgt = targets or Targets.of(obs.classes)
     roles = tuple(obs.pools)
-    work = work_by_role(roles, rate_f, stats, perf, tgt, params, lengths[2])
+    # The router's queue is demand no worker shows: its requests are sized as extra arrivals
+    # that clear within one horizon (`backlog_rate`), and count as decode's in-flight work.
+    backlog = obs.router_queue or 0
+    extra = backlog_rate(backlog, params)
+    work = work_by_role(roles, rate_f + extra, stats, perf, tgt, params, lengths[2])
     work_high = work
     if params.band_z > 0:
-        high = noisy_rate(rate_f, rate, obs.window_s, params.band_z)
+        high = noisy_rate(rate_f, rate, obs.window_s, params.band_z) + extra
         work_high = work_by_role(roles, high, stats, perf, tgt, params, lengths[2])
     if params.occupancy_floor and Role.DECODE in work:
-        occupied = decode_occupancy(obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s)
+        occupied = decode_occupancy(
+            obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s, waiting=backlog
+        )
         work[Role.DECODE] = max(work[Role.DECODE], occupied)
         work_high[Role.DECODE] = max(work_high[Role.DECODE], occupied)
     pressure = pressure_by_role(obs, params)
@@ -777,6 +806,8 @@ def decide(
         seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
         if params.burst_weight > 0 and obs.arrival_rate_peak_per_s is None:
             seen += ", no burst peak" + (f" ({obs.peak_problem})" if obs.peak_problem else "")
+        if backlog:
+            seen += f", router queue {backlog} (+{extra:.3g} req/s to clear it)"
         basis = (
             f"forecast {rate_f:.3g} req/s ({seen}), "
             f"prompt {stats.mean_prompt_tokens:.0f} / output {stats.mean_output_tokens:.0f} "
@@ -879,6 +910,18 @@ def _risk_lines(obs: Observation, pools: Mapping[Role, PoolDecision]) -> tuple[s
                 line += f"; {role.value} pool at max {mx}"
             elif d.desired > d.current:
                 line += f"; scaling {role.value} {d.current} -> {d.desired}"
+        lines.append(line)
+    entry = _side("prefill", roles)
+    if entry is not None and obs.router_queue and "at the router" in pools[entry].pressure:
+        # Demand held at the router's gate is at risk before any class's finished requests
+        # show it (they finish late, or are shed).
+        d = pools[entry]
+        line = f"router queue {obs.router_queue} waiting: {d.pressure}"
+        mx = obs.pools[entry].max_replicas
+        if mx is not None and d.desired >= mx:
+            line += f"; {entry.value} pool at max {mx}"
+        elif d.desired > d.current:
+            line += f"; scaling {entry.value} {d.current} -> {d.desired}"
         lines.append(line)
     return tuple(lines)
 

@@ -18,6 +18,7 @@ from splitserve.policy.planner.autoscaler import (
     Decision,
     Kind,
     decide,
+    live_params,
     prefill_utilization,
 )
 from splitserve.policy.planner.flipper import drain_order, plan_flips
@@ -411,3 +412,77 @@ def test_bursty_slowly_varying_load_never_reverses_within_a_window(
     window = int(BURSTY.scale_down_stabilization_s / BURSTY.interval_s)
     for r in series:
         assert reversals_within(series[r], window) == 0, series[r]
+
+
+# -- the router's queue (requests held at the admission gate, on no worker) -------------------
+
+
+def queued_at_router(o: Observation, n: int | None) -> Observation:
+    return replace(o, router_queue=n)
+
+
+IDLE = {
+    Role.PREFILL: _loads(Role.PREFILL, [0, 0]),
+    Role.DECODE: _loads(Role.DECODE, [0, 0]),
+}
+
+
+@pytest.mark.parametrize("params", [PARAMS, live_params(10, 60)], ids=["plain", "live"])
+def test_a_router_backlog_with_idle_looking_workers_scales_up(params: AutoscalerParams) -> None:
+    current = {Role.PREFILL: 2, Role.DECODE: 2}
+    state = AutoscalerState()
+    base = obs(0, 1.0, current, workers=IDLE)
+    calm, _ = decide(base, state, PERF, params)
+    assert calm.desired == current  # idle workers, nothing waiting: nothing to add
+    d, _ = decide(queued_at_router(base, 60), state, PERF, params)
+    pre = d.pools[Role.PREFILL]
+    assert pre.desired > pre.current
+    assert "router queue 60" in pre.reason
+    assert "at the router" in pre.pressure
+    assert any(line.startswith("router queue 60 waiting") for line in d.at_risk)
+    # Decode's expected in-flight work counts the queued requests too.
+    assert d.pools[Role.DECODE].work > calm.pools[Role.DECODE].work
+
+
+def test_an_empty_or_unknown_router_queue_adds_nothing() -> None:
+    current = {Role.PREFILL: 2, Role.DECODE: 2}
+    base = obs(0, 1.0, current, workers=IDLE)
+    state = AutoscalerState()
+    none, _ = decide(queued_at_router(base, None), state, PERF, PARAMS)
+    zero, _ = decide(queued_at_router(base, 0), state, PERF, PARAMS)
+    assert none == zero
+    assert zero.desired == current
+    assert zero.at_risk == ()
+    assert not any(p.pressure for p in zero.pools.values())
+
+
+def test_router_queue_pressure_flips_a_decode_worker_with_headroom() -> None:
+    # Decode has workers to spare (stabilized), prefill's only pressure is the router's queue.
+    current = {Role.PREFILL: 1, Role.DECODE: 6}
+    state = AutoscalerState()
+    for i in range(8):
+        _, state = decide(obs(i * 10, 0.2, current, workers=IDLE), state, PERF, PARAMS)
+    o = queued_at_router(obs(80, 0.2, current, workers=IDLE), 12)
+    d, _ = decide(o, state, PERF, PARAMS)
+    assert "at the router" in d.pools[Role.PREFILL].pressure
+    _, flips = plan_flips(d, o, [(Role.DECODE, Role.PREFILL)], max_concurrent=1)
+    assert [(f.source, f.target, f.count) for f in flips] == [(Role.DECODE, Role.PREFILL, 1)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(rates, small, small, st.integers(0, 500), st.integers(0, 500), st.integers(0, 20))
+def test_monotone_in_the_router_queue_and_within_bounds(
+    rate: float, p0: int, d0: int, q1: int, q2: int, history_ticks: int
+) -> None:
+    lo, hi = sorted((q1, q2))
+    state = AutoscalerState()
+    current = {Role.PREFILL: max(1, p0), Role.DECODE: max(1, d0)}
+    for i in range(history_ticks):
+        _, state = decide(obs(i * 10, rate, current), state, PERF, PARAMS)
+    t = history_ticks * 10
+    none, _ = decide(obs(t, rate, current), state, PERF, PARAMS)
+    a, _ = decide(queued_at_router(obs(t, rate, current), lo), state, PERF, PARAMS)
+    b, _ = decide(queued_at_router(obs(t, rate, current), hi), state, PERF, PARAMS)
+    for role in current:
+        assert none.desired[role] <= a.desired[role] <= b.desired[role]
+        assert 1 <= b.desired[role] <= 64
