@@ -158,12 +158,14 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 value = await engine.cancel(cmd[1])
             elif op == "kv_state":  # what vLLM holds now (scheduler, block pool, NIXL leases)
                 value = await engine.kv_state()
-            elif op == "kv_state_gone":  # ... once vLLM forgot request cmd[1], or cmd[2] steps on
-                start = engine.num_steps
+            elif op == "kv_state_settled":  # ... once vLLM id cmd[2] is gone (None: every
+                # request), or after cmd[1] engine steps
+                start, rid = engine.num_steps, (cmd[2] if len(cmd) > 2 else None)
                 while True:
                     value = await engine.kv_state()
                     value["steps"] = engine.num_steps - start
-                    if cmd[1] not in value["requests"] or value["steps"] >= cmd[2]:
+                    gone = rid not in value["requests"] if rid else not value["requests"]
+                    if gone or value["steps"] >= cmd[1]:
                         break
                     await asyncio.sleep(0.001)
             elif op == "released":

@@ -3,8 +3,7 @@
 One engine serves every role, so a role change needs no restart or reload:
 
 * `prefill` runs the prompt with `max_tokens=1` and `kv_transfer_params={"do_remote_decode":
-  True}`; vLLM keeps the KV blocks (for a lease, `kv_hold_timeout_s`, ended at once by a
-  `cancel`: `nixl.expire_send`) and answers with the
+  True}`; vLLM keeps the KV blocks (for a lease, `kv_hold_timeout_s`) and answers with the
   `kv_transfer_params` a decode engine needs, which become `KvHandle(transport="nixl", params=...)`;
 * `decode` continues the request from the prefill's first token: it hands vLLM the prompt plus
   that token with the prefill's params (`do_remote_prefill`); vLLM's NixlConnector pulls the

@@ -654,7 +654,8 @@ class _ExpiredOnPurpose(logging.Filter):
         self.ids: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.ids or not record.msg.startswith("Releasing expired KV blocks"):
+        msg = record.msg
+        if not self.ids or not isinstance(msg, str) or not msg.startswith("Releasing expired"):
             return True
         rid = record.args[0] if isinstance(record.args, tuple) and record.args else None
         if rid in self.ids:
