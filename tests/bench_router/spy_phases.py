@@ -105,23 +105,29 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def _stacks(path: str) -> list[tuple[str, int]]:
+    """The (stack, samples) lines of a py-spy `--format raw` file."""
+    out: list[tuple[str, int]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            if n.isdigit():
+                out.append((stack, int(n)))
+    return out
+
+
 def phases(path: str) -> tuple[collections.Counter[str], int]:
     counts: collections.Counter[str] = collections.Counter()
     total = 0
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for line in lines:
-        stack, _, n = line.rstrip("\n").rpartition(" ")
-        if not n.isdigit():
-            continue
-        total += int(n)
+    for stack, n in _stacks(path):
+        total += n
         frames = re.sub(r":\d+\)", ")", stack)
         for name, patterns in PHASES:
             if any(p in frames for p in patterns):
-                counts[name] += int(n)
+                counts[name] += n
                 break
         else:
-            counts["other"] += int(n)
+            counts["other"] += n
     return counts, total
 
 
@@ -130,19 +136,14 @@ def functions(path: str) -> tuple[collections.Counter[str], collections.Counter[
     own: collections.Counter[str] = collections.Counter()
     cumulative: collections.Counter[str] = collections.Counter()
     total = 0
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for line in lines:
-        stack, _, n = line.rstrip("\n").rpartition(" ")
-        if not n.isdigit():
-            continue
-        total += int(n)
+    for stack, n in _stacks(path):
+        total += n
         frames = [_frame_name(f) for f in stack.split(";") if f]
         if not frames:
             continue
-        own[frames[-1]] += int(n)
+        own[frames[-1]] += n
         for name in set(frames):
-            cumulative[name] += int(n)
+            cumulative[name] += n
     return own, cumulative, total
 
 

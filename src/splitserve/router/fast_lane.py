@@ -34,11 +34,11 @@ serve. The bytes written are those the slow path writes for the same chunk
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from splitserve._gen.v1 import common_pb2
+from splitserve.router.switches import env_switch
 
 if TYPE_CHECKING:
     from splitserve.router.detokenizer import IncrementalDetokenizer
@@ -56,10 +56,7 @@ def enabled_from_env(environ: dict[str, str] | None = None) -> bool:
     Raises:
         ValueError: a value other than 0 or 1, naming the variable.
     """
-    value = (os.environ if environ is None else environ).get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(ENV, environ)
 
 
 class FastLane:

@@ -21,8 +21,9 @@ as long as the process).
 from __future__ import annotations
 
 import gc
-import os
 from typing import Final
+
+from splitserve.router.switches import env_switch
 
 ENV: Final = "SPLITSERVE_ROUTER_GC"
 """`0`: CPython's collector settings untouched; `1` (default): `settle()` after start-up."""
@@ -40,10 +41,7 @@ def enabled_from_env(environ: dict[str, str] | None = None) -> bool:
     Raises:
         ValueError: a value other than 0 or 1, naming the variable.
     """
-    value = (os.environ if environ is None else environ).get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(ENV, environ)
 
 
 def settle() -> tuple[int, int, int]:
