@@ -1109,9 +1109,33 @@ def local_cpu_env(
     return env
 
 
-def _free_port(host: str) -> int:
+EPHEMERAL_RANGE_FILE: Final = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _free_port(host: str, range_file: str = EPHEMERAL_RANGE_FILE) -> int:
+    """A port free now for vLLM's NIXL side channel (`nixl_side_channel_port=0`), taken below
+    the kernel's ephemeral range. The port is released before vLLM binds it, and a port from
+    the ephemeral range (what `bind(0)` gives) can meanwhile be handed to the next `bind(0)` in
+    this process: vLLM's and torch's own port picks during start-up took it in a clean-clone CI
+    run (the NIXL listener then failed with "Address already in use" and the engine never
+    started). No `bind(0)` hands out a port below the range. Falls back to `bind(0)` when the
+    range starts too low to leave room, or nothing below it is free."""
+    import random
     import socket
 
+    try:
+        with open(range_file, encoding="ascii") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    first = max(10_000, low - 20_000)
+    for port in random.sample(range(first, low), k=min(64, max(0, low - first))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
