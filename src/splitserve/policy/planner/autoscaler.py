@@ -904,12 +904,7 @@ def _risk_lines(obs: Observation, pools: Mapping[Role, PoolDecision]) -> tuple[s
             parts.append(f"attainment {c.attainment:.1%} < {c.attainment_target:.0%}")
         line = f"class {c.name}: " + ", ".join(parts)
         for role in dict.fromkeys(s for s in sides if s is not None):
-            d = pools[role]
-            mx = obs.pools[role].max_replicas
-            if mx is not None and d.desired >= mx:
-                line += f"; {role.value} pool at max {mx}"
-            elif d.desired > d.current:
-                line += f"; scaling {role.value} {d.current} -> {d.desired}"
+            line += _what_the_pool_does(role, pools[role], obs.pools[role].max_replicas)
         lines.append(line)
     entry = _side("prefill", roles)
     if entry is not None and obs.router_queue and "at the router" in pools[entry].pressure:
@@ -917,13 +912,17 @@ def _risk_lines(obs: Observation, pools: Mapping[Role, PoolDecision]) -> tuple[s
         # show it (they finish late, or are shed).
         d = pools[entry]
         line = f"router queue {obs.router_queue} waiting: {d.pressure}"
-        mx = obs.pools[entry].max_replicas
-        if mx is not None and d.desired >= mx:
-            line += f"; {entry.value} pool at max {mx}"
-        elif d.desired > d.current:
-            line += f"; scaling {entry.value} {d.current} -> {d.desired}"
-        lines.append(line)
+        lines.append(line + _what_the_pool_does(entry, d, obs.pools[entry].max_replicas))
     return tuple(lines)
+
+
+def _what_the_pool_does(role: Role, d: PoolDecision, max_replicas: int | None) -> str:
+    """The tail of an SLO-at-risk line: the pool at its maximum, or scaling up, or nothing."""
+    if max_replicas is not None and d.desired >= max_replicas:
+        return f"; {role.value} pool at max {max_replicas}"
+    if d.desired > d.current:
+        return f"; scaling {role.value} {d.current} -> {d.desired}"
+    return ""
 
 
 def with_desired(decision: Decision, role: Role, desired: int, kind: Kind, reason: str) -> Decision:
