@@ -2,11 +2,14 @@
 
 Usage: python tools/compare_gpu_steps.py   (prints Markdown for docs/simulator.md)
 
-For every step in `splitserve/core/perf/published/_gpu_steps.py` (H100 and H200, Llama-2-7B and
-Llama-3-8B, TP 1): the measured time and each model's prediction as a ratio to it — the roofline
-on the GPU's hardware preset, Vidur's H100 tables where Vidur covers the model (H100 only), and
-the `measured-*` model fitted on these very steps (an in-sample check of the fit, not a
-validation). Then one layer's non-attention operators: ours against Vidur's H100 tables.
+For every step in `splitserve/core/perf/published/_gpu_steps.py` (H100 and H200, TP 1): the
+measured time and each model's prediction as a ratio to it — the roofline on the GPU's hardware
+preset, Vidur's H100 tables where Vidur covers the model (H100 only), and the `measured-*` model
+fitted on these very steps (an in-sample check of the fit, not a validation). Then one layer's
+non-attention operators: ours against Vidur's H100 tables. Last, the carrying method the
+`--latency gpu` reproductions use (`RescaledModel`: DistServe's A100-80GB fits of OPT-13B moved
+to another GPU by the roofline's per-shape ratio) checked against OPT-13B measured on the H100:
+an out-of-sample test of that method, both of DistServe's engines.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ from __future__ import annotations
 import statistics
 
 from splitserve.core.perf import BatchShape, LatencyModel, build_latency_model
+from splitserve.core.perf.catalog import RescaledModel
+from splitserve.core.perf.distserve import DistServeModel
 from splitserve.core.perf.kvlink import kv_link
 from splitserve.core.perf.published import _gpu_steps
+from splitserve.core.perf.roofline import RooflineModel
+from splitserve.core.perf.shapes import HARDWARE as PRESETS
+from splitserve.core.perf.shapes import MODELS
 from splitserve.core.perf.vidur import VidurModel, vidur_models
 
 HARDWARE = {"h100": "h100-80g", "h200": "h200"}
@@ -91,6 +99,30 @@ def main() -> None:
     )
     ratio = [ms / (vidur.layer_ops_s(t) * 1e3) for t, ms in zip(tokens, ours, strict=True)]
     print("| ratio | " + " | ".join(f"{x:.2f}" for x in ratio) + " |")
+    if ("h100", "opt-13b") in _gpu_steps.STEPS:
+        print()
+        _carried_opt_13b()
+
+
+def _carried_opt_13b() -> None:
+    """DistServe's A100 fits of OPT-13B carried to the H100 (as `gpu_or` carries them to a
+    paper's GPU, the per-step residual held) against the OPT-13B steps measured on an H100."""
+    shape = MODELS["opt-13b"]
+    a100 = RooflineModel(shape, PRESETS["a100-80g"])
+    h100 = RooflineModel(shape, PRESETS["h100-80g"])
+    carried = {}
+    for engine in ("distserve", "vllm"):
+        fit = DistServeModel(engine, "opt-13b", 1, kv_link("nvlink-a100"))
+        carried[engine] = RescaledModel(fit, a100, h100, RescaledModel.fixed_overhead(fit, a100))
+    print("OPT-13B, TP 1: DistServe's A100 fits carried to the H100 / measured on the H100")
+    print()
+    print("| step | measured H100 ms | DistServe engine carried | vLLM (2023) carried |")
+    print("|---|---:|---:|---:|")
+    for kind, b, n, secs in _gpu_steps.STEPS[("h100", "opt-13b")]:
+        s = _shape(kind, b, n)
+        step = f"prefill {n}" if kind == "prefill" else f"decode {b} x {n}"
+        d, v = (carried[e].step_s(s) / secs for e in ("distserve", "vllm"))
+        print(f"| {step} | {secs * 1e3:.2f} | {d:.2f}x | {v:.2f}x |")
 
 
 if __name__ == "__main__":

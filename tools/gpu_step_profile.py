@@ -50,6 +50,9 @@ class Shape:
     heads: int
     kv_heads: int
     vocab: int
+    arch: str = "llama"
+    """'llama': RMSNorm, RoPE, gated SiLU MLP (gate, up, down), no biases. 'opt': pre-LayerNorm
+    with biases, learned positions, ReLU MLP of two matrices (fc1, fc2), biases on every linear."""
 
     @property
     def head_dim(self) -> int:
@@ -60,7 +63,10 @@ SHAPES = {
     "llama-2-7b": Shape("llama-2-7b", 32, 4096, 11008, 32, 32, 32000),
     "llama-3-8b": Shape("llama-3-8b", 32, 4096, 14336, 32, 8, 128256),
     "codellama-34b": Shape("codellama-34b", 48, 8192, 22016, 64, 8, 32000),
+    "llama-2-13b": Shape("llama-2-13b", 40, 5120, 13824, 40, 40, 32000),
+    "opt-13b": Shape("opt-13b", 40, 5120, 20480, 40, 40, 50272, arch="opt"),
     "tiny": Shape("tiny", 2, 256, 512, 4, 2, 1000),
+    "tiny-opt": Shape("tiny-opt", 2, 256, 1024, 4, 4, 1000, arch="opt"),
 }
 
 
@@ -101,8 +107,40 @@ class Layer:
         self.norm2 = torch.ones(d, device=dev, dtype=dt)
         self.qkv = torch.randn((s.heads + 2 * s.kv_heads) * hd, d, device=dev, dtype=dt) * std
         self.o = torch.randn(d, d, device=dev, dtype=dt) * std
-        self.gate_up = torch.randn(2 * s.ffn, d, device=dev, dtype=dt) * std
+        up = 2 * s.ffn if s.arch == "llama" else s.ffn
+        self.gate_up = torch.randn(up, d, device=dev, dtype=dt) * std
         self.down = torch.randn(d, s.ffn, device=dev, dtype=dt) * std
+        # OPT only: LayerNorm biases and linear-layer biases.
+        self.norm1_b = torch.zeros(d, device=dev, dtype=dt)
+        self.norm2_b = torch.zeros(d, device=dev, dtype=dt)
+        self.qkv_b = torch.zeros(self.qkv.shape[0], device=dev, dtype=dt)
+        self.o_b = torch.zeros(d, device=dev, dtype=dt)
+        self.up_b = torch.zeros(up, device=dev, dtype=dt)
+        self.down_b = torch.zeros(d, device=dev, dtype=dt)
+
+    def norm(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        w = self.norm1 if which == 1 else self.norm2
+        if self.s.arch == "opt":
+            b = self.norm1_b if which == 1 else self.norm2_b
+            return F.layer_norm(x, (self.s.hidden,), w, b, 1e-5)
+        return F.rms_norm(x, (self.s.hidden,), w, 1e-5)
+
+    def pre_proj(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.qkv, self.qkv_b if self.s.arch == "opt" else None)
+
+    def post_proj(self, a: torch.Tensor) -> torch.Tensor:
+        return F.linear(a, self.o, self.o_b if self.s.arch == "opt" else None)
+
+    def up_proj(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.gate_up, self.up_b if self.s.arch == "opt" else None)
+
+    def act(self, u: torch.Tensor) -> torch.Tensor:
+        if self.s.arch == "opt":
+            return F.relu(u)
+        return F.silu(u[:, : self.s.ffn]) * u[:, self.s.ffn :]
+
+    def down_proj(self, a: torch.Tensor) -> torch.Tensor:
+        return F.linear(a, self.down, self.down_b if self.s.arch == "opt" else None)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -123,24 +161,27 @@ def layer_ops(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     s = layer.s
     hd = s.head_dim
     t = x.shape[0]
-    h1 = F.rms_norm(x, (s.hidden,), layer.norm1, 1e-5)
-    qkv = h1 @ layer.qkv.T
+    h1 = layer.norm(x, 1)
+    qkv = layer.pre_proj(h1)
     q = qkv[:, : s.heads * hd].reshape(t, s.heads, hd)
     attn_out = torch.randn(t, s.hidden, device=x.device, dtype=x.dtype)
-    h2 = F.rms_norm(x, (s.hidden,), layer.norm2, 1e-5)
-    gu = h2 @ layer.gate_up.T
-    act = F.silu(gu[:, : s.ffn]) * gu[:, s.ffn :]
-    return {
-        "input_layernorm": lambda: F.rms_norm(x, (s.hidden,), layer.norm1, 1e-5),
-        "attn_pre_proj": lambda: h1 @ layer.qkv.T,
+    h2 = layer.norm(x, 2)
+    gu = layer.up_proj(h2)
+    act = layer.act(gu)
+    ops = {
+        "input_layernorm": lambda: layer.norm(x, 1),
+        "attn_pre_proj": lambda: layer.pre_proj(h1),
         "attn_rope": lambda: rope(q, cos, sin),
-        "attn_post_proj": lambda: attn_out @ layer.o.T,
-        "post_attention_layernorm": lambda: F.rms_norm(x, (s.hidden,), layer.norm2, 1e-5),
-        "mlp_up_proj": lambda: h2 @ layer.gate_up.T,
-        "mlp_act": lambda: F.silu(gu[:, : s.ffn]) * gu[:, s.ffn :],
-        "mlp_down_proj": lambda: act @ layer.down.T,
+        "attn_post_proj": lambda: layer.post_proj(attn_out),
+        "post_attention_layernorm": lambda: layer.norm(x, 2),
+        "mlp_up_proj": lambda: layer.up_proj(h2),
+        "mlp_act": lambda: layer.act(gu),
+        "mlp_down_proj": lambda: layer.down_proj(act),
         "add": lambda: x + attn_out,
     }
+    if s.arch == "opt":  # learned positions: no RoPE
+        del ops["attn_rope"]
+    return ops
 
 
 class Model:
@@ -149,7 +190,22 @@ class Model:
         self.emb = torch.randn(s.vocab, s.hidden, device=dev, dtype=dt) * 0.02
         self.head = torch.randn(s.vocab, s.hidden, device=dev, dtype=dt) * 0.02
         self.final_norm = torch.ones(s.hidden, device=dev, dtype=dt)
+        self.final_norm_b = torch.zeros(s.hidden, device=dev, dtype=dt)
+        # OPT's learned positions (OPT was trained to 2,048; the table is sized for the probes,
+        # whose positions only index it)
+        self.pos = torch.randn(8192 + 2, s.hidden, device=dev, dtype=dt) * 0.02
         self.layers = [Layer(s, dev, dt) for _ in range(s.layers)]
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.emb[ids]
+        return x + self.pos[positions] if self.s.arch == "opt" else x
+
+    def final(self, x: torch.Tensor) -> torch.Tensor:
+        if self.s.arch == "opt":
+            x = F.layer_norm(x, (self.s.hidden,), self.final_norm, self.final_norm_b, 1e-5)
+        else:
+            x = F.rms_norm(x, (self.s.hidden,), self.final_norm, 1e-5)
+        return x @ self.head.T
 
     def _attn_block(
         self,
@@ -161,18 +217,17 @@ class Model:
     ) -> torch.Tensor:
         s, hd = self.s, self.s.head_dim
         t = x.shape[0]
-        h = F.rms_norm(x, (s.hidden,), layer.norm1, 1e-5)
-        qkv = h @ layer.qkv.T
-        q = rope(qkv[:, : s.heads * hd].reshape(t, s.heads, hd), cos, sin)
-        k = rope(
-            qkv[:, s.heads * hd : (s.heads + s.kv_heads) * hd].reshape(t, s.kv_heads, hd), cos, sin
-        )
+        h = layer.norm(x, 1)
+        qkv = layer.pre_proj(h)
+        q = qkv[:, : s.heads * hd].reshape(t, s.heads, hd)
+        k = qkv[:, s.heads * hd : (s.heads + s.kv_heads) * hd].reshape(t, s.kv_heads, hd)
+        if s.arch == "llama":
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
         v = qkv[:, (s.heads + s.kv_heads) * hd :].reshape(t, s.kv_heads, hd)
         a = attend(q, k, v)
-        x = x + a.reshape(t, s.hidden) @ layer.o.T
-        h = F.rms_norm(x, (s.hidden,), layer.norm2, 1e-5)
-        gu = h @ layer.gate_up.T
-        return x + (F.silu(gu[:, : s.ffn]) * gu[:, s.ffn :]) @ layer.down.T
+        x = x + layer.post_proj(a.reshape(t, s.hidden))
+        h = layer.norm(x, 2)
+        return x + layer.down_proj(layer.act(layer.up_proj(h)))
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         s = self.s
@@ -189,11 +244,10 @@ class Model:
             )
             return o[0].transpose(0, 1)
 
-        x = self.emb[ids]
+        x = self.embed(ids, torch.arange(n, device=self.dev))
         for layer in self.layers:
             x = self._attn_block(layer, x, cos, sin, attend)
-        x = F.rms_norm(x[-1:], (s.hidden,), self.final_norm, 1e-5)
-        return x @ self.head.T
+        return self.final(x[-1:])
 
     def mixed(
         self, chunk_ids: torch.Tensor, ids: torch.Tensor, cache: torch.Tensor, ctx: int
@@ -205,7 +259,7 @@ class Model:
         pos = torch.cat((torch.arange(n, device=self.dev), torch.full((b,), ctx, device=self.dev)))
         cos, sin = rope_tables(pos, s.head_dim, self.dt)
         gqa = s.kv_heads != s.heads
-        x = self.emb[torch.cat((chunk_ids, ids))]
+        x = self.embed(torch.cat((chunk_ids, ids)), pos)
         for i, layer in enumerate(self.layers):
             kc, vc = cache[i, 0], cache[i, 1]
 
@@ -223,8 +277,7 @@ class Model:
                 return torch.cat((p, d[:, :, 0, :]))
 
             x = self._attn_block(layer, x, cos, sin, attend)
-        x = F.rms_norm(x[n - 1 :], (s.hidden,), self.final_norm, 1e-5)
-        return x @ self.head.T
+        return self.final(x[n - 1 :])
 
     def decode(
         self, ids: torch.Tensor, cache: torch.Tensor, ctx: int, cos: torch.Tensor, sin: torch.Tensor
@@ -232,7 +285,7 @@ class Model:
         """One decode step of b sequences (ids: [b]) at context `ctx`; cache
         [layers, 2, b, kv_heads, ctx + 1, head_dim], position ctx written this step."""
         s = self.s
-        x = self.emb[ids]
+        x = self.embed(ids, torch.full_like(ids, ctx))
         for i, layer in enumerate(self.layers):
             kc, vc = cache[i, 0], cache[i, 1]
 
@@ -245,8 +298,7 @@ class Model:
                 return o[:, :, 0, :]
 
             x = self._attn_block(layer, x, cos, sin, attend)
-        x = F.rms_norm(x, (s.hidden,), self.final_norm, 1e-5)
-        return x @ self.head.T
+        return self.final(x)
 
 
 def profile_ops(s: Shape, timer: Timer, dev: torch.device, dt: torch.dtype, tokens: list[int]):  # type: ignore[no-untyped-def]
@@ -315,10 +367,17 @@ def whole_steps(s: Shape, timer: Timer, dev: torch.device, dt: torch.dtype, tiny
             (1, 512), (1, 2048), (1, 8192), (8, 512), (8, 2048), (32, 512), (32, 2048),
             (64, 1024), (128, 512), (256, 256),
         ]  # fmt: skip
-        for b, c in grid:
+        for b, c0 in grid:
+            # where b x c does not fit beside the weights, halve the context (down to 64):
+            # the decode fit needs g[b] at every batch size, at whatever context fits
+            c = c0
+            while c > 64 and not _fits(s, b, c + 1, dev, dt):
+                c //= 2
             if not _fits(s, b, c + 1, dev, dt):
-                print(f"{s.name}: decode {b} x {c} skipped (GPU memory)", flush=True)
+                print(f"{s.name}: decode {b} x {c0} skipped (GPU memory)", flush=True)
                 continue
+            if c != c0:
+                print(f"{s.name}: decode {b} x {c0} measured at context {c} (GPU memory)")
             cache = torch.zeros(s.layers, 2, b, s.kv_heads, c + 1, s.head_dim, device=dev, dtype=dt)
             ids = torch.randint(0, s.vocab, (b,), device=dev)
             cos, sin = rope_tables(torch.full((b,), c, device=dev), s.head_dim, dt)
@@ -389,7 +448,7 @@ def main() -> None:
         p = torch.cuda.get_device_properties(0)
         env |= {"gpu": p.name, "sms": p.multi_processor_count, "mem_gib": p.total_memory / 2**30}
         torch.backends.cuda.matmul.allow_tf32 = True
-    models = ["tiny"] if a.tiny else a.models.split(",")
+    models = ["tiny", "tiny-opt"] if a.tiny else a.models.split(",")
     tokens = [1, 4, 16, 64] if a.tiny else [
         1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192,
     ]  # fmt: skip

@@ -3,6 +3,12 @@ were fitted on, separate their components correctly, and are chosen and refused 
 
 from __future__ import annotations
 
+import json
+import runpy
+import shutil
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from splitserve.core.perf import BatchShape, build_latency_model
@@ -28,7 +34,17 @@ def test_vendored_steps_are_the_measured_figures() -> None:
     h100 = {(k, b, n): s for k, b, n, s in _gpu_steps.STEPS[("h100", "llama-3-8b")]}
     assert h100[("decode", 256, 256)] == pytest.approx(0.012998032, rel=1e-5)
     assert _gpu_steps.ENV["h200"]["gpu"] == "NVIDIA H200"
-    assert measured_models("h100") == (("codellama-34b", 1), ("llama-2-7b", 1), ("llama-3-8b", 1))
+    # The 2026-11-27 H100 run (OPT-13B; decode b >= 32 at the context that fits: 32 x 1024).
+    opt = {(k, b, n): s for k, b, n, s in _gpu_steps.STEPS[("h100", "opt-13b")]}
+    assert opt[("prefill", 1, 2048)] == pytest.approx(0.086054657, rel=1e-5)
+    assert opt[("decode", 32, 1024)] == pytest.approx(0.019770480, rel=1e-5)
+    assert measured_models("h100") == (
+        ("codellama-34b", 1),
+        ("llama-2-13b", 1),
+        ("llama-2-7b", 1),
+        ("llama-3-8b", 1),
+        ("opt-13b", 1),
+    )
     assert measured_models("h200") == (("llama-2-7b", 1), ("llama-3-8b", 1))
 
 
@@ -95,3 +111,43 @@ def test_chosen_by_name_on_its_own_hardware_only() -> None:
         build_latency_model("measured-h100", "llama-2-70b", "h100-80g")
     with pytest.raises(ValueError, match="TP 1 only"):
         build_latency_model("measured-h100", "llama-2-7b", "h100-80g", tp=2)
+
+
+def _vendor_main() -> Any:
+    path = Path(__file__).resolve().parents[4] / "tools" / "vendor_gpu_steps.py"
+    return runpy.run_path(str(path))["main"]
+
+
+def _fake_run(d: Path, gpu_name: str) -> Path:
+    d.mkdir()
+    (d / "env.json").write_text(
+        json.dumps({"torch": "2.11.0+cu130", "dtype": "torch.bfloat16", "gpu": gpu_name})
+    )
+    (d / "steps-tiny.csv").write_text(
+        "kind,batch,prompt_or_context,seconds\nprefill,1,512,0.01\ndecode,1,512,0.005\n"
+    )
+    (d / "ops-tiny.csv").write_text("op,tokens,ms\nadd,1,0.1\nemb,1,5.0\nmlp_act,1,0.2\n")
+    return d
+
+
+def test_vendor_merge_keeps_the_earlier_runs_and_checks_the_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "_gpu_steps.py"
+    shutil.copy(_gpu_steps.__file__, out)
+    run = _fake_run(tmp_path / "run", "NVIDIA H100 80GB HBM3")
+    _vendor_main()(["--merge", f"h100={run}", "--out", str(out)])
+    merged = runpy.run_path(str(out))
+    assert merged["STEPS"][("h100", "tiny")] == (
+        ("prefill", 1, 512, 0.01),
+        ("decode", 1, 512, 0.005),
+    )
+    assert merged["LAYER_OPS"][("h100", "tiny")] == ((1,), (pytest.approx(0.3),))
+    for key, rows in _gpu_steps.STEPS.items():  # nothing earlier lost or changed
+        assert merged["STEPS"][key] == rows
+    # Without --merge only the run's models remain.
+    _vendor_main()([f"h100={run}", "--out", str(out)])
+    assert set(runpy.run_path(str(out))["STEPS"]) == {("h100", "tiny")}
+    # A run on another GPU model under the same name is refused, not merged.
+    shutil.copy(_gpu_steps.__file__, out)
+    other = _fake_run(tmp_path / "other", "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(SystemExit, match="gpu"):
+        _vendor_main()(["--merge", f"h100={other}", "--out", str(out)])
