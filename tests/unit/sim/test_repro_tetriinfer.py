@@ -107,3 +107,26 @@ def test_padded_prefill_model_prices_a_full_chunk_and_the_predictor() -> None:
     assert padded.kv_transfer_s(1 << 20) == base.kv_transfer_s(1 << 20)
     with pytest.raises(ValueError, match="predictor_overhead"):
         PaddedPrefillModel(base, predictor_overhead=-0.1)
+
+
+@pytest.mark.parametrize("source", ["roofline", "gpu"])
+def test_tetriinfer_instances_move_kv_over_the_papers_emulated_link(source: str) -> None:
+    """§4's mock: the decode instance waits kv_bytes / bandwidth of the emulated link (§5.1
+    TS-RoCE, 200 Gbps), whatever prices the steps. Under `--latency gpu` the fit carried to the
+    V100 used to keep the A100 NVLink it was vendored with (≈ 10× faster); vLLM moves no KV."""
+    from splitserve.core.perf import BatchShape
+    from splitserve.sim.reproductions.common import latency_source
+    from splitserve.sim.reproductions.tetriinfer_cluster import EmulatedLinkModel
+
+    with latency_source(source):
+        prefill = _template("tetriinfer-prefill", {}, padded=True, disaggregated=True)
+        decode = _template("tetriinfer-decode", {}, disaggregated=True)
+        plain = _template("tetriinfer-decode", {})
+    prompt_bytes = 512 * decode.kv_layout.bytes_per_token  # OPT-13B: 800 KiB per token
+    for t in (prefill, decode):
+        assert isinstance(t.latency, EmulatedLinkModel)
+        assert t.latency.kv_transfer_s(prompt_bytes) == pytest.approx(prompt_bytes / 25e9)
+        assert t.latency.kv_transfer_s(0) == 0.0
+    batch = BatchShape(((300, 0),), (600, 600))
+    assert decode.latency.step_s(batch) == plain.latency.step_s(batch)
+    assert decode.latency.ready == plain.latency.ready

@@ -6,7 +6,10 @@ reductions. Pure: returns a `Reproduction`; the runner prints it.
 
 Set-up, as the paper states it or as we infer it where it does not:
 * OPT-13B on V100-32GB, TP 2 per instance (roofline; the V100 figures are defined here because
-  the shared hardware table has no V100). KV link 25 GB/s (the paper's TS-RoCE, 200 Gbps).
+  the shared hardware table has no V100). KV transfer as the paper's mock prices it on its
+  TS-RoCE set-up: bytes / 25 GB/s (200 Gbps), `EmulatedLinkModel`, under either latency source
+  (before: the latency model's own link, under `--latency gpu` the A100 NVLink of DistServe's
+  fit, ≈ 230 GB/s).
 * vLLM: one colocated instance (2 GPUs), vLLM of early 2024 (no chunked prefill, prompts first)
   with the paper's fixed batch size of 16 sequences.
 * TetriInfer: one prefill instance ("tetriinfer-prefill": ChunkSize 512, SJF, PrefillSchedBatch
@@ -44,6 +47,7 @@ from splitserve.sim.reproductions.common import (
     pricing,
 )
 from splitserve.sim.reproductions.tetriinfer_cluster import (
+    EmulatedLinkModel,
     PaddedPrefillModel,
     RoutedMix,
     simulate_tetriinfer,
@@ -81,13 +85,19 @@ CLASSES: tuple[WorkloadClass, ...] = (
 QUICK_CLASSES = ("LPHD", "HPLD", "Mixed")
 
 
-def _template(policy: str, params: Mapping[str, object], padded: bool = False) -> WorkerTemplate:
+def _template(
+    policy: str, params: Mapping[str, object], padded: bool = False, disaggregated: bool = False
+) -> WorkerTemplate:
     """A V100 TP 2 instance; `padded`: TetriInfer's prefill instance, whose steps are priced with
-    zero-padded chunks and the length predictor beside the main model (`PaddedPrefillModel`)."""
+    zero-padded chunks and the length predictor beside the main model (`PaddedPrefillModel`);
+    `disaggregated`: a TetriInfer instance, whose KV moves over the paper's emulated TS-RoCE
+    link (`EmulatedLinkModel`)."""
     model = RooflineModel(MODELS["opt-13b"], V100_32G, tp=2)
     latency: LatencyModel = gpu_or(model, tp=2)
     if padded:
         latency = PaddedPrefillModel(latency)
+    if disaggregated:
+        latency = EmulatedLinkModel(latency)
     return WorkerTemplate(
         latency=latency,
         num_blocks=model.kv_capacity_tokens(0.9) // 16,
@@ -151,8 +161,8 @@ def run_class(cls: WorkloadClass, burst: bool = False) -> tuple[Outcome, Outcome
     vllm = Outcome.of(simulate(vllm_spec(), items))
     mix = RoutedMix()
     spec = tetriinfer_spec(
-        _template("tetriinfer-prefill", {}, padded=True),
-        _template("tetriinfer-decode", {}),
+        _template("tetriinfer-prefill", {}, padded=True, disaggregated=True),
+        _template("tetriinfer-decode", {}, disaggregated=True),
         mix=mix,
     )
     return vllm, Outcome.of(simulate_tetriinfer(spec, items, mix))
@@ -190,7 +200,8 @@ def tetriinfer(quick: bool = False) -> Reproduction:
         "vLLM = 1 colocated instance (prompts first, no chunked prefill, 16 sequences max); "
         "TetriInfer = 1 prefill (ChunkSize 512, SJF, window 16; partial chunks zero-padded, "
         "+10 % per prefill step for the length predictor) + 1 decode (reserve-dynamic, "
-        "G 200 lower end) instance.",
+        "G 200 lower end) instance; KV as the paper's mock prices it on TS-RoCE "
+        "(bytes / 25 GB/s).",
         f"Workload: {NUM_REQUESTS} requests per class, ShareGPT-shaped lengths within the class "
         f"ranges, Poisson arrivals at {RATE_PER_S:g} req/s (the paper states no arrival process).",
         "Ours = 1 − TetriInfer / vLLM; a reduction matches within ±25 % of the paper's.",

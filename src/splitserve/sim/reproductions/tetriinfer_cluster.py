@@ -4,8 +4,9 @@ Owns: `tetriinfer_spec` (a prefill pool running "tetriinfer-prefill", a decode p
 "tetriinfer-decode", prefill routing by least load, decode selection by the "tetriinfer-p2c"
 scorer), `RoutedMix` (the heavy/light decode counts that scorer reads), `PaddedPrefillModel`
 (the paper's prefill instance's step cost: zero-padded chunks, the length predictor beside the
-main model) and `simulate_tetriinfer`, which runs a workload on such a cluster. Built only on
-the simulator's public API (`Cluster`, `Simulator`); nothing in `cluster.py` changes.
+main model), `EmulatedLinkModel` (the paper's mock KV link) and `simulate_tetriinfer`, which
+runs a workload on such a cluster. Built only on the simulator's public API (`Cluster`,
+`Simulator`); nothing in `cluster.py` changes.
 
 Departure from the paper, noted: the decode instance is chosen when the request arrives (the
 live router's model, research C-table "Decode selection"), not by the prefill instance's
@@ -24,6 +25,7 @@ from typing import Any
 
 from splitserve.core.ids import EndpointId, PoolName
 from splitserve.core.perf import BatchShape, LatencyModel
+from splitserve.core.perf.kvlink import KvLink, LinearLink
 from splitserve.core.roles import Role
 from splitserve.policy.placement.base import RequestView
 from splitserve.policy.placement.decider import PdDeciderParams
@@ -77,6 +79,38 @@ class PaddedPrefillModel:
 
     def kv_transfer_s(self, num_bytes: int) -> float:
         return self.base.kv_transfer_s(num_bytes)
+
+
+TS_ROCE = LinearLink(latency_s=0.0, bandwidth_bytes_s=200e9 / 8)
+"""§5.1's TS-RoCE set-up: prefill and decode instances "communicate over 200Gbps RoCE". The
+paper does not move the KV at all (§4's mock): the decode instance holds it pre-loaded, receives
+only the request's metadata, "calculates the latency of the KV cache transfer and waits
+accordingly", the latency "calculated given a specific model architecture and the hardware
+bandwidth we aim to emulate": bytes / bandwidth, no fixed cost. (TS-NVLink, 300 GB/s, is the
+paper's other set-up; the LPLD row holds "for both", the others are not broken out by link.)"""
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedLinkModel:
+    """`base`'s step times with the KV transfer priced by `link`: the paper's emulated link.
+
+    Needed because the latency models bring their own link: the roofline the V100 preset's
+    (25 GB/s plus a fixed latency), DistServe's A100 fit carried to the V100 (`RescaledModel`)
+    the A100 NVLink it was vendored with (Vidur's send/recv, ≈ 230 GB/s at these sizes), which
+    is neither of the paper's emulated links."""
+
+    base: LatencyModel
+    link: KvLink = TS_ROCE
+
+    @property
+    def ready(self) -> bool:
+        return self.base.ready
+
+    def step_s(self, batch: BatchShape) -> float:
+        return self.base.step_s(batch)
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return self.link.transfer_s(num_bytes)
 
 
 class RoutedMix:
