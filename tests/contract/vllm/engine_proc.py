@@ -256,6 +256,17 @@ def free_ports(n: int) -> list[int]:
         return [int(s.getsockname()[1]) for s in socks]
 
 
+def nixl_port() -> int:
+    """A free port for an engine's NIXL side channel, from below the kernel's ephemeral range
+    (the engine's own pick for port 0, `engine._free_port`). A port from `bind(0)` is released
+    before the engine process binds it, and during the engine's start-up another `bind(0)` on
+    the machine can be handed it first (seen: the prefill's NIXL listener failed with "Address
+    already in use" and every test of the module errored)."""
+    from splitserve.worker.vllm_adapter.engine import _free_port
+
+    return _free_port("127.0.0.1")
+
+
 class EngineProc:
     def __init__(
         self, name: str, model_dir: Path, cpu: int, log_dir: Path, ports: tuple[int, int]

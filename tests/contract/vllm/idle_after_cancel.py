@@ -20,7 +20,7 @@ from splitserve.core.ids import RequestId
 from splitserve.core.request import Request, SamplingSpec
 from splitserve.worker.vllm_adapter.tiny_model import TinyModelSpec, write_tiny_model
 
-from .engine_proc import EngineProc, free_ports
+from .engine_proc import EngineProc, free_ports, nixl_port
 
 
 def cpu_s(pid: int) -> float:
@@ -42,8 +42,7 @@ def main() -> None:
         model.mkdir()
         logs.mkdir()
         write_tiny_model(model, TinyModelSpec())
-        ports = free_ports(2)
-        prefill = EngineProc("prefill", model, 0, logs, (ports[0], ports[1]))
+        prefill = EngineProc("prefill", model, 0, logs, (free_ports(1)[0], nixl_port()))
         try:
             prefill.connect(time.monotonic() + 240.0)
             pid = prefill.proc.pid

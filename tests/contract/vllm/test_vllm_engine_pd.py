@@ -20,7 +20,7 @@ from splitserve.core.ids import RequestId
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
 
-from .engine_proc import EngineProc, free_ports
+from .engine_proc import EngineProc, free_ports, nixl_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -32,10 +32,10 @@ def engines(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[EngineProc, EngineProc]]:
     logs = tmp_path_factory.mktemp("engine-logs")
-    ports = free_ports(3)
-    prefill = EngineProc("prefill", tiny_model_dir, 0, logs, (ports[0], ports[1]))
+    ports = free_ports(2)
+    prefill = EngineProc("prefill", tiny_model_dir, 0, logs, (ports[0], nixl_port()))
     # NIXL port 0: the engine picks a free one itself.
-    decode = EngineProc("decode", tiny_model_dir, 1, logs, (ports[2], 0))
+    decode = EngineProc("decode", tiny_model_dir, 1, logs, (ports[1], 0))
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         prefill.connect(deadline)

@@ -635,6 +635,7 @@ class VllmEngine:
     ) -> AsyncGenerator[TokenDelta, None]:
         source = pulled
         trace = self._trace if pulled is not None else None
+        release: KvHandle | None = None  # pulled KV to free at its source after the yield
         try:
             while True:
                 out = await stream.queue.get()
@@ -648,7 +649,14 @@ class VllmEngine:
                     )
                 source = None
                 if pulled is not None and (ids or out.finish_reason is not None):
-                    self._release(pulled)  # the KV is here (or the request ended): free the source
+                    # The KV is here (or the request ended): free the source, but after token
+                    # 2 has been handed on. The ReleaseKv call is a task on this loop; made
+                    # before the yield it ran ahead of token 2's write to the caller (the
+                    # consumer comes back for the next delta once that write is done).
+                    if ids:
+                        release = pulled
+                    else:
+                        self._release(pulled)
                     pulled = None
                 if out.error:
                     yield TokenDelta(ids, FinishReason.ERROR, out.error, out.logprobs)
@@ -658,9 +666,14 @@ class VllmEngine:
                         trace.mark(str(rid), "yield")
                         trace = None
                     yield TokenDelta(ids, out.finish_reason, logprobs=out.logprobs)
+                if release is not None:
+                    self._release(release)
+                    release = None
                 if out.finish_reason is not None:
                     return
         finally:
+            if release is not None:  # the consumer stopped at the first output (or an error)
+                self._release(release)
             if self._streams.get(rid) is stream:
                 del self._streams[rid]
                 self._abort(rid)

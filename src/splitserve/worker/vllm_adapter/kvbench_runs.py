@@ -127,10 +127,15 @@ async def _single(
     return out
 
 
+WARM_LENGTHS = (64, 300)
+"""Prompt lengths of the engines' warm-up requests (`_warm_engines`): the engines' context must
+hold them whatever `--lengths` says."""
+
+
 async def _warm_engines(client: Client, p: WorkerProc, d: WorkerProc, max_tokens: int) -> None:
     from splitserve._gen.v1 import worker_pb2
 
-    for n in (64, 300):
+    for n in WARM_LENGTHS:
         await client.generate(d.address, f"warm-d-{n}", prompt_of(n, seed=-n), max_tokens)
         out = await client.stub(p.address).Prefill(
             worker_pb2.PrefillRequest(
@@ -177,7 +182,7 @@ def run_single(
     if trace:
         trace_file.unlink(missing_ok=True)
         env = {**env, kvtrace.TRACE_ENV: str(trace_file)}
-    args = engine_args(max(lengths) + max_tokens + 16) if engine == "vllm" else []
+    args = engine_args(max(*lengths, *WARM_LENGTHS) + max_tokens + 16) if engine == "vllm" else []
     kw: dict[str, Any] = {"env": env, "engine_args": args, "engine": engine}
     res: dict[str, Any] = {}
     pair = [("prefill", "prefill", 0), ("decode", "decode", DECODE_CPU)]
