@@ -9,11 +9,12 @@ quote: on a shared machine the absolute figures move with the other tenants.
     python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
 
 `--b-env K=V` sets environment variables of router B only (e.g. a setting to compare within
-one tree). `--b-processes 2` runs router B as `router serve --processes 2` with its processes
-allowed on both cores (the 1 -> 2 process scaling, with `--a-src` and `--b-src` the same tree);
-its rows then also give each process's share of B's CPU time (how evenly SO_REUSEPORT spread
-the connections and their requests). On a 2-core machine the second core also runs the load
-generator and the workers, so that speed-up is a lower bound of what a free core gives.
+one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as `router serve
+--processes 2` with its processes allowed on both cores (the 1 -> 2 process scaling, with
+`--a-src` and `--b-src` the same tree); its rows then also give each process's share of B's CPU
+time (how evenly SO_REUSEPORT spread the connections and their requests). On a 2-core machine
+the second core also runs the load generator and the workers, so that speed-up is a lower bound
+of what a free core gives.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--a-src", required=True, help="src/ directory of router A (before)")
     parser.add_argument("--b-src", default=None, help="src/ of router B (default: this tree)")
+    parser.add_argument("--a-env", action="append", default=[], help="K=V for router A only")
     parser.add_argument("--b-env", action="append", default=[], help="K=V for router B only")
     parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
@@ -78,7 +80,7 @@ def main() -> None:
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
         for name, src, extra in (
-            ("A", args.a_src, []),
+            ("A", args.a_src, args.a_env),
             ("B", args.b_src, args.b_env),
         ):
             env = dict(os.environ)

@@ -30,6 +30,7 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,26 @@ _OK: Final = grpc.StatusCode.OK.value[0]
 MUX_HEADER: Final = "splitserve-mux"
 """The header a worker sends first on a `Multiplex` stream it serves."""
 _CODES: Final = {c.value[0]: c for c in grpc.StatusCode}
+
+
+WORKER_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    *FAST_RECONNECT_OPTIONS,
+    ("grpc.http2.bdp_probe", 0),
+)
+"""The options of the router's channel to each worker (`pool_view.PoolView.add`).
+
+`grpc.http2.bdp_probe` 0 keeps HTTP/2's receive window at gRPC's fixed 64 KiB per stream instead
+of letting the bandwidth-delay probe grow it (to megabytes on loopback). That makes the
+`Multiplex` stream coalesce tokens when the router falls behind, with no timer: the worker's
+`mux.serve` writes the next `MuxResponse` when the previous write completes, and a write
+completes only while the window is open, i.e. while the router has read what came before. A
+router that keeps up sees no difference (the window never fills: the first token and every
+token are sent at once); a busy router gets fewer, fuller messages (several tokens of a request
+in one, handled with one detokenize step and one SSE write: `fast_lane`), where the grown window
+had let every token through as a message of its own for the router to read later (issue 17,
+`docs/benchmarks.md` "Eleventh pass"). Cost: at most 64 KiB in flight per stream, i.e. per worker
+~64 KiB per round trip (~300 MB/s at 0.2 ms, ~1.3 MB/s at 50 ms) — tokens are a few dozen
+bytes."""
 
 
 def _error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
