@@ -8,6 +8,10 @@ quote: on a shared machine the absolute figures move with the other tenants.
 
     python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
 
+`--own-workers` gives each router its own pair of workers, run from its own tree (and with its
+`--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
+both routers share one pair (from this tree).
+
 `--b-env K=V` sets environment variables of router B only (e.g. a setting to compare within
 one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as `router serve
 --processes 2` with its processes allowed on both cores (the 1 -> 2 process scaling, with
@@ -24,6 +28,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,6 +62,11 @@ def main() -> None:
     parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
     )
+    parser.add_argument(
+        "--own-workers",
+        action="store_true",
+        help="each router its own zero-delay workers, from its own tree (compares worker changes)",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
     parser.add_argument("--prompt-tokens", type=int, default=200)
@@ -75,7 +85,7 @@ def main() -> None:
     tokenizer = TextTokenizer.from_dir(tok_dir)
     procs = Procs(work)
     try:
-        workers = list(start_zero_delay_workers(procs, work).values())
+        shared = [] if args.own_workers else list(start_zero_delay_workers(procs, work).values())
         routers: dict[str, tuple[int, int]] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
@@ -89,6 +99,7 @@ def main() -> None:
             for kv in extra:
                 k, _, v = kv.partition("=")
                 env[k] = v
+            workers = shared or _own_workers(procs, work, name, env)
             port = _free_port()
             more: list[str] = []
             ready = work / f"router-{name}.json"
@@ -173,6 +184,23 @@ def main() -> None:
         )
     finally:
         procs.stop()
+
+
+def _own_workers(procs: Procs, work: Path, name: str, env: dict[str, str]) -> list[str]:
+    """A zero-delay prefill and decode worker of router `name`, run with its environment (its
+    tree's `PYTHONPATH`) on the load core: their addresses, prefill first."""
+    addresses = []
+    for role in ("prefill", "decode"):
+        ready = work / f"{name}-{role}.json"
+        proc = procs.spawn(
+            f"{name}-{role}",
+            [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
+             "--sim-time-scale", "0", "--ready-file", str(ready)],
+            LOAD_CORE,
+            env,
+        )  # fmt: skip
+        addresses.append(str(_wait_file(ready, proc)["address"]))
+    return addresses
 
 
 if __name__ == "__main__":

@@ -69,19 +69,19 @@ async def _open(options: tuple[tuple[str, int], ...]) -> tuple[Any, Any, _Servic
     return server, channel, service, call, req
 
 
-async def _chunks_per_message(call: Any) -> list[int]:
-    """The number of chunk events in each message until the sub-request's status."""
-    sizes: list[int] = []
+async def _messages(call: Any) -> list[list[int]]:
+    """Per message until the sub-request's status, the tokens of each of its chunk events."""
+    out: list[list[int]] = []
     while True:
         msg = await call.read()
         assert msg is not aio.EOF
-        sizes.append(sum(ev.WhichOneof("event") == "chunk" for ev in msg.events))
-        if any(ev.WhichOneof("event") == "status" for ev in msg.events):
-            return sizes
+        out.append([len(ev.chunk.token_ids) for ev in msg.events if ev.HasField("chunk")])
+        if any(ev.HasField("status") for ev in msg.events):
+            return out
 
 
-async def _behind(options: tuple[tuple[str, int], ...], n: int) -> list[int]:
-    """`n` big chunks released while the client reads nothing, then read: chunks per message."""
+async def _behind(options: tuple[tuple[str, int], ...], n: int) -> list[list[int]]:
+    """`n` big chunks released while the client reads nothing, then read."""
     server, channel, service, call, _ = await _open(options)
     try:
         for _ in range(n):
@@ -89,13 +89,13 @@ async def _behind(options: tuple[tuple[str, int], ...], n: int) -> list[int]:
             await asyncio.sleep(0)  # the worker's writer may send between chunks
         service.release.put_nowait(None)
         await service.done.wait()  # every chunk is sent or waiting in the worker's batch
-        sizes = await _chunks_per_message(call)
+        messages = await _messages(call)
     finally:
         call.cancel()
         await channel.close()
         await server.stop(None)
-    assert sum(sizes) == n + 1
-    return sizes
+    assert sum(map(sum, messages)) == n * len(BIG)
+    return messages
 
 
 def test_the_router_channel_keeps_the_fixed_window() -> None:
@@ -110,7 +110,7 @@ async def test_a_router_that_keeps_up_gets_every_chunk_at_once_alone() -> None:
             msg = await call.read()  # arrives with nothing else released: never held back
             assert [len(ev.chunk.token_ids) for ev in msg.events] == [len(BIG) if i % 2 else 1]
         service.release.put_nowait(None)
-        assert await _chunks_per_message(call) == [1]
+        assert await _messages(call) == [[0]]  # the finishing chunk, then the status
     finally:
         call.cancel()
         await channel.close()
@@ -119,9 +119,12 @@ async def test_a_router_that_keeps_up_gets_every_chunk_at_once_alone() -> None:
 
 async def test_a_router_that_reads_behind_gets_the_tokens_coalesced() -> None:
     n = 300  # ~1.8 MB: far beyond the window
-    sizes = await _behind(WORKER_CHANNEL_OPTIONS, n)
+    messages = await _behind(WORKER_CHANNEL_OPTIONS, n)
     # The messages sent before the window filled (a chunk or a few each), then the rest as one
-    # (the batch that waited for the window to open). With the window grown by gRPC's
-    # bandwidth-delay probe instead (its default): ~120 messages, none over ~50 chunks.
-    assert len(sizes) <= 30, sizes
-    assert max(sizes) >= n // 2, sizes
+    # (the batch that waited for the window to open), its chunks joined into one by the worker
+    # (`worker.mux.merge_into`). With the window grown by gRPC's bandwidth-delay probe instead
+    # (its default): ~120 messages, none over ~50 chunks.
+    assert len(messages) <= 30, messages
+    biggest = max(messages, key=sum)
+    assert sum(biggest) >= n // 2 * len(BIG), messages
+    assert len(biggest) == 1, messages
