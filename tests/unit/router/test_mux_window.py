@@ -1,5 +1,6 @@
-"""The router's worker channel keeps HTTP/2's fixed receive window (`mux.WORKER_CHANNEL_OPTIONS`),
-so a `Multiplex` stream coalesces tokens when the router reads behind and never when it keeps up.
+"""The router's worker channel keeps HTTP/2's receive window small and fixed
+(`mux.WORKER_CHANNEL_OPTIONS`), so a `Multiplex` stream coalesces tokens when the router reads
+behind and never when it keeps up.
 
 A real `grpc.aio` server runs the worker's `mux.serve` over a fake service whose Decode yields
 chunks when the test says so; the client is a channel with the router's options. No timing: the
@@ -16,7 +17,7 @@ from typing import Any
 from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from splitserve.router.mux import WORKER_CHANNEL_OPTIONS
+from splitserve.router.mux import LINK_WINDOW_BYTES, WORKER_CHANNEL_OPTIONS
 from splitserve.worker import mux
 
 BIG = list(range(100_000, 102_000))
@@ -100,6 +101,7 @@ async def _behind(options: tuple[tuple[str, int], ...], n: int) -> list[list[int
 
 def test_the_router_channel_keeps_the_fixed_window() -> None:
     assert ("grpc.http2.bdp_probe", 0) in WORKER_CHANNEL_OPTIONS
+    assert ("grpc.http2.lookahead_bytes", LINK_WINDOW_BYTES) in WORKER_CHANNEL_OPTIONS
 
 
 async def test_a_router_that_keeps_up_gets_every_chunk_at_once_alone() -> None:
