@@ -8,12 +8,17 @@ quote: on a shared machine the absolute figures move with the other tenants.
 
     python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
 
+`--own-workers` gives each router its own pair of workers, run from its own tree (and with its
+`--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
+both routers share one pair (from this tree).
+
 `--b-env K=V` sets environment variables of router B only (e.g. a setting to compare within
-one tree). `--b-processes 2` runs router B as `router serve --processes 2` with its processes
-allowed on both cores (the 1 -> 2 process scaling, with `--a-src` and `--b-src` the same tree);
-its rows then also give each process's share of B's CPU time (how evenly SO_REUSEPORT spread
-the connections and their requests). On a 2-core machine the second core also runs the load
-generator and the workers, so that speed-up is a lower bound of what a free core gives.
+one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as `router serve
+--processes 2` with its processes allowed on both cores (the 1 -> 2 process scaling, with
+`--a-src` and `--b-src` the same tree); its rows then also give each process's share of B's CPU
+time (how evenly SO_REUSEPORT spread the connections and their requests). On a 2-core machine
+the second core also runs the load generator and the workers, so that speed-up is a lower bound
+of what a free core gives.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -51,9 +57,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--a-src", required=True, help="src/ directory of router A (before)")
     parser.add_argument("--b-src", default=None, help="src/ of router B (default: this tree)")
+    parser.add_argument("--a-env", action="append", default=[], help="K=V for router A only")
     parser.add_argument("--b-env", action="append", default=[], help="K=V for router B only")
     parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
+    )
+    parser.add_argument(
+        "--own-workers",
+        action="store_true",
+        help="each router its own zero-delay workers, from its own tree (compares worker changes)",
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
@@ -73,12 +85,12 @@ def main() -> None:
     tokenizer = TextTokenizer.from_dir(tok_dir)
     procs = Procs(work)
     try:
-        workers = list(start_zero_delay_workers(procs, work).values())
+        shared = [] if args.own_workers else list(start_zero_delay_workers(procs, work).values())
         routers: dict[str, tuple[int, int]] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
         for name, src, extra in (
-            ("A", args.a_src, []),
+            ("A", args.a_src, args.a_env),
             ("B", args.b_src, args.b_env),
         ):
             env = dict(os.environ)
@@ -87,6 +99,7 @@ def main() -> None:
             for kv in extra:
                 k, _, v = kv.partition("=")
                 env[k] = v
+            workers = shared or _own_workers(procs, work, name, env)
             port = _free_port()
             more: list[str] = []
             ready = work / f"router-{name}.json"
@@ -171,6 +184,23 @@ def main() -> None:
         )
     finally:
         procs.stop()
+
+
+def _own_workers(procs: Procs, work: Path, name: str, env: dict[str, str]) -> list[str]:
+    """A zero-delay prefill and decode worker of router `name`, run with its environment (its
+    tree's `PYTHONPATH`) on the load core: their addresses, prefill first."""
+    addresses = []
+    for role in ("prefill", "decode"):
+        ready = work / f"{name}-{role}.json"
+        proc = procs.spawn(
+            f"{name}-{role}",
+            [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
+             "--sim-time-scale", "0", "--ready-file", str(ready)],
+            LOAD_CORE,
+            env,
+        )  # fmt: skip
+        addresses.append(str(_wait_file(ready, proc)["address"]))
+    return addresses
 
 
 if __name__ == "__main__":

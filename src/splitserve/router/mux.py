@@ -30,6 +30,7 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,29 @@ _OK: Final = grpc.StatusCode.OK.value[0]
 MUX_HEADER: Final = "splitserve-mux"
 """The header a worker sends first on a `Multiplex` stream it serves."""
 _CODES: Final = {c.value[0]: c for c in grpc.StatusCode}
+
+
+LINK_WINDOW_BYTES: Final = 2048
+"""The HTTP/2 receive window of a worker stream (see `WORKER_CHANNEL_OPTIONS`)."""
+WORKER_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    *FAST_RECONNECT_OPTIONS,
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", LINK_WINDOW_BYTES),
+)
+"""The options of the router's channel to each worker (`pool_view.PoolView.add`).
+
+They keep HTTP/2's receive window per stream small and fixed (`LINK_WINDOW_BYTES`; gRPC's
+bandwidth-delay probe would grow it to megabytes on loopback). That makes the `Multiplex` stream
+coalesce tokens when the router reads behind, with no timer: the worker's `mux.serve` writes the
+next `MuxResponse` when the previous write completes, and a write completes only while the window
+is open, i.e. once the router has read what came before. A router that keeps up sees no
+difference (the window does not fill: the first token and every token are sent at once); a busy
+router gets fewer, fuller messages (several tokens of a request in one chunk, `merge_into` on the
+worker, handled with one detokenize step and one SSE write: `fast_lane`), where a large window
+let every token through as a message of its own for the router to read later (issue 17,
+`docs/benchmarks.md` "Eleventh pass"). Cost: at most the window in flight per worker stream per
+round trip (~2 KiB: ~10 MB/s at a 0.2 ms in-cluster round trip, ~40 KB/s at 50 ms; a token event
+is ~10-30 bytes), so a router far from its workers would want it larger."""
 
 
 def _error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:

@@ -28,7 +28,6 @@ from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.api.router import PoolSettings
-from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 from splitserve.core.clock import Clock
 from splitserve.core.ids import EndpointId
 from splitserve.core.roles import Role
@@ -36,6 +35,7 @@ from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
 from splitserve.router.latency import LatencyBook
 from splitserve.router.ledger import Ledger
+from splitserve.router.mux import WORKER_CHANNEL_OPTIONS
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class PoolView:
         eid = EndpointId(address)
         if eid in self._endpoints:
             return eid
-        channel = tls.aio_channel(address, options=FAST_RECONNECT_OPTIONS)
+        channel = tls.aio_channel(address, options=WORKER_CHANNEL_OPTIONS)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
         return self._add(eid, channel, stub, address)
 

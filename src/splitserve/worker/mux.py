@@ -3,7 +3,9 @@
 The router opens one such stream per worker instead of a gRPC call per request: per-call set-up,
 trailers and the per-call tasks of `grpc.aio` are paid once per connection, and the events of
 every sub-request that are ready together leave as one message (`MuxResponse`), so a busy worker
-sends far fewer messages than tokens.
+sends far fewer messages than tokens. The chunks of one sub-request that wait for the same message
+(the router reads behind: the previous write is held by HTTP/2 flow control, `router.mux`
+`WORKER_CHANNEL_OPTIONS`) are joined into one chunk (`merge_into`), as the router would merge them.
 
 Each sub-request runs through the very handler its own call would (`WorkerService.Prefill`,
 `Decode`, `Generate`) under a `SubContext`: the stream's peer and TLS identity (so
@@ -18,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import grpc
 
-from splitserve._gen.v1 import worker_pb2
+from splitserve._gen.v1 import common_pb2, worker_pb2
 
 if TYPE_CHECKING:
     from splitserve.worker.server import WorkerService
@@ -77,6 +79,8 @@ async def serve(
     """The `Multiplex` handler: run each opened sub-request in a task, and send whatever events
     are ready as one message each time the previous one is written."""
     pending: list[worker_pb2.MuxEvent] = []
+    open_chunks: dict[int, common_pb2.TokenChunk] = {}
+    """Per sub-request, its mid-stream chunk in `pending` that later chunks may join."""
     wake = asyncio.Event()
     tasks: dict[int, asyncio.Task[None]] = {}
     reading = True
@@ -84,6 +88,20 @@ async def serve(
     def emit(event: worker_pb2.MuxEvent) -> None:
         pending.append(event)
         wake.set()
+
+    def emit_chunk(sid: int, chunk: common_pb2.TokenChunk) -> None:
+        # Chunks of one sub-request that wait for the same message are sent as one chunk, as
+        # the router would merge them (`router.mux._merge`): fewer events to read.
+        merged = merge_into(open_chunks.get(sid), chunk)
+        if merged is None:
+            ev = worker_pb2.MuxEvent(stream_id=sid, chunk=chunk)
+            pending.append(ev)
+            merged = ev.chunk
+            wake.set()
+        if merged.finish_reason == _UNFINISHED and not merged.error:
+            open_chunks[sid] = merged
+        else:
+            open_chunks.pop(sid, None)
 
     async def read() -> None:
         nonlocal reading
@@ -102,7 +120,8 @@ async def serve(
                         emit(_status(sid, grpc.StatusCode.INVALID_ARGUMENT, f"mux op with {what}"))
                         continue
                     tasks[sid] = asyncio.create_task(
-                        _run(service, context, sid, op, emit, tasks), name=f"mux-{sid}"
+                        _run(service, context, sid, op, emit, emit_chunk, tasks),
+                        name=f"mux-{sid}",
                     )
         finally:
             reading = False
@@ -116,6 +135,7 @@ async def serve(
             wake.clear()
             if pending:
                 batch, pending = pending, []
+                open_chunks.clear()
                 yield worker_pb2.MuxResponse(events=batch)
             elif not reading and not tasks:
                 return  # the caller half-closed and every sub-request has ended
@@ -133,6 +153,7 @@ async def _run(
     sid: int,
     op: worker_pb2.MuxOp,
     emit: Callable[[worker_pb2.MuxEvent], None],
+    emit_chunk: Callable[[int, common_pb2.TokenChunk], None],
     tasks: dict[int, asyncio.Task[None]],
 ) -> None:
     ctx: Any = SubContext(outer, op.metadata)
@@ -149,7 +170,7 @@ async def _run(
                 else service.Generate(op.generate, ctx)
             )
             async for chunk in stream:
-                emit(worker_pb2.MuxEvent(stream_id=sid, chunk=chunk))
+                emit_chunk(sid, chunk)
     except SubAbort as err:
         status = worker_pb2.MuxStatus(code=err.code.value[0], details=err.details)
     except asyncio.CancelledError:
@@ -162,6 +183,26 @@ async def _run(
         )
     tasks.pop(sid, None)
     emit(worker_pb2.MuxEvent(stream_id=sid, status=status))
+
+
+_UNFINISHED: Final = common_pb2.FINISH_REASON_UNSPECIFIED
+_FAILED: Final = frozenset({common_pb2.FINISH_REASON_ERROR, common_pb2.FINISH_REASON_CANCELLED})
+
+
+def merge_into(
+    prev: common_pb2.TokenChunk | None, chunk: common_pb2.TokenChunk
+) -> common_pb2.TokenChunk | None:
+    """`chunk` appended to `prev` (a mid-stream chunk of the same sub-request not sent yet):
+    `prev`, extended; None when it cannot join (no `prev`, or `chunk` is an error or a
+    cancellation, which ends the stream on its own so the tokens before it stay emitted). The
+    last chunk's finish reason carries over, as in the router's `mux._merge`."""
+    if prev is None or chunk.finish_reason in _FAILED or chunk.error:
+        return None
+    prev.token_ids.extend(chunk.token_ids)
+    if chunk.logprobs:
+        prev.logprobs.extend(chunk.logprobs)
+    prev.finish_reason = chunk.finish_reason
+    return prev
 
 
 def _status(sid: int, code: grpc.StatusCode, details: str) -> worker_pb2.MuxEvent:

@@ -12,7 +12,7 @@ from splitserve._gen.v1 import common_pb2, worker_pb2
 from splitserve.core.roles import Role
 from splitserve.router.mux import MuxLink
 from splitserve.security import tls
-from splitserve.worker.mux import SubAbort, SubContext
+from splitserve.worker.mux import SubAbort, SubContext, merge_into
 from tests.unit.worker.conftest import WorkerFactory
 from tests.unit.worker.test_server import collect
 
@@ -148,3 +148,26 @@ async def test_sub_context_is_the_streams_caller_with_the_ops_metadata() -> None
     with pytest.raises(SubAbort) as err:
         await sub.abort(grpc.StatusCode.OUT_OF_RANGE, "too long")
     assert err.value.code == grpc.StatusCode.OUT_OF_RANGE
+
+
+def test_chunks_waiting_for_one_message_join_as_the_router_would_merge_them() -> None:
+    unfinished = common_pb2.FINISH_REASON_UNSPECIFIED
+    lp = common_pb2.TokenLogprobs(token_ids=[1], logprobs=[-0.5])
+    prev = common_pb2.TokenChunk(request_id="r", token_ids=[1], num_prompt_tokens=8)
+    assert merge_into(None, common_pb2.TokenChunk(token_ids=[2])) is None  # nothing to join
+    joined = merge_into(prev, common_pb2.TokenChunk(token_ids=[2, 3], logprobs=[lp]))
+    assert joined is prev
+    assert list(prev.token_ids) == [1, 2, 3]
+    assert len(prev.logprobs) == 1
+    assert prev.finish_reason == unfinished
+    merge_into(
+        prev, common_pb2.TokenChunk(token_ids=[4], finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    )
+    assert list(prev.token_ids) == [1, 2, 3, 4]
+    assert prev.finish_reason == common_pb2.FINISH_REASON_LENGTH  # the last one's reason
+    # An error or a cancellation ends the stream on its own: the tokens before it stay emitted.
+    for reason in (common_pb2.FINISH_REASON_ERROR, common_pb2.FINISH_REASON_CANCELLED):
+        other = common_pb2.TokenChunk(token_ids=[1])
+        assert merge_into(other, common_pb2.TokenChunk(finish_reason=reason, error="x")) is None
+        assert list(other.token_ids) == [1]
+        assert other.finish_reason == unfinished
