@@ -77,6 +77,12 @@ class PoolSettings(BaseModel):
     """First back-off delay after a load stream breaks."""
     reconnect_max_s: float = Field(2.0, gt=0)
     """Longest back-off delay between reconnection attempts."""
+    link_window_bytes: int = Field(2048, ge=0, le=1 << 30)
+    """HTTP/2 receive window of each worker's `Multiplex` stream, fixed (0: gRPC's default, a
+    window its bandwidth-delay probe grows). Small, the worker joins a request's tokens into
+    fewer messages while the router reads behind (issue 17, docs/benchmarks.md "Eleventh
+    pass"); it also caps what one worker stream has in flight per round trip (2 KiB: ~10 MB/s
+    at a 0.2 ms round trip), so raise it for a router far from its workers."""
 
     @model_validator(mode="after")
     def _check_backoff(self) -> PoolSettings:

@@ -42,13 +42,25 @@ _CODES: Final = {c.value[0]: c for c in grpc.StatusCode}
 
 
 LINK_WINDOW_BYTES: Final = 2048
-"""The HTTP/2 receive window of a worker stream (see `WORKER_CHANNEL_OPTIONS`)."""
-WORKER_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
-    *FAST_RECONNECT_OPTIONS,
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", LINK_WINDOW_BYTES),
-)
-"""The options of the router's channel to each worker (`pool_view.PoolView.add`).
+"""The default HTTP/2 receive window of a worker stream (`PoolSettings.link_window_bytes`)."""
+
+
+def worker_channel_options(window_bytes: int = LINK_WINDOW_BYTES) -> tuple[tuple[str, int], ...]:
+    """The router's channel options to a worker for a fixed receive window of `window_bytes`
+    (0: gRPC's default growing window, only the fast-reconnect options)."""
+    if window_bytes < 0:
+        raise ValueError(f"link window must be >= 0 bytes, got {window_bytes}")
+    if window_bytes == 0:
+        return FAST_RECONNECT_OPTIONS
+    return (
+        *FAST_RECONNECT_OPTIONS,
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", window_bytes),
+    )
+
+
+WORKER_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = worker_channel_options()
+"""The options of the router's channel to each worker (`pool_view.PoolView.add`), by default.
 
 They keep HTTP/2's receive window per stream small and fixed (`LINK_WINDOW_BYTES`; gRPC's
 bandwidth-delay probe would grow it to megabytes on loopback). That makes the `Multiplex` stream

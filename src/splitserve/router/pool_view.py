@@ -35,7 +35,7 @@ from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
 from splitserve.router.latency import LatencyBook
 from splitserve.router.ledger import Ledger
-from splitserve.router.mux import WORKER_CHANNEL_OPTIONS
+from splitserve.router.mux import worker_channel_options
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,8 @@ class PoolView:
         eid = EndpointId(address)
         if eid in self._endpoints:
             return eid
-        channel = tls.aio_channel(address, options=WORKER_CHANNEL_OPTIONS)
+        options = worker_channel_options(self._settings.link_window_bytes)
+        channel = tls.aio_channel(address, options=options)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
         return self._add(eid, channel, stub, address)
 

@@ -14,10 +14,21 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from grpc import aio
+from pydantic import ValidationError
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from splitserve.router.mux import LINK_WINDOW_BYTES, WORKER_CHANNEL_OPTIONS
+from splitserve.api.router import PoolSettings
+from splitserve.core.channels import FAST_RECONNECT_OPTIONS
+from splitserve.core.clock import SystemClock
+from splitserve.router import pool_view
+from splitserve.router.mux import (
+    LINK_WINDOW_BYTES,
+    WORKER_CHANNEL_OPTIONS,
+    worker_channel_options,
+)
+from splitserve.security import tls
 from splitserve.worker import mux
 
 BIG = list(range(100_000, 102_000))
@@ -130,3 +141,36 @@ async def test_a_router_that_reads_behind_gets_the_tokens_coalesced() -> None:
     biggest = max(messages, key=sum)
     assert sum(biggest) >= n // 2 * len(BIG), messages
     assert len(biggest) == 1, messages
+
+
+async def test_window_zero_is_grpcs_growing_window_and_coalesces_far_less() -> None:
+    # `PoolSettings.link_window_bytes: 0` (a router far from its workers): gRPC's defaults.
+    assert worker_channel_options(0) == FAST_RECONNECT_OPTIONS
+    messages = await _behind(worker_channel_options(0), 300)
+    assert len(messages) > 30, len(messages)
+
+
+async def test_the_window_setting_is_checked_and_reaches_the_pool_channels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert ("grpc.http2.lookahead_bytes", 65536) in worker_channel_options(65536)
+    with pytest.raises(ValueError, match="link window"):
+        worker_channel_options(-1)
+    with pytest.raises(ValidationError, match="link_window_bytes"):
+        PoolSettings(link_window_bytes=-1)
+    seen: list[object] = []
+    opened: list[aio.Channel] = []
+
+    def channel(address: str, options: object = None) -> aio.Channel:
+        seen.append(options)
+        opened.append(aio.insecure_channel(address))  # never used: no connection is made
+        return opened[-1]
+
+    monkeypatch.setattr(tls, "aio_channel", channel)
+    monkeypatch.setattr(pool_view.PoolView, "_add", lambda self, eid, *a: eid)
+    settings = PoolSettings(link_window_bytes=8192)
+    view = pool_view.PoolView([], clock=SystemClock(), settings=settings)
+    await view.start()
+    view.add("127.0.0.1:1")
+    assert seen == [worker_channel_options(8192)]
+    await opened[0].close()
