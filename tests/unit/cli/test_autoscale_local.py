@@ -3,7 +3,7 @@ it is stopped after the stabilization window."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -93,29 +93,42 @@ def test_load_step_adds_a_worker_within_two_ticks_and_removes_it_after_stabiliza
     assert {w.role for w in fleet.ws.values()} == {Role.PREFILL, Role.DECODE}
 
 
-def _bursty_run(burst_weight: float) -> tuple[FakeFleet, Decision]:
-    """10 requests per 5 s tick for 30 s, then one tick of 100 (a 30 s window's mean of
-    5 req/s, its busiest 10 s sub-window 11 req/s), over `up`'s loop parameters."""
-    router = FakeRouterMetrics()
-    fleet = FakeFleet()
-    now = [0.0]
+def _up_loop(
+    fleet: FakeFleet,
+    text: Callable[[], str],
+    now: list[float],
+    burst_weight: float,
+    *,
+    window_s: float,
+    max_replicas: int = 8,
+) -> LocalLoop:
+    """`up`'s loop (5 s ticks, 60 s stabilization) over `fleet`, scraping `text()`."""
     opts = {
         "autoscale_interval_s": 5.0,
         "autoscale_stabilization_s": 60.0,
         "autoscale_burst_weight": burst_weight,
         "autoscale_horizon_s": 5.0,
     }
-    loop = LocalLoop(
+    return LocalLoop(
         fleet,
         "http://127.0.0.1:8000/metrics",
         [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
         params=loop_params(opts),
-        max_replicas=16,
-        window_s=30.0,
-        get=lambda url: router.text(),
+        max_replicas=max_replicas,
+        window_s=window_s,
+        get=lambda url: text(),
         loads=Loads(),
         clock=lambda: now[0],
     )
+
+
+def _bursty_run(burst_weight: float) -> tuple[FakeFleet, Decision]:
+    """10 requests per 5 s tick for 30 s, then one tick of 100 (a 30 s window's mean of
+    5 req/s, its busiest 10 s sub-window 11 req/s), over `up`'s loop parameters."""
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _up_loop(fleet, router.text, now, burst_weight, window_s=30.0, max_replicas=16)
     decision = None
     for n in (10, 10, 10, 10, 10, 10, 100):
         router.serve(n, "default", prompt=1000, output=100)
@@ -161,22 +174,7 @@ def _router_queue_run(readings: Sequence[int | None]) -> tuple[FakeFleet, LocalL
     metrics = RouterMetrics(registry)
     fleet = FakeFleet()
     now = [0.0]
-    opts = {
-        "autoscale_interval_s": 5.0,
-        "autoscale_stabilization_s": 60.0,
-        "autoscale_burst_weight": 1.0,
-        "autoscale_horizon_s": 5.0,
-    }
-    loop = LocalLoop(
-        fleet,
-        "http://127.0.0.1:8000/metrics",
-        [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
-        params=loop_params(opts),
-        window_s=10.0,
-        get=lambda url: generate_latest(registry).decode(),
-        loads=Loads(),
-        clock=lambda: now[0],
-    )
+    loop = _up_loop(fleet, lambda: generate_latest(registry).decode(), now, 1.0, window_s=10.0)
     for q in [None, None, *readings]:
         metrics.admission.labels("default", "admitted").inc(2)
         metrics.slo_requests.labels("default", "met").inc(2)
