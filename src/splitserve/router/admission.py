@@ -10,7 +10,8 @@ Shed or rejected: `Overloaded` (HTTP 429 with `Retry-After` and an OpenAI-style 
 queued request later shed ends with `splitserve_router_requests_total{outcome="shed"}`; one later
 admitted is in `splitserve_router_queue_wait_seconds`.
 
-Room for one more request (`has_room`):
+Room for one more request (`has_room`; the arithmetic is `policy.admission.room`, shared with the
+simulator):
 * with `max_outstanding_per_worker`: some decode-capable worker accepting work has fewer
   requests in flight or reserved than the cap;
 * with a fitted latency model: the best prefill-capable worker's predicted backlog (pending
@@ -37,9 +38,16 @@ from dataclasses import dataclass
 
 from splitserve.api.router import SloSettings
 from splitserve.core.clock import Clock
-from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
-from splitserve.policy.admission import AdmissionGate, Entry, GateParams, Outcome
+from splitserve.policy.admission import (
+    AdmissionGate,
+    Entry,
+    GateParams,
+    Outcome,
+    at_percentile,
+    backlog_s,
+    has_room,
+)
 from splitserve.policy.placement import EndpointView
 from splitserve.policy.predict.tail import TailRatios
 from splitserve.router.errors import Overloaded
@@ -91,41 +99,26 @@ class Admission:
 
     # -- room --------------------------------------------------------------------------------
 
-    def _prefill_side(self, views: list[EndpointView]) -> list[EndpointView]:
-        live = [v for v in views if v.accepts_work]
-        prefill = [v for v in live if v.role is Role.PREFILL]
-        return prefill or [v for v in live if v.role.can_decode]
-
     def backlog_s(
         self, extra_tokens: int = 0, views: list[EndpointView] | None = None
     ) -> float | None:
-        """Predicted seconds before a new prompt starts prefilling on the best worker.
-        `views`: the pool's snapshot when the caller has one (else taken here)."""
-        best: float | None = None
-        for v in self._prefill_side(self.pool.views() if views is None else views):
-            if v.prefill_tokens_per_s <= 0:
-                return None  # a worker without an estimate: no prediction
-            s = (v.pending_prefill_tokens + extra_tokens) / v.prefill_tokens_per_s
-            best = s if best is None else min(best, s)
-        return best
+        """Predicted seconds before a new prompt starts prefilling on the best worker
+        (`policy.admission.backlog_s` at the fitted rates). `views`: the pool's snapshot when
+        the caller has one (else taken here)."""
+        return backlog_s(self.pool.views() if views is None else views, extra_tokens)
 
     def has_room(self, views: list[EndpointView] | None = None) -> bool:
-        if views is None:
-            views = self.pool.views()
-        cap = self.settings.max_outstanding_per_worker
-        if cap is not None:
-            decode = [v for v in views if v.accepts_work and v.role.can_decode]
-            free = sum(max(0, cap - v.inflight) for v in decode)
-            if free - self._admitting_requests <= 0:
-                return False
-        if self._backlog_bound_s is not None:
-            # The backlog an arrival of the tightest class would find, at its percentile.
-            backlog = self.at_percentile(
-                self.backlog_s(self._admitting_tokens, views), self.tightest_percentile
-            )
-            if backlog is not None and backlog > self._backlog_bound_s:
-                return False
-        return True
+        """`policy.admission.has_room` at the fitted rates, counting requests admitted but not
+        yet placed."""
+        return has_room(
+            self.pool.views() if views is None else views,
+            cap=self.settings.max_outstanding_per_worker,
+            bound_s=self._backlog_bound_s,
+            tail=self.ttft_tail,
+            percentile=self.tightest_percentile,
+            admitting_requests=self._admitting_requests,
+            admitting_tokens=self._admitting_tokens,
+        )
 
     def predicted_ttft_s(
         self, entry: Entry, prompt_tokens: int, views: list[EndpointView] | None = None
@@ -140,9 +133,7 @@ class Admission:
 
     def at_percentile(self, predicted_s: float | None, percentile: float) -> float | None:
         """A point prediction of TTFT turned into one at the class's percentile."""
-        if predicted_s is None:
-            return None
-        return predicted_s * self.ttft_tail.factor(percentile)
+        return at_percentile(predicted_s, percentile, self.ttft_tail)
 
     def observe_ttft(self, predicted_s: float | None, actual_s: float) -> None:
         """A request's time to first token from admission against its prediction then."""

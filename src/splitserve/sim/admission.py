@@ -8,7 +8,8 @@ request predicted to miss its TTFT deadline is shed (HTTP 429). `SimAdmission` d
 `AdmissionGate` object from the cluster's events, so a backlog in the simulator is no longer
 pinned to the workers that existed when it arrived.
 
-Room for one more request, as `router.admission.Admission.has_room` decides it:
+Room for one more request, as `router.admission.Admission.has_room` decides it (both call the
+pure `policy.admission.has_room`):
 
 * with `AdmissionSpec.max_outstanding_per_worker`: some decode-capable worker accepting work has
   fewer requests in flight or reserved than the cap;
@@ -37,14 +38,16 @@ from typing import TYPE_CHECKING
 
 from splitserve.core.ids import RequestId
 from splitserve.core.perf.protocol import BatchShape, LatencyModel
-from splitserve.core.roles import Role
 from splitserve.policy.admission import (
     AdmissionGate,
     Entry,
     GateParams,
     Outcome,
     SloPolicyClass,
+    at_percentile,
+    backlog_s,
     deadlines_for,
+    has_room,
 )
 from splitserve.policy.placement.base import EndpointView
 from splitserve.policy.predict.tail import TailRatios
@@ -136,7 +139,7 @@ class SimAdmission:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    # -- room and predictions (as router.admission.Admission) ---------------------------------
+    # -- room and predictions (policy.admission.room, as router.admission.Admission) ----------
 
     def _rate(self, latency: LatencyModel) -> float:
         """Prompt tokens per second of one prefill of the mean prompt seen so far."""
@@ -149,40 +152,28 @@ class SimAdmission:
             self._rates[key] = rate
         return rate
 
-    def _prefill_side(self, views: Sequence[EndpointView]) -> list[int]:
-        """Indices (into the router's workers) of the prefill-side workers accepting work."""
-        live = [i for i, v in enumerate(views) if v.accepts_work]
-        prefill = [i for i in live if views[i].role is Role.PREFILL]
-        return prefill or [i for i in live if views[i].role.can_decode]
+    def _rate_of(self, i: int) -> float:
+        return self._rate(self.cluster.router.workers[i].latency)
 
     def backlog_s(self, views: Sequence[EndpointView], extra_tokens: int = 0) -> float | None:
-        """Predicted seconds before a new prompt starts prefilling on the best worker."""
-        workers = self.cluster.router.workers
-        best: float | None = None
-        for i in self._prefill_side(views):
-            rate = self._rate(workers[i].latency)
-            if rate <= 0:
-                return None
-            s = (views[i].pending_prefill_tokens + extra_tokens) / rate
-            best = s if best is None else min(best, s)
-        return best
+        """Predicted seconds before a new prompt starts prefilling on the best worker
+        (`policy.admission.backlog_s` at the latency model's rates)."""
+        return backlog_s(views, extra_tokens, self._rate_of)
 
     def at_percentile(self, predicted_s: float | None, percentile: float) -> float | None:
-        return None if predicted_s is None else predicted_s * self.tail.factor(percentile)
+        return at_percentile(predicted_s, percentile, self.tail)
 
     def has_room(self, views: Sequence[EndpointView]) -> bool:
-        cap = self.spec.max_outstanding_per_worker
-        if cap is not None:
-            free = sum(
-                max(0, cap - v.inflight) for v in views if v.accepts_work and v.role.can_decode
-            )
-            if free <= 0:
-                return False
-        if self._bound_s is not None:
-            backlog = self.at_percentile(self.backlog_s(views), self._tightest_percentile)
-            if backlog is not None and backlog > self._bound_s:
-                return False
-        return True
+        """`policy.admission.has_room` at the latency model's rates; nothing is admitted but not
+        yet placed (placement is in the same instant)."""
+        return has_room(
+            views,
+            cap=self.spec.max_outstanding_per_worker,
+            bound_s=self._bound_s,
+            tail=self.tail,
+            percentile=self._tightest_percentile,
+            rate_of=self._rate_of,
+        )
 
     def _ahead_tokens(self, entry: Entry) -> int:
         return sum(

@@ -3,12 +3,14 @@ it is stopped after the stabilization window."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from splitserve.cli.autoscale_local import LocalLoop, LocalWorker, loop_params
 from splitserve.core.roles import Role
+from splitserve.obs.metrics import RouterMetrics
 from splitserve.operator.control.signals import ClassTargets
 from splitserve.policy.planner.autoscaler import (
     AutoscalerParams,
@@ -91,29 +93,42 @@ def test_load_step_adds_a_worker_within_two_ticks_and_removes_it_after_stabiliza
     assert {w.role for w in fleet.ws.values()} == {Role.PREFILL, Role.DECODE}
 
 
-def _bursty_run(burst_weight: float) -> tuple[FakeFleet, Decision]:
-    """10 requests per 5 s tick for 30 s, then one tick of 100 (a 30 s window's mean of
-    5 req/s, its busiest 10 s sub-window 11 req/s), over `up`'s loop parameters."""
-    router = FakeRouterMetrics()
-    fleet = FakeFleet()
-    now = [0.0]
+def _up_loop(
+    fleet: FakeFleet,
+    text: Callable[[], str],
+    now: list[float],
+    burst_weight: float,
+    *,
+    window_s: float,
+    max_replicas: int = 8,
+) -> LocalLoop:
+    """`up`'s loop (5 s ticks, 60 s stabilization) over `fleet`, scraping `text()`."""
     opts = {
         "autoscale_interval_s": 5.0,
         "autoscale_stabilization_s": 60.0,
         "autoscale_burst_weight": burst_weight,
         "autoscale_horizon_s": 5.0,
     }
-    loop = LocalLoop(
+    return LocalLoop(
         fleet,
         "http://127.0.0.1:8000/metrics",
         [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
         params=loop_params(opts),
-        max_replicas=16,
-        window_s=30.0,
-        get=lambda url: router.text(),
+        max_replicas=max_replicas,
+        window_s=window_s,
+        get=lambda url: text(),
         loads=Loads(),
         clock=lambda: now[0],
     )
+
+
+def _bursty_run(burst_weight: float) -> tuple[FakeFleet, Decision]:
+    """10 requests per 5 s tick for 30 s, then one tick of 100 (a 30 s window's mean of
+    5 req/s, its busiest 10 s sub-window 11 req/s), over `up`'s loop parameters."""
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _up_loop(fleet, router.text, now, burst_weight, window_s=30.0, max_replicas=16)
     decision = None
     for n in (10, 10, 10, 10, 10, 10, 100):
         router.serve(n, "default", prompt=1000, output=100)
@@ -149,3 +164,39 @@ def test_up_loop_parameters_are_the_operators_policy() -> None:
     assert (p.burst_weight, p.ttft_tail_fraction, p.occupancy_floor) == (0.5, 0.8, True)
     assert (p.pooled_tail, p.reversal_backoff, p.max_backoff) == (True, 2.0, 4.0)
     assert loop_params({**opts, "autoscale_horizon_s": 1.0}).horizon_s == 10.0  # >= interval
+
+
+def _router_queue_run(readings: Sequence[int | None]) -> tuple[FakeFleet, LocalLoop]:
+    """`up`'s loop over the real router's metrics (`obs.metrics.RouterMetrics`, the registry
+    `router serve` exposes on /metrics): a light load, and its admission queue gauge at each
+    tick as given (None: no request queued yet, so the gauge has no sample)."""
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _up_loop(fleet, lambda: generate_latest(registry).decode(), now, 1.0, window_s=10.0)
+    for q in [None, None, *readings]:
+        metrics.admission.labels("default", "admitted").inc(2)
+        metrics.slo_requests.labels("default", "met").inc(2)
+        for _ in range(2):
+            metrics.prompt_length.labels("default").observe(200)
+            metrics.output_length.labels("default").observe(50)
+        if q is not None:
+            metrics.queue_depth.labels("default").set(q)  # as router.admission keeps it
+        now[0] += 5.0
+        loop.tick()
+    return fleet, loop
+
+
+def test_up_loop_reads_the_router_s_admission_queue() -> None:
+    """The local loop's observation carries the router's queue (the operator's `Window` over
+    the router's /metrics): a queue above 4 per prefill worker, or one growing at consecutive
+    ticks below that, starts a prefill worker; the same queue flat, or none, starts nothing."""
+    for readings, why in (([20], "prefill queue 20 (20 at the router)"), ([1, 2, 3], "growing")):
+        fleet, loop = _router_queue_run(readings)
+        assert fleet.calls[2:] == ["start prefill"], loop.log
+        assert why in loop.log[-1]
+    flat: list[list[int | None]] = [[3, 3, 3], [None, None, None], [3, 2, 1]]
+    for still in flat:
+        fleet, loop = _router_queue_run(still)
+        assert fleet.calls[2:] == [], loop.log

@@ -9,7 +9,9 @@ Pure (no I/O, no clock): times are plain `now_s` values from the owner's one inj
 * `queue`: `EdfQueue`, the bounded earliest-deadline-first queue (priority first) that never
   evicts a non-sheddable entry while a sheddable one is queued;
 * `gate`: `AdmissionGate`, the decision at arrival and at each release (admit / queue / shed /
-  reject) from the predicted wait against each request's deadline.
+  reject) from the predicted wait against each request's deadline;
+* `room`: `has_room`, `backlog_s`, `at_percentile`, `prefill_side`, the room / backlog
+  arithmetic both edges of the gate share (the live router and the simulator's model of it).
 """
 
 from splitserve.policy.admission.classes import (
@@ -22,6 +24,13 @@ from splitserve.policy.admission.classes import (
 from splitserve.policy.admission.deadlines import Deadlines, deadlines_for
 from splitserve.policy.admission.gate import AdmissionGate, GateParams, Outcome, Verdict
 from splitserve.policy.admission.queue import EdfQueue, Entry, rank_key
+from splitserve.policy.admission.room import (
+    RateOf,
+    at_percentile,
+    backlog_s,
+    has_room,
+    prefill_side,
+)
 
 __all__ = [
     "OVERRIDE_FACTOR",
@@ -31,11 +40,16 @@ __all__ = [
     "Entry",
     "GateParams",
     "Outcome",
+    "RateOf",
     "SloClassTable",
     "SloOverrides",
     "SloPolicyClass",
     "UnknownSloClass",
     "Verdict",
+    "at_percentile",
+    "backlog_s",
     "deadlines_for",
+    "has_room",
+    "prefill_side",
     "rank_key",
 ]

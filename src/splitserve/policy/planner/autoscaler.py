@@ -33,6 +33,10 @@ decisions):
   the rate both sides are sized for, counts in decode's occupancy floor, and counts in the
   prefill side's queue for pressure (a count only: the router's queue depth carries no prompt
   tokens, so the window's mean prompt stands for theirs);
+- the router's queue *growing* (`queue_growth_ticks` ticks in a row, `AutoscalerState.
+  queue_trend` keeps the last tick's) is pressure on the side that takes new requests even
+  below the size threshold: arrivals outrun admission, so the queue will cross the threshold
+  later; a flat or shrinking queue is not, nor an unknown one;
 - SLO feedback: a class missing its TTFT (TPOT) target with enough samples, or a queue above
   `queue_per_worker` per worker, puts the prefill (decode) side under *pressure*: one more
   worker per tick (unless workers already started for the pool are not serving yet: their
@@ -106,6 +110,10 @@ class AutoscalerParams:
     """Finished requests a class needs in the window before its SLO misses count as pressure."""
     queue_per_worker: float = 4.0
     """Queued requests per worker above which the role is under pressure."""
+    queue_growth_ticks: int = 2
+    """The router's queue counts as pressure on the side that takes new requests once it grew
+    (strictly, and is non-empty) at this many consecutive ticks, whatever its size (0: off; only
+    its size counts). 2: three readings in a row rising, so one noisy reading is not a trend."""
     burst_weight: float = 0.0
     """Headroom for bursts: size for `mean + burst_weight × (peak − mean)` of the observation's
     arrival rates (`Observation.arrival_rate_peak_per_s`, the busiest sub-window). 0: the mean
@@ -171,6 +179,8 @@ class AutoscalerParams:
     def __post_init__(self) -> None:
         if self.band_z < 0:
             raise ValueError("band_z must be >= 0")
+        if self.queue_growth_ticks < 0:
+            raise ValueError("queue_growth_ticks must be >= 0 (0: off)")
         if not 0 < self.length_alpha <= 1:
             raise ValueError("length_alpha must be in (0, 1]")
         if self.reversal_backoff < 1 or self.max_backoff < 1:
@@ -518,6 +528,9 @@ class AutoscalerState:
     """Per role: (stabilization multiplier, since when it holds, last scale-down time)."""
     serving: tuple[tuple[Role, int, float | None], ...] = ()
     """Per role: (serving workers last seen, when that count last rose; None: not seen to)."""
+    queue_trend: tuple[int, int] | None = None
+    """The router's queue at the last usable tick and at how many ticks in a row it had grown
+    (None: unknown then)."""
 
     def serving_of(self, role: Role) -> tuple[int | None, float | None]:
         for r, n, rose in self.serving:
@@ -588,8 +601,25 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.3g} s"
 
 
-def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, str]:
-    """Which roles are under pressure, and why (SLO misses with enough samples, queues)."""
+def queue_trend(obs: Observation, last: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The router's queue now and at how many consecutive ticks it grew, from the last tick's
+    (`AutoscalerState.queue_trend`). Grew: strictly larger than the last reading. An unknown
+    reading (now or then) starts over: unknown is no trend."""
+    q = obs.router_queue
+    if q is None:
+        return None
+    if last is None:
+        return (q, 0)
+    return (q, last[1] + 1 if q > last[0] else 0)
+
+
+def pressure_by_role(
+    obs: Observation,
+    params: AutoscalerParams,
+    last_queue: tuple[int, int] | None = None,
+) -> dict[Role, str]:
+    """Which roles are under pressure, and why (SLO misses with enough samples, queues, the
+    router's queue growing since `last_queue`, the last tick's `queue_trend`)."""
     roles = tuple(obs.pools)
     out: dict[Role, list[str]] = {}
     for c in obs.classes:
@@ -643,6 +673,15 @@ def pressure_by_role(obs: Observation, params: AutoscalerParams) -> dict[Role, s
         if q is not None and pool.current > 0 and q > params.queue_per_worker * pool.current:
             what = f"{role.value} queue {q}" + (f" ({held} at the router)" if held else "")
             out.setdefault(role, []).append(f"{what} > {params.queue_per_worker:g} per worker")
+        elif role is entry and held and last_queue is not None and params.queue_growth_ticks:
+            # Below the size threshold, a queue growing tick after tick is demand outrunning
+            # admission: it will cross the threshold, later.
+            trend = queue_trend(obs, last_queue)
+            if trend is not None and trend[1] >= params.queue_growth_ticks:
+                out.setdefault(role, []).append(
+                    f"router queue growing {last_queue[0]} -> {held} (at the router, "
+                    f"{trend[1]} ticks in a row)"
+                )
     return {r: "; ".join(v) for r, v in out.items()}
 
 
@@ -760,7 +799,7 @@ def decide(
         )
         work[Role.DECODE] = max(work[Role.DECODE], occupied)
         work_high[Role.DECODE] = max(work_high[Role.DECODE], occupied)
-    pressure = pressure_by_role(obs, params)
+    pressure = pressure_by_role(obs, params, state.queue_trend)
     since = state.since_s if state.since_s is not None else now
     watched_long_enough = now - since >= params.scale_down_stabilization_s - _EPS
     longest = params.scale_down_stabilization_s * params.max_backoff
@@ -876,7 +915,13 @@ def decide(
     at_risk = _risk_lines(obs, pools)
     smoothed = lengths if params.length_alpha < 1 else None
     new_state = AutoscalerState(
-        forecast, since, tuple(history), smoothed, tuple(backoff), tuple(serving)
+        forecast,
+        since,
+        tuple(history),
+        smoothed,
+        tuple(backoff),
+        tuple(serving),
+        queue_trend(obs, state.queue_trend),
     )
     return Decision(now, pools, "", at_risk, rate, rate_f), new_state
 

@@ -486,3 +486,116 @@ def test_monotone_in_the_router_queue_and_within_bounds(
     for role in current:
         assert none.desired[role] <= a.desired[role] <= b.desired[role]
         assert 1 <= b.desired[role] <= 64
+
+
+# -- the router's queue growing (below the size threshold) ------------------------------------
+
+
+def _queue_run(
+    readings: Sequence[int | None], params: AutoscalerParams = PARAMS
+) -> tuple[Decision, AutoscalerState]:
+    """Ticks at a light rate with idle workers (2 + 2, so the size threshold is 8 queued), the
+    router's queue at each tick as given; sizes kept, the last tick's decision returned."""
+    current = {Role.PREFILL: 2, Role.DECODE: 2}
+    state = AutoscalerState()
+    d = None
+    for i, q in enumerate(readings):
+        d, state = decide(
+            queued_at_router(obs(i * 10, 1.0, current, workers=IDLE), q), state, PERF, params
+        )
+    assert d is not None
+    return d, state
+
+
+@pytest.mark.parametrize("params", [PARAMS, live_params(10, 60)], ids=["plain", "live"])
+def test_a_router_queue_growing_below_the_size_threshold_is_pressure(
+    params: AutoscalerParams,
+) -> None:
+    grow, state = _queue_run([3, 4, 5], params)
+    flat, _ = _queue_run([5, 5, 5], params)
+    pre = grow.pools[Role.PREFILL]
+    assert pre.pressure == "router queue growing 4 -> 5 (at the router, 2 ticks in a row)"
+    assert pre.desired > pre.current
+    assert pre.desired > flat.desired[Role.PREFILL]
+    assert any(
+        line.startswith("router queue 5 waiting: router queue growing") for line in grow.at_risk
+    )
+    assert state.queue_trend == (5, 2)
+    # Decode takes no new requests from the router: the growth is not its pressure.
+    assert grow.pools[Role.DECODE].pressure == ""
+
+
+@pytest.mark.parametrize(
+    "readings", [[5, 5, 5], [7, 6, 5], [3, 5, 5], [3, 4, 0], [0, 0, 0], [3, None, 5], [None, 4, 5]]
+)
+def test_a_flat_shrinking_empty_or_unknown_router_queue_is_no_growth_pressure(
+    readings: list[int | None],
+) -> None:
+    d, _ = _queue_run(readings)
+    assert d.pools[Role.PREFILL].pressure == ""
+    assert not any("growing" in line for line in d.at_risk)
+
+
+def test_one_rise_is_not_a_trend_and_zero_ticks_turns_growth_off() -> None:
+    one, _ = _queue_run([4, 5])
+    assert one.pools[Role.PREFILL].pressure == ""
+    single = replace(PARAMS, queue_growth_ticks=1)
+    assert "growing 4 -> 5" in _queue_run([4, 5], single)[0].pools[Role.PREFILL].pressure
+    off = replace(PARAMS, queue_growth_ticks=0)
+    assert _queue_run([1, 3, 5, 7], off)[0].pools[Role.PREFILL].pressure == ""
+    with pytest.raises(ValueError, match="queue_growth_ticks"):
+        AutoscalerParams(queue_growth_ticks=-1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rates,
+    small,
+    small,
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.integers(0, 12),
+)
+def test_monotone_in_the_router_queue_s_growth(
+    rate: float,
+    p0: int,
+    d0: int,
+    q: int,
+    prev1: int,
+    prev2: int,
+    run1: int,
+    run2: int,
+    history_ticks: int,
+) -> None:
+    """Same history, same queue now: a lower last reading (more growth) or a longer run of
+    growth never gives a smaller pool, and all stay within bounds."""
+    current = {Role.PREFILL: max(1, p0), Role.DECODE: max(1, d0)}
+    state = AutoscalerState()
+    for i in range(history_ticks):
+        _, state = decide(obs(i * 10, rate, current), state, PERF, PARAMS)
+    now = queued_at_router(obs(history_ticks * 10, rate, current), q)
+    (more, less), (short, long) = sorted((prev1, prev2)), sorted((run1, run2))
+    decided = [
+        decide(now, replace(state, queue_trend=trend), PERF, PARAMS)[0].desired
+        for trend in ((less, short), (more, short), (more, long))
+    ]
+    for role in current:
+        assert decided[0][role] <= decided[1][role] <= decided[2][role]
+        assert 1 <= decided[2][role] <= 64
+
+
+def test_a_growing_router_queue_flips_a_decode_worker_with_headroom() -> None:
+    # As the size test above, but 1 -> 2 -> 3 queued: below the 4 per prefill worker threshold.
+    current = {Role.PREFILL: 1, Role.DECODE: 6}
+    state = AutoscalerState()
+    for i in range(8):
+        _, state = decide(obs(i * 10, 0.2, current, workers=IDLE), state, PERF, PARAMS)
+    for i, q in enumerate((1, 2, 3)):
+        o = queued_at_router(obs(80 + i * 10, 0.2, current, workers=IDLE), q)
+        d, state = decide(o, state, PERF, PARAMS)
+    assert "growing 2 -> 3" in d.pools[Role.PREFILL].pressure
+    _, flips = plan_flips(d, o, [(Role.DECODE, Role.PREFILL)], max_concurrent=1)
+    assert [(f.source, f.target, f.count) for f in flips] == [(Role.DECODE, Role.PREFILL, 1)]
