@@ -54,21 +54,32 @@ class Loads:
         return WorkerLoad(address, Role.MIXED, 0, 1, 0.1)
 
 
-def test_load_step_adds_a_worker_within_two_ticks_and_removes_it_after_stabilization() -> None:
-    router = FakeRouterMetrics()
-    fleet = FakeFleet()
-    now = [0.0]
-    params = AutoscalerParams(interval_s=5.0, scale_down_stabilization_s=30.0, horizon_s=5.0)
-    loop = LocalLoop(
+STEP_PARAMS = AutoscalerParams(interval_s=5.0, scale_down_stabilization_s=30.0, horizon_s=5.0)
+
+
+def _step_loop(
+    fleet: FakeFleet, router: FakeRouterMetrics, now: list[float], max_replicas: int = 8
+) -> LocalLoop:
+    """The loop of the load-step tests: `STEP_PARAMS`, one class, a 10 s window, fake loads."""
+    return LocalLoop(
         fleet,
         "http://127.0.0.1:8000/metrics",
         [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
-        params=params,
+        params=STEP_PARAMS,
         window_s=10.0,
         get=lambda url: router.text(),
         loads=Loads(),
         clock=lambda: now[0],
+        max_replicas=max_replicas,
     )
+
+
+def test_load_step_adds_a_worker_within_two_ticks_and_removes_it_after_stabilization() -> None:
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    params = STEP_PARAMS
+    loop = _step_loop(fleet, router, now)
 
     def tick(n: int) -> None:
         router.serve(n, "default", prompt=2000, output=100)
@@ -208,18 +219,8 @@ def test_a_flip_is_logged_with_its_reason() -> None:
     fleet = FakeFleet()
     fleet.start(Role.DECODE)  # 1 prefill, 2 decode: the second decode worker is spare
     now = [0.0]
-    params = AutoscalerParams(interval_s=5.0, scale_down_stabilization_s=30.0, horizon_s=5.0)
-    loop = LocalLoop(
-        fleet,
-        "http://127.0.0.1:8000/metrics",
-        [ClassTargets("default", 2.0, 0.1, 0.9, 0.9)],
-        params=params,
-        window_s=10.0,
-        max_replicas=2,
-        get=lambda url: router.text(),
-        loads=Loads(),
-        clock=lambda: now[0],
-    )
+    params = STEP_PARAMS
+    loop = _step_loop(fleet, router, now, max_replicas=2)
     for n in (2, 2, 100, 100, 100):  # a step of long prompts with short outputs
         router.serve(n, "default", prompt=2000, output=10)
         now[0] += params.interval_s

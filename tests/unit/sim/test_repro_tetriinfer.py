@@ -115,8 +115,9 @@ def test_tetriinfer_instances_move_kv_over_the_papers_emulated_link(source: str)
     TS-RoCE, 200 Gbps), whatever prices the steps. Under `--latency gpu` the fit carried to the
     V100 used to keep the A100 NVLink it was vendored with (≈ 10× faster); vLLM moves no KV."""
     from splitserve.core.perf import BatchShape
+    from splitserve.core.perf.catalog import LinkedModel
     from splitserve.sim.reproductions.common import latency_source
-    from splitserve.sim.reproductions.tetriinfer_cluster import EmulatedLinkModel
+    from splitserve.sim.reproductions.tetriinfer_cluster import TS_ROCE
 
     with latency_source(source):
         prefill = _template("tetriinfer-prefill", {}, padded=True, disaggregated=True)
@@ -124,7 +125,8 @@ def test_tetriinfer_instances_move_kv_over_the_papers_emulated_link(source: str)
         plain = _template("tetriinfer-decode", {})
     prompt_bytes = 512 * decode.kv_layout.bytes_per_token  # OPT-13B: 800 KiB per token
     for t in (prefill, decode):
-        assert isinstance(t.latency, EmulatedLinkModel)
+        assert isinstance(t.latency, LinkedModel)
+        assert t.latency.link == TS_ROCE
         assert t.latency.kv_transfer_s(prompt_bytes) == pytest.approx(prompt_bytes / 25e9)
         assert t.latency.kv_transfer_s(0) == 0.0
     batch = BatchShape(((300, 0),), (600, 600))

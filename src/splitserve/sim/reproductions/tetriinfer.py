@@ -7,7 +7,7 @@ reductions. Pure: returns a `Reproduction`; the runner prints it.
 Set-up, as the paper states it or as we infer it where it does not:
 * OPT-13B on V100-32GB, TP 2 per instance (roofline; the V100 figures are defined here because
   the shared hardware table has no V100). KV transfer as the paper's mock prices it on its
-  TS-RoCE set-up: bytes / 25 GB/s (200 Gbps), `EmulatedLinkModel`, under either latency source
+  TS-RoCE set-up: bytes / 25 GB/s (200 Gbps), `emulated_link`, under either latency source
   (before: the latency model's own link, under `--latency gpu` the A100 NVLink of DistServe's
   fit, ≈ 230 GB/s).
 * vLLM: one colocated instance (2 GPUs), vLLM of early 2024 (no chunked prefill, prompts first)
@@ -47,9 +47,9 @@ from splitserve.sim.reproductions.common import (
     pricing,
 )
 from splitserve.sim.reproductions.tetriinfer_cluster import (
-    EmulatedLinkModel,
     PaddedPrefillModel,
     RoutedMix,
+    emulated_link,
     simulate_tetriinfer,
     tetriinfer_spec,
 )
@@ -91,13 +91,13 @@ def _template(
     """A V100 TP 2 instance; `padded`: TetriInfer's prefill instance, whose steps are priced with
     zero-padded chunks and the length predictor beside the main model (`PaddedPrefillModel`);
     `disaggregated`: a TetriInfer instance, whose KV moves over the paper's emulated TS-RoCE
-    link (`EmulatedLinkModel`)."""
+    link (`emulated_link`)."""
     model = RooflineModel(MODELS["opt-13b"], V100_32G, tp=2)
     latency: LatencyModel = gpu_or(model, tp=2)
     if padded:
         latency = PaddedPrefillModel(latency)
     if disaggregated:
-        latency = EmulatedLinkModel(latency)
+        latency = emulated_link(latency)
     return WorkerTemplate(
         latency=latency,
         num_blocks=model.kv_capacity_tokens(0.9) // 16,

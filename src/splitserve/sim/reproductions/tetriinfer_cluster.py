@@ -4,7 +4,7 @@ Owns: `tetriinfer_spec` (a prefill pool running "tetriinfer-prefill", a decode p
 "tetriinfer-decode", prefill routing by least load, decode selection by the "tetriinfer-p2c"
 scorer), `RoutedMix` (the heavy/light decode counts that scorer reads), `PaddedPrefillModel`
 (the paper's prefill instance's step cost: zero-padded chunks, the length predictor beside the
-main model), `EmulatedLinkModel` (the paper's mock KV link) and `simulate_tetriinfer`, which
+main model), `emulated_link` (the paper's mock KV link) and `simulate_tetriinfer`, which
 runs a workload on such a cluster. Built only on the simulator's public API (`Cluster`,
 `Simulator`); nothing in `cluster.py` changes.
 
@@ -25,7 +25,8 @@ from typing import Any
 
 from splitserve.core.ids import EndpointId, PoolName
 from splitserve.core.perf import BatchShape, LatencyModel
-from splitserve.core.perf.kvlink import KvLink, LinearLink
+from splitserve.core.perf.catalog import LinkedModel
+from splitserve.core.perf.kvlink import LinearLink
 from splitserve.core.roles import Role
 from splitserve.policy.placement.base import RequestView
 from splitserve.policy.placement.decider import PdDeciderParams
@@ -90,27 +91,14 @@ bandwidth we aim to emulate": bytes / bandwidth, no fixed cost. (TS-NVLink, 300 
 paper's other set-up; the LPLD row holds "for both", the others are not broken out by link.)"""
 
 
-@dataclass(frozen=True, slots=True)
-class EmulatedLinkModel:
-    """`base`'s step times with the KV transfer priced by `link`: the paper's emulated link.
+def emulated_link(base: LatencyModel) -> LinkedModel:
+    """`base`'s step times with the KV transfer priced by the paper's emulated link (`TS_ROCE`).
 
     Needed because the latency models bring their own link: the roofline the V100 preset's
     (25 GB/s plus a fixed latency), DistServe's A100 fit carried to the V100 (`RescaledModel`)
     the A100 NVLink it was vendored with (Vidur's send/recv, ≈ 230 GB/s at these sizes), which
     is neither of the paper's emulated links."""
-
-    base: LatencyModel
-    link: KvLink = TS_ROCE
-
-    @property
-    def ready(self) -> bool:
-        return self.base.ready
-
-    def step_s(self, batch: BatchShape) -> float:
-        return self.base.step_s(batch)
-
-    def kv_transfer_s(self, num_bytes: int) -> float:
-        return self.link.transfer_s(num_bytes)
+    return LinkedModel(base, TS_ROCE)
 
 
 class RoutedMix:
