@@ -113,14 +113,26 @@ def test_managed_scales_up_and_stale_metrics_hold(api_server: str, kube: RestKub
             # 40 requests/s of 2000-token prompts: more prefill workers.
             router.rate = 40.0
             wait_for("scale up", lambda: pools(kube, svc).get("prefill", 0) > 1, timeout=90)
+            # The loop writes the replicas first, then reports the decision in status and as an
+            # Event: a reader can see the new size a moment before the report (a clean-clone CI
+            # run on 2 loaded cores did), so wait for the report rather than read it at once.
+            wait_for(
+                "scale decision",
+                lambda: any(d["kind"] == "scale" for d in decisions(kube, svc)),
+                timeout=30,
+            )
             ups = [d for d in decisions(kube, svc) if d["kind"] == "scale"]
             assert ups[0].get("reason") in ("Load", "SLOPressure"), decisions(kube, svc)
-            events = [
-                e
-                for e in kube.list("v1", "Event", NS)
-                if e.get("involvedObject", {}).get("name") == svc
-            ]
-            assert any(e["reason"] in ("Load", "SLOPressure") for e in events)
+
+            def service_events() -> list[dict[str, Any]]:
+                return [
+                    e
+                    for e in kube.list("v1", "Event", NS)
+                    if e.get("involvedObject", {}).get("name") == svc
+                ]
+
+            wait_for("scale event", lambda: bool(service_events()), timeout=30)
+            assert any(e["reason"] in ("Load", "SLOPressure") for e in service_events())
             # The Deployment follows the pools (the reconcile sizes it).
             wait_for(
                 "deployment grows",
