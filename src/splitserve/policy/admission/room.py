@@ -18,8 +18,8 @@ Room for one more request (`has_room`):
   ratios, is at most `bound_s`; no estimate (a worker without a rate): with `unfitted_cap`, the
   prefill-side workers have more free places (`unfitted_cap` - in flight, per worker) than
   requests admitted but not yet placed, else room (before it, the router admitted every
-  arrival until a rate was fitted: ~70 on one prefill worker in the first 18 s of 4 req/s on
-  `up --autoscale`, whose wait then ran into the stall timeout);
+  arrival until a rate was fitted: on `up --autoscale` at 4 req/s, 33 prompts queued on the
+  one prefill worker within the first 10 s, and their waits ran into the stall timeout);
 * without either: always room.
 
 Pure: no clock, no I/O.
