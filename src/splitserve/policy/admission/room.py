@@ -17,9 +17,11 @@ Room for one more request (`has_room`):
   plus those admitted but not yet placed, over its rate), taken at `percentile` through the tail
   ratios, is at most `bound_s`; no estimate (a worker without a rate): with `unfitted_cap`, the
   prefill-side workers have more free places (`unfitted_cap` - in flight, per worker) than
-  requests admitted but not yet placed, else room (before it, the router admitted every
-  arrival until a rate was fitted: on `up --autoscale` at 4 req/s, 33 prompts queued on the
-  one prefill worker within the first 10 s, and their waits ran into the stall timeout);
+  requests admitted but not yet placed (no prefill-side worker at all: room, so placement
+  answers that no worker can take it instead of the request waiting), else room (before it,
+  the router admitted every arrival until a rate was fitted: on `up --autoscale` at 4 req/s,
+  33 prompts queued on the one prefill worker within the first 10 s, and their waits ran
+  into the stall timeout);
 * without either: always room.
 
 Pure: no clock, no I/O.
@@ -93,8 +95,10 @@ def has_room(
         backlog = at_percentile(backlog_s(views, admitting_tokens, rate_of), percentile, tail)
         if backlog is not None and backlog > bound_s:
             return False
-        if backlog is None and unfitted_cap is not None:
-            free = sum(max(0, unfitted_cap - views[i].inflight) for i in prefill_side(views))
+        side = prefill_side(views) if backlog is None and unfitted_cap is not None else []
+        # No prefill-side worker at all: room (placement answers "no worker", not the queue).
+        if side and unfitted_cap is not None:
+            free = sum(max(0, unfitted_cap - views[i].inflight) for i in side)
             if free - admitting_requests <= 0:
                 return False
     return True

@@ -140,6 +140,9 @@ def test_without_an_estimate_the_unfitted_cap_holds_per_prefill_side_worker() ->
     # One worker without a rate (just added) is enough to lose the estimate: the cap holds.
     mixed = [_v("p0", Role.PREFILL, inflight=9), _v("p1", Role.PREFILL, rate=0, inflight=4)]
     assert not _room(mixed, bound_s=100.0, unfitted_cap=4)
+    # No live prefill-side worker: room, so placement answers 503 instead of a queue forever.
+    gone = [_v("p0", Role.PREFILL, rate=0, inflight=9, ready=False)]
+    assert _room(gone, bound_s=1.0, unfitted_cap=4)
     # With an estimate the cap is not used: the backlog decides.
     fitted = [_v("p0", Role.PREFILL, inflight=9)]
     assert _room(fitted, bound_s=1.0, unfitted_cap=4)
