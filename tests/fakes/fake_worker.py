@@ -57,6 +57,11 @@ class Script:
     num_running: int = 0
     engine: str = "fake"
     """The engine kind the worker reports (the router refuses fields per engine)."""
+    step_every_s: float = 0.0
+    """> 0: `WatchStepBatches` reports an engine step this often (a worker that is running, its
+    requests queued behind others) until `steps_stop` is set, then none (frozen); 0: the worker
+    reports no steps (UNIMPLEMENTED)."""
+    steps_stop: asyncio.Event | None = None
     multiplex: bool = True
     """Serve `Multiplex` (the worker's own `worker.mux` over these scripted handlers); False:
     answer UNIMPLEMENTED, as a worker from before it, so the router uses a call per request."""
@@ -299,9 +304,23 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     async def WatchStepBatches(  # noqa: N802
         self, request: worker_pb2.WatchStepsRequest, context: Any
     ) -> AsyncIterator[worker_pb2.StepSampleBatch]:
-        """As `WatchSteps` (not recorded: the router asks for it before `WatchSteps`)."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the fake worker reports no steps")
-        yield worker_pb2.StepSampleBatch()  # unreachable: makes this an async generator
+        """As `WatchSteps` (not recorded: the router asks for it before `WatchSteps`), or
+        with `Script.step_every_s` a made-up one-sequence decode step that often."""
+        s = self.script
+        if s.step_every_s <= 0:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the fake worker reports no steps")
+        index = 0
+        while s.steps_stop is None or not s.steps_stop.is_set():
+            index += 1
+            yield worker_pb2.StepSampleBatch(
+                samples=[
+                    worker_pb2.StepSample(
+                        index=index, duration_s=0.01, decode_context_tokens=[100], num_seqs=1
+                    )
+                ]
+            )
+            await asyncio.sleep(s.step_every_s)
+        await asyncio.Event().wait()  # frozen: the stream stays open, no more steps
 
     async def Drain(  # noqa: N802
         self, request: worker_pb2.DrainRequest, context: Any

@@ -52,6 +52,12 @@ class SloSettings(BaseModel):
     fraction of the tightest TTFT target of any class (once the latency model has data)."""
     max_outstanding_per_worker: int | None = Field(None, ge=1)
     """Also a cap on requests in flight or reserved per decode-capable worker; None: no cap."""
+    unfitted_prefills_per_worker: int | None = Field(4, ge=1)
+    """While the latency model has no prefill rate for some prefill-side worker (cold start, a
+    worker just added), so no backlog estimate: room means the prefill-side workers have, in
+    all, more free places than requests admitted but not yet placed, a worker having this many
+    places less its requests in flight or reserved; None: always room then (every arrival is
+    admitted until a rate is fitted)."""
 
     @model_validator(mode="after")
     def _check_classes(self) -> SloSettings:

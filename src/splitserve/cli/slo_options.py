@@ -6,9 +6,10 @@
 `--slo-config FILE` reads the same things as YAML, shaped like an `LLMService` spec:
 `sloClasses: [...]`, `defaultSloClass: NAME`, and optionally
 `router: {placementProfile, disaggregation, lengthPredictor, admissionQueueCapacity,
-admission, maxOutstandingPerWorker}` (`admission: false` dispatches every request at once: the
-wave-1 router; `maxOutstandingPerWorker` caps the requests in flight per decode-capable worker
-before admission queues).
+admission, maxOutstandingPerWorker, unfittedPrefillsPerWorker}` (`admission: false` dispatches
+every request at once: the wave-1 router; `maxOutstandingPerWorker` caps the requests in flight
+per decode-capable worker before admission queues; `unfittedPrefillsPerWorker`, default 4, caps
+those per prefill-side worker while no prefill rate is fitted, null: no cap).
 Classes given as flags come after the file's.
 """
 
@@ -127,6 +128,7 @@ def slo_settings(
         "admissionQueueCapacity",
         "admission",
         "maxOutstandingPerWorker",
+        "unfittedPrefillsPerWorker",
     }
     if unknown_router:
         raise click.BadParameter(
@@ -154,6 +156,9 @@ def slo_settings(
             slo["admission"] = bool(router["admission"])
         if "maxOutstandingPerWorker" in router:
             slo["max_outstanding_per_worker"] = int(router["maxOutstandingPerWorker"])
+        if "unfittedPrefillsPerWorker" in router:  # null: no cap before a fitted rate
+            n = router["unfittedPrefillsPerWorker"]
+            slo["unfitted_prefills_per_worker"] = None if n is None else int(n)
         return SloSettings(**slo), placement
     except (ValidationError, ValueError) as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

@@ -17,7 +17,10 @@ simulator):
 * with a fitted latency model: the best prefill-capable worker's predicted backlog (pending
   prefill tokens / fitted rate), taken at the percentile of the class with the tightest TTFT
   target (see Percentiles), is within `max_backlog_fraction` x that target;
-* without either (cold start, no SLO numbers yet): always room, the wave-1 behaviour.
+* with a TTFT target but no backlog estimate yet (a prefill-capable worker without a fitted
+  rate: cold start, a worker just added): the prefill-capable workers have fewer requests in
+  flight or reserved than `unfitted_prefills_per_worker` (4) each, in all; None: always room;
+* without either: always room, the wave-1 behaviour.
 Requests admitted from the queue but not yet placed count against the room.
 
 Percentiles: a class's TTFT target holds at its percentile (p50, p90, p99), so the shed and
@@ -118,6 +121,7 @@ class Admission:
             percentile=self.tightest_percentile,
             admitting_requests=self._admitting_requests,
             admitting_tokens=self._admitting_tokens,
+            unfitted_cap=self.settings.unfitted_prefills_per_worker,
         )
 
     def predicted_ttft_s(

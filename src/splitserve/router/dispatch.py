@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 import grpc
 from grpc import aio
@@ -92,6 +92,9 @@ class Chunk:
     """With `SamplingSpec.logprobs`: one per token of `token_ids`."""
 
 
+_T = TypeVar("_T")
+
+
 class StallTimer:
     """`asyncio.timeout(stall_s)` around each read of a token stream, without a timer per read.
 
@@ -99,12 +102,30 @@ class StallTimer:
     last chunk) or a read started less than `stall_s` ago, it is set again for that read's due
     time; only a read waiting `stall_s` is cancelled (and raises `TimeoutError`). A read then
     costs a clock reading instead of a timer handle pushed on and cancelled off the loop's heap.
+
+    `step_age_s`: seconds since the worker's engine last reported a step (None: unknown). A read
+    that waited `stall_s` on a worker that stepped less than `stall_s` ago is not a stall: the
+    worker is alive and the request is queued behind others on it; the wait goes on until the
+    worker itself has been silent for `stall_s` (frozen, wedged) or the request timeout passes.
+    Without step reports (None) the read's own wait decides, as before.
     """
 
-    __slots__ = ("_cancelling", "_fired", "_handle", "_loop", "_since", "_stall_s", "_task")
+    __slots__ = (
+        "_cancelling",
+        "_fired",
+        "_handle",
+        "_loop",
+        "_since",
+        "_stall_s",
+        "_step_age_s",
+        "_task",
+    )
 
-    def __init__(self, stall_s: float) -> None:
+    def __init__(
+        self, stall_s: float, step_age_s: Callable[[], float | None] | None = None
+    ) -> None:
         self._stall_s = stall_s
+        self._step_age_s = step_age_s
         self._loop = asyncio.get_running_loop()
         self._since: float | None = None
         """When the read in progress started; None: no read waiting."""
@@ -113,21 +134,30 @@ class StallTimer:
         self._fired = False
         self._cancelling = 0
 
-    async def read(self, call: aio.UnaryStreamCall | MuxStream) -> common_pb2.TokenChunk | None:
-        """`call.read()`, None at the end of the stream, or `TimeoutError` after `stall_s`."""
+    def _start(self) -> asyncio.Task[object]:
         task = asyncio.current_task()
         assert task is not None
         self._task, self._cancelling = task, task.cancelling()
         self._since = since = self._loop.time()
         if self._handle is None:
             self._handle = self._loop.call_at(since + self._stall_s, self._check)
+        return task
+
+    def _timed_out(self, task: asyncio.Task[object]) -> bool:
+        """The cancellation being handled is the timer's (not someone else's)."""
+        if self._fired:
+            self._fired = False
+            return task.uncancel() <= self._cancelling
+        return False
+
+    async def read(self, call: aio.UnaryStreamCall | MuxStream) -> common_pb2.TokenChunk | None:
+        """`call.read()`, None at the end of the stream, or `TimeoutError` after `stall_s`."""
+        task = self._start()
         try:
             chunk = await call.read()
         except asyncio.CancelledError:
-            if self._fired:
-                self._fired = False
-                if task.uncancel() <= self._cancelling:
-                    raise TimeoutError from None
+            if self._timed_out(task):
+                raise TimeoutError from None
             raise
         finally:
             self._since = None
@@ -135,6 +165,19 @@ class StallTimer:
             return None
         assert isinstance(chunk, common_pb2.TokenChunk)
         return chunk
+
+    async def wait(self, answer: Awaitable[_T]) -> _T:
+        """`await answer` (a unary call: the prefill's first token), or `TimeoutError` after
+        `stall_s` as `read`."""
+        task = self._start()
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if self._timed_out(task):
+                raise TimeoutError from None
+            raise
+        finally:
+            self._since = None
 
     def restart(self) -> None:
         """A chunk was taken by the fast lane (`fast_lane`) while a read waits: the wait for
@@ -147,8 +190,15 @@ class StallTimer:
         since, task = self._since, self._task
         if since is None or task is None:
             return  # no read waiting: the next read arms the timer again
+        now = self._loop.time()
         due = since + self._stall_s
-        if self._loop.time() >= due:
+        if now >= due:
+            age = None if self._step_age_s is None else self._step_age_s()
+            if age is not None and age < self._stall_s:
+                # The worker stepped within stall_s: queued, not stalled. Look again when it
+                # will have been silent for stall_s.
+                self._handle = self._loop.call_at(now + self._stall_s - age, self._check)
+                return
             self._fired = True
             task.cancel()
         else:
@@ -543,6 +593,7 @@ class Dispatch:
     ) -> worker_pb2.PrefillResponse | None:
         req = self.request
         msg = messages.prefill(req, self._slo_context(), sampling_pb=self._sampling_pb())
+        stall_s = self._d.settings.token_stall_timeout_s
         for i, eid in enumerate(candidates):
             if i:
                 self._fallback("prefill_retry")
@@ -550,22 +601,35 @@ class Dispatch:
             if stub is None:
                 continue
             self._d.pool.acquire(eid)
+            # The first token is a token: a prefill worker that stalls is given up on too (not
+            # one that is stepping, with this prompt queued behind others: `StallTimer`).
+            stall = StallTimer(stall_s, self._step_age(eid))
             try:
-                # The first token is a token: a prefill worker that stalls is given up on too.
-                timeout_s = min(self._remaining_s(), self._d.settings.token_stall_timeout_s)
+                timeout_s = self._remaining_s()
                 md = self._trace.begin("prefill", {"splitserve.worker": eid})
                 link = self._link(eid, stub)
-                resp: worker_pb2.PrefillResponse = (
-                    await link.prefill(msg, timeout_s, md)
+                resp: worker_pb2.PrefillResponse = await stall.wait(
+                    link.prefill(msg, timeout_s, md)
                     if link is not None
-                    else await stub.Prefill(msg, timeout=timeout_s, metadata=md)
+                    else stub.Prefill(msg, timeout=timeout_s, metadata=md)
                 )
             except aio.AioRpcError as err:
                 self._raise_if_final(eid, err)
                 log.warning("prefill of %s on %s failed: %s", req.id, eid, err.code())
                 self._d.canceller.cancel_later(req.id, {eid: stub})  # whatever it holds
                 continue
+            except TimeoutError:
+                self._d.metrics.fallbacks.labels("token_stall").inc()
+                log.warning(
+                    "prefill of %s on %s: no answer and no engine step for %g s (stalled)",
+                    req.id,
+                    eid,
+                    stall_s,
+                )
+                self._d.canceller.cancel_later(req.id, {eid: stub})
+                continue
             finally:
+                stall.close()
                 self._trace.end("prefill")
                 self._d.pool.release(eid)
                 # The prompt is computed (or failed): no more prefill work of ours there.
@@ -628,7 +692,7 @@ class Dispatch:
             call = self._decode_call(stub, emitted, kv, self._link(eid, stub))
             num_before = len(emitted)
             self._d.pool.acquire(eid)
-            stall = StallTimer(stall_s)
+            stall = StallTimer(stall_s, self._step_age(eid))
             lane = self.lane
             if lane is not None and type(call) is MuxStream:
                 lane.attach(call, self._lane_bookkeeping(emitted, stall))
@@ -694,6 +758,11 @@ class Dispatch:
                 self._trace.end("decode")
                 self._d.pool.release(eid)
         raise WorkersFailed(f"no decode worker could finish request {self.request.id}")
+
+    def _step_age(self, eid: EndpointId) -> Callable[[], float | None]:
+        """Seconds since `eid`'s engine last reported a step (None: unknown), for `StallTimer`."""
+        latency = self._d.pool.latency
+        return lambda: latency.step_age_s(eid)
 
     def _lane_bookkeeping(
         self, emitted: list[int], stall: StallTimer

@@ -34,7 +34,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -61,6 +62,8 @@ class _Models:
     watcher: asyncio.Task[None] | None = None
     reports_steps: bool | None = None
     """The worker's step stream: True once a sample came, False when UNIMPLEMENTED."""
+    last_step_s: float | None = None
+    """When (the book's `now`) the last step sample came; None: none yet."""
 
 
 def batch_of(pb: worker_pb2.StepSample) -> BatchShape:
@@ -77,9 +80,10 @@ class LatencyBook:
         reconnect_s: float = 1.0,
         max_buffer: int = 1024,
         max_samples_per_s: float = STEP_SAMPLES_PER_S,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         """`max_samples_per_s`: the step samples asked of each worker per second (0: every
-        step)."""
+        step); `now`: seconds on a monotonic clock (when a step sample came, `step_age_s`)."""
         if not (math.isfinite(max_samples_per_s) and max_samples_per_s >= 0):
             raise ValueError(
                 f"max_samples_per_s must be 0 or a positive finite number, got {max_samples_per_s}"
@@ -88,6 +92,7 @@ class LatencyBook:
         self.reconnect_s = reconnect_s
         self.max_buffer = max_buffer
         self.max_samples_per_s = max_samples_per_s
+        self._now = now
 
     def _get(self, eid: EndpointId) -> _Models:
         m = self._by_ep.get(eid)
@@ -135,20 +140,31 @@ class LatencyBook:
                     return
             await asyncio.sleep(self.reconnect_s)
 
-    @staticmethod
     def _observe_steps(
-        eid: EndpointId, m: _Models, samples: Iterable[worker_pb2.StepSample]
+        self, eid: EndpointId, m: _Models, samples: Iterable[worker_pb2.StepSample]
     ) -> None:
         if m.reports_steps is not True:
             log.info("fitting the latency model of %s from its step reports", eid)
         m.reports_steps = True
+        m.last_step_s = self._now()
         observe = m.steps.observe
         for pb in samples:
             observe(batch_of(pb), pb.duration_s)
 
     def observe_step(self, eid: EndpointId, batch: BatchShape, seconds: float) -> None:
         """One engine step of `eid` (what the step stream delivers)."""
-        self._get(eid).steps.observe(batch, seconds)
+        m = self._get(eid)
+        m.last_step_s = self._now()
+        m.steps.observe(batch, seconds)
+
+    def step_age_s(self, eid: EndpointId) -> float | None:
+        """Seconds since `eid`'s engine last reported a step (its step stream: the engine is
+        running, not frozen or wedged); None: no step reported yet, or the worker reports none
+        (then nothing is known of its progress)."""
+        m = self._by_ep.get(eid)
+        if m is None or m.last_step_s is None:
+            return None
+        return max(0.0, self._now() - m.last_step_s)
 
     # -- request timings (fallback) ----------------------------------------------------------
 

@@ -129,3 +129,62 @@ def test_room_reads_the_tightest_class_at_its_percentile() -> None:
     for i in range(100):
         admission.observe_ttft(1.0, 1.5 + i * 0.01)
     assert not admission.has_room()
+
+
+class _ColdPool:
+    """One prefill worker with no fitted rate yet; `inflight` as the router counts it."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+
+    def views(self) -> list[EndpointView]:
+        return [
+            EndpointView(EndpointId("p0"), Role.PREFILL, inflight=self.inflight),
+            EndpointView(EndpointId("d0"), Role.DECODE),
+        ]
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        pass
+
+
+async def test_before_a_fitted_rate_the_gate_admits_up_to_the_cap_then_queues() -> None:
+    """No backlog estimate: 4 (`unfitted_prefills_per_worker`) go on at once, the 5th waits
+    until one of them is through its prefill (the worker's in-flight count falls)."""
+    clock = ManualClock()
+    metrics = RouterMetrics(CollectorRegistry())
+    settings = SloSettings(classes=CLASSES)
+    slo = SloRuntime(settings, clock, metrics)
+    pool = _ColdPool()
+    admission = Admission(
+        pool,  # type: ignore[arg-type]
+        settings,
+        clock=clock,
+        metrics=metrics,
+        tightest_ttft_s=slo.tightest_ttft_s,
+    )
+    assert settings.unfitted_prefills_per_worker == 4
+    for i in range(4):
+        req = _request(f"r{i}", "p50")
+        await admission.enter(req.id, req.num_prompt_tokens, slo.for_request(req))
+        admission.placed(req.num_prompt_tokens)
+        pool.inflight += 1
+    req = _request("r4", "p50")
+    waiting = asyncio.ensure_future(
+        admission.enter(req.id, req.num_prompt_tokens, slo.for_request(req))
+    )
+    await asyncio.sleep(0)
+    assert not waiting.done()  # queued
+    pool.inflight -= 1  # a prefill finished
+    admission.pump()
+    await waiting
+    await admission.close()
+    # None: the old cold start, every arrival admitted at once.
+    open_gate = Admission(
+        pool,  # type: ignore[arg-type]
+        SloSettings(classes=CLASSES, unfitted_prefills_per_worker=None),
+        clock=clock,
+        metrics=RouterMetrics(CollectorRegistry()),
+        tightest_ttft_s=slo.tightest_ttft_s,
+    )
+    pool.inflight = 100
+    assert open_gate.has_room()

@@ -42,6 +42,7 @@ def test_settings_from_file_and_flags(tmp_path: Path) -> None:
                     "placementProfile": "tetriinfer",
                     "admissionQueueCapacity": 3,
                     "maxOutstandingPerWorker": 2,
+                    "unfittedPrefillsPerWorker": 6,
                 },
             }
         )
@@ -54,6 +55,7 @@ def test_settings_from_file_and_flags(tmp_path: Path) -> None:
     assert slo.default_class == "batch"
     assert slo.queue_capacity == 3
     assert slo.max_outstanding_per_worker == 2
+    assert slo.unfitted_prefills_per_worker == 6
     assert placement.profile is v1.PlacementProfile.TETRIINFER
     assert placement.disaggregation is v1.Disaggregation.NEVER
     none, same = slo_settings([], None, None, None, None, PlacementSettings())

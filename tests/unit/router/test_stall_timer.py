@@ -4,6 +4,7 @@ chunk does not count; other cancellations stay cancellations."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -59,6 +60,43 @@ async def test_a_read_fed_in_time_never_times_out() -> None:
     got = [await timer.read(call) for _ in range(6)]
     assert [c.token_ids[0] for c in got if c is not None] == list(range(6))
     await feeder
+    timer.close()
+
+
+async def test_a_read_on_a_worker_that_steps_waits_past_stall_s() -> None:
+    """The worker's engine stepped just now at every check: the read is queued, not stalled."""
+    call: Any = _Call()
+    timer = StallTimer(0.05, lambda: 0.0)
+    reader = asyncio.create_task(timer.read(call))
+    await asyncio.sleep(0.3)  # 6 x stall_s
+    assert not reader.done()
+    call.queue.put_nowait(common_pb2.TokenChunk(token_ids=[7]))
+    chunk = await reader
+    assert chunk is not None
+    assert list(chunk.token_ids) == [7]
+    timer.close()
+
+
+async def test_a_worker_silent_for_stall_s_or_unknown_times_out() -> None:
+    ages: tuple[float | None, ...] = (0.05, None)  # last step stall_s ago; no step reports
+    for age in ages:
+        call: Any = _Call()
+        timer = StallTimer(0.05, functools.partial(lambda a: a, age))
+        with pytest.raises(TimeoutError):
+            await timer.read(call)
+        timer.close()
+
+
+async def test_a_waited_answer_times_out_like_a_read() -> None:
+    timer = StallTimer(0.05)
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    with pytest.raises(TimeoutError):
+        await timer.wait(never)
+    timer.close()
+    timer = StallTimer(0.05, lambda: 0.0)
+    soon = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.2, soon.set_result, 3)
+    assert await timer.wait(soon) == 3
     timer.close()
 
 

@@ -15,7 +15,13 @@ Room for one more request (`has_room`):
   all, more free slots (cap - in flight, per worker) than requests admitted but not yet placed;
 * with a backlog bound: the best prefill-side worker's predicted backlog (pending prefill tokens
   plus those admitted but not yet placed, over its rate), taken at `percentile` through the tail
-  ratios, is at most `bound_s`; no estimate (a worker without a rate) leaves room;
+  ratios, is at most `bound_s`; no estimate (a worker without a rate): with `unfitted_cap`, the
+  prefill-side workers have more free places (`unfitted_cap` - in flight, per worker) than
+  requests admitted but not yet placed (no prefill-side worker at all: room, so placement
+  answers that no worker can take it instead of the request waiting), else room (before it,
+  the router admitted every arrival until a rate was fitted: on `up --autoscale` at 4 req/s,
+  33 prompts queued on the one prefill worker within the first 10 s, and their waits ran
+  into the stall timeout);
 * without either: always room.
 
 Pure: no clock, no I/O.
@@ -74,10 +80,13 @@ def has_room(
     rate_of: RateOf | None = None,
     admitting_requests: int = 0,
     admitting_tokens: int = 0,
+    unfitted_cap: int | None = None,
 ) -> bool:
     """Whether the pool has room for one more request (see the module's docstring). `cap`:
     requests in flight or reserved per decode-capable worker (None: no cap); `bound_s`: the
-    largest backlog, at `percentile`, that still leaves room (None: no bound)."""
+    largest backlog, at `percentile`, that still leaves room (None: no bound); `unfitted_cap`:
+    requests in flight or reserved per prefill-side worker while there is no backlog estimate
+    (None: no cap)."""
     if cap is not None:
         free = sum(max(0, cap - v.inflight) for v in views if v.accepts_work and v.role.can_decode)
         if free - admitting_requests <= 0:
@@ -86,4 +95,10 @@ def has_room(
         backlog = at_percentile(backlog_s(views, admitting_tokens, rate_of), percentile, tail)
         if backlog is not None and backlog > bound_s:
             return False
+        side = prefill_side(views) if backlog is None and unfitted_cap is not None else []
+        # No prefill-side worker at all: room (placement answers "no worker", not the queue).
+        if side and unfitted_cap is not None:
+            free = sum(max(0, unfitted_cap - views[i].inflight) for i in side)
+            if free - admitting_requests <= 0:
+                return False
     return True

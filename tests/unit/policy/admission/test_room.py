@@ -90,6 +90,7 @@ def _room(
     rate_of: RateOf | None = None,
     admitting_requests: int = 0,
     admitting_tokens: int = 0,
+    unfitted_cap: int | None = None,
 ) -> bool:
     return has_room(
         views,
@@ -100,6 +101,7 @@ def _room(
         rate_of=rate_of,
         admitting_requests=admitting_requests,
         admitting_tokens=admitting_tokens,
+        unfitted_cap=unfitted_cap,
     )
 
 
@@ -120,6 +122,30 @@ def test_the_backlog_bound_at_the_percentile_and_with_admitted_tokens() -> None:
     # No estimate: room (the cold start); no bound: room.
     assert _room([_v("p0", Role.PREFILL, pending=10**9, rate=0)], bound_s=1.0)
     assert _room(views, tail=_tail(20.0))
+
+
+def test_without_an_estimate_the_unfitted_cap_holds_per_prefill_side_worker() -> None:
+    """No rate yet (cold start): room while the prefill-side workers have, in all, more free
+    places (cap - in flight) than requests admitted but not yet placed."""
+    cold = [
+        _v("p0", Role.PREFILL, rate=0, inflight=3),
+        _v("p1", Role.PREFILL, rate=0, inflight=5),
+        _v("d0", Role.DECODE, rate=0),  # not prefill-side: its places do not count
+    ]
+    assert _room(cold, bound_s=1.0, unfitted_cap=4)  # one free place on p0
+    assert not _room(cold, bound_s=1.0, unfitted_cap=4, admitting_requests=1)
+    assert not _room(cold, bound_s=1.0, unfitted_cap=3)
+    assert _room(cold, bound_s=1.0, admitting_requests=100)  # no cap: the old cold start
+    assert _room(cold, unfitted_cap=1)  # no TTFT bound: the cap does not apply
+    # One worker without a rate (just added) is enough to lose the estimate: the cap holds.
+    mixed = [_v("p0", Role.PREFILL, inflight=9), _v("p1", Role.PREFILL, rate=0, inflight=4)]
+    assert not _room(mixed, bound_s=100.0, unfitted_cap=4)
+    # No live prefill-side worker: room, so placement answers 503 instead of a queue forever.
+    gone = [_v("p0", Role.PREFILL, rate=0, inflight=9, ready=False)]
+    assert _room(gone, bound_s=1.0, unfitted_cap=4)
+    # With an estimate the cap is not used: the backlog decides.
+    fitted = [_v("p0", Role.PREFILL, inflight=9)]
+    assert _room(fitted, bound_s=1.0, unfitted_cap=4)
 
 
 @given(
