@@ -152,15 +152,7 @@ class StallTimer:
 
     async def read(self, call: aio.UnaryStreamCall | MuxStream) -> common_pb2.TokenChunk | None:
         """`call.read()`, None at the end of the stream, or `TimeoutError` after `stall_s`."""
-        task = self._start()
-        try:
-            chunk = await call.read()
-        except asyncio.CancelledError:
-            if self._timed_out(task):
-                raise TimeoutError from None
-            raise
-        finally:
-            self._since = None
+        chunk = await self.wait(call.read())
         if chunk is aio.EOF:
             return None
         assert isinstance(chunk, common_pb2.TokenChunk)
