@@ -42,6 +42,7 @@ from splitserve.router.pool_view import PoolView
 from splitserve.router.server import RouterServer
 from tests.fakes.fake_worker import FakeWorker, Script
 from tests.fakes.ports import free_port_on_all
+from tests.fakes.signals import run_stopped_at_once
 from tests.unit.router.conftest import FAST_POOL
 
 SELECTOR = "splitserve.io/component=worker,splitserve.io/service=svc"
@@ -614,16 +615,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
         async def stop(self) -> None:
             pass
 
-    def run(main: Any) -> None:
-        async def runner() -> None:
-            stop = asyncio.Event()
-            stop.set()
-            await main(stop)
-
-        asyncio.run(runner())
-
     monkeypatch.setattr(cli_router, "RouterServer", NoServer)
-    monkeypatch.setattr(cli_router, "run_until_signalled", run)
+    monkeypatch.setattr(cli_router, "run_until_signalled", run_stopped_at_once)
     monkeypatch.setattr("splitserve.cli.logs.setup", lambda *a, **k: None)
     return configs
 

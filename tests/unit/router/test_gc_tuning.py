@@ -16,6 +16,7 @@ from splitserve.api.router import RouterConfig
 from splitserve.cli import router as cli_router
 from splitserve.router import gc_tuning, server
 from splitserve.router.server import RouterServer
+from tests.fakes.signals import run_stopped_at_once
 from tests.unit.router.conftest import MODEL
 
 
@@ -140,16 +141,8 @@ def test_serve_hands_the_switch_to_the_server(monkeypatch: pytest.MonkeyPatch) -
         async def stop(self) -> None:
             pass
 
-    def run(main: Any) -> None:
-        async def runner() -> None:
-            stop = asyncio.Event()
-            stop.set()
-            await main(stop)
-
-        asyncio.run(runner())
-
     monkeypatch.setattr(cli_router, "RouterServer", Double)
-    monkeypatch.setattr(cli_router, "run_until_signalled", run)
+    monkeypatch.setattr(cli_router, "run_until_signalled", run_stopped_at_once)
     monkeypatch.setattr(cli_router, "_raise_fd_limit", lambda _: None)
     config = RouterConfig(model_name=MODEL, tokenizer_dir="/unused")
     for settle in (True, False):
