@@ -95,10 +95,10 @@ def has_room(
         backlog = at_percentile(backlog_s(views, admitting_tokens, rate_of), percentile, tail)
         if backlog is not None and backlog > bound_s:
             return False
-        side = prefill_side(views) if backlog is None and unfitted_cap is not None else []
-        # No prefill-side worker at all: room (placement answers "no worker", not the queue).
-        if side and unfitted_cap is not None:
+        if backlog is None and unfitted_cap is not None:
+            side = prefill_side(views)
+            # No prefill-side worker at all: room (placement answers "no worker", not the queue).
             free = sum(max(0, unfitted_cap - views[i].inflight) for i in side)
-            if free - admitting_requests <= 0:
+            if side and free - admitting_requests <= 0:
                 return False
     return True
