@@ -530,4 +530,13 @@ def autoscale_usage_error(
         return "--autoscale-min must be <= --autoscale-max"
     if opts["autoscale_min"] < 1:
         return "--autoscale-min must be >= 1 (a pool of 0 serves nothing)"
+    for role in ("prefill", "decode"):  # the starting sizes are the loop's first pools
+        n, low, high = opts[role], opts["autoscale_min"], opts["autoscale_max"]
+        if not low <= n <= high:
+            bound, side = ("--autoscale-max", "above") if n > high else ("--autoscale-min", "below")
+            return (
+                f"--{role} {n} is {side} {bound} {high if n > high else low}: the loop keeps "
+                f"each pool within --autoscale-min..--autoscale-max ({low}..{high}), so it "
+                f"would not start with these workers; set --{role} within them or change {bound}"
+            )
     return None
