@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from splitserve.core.roles import Role
-from splitserve.operator.control.loop import GrpcLoadProbe, LoadProbe, http_get
+from splitserve.operator.control.loop import GrpcLoadProbe, LoadProbe, held_key, http_get
 from splitserve.operator.control.signals import ClassTargets, Snapshot, Window, parse
 from splitserve.policy.planner.aladdin import AladdinPerfModel
 from splitserve.policy.planner.autoscaler import (
@@ -90,6 +90,8 @@ class LocalLoop:
     perf: AladdinPerfModel = field(default_factory=AladdinPerfModel)
     state: AutoscalerState = field(default_factory=AutoscalerState)
     log: list[str] = field(default_factory=list)
+    last_held: str = ""
+    """Which signals were missing or stale at the last hold (`held_key`; "": no hold)."""
 
     def __post_init__(self) -> None:
         self.window = Window(self.window_s, max_age_s=2 * self.params.interval_s + 5)
@@ -128,6 +130,13 @@ class LocalLoop:
         }
         obs = self.window.observe(now, self.classes, pools, problems)
         decision, self.state = decide(obs, self.state, self.perf, self.params)
+        # A hold is logged as the operator writes it to status.decisions: once when the set of
+        # missing / stale signals changes, not every tick (an idle or unreachable router would
+        # print one line per interval otherwise).
+        key = held_key(obs) if decision.held else ""
+        if key and key != self.last_held:
+            self.log.append(f"hold: no action: {decision.held}")
+        self.last_held = key
         decision, flips = plan_flips(
             decision,
             obs,
@@ -144,7 +153,6 @@ class LocalLoop:
         pools: dict[Role, PoolSignal],
     ) -> None:
         if decision.held:
-            self.log.append(f"hold: {decision.held}")
             return
         have = {r: p.current for r, p in pools.items()}
         for f in flips:
@@ -401,14 +409,17 @@ class AutoscaleThread:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            seen = len(self.loop.log)
-            try:
-                self.loop.tick()
-            except Exception as err:  # one failed tick is logged; the next one tries again
-                self.echo(f"autoscale: tick failed: {type(err).__name__}: {err}")
-            for line in self.loop.log[seen:]:
-                if not line.startswith("hold"):
-                    self.echo(f"autoscale: {line}")
+            self.run_once()
+
+    def run_once(self) -> None:
+        """One tick; its log lines printed (actions, and a hold when its reason changes)."""
+        seen = len(self.loop.log)
+        try:
+            self.loop.tick()
+        except Exception as err:  # one failed tick is logged; the next one tries again
+            self.echo(f"autoscale: tick failed: {type(err).__name__}: {err}")
+        for line in self.loop.log[seen:]:
+            self.echo(f"autoscale: {line}")
 
 
 def sim_perf_model(opts: dict[str, Any], tpot_s: float) -> AladdinPerfModel:

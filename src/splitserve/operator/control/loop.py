@@ -521,9 +521,9 @@ class Controller:
             )
             # One decision and Event when the set of missing / stale signals changes, not one
             # per tick as their details (ages) change.
-            if _held_key(obs) != st.last_held:
+            if held_key(obs) != st.last_held:
                 entries.append(("hold", word, f"no action: {decision.held}", {}, True))
-        st.last_held = _held_key(obs) if decision.held else ""
+        st.last_held = held_key(obs) if decision.held else ""
         if result.plan is not None:
             word = "PlanApplied" if result.plan_applied else "PlanAdvised"
             self.metrics.decisions.labels(label, "plan", word).inc()
@@ -622,7 +622,7 @@ class Controller:
             log.warning("event %s for %s not posted: %s", reason, md["name"], err)
 
 
-def _held_key(obs: Observation) -> str:
+def held_key(obs: Observation) -> str:
     """Which signals are missing or stale, without their changing details."""
     keys = [f"{p.signal} {p.state.value}" for p in obs.problems]
     if not keys and obs.arrival_rate_per_s is None:
@@ -708,7 +708,7 @@ def _slo_condition(
 ) -> v1.Condition:
     if decision.held:
         status, reason = v1.ConditionStatus.UNKNOWN, "NoSignal"
-        message = f"no SLO signal ({_held_key(obs)}): see status.decisions"
+        message = f"no SLO signal ({held_key(obs)}): see status.decisions"
     elif decision.at_risk:
         status, reason, message = v1.ConditionStatus.TRUE, "SLOAtRisk", "; ".join(decision.at_risk)
     elif all(c.attainment is None for c in obs.classes):
