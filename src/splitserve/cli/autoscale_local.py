@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from splitserve.policy.planner.autoscaler import (
     AutoscalerParams,
     AutoscalerState,
     Decision,
+    Kind,
     decide,
     live_params,
 )
@@ -92,6 +94,8 @@ class LocalLoop:
     log: list[str] = field(default_factory=list)
     last_held: str = ""
     """Which signals were missing or stale at the last hold (`held_key`; "": no hold)."""
+    last_kept: dict[Role, str] = field(default_factory=dict)
+    """Per pool, the last printed hold under pressure, its numbers masked (`_kept_key`)."""
 
     def __post_init__(self) -> None:
         self.window = Window(self.window_s, max_age_s=2 * self.params.interval_s + 5)
@@ -143,8 +147,21 @@ class LocalLoop:
             [(Role.PREFILL, Role.DECODE), (Role.DECODE, Role.PREFILL)],
             self.max_concurrent_flips,
         )
+        self._log_kept(decision, flips)
         self._act(decision, flips, pools)
         return decision, flips
+
+    def _log_kept(self, decision: Decision, flips: Sequence[FlipDecision]) -> None:
+        """A pool kept at its size although under pressure (at max, waiting for started
+        workers or for their effect) is logged once per kind of reason, not every tick: the
+        reason's numbers (ages, queue lengths) change while the situation does not."""
+        flipped = {r for f in flips for r in (f.source, f.target)}
+        for role, p in decision.pools.items():
+            kept = p.kind is Kind.HOLD and bool(p.pressure) and role not in flipped
+            key = _kept_key(p.reason) if kept else ""
+            if key and key != self.last_kept.get(role, ""):
+                self.log.append(f"hold: {p.reason}")
+            self.last_kept[role] = key
 
     def _act(
         self,
@@ -378,6 +395,10 @@ class ProcessFleet:
         if child in self.stack.children:
             self.stack.children.remove(child)
         self.supervisor.unwatch(child)
+
+
+def _kept_key(reason: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", reason)
 
 
 def _role_arg(args: Sequence[str]) -> Role | None:

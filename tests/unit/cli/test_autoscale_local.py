@@ -277,3 +277,28 @@ def test_a_hold_is_printed_once_per_reason_like_the_operator_s_status_decisions(
     assert 1 <= len(later) <= 3, printed  # stale, then the stale one gone from the window
     assert len(set(later)) == len(later), later
     assert fleet.calls == ["start prefill", "start decode"], fleet.calls
+
+
+def test_a_pool_kept_at_max_under_pressure_is_printed_once_per_kind_of_reason() -> None:
+    """A pool the loop keeps at its size although under pressure (here: at max, with a router
+    queue) is printed once with the reason, not on every tick as the queue's length changes;
+    once the pressure is gone and comes back, it is printed again."""
+    from splitserve.cli.autoscale_local import AutoscaleThread
+
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _step_loop(fleet, router, now, max_replicas=1)
+    printed: list[str] = []
+    thread = AutoscaleThread(loop, STEP_PARAMS.interval_s, printed.append)
+    for queue in (0, 0, 20, 30, 40, 50, 0, 0, 0, 0, 25, 35):
+        router.serve(2, "default", prompt=200, output=50)
+        router.queue.labels("default").set(queue)
+        now[0] += STEP_PARAMS.interval_s
+        thread.run_once()
+    holds = [line for line in printed if "held at max" in line]
+    assert len(holds) == 2, printed
+    assert all(h.startswith("autoscale: hold: prefill held at max 1: ") for h in holds), holds
+    assert "queue 20 (20 at the router)" in holds[0], holds
+    assert "queue 25 (25 at the router)" in holds[1], holds
+    assert fleet.calls == ["start prefill", "start decode"], fleet.calls
