@@ -690,6 +690,10 @@ def _inputs(obs: Observation, decision: Decision, p: PoolDecision | None) -> dic
         out["meanOutputTokens"] = f"{obs.mean_output_tokens:.0f}"
     if obs.min_attainment is not None:
         out["attainment"] = f"{obs.min_attainment:.3f}"
+    if obs.router_queue is not None:
+        out["routerQueue"] = str(obs.router_queue)
+    if obs.router_queued_prompt_tokens is not None:  # recorded; no policy sizes on it yet
+        out["routerQueuedPromptTokens"] = str(obs.router_queued_prompt_tokens)
     if p is not None:
         out["work"] = f"{p.work:.2f}"
         out["upTarget"] = str(p.up_target)
