@@ -227,6 +227,9 @@ class AdmissionFile(FileModel):
 
     queue_capacity: int = Field(1024, ge=0)
     """Requests the queue holds at most."""
+    unfitted_prefills_per_worker: int | None = Field(4, ge=1)
+    """`SloSettings.unfitted_prefills_per_worker`: the cap per prefill-capable worker before a
+    prefill rate is fitted; null: no cap."""
 
 
 class EngineFile(FileModel):
@@ -308,6 +311,7 @@ class RouterFile(FileModel):
                 default_class=self.default_slo_class,
                 length_predictor=self.placement.length_predictor,
                 queue_capacity=self.admission.queue_capacity,
+                unfitted_prefills_per_worker=self.admission.unfitted_prefills_per_worker,
             ),
             "edge": EdgeSettings(**self.edge.settings_fields()),
             "backends": self.backends,

@@ -1095,6 +1095,11 @@ class RouterSpec(Model):
     admission_queue_capacity: int = Field(1024, ge=0, le=1_000_000)
     """Requests the router holds in its earliest-deadline-first queue when workers are full;
     beyond it sheddable requests get 429 first, then non-sheddable ones."""
+    unfitted_prefills_per_worker: int = Field(4, ge=0, le=1_000_000)
+    """Before the router has fitted a prefill rate for every prefill-capable worker (its cold
+    start, a worker just added), admission holds arrivals beyond this many requests in flight or
+    reserved per such worker, in all (router.yaml `admission.unfittedPrefillsPerWorker`). 0: no
+    cap then (every arrival is admitted until a rate is fitted: the gate before the cap)."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """CPU and memory of each router pod."""
     pod: PodSettings = Field(default_factory=PodSettings)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,13 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from splitserve.core.roles import Role
-from splitserve.operator.control.loop import GrpcLoadProbe, LoadProbe, http_get
+from splitserve.operator.control.loop import GrpcLoadProbe, LoadProbe, held_key, http_get
 from splitserve.operator.control.signals import ClassTargets, Snapshot, Window, parse
 from splitserve.policy.planner.aladdin import AladdinPerfModel
 from splitserve.policy.planner.autoscaler import (
     AutoscalerParams,
     AutoscalerState,
     Decision,
+    Kind,
     decide,
     live_params,
 )
@@ -90,6 +92,10 @@ class LocalLoop:
     perf: AladdinPerfModel = field(default_factory=AladdinPerfModel)
     state: AutoscalerState = field(default_factory=AutoscalerState)
     log: list[str] = field(default_factory=list)
+    last_held: str = ""
+    """Which signals were missing or stale at the last hold (`held_key`; "": no hold)."""
+    last_kept: dict[Role, str] = field(default_factory=dict)
+    """Per pool, the last printed hold under pressure, its numbers masked (`_kept_key`)."""
 
     def __post_init__(self) -> None:
         self.window = Window(self.window_s, max_age_s=2 * self.params.interval_s + 5)
@@ -128,14 +134,34 @@ class LocalLoop:
         }
         obs = self.window.observe(now, self.classes, pools, problems)
         decision, self.state = decide(obs, self.state, self.perf, self.params)
+        # A hold is logged as the operator writes it to status.decisions: once when the set of
+        # missing / stale signals changes, not every tick (an idle or unreachable router would
+        # print one line per interval otherwise).
+        key = held_key(obs) if decision.held else ""
+        if key and key != self.last_held:
+            self.log.append(f"hold: no action: {decision.held}")
+        self.last_held = key
         decision, flips = plan_flips(
             decision,
             obs,
             [(Role.PREFILL, Role.DECODE), (Role.DECODE, Role.PREFILL)],
             self.max_concurrent_flips,
         )
+        self._log_kept(decision, flips)
         self._act(decision, flips, pools)
         return decision, flips
+
+    def _log_kept(self, decision: Decision, flips: Sequence[FlipDecision]) -> None:
+        """A pool kept at its size although under pressure (at max, waiting for started
+        workers or for their effect) is logged once per kind of reason, not every tick: the
+        reason's numbers (ages, queue lengths) change while the situation does not."""
+        flipped = {r for f in flips for r in (f.source, f.target)}
+        for role, p in decision.pools.items():
+            kept = p.kind is Kind.HOLD and bool(p.pressure) and role not in flipped
+            key = _kept_key(p.reason) if kept else ""
+            if key and key != self.last_kept.get(role, ""):
+                self.log.append(f"hold: {p.reason}")
+            self.last_kept[role] = key
 
     def _act(
         self,
@@ -144,7 +170,6 @@ class LocalLoop:
         pools: dict[Role, PoolSignal],
     ) -> None:
         if decision.held:
-            self.log.append(f"hold: {decision.held}")
             return
         have = {r: p.current for r, p in pools.items()}
         for f in flips:
@@ -372,6 +397,10 @@ class ProcessFleet:
         self.supervisor.unwatch(child)
 
 
+def _kept_key(reason: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", reason)
+
+
 def _role_arg(args: Sequence[str]) -> Role | None:
     if args[:2] != ["worker", "serve"] or "--role" not in args:
         return None
@@ -401,14 +430,17 @@ class AutoscaleThread:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            seen = len(self.loop.log)
-            try:
-                self.loop.tick()
-            except Exception as err:  # one failed tick is logged; the next one tries again
-                self.echo(f"autoscale: tick failed: {type(err).__name__}: {err}")
-            for line in self.loop.log[seen:]:
-                if not line.startswith("hold"):
-                    self.echo(f"autoscale: {line}")
+            self.run_once()
+
+    def run_once(self) -> None:
+        """One tick; its log lines printed (actions, and a hold when its reason changes)."""
+        seen = len(self.loop.log)
+        try:
+            self.loop.tick()
+        except Exception as err:  # one failed tick is logged; the next one tries again
+            self.echo(f"autoscale: tick failed: {type(err).__name__}: {err}")
+        for line in self.loop.log[seen:]:
+            self.echo(f"autoscale: {line}")
 
 
 def sim_perf_model(opts: dict[str, Any], tpot_s: float) -> AladdinPerfModel:
@@ -530,4 +562,13 @@ def autoscale_usage_error(
         return "--autoscale-min must be <= --autoscale-max"
     if opts["autoscale_min"] < 1:
         return "--autoscale-min must be >= 1 (a pool of 0 serves nothing)"
+    for role in ("prefill", "decode"):  # the starting sizes are the loop's first pools
+        n, low, high = opts[role], opts["autoscale_min"], opts["autoscale_max"]
+        if not low <= n <= high:
+            bound, side = ("--autoscale-max", "above") if n > high else ("--autoscale-min", "below")
+            return (
+                f"--{role} {n} is {side} {bound} {high if n > high else low}: the loop keeps "
+                f"each pool within --autoscale-min..--autoscale-max ({low}..{high}), so it "
+                f"would not start with these workers; set --{role} within them or change {bound}"
+            )
     return None

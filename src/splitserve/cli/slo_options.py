@@ -9,7 +9,7 @@
 admission, maxOutstandingPerWorker, unfittedPrefillsPerWorker}` (`admission: false` dispatches
 every request at once: the wave-1 router; `maxOutstandingPerWorker` caps the requests in flight
 per decode-capable worker before admission queues; `unfittedPrefillsPerWorker`, default 4, caps
-those per prefill-side worker while no prefill rate is fitted, null: no cap).
+those per prefill-side worker while no prefill rate is fitted, null or 0 as in the CRD: no cap).
 Classes given as flags come after the file's.
 """
 
@@ -156,9 +156,9 @@ def slo_settings(
             slo["admission"] = bool(router["admission"])
         if "maxOutstandingPerWorker" in router:
             slo["max_outstanding_per_worker"] = int(router["maxOutstandingPerWorker"])
-        if "unfittedPrefillsPerWorker" in router:  # null: no cap before a fitted rate
+        if "unfittedPrefillsPerWorker" in router:  # null or 0 (the CRD's): no cap before a fit
             n = router["unfittedPrefillsPerWorker"]
-            slo["unfitted_prefills_per_worker"] = None if n is None else int(n)
+            slo["unfitted_prefills_per_worker"] = None if n is None or n == 0 else int(n)
         return SloSettings(**slo), placement
     except (ValidationError, ValueError) as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

@@ -103,6 +103,13 @@ class RouterMetrics:
             ["slo_class"],
             registry=registry,
         )
+        self.queued_prompt_tokens = Gauge(
+            "splitserve_router_queued_prompt_tokens",
+            "Prompt tokens of the requests waiting in the router's EDF admission queue "
+            "(the prefill work waiting at the gate).",
+            ["slo_class"],
+            registry=registry,
+        )
         self.queue_wait = Histogram(
             "splitserve_router_queue_wait_seconds",
             "Time requests spent in the admission queue.",

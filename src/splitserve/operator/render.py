@@ -519,7 +519,11 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             "disaggregation": spec.router.disaggregation.value,
             "lengthPredictor": spec.router.length_predictor.value,
         },
-        "admission": {"queueCapacity": spec.router.admission_queue_capacity},
+        "admission": {
+            "queueCapacity": spec.router.admission_queue_capacity,
+            # 0 in the CRD (which has no nulls) is the router's null: no cap before a fit.
+            "unfittedPrefillsPerWorker": spec.router.unfitted_prefills_per_worker or None,
+        },
         "sloClasses": classes,
         "defaultSloClass": default_class,
         **(

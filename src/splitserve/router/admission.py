@@ -5,7 +5,9 @@ Queued: it waits (EDF, priority first) until the pool has room, re-checked whene
 changes (load reports, fencing), a request leaves, and every `tick_s` while anything waits.
 Shed or rejected: `Overloaded` (HTTP 429 with `Retry-After` and an OpenAI-style body).
 
-`splitserve_router_admission_total` counts each arrival once, by its decision at arrival
+`splitserve_router_queue_depth` and `splitserve_router_queued_prompt_tokens` are the requests
+waiting in the queue and the sum of their prompt tokens (the prefill work held at the gate), per
+class. `splitserve_router_admission_total` counts each arrival once, by its decision at arrival
 (admitted / queued / shed / rejected), so its rate summed over outcomes is the arrival rate. A
 queued request later shed ends with `splitserve_router_requests_total{outcome="shed"}`; one later
 admitted is in `splitserve_router_queue_wait_seconds`.
@@ -210,6 +212,7 @@ class Admission:
         waiter = _Waiter(entry, future, prompt_tokens, rs.cls.percentile)
         self._waiters[request_id] = waiter
         self.metrics.queue_depth.labels(rs.label).inc()
+        self.metrics.queued_prompt_tokens.labels(rs.label).inc(prompt_tokens)
         self._ensure_ticker()
         try:
             await future
@@ -262,6 +265,7 @@ class Admission:
         w = self._waiters.pop(request_id, None)
         if w is not None:
             self.metrics.queue_depth.labels(w.entry.slo_class).dec()
+            self.metrics.queued_prompt_tokens.labels(w.entry.slo_class).dec(w.prompt_tokens)
         return w
 
     def _ensure_ticker(self) -> None:

@@ -96,6 +96,7 @@ class SloRuntime:
                 metrics.slo_target.labels(c.name, "tpot").set(c.tpot_s)
             metrics.slo_attainment_target.labels(c.name).set(c.attainment)
             metrics.queue_depth.labels(c.name)  # every class's series exists from the start
+            metrics.queued_prompt_tokens.labels(c.name)
         self.ttft_tail = TailRatios()
         """Actual / predicted time to first token (from admission): the TTFT prediction at a
         class's percentile is the point prediction x `factor(percentile)`."""

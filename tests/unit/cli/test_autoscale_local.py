@@ -230,3 +230,75 @@ def test_a_flip_is_logged_with_its_reason() -> None:
     assert flips, loop.log
     assert all(line.startswith("flip w1 decode -> prefill: ") for line in flips), flips
     assert all("prefill needs" in line for line in flips), flips
+
+
+def test_a_hold_is_printed_once_per_reason_like_the_operator_s_status_decisions() -> None:
+    """`up` prints a hold (no action, and why) when the set of missing / stale signals changes,
+    as the operator writes it to status.decisions: not on every tick of the same hold, again
+    after the signals came back and went again."""
+    from splitserve.cli.autoscale_local import AutoscaleThread
+
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    down = [True]
+
+    def get(url: str) -> str:
+        if down[0]:
+            raise OSError("connection refused")
+        return router.text()
+
+    loop = _step_loop(fleet, router, now)
+    loop.get = get
+    printed: list[str] = []
+    thread = AutoscaleThread(loop, STEP_PARAMS.interval_s, printed.append)
+
+    def tick() -> None:
+        router.serve(5, "default", prompt=200, output=50)
+        now[0] += STEP_PARAMS.interval_s
+        thread.run_once()
+
+    tick()
+    tick()  # the second tick has a window with two failed scrapes: a different set of signals
+    holds = [line for line in printed if line.startswith("autoscale: hold: no action: ")]
+    assert 1 <= len(holds) <= 2, printed
+    assert all("scrape failed: connection refused" in line for line in holds), holds
+    for _ in range(4):  # the same outage: nothing new
+        tick()
+    assert [line for line in printed if "hold" in line] == holds, printed
+    down[0] = False
+    for _ in range(4):
+        tick()
+    assert [line for line in printed if "hold" in line] == holds, printed
+    down[0] = True
+    for _ in range(6):  # the scrapes stop: stale, then missing again
+        tick()
+    later = [line for line in printed if "hold" in line][len(holds) :]
+    assert 1 <= len(later) <= 3, printed  # stale, then the stale one gone from the window
+    assert len(set(later)) == len(later), later
+    assert fleet.calls == ["start prefill", "start decode"], fleet.calls
+
+
+def test_a_pool_kept_at_max_under_pressure_is_printed_once_per_kind_of_reason() -> None:
+    """A pool the loop keeps at its size although under pressure (here: at max, with a router
+    queue) is printed once with the reason, not on every tick as the queue's length changes;
+    once the pressure is gone and comes back, it is printed again."""
+    from splitserve.cli.autoscale_local import AutoscaleThread
+
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _step_loop(fleet, router, now, max_replicas=1)
+    printed: list[str] = []
+    thread = AutoscaleThread(loop, STEP_PARAMS.interval_s, printed.append)
+    for queue in (0, 0, 20, 30, 40, 50, 0, 0, 0, 0, 25, 35):
+        router.serve(2, "default", prompt=200, output=50)
+        router.queue.labels("default").set(queue)
+        now[0] += STEP_PARAMS.interval_s
+        thread.run_once()
+    holds = [line for line in printed if "held at max" in line]
+    assert len(holds) == 2, printed
+    assert all(h.startswith("autoscale: hold: prefill held at max 1: ") for h in holds), holds
+    assert "queue 20 (20 at the router)" in holds[0], holds
+    assert "queue 25 (25 at the router)" in holds[1], holds
+    assert fleet.calls == ["start prefill", "start decode"], fleet.calls

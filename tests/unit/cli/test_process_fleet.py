@@ -166,8 +166,31 @@ def test_autoscale_options_are_refused_without_autoscale_and_with_what_it_cannot
         (["--autoscale", "--mixed", "1"], "--mixed workers are not supported"),
         (["--autoscale", "--autoscale-min", "3", "--autoscale-max", "2"], "<= --autoscale-max"),
         (["--autoscale", "--autoscale-min", "0"], "--autoscale-min must be >= 1"),
+        (["--autoscale", "--prefill", "6"], "--prefill 6 is above --autoscale-max 4"),
+        (
+            ["--autoscale", "--decode", "5", "--autoscale-max", "3"],
+            "--decode 5 is above --autoscale-max 3",
+        ),
+        (
+            ["--autoscale", "--prefill", "1", "--autoscale-min", "2"],
+            "--prefill 1 is below --autoscale-min 2",
+        ),
+        (["--autoscale", "--prefill", "0"], "--prefill 0 is below --autoscale-min 1"),
     ]
     for args, message in cases:
         result = runner.invoke(up, args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
+
+
+def test_starting_sizes_within_the_autoscale_bounds_pass() -> None:
+    from splitserve.cli.autoscale_local import autoscale_usage_error
+
+    opts = {
+        "autoscale": True, "engine": "sim", "mixed": 0, "prefill": 2, "decode": 3,
+        "autoscale_min": 2, "autoscale_max": 3,
+    }  # fmt: skip
+    assert autoscale_usage_error(opts) is None
+    assert "--decode 3 is above --autoscale-max 2" in str(
+        autoscale_usage_error({**opts, "autoscale_max": 2})
+    )

@@ -183,6 +183,31 @@ def test_managed_scales_up_on_load_then_down_after_stabilization() -> None:
     assert downs
 
 
+def test_the_routers_queued_prompt_tokens_are_an_explicit_optional_signal() -> None:
+    """`splitserve_router_queued_prompt_tokens` (the prompt tokens waiting at the routers' gate)
+    reaches the observation and the decisions' inputs beside the queue's length; a router
+    without the gauge reads as unknown (None), not as zero. No policy sizes on it."""
+    from prometheus_client import Gauge
+
+    env = Env()
+    env.tick(0.0)
+    result = env.tick(n=300, prompt=2000, output=200)
+    assert result.observation is not None
+    assert result.observation.router_queued_prompt_tokens is None  # the fake has no gauge
+    tokens = Gauge(
+        "splitserve_router_queued_prompt_tokens", "", ["slo_class"], registry=env.router.registry
+    )
+    tokens.labels("chat").set(4500)
+    env.router.queue.labels("chat").set(3)
+    result = env.tick(n=300, prompt=2000, output=200)
+    assert result.observation is not None
+    assert result.observation.router_queued_prompt_tokens == 4500
+    assert result.observation.router_queue == 3
+    scales = [d for d in env.status()["decisions"] if d["kind"] == "scale"]
+    assert scales[-1]["inputs"]["routerQueuedPromptTokens"] == "4500", scales[-1]
+    assert scales[-1]["inputs"]["routerQueue"] == "3", scales[-1]
+
+
 def test_external_mode_writes_only_recommendations() -> None:
     env = Env(mode="External")
     env.tick(0.0)

@@ -188,3 +188,56 @@ async def test_before_a_fitted_rate_the_gate_admits_up_to_the_cap_then_queues() 
     )
     pool.inflight = 100
     assert open_gate.has_room()
+
+
+def _gauge(metrics: RouterMetrics, name: str, cls: str) -> float:
+    value = metrics.registry.get_sample_value(name, {"slo_class": cls})
+    return 0.0 if value is None else value
+
+
+async def test_the_queued_prompt_tokens_gauge_sums_the_prompts_waiting_at_the_gate() -> None:
+    """`splitserve_router_queued_prompt_tokens` is the prompt tokens of the requests in the
+    admission queue, next to `splitserve_router_queue_depth` (their count): up as requests
+    queue, down as they are admitted or leave."""
+    clock = ManualClock()
+    metrics = RouterMetrics(CollectorRegistry())
+    settings = SloSettings(classes=CLASSES, unfitted_prefills_per_worker=1)
+    slo = SloRuntime(settings, clock, metrics)
+    pool = _ColdPool()
+    admission = Admission(
+        pool,  # type: ignore[arg-type]
+        settings,
+        clock=clock,
+        metrics=metrics,
+        tightest_ttft_s=slo.tightest_ttft_s,
+    )
+    name = "splitserve_router_queued_prompt_tokens"
+    assert metrics.registry.get_sample_value(name, {"slo_class": "p50"}) == 0.0  # from the start
+    pool.inflight = 1  # the cap (1 per worker) is taken: arrivals queue
+    tasks = []
+    for rid, n in (("a", 300), ("b", 50)):
+        req = Request(
+            id=RequestId(rid),
+            prompt_token_ids=tuple(range(n)),
+            sampling=SamplingSpec(max_tokens=16),
+            slo_class=SloClassName("p50"),
+            arrival_s=0.0,
+        )
+        tasks.append(
+            asyncio.ensure_future(
+                admission.enter(req.id, req.num_prompt_tokens, slo.for_request(req))
+            )
+        )
+        await asyncio.sleep(0)
+    assert _gauge(metrics, "splitserve_router_queue_depth", "p50") == 2
+    assert _gauge(metrics, "splitserve_router_queued_prompt_tokens", "p50") == 350
+    pool.inflight = 0  # room for one: the earlier arrival goes on
+    admission.pump()
+    await tasks[0]
+    assert _gauge(metrics, "splitserve_router_queued_prompt_tokens", "p50") == 50
+    tasks[1].cancel()  # the client leaves while queued
+    with contextlib.suppress(asyncio.CancelledError):
+        await tasks[1]
+    assert _gauge(metrics, "splitserve_router_queue_depth", "p50") == 0
+    assert _gauge(metrics, "splitserve_router_queued_prompt_tokens", "p50") == 0
+    await admission.close()

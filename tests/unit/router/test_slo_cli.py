@@ -58,6 +58,11 @@ def test_settings_from_file_and_flags(tmp_path: Path) -> None:
     assert slo.unfitted_prefills_per_worker == 6
     assert placement.profile is v1.PlacementProfile.TETRIINFER
     assert placement.disaggregation is v1.Disaggregation.NEVER
+    for off in (None, 0):  # null, or the CRD's 0: no cap before a fitted prefill rate
+        f.write_text(yaml.safe_dump({"router": {"unfittedPrefillsPerWorker": off}}))
+        slo, _ = slo_settings([], None, f, None, None, PlacementSettings())
+        assert slo is not None
+        assert slo.unfitted_prefills_per_worker is None, off
     none, same = slo_settings([], None, None, None, None, PlacementSettings())
     assert none is None
     assert same == PlacementSettings()

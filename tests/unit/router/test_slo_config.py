@@ -68,6 +68,23 @@ def test_the_crd_reaches_the_router_config(tmp_path: Path) -> None:
     assert runtime.table.resolve("batch").job_completion_s == 3600
 
 
+def test_the_unfitted_prefill_cap_reaches_the_router_config(tmp_path: Path) -> None:
+    """`router.unfittedPrefillsPerWorker` in the LLMService: default 4, a value, and 0 (the
+    CRD has no nulls) rendered as the router's null, the open gate before a fitted rate."""
+    path = tmp_path / "router.yaml"
+    for given, admission, setting in ((None, 4, 4), (9, 9, 9), (0, None, None)):
+        spec = _spec()
+        if given is not None:
+            spec = _spec(router={"unfittedPrefillsPerWorker": given})
+        data = _router_yaml(spec)
+        assert data["admission"]["unfittedPrefillsPerWorker"] == admission, given
+        path.write_text(yaml.safe_dump(data))
+        config = config_from_file(path, {"tokenizer_dir": "/tok"})
+        assert config.slo.unfitted_prefills_per_worker == setting, given
+    with pytest.raises(pydantic.ValidationError, match="unfittedPrefillsPerWorker"):
+        _spec(router={"unfittedPrefillsPerWorker": -1})
+
+
 def test_flags_override_single_placement_fields(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(_router_yaml(_spec())))

@@ -521,9 +521,9 @@ class Controller:
             )
             # One decision and Event when the set of missing / stale signals changes, not one
             # per tick as their details (ages) change.
-            if _held_key(obs) != st.last_held:
+            if held_key(obs) != st.last_held:
                 entries.append(("hold", word, f"no action: {decision.held}", {}, True))
-        st.last_held = _held_key(obs) if decision.held else ""
+        st.last_held = held_key(obs) if decision.held else ""
         if result.plan is not None:
             word = "PlanApplied" if result.plan_applied else "PlanAdvised"
             self.metrics.decisions.labels(label, "plan", word).inc()
@@ -622,7 +622,7 @@ class Controller:
             log.warning("event %s for %s not posted: %s", reason, md["name"], err)
 
 
-def _held_key(obs: Observation) -> str:
+def held_key(obs: Observation) -> str:
     """Which signals are missing or stale, without their changing details."""
     keys = [f"{p.signal} {p.state.value}" for p in obs.problems]
     if not keys and obs.arrival_rate_per_s is None:
@@ -690,6 +690,10 @@ def _inputs(obs: Observation, decision: Decision, p: PoolDecision | None) -> dic
         out["meanOutputTokens"] = f"{obs.mean_output_tokens:.0f}"
     if obs.min_attainment is not None:
         out["attainment"] = f"{obs.min_attainment:.3f}"
+    if obs.router_queue is not None:
+        out["routerQueue"] = str(obs.router_queue)
+    if obs.router_queued_prompt_tokens is not None:  # recorded; no policy sizes on it yet
+        out["routerQueuedPromptTokens"] = str(obs.router_queued_prompt_tokens)
     if p is not None:
         out["work"] = f"{p.work:.2f}"
         out["upTarget"] = str(p.up_target)
@@ -708,7 +712,7 @@ def _slo_condition(
 ) -> v1.Condition:
     if decision.held:
         status, reason = v1.ConditionStatus.UNKNOWN, "NoSignal"
-        message = f"no SLO signal ({_held_key(obs)}): see status.decisions"
+        message = f"no SLO signal ({held_key(obs)}): see status.decisions"
     elif decision.at_risk:
         status, reason, message = v1.ConditionStatus.TRUE, "SLOAtRisk", "; ".join(decision.at_risk)
     elif all(c.attainment is None for c in obs.classes):

@@ -44,6 +44,7 @@ P = "splitserve_router_"
 ADMISSION = P + "admission_total"
 SLO_REQUESTS = P + "slo_requests_total"
 QUEUE_DEPTH = P + "queue_depth"
+QUEUED_PROMPT_TOKENS = P + "queued_prompt_tokens"
 TTFT = P + "ttft_seconds"
 TPOT = P + "tpot_seconds"
 PROMPT_LEN = P + "prompt_length_tokens"
@@ -378,6 +379,11 @@ class Window:
             if any(_has(s, QUEUE_DEPTH) for s in new.routers.values())
             else None
         )
+        queued_tokens = (
+            _sum(gauges, QUEUED_PROMPT_TOKENS)
+            if any(_has(s, QUEUED_PROMPT_TOKENS) for s in new.routers.values())
+            else None
+        )
         peak, peak_problem, peak_window = self._peak(new, span)
         cv2 = histogram_cv2(delta, PROMPT_LEN) if n_prompt else None
         return Observation(
@@ -389,6 +395,7 @@ class Window:
             tuple(signals),
             pools,
             router_queue=int(queue) if queue is not None else None,
+            router_queued_prompt_tokens=int(queued_tokens) if queued_tokens is not None else None,
             shed=int(shed_all),
             problems=tuple(problems),
             arrival_rate_peak_per_s=peak,

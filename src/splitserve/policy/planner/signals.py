@@ -145,6 +145,11 @@ class Observation:
     pools: Mapping[Role, PoolSignal] = field(default_factory=dict)
     router_queue: int | None = None
     """Requests waiting in the routers' queues (None: unknown)."""
+    router_queued_prompt_tokens: int | None = None
+    """The prompt tokens of those requests (`splitserve_router_queued_prompt_tokens`: the
+    prefill work waiting at the gate; None: unknown, e.g. a router without the gauge). Recorded
+    in the decision's inputs; no policy sizes on it yet (the queue's length, `router_queue`,
+    is what they read)."""
     shed: int | None = None
     """Requests shed or rejected by the routers in the window (None: unknown)."""
     problems: tuple[SignalProblem, ...] = ()
