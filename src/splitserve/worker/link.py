@@ -47,6 +47,8 @@ METHOD: Final = "/splitserve.v1.Worker/Multiplex"
 WRITE_BUFFER_BYTES: Final = 2048
 """Above this many bytes waiting in the transport, the next response waits (and gathers)."""
 READ_BYTES: Final = 1 << 16
+SEND_BUFFER_BYTES: Final = 4096
+"""The connection socket's send buffer (the kernel doubles it, and keeps at least ~4.5 KB)."""
 
 
 class LinkContext:
@@ -98,6 +100,10 @@ async def _connection(
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Fixed and small (no autotuning to megabytes): with the router's small receive
+            # buffer, what is in flight stays small, so a router reading behind holds the
+            # writes here, where the waiting chunks join.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
     context: Any = LinkContext(writer)
     try:

@@ -245,10 +245,12 @@ async def test_a_router_reading_behind_gets_the_tokens_in_few_messages() -> None
     proto: Any = link._call
     proto.transport.pause_reading()
     first = messages
-    for _ in range(300):
+    for i in range(300):  # one at a time, each given the loop to be written on its own
         q.put_nowait(BIG)
-    while service.emitted < 301:
-        await asyncio.sleep(0.01)
+        while service.emitted < i + 2:
+            await asyncio.sleep(0)
+        for _ in range(5):
+            await asyncio.sleep(0)
     q.put_nowait(None)
     proto.transport.resume_reading()
     rest = await _read_all(sub)
