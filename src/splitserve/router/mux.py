@@ -615,11 +615,11 @@ class _LinkProtocol(asyncio.Protocol):
     def __init__(self, link: StreamLink) -> None:
         self.link = link
         self.frames = FrameSplitter()
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None
+        """The connection's transport (an `asyncio.Transport`, or uvloop's, which is not one)."""
         self.closed = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: Any) -> None:
         if self.closed:
             transport.abort()
             return

@@ -318,3 +318,24 @@ async def test_tls_refuses_a_plaintext_caller(pki: dict[str, Path]) -> None:
     assert not service.started.is_set()
     await link.close()
     server.close()
+
+
+def test_the_link_runs_on_uvloop_as_the_router_does() -> None:
+    """uvloop's transports are not `asyncio.Transport`s (a type check there broke the link)."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def one_request() -> list[int]:
+        service = _Service()
+        server, port = await _serve(service)
+        link = _link(port)
+        sub = link.stream("decode", _decode("u"), None, None)
+        service.queue("u").put_nowait([1, 2])
+        service.queue("u").put_nowait(None)
+        try:
+            return await _read_all(sub)
+        finally:
+            await link.close()
+            server.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(one_request()) == [1, 2]
