@@ -491,6 +491,11 @@ class MuxLink:
             sub._end(_error(grpc.StatusCode.CANCELLED, "the router closed the stream"))
 
 
+LINK_CONNECT_TIMEOUT_S: Final = 5.0
+"""How long a stream link may take to connect (TCP and TLS) before its requests fail with
+UNAVAILABLE (a port a firewall drops would otherwise hold them for the kernel's minutes)."""
+
+
 class StreamLink(MuxLink):
     """The same link over the worker's stream link (`worker.link`): the `Multiplex` messages
     length-prefixed on a plain TCP socket (TLS with this process's identity once configured,
@@ -544,23 +549,24 @@ class StreamLink(MuxLink):
 
     async def _connect(self, proto: _LinkProtocol) -> None:
         try:
-            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if self.window_bytes:  # before connecting: the window scale is set then
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.window_bytes)
-                await self.loop.sock_connect(sock, (self.host, self.port))
-            except BaseException:
-                sock.close()
-                raise
-            ssl_ctx = tls.link_client_ssl()
-            await self.loop.create_connection(
-                lambda: proto,
-                sock=sock,
-                ssl=ssl_ctx,
-                server_hostname=tls.LINK_SERVER_NAME if ssl_ctx is not None else None,
-            )
+            async with asyncio.timeout(LINK_CONNECT_TIMEOUT_S):
+                sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if self.window_bytes:  # before connecting: the window scale is set then
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.window_bytes)
+                    await self.loop.sock_connect(sock, (self.host, self.port))
+                except BaseException:
+                    sock.close()
+                    raise
+                ssl_ctx = tls.link_client_ssl()
+                await self.loop.create_connection(
+                    lambda: proto,
+                    sock=sock,
+                    ssl=ssl_ctx,
+                    server_hostname=tls.LINK_SERVER_NAME if ssl_ctx is not None else None,
+                )
         except asyncio.CancelledError:
             self._fail(proto, _error(grpc.StatusCode.CANCELLED, "the router closed the link"))
             raise
