@@ -95,8 +95,8 @@ class PoolSettings(BaseModel):
     gRPC stream; `stream`, the same messages over a plain TCP / TLS socket to the port the
     worker advertises (`LoadReport.link_port`; `splitserve worker serve --link-port`), without
     `grpc.aio`'s per-message machinery (docs/benchmarks.md "Twelfth pass"). Workers that
-    advertise no port are reached over gRPC either way. With `stream`, `link_window_bytes` is
-    the link socket's receive buffer (0: the kernel's default)."""
+    advertise no port are reached over gRPC either way. `link_window_bytes` applies to the gRPC
+    link only (the stream link coalesces on the router's side, per socket read)."""
 
     @model_validator(mode="after")
     def _check_backoff(self) -> PoolSettings:

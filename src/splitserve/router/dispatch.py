@@ -259,9 +259,7 @@ class Dispatcher:
         multiplex: bool = True,
     ) -> None:
         self.pool = pool
-        self.links: MuxLinks | None = (
-            MuxLinks(pool.settings.link, pool.settings.link_window_bytes) if multiplex else None
-        )
+        self.links: MuxLinks | None = MuxLinks(pool.settings.link) if multiplex else None
         """One `Multiplex` stream per worker (`router.mux`); None: one call per request."""
         self.clock = clock
         self.metrics = metrics

@@ -504,12 +504,14 @@ class StreamLink(MuxLink):
     Reading is an `asyncio.Protocol`: `data_received` splits the bytes into frames and hands
     each `MuxResponse`'s events to the sub-streams at once (the fast lane takes a parked
     request's chunks there); the fast lanes are flushed once per `data_received`, so the frames
-    that arrived together (the router was behind) are handled, detokenized and written as one
-    per request. No task wakes per message. Writing: the ops opened in one loop turn leave as
-    one frame (a `call_soon`, no writer task). The socket's receive buffer is
-    `window_bytes` (`pool.link_window_bytes`; 0: the kernel's default): as the gRPC link's
-    small HTTP/2 window, it bounds what the worker has in flight, so while the router reads
-    behind the worker's writes wait and its pending chunks join (`worker.mux.merge_into`).
+    that arrived together (the router was behind: they waited in the socket) are handled,
+    detokenized and written as one per request, and a request whose task reads queued chunks
+    gets them merged (`_merge`). So the link coalesces on the router's side, with no window:
+    unlike a `grpc.aio` message, a frame read costs no thread hand-off and no task wake, only its
+    parse. (A small socket receive buffer, the gRPC link's small window's counterpart, was tried
+    and dropped: the worker then waits for the router's delayed ACKs, and c=32 throughput fell
+    by half; docs/benchmarks.md "Twelfth pass".) Writing: the ops opened in one loop turn leave as
+    one frame (a `call_soon`, no writer task).
 
     Failures look like the gRPC link's: the connection refused or lost ends every open
     sub-request with UNAVAILABLE (the dispatcher's retry / fallback rules apply as to a broken
@@ -518,14 +520,11 @@ class StreamLink(MuxLink):
     connection. Requests never fall back to per-request gRPC calls (the worker advertised the
     link)."""
 
-    def __init__(
-        self, stub: worker_pb2_grpc.WorkerAsyncStub, name: str, port: int, window_bytes: int = 0
-    ) -> None:
+    def __init__(self, stub: worker_pb2_grpc.WorkerAsyncStub, name: str, port: int) -> None:
         super().__init__(stub, name)
         host = name.rpartition(":")[0] if ":" in name else name
         self.host = host[1:-1] if host.startswith("[") else host  # [v6]:port
         self.port = port
-        self.window_bytes = window_bytes
         self._flush_soon: asyncio.Handle | None = None
 
     def _kick(self) -> None:
@@ -554,8 +553,6 @@ class StreamLink(MuxLink):
                 try:
                     sock.setblocking(False)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    if self.window_bytes:  # before connecting: the window scale is set then
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.window_bytes)
                     await self.loop.sock_connect(sock, (self.host, self.port))
                 except BaseException:
                     sock.close()
@@ -654,11 +651,10 @@ class MuxLinks:
     changes. `mode` is `pool.link`: "stream" uses a `StreamLink` to workers that advertise a
     port, "grpc" (or a worker without one) the gRPC `Multiplex` stream."""
 
-    def __init__(self, mode: str = "grpc", window_bytes: int = LINK_WINDOW_BYTES) -> None:
+    def __init__(self, mode: str = "grpc") -> None:
         if mode not in ("grpc", "stream"):
             raise ValueError(f"pool.link must be 'grpc' or 'stream', got {mode!r}")
         self.mode = mode
-        self.window_bytes = window_bytes
         self._links: dict[str, MuxLink] = {}
 
     def get(self, eid: str, stub: Any, link_port: int = 0) -> MuxLink | None:
@@ -672,9 +668,7 @@ class MuxLinks:
             if link is not None:
                 old = link
                 asyncio.get_running_loop().create_task(old.close())
-            link = self._links[eid] = (
-                StreamLink(stub, eid, port, self.window_bytes) if port else MuxLink(stub, eid)
-            )
+            link = self._links[eid] = StreamLink(stub, eid, port) if port else MuxLink(stub, eid)
         return link
 
     async def close(self) -> None:

@@ -10,12 +10,13 @@ owner records (`security.owners`) and the router-only check (`security.authz`, t
 stream 0 with PERMISSION_DENIED, and the connection closes.
 
 The worker advertises the port in its load reports (`LoadReport.link_port`); a router with
-`pool.link: stream` connects there (`router.mux.StreamLink`). Coalescing when the router reads
-behind: a response is written and the next one is built only once the transport's write buffer
-is under `WRITE_BUFFER_BYTES` (`drain`), so the events that come meanwhile leave as one message
-with a request's chunks joined (`mux.merge_into`), as the gRPC stream does behind its small
-HTTP/2 window. The router's small socket receive buffer is what fills first (its
-`pool.link_window_bytes`).
+`pool.link: stream` connects there (`router.mux.StreamLink`). A response is written and the
+next one built only once the transport's write buffer is under `WRITE_BUFFER_BYTES` (`drain`),
+so when the socket is full the events that come meanwhile leave as one message with a request's
+chunks joined (`mux.merge_into`). With the kernel's autotuned buffers (megabytes on loopback)
+that happens only when the router is far behind; the router coalesces on its side instead, per
+socket read (`router.mux.StreamLink`): a frame costs it no thread hand-off, unlike a gRPC
+message.
 
 A connection that closes ends its sub-requests as a cancelled gRPC call ends its handler.
 """
@@ -47,8 +48,6 @@ METHOD: Final = "/splitserve.v1.Worker/Multiplex"
 WRITE_BUFFER_BYTES: Final = 2048
 """Above this many bytes waiting in the transport, the next response waits (and gathers)."""
 READ_BYTES: Final = 1 << 16
-SEND_BUFFER_BYTES: Final = 4096
-"""The connection socket's send buffer (the kernel doubles it, and keeps at least ~4.5 KB)."""
 
 
 class LinkContext:
@@ -100,10 +99,6 @@ async def _connection(
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # Fixed and small (no autotuning to megabytes): with the router's small receive
-            # buffer, what is in flight stays small, so a router reading behind holds the
-            # writes here, where the waiting chunks join.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
     context: Any = LinkContext(writer)
     try:

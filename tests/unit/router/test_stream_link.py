@@ -24,9 +24,6 @@ from splitserve.security import tls
 from splitserve.security.ca import local_pki
 from splitserve.worker import link as worker_link
 
-BIG = list(range(100_000, 102_000))
-"""A chunk of 2,000 ids of 3 varint bytes each: ~6 KB."""
-
 
 class _Service:
     """What `mux.serve` calls: Decodes whose chunks the test releases, per request id."""
@@ -85,9 +82,9 @@ class _NoCalls:
         raise AssertionError(f"the stream link called {name} over gRPC")
 
 
-def _link(port: int, window: int = 2048) -> StreamLink:
+def _link(port: int) -> StreamLink:
     # the endpoint id is the gRPC address; the link takes its host and the advertised port
-    return StreamLink(_NoCalls(), f"127.0.0.1:{port - 1}", port, window)  # type: ignore[arg-type]
+    return StreamLink(_NoCalls(), f"127.0.0.1:{port - 1}", port)  # type: ignore[arg-type]
 
 
 # -- framing -------------------------------------------------------------------------------------
@@ -228,40 +225,49 @@ async def test_a_worker_gone_mid_stream_ends_every_sub_stream_unavailable() -> N
     await link.close()
 
 
-async def test_a_router_reading_behind_gets_the_tokens_in_few_messages() -> None:
-    """While the router's socket is not read (its small receive buffer full), the worker's
-    writes wait and the chunks released meanwhile join (`mux.merge_into`). Without the wait
-    (the write buffer unbounded) every chunk is a message of its own: 300."""
+async def test_a_router_reading_behind_gets_the_waiting_frames_in_one_read() -> None:
+    """Chunks the worker sent as messages of their own while the router did not read reach the
+    sub-stream in a few socket reads, handed over together: its reads get them merged (with the
+    router keeping up, each chunk is read alone)."""
     service = _Service()
     server, port = await _serve(service)
-    link = _link(port, window=2048)
-    messages = 0
-    handle = link._handle
+    link = _link(port)
+    reads = 0
+    received = link._received
 
-    def counting(events: Any, subs: Any) -> None:
-        nonlocal messages
-        messages += 1
-        handle(events, subs)
+    def counting(proto: Any, data: bytes) -> None:
+        nonlocal reads
+        reads += 1
+        received(proto, data)
 
-    link._handle = counting  # type: ignore[method-assign]
-    sub = link.stream("decode", _decode("big"), None, None)
-    q = service.queue("big")
-    q.put_nowait(BIG)
-    assert list((await sub.read()).token_ids) == BIG
+    link._received = counting  # type: ignore[method-assign]
+    sub = link.stream("decode", _decode("b"), None, None)
+    q = service.queue("b")
+    for i in range(5):  # keeping up: one chunk per read
+        q.put_nowait([i])
+        assert list((await sub.read()).token_ids) == [i]
     proto: Any = link._call
     proto.transport.pause_reading()
-    first = messages
-    for _ in range(300):  # one at a time, each given the loop to be written on its own
+    before = reads
+    for i in range(50):  # one at a time, each given the loop to be written on its own
         service.yielded.clear()
-        q.put_nowait(BIG)
+        q.put_nowait([100 + i])
         await service.yielded.wait()
         for _ in range(5):
             await asyncio.sleep(0)
-    q.put_nowait(None)
     proto.transport.resume_reading()
-    rest = await _read_all(sub)
-    assert rest == BIG * 300
-    assert messages - first <= 30
+    got: list[int] = []
+    sub_reads = 0
+    while len(got) < 50:
+        got += (await sub.read()).token_ids
+        sub_reads += 1
+    assert got == [100 + i for i in range(50)]
+    # The socket holds a few dozen small segments (each is charged its buffer's true size), the
+    # worker's transport the rest: a few reads, not 50.
+    assert reads - before <= 5
+    assert sub_reads <= 5
+    q.put_nowait(None)
+    assert await _read_all(sub) == []
     await link.close()
     server.close()
 
