@@ -174,6 +174,22 @@ async def test_cancel_reaches_the_worker() -> None:
     server.close()
 
 
+async def test_the_router_closing_the_link_cancels_the_worker_side() -> None:
+    service = _Service()
+    server, port = await _serve(service)
+    link = _link(port)
+    sub = link.stream("decode", _decode("z"), None, None)
+    service.queue("z").put_nowait([1])
+    assert list((await sub.read()).token_ids) == [1]
+    await link.close()  # the connection goes; no MuxCancel is sent
+    await service.gone.wait()
+    assert service.cancelled == ["z"]
+    with pytest.raises(aio.AioRpcError) as err:
+        await sub.read()
+    assert err.value.code() == grpc.StatusCode.CANCELLED
+    server.close()
+
+
 async def test_a_deadline_ends_the_sub_stream_and_cancels_it_on_the_worker() -> None:
     service = _Service()
     server, port = await _serve(service)
