@@ -243,9 +243,7 @@ def serve_cmd(
         if slo is not None:
             update["slo"] = slo
         if link is not None:
-            update["pool"] = type(config.pool).model_validate(
-                {**config.pool.model_dump(), "link": link}
-            )
+            update["pool"] = config.pool.model_copy(update={"link": link})  # a Choice
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err

@@ -361,3 +361,25 @@ def test_the_link_runs_on_uvloop_as_the_router_does() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(one_request()) == [1, 2]
+
+
+def test_router_serve_link_flag_sets_pool_link(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from splitserve.api.router import RouterConfig
+    from splitserve.cli import router as cli_router
+
+    got: list[RouterConfig] = []
+    monkeypatch.setattr(cli_router, "_serve", lambda config, *_: got.append(config))
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli_router.router, ["serve", "--tokenizer", str(tmp_path), *args])
+
+    assert run().exit_code == 0
+    assert run("--link", "stream").exit_code == 0
+    assert [c.pool.link for c in got] == ["grpc", "stream"]
+    bad = run("--link", "tcp")
+    assert bad.exit_code != 0
+    assert "--link" in bad.output
