@@ -511,7 +511,10 @@ class StreamLink(MuxLink):
     parse. (A small socket receive buffer, the gRPC link's small window's counterpart, was tried
     and dropped: the worker then waits for the router's delayed ACKs, and c=32 throughput fell
     by half; docs/benchmarks.md "Twelfth pass".) Writing: the ops opened in one loop turn leave as
-    one frame (a `call_soon`, no writer task).
+    one frame (a `call_soon`, no writer task). Flow control: reading is never paused (a frame is
+    handled as it arrives, into the same unbounded sub-stream queues as the gRPC link's), and
+    op writes are not held back when the worker reads slowly (the gRPC link awaited each write):
+    they wait in the transport, bounded by the requests in flight.
 
     Failures look like the gRPC link's: the connection refused or lost ends every open
     sub-request with UNAVAILABLE (the dispatcher's retry / fallback rules apply as to a broken
