@@ -12,13 +12,14 @@ quote: on a shared machine the absolute figures move with the other tenants.
 `--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
 both routers share one pair (from this tree).
 
-`--b-env K=V` sets environment variables of router B only (e.g. a setting to compare within
-one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as `router serve
---processes 2` with its processes allowed on both cores (the 1 -> 2 process scaling, with
-`--a-src` and `--b-src` the same tree); its rows then also give each process's share of B's CPU
-time (how evenly SO_REUSEPORT spread the connections and their requests). On a 2-core machine
-the second core also runs the load generator and the workers, so that speed-up is a lower bound
-of what a free core gives.
+`--b-arg FLAG` adds a flag to router B's command line (e.g. `--b-arg=--link --b-arg=stream`),
+`--a-arg` to A's. `--b-env K=V` sets environment variables of router B only (e.g. a setting to
+compare within one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as
+`router serve --processes 2` with its processes allowed on both cores (the 1 -> 2 process scaling,
+with `--a-src` and `--b-src` the same tree); its rows then also give each process's share of B's CPU
+time (how evenly SO_REUSEPORT spread the connections and their requests). On a 2-core machine the
+second core also runs the load generator and the workers, so that speed-up is a lower bound of what
+a free core gives.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def main() -> None:
     parser.add_argument("--b-src", default=None, help="src/ of router B (default: this tree)")
     parser.add_argument("--a-env", action="append", default=[], help="K=V for router A only")
     parser.add_argument("--b-env", action="append", default=[], help="K=V for router B only")
+    parser.add_argument("--a-arg", action="append", default=[], help="router A's extra flag")
+    parser.add_argument("--b-arg", action="append", default=[], help="router B's extra flag")
     parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
     )
@@ -89,9 +92,9 @@ def main() -> None:
         routers: dict[str, tuple[int, int]] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
-        for name, src, extra in (
-            ("A", args.a_src, args.a_env),
-            ("B", args.b_src, args.b_env),
+        for name, src, extra, flags in (
+            ("A", args.a_src, args.a_env, args.a_arg),
+            ("B", args.b_src, args.b_env, args.b_arg),
         ):
             env = dict(os.environ)
             if src:
@@ -101,15 +104,15 @@ def main() -> None:
                 env[k] = v
             workers = shared or _own_workers(procs, work, name, env)
             port = _free_port()
-            more: list[str] = []
+            more: list[str] = list(flags)
             ready = work / f"router-{name}.json"
             if name == "B" and args.b_processes > 1:
-                more = ["--processes", str(args.b_processes), "--ready-file", str(ready)]
+                more += ["--processes", str(args.b_processes), "--ready-file", str(ready)]
             proc = procs.spawn(
                 f"router-{name}", _router_args(workers, tok_dir, port, *more), ROUTER_CORE, env
             )
             pids_of[name] = [proc.pid]
-            if more:
+            if name == "B" and args.b_processes > 1:
                 pids_of[name] = [int(p) for p in _wait_file(ready, proc)["pids"]]
                 for pid in pids_of[name]:
                     os.sched_setaffinity(pid, {ROUTER_CORE, LOAD_CORE})

@@ -8,7 +8,8 @@ path are printed per request. cProfile counts every resumption of a coroutine or
 call, so `MuxStream.read` counts the request task's wake-ups at a token's read and
 `stream_body` the body's resumptions. Counts only: cProfile's times are inflated.
 
-    python -m tests.bench_router.counts [--src TREE/src] [--env K=V] [--count 2000]
+    python -m tests.bench_router.counts [--src TREE/src] [--env K=V] [--arg=--link --arg=stream]
+        [--count 2000]
         [--max-tokens 16] [--top 25] [--prof-out FILE]
 
 `--top N` also prints the N largest self-time shares grouped by source file (cProfile's own
@@ -46,6 +47,11 @@ from tests.bench_router.run import (
 FUNCTIONS = (
     ("mux.py", "read"),  # MuxStream.read: the request task at a token's read
     ("mux.py", "_push"),
+    ("mux.py", "_read"),  # MuxLink._read: a Multiplex message read (gRPC link)
+    ("mux.py", "_received"),  # StreamLink._received: a socket read (stream link)
+    ("mux.py", "_handle"),  # one MuxResponse's events handed out (either link)
+    ("mux.py", "_write"),  # MuxLink._write: the gRPC link's writer task resumptions
+    ("mux.py", "_write_pending"),  # StreamLink: a frame of ops written
     ("fast_lane.py", "offer"),
     ("dispatch.py", "chunks"),
     ("dispatch.py", "_decode_any"),
@@ -62,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--src", default=None, help="src/ of the router (default: this tree)")
     parser.add_argument("--env", action="append", default=[], help="K=V for the router")
+    parser.add_argument("--arg", action="append", default=[], help="a flag for the router")
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -84,7 +91,7 @@ def main() -> None:
             k, _, v = kv.partition("=")
             env[k] = v
         port = _free_port()
-        cmd = _router_args(workers, tok_dir, port)
+        cmd = _router_args(workers, tok_dir, port, *args.arg)
         cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), *cmd[1:]]
         router = procs.spawn("router", cmd, ROUTER_CORE, env)
         _wait_http(port, "/ready", 120)

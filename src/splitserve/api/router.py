@@ -90,6 +90,14 @@ class PoolSettings(BaseModel):
     pass"); it also caps what one worker stream has in flight per round trip (2 KiB: ~10 MB/s
     at a 0.2 ms round trip), so raise it for a router far from its workers."""
 
+    link: Literal["grpc", "stream"] = "grpc"
+    """How the router's `Multiplex` traffic reaches a worker: `grpc`, the `Worker.Multiplex`
+    gRPC stream; `stream`, the same messages over a plain TCP / TLS socket to the port the
+    worker advertises (`LoadReport.link_port`; `splitserve worker serve --link-port`), without
+    `grpc.aio`'s per-message machinery (docs/benchmarks.md "Twelfth pass"). Workers that
+    advertise no port are reached over gRPC either way. `link_window_bytes` applies to the gRPC
+    link only (the stream link coalesces on the router's side, per socket read)."""
+
     @model_validator(mode="after")
     def _check_backoff(self) -> PoolSettings:
         if self.reconnect_max_s < self.reconnect_min_s:

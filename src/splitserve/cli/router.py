@@ -137,6 +137,14 @@ def router() -> None:
     default=None,
     help="Serve /metrics on this port instead of the HTTP port (which then needs a key for it).",
 )
+@click.option(
+    "--link",
+    type=click.Choice(["grpc", "stream"]),
+    default=None,
+    help="pool.link: how Multiplex traffic reaches a worker: grpc (default), or stream (the "
+    "worker's stream link, where it advertises one: no grpc.aio per message). Overrides the "
+    "config file's.",
+)
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @logs.log_format_option
 @slo_options
@@ -164,6 +172,7 @@ def serve_cmd(
     api_keys: tuple[str, ...],
     api_key_file: Path | None,
     metrics_port: int | None,
+    link: str | None,
     log_level: str,
     log_format: str,
     slo_classes: tuple[str, ...],
@@ -233,6 +242,8 @@ def serve_cmd(
             update["metrics_port"] = metrics_port
         if slo is not None:
             update["slo"] = slo
+        if link is not None:
+            update["pool"] = config.pool.model_copy(update={"link": link})  # a Choice
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err

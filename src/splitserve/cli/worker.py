@@ -51,6 +51,14 @@ def worker() -> None:
 )
 @click.option("--metrics-port", type=int, default=0, show_default=True, help="0: any free.")
 @click.option(
+    "--link-port",
+    type=click.IntRange(min=-1, max=65535),
+    default=0,
+    show_default=True,
+    help="Port of the stream link (Multiplex without gRPC, for routers with pool.link: "
+    "stream; advertised in load reports): 0: any free; -1: none.",
+)
+@click.option(
     "--health-port",
     type=int,
     default=None,
@@ -109,6 +117,7 @@ def serve_cmd(
     advertise_host: str,
     port: int,
     metrics_port: int,
+    link_port: int,
     health_port: int | None,
     worker_id: str,
     ready_file: Path | None,
@@ -152,6 +161,7 @@ def serve_cmd(
         advertise_host=advertise_host,
         port=port,
         metrics_port=metrics_port,
+        link_port=None if link_port < 0 else link_port,
         health_port=health_port,
         worker_id=worker_id,
         ready_file=ready_file,

@@ -259,7 +259,7 @@ class Dispatcher:
         multiplex: bool = True,
     ) -> None:
         self.pool = pool
-        self.links: MuxLinks | None = MuxLinks() if multiplex else None
+        self.links: MuxLinks | None = MuxLinks(pool.settings.link) if multiplex else None
         """One `Multiplex` stream per worker (`router.mux`); None: one call per request."""
         self.clock = clock
         self.metrics = metrics
@@ -815,7 +815,7 @@ class Dispatch:
 
     def _link(self, eid: EndpointId, stub: worker_pb2_grpc.WorkerAsyncStub) -> MuxLink | None:
         links = self._d.links
-        return links.get(eid, stub) if links is not None else None
+        return links.get(eid, stub, self._d.pool.link_port(eid)) if links is not None else None
 
     def _involve(
         self, eid: EndpointId, *, prefill: bool = False

@@ -23,6 +23,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+import socket
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -31,6 +33,8 @@ from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.core.channels import FAST_RECONNECT_OPTIONS
+from splitserve.core.frames import FrameSplitter, frame
+from splitserve.security import tls
 
 log = logging.getLogger(__name__)
 
@@ -298,12 +302,14 @@ class MuxLink:
         metadata: Metadata,
     ) -> MuxStream | aio.UnaryStreamCall:
         """A Decode (`kind` "decode") or Generate sub-request, read like its call."""
-        method = self.stub.Decode if kind == "decode" else self.stub.Generate
+        stub = self.stub
         if not self.supported:
+            method = stub.Decode if kind == "decode" else stub.Generate
             return method(msg, timeout=timeout, metadata=metadata)
         sub: MuxStream
 
         def fallback() -> Any:
+            method = stub.Decode if kind == "decode" else stub.Generate
             return method(msg, timeout=sub.remaining_s(), metadata=metadata)
 
         sub = self._open("decode" if kind == "decode" else "generate", msg, timeout, metadata,
@@ -358,7 +364,7 @@ class MuxLink:
             op.metadata.update(metadata)
         sub = MuxStream(self, sid, timeout, fallback)
         self._subs[sid] = sub
-        self._write_wake.set()
+        self._kick()
         return sub
 
     def _cancel(self, sid: int) -> None:
@@ -368,7 +374,11 @@ class MuxLink:
             op = self._pending.ops.add()
             op.stream_id = sid
             op.cancel.SetInParent()
-            self._write_wake.set()
+            self._kick()
+
+    def _kick(self) -> None:
+        """Ops are pending: have them written (the writer task sends them as one message)."""
+        self._write_wake.set()
 
     # -- the stream -----------------------------------------------------------------------------
 
@@ -398,7 +408,6 @@ class MuxLink:
             log.debug("mux write to %s failed: %s", self.name, err)  # the reader reports it
 
     async def _read(self, call: Any) -> None:
-        subs = self._subs
         error: BaseException
         try:
             while True:
@@ -407,30 +416,9 @@ class MuxLink:
                     error = _error(grpc.StatusCode.UNAVAILABLE, "the worker closed the stream")
                     break
                 self._confirmed = True
-                for ev in msg.events:
-                    sub = subs.get(ev.stream_id)
-                    if sub is None:
-                        continue  # cancelled here meanwhile
-                    which = ev.WhichOneof("event")
-                    if which == "chunk":
-                        sub._push(ev.chunk)
-                    elif which == "prefill":
-                        sub._push(ev.prefill)
-                    elif which == "status":
-                        del subs[ev.stream_id]
-                        code = ev.status.code
-                        sub._end(
-                            None
-                            if code == _OK
-                            else _error(
-                                _CODES.get(code, grpc.StatusCode.UNKNOWN), ev.status.details
-                            )
-                        )
-                held = self._held
-                if held:
-                    for sub in held:
-                        sub._flush_lane()
-                    held.clear()
+                self._handle(msg.events, self._subs)
+                if self._held:
+                    self._flush_held()
         except aio.AioRpcError as err:
             error = err
             if err.code() == grpc.StatusCode.UNIMPLEMENTED and not self._confirmed:
@@ -442,6 +430,34 @@ class MuxLink:
             self._fail(call, error)
             raise
         self._fail(call, error)
+
+    @staticmethod
+    def _handle(events: Sequence[worker_pb2.MuxEvent], subs: dict[int, MuxStream]) -> None:
+        """One `MuxResponse`'s events to their sub-requests (`_flush_held` after)."""
+        for ev in events:
+            sub = subs.get(ev.stream_id)
+            if sub is None:
+                continue  # cancelled here meanwhile
+            which = ev.WhichOneof("event")
+            if which == "chunk":
+                sub._push(ev.chunk)
+            elif which == "prefill":
+                sub._push(ev.prefill)
+            elif which == "status":
+                del subs[ev.stream_id]
+                code = ev.status.code
+                sub._end(
+                    None
+                    if code == _OK
+                    else _error(_CODES.get(code, grpc.StatusCode.UNKNOWN), ev.status.details)
+                )
+
+    def _flush_held(self) -> None:
+        """The fast lanes that took chunks of what was just read: detokenized, written."""
+        held = self._held
+        for sub in held:
+            sub._flush_lane()
+        held.clear()
 
     def _fail(self, call: Any, error: BaseException) -> None:
         """The stream is gone: every open sub-request ends with `error`; the next opens anew."""
@@ -475,23 +491,187 @@ class MuxLink:
             sub._end(_error(grpc.StatusCode.CANCELLED, "the router closed the stream"))
 
 
-class MuxLinks:
-    """A link per worker endpoint, re-made when the endpoint's stub changes."""
+LINK_CONNECT_TIMEOUT_S: Final = 5.0
+"""How long a stream link may take to connect (TCP and TLS) before its requests fail with
+UNAVAILABLE (a port a firewall drops would otherwise hold them for the kernel's minutes)."""
 
-    def __init__(self) -> None:
+
+class StreamLink(MuxLink):
+    """The same link over the worker's stream link (`worker.link`): the `Multiplex` messages
+    length-prefixed on a plain TCP socket (TLS with this process's identity once configured,
+    checked as the gRPC channel checks the worker), no `grpc.aio` (`pool.link: stream`).
+
+    Reading is an `asyncio.Protocol`: `data_received` splits the bytes into frames and hands
+    each `MuxResponse`'s events to the sub-streams at once (the fast lane takes a parked
+    request's chunks there); the fast lanes are flushed once per `data_received`, so the frames
+    that arrived together (the router was behind: they waited in the socket) are handled,
+    detokenized and written as one per request, and a request whose task reads queued chunks
+    gets them merged (`_merge`). So the link coalesces on the router's side, with no window:
+    unlike a `grpc.aio` message, a frame read costs no thread hand-off and no task wake, only its
+    parse. (A small socket receive buffer, the gRPC link's small window's counterpart, was tried
+    and dropped: the worker then waits for the router's delayed ACKs, and c=32 throughput fell
+    by half; docs/benchmarks.md "Twelfth pass".) Writing: the ops opened in one loop turn leave as
+    one frame (a `call_soon`, no writer task). Flow control: reading is never paused (a frame is
+    handled as it arrives, into the same unbounded sub-stream queues as the gRPC link's), and
+    op writes are not held back when the worker reads slowly (the gRPC link awaited each write):
+    they wait in the transport, bounded by the requests in flight.
+
+    Failures look like the gRPC link's: the connection refused or lost ends every open
+    sub-request with UNAVAILABLE (the dispatcher's retry / fallback rules apply as to a broken
+    stream); a refused caller (the worker's role check) ends them with the worker's
+    PERMISSION_DENIED; a deadline or a cancel sends a `MuxCancel`; the next request opens a new
+    connection. Requests never fall back to per-request gRPC calls (the worker advertised the
+    link)."""
+
+    def __init__(self, stub: worker_pb2_grpc.WorkerAsyncStub, name: str, port: int) -> None:
+        super().__init__(stub, name)
+        host = name.rpartition(":")[0] if ":" in name else name
+        self.host = host[1:-1] if host.startswith("[") else host  # [v6]:port
+        self.port = port
+        self._flush_soon: asyncio.Handle | None = None
+
+    def _kick(self) -> None:
+        if self._flush_soon is None:
+            self._flush_soon = self.loop.call_soon(self._write_pending)
+
+    def _write_pending(self) -> None:
+        self._flush_soon = None
+        proto = self._call
+        if not isinstance(proto, _LinkProtocol) or proto.transport is None:
+            return  # not connected yet: written on connection
+        if self._pending.ops:
+            pending, self._pending = self._pending, worker_pb2.MuxRequest()
+            proto.transport.write(frame(pending.SerializeToString()))
+
+    def _start(self) -> None:
+        proto = _LinkProtocol(self)
+        self._call = proto
+        self._confirmed = False
+        self._reader = self.loop.create_task(self._connect(proto), name=f"link {self.name}")
+
+    async def _connect(self, proto: _LinkProtocol) -> None:
+        try:
+            async with asyncio.timeout(LINK_CONNECT_TIMEOUT_S):
+                sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await self.loop.sock_connect(sock, (self.host, self.port))
+                except BaseException:
+                    sock.close()
+                    raise
+                ssl_ctx = tls.link_client_ssl()
+                await self.loop.create_connection(
+                    lambda: proto,
+                    sock=sock,
+                    ssl=ssl_ctx,
+                    server_hostname=tls.LINK_SERVER_NAME if ssl_ctx is not None else None,
+                )
+        except asyncio.CancelledError:
+            self._fail(proto, _error(grpc.StatusCode.CANCELLED, "the router closed the link"))
+            raise
+        except (OSError, ssl.SSLError) as err:
+            self._fail(
+                proto,
+                _error(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"stream link to {self.host}:{self.port}: {type(err).__name__}: {err}",
+                ),
+            )
+
+    def _connected(self, proto: _LinkProtocol) -> None:
+        if proto is self._call:
+            self._write_pending()
+
+    def _received(self, proto: _LinkProtocol, data: bytes) -> None:
+        if proto is not self._call:
+            return
+        try:
+            payloads = proto.frames.feed(data)
+            for payload in payloads:
+                events = worker_pb2.MuxResponse.FromString(payload).events
+                if events and events[0].stream_id == 0 and events[0].HasField("status"):
+                    st = events[0].status  # the worker refused the connection itself
+                    code = _CODES.get(st.code, grpc.StatusCode.UNKNOWN)
+                    self._fail(proto, _error(code, st.details))
+                    return
+                self._confirmed = True
+                self._handle(events, self._subs)
+        except Exception as err:
+            log.exception("stream link from %s sent what could not be read", self.name)
+            self._fail(proto, _error(grpc.StatusCode.INTERNAL, f"stream link: {err}"))
+        finally:
+            if self._held:
+                self._flush_held()
+
+    def _lost(self, proto: _LinkProtocol, exc: BaseException | None) -> None:
+        why = "the worker closed the link" if exc is None else f"the link broke: {exc}"
+        self._fail(proto, _error(grpc.StatusCode.UNAVAILABLE, why))
+
+    async def close(self) -> None:
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
+            self._flush_soon = None
+        await super().close()
+
+
+class _LinkProtocol(asyncio.Protocol):
+    """One connection of a `StreamLink` (the link's `_call`: `cancel()` closes it)."""
+
+    def __init__(self, link: StreamLink) -> None:
+        self.link = link
+        self.frames = FrameSplitter()
+        self.transport: Any = None
+        """The connection's transport (an `asyncio.Transport`, or uvloop's, which is not one)."""
+        self.closed = False
+
+    def connection_made(self, transport: Any) -> None:
+        if self.closed:
+            transport.abort()
+            return
+        self.transport = transport
+        self.link._connected(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.link._received(self, data)
+
+    def eof_received(self) -> bool:
+        return False  # the worker closed: close our side too (connection_lost reports it)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.link._lost(self, exc)
+
+    def cancel(self) -> bool:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        return True
+
+
+class MuxLinks:
+    """A link per worker endpoint, re-made when the endpoint's stub (or stream-link port)
+    changes. `mode` is `pool.link`: "stream" uses a `StreamLink` to workers that advertise a
+    port, "grpc" (or a worker without one) the gRPC `Multiplex` stream."""
+
+    def __init__(self, mode: str = "grpc") -> None:
+        if mode not in ("grpc", "stream"):
+            raise ValueError(f"pool.link must be 'grpc' or 'stream', got {mode!r}")
+        self.mode = mode
         self._links: dict[str, MuxLink] = {}
 
-    def get(self, eid: str, stub: Any) -> MuxLink | None:
-        """The link to `eid` through `stub`; None for stubs without `Multiplex` (HTTP
-        backends)."""
+    def get(self, eid: str, stub: Any, link_port: int = 0) -> MuxLink | None:
+        """The link to `eid` through `stub` (or its stream link on `link_port`, 0: none); None
+        for stubs without `Multiplex` (HTTP backends)."""
         if not hasattr(stub, "Multiplex"):
             return None
+        port = link_port if self.mode == "stream" else 0
         link = self._links.get(eid)
-        if link is None or link.stub is not stub:
+        if link is None or link.stub is not stub or getattr(link, "port", 0) != port:
             if link is not None:
                 old = link
                 asyncio.get_running_loop().create_task(old.close())
-            link = self._links[eid] = MuxLink(stub, eid)
+            link = self._links[eid] = StreamLink(stub, eid, port) if port else MuxLink(stub, eid)
         return link
 
     async def close(self) -> None:

@@ -191,6 +191,16 @@ class PoolView:
     def stub(self, eid: str) -> worker_pb2_grpc.WorkerAsyncStub:
         return self._get(eid).stub
 
+    @property
+    def settings(self) -> PoolSettings:
+        return self._settings
+
+    def link_port(self, eid: str) -> int:
+        """The stream-link port `eid` advertised in its last load report (0: none, or no report
+        yet)."""
+        ep = self._endpoints.get(EndpointId(eid))
+        return 0 if ep is None or ep.report is None else int(ep.report.link_port)
+
     def acquire(self, eid: str) -> None:
         """Count a request sent to `eid` (call `release` when it finishes, however it ends)."""
         ep = self._endpoints.get(EndpointId(eid))

@@ -76,24 +76,27 @@ class RoleInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             return refused(handler, grpc.StatusCode.PERMISSION_DENIED, f"{method}: not allowed")
 
         async def check(_: Any, context: Any) -> None:
-            who = tls.peer(context)
-            ok = (
-                who is not None
-                and who.role in allowed
-                and (
-                    self.service is None
-                    or who.service == self.service
-                    or who.role in self.any_service
-                )
-            )
-            if ok:
-                return
-            self.refusals += 1
-            name = "no verified certificate" if who is None else f"{who.role} of {who.service}"
-            log.warning("refused %s from %s (%s)", method, context.peer(), name)
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{method} may be called by {', '.join(sorted(allowed))}, not {name}",
-            )
+            refusal = self.refusal(method, context)
+            if refusal is not None:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
 
         return guarded(handler, check)
+
+    def refusal(self, method: str, context: Any) -> str | None:
+        """Why the caller of `context` may not call `method` (logged, counted); None: it may.
+        Also the worker's stream link's check (`worker.link`), with `context` its connection."""
+        allowed = self.table.get(method, frozenset())
+        who = tls.peer(context)
+        ok = (
+            who is not None
+            and who.role in allowed
+            and (
+                self.service is None or who.service == self.service or who.role in self.any_service
+            )
+        )
+        if ok:
+            return None
+        self.refusals += 1
+        name = "no verified certificate" if who is None else f"{who.role} of {who.service}"
+        log.warning("refused %s from %s (%s)", method, context.peer(), name)
+        return f"{method} may be called by {', '.join(sorted(allowed))}, not {name}"

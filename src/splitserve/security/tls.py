@@ -22,6 +22,7 @@ Without `configure`, every function falls back to plaintext (tests, and `--insec
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -116,6 +117,38 @@ class Identity:
         self.changed()
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
 
+    def _ssl_context(self, purpose: int) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(purpose)
+        _, cert, key = self._paths()
+        ctx.load_cert_chain(cert, key)
+        ctx.load_verify_locations(cadata=self.ca.decode())
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """The stream link's server side (`worker.link`): this identity, a client certificate of
+        the same CA required, as `server_credentials`. The files are re-read when they change,
+        checked at each handshake (the SNI callback swaps in a context of the new files)."""
+        self.changed()
+        current = self._ssl_context(ssl.PROTOCOL_TLS_SERVER)
+
+        def fresh(sock: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+            nonlocal current
+            if self.changed():
+                current = self._ssl_context(ssl.PROTOCOL_TLS_SERVER)
+                current.sni_callback = fresh
+            sock.context = current
+
+        current.sni_callback = fresh
+        return current
+
+    def client_ssl_context(self) -> ssl.SSLContext:
+        """The stream link's client side (`router.mux` `StreamLink`): this identity, the worker's
+        certificate checked against `LINK_SERVER_NAME` (as `channel_credentials` with the
+        channel's name override). Read when a link connects, like a channel's."""
+        self.changed()
+        return self._ssl_context(ssl.PROTOCOL_TLS_CLIENT)
+
 
 _identity: Identity | None = None
 
@@ -153,6 +186,45 @@ def sync_channel(address: str, options: Options = ()) -> grpc.Channel:
     if ident is None:
         return grpc.insecure_channel(address, options=list(options) or None)
     return grpc.secure_channel(address, ident.channel_credentials(), options=_options(options))
+
+
+LINK_SERVER_NAME: Final = role_dns("worker")
+"""The name a stream link checks the worker's certificate against (the channels' override)."""
+
+
+def link_server_ssl() -> ssl.SSLContext | None:
+    """The worker's stream-link TLS (None: plaintext, as `add_port` without an identity)."""
+    ident = _identity
+    return None if ident is None else ident.server_ssl_context()
+
+
+def link_client_ssl() -> ssl.SSLContext | None:
+    """The router's stream-link TLS (None: plaintext, as `aio_channel` without an identity)."""
+    ident = _identity
+    return None if ident is None else ident.client_ssl_context()
+
+
+def ssl_auth_context(sock: ssl.SSLObject | ssl.SSLSocket | None) -> dict[str, list[bytes]]:
+    """The keys of gRPC's `auth_context()` that `peer` and `peer_fingerprint` read, from a TLS
+    connection's verified peer certificate (empty without one): the stream link's callers are
+    named exactly as gRPC's are."""
+    der = None if sock is None else sock.getpeercert(binary_form=True)
+    if not der:
+        return {}
+    from cryptography import x509
+
+    pem = ssl.DER_cert_to_PEM_cert(der).encode()
+    cert = x509.load_der_x509_certificate(der)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        names: list[str] = []
+    else:
+        names = [
+            *sans.get_values_for_type(x509.DNSName),
+            *sans.get_values_for_type(x509.UniformResourceIdentifier),
+        ]
+    return {"x509_pem_cert": [pem], "x509_subject_alternative_name": [n.encode() for n in names]}
 
 
 def add_port(server: aio.Server, address: str) -> int:

@@ -34,6 +34,7 @@ from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import Step, StepResult
 from splitserve.policy.batching.tokens import SyntheticTokens
 from splitserve.security import tls
+from splitserve.worker import link
 from splitserve.worker.engine import Engine
 from splitserve.worker.kv_pull_log import KvPullLog
 from splitserve.worker.kv_source import KvSources
@@ -66,6 +67,9 @@ class WorkerConfig:
     """gRPC port; 0 picks a free one (reported in the ready file)."""
     metrics_port: int | None = 0
     """Prometheus port; 0 picks a free one; None disables the endpoint."""
+    link_port: int | None = 0
+    """The stream link's port (`worker.link`, the `Multiplex` framing without gRPC, for routers
+    with `pool.link: stream`); 0 picks a free one; None: no link (routers use gRPC)."""
     health_port: int | None = None
     """Plaintext gRPC health-only port (`bind_health`; kubelet's probes with internal TLS);
     None: none, health is served on the gRPC port only."""
@@ -335,6 +339,9 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
     if cfg.health_port is not None:
         health_server, health_port = bind_health(cfg.host, cfg.health_port)
     await start(server, service, health_server)
+    link_server = None
+    if cfg.link_port is not None:
+        link_server, service.link_port = await link.start(service, cfg.host, cfg.link_port)
     metrics_port = None
     http_server = None
     if cfg.metrics_port is not None:
@@ -355,6 +362,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
                 "port": port,
                 "metrics_port": metrics_port,
                 "health_port": health_port,
+                "link_port": service.link_port or None,
                 "pid": os.getpid(),
                 "role": cfg.role.value,
             },
@@ -365,6 +373,8 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         else:
             await stop.wait()
     finally:
+        if link_server is not None:
+            link_server.close()
         await server.stop(grace=1.0)
         if health_server is not None:
             await health_server.stop(grace=None)

@@ -159,6 +159,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Who started each request (`security.owners`): Cancel / ReleaseKv act only for it."""
         self.kv_sources: KvSources | None = None
         """Checks a Decode's NIXL endpoint against its source's own (`worker.kv_source`)."""
+        self.link_port = 0
+        """The port of this worker's stream link (`worker.link`), reported in its load reports;
+        0: none."""
         self._set_role_gauge()
 
     def step_ran(self, seconds: float | None, preempted: int) -> None:
@@ -439,6 +442,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             seq=self._load_seq,
             engine=self.engine.kind,
             model=self.engine.model,
+            link_port=self.link_port,
         )
 
     async def WatchLoad(  # noqa: N802

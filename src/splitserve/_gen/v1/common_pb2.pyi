@@ -340,6 +340,7 @@ class LoadReport(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    LINK_PORT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     role: Global___Role.ValueType
     num_waiting: _builtins.int
@@ -357,6 +358,11 @@ class LoadReport(_message.Message):
     engine: _builtins.str
     """Engine kind ("sim" or "vllm") and the model it serves."""
     model: _builtins.str
+    link_port: _builtins.int
+    """The port of the worker's stream link (`worker/link.py`: the `Multiplex` framing over a
+    plain TCP / TLS socket, on the host of its gRPC address); 0: the worker has none. A router
+    with `pool.link: stream` uses it instead of the gRPC `Multiplex` stream.
+    """
     def __init__(
         self,
         *,
@@ -373,10 +379,11 @@ class LoadReport(_message.Message):
         seq: _builtins.int = ...,
         engine: _builtins.str = ...,
         model: _builtins.str = ...,
+        link_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "model", b"model", "num_kv_held", b"num_kv_held", "num_pending_prefill_tokens", b"num_pending_prefill_tokens", "num_running", b"num_running", "num_waiting", b"num_waiting", "role", b"role", "seq", b"seq", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "link_port", b"link_port", "model", b"model", "num_kv_held", b"num_kv_held", "num_pending_prefill_tokens", b"num_pending_prefill_tokens", "num_running", b"num_running", "num_waiting", b"num_waiting", "role", b"role", "seq", b"seq", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
