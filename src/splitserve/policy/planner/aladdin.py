@@ -351,8 +351,12 @@ def fit_worker_line(
         raise ValueError("need at least two (rate, workers) points above R")
     x = np.array([r for r, _ in used], dtype=float)
     y = np.array([n for _, n in used], dtype=float)
-    k5, c5 = np.polyfit(x, y, 1) if np.ptp(x) > 0 else (0.0, float(y.mean()))
-    k5 = max(0.0, float(k5))
+    # Closed-form least squares. Rates that differ only by rounding (a spread within 1e-9 of
+    # their size) carry no slope: the line is flat at the mean, not a near-singular fit.
+    dx = x - x.mean()
+    sxx = float(np.sum(dx**2))
+    spread_ok = float(np.ptp(x)) > 1e-9 * float(np.max(np.abs(x)))
+    k5 = max(0.0, float(np.sum(dx * (y - y.mean())) / sxx)) if spread_ok and sxx > 0 else 0.0
     c5 = float(y.mean() - k5 * x.mean())
     resid = y - (k5 * x + c5)
     ss = float(np.sum((y - y.mean()) ** 2))
