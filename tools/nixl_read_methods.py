@@ -36,6 +36,13 @@ def methods(nbytes: int) -> dict[str, ReadMethod]:
         "vLLM's layout (merged)": v,
         "vLLM's layout, no notification": ReadMethod(v.pieces, v.regions, True, True, False),
         "vLLM's layout, merging off": ReadMethod(v.pieces, v.regions, True, False, True),
+        "vLLM's layout, every block its own run": ReadMethod(
+            v.pieces, v.regions, True, True, True, runs=v.pieces
+        ),
+        "1 descriptor, source freshly written": ReadMethod(fresh=True),
+        "vLLM's layout, source freshly written": ReadMethod(
+            v.pieces, v.regions, True, True, True, fresh=True
+        ),
     }
 
 
@@ -77,7 +84,8 @@ def main() -> None:
     load = os.getloadavg()
     print(f"load average at end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}\n")
     print(
-        "| pages | MiB | method | clock ms (median, min) | NIXL xferDuration ms | descriptors after merging | GB/s |"
+        "| pages | MiB | method | clock ms (median, min) | NIXL xferDuration ms "
+        "| descriptors after merging | GB/s |"
     )
     print("|---|---:|---|---:|---:|---:|---:|")
     for (pages, n, name), xs in got.items():
@@ -85,8 +93,10 @@ def main() -> None:
         tel = [x[1] for x in xs]
         d = statistics.median(x[2] for x in xs)
         print(
-            f"| {pages} | {n // MiB} | {name} | {1e3 * statistics.median(clock):.2f}, {1e3 * min(clock):.2f} "
-            f"| {1e3 * statistics.median(tel):.2f} | {d:.0f} | {n / statistics.median(tel) / 1e9:.2f} |"
+            f"| {pages} | {n // MiB} | {name} "
+            f"| {1e3 * statistics.median(clock):.2f}, {1e3 * min(clock):.2f} "
+            f"| {1e3 * statistics.median(tel):.2f} | {d:.0f} "
+            f"| {n / statistics.median(tel) / 1e9:.2f} |"
         )
 
 

@@ -168,6 +168,8 @@ class Timing:
     raw_vllm_s: list[float] = field(default_factory=list)
     """The same bytes read the way vLLM reads them (`vllm_like`: its descriptor layout,
     prepared lists, a notification), right after this request."""
+    raw_vllm_cpu_s: list[float] = field(default_factory=list)
+    """CPU seconds of the raw reader's thread inside `transfer()` for those READs."""
     raw_core_s: list[float] = field(default_factory=list)
     """vLLM-like raw READs by a reader pinned to the decode worker's core, right before and
     right after this request (with cma, UCX's READ on one host, the copy runs on the reader's
@@ -313,11 +315,15 @@ class ReadMethod:
     merge: bool = True
     notify: bool = False
     runs: int = 1
+    fresh: bool = False
+    """The target writes the bytes right before each READ (a prefill has just written the KV it
+    hands off: in the prefill core's caches, not in memory)."""
 
     def describe(self) -> str:
         post = "make_prepped_xfer" if self.prepped else "initialize_xfer"
         merge = "" if self.merge else ", merging off"
         notif = ", with a notification" if self.notify else ""
+        notif += ", source freshly written" if self.fresh else ""
         runs = f" ({self.runs} contiguous runs each)" if self.regions > 1 or self.runs > 1 else ""
         return (
             f"{self.pieces} descriptor(s) in {self.regions} region(s){runs}, {post}{merge}{notif}"
@@ -380,9 +386,17 @@ def _nixl_target(conn: Any, nbytes: int, progress_thread: bool, huge_pages: bool
     buf, addr = _buffer(2 * nbytes, huge_pages, 1)
     agent.register_memory([(addr, 2 * nbytes, 0, "")], "DRAM")
     conn.send((agent.get_agent_metadata(), addr, anon_huge_kib()))
-    while not conn.poll(0.001):
-        agent.get_new_notifs()  # progress (transports that need the target's help)
-    conn.recv()
+    import ctypes
+
+    while True:
+        while not conn.poll(0.001):
+            agent.get_new_notifs()  # progress (transports that need the target's help)
+        cmd = conn.recv()
+        if not (isinstance(cmd, tuple) and cmd[0] == "write"):
+            break
+        for off, size in cmd[1]:  # the READ's bytes, written as a prefill writes its KV
+            ctypes.memset(addr + off, cmd[2], size)
+        conn.send("written")
     del buf
 
 
@@ -435,14 +449,18 @@ def _nixl_reader(
         if cmd[0] == "stop":
             break
         _, n, repeat, m = cmd
-        local = agent.get_xfer_descs(_descs(addr, 2 * nbytes, n, m), "DRAM")
+        ranges = _descs(addr, 2 * nbytes, n, m)
+        local = agent.get_xfer_descs(ranges, "DRAM")
         remote = agent.get_xfer_descs(_descs(remote_addr, 2 * nbytes, n, m), "DRAM")
         idx = list(range(m.pieces))
         lp = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local) if m.prepped else None
         rp = agent.prep_xfer_dlist(peer, remote) if m.prepped else None
         notif = b"raw" if m.notify else b""
         out = []
-        for _ in range(repeat):
+        for k in range(repeat):
+            if m.fresh:  # every byte the READ's descriptors cover, rewritten by the target
+                conn.send(("write", [(a - addr, n) for a, n, _ in ranges], 3 + k % 100))
+                conn.recv()
             if m.prepped:
                 handle = agent.make_prepped_xfer(
                     "READ", lp, idx, rp, idx, notif_msg=notif, skip_desc_merge=not m.merge
@@ -450,12 +468,14 @@ def _nixl_reader(
             else:
                 handle = agent.initialize_xfer("READ", local, remote, peer, notif)
             t0 = time.perf_counter()
+            c0 = time.thread_time()
             state = agent.transfer(handle)
+            c1 = time.thread_time()
             while state == "PROC":
                 state = agent.check_xfer_state(handle)
             dt = time.perf_counter() - t0
             tel = agent.get_xfer_telemetry(handle)
-            out.append((dt, tel.xferDuration / 1e6, int(tel.descCount)))
+            out.append((dt, tel.xferDuration / 1e6, int(tel.descCount), c1 - c0))
             agent.release_xfer_handle(handle)
             if state != "DONE":
                 raise RuntimeError(f"NIXL READ failed: {state}")
@@ -500,9 +520,10 @@ class RawNixl:
 
     def read(
         self, nbytes: int, repeat: int = 3, method: ReadMethod = ONE_DESCRIPTOR
-    ) -> list[tuple[float, float, int]]:
+    ) -> list[tuple[float, float, int, float]]:
         """Per READ of `nbytes` by `method`: (seconds from `transfer()` to DONE, NIXL's
-        telemetry xferDuration in seconds — what vLLM reports —, descriptors after merging)."""
+        telemetry xferDuration in seconds — what vLLM reports —, descriptors after merging,
+        CPU seconds of the reading thread inside `transfer()`: with `cma` the copy)."""
         if nbytes > self.max_bytes:
             raise ValueError(f"{nbytes} bytes > the {self.max_bytes} registered")
         if method.pieces % method.regions or nbytes % method.pieces:
@@ -510,14 +531,14 @@ class RawNixl:
         self._ctl.send(("read", nbytes, repeat, method))
         if not self._ctl.poll(300):
             raise TimeoutError("raw NIXL read did not answer")
-        got: list[tuple[float, float, int]] = self._ctl.recv()
+        got: list[tuple[float, float, int, float]] = self._ctl.recv()
         return got
 
     def read_s(
         self, nbytes: int, repeat: int = 3, method: ReadMethod = ONE_DESCRIPTOR
     ) -> list[float]:
         """NIXL's xferDuration per READ (the measure vLLM's `nixl_xfer_time` is made of)."""
-        return [tel for _, tel, _ in self.read(nbytes, repeat, method)]
+        return [tel for _, tel, _, _ in self.read(nbytes, repeat, method)]
 
     def close(self) -> None:
         with contextlib.suppress(OSError, BrokenPipeError):

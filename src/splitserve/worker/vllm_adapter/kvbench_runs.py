@@ -135,7 +135,9 @@ async def _single(
                     like = read_like_vllm(int(nbytes), t.kv_blocks, regions)
                     moved[n] = (int(nbytes), like)
                     t.raw_s = raw.read_s(int(nbytes), 3)
-                    t.raw_vllm_s = raw.read_s(int(nbytes), 3, like)
+                    got = raw.read(int(nbytes), 3, like)
+                    t.raw_vllm_s = [tel for _, tel, _, _ in got]
+                    t.raw_vllm_cpu_s = [cpu for _, _, _, cpu in got]
                     if raw_core is not None:
                         t.raw_core_s = [*core_before, *raw_core.read_s(int(nbytes), 2, like)]
                 other = prompt_of(n, seed=1000 * rep + n + 500)
@@ -246,7 +248,43 @@ def run_single(
         res["trace"] = {
             rid: kvtrace.milestones(ev) for rid, ev in events.items() if rid.startswith("pd-")
         }
+        res["transfer_cpu"] = {
+            rid: kvtrace.cpu_seconds(ev) for rid, ev in events.items() if rid.startswith("pd-")
+        }
     return res
+
+
+def transfer_cpu_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
+    """With `--trace`: vLLM's `transfer()` call (wall and the engine thread's CPU seconds in it)
+    against the raw vLLM-like READs' (the same two), medians per prompt length. With `cma` the
+    copy is that CPU time; wall time above it is the thread waiting for its core."""
+    trace: dict[str, dict[str, float]] = res.get("trace") or {}
+    cpu: dict[str, float | None] = res.get("transfer_cpu") or {}
+    if not cpu:
+        return []
+    pd: list[Timing] = res["timings"]["pd"]
+    out = [
+        "| prompt | vLLM transfer() wall ms | vLLM its CPU ms | raw READ ms (xferDuration) "
+        "| raw its CPU ms | vLLM / raw, CPU |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in lengths:
+        walls, cpus = [], []
+        for rid, m in trace.items():
+            _, rep, length = rid.split("-")
+            c = cpu.get(rid)
+            if int(rep) and int(length) == n and c is not None and "transfer" in m:
+                walls.append(m["transferred"] - m["transfer"])
+                cpus.append(c)
+        rows = [x for x in pd if x.prompt_tokens == n and x.raw_vllm_cpu_s]
+        raw_cpu = med([c for x in rows for c in x.raw_vllm_cpu_s])
+        raw_wall = med([s for x in rows for s in x.raw_vllm_s])
+        if walls:
+            out.append(
+                f"| {n} | {ms(med(walls))} | {ms(med(cpus))} | {ms(raw_wall)} | {ms(raw_cpu)} "
+                f"| {100 * med(cpus) / raw_cpu:.0f} % |"
+            )
+    return out if len(out) > 2 else []
 
 
 def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
@@ -363,6 +401,10 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
             "descriptor, and as vLLM reads (last request: "
             f"{method.describe()}). The ratio uses the latter."
         )
+    cpu_lines = transfer_cpu_rows(res, lengths)
+    if cpu_lines:
+        lines.append("")
+        lines.extend(cpu_lines)
     huge = res.get("huge_kib")
     if huge:
         lines.append("")
