@@ -315,6 +315,9 @@ class ReadMethod:
     merge: bool = True
     notify: bool = False
     runs: int = 1
+    offset: int = 0
+    """Bytes into the registered buffers where the READ's layout starts, on both sides (a
+    different window of physical memory)."""
     fresh: bool = False
     """The target writes the bytes right before each READ (a prefill has just written the KV it
     hands off: in the prefill core's caches, not in memory)."""
@@ -378,7 +381,39 @@ def ucx_env() -> dict[str, str]:
     return env
 
 
-def _nixl_target(conn: Any, nbytes: int, progress_thread: bool, huge_pages: bool = True) -> None:
+CHURN_ENV = "SPLITSERVE_KVBENCH_CHURN"
+"""`<reader core>,<target core>` (-1: none): a thread in the raw reader / target process maps
+and unmaps 1 MiB every 0.2 ms on that core while the READs run, as a worker's other threads
+(gRPC, the allocator) change its address space beside the copy. For measuring only."""
+
+
+def _churn(cpu: int) -> None:
+    import mmap
+    import threading
+
+    def run() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        while True:
+            m = mmap.mmap(-1, MiB)
+            m[0:MiB:4096] = b"x" * (MiB // 4096)  # touch every page: unmapping must flush
+            m.close()
+            time.sleep(0.0002)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _churn_core(side: int) -> int:
+    parts = os.environ.get(CHURN_ENV, "").split(",")
+    return int(parts[side]) if len(parts) == 2 else -1
+
+
+def _nixl_target(
+    conn: Any, nbytes: int, progress_thread: bool, huge_pages: bool = True, cpu: int | None = None
+) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    if _churn_core(1) >= 0:
+        _churn(_churn_core(1))
     os.environ.update(ucx_env())
     from nixl._api import nixl_agent, nixl_agent_config
 
@@ -426,6 +461,7 @@ def _nixl_reader(
     progress_thread: bool,
     cpu: int | None = None,
     huge_pages: bool = True,
+    num_threads: int = 0,
 ) -> None:
     """Reads the first n bytes of the target's buffer `repeat` times per ("read", n, repeat,
     method) command on `ctl`, answering (seconds from `transfer()` to DONE, polled; NIXL's own
@@ -433,12 +469,15 @@ def _nixl_reader(
     when given (the decode worker's core: the READ's copy then gets the CPU the worker's gets)."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+    if _churn_core(0) >= 0:
+        _churn(_churn_core(0))
     os.environ.update(ucx_env())
     from nixl._api import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent(
-        "reader", nixl_agent_config(enable_prog_thread=progress_thread, capture_telemetry=True)
+    config = nixl_agent_config(
+        enable_prog_thread=progress_thread, capture_telemetry=True, num_threads=num_threads
     )
+    agent = nixl_agent("reader", config)
     buf, addr = _buffer(2 * nbytes, huge_pages, 2)
     agent.register_memory([(addr, 2 * nbytes, 0, "")], "DRAM")
     meta, remote_addr, target_huge = conn.recv()
@@ -449,9 +488,10 @@ def _nixl_reader(
         if cmd[0] == "stop":
             break
         _, n, repeat, m = cmd
-        ranges = _descs(addr, 2 * nbytes, n, m)
+        span = 2 * nbytes - m.offset
+        ranges = _descs(addr + m.offset, span, n, m)
         local = agent.get_xfer_descs(ranges, "DRAM")
-        remote = agent.get_xfer_descs(_descs(remote_addr, 2 * nbytes, n, m), "DRAM")
+        remote = agent.get_xfer_descs(_descs(remote_addr + m.offset, span, n, m), "DRAM")
         idx = list(range(m.pieces))
         lp = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local) if m.prepped else None
         rp = agent.prep_xfer_dlist(peer, remote) if m.prepped else None
@@ -499,14 +539,19 @@ class RawNixl:
         progress_thread: bool = False,
         cpu: int | None = None,
         huge_pages: bool = True,
+        num_threads: int = 0,
+        target_cpu: int | None = None,
     ) -> None:
         ctx = mp.get_context("spawn")
         a, b = ctx.Pipe()
         self._ctl, ctl = ctx.Pipe()
         self._procs = [
-            ctx.Process(target=_nixl_target, args=(a, max_bytes, progress_thread, huge_pages)),
             ctx.Process(
-                target=_nixl_reader, args=(b, ctl, max_bytes, progress_thread, cpu, huge_pages)
+                target=_nixl_target, args=(a, max_bytes, progress_thread, huge_pages, target_cpu)
+            ),
+            ctx.Process(
+                target=_nixl_reader,
+                args=(b, ctl, max_bytes, progress_thread, cpu, huge_pages, num_threads),
             ),
         ]
         for p in self._procs:
