@@ -170,6 +170,10 @@ class Timing:
     prepared lists, a notification), right after this request."""
     raw_vllm_cpu_s: list[float] = field(default_factory=list)
     """CPU seconds of the raw reader's thread inside `transfer()` for those READs."""
+    raw_handoff_s: list[float] = field(default_factory=list)
+    raw_handoff_cpu_s: list[float] = field(default_factory=list)
+    """`--raw-at-handoff`: vLLM-like raw READs on the decode worker's core between this
+    request's Prefill answer and its Decode call (xferDuration, CPU in `transfer()`)."""
     raw_core_s: list[float] = field(default_factory=list)
     """vLLM-like raw READs by a reader pinned to the decode worker's core, right before and
     right after this request (with cma, UCX's READ on one host, the copy runs on the reader's
@@ -216,8 +220,16 @@ class Client:
         return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
     async def pd(
-        self, prefill: str, decode: str, rid: str, prompt: list[int], max_tokens: int
+        self,
+        prefill: str,
+        decode: str,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int,
+        at_handoff: Any = None,
     ) -> Timing:
+        """`at_handoff`: called between the Prefill answer and the Decode call (the moment
+        vLLM's READ happens in; its time is the client's, so the gap is not comparable)."""
         from splitserve._gen.v1 import worker_pb2
 
         t0 = time.perf_counter()
@@ -227,6 +239,8 @@ class Client:
             )
         )
         t1 = time.perf_counter() - t0
+        if at_handoff is not None:
+            at_handoff()
         if self.trace is not None:
             self.trace.mark(rid, "token1", t0 + t1)
         tokens = [out.first_token_id]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -73,6 +74,10 @@ def engine_args(max_model_len: int) -> list[str]:
 # -- single requests ----------------------------------------------------------------------------
 
 
+def _read_into(out: list[Any], raw: RawNixl, nbytes: int, method: ReadMethod) -> None:
+    out.extend(raw.read(nbytes, 2, method))
+
+
 def kv_regions(model_dir: str) -> int:
     """Regions of vLLM's CPU KV cache that a READ's descriptors spread over: K and V per layer."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -101,6 +106,7 @@ async def _single(
     raw_core: RawNixl | None = None,
     trace: Any = None,
     regions: int = 1,
+    at_handoff: bool = False,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
     client = Client(trace)
@@ -128,7 +134,14 @@ async def _single(
                     raw_core.read_s(last[0], 2, last[1]) if raw_core is not None and last else []
                 )
                 before = scrape(d)
-                t = await client.pd(p.address, d.address, f"pd-{rep}-{n}", prompt, max_tokens)
+                handoff: list[tuple[float, float, int, float]] = []
+                hook = None
+                if at_handoff and raw_core is not None and last:
+                    hook = functools.partial(_read_into, handoff, raw_core, *last)
+
+                t = await client.pd(p.address, d.address, f"pd-{rep}-{n}", prompt, max_tokens, hook)
+                t.raw_handoff_s = [x[1] for x in handoff]
+                t.raw_handoff_cpu_s = [x[3] for x in handoff]
                 _, nbytes, secs = xfer_delta(before, scrape(d))
                 t.kv_bytes, t.xfer_s = nbytes, secs
                 if raw is not None and nbytes:  # the same bytes, raw, right after, both ways
@@ -199,6 +212,7 @@ def run_single(
     engine: str = "vllm",
     warm: bool = True,
     trace: bool = False,
+    at_handoff: bool = False,
 ) -> dict[str, Any]:
     """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
     the result has each one's milestones under "trace"."""
@@ -225,7 +239,19 @@ def run_single(
         regions = kv_regions(model) if engine == "vllm" else 1
         try:
             timings = asyncio.run(
-                _single(p, d, lengths, repeat, max_tokens, warm_it, raw, raw_core, tracer, regions)
+                _single(
+                    p,
+                    d,
+                    lengths,
+                    repeat,
+                    max_tokens,
+                    warm_it,
+                    raw,
+                    raw_core,
+                    tracer,
+                    regions,
+                    at_handoff,
+                )
             )
             # Page size of each side's KV cache: a cma READ's speed depends on it.
             res["huge_kib"] = {w.name: anon_huge_kib(w.pid) for w in (p, d)}
@@ -265,8 +291,8 @@ def transfer_cpu_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
     pd: list[Timing] = res["timings"]["pd"]
     out = [
         "| prompt | vLLM transfer() wall ms | vLLM its CPU ms | raw READ ms (xferDuration) "
-        "| raw its CPU ms | vLLM / raw, CPU |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| raw its CPU ms | vLLM / raw, CPU | raw at the hand-off, on D's core: ms / CPU ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in lengths:
         walls, cpus = [], []
@@ -279,10 +305,17 @@ def transfer_cpu_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
         rows = [x for x in pd if x.prompt_tokens == n and x.raw_vllm_cpu_s]
         raw_cpu = med([c for x in rows for c in x.raw_vllm_cpu_s])
         raw_wall = med([s for x in rows for s in x.raw_vllm_s])
+        hand = [x for x in pd if x.prompt_tokens == n and x.raw_handoff_s]
+        hand_cell = (
+            f"{ms(med([s for x in hand for s in x.raw_handoff_s]))} / "
+            f"{ms(med([c for x in hand for c in x.raw_handoff_cpu_s]))}"
+            if hand
+            else ""
+        )
         if walls:
             out.append(
                 f"| {n} | {ms(med(walls))} | {ms(med(cpus))} | {ms(raw_wall)} | {ms(raw_cpu)} "
-                f"| {100 * med(cpus) / raw_cpu:.0f} % |"
+                f"| {100 * med(cpus) / raw_cpu:.0f} % | {hand_cell} |"
             )
     return out if len(out) > 2 else []
 
@@ -623,6 +656,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=0,
         help="their prompt length (default: the first of --lengths)",
     )
+    ap.add_argument(
+        "--raw-at-handoff",
+        action="store_true",
+        help="also READ raw on the decode worker's core between each Prefill answer and its "
+        "Decode call (the moment vLLM's READ runs in); delays the Decode call by that READ",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -671,6 +710,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 args.idle_s,
                 warm=not args.cold,
                 trace=args.trace,
+                at_handoff=args.raw_at_handoff,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))

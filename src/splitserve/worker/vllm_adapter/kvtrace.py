@@ -164,6 +164,9 @@ class KvTrace:
                 cpu = time.thread_time()
                 out = _inner(*args, **kwargs)
                 cpu = time.thread_time() - cpu
+                if _a == "prepped" and len(args) > 2:
+                    for rid in ids:  # not a time either: how many descriptors vLLM asked for
+                        self.mark(rid, "prepped_descs", float(len(args[2])))
                 for rid in ids:
                     self.mark(rid, _a)
                     # Not a time: the CPU seconds the calling thread spent in the call (with
