@@ -79,9 +79,12 @@ def _read_into(out: list[Any], raw: RawNixl, nbytes: int, method: ReadMethod) ->
 
 
 def kv_regions(model_dir: str) -> int:
-    """Regions of vLLM's CPU KV cache that a READ's descriptors spread over: K and V per layer."""
+    """Regions of vLLM's CPU KV cache that a READ's descriptors spread over: one per layer, a
+    block's K and V side by side in it (vLLM 0.32 asked `make_prepped_xfer` for 128
+    descriptors for the bench model's 16-block prompts: 8 layers x 16, `kvtrace`'s
+    `prepped_descs`)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    return 2 * int(cfg["num_hidden_layers"])
+    return int(cfg["num_hidden_layers"])
 
 
 def read_like_vllm(nbytes: int, blocks: Sequence[Sequence[int]], regions: int) -> ReadMethod:
