@@ -117,7 +117,7 @@ def run_methods(sizes: list[int], rounds: int, repeat: int, cpu: int | None) -> 
             for name, m in methods(n).items():
                 if pages and not name.startswith(("1 descriptor (", "vLLM's layout (")):
                     continue
-                label = f"{pages}{name}"
+                label = f"{pages}{name}, {n // MiB} MiB"
                 nbytes[label] = n
 
                 def one(
