@@ -13,7 +13,10 @@
 # `--pull-in-step` (the opt-in in-step KV pull), `--trace` (token 1 -> token 2 milestones per P/D
 # request, SPLITSERVE_KV_TRACE), `--runs fresh --fresh-pairs 3` (the first requests on fresh
 # decode workers; `--fresh-variants window,read,noread`: with the prefill-side warm-up window,
-# without it, without the warm-up READ either; not in the default runs).
+# without it, without the warm-up READ either; not in the default runs), `--raw-at-handoff` (raw
+# READs on the decode worker's core between each Prefill answer and its Decode call). The raw NIXL
+# READ is made the way vLLM makes it (kvbench.read_like_vllm); tools/nixl_read_methods.py varies
+# one thing of it at a time.
 
 KVBENCH_ARGS ?=
 # mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.

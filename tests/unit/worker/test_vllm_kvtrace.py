@@ -144,3 +144,33 @@ def test_breakdown_skips_missing_milestones() -> None:
     assert table[("post", "token2")] == (7.0, 1)
     assert table[("post", "recv_done")] == (2.0, 1)
     assert table[("recv_done", "token2")] == (7.0, 1)
+
+
+class _CopyingAgent(_Agent):
+    """`transfer()` does its work on the calling thread, as UCX's `cma` copy does."""
+
+    def transfer(self, handle: str) -> str:
+        self.calls.append("transfer")
+        sum(range(200_000))
+        return "DONE"
+
+
+def test_the_cpu_spent_inside_transfer_is_recorded_beside_its_wall_time(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    trace = KvTrace(path)
+    worker = _Worker()
+    worker.nixl_wrapper = _CopyingAgent()
+    trace.install(worker)
+    trace.begin("r")
+    trace.added("r", "r-internal")
+    worker.start_load_kv(_Meta({"r-internal": object()}))
+    trace.close()
+    events = kvtrace.load(path)["r"]
+    cpu = kvtrace.cpu_seconds(events)
+    assert cpu is not None
+    assert cpu > 0
+    m = kvtrace.milestones(events)
+    assert cpu <= (m["transferred"] - m["transfer"]) * 1.01 + 1e-4  # CPU within the wall time
+    assert "transferred_cpu" not in m  # a duration, not a milestone
+    assert kvtrace.cpu_seconds(events, "prepped") is not None
+    assert kvtrace.cpu_seconds([("transfer", 1.0)]) is None

@@ -163,10 +163,23 @@ class Timing:
     """Bytes the KV handle announced (the engine's own count; the sim engine's model)."""
     xfer_s: float = 0.0
     raw_s: list[float] = field(default_factory=list)
-    """Raw NIXL READs of the same bytes right after this request (RawNixl)."""
+    """Raw NIXL READs of the same bytes as one descriptor right after this request (RawNixl;
+    NIXL's xferDuration, the measure of `xfer_s`)."""
+    raw_vllm_s: list[float] = field(default_factory=list)
+    """The same bytes read the way vLLM reads them (`vllm_like`: its descriptor layout,
+    prepared lists, a notification), right after this request."""
+    raw_vllm_cpu_s: list[float] = field(default_factory=list)
+    """CPU seconds of the raw reader's thread inside `transfer()` for those READs."""
+    raw_handoff_s: list[float] = field(default_factory=list)
+    raw_handoff_cpu_s: list[float] = field(default_factory=list)
+    """`--raw-at-handoff`: vLLM-like raw READs on the decode worker's core between this
+    request's Prefill answer and its Decode call (xferDuration, CPU in `transfer()`)."""
     raw_core_s: list[float] = field(default_factory=list)
-    """The same, by a reader pinned to the decode worker's core, right before and right after
-    this request (with cma, UCX's READ on one host, the copy runs on the reader's core)."""
+    """vLLM-like raw READs by a reader pinned to the decode worker's core, right before and
+    right after this request (with cma, UCX's READ on one host, the copy runs on the reader's
+    core)."""
+    kv_blocks: list[list[int]] = field(default_factory=list)
+    """The prefill's KV block ids per KV cache group (the handle's `remote_block_ids`)."""
     token_times_s: list[float] = field(default_factory=list)
 
 
@@ -207,8 +220,16 @@ class Client:
         return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
     async def pd(
-        self, prefill: str, decode: str, rid: str, prompt: list[int], max_tokens: int
+        self,
+        prefill: str,
+        decode: str,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int,
+        at_handoff: Any = None,
     ) -> Timing:
+        """`at_handoff`: called between the Prefill answer and the Decode call (the moment
+        vLLM's READ happens in; its time is the client's, so the gap is not comparable)."""
         from splitserve._gen.v1 import worker_pb2
 
         t0 = time.perf_counter()
@@ -218,11 +239,17 @@ class Client:
             )
         )
         t1 = time.perf_counter() - t0
+        if at_handoff is not None:
+            at_handoff()
         if self.trace is not None:
             self.trace.mark(rid, "token1", t0 + t1)
         tokens = [out.first_token_id]
         times = [t1]
         kv_bytes = float(out.kv.num_bytes) if out.HasField("kv") else 0.0
+        params = json.loads(out.kv.params_json or "{}") if out.HasField("kv") else {}
+        blocks = params.get("remote_block_ids") or []
+        if blocks and not isinstance(blocks[0], list):
+            blocks = [blocks]
         call = self.stub(decode).Decode(
             worker_pb2.DecodeRequest(
                 request_id=rid,
@@ -243,6 +270,7 @@ class Client:
                 times.append(now)
         t = _timing("pd", prompt, tokens, times)
         t.handle_bytes = kv_bytes
+        t.kv_blocks = [[int(b) for b in g] for g in blocks]
         return t
 
     async def generate(self, address: str, rid: str, prompt: list[int], max_tokens: int) -> Timing:
@@ -283,94 +311,293 @@ def _timing(mode: str, prompt: list[int], tokens: list[int], times: list[float])
 # -- raw NIXL ---------------------------------------------------------------------------------
 
 
-def _nixl_target(conn: Any, nbytes: int, progress_thread: bool) -> None:
-    import numpy as np
+@dataclass(frozen=True, slots=True)
+class ReadMethod:
+    """How a raw READ lays out and posts its descriptors (what may differ from vLLM's READ).
+
+    `pieces` descriptors of `nbytes // pieces` bytes, spread over `regions` registered regions
+    (vLLM's CPU KV cache: one region per layer and K/V, one descriptor per block), posted with
+    `make_prepped_xfer` over prepared lists as vLLM does (`prepped`; else `initialize_xfer`),
+    NIXL merging address-contiguous descriptors unless `merge` is off (vLLM leaves it on),
+    and with a completion notification to the target as vLLM's READ carries (`notify`). A
+    region's blocks lie in `runs` address-contiguous runs (a block's gap between runs), as
+    vLLM's block ids may not be consecutive."""
+
+    pieces: int = 1
+    regions: int = 1
+    prepped: bool = False
+    merge: bool = True
+    notify: bool = False
+    runs: int = 1
+    offset: int = 0
+    """Bytes into the registered buffers where the READ's layout starts, on both sides (a
+    different window of physical memory)."""
+    fresh: bool = False
+    """The target writes the bytes right before each READ (a prefill has just written the KV it
+    hands off: in the prefill core's caches, not in memory)."""
+
+    def describe(self) -> str:
+        post = "make_prepped_xfer" if self.prepped else "initialize_xfer"
+        merge = "" if self.merge else ", merging off"
+        notif = ", with a notification" if self.notify else ""
+        notif += ", source freshly written" if self.fresh else ""
+        runs = f" ({self.runs} contiguous runs each)" if self.regions > 1 or self.runs > 1 else ""
+        return (
+            f"{self.pieces} descriptor(s) in {self.regions} region(s){runs}, {post}{merge}{notif}"
+        )
+
+
+ONE_DESCRIPTOR = ReadMethod()
+"""The bench's first raw READ: the bytes as one contiguous descriptor."""
+
+
+def vllm_like(nbytes: int, regions: int, block_bytes: int, runs: int = 1) -> ReadMethod:
+    """vLLM's READ of `nbytes` of a CPU KV cache with `regions` regions (layers x K/V) and
+    blocks of `block_bytes` per region: one descriptor per block and region, prepared lists,
+    merging on, a notification."""
+    blocks = max(1, nbytes // (regions * block_bytes))
+    return ReadMethod(blocks * regions, regions, prepped=True, notify=True, runs=runs)
+
+
+def _buffer(nbytes: int, huge_pages: bool, fill: int) -> tuple[Any, int]:
+    """An anonymous mapping of `nbytes`, madvised into transparent huge pages or 4 KiB ones,
+    touched (as vLLM's KV cache is: no page faults during a READ); (mapping, address)."""
+    import ctypes
+    import mmap
+
+    size = -(-nbytes // (2 * MiB)) * 2 * MiB + 2 * MiB
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE if huge_pages else mmap.MADV_NOHUGEPAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    addr = -(-base // (2 * MiB)) * 2 * MiB  # 2 MiB aligned, so huge pages can back it
+    ctypes.memset(addr, fill, nbytes)
+    return m, addr
+
+
+def anon_huge_kib(pid: int | str = "self") -> int:
+    """AnonHugePages of a process (kB, /proc/<pid>/smaps_rollup); -1 when unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def ucx_env() -> dict[str, str]:
+    """UCX's settings of a local vLLM worker (`local_cpu_env`, with this process's own UCX_*
+    on top, which the workers inherit too): raw READs run on the same transports."""
+    from splitserve.worker.vllm_adapter.engine import local_cpu_env
+
+    env = {k: v for k, v in local_cpu_env().items() if k.startswith("UCX_")}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("UCX_")})
+    return env
+
+
+CHURN_ENV = "SPLITSERVE_KVBENCH_CHURN"
+"""`<reader core>,<target core>` (-1: none): a thread in the raw reader / target process maps
+and unmaps 1 MiB every 0.2 ms on that core while the READs run, as a worker's other threads
+(gRPC, the allocator) change its address space beside the copy. For measuring only."""
+
+
+def _churn(cpu: int) -> None:
+    import mmap
+    import threading
+
+    def run() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        while True:
+            m = mmap.mmap(-1, MiB)
+            m[0:MiB:4096] = b"x" * (MiB // 4096)  # touch every page: unmapping must flush
+            m.close()
+            time.sleep(0.0002)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _churn_core(side: int) -> int:
+    parts = os.environ.get(CHURN_ENV, "").split(",")
+    return int(parts[side]) if len(parts) == 2 else -1
+
+
+def _nixl_target(
+    conn: Any, nbytes: int, progress_thread: bool, huge_pages: bool = True, cpu: int | None = None
+) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    if _churn_core(1) >= 0:
+        _churn(_churn_core(1))
+    os.environ.update(ucx_env())
     from nixl._api import nixl_agent, nixl_agent_config
 
     agent = nixl_agent("target", nixl_agent_config(enable_prog_thread=progress_thread))
-    buf = np.ones(nbytes, dtype=np.uint8)
-    addr = int(buf.ctypes.data)
-    agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
-    conn.send((agent.get_agent_metadata(), addr))
-    while not conn.poll(0.001):
-        agent.get_new_notifs()  # progress (transports that need the target's help)
-    conn.recv()
+    buf, addr = _buffer(2 * nbytes, huge_pages, 1)
+    agent.register_memory([(addr, 2 * nbytes, 0, "")], "DRAM")
+    conn.send((agent.get_agent_metadata(), addr, anon_huge_kib()))
+    import ctypes
+
+    while True:
+        while not conn.poll(0.001):
+            agent.get_new_notifs()  # progress (transports that need the target's help)
+        cmd = conn.recv()
+        if not (isinstance(cmd, tuple) and cmd[0] == "write"):
+            break
+        for off, size in cmd[1]:  # the READ's bytes, written as a prefill writes its KV
+            ctypes.memset(addr + off, cmd[2], size)
+        conn.send("written")
+    del buf
+
+
+def _descs(addr: int, max_bytes: int, n: int, m: ReadMethod) -> list[tuple[int, int, int]]:
+    """The READ's descriptors: `m.pieces` equal blocks, `m.pieces // m.regions` contiguous ones
+    at the start of each of `m.regions` equal spans of the registered buffer (`max_bytes`, twice
+    the largest READ: regions never touch, as vLLM's layers' K and V caches do not); a region's
+    blocks in `m.runs` runs, one block's gap between runs."""
+    size = n // m.pieces
+    per_region = max(1, m.pieces // m.regions)
+    runs = max(1, min(m.runs, per_region))
+    per_run = -(-per_region // runs)
+    span = max_bytes // m.regions
+    if (per_region + runs) * size > span:
+        raise ValueError(f"{m.describe()}: {n} bytes do not fit the {max_bytes} registered")
+    out = []
+    for i in range(m.pieces):
+        j = i % per_region
+        out.append((addr + (i // per_region) * span + (j + j // per_run) * size, size, 0))
+    return out
 
 
 def _nixl_reader(
-    conn: Any, ctl: Any, nbytes: int, progress_thread: bool, cpu: int | None = None
+    conn: Any,
+    ctl: Any,
+    nbytes: int,
+    progress_thread: bool,
+    cpu: int | None = None,
+    huge_pages: bool = True,
+    num_threads: int = 0,
 ) -> None:
-    """Reads the first n bytes of the target's buffer `repeat` times per ("read", n, repeat)
-    command on `ctl`, answering the seconds of each READ (post to DONE, polled). On `cpu` only
+    """Reads the first n bytes of the target's buffer `repeat` times per ("read", n, repeat,
+    method) command on `ctl`, answering (seconds from `transfer()` to DONE, polled; NIXL's own
+    xferDuration in seconds; NIXL's descriptor count after merging) per READ. On `cpu` only
     when given (the decode worker's core: the READ's copy then gets the CPU the worker's gets)."""
-    import os
-
-    import numpy as np
-
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+    if _churn_core(0) >= 0:
+        _churn(_churn_core(0))
+    os.environ.update(ucx_env())
     from nixl._api import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent("reader", nixl_agent_config(enable_prog_thread=progress_thread))
-    buf = np.full(nbytes, 2, dtype=np.uint8)  # touched, as vLLM's KV cache is: no page faults
-    addr = int(buf.ctypes.data)
-    agent.register_memory([(addr, nbytes, 0, "")], "DRAM")
-    meta, remote_addr = conn.recv()
+    config = nixl_agent_config(
+        enable_prog_thread=progress_thread, capture_telemetry=True, num_threads=num_threads
+    )
+    agent = nixl_agent("reader", config)
+    buf, addr = _buffer(2 * nbytes, huge_pages, 2)
+    agent.register_memory([(addr, 2 * nbytes, 0, "")], "DRAM")
+    meta, remote_addr, target_huge = conn.recv()
     peer = agent.add_remote_agent(meta)
+    ctl.send((anon_huge_kib(), target_huge))
     while True:
         cmd = ctl.recv()
         if cmd[0] == "stop":
             break
-        _, n, repeat, pieces = cmd
-        size = n // pieces
-        local = agent.get_xfer_descs([(addr + i * size, size, 0) for i in range(pieces)], "DRAM")
-        remote = agent.get_xfer_descs(
-            [(remote_addr + i * size, size, 0) for i in range(pieces)], "DRAM"
-        )
-        times = []
-        for _ in range(repeat):
-            handle = agent.initialize_xfer("READ", local, remote, peer)
+        _, n, repeat, m = cmd
+        span = 2 * nbytes - m.offset
+        ranges = _descs(addr + m.offset, span, n, m)
+        local = agent.get_xfer_descs(ranges, "DRAM")
+        remote = agent.get_xfer_descs(_descs(remote_addr + m.offset, span, n, m), "DRAM")
+        idx = list(range(m.pieces))
+        lp = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local) if m.prepped else None
+        rp = agent.prep_xfer_dlist(peer, remote) if m.prepped else None
+        notif = b"raw" if m.notify else b""
+        out = []
+        for k in range(repeat):
+            if m.fresh:  # every byte the READ's descriptors cover, rewritten by the target
+                conn.send(("write", [(a - addr, n) for a, n, _ in ranges], 3 + k % 100))
+                conn.recv()
+            if m.prepped:
+                handle = agent.make_prepped_xfer(
+                    "READ", lp, idx, rp, idx, notif_msg=notif, skip_desc_merge=not m.merge
+                )
+            else:
+                handle = agent.initialize_xfer("READ", local, remote, peer, notif)
             t0 = time.perf_counter()
+            c0 = time.thread_time()
             state = agent.transfer(handle)
+            c1 = time.thread_time()
             while state == "PROC":
                 state = agent.check_xfer_state(handle)
-            times.append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            tel = agent.get_xfer_telemetry(handle)
+            out.append((dt, tel.xferDuration / 1e6, int(tel.descCount), c1 - c0))
             agent.release_xfer_handle(handle)
             if state != "DONE":
                 raise RuntimeError(f"NIXL READ failed: {state}")
-        ctl.send(times)
+        for h in (lp, rp):
+            if h is not None:
+                agent.release_dlist_handle(h)
+        ctl.send(out)
     conn.send("done")
+    del buf
 
 
 class RawNixl:
     """Two processes moving DRAM with NIXL READs (UCX, loopback), kept for a whole run so that
-    raw reads can be interleaved with the engine's transfers of the same bytes."""
+    raw reads can be interleaved with the engine's transfers of the same bytes. Both buffers are
+    anonymous mappings in transparent huge pages (`huge_pages`, as `local_cpu_env` puts vLLM's
+    KV cache) or in 4 KiB pages."""
 
     def __init__(
-        self, max_bytes: int, progress_thread: bool = False, cpu: int | None = None
+        self,
+        max_bytes: int,
+        progress_thread: bool = False,
+        cpu: int | None = None,
+        huge_pages: bool = True,
+        num_threads: int = 0,
+        target_cpu: int | None = None,
     ) -> None:
         ctx = mp.get_context("spawn")
         a, b = ctx.Pipe()
         self._ctl, ctl = ctx.Pipe()
         self._procs = [
-            ctx.Process(target=_nixl_target, args=(a, max_bytes, progress_thread)),
-            ctx.Process(target=_nixl_reader, args=(b, ctl, max_bytes, progress_thread, cpu)),
+            ctx.Process(
+                target=_nixl_target, args=(a, max_bytes, progress_thread, huge_pages, target_cpu)
+            ),
+            ctx.Process(
+                target=_nixl_reader,
+                args=(b, ctl, max_bytes, progress_thread, cpu, huge_pages, num_threads),
+            ),
         ]
         for p in self._procs:
             p.start()
         self.max_bytes = max_bytes
+        if not self._ctl.poll(300):
+            raise TimeoutError("raw NIXL reader did not start")
+        self.huge_kib: tuple[int, int] = self._ctl.recv()
+        """AnonHugePages (kB) of the reader and the target process once their buffers are in."""
         self.read_s(min(max_bytes, MiB), 2)  # connection set-up: not counted
 
-    def read_s(self, nbytes: int, repeat: int = 3, pieces: int = 1) -> list[float]:
-        """Seconds per READ of `nbytes` as `pieces` equal descriptors (vLLM reads one per
-        block per layer and K/V)."""
+    def read(
+        self, nbytes: int, repeat: int = 3, method: ReadMethod = ONE_DESCRIPTOR
+    ) -> list[tuple[float, float, int, float]]:
+        """Per READ of `nbytes` by `method`: (seconds from `transfer()` to DONE, NIXL's
+        telemetry xferDuration in seconds — what vLLM reports —, descriptors after merging,
+        CPU seconds of the reading thread inside `transfer()`: with `cma` the copy)."""
         if nbytes > self.max_bytes:
             raise ValueError(f"{nbytes} bytes > the {self.max_bytes} registered")
-        self._ctl.send(("read", nbytes, repeat, max(1, pieces)))
+        if method.pieces % method.regions or nbytes % method.pieces:
+            raise ValueError(f"{method.describe()} does not split {nbytes} bytes evenly")
+        self._ctl.send(("read", nbytes, repeat, method))
         if not self._ctl.poll(300):
             raise TimeoutError("raw NIXL read did not answer")
-        times: list[float] = self._ctl.recv()
-        return times
+        got: list[tuple[float, float, int, float]] = self._ctl.recv()
+        return got
+
+    def read_s(
+        self, nbytes: int, repeat: int = 3, method: ReadMethod = ONE_DESCRIPTOR
+    ) -> list[float]:
+        """NIXL's xferDuration per READ (the measure vLLM's `nixl_xfer_time` is made of)."""
+        return [tel for _, tel, _, _ in self.read(nbytes, repeat, method)]
 
     def close(self) -> None:
         with contextlib.suppress(OSError, BrokenPipeError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -21,8 +22,10 @@ from splitserve.worker.vllm_adapter.kvbench import (
     Client,
     MiB,
     RawNixl,
+    ReadMethod,
     Timing,
     WorkerProc,
+    anon_huge_kib,
     idle_cpu,
     med,
     ms,
@@ -71,6 +74,30 @@ def engine_args(max_model_len: int) -> list[str]:
 # -- single requests ----------------------------------------------------------------------------
 
 
+def _read_into(out: list[Any], raw: RawNixl, nbytes: int, method: ReadMethod) -> None:
+    out.extend(raw.read(nbytes, 2, method))
+
+
+def kv_regions(model_dir: str) -> int:
+    """Regions of vLLM's CPU KV cache that a READ's descriptors spread over: one per layer, a
+    block's K and V side by side in it (vLLM 0.32 asked `make_prepped_xfer` for 128
+    descriptors for the bench model's 16-block prompts: 8 layers x 16, `kvtrace`'s
+    `prepped_descs`)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(cfg["num_hidden_layers"])
+
+
+def read_like_vllm(nbytes: int, blocks: Sequence[Sequence[int]], regions: int) -> ReadMethod:
+    """The raw READ of `nbytes` that vLLM's NixlConnector makes for a request whose prefill
+    holds `blocks` (the handle's block ids per group): one descriptor per block and region,
+    contiguous runs of blocks mergeable as NIXL merges vLLM's. Blocks unknown: one per region.
+    An approximation: the decode side's blocks are taken as contiguous as the prefill's."""
+    ids = sorted(b for g in blocks for b in g)
+    n = len(ids) or 1
+    runs = 1 + sum(1 for a, b in itertools.pairwise(ids) if b != a + 1)
+    return ReadMethod(pieces=n * regions, regions=regions, prepped=True, notify=True, runs=runs)
+
+
 async def _single(
     p: WorkerProc,
     d: WorkerProc,
@@ -81,11 +108,13 @@ async def _single(
     raw: RawNixl | None,
     raw_core: RawNixl | None = None,
     trace: Any = None,
+    regions: int = 1,
+    at_handoff: bool = False,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
     client = Client(trace)
     out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
-    moved: dict[int, int] = {}
+    moved: dict[int, tuple[int, ReadMethod]] = {}
     try:
         # Each engine's first forward passes pay one-off costs: pay them before measuring, so
         # that the first P/D request shows what is the pair's own (its NIXL set-up) only.
@@ -103,17 +132,30 @@ async def _single(
                 prompt = prompt_of(n, seed=1000 * rep + n)
                 # Raw reads on the decode's core just before and just after: the same moment's
                 # load (the machine is shared), so the ratio compares like with like.
-                kv_n = moved.get(n, 0)  # the bytes this length moved last round (vLLM's blocks)
-                core_before = raw_core.read_s(kv_n, 2) if raw_core is not None and kv_n else []
+                last = moved.get(n)  # what this length moved last round (vLLM's blocks)
+                core_before = (
+                    raw_core.read_s(last[0], 2, last[1]) if raw_core is not None and last else []
+                )
                 before = scrape(d)
-                t = await client.pd(p.address, d.address, f"pd-{rep}-{n}", prompt, max_tokens)
+                handoff: list[tuple[float, float, int, float]] = []
+                hook = None
+                if at_handoff and raw_core is not None and last:
+                    hook = functools.partial(_read_into, handoff, raw_core, *last)
+
+                t = await client.pd(p.address, d.address, f"pd-{rep}-{n}", prompt, max_tokens, hook)
+                t.raw_handoff_s = [x[1] for x in handoff]
+                t.raw_handoff_cpu_s = [x[3] for x in handoff]
                 _, nbytes, secs = xfer_delta(before, scrape(d))
                 t.kv_bytes, t.xfer_s = nbytes, secs
-                moved[n] = int(nbytes)
-                if raw is not None and nbytes:  # the same bytes, raw, right after
+                if raw is not None and nbytes:  # the same bytes, raw, right after, both ways
+                    like = read_like_vllm(int(nbytes), t.kv_blocks, regions)
+                    moved[n] = (int(nbytes), like)
                     t.raw_s = raw.read_s(int(nbytes), 3)
-                if raw_core is not None and nbytes:
-                    t.raw_core_s = [*core_before, *raw_core.read_s(int(nbytes), 2)]
+                    got = raw.read(int(nbytes), 3, like)
+                    t.raw_vllm_s = [tel for _, tel, _, _ in got]
+                    t.raw_vllm_cpu_s = [cpu for _, _, _, cpu in got]
+                    if raw_core is not None:
+                        t.raw_core_s = [*core_before, *raw_core.read_s(int(nbytes), 2, like)]
                 other = prompt_of(n, seed=1000 * rep + n + 500)
                 c = await client.generate(d.address, f"ctl-{rep}-{n}", other, max_tokens)
                 c.mode = "control"
@@ -173,6 +215,7 @@ def run_single(
     engine: str = "vllm",
     warm: bool = True,
     trace: bool = False,
+    at_handoff: bool = False,
 ) -> dict[str, Any]:
     """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
     the result has each one's milestones under "trace"."""
@@ -191,13 +234,32 @@ def run_single(
         res["idle_cpu"] = idle_cpu([p, d], idle_s)
         warm_it = warm and engine == "vllm"
         kv_max = (max(lengths) + 128) * bytes_per_token(model) if engine == "vllm" else 0
-        raw = RawNixl(kv_max) if kv_max else None
-        raw_core = RawNixl(kv_max, cpu=DECODE_CPU) if kv_max else None
+        # Raw buffers in the page size the workers' KV caches are in (local_cpu_env).
+        huge = env.get("THP_MEM_ALLOC_ENABLE", "1") != "0"
+        raw = RawNixl(kv_max, huge_pages=huge) if kv_max else None
+        raw_core = RawNixl(kv_max, cpu=DECODE_CPU, huge_pages=huge) if kv_max else None
         tracer = kvtrace.KvTrace(trace_file) if trace else None
+        regions = kv_regions(model) if engine == "vllm" else 1
         try:
             timings = asyncio.run(
-                _single(p, d, lengths, repeat, max_tokens, warm_it, raw, raw_core, tracer)
+                _single(
+                    p,
+                    d,
+                    lengths,
+                    repeat,
+                    max_tokens,
+                    warm_it,
+                    raw,
+                    raw_core,
+                    tracer,
+                    regions,
+                    at_handoff,
+                )
             )
+            # Page size of each side's KV cache: a cma READ's speed depends on it.
+            res["huge_kib"] = {w.name: anon_huge_kib(w.pid) for w in (p, d)}
+            if raw is not None:
+                res["huge_kib"]["raw reader, target"] = raw.huge_kib
         finally:
             if tracer is not None:
                 tracer.close()
@@ -208,13 +270,57 @@ def run_single(
     with workers(run_dir, model, [("decode", "mixed", 1)], **kw) as (d,):
         timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens))
     res["timings"] = timings
+    res["regions"] = kv_regions(model) if engine == "vllm" else 1
     res["warm"] = warm and engine == "vllm"
     if trace:
         events = kvtrace.load(trace_file)
         res["trace"] = {
             rid: kvtrace.milestones(ev) for rid, ev in events.items() if rid.startswith("pd-")
         }
+        res["transfer_cpu"] = {
+            rid: kvtrace.cpu_seconds(ev) for rid, ev in events.items() if rid.startswith("pd-")
+        }
     return res
+
+
+def transfer_cpu_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
+    """With `--trace`: vLLM's `transfer()` call (wall and the engine thread's CPU seconds in it)
+    against the raw vLLM-like READs' (the same two), medians per prompt length. With `cma` the
+    copy is that CPU time; wall time above it is the thread waiting for its core."""
+    trace: dict[str, dict[str, float]] = res.get("trace") or {}
+    cpu: dict[str, float | None] = res.get("transfer_cpu") or {}
+    if not cpu:
+        return []
+    pd: list[Timing] = res["timings"]["pd"]
+    out = [
+        "| prompt | vLLM transfer() wall ms | vLLM its CPU ms | raw READ ms (xferDuration) "
+        "| raw its CPU ms | vLLM / raw, CPU | raw at the hand-off, on D's core: ms / CPU ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in lengths:
+        walls, cpus = [], []
+        for rid, m in trace.items():
+            _, rep, length = rid.split("-")
+            c = cpu.get(rid)
+            if int(rep) and int(length) == n and c is not None and "transfer" in m:
+                walls.append(m["transferred"] - m["transfer"])
+                cpus.append(c)
+        rows = [x for x in pd if x.prompt_tokens == n and x.raw_vllm_cpu_s]
+        raw_cpu = med([c for x in rows for c in x.raw_vllm_cpu_s])
+        raw_wall = med([s for x in rows for s in x.raw_vllm_s])
+        hand = [x for x in pd if x.prompt_tokens == n and x.raw_handoff_s]
+        hand_cell = (
+            f"{ms(med([s for x in hand for s in x.raw_handoff_s]))} / "
+            f"{ms(med([c for x in hand for c in x.raw_handoff_cpu_s]))}"
+            if hand
+            else ""
+        )
+        if walls:
+            out.append(
+                f"| {n} | {ms(med(walls))} | {ms(med(cpus))} | {ms(raw_wall)} | {ms(raw_cpu)} "
+                f"| {100 * med(cpus) / raw_cpu:.0f} % | {hand_cell} |"
+            )
+    return out if len(out) > 2 else []
 
 
 def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
@@ -259,9 +365,11 @@ def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
 def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
     t: dict[str, list[Timing]] = res["timings"]
     lines = [
-        "| prompt | mode | TTFT ms | token-1 -> token-2 ms | KV MiB | NIXL xfer ms | raw NIXL ms "
-        "| vLLM / raw GB/s (raw time / vLLM time) | raw on D's core ms | raw core / vLLM |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---:|---|",
+        "| prompt | mode | TTFT ms | token-1 -> token-2 ms | KV MiB | NIXL xfer ms "
+        "| raw NIXL ms, 1 descriptor | raw NIXL ms, vLLM's descriptors "
+        "| vLLM / raw GB/s (raw time / vLLM time; vLLM's descriptors) "
+        "| raw on D's core ms | raw core / vLLM |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for n in lengths:
         for mode in ("agg", "control", "pd"):
@@ -282,11 +390,17 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
                 )
             if mode == "pd" and kv:
                 r = med([s for x in rows for s in x.raw_s])
+                raw_cell = f"{ms(r)} (best {ms(min(s for x in rows for s in x.raw_s))})"
+                like = [s for x in rows for s in x.raw_vllm_s]
+                rv = med(like) if like else r
+                if like:
+                    raw_cell += f" | {ms(rv)} (best {ms(min(like))})"
+                else:
+                    raw_cell += " | "
                 best_x = min(x.xfer_s for x in rows)
-                best_r = min(s for x in rows for s in x.raw_s)
-                raw_cell = f"{ms(r)} (best {ms(best_r)})"
+                best_r = min(like or [s for x in rows for s in x.raw_s])
                 bw = (
-                    f"{kv / xf / 1e9:.2f} / {kv / r / 1e9:.2f} ({100 * r / xf:.0f} %); best "
+                    f"{kv / xf / 1e9:.2f} / {kv / rv / 1e9:.2f} ({100 * rv / xf:.0f} %); best "
                     f"{kv / best_x / 1e9:.2f} / {kv / best_r / 1e9:.2f} "
                     f"({100 * best_r / best_x:.0f} %)"
                 )
@@ -297,7 +411,7 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
                 f"| {raw_cell} | {bw} | {core_cell} | {core_ratio} |"
                 if mode == "pd"
                 else f"| {n} | {mode} | {ms(med([x.ttft_s for x in rows]))} "
-                f"| {ms(med([x.token2_s for x in rows]))} | | | | | | |"
+                f"| {ms(med([x.token2_s for x in rows]))} | | | | | | | |"
             )
     first = t.get("first", [])
     later = [x for x in t["pd"] if first and x.prompt_tokens == first[0].prompt_tokens]
@@ -310,6 +424,28 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
             f"token-1 -> token-2 {ms(f.token2_s)} ms; later ones (median): TTFT "
             f"{ms(med([x.ttft_s for x in later]))} ms, token-1 -> token-2 "
             f"{ms(med([x.token2_s for x in later]))} ms."
+        )
+    pd = [x for x in t["pd"] if x.kv_blocks]
+    if pd:
+        method = read_like_vllm(int(pd[-1].kv_bytes), pd[-1].kv_blocks, res.get("regions", 1))
+        lines.append("")
+        lines.append(
+            "Every time is NIXL's own xferDuration (vLLM's `nixl_xfer_time`; raw: the reader's "
+            "telemetry), between two processes on this host (UCX's transport as configured: "
+            f"UCX_TLS={os.environ.get('UCX_TLS', 'unset')}). Raw READs right after each P/D "
+            "request, between buffers in the same page size as the workers' KV caches: as one "
+            "descriptor, and as vLLM reads (last request: "
+            f"{method.describe()}). The ratio uses the latter."
+        )
+    cpu_lines = transfer_cpu_rows(res, lengths)
+    if cpu_lines:
+        lines.append("")
+        lines.extend(cpu_lines)
+    huge = res.get("huge_kib")
+    if huge:
+        lines.append("")
+        lines.append(
+            "AnonHugePages (kB) after the run: " + ", ".join(f"{k} {v}" for k, v in huge.items())
         )
     idle = res["idle_cpu"]
     after = res["idle_cpu_after"]
@@ -523,6 +659,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=0,
         help="their prompt length (default: the first of --lengths)",
     )
+    ap.add_argument(
+        "--raw-at-handoff",
+        action="store_true",
+        help="also READ raw on the decode worker's core between each Prefill answer and its "
+        "Decode call (the moment vLLM's READ runs in); delays the Decode call by that READ",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -571,6 +713,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 args.idle_s,
                 warm=not args.cold,
                 trace=args.trace,
+                at_handoff=args.raw_at_handoff,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))

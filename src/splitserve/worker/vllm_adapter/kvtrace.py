@@ -161,9 +161,18 @@ class KvTrace:
                 ids = self._posting
                 for rid in ids:
                     self.mark(rid, _b)
+                cpu = time.thread_time()
                 out = _inner(*args, **kwargs)
+                cpu = time.thread_time() - cpu
+                if _a == "prepped" and len(args) > 2:
+                    for rid in ids:  # not a time either: how many descriptors vLLM asked for
+                        self.mark(rid, "prepped_descs", float(len(args[2])))
                 for rid in ids:
                     self.mark(rid, _a)
+                    # Not a time: the CPU seconds the calling thread spent in the call (with
+                    # `cma` the copy runs in `transfer()`; wall time above it is waiting for
+                    # the core). `milestones` skips it; `cpu_seconds` reads it.
+                    self.mark(rid, _a + "_cpu", cpu)
                 return out
 
             setattr(wrapper, method, timed)
@@ -230,6 +239,15 @@ def load(path: str | Path) -> dict[str, list[tuple[str, float]]]:
         e = json.loads(line)
         out.setdefault(str(e["rid"]), []).append((str(e["event"]), float(e["t"])))
     return out
+
+
+def cpu_seconds(events: Sequence[tuple[str, float]], call: str = "transferred") -> float | None:
+    """CPU seconds the engine thread spent in a traced NIXL call (`prepped`, `transferred`):
+    the first such call of the request; None if not traced."""
+    for name, t in events:
+        if name == call + "_cpu":
+            return t
+    return None
 
 
 def milestones(events: Sequence[tuple[str, float]]) -> dict[str, float]:
