@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from splitserve.api import v1alpha1 as v1
-from splitserve.api.router import PlacementSettings
+from splitserve.api.router import PlacementSettings, PoolSettings
 from splitserve.core.clock import ManualClock
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView, Path, PdDeciderParams
@@ -36,12 +36,16 @@ class RecordedPool:
     def __init__(self) -> None:
         self.current: list[EndpointView] = []
         self.ledger = Ledger()  # the live dispatcher reserves here; recorded views ignore it
+        self.settings = PoolSettings()  # the dispatcher reads its worker-link kind here
 
     def views(self) -> list[EndpointView]:
         return list(self.current)
 
     def on_change(self, listener: object) -> None:
         pass
+
+    def link_port(self, eid: str) -> int:
+        return 0  # no stream link advertised: placement is all this test compares
 
 
 def _records(spec: ClusterSpec, n: int) -> list[PlacementRecord]:
