@@ -19,13 +19,17 @@ def worker() -> None:
     """Run a worker."""
 
 
+_PORT = click.IntRange(0, 65535)
+"""A port (0: any free); out-of-range values wrapped modulo 65536 before (70000 bound 4464)."""
+
+
 @worker.command("serve", context_settings={"ignore_unknown_options": False})
 @tls_option
 @click.option("--role", default="mixed", show_default=True, help="prefill | decode | mixed")
 @click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True)
 @click.option(
     "--nixl-port",
-    type=int,
+    type=_PORT,
     default=None,
     help="vLLM: NIXL side-channel port (default vLLM's 5600; 0: any free port).",
 )
@@ -47,12 +51,12 @@ def worker() -> None:
     help="Address other workers reach this one at (default: --host; in a pod, the pod IP).",
 )
 @click.option(
-    "--port", "--grpc-port", type=int, default=0, show_default=True, help="gRPC port (0: any)."
+    "--port", "--grpc-port", type=_PORT, default=0, show_default=True, help="gRPC port (0: any)."
 )
-@click.option("--metrics-port", type=int, default=0, show_default=True, help="0: any free.")
+@click.option("--metrics-port", type=_PORT, default=0, show_default=True, help="0: any free.")
 @click.option(
     "--health-port",
-    type=int,
+    type=_PORT,
     default=None,
     help="Also serve grpc.health.v1 alone, in plaintext, on this port (0: any free): for "
     "kubelet's gRPC probes when the gRPC port requires mutual TLS. Default: none.",
@@ -76,7 +80,12 @@ def worker() -> None:
     help="Step pricing: roofline, distserve-a100, distserve-vllm-a100, vidur-a100, vidur-h100, "
     "measured-h100, measured-h200.",
 )
-@click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
+@click.option(
+    "--sim-kv-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Default: from hardware memory.",
+)
 @click.option(
     "--sim-max-model-len",
     type=click.IntRange(min=1),

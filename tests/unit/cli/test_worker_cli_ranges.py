@@ -1,0 +1,32 @@
+"""`splitserve worker serve` refuses ports and KV sizes it cannot honour, naming the flag.
+
+Before: `--port 70000` served on 4464 and `--port -1` on 65535 (wrapped modulo 65536),
+`--metrics-port -2` died in a traceback, `--sim-kv-blocks 0` was taken as "default" and
+`--sim-kv-blocks -5` died in a traceback.
+"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from splitserve.cli.worker import worker
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--port", "70000"),
+        ("--port", "-1"),
+        ("--grpc-port", "65536"),
+        ("--metrics-port", "-2"),
+        ("--health-port", "70000"),
+        ("--nixl-port", "-1"),
+        ("--sim-kv-blocks", "0"),
+        ("--sim-kv-blocks", "-5"),
+    ],
+)
+def test_out_of_range_values_are_refused_before_anything_starts(flag: str, value: str) -> None:
+    r = CliRunner().invoke(worker, ["serve", flag, value])
+    assert r.exit_code == 2, r.output
+    assert flag.split("-port")[0] in r.output
