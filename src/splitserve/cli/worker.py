@@ -10,7 +10,9 @@ import click
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.tls_option import tls_option
+from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
+from splitserve.policy.batching.builtin import BATCHING
 from splitserve.worker.runtime import WorkerConfig, serve
 
 
@@ -148,6 +150,7 @@ def serve_cmd(
         token_ids = tuple(int(i) for i in ids)
     except (ValueError, json.JSONDecodeError) as err:
         raise click.BadParameter(str(err)) from err
+    _check_batching(batching, params)
     cfg = WorkerConfig(
         role=parsed_role,
         engine=engine,
@@ -178,3 +181,18 @@ def serve_cmd(
         batching_params=params,
     )
     run_until_signalled(lambda stop: serve(cfg, stop))
+
+
+def _check_batching(name: str, params: object) -> None:
+    """Build the step policy once, so an unknown name or parameter is refused naming the flag
+    before anything starts (it was a ConfigError / TypeError traceback from the engine)."""
+    if not isinstance(params, dict):
+        raise click.BadParameter("want a JSON object", param_hint="--batching-params")
+    try:
+        make = BATCHING.get(name)
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint="--batching") from err
+    try:
+        make(**params)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise click.BadParameter(f"{name}: {err}", param_hint="--batching-params") from err

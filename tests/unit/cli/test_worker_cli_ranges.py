@@ -30,3 +30,23 @@ def test_out_of_range_values_are_refused_before_anything_starts(flag: str, value
     r = CliRunner().invoke(worker, ["serve", flag, value])
     assert r.exit_code == 2, r.output
     assert flag.split("-port")[0] in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        (["--batching", "nope"], "--batching", "valid: accelgen"),
+        (["--batching-params", '{"bogus": 1}'], "--batching-params", "bogus"),
+        (["--batching-params", '{"max_num_batched_tokens": -5}'], "--batching-params", ">= 1"),
+        (["--batching-params", "[1]"], "--batching-params", "JSON object"),
+        (["--batching", "sarathi", "--batching-params", '{"x": 1}'], "--batching-params", "x"),
+    ],
+)
+def test_a_step_policy_that_cannot_be_built_is_refused_naming_the_flag(
+    args: list[str], flag: str, says: str
+) -> None:
+    """docs/policies.md: an unknown name lists the valid ones; these were tracebacks."""
+    r = CliRunner().invoke(worker, ["serve", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+    assert says in r.output
