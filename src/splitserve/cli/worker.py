@@ -10,6 +10,7 @@ import click
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.tls_option import tls_option
+from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import BATCHING
@@ -151,6 +152,9 @@ def serve_cmd(
     except (ValueError, json.JSONDecodeError) as err:
         raise click.BadParameter(str(err)) from err
     _check_batching(batching, params)
+    if engine == "sim":  # the same refusals as `up`, naming the flag (they were tracebacks)
+        opts = {"engine": engine, "sim_shape": sim_shape, "sim_hardware": sim_hardware}
+        check_sim_options(opts | {"sim_latency_model": sim_latency_model}, lambda _name: False)
     cfg = WorkerConfig(
         role=parsed_role,
         engine=engine,

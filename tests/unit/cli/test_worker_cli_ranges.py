@@ -50,3 +50,19 @@ def test_a_step_policy_that_cannot_be_built_is_refused_naming_the_flag(
     assert r.exit_code == 2, r.output
     assert flag in r.output
     assert says in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--sim-latency-model", "nope"], "--sim-latency-model"),
+        (["--sim-latency-model", "vidur-h100"], "--sim-latency-model"),  # measured on an H100
+        (["--sim-shape", "nope"], "--sim-shape"),
+        (["--sim-hardware", "nope"], "--sim-hardware"),
+    ],
+)
+def test_sim_engine_options_are_refused_as_up_refuses_them(args: list[str], flag: str) -> None:
+    """Same messages as `splitserve up`; `worker serve` raised them as ConfigError tracebacks."""
+    r = CliRunner().invoke(worker, ["serve", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
