@@ -167,3 +167,22 @@ def test_validate_refuses_a_target_that_no_error_can_meet(tmp_path: Path, target
     )
     assert res.exit_code == 2, res.output
     assert "--target" in res.output
+
+
+@pytest.mark.parametrize("paper", ["aladdin", "pastfuture", "splitwise"])
+def test_latency_gpu_says_when_it_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, paper: str
+) -> None:
+    """docs/simulator.md: Aladdin and Past-Future stay on the roofline and Splitwise is always
+    priced by its authors' profile; `--latency gpu` was accepted for them without a word."""
+
+    def fake(quick: bool) -> Reproduction:
+        return Reproduction(paper, (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0),), {})
+
+    monkeypatch.setitem(reproductions.REPRODUCTIONS, paper, fake)
+    res = CliRunner().invoke(sim, ["reproduce", paper, "--quick", "--latency", "gpu"])
+    assert res.exit_code == 0, res.output
+    assert "Latency (--latency gpu):" in res.output
+    assert "the flag changes nothing here" in res.output
+    res = CliRunner().invoke(sim, ["reproduce", paper, "--quick"])
+    assert "--latency gpu" not in res.output
