@@ -9,25 +9,37 @@ from pathlib import Path
 
 import click
 
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+
 
 @click.command()
 @click.option("--model", default="llama-2-13b", show_default=True, help="Model preset.")
 @click.option("--hardware", default="a100-80g", show_default=True, help="Hardware preset.")
 @click.option("--source", default=None, help="Weights (HF id or path) for the printed service.")
 @click.option("--name", default="planned", show_default=True, help="LLMService name.")
-@click.option("--rate", type=float, default=None, help="Arrival rate (req/s); rescales a trace.")
-@click.option("--prompt-median", type=float, default=1000.0, show_default=True)
-@click.option("--output-median", type=float, default=200.0, show_default=True)
-@click.option("--sigma", type=float, default=0.6, show_default=True, help="Lognormal spread.")
+@click.option(
+    "--rate", type=_POSITIVE, default=None, help="Arrival rate (req/s); rescales a trace."
+)
+@click.option("--prompt-median", type=_POSITIVE, default=1000.0, show_default=True)
+@click.option("--output-median", type=_POSITIVE, default=200.0, show_default=True)
+@click.option(
+    "--sigma",
+    type=click.FloatRange(min=0),
+    default=0.6,
+    show_default=True,
+    help="Lognormal spread.",
+)
 @click.option(
     "--trace",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help="Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens) instead of --*-median.",
 )
-@click.option("--requests", "num_requests", type=int, default=1000, show_default=True)
-@click.option("--ttft-ms", type=float, default=2000.0, show_default=True)
-@click.option("--tpot-ms", type=float, default=100.0, show_default=True)
+@click.option(
+    "--requests", "num_requests", type=click.IntRange(min=1), default=1000, show_default=True
+)
+@click.option("--ttft-ms", type=_POSITIVE, default=2000.0, show_default=True)
+@click.option("--tpot-ms", type=_POSITIVE, default=100.0, show_default=True)
 @click.option("--percentile", type=float, default=0.9, show_default=True)
 @click.option("--attainment", type=float, default=0.99, show_default=True)
 @click.option("--tp", "tps", default="1,2,4,8", show_default=True, help="TP degrees to try.")
@@ -128,4 +140,9 @@ def plan(
         )
         + " (not pipeline parallelism, mixed pools, other hardware)"
     )
+    if source is None:
+        click.echo(
+            f"# model.source below is the preset's name {model!r}, not weights: "
+            "give --source (a Hugging Face id or a path) before applying it"
+        )
     click.echo(planner.service_yaml(name, model, source or model, slo, best))

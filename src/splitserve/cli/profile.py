@@ -217,7 +217,9 @@ def profile(
         source = f"worker {address}"
         steps = [(s.index, s.start_s, s.duration_s, s.batch) for s in reported]
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = _write(out_dir, samples, source, stats, holdout_every, from_samples, steps)
+    files = _write(
+        out_dir, samples, source, stats, holdout_every, from_samples, steps, _earlier(from_samples)
+    )
     for path in files:
         click.echo(f"wrote {path}")
 
@@ -230,6 +232,7 @@ def _write(
     holdout_every: int,
     from_samples: Path | None = None,
     steps: list[ReportedStep] | None = None,
+    earlier: dict[str, object] | None = None,
 ) -> list[Path]:
     try:
         table = build_table(samples)
@@ -237,12 +240,11 @@ def _write(
     except ValueError as err:
         raise click.ClickException(f"cannot build a table: {err}") from err
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    method = stats.method if stats is not None else ""
+    earlier = earlier or {}
+    method = stats.method if stats is not None else str(earlier.get("method") or "")
     notes = [
         f"splitserve profile of {source}, {stamp}" + (f" (method {method})" if method else ""),
-        "seconds are whole step periods: forward pass + scheduling + sampling + output hand-off"
-        if method != "steps"
-        else "seconds are the worker's own step times (engine.step(); sim: the latency model)",
+        _SECONDS.get(method, _SECONDS[""]),
     ]
     files = [out_dir / "samples.csv", out_dir / "profile.csv", out_dir / "fit.json"]
     if from_samples is None or from_samples.resolve() != files[0].resolve():
@@ -259,6 +261,8 @@ def _write(
             "notes": stats.notes,
         }
         summary["method"] = stats.method
+    else:  # rebuilt from samples: what only the live run knew stays as it said
+        summary |= {k: earlier[k] for k in _CARRIED if k in earlier}
     if steps:
         summary["steps"] = fit_steps(steps, table.model) | {"dropped": _dropped(stats)}
         files.append(out_dir / "steps.csv")
@@ -280,6 +284,31 @@ def _write(
             f"fit on every step MAPE {_pct(float(st['mape']))}"
         )
     return files
+
+
+_SECONDS = {
+    "steps": "seconds are the worker's own step times (engine.step(); sim: the latency model)",
+    "outside": "seconds are whole step periods: forward pass + scheduling + sampling + output "
+    "hand-off",
+    "": "seconds as the run that wrote the samples measured them (its method is not known: no "
+    "fit.json beside the samples)",
+}
+"""profile.csv's note on what its seconds are, by method."""
+
+_CARRIED = ("probes", "method", "steps")
+"""fit.json keys a rebuild from samples cannot recompute (the probes, the method, the fit on
+every reported step): kept from the fit.json beside the samples."""
+
+
+def _earlier(from_samples: Path | None) -> dict[str, object]:
+    """The fit.json written with `from_samples` (same folder), or {} when there is none."""
+    if from_samples is None:
+        return {}
+    try:
+        data = json.loads((from_samples.parent / "fit.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _dropped(stats: ProfileStats | None) -> int:

@@ -94,7 +94,13 @@ def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str, j
     default=None,
     help="Write validation.md and requests.csv (measured vs simulated per request) here.",
 )
-@click.option("--target", type=float, default=0.05, show_default=True, help="Error target.")
+@click.option(
+    "--target",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.05,
+    show_default=True,
+    help="Error target (relative, > 0).",
+)
 @click.option(
     "--speed-trace",
     "speed_trace",
@@ -207,13 +213,22 @@ def validate_cmd(
     "conversation trace.",
 )
 @click.option(
-    "--workers", default=16, show_default=True, help="Workers (half prefill, half decode)."
+    "--workers",
+    type=click.IntRange(min=2),
+    default=16,
+    show_default=True,
+    help="Workers (half prefill, half decode; at least 2).",
 )
-@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+@click.option(
+    "--max-requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay only the first N requests.",
+)
 @click.option(
     "--report-interval",
     "report_interval_s",
-    type=float,
+    type=click.FloatRange(min=0),
     default=0.0,
     show_default=True,
     help="Router load reports every this many seconds (0: exact worker state at every arrival).",

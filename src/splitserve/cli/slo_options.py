@@ -147,18 +147,21 @@ def slo_settings(
         default = default_slo_class or file.get("defaultSloClass")
         if not classes and default is None and not router:
             return None, placement
+        # The file's values go to SloSettings as written, so pydantic refuses what it cannot
+        # read ("maybe", 2.7) instead of bool() / int() turning "false" into True or 2.7 into 2.
         slo: dict[str, Any] = {"classes": tuple(classes), "default_class": default}
         if "lengthPredictor" in router:
             slo["length_predictor"] = v1.LengthPredictor(router["lengthPredictor"])
         if "admissionQueueCapacity" in router:
-            slo["queue_capacity"] = int(router["admissionQueueCapacity"])
+            slo["queue_capacity"] = router["admissionQueueCapacity"]
         if "admission" in router:  # local switch (benchmarks): false = the wave-1 router
-            slo["admission"] = bool(router["admission"])
+            slo["admission"] = router["admission"]
         if "maxOutstandingPerWorker" in router:
-            slo["max_outstanding_per_worker"] = int(router["maxOutstandingPerWorker"])
+            slo["max_outstanding_per_worker"] = router["maxOutstandingPerWorker"]
         if "unfittedPrefillsPerWorker" in router:  # null or 0 (the CRD's): no cap before a fit
             n = router["unfittedPrefillsPerWorker"]
-            slo["unfitted_prefills_per_worker"] = None if n is None or n == 0 else int(n)
+            zero = type(n) is int and n == 0  # not False: a bool is refused as written
+            slo["unfitted_prefills_per_worker"] = None if n is None or zero else n
         return SloSettings(**slo), placement
     except (ValidationError, ValueError) as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

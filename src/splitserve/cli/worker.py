@@ -10,7 +10,10 @@ import click
 from splitserve.cli import logs
 from splitserve.cli.process import run_until_signalled
 from splitserve.cli.tls_option import tls_option
+from splitserve.cli.up import check_sim_options
+from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
+from splitserve.policy.batching.builtin import BATCHING
 from splitserve.worker.runtime import WorkerConfig, serve
 
 
@@ -19,13 +22,17 @@ def worker() -> None:
     """Run a worker."""
 
 
+_PORT = click.IntRange(0, 65535)
+"""A port (0: any free); out-of-range values wrapped modulo 65536 before (70000 bound 4464)."""
+
+
 @worker.command("serve", context_settings={"ignore_unknown_options": False})
 @tls_option
 @click.option("--role", default="mixed", show_default=True, help="prefill | decode | mixed")
 @click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True)
 @click.option(
     "--nixl-port",
-    type=int,
+    type=_PORT,
     default=None,
     help="vLLM: NIXL side-channel port (default vLLM's 5600; 0: any free port).",
 )
@@ -47,9 +54,9 @@ def worker() -> None:
     help="Address other workers reach this one at (default: --host; in a pod, the pod IP).",
 )
 @click.option(
-    "--port", "--grpc-port", type=int, default=0, show_default=True, help="gRPC port (0: any)."
+    "--port", "--grpc-port", type=_PORT, default=0, show_default=True, help="gRPC port (0: any)."
 )
-@click.option("--metrics-port", type=int, default=0, show_default=True, help="0: any free.")
+@click.option("--metrics-port", type=_PORT, default=0, show_default=True, help="0: any free.")
 @click.option(
     "--link-port",
     type=click.IntRange(min=-1, max=65535),
@@ -60,7 +67,7 @@ def worker() -> None:
 )
 @click.option(
     "--health-port",
-    type=int,
+    type=_PORT,
     default=None,
     help="Also serve grpc.health.v1 alone, in plaintext, on this port (0: any free): for "
     "kubelet's gRPC probes when the gRPC port requires mutual TLS. Default: none.",
@@ -84,7 +91,12 @@ def worker() -> None:
     help="Step pricing: roofline, distserve-a100, distserve-vllm-a100, vidur-a100, vidur-h100, "
     "measured-h100, measured-h200.",
 )
-@click.option("--sim-kv-blocks", type=int, default=None, help="Default: from hardware memory.")
+@click.option(
+    "--sim-kv-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Default: from hardware memory.",
+)
 @click.option(
     "--sim-max-model-len",
     type=click.IntRange(min=1),
@@ -148,6 +160,10 @@ def serve_cmd(
         token_ids = tuple(int(i) for i in ids)
     except (ValueError, json.JSONDecodeError) as err:
         raise click.BadParameter(str(err)) from err
+    _check_batching(batching, params)
+    if engine == "sim":  # the same refusals as `up`, naming the flag (they were tracebacks)
+        opts = {"engine": engine, "sim_shape": sim_shape, "sim_hardware": sim_hardware}
+        check_sim_options(opts | {"sim_latency_model": sim_latency_model}, lambda _name: False)
     cfg = WorkerConfig(
         role=parsed_role,
         engine=engine,
@@ -179,3 +195,18 @@ def serve_cmd(
         batching_params=params,
     )
     run_until_signalled(lambda stop: serve(cfg, stop))
+
+
+def _check_batching(name: str, params: object) -> None:
+    """Build the step policy once, so an unknown name or parameter is refused naming the flag
+    before anything starts (it was a ConfigError / TypeError traceback from the engine)."""
+    if not isinstance(params, dict):
+        raise click.BadParameter("want a JSON object", param_hint="--batching-params")
+    try:
+        make = BATCHING.get(name)
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint="--batching") from err
+    try:
+        make(**params)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise click.BadParameter(f"{name}: {err}", param_hint="--batching-params") from err

@@ -259,7 +259,11 @@ class Admission:
         backlog = self.backlog_s()
         retry = self.gate.retry_after(backlog if backlog is not None else math.inf)
         log.info("request %s %s from the queue: %s", e.id, outcome, why)
-        w.future.set_exception(Overloaded(f"{why}; retry after {retry:g} s", retry, e.slo_class))
+        w.future.set_exception(
+            Overloaded(
+                f"SLO class {e.slo_class!r}: {why}; retry after {retry:g} s", retry, e.slo_class
+            )
+        )
 
     def _forget(self, request_id: str) -> _Waiter | None:
         w = self._waiters.pop(request_id, None)

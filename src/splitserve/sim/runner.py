@@ -12,6 +12,7 @@ import csv
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import yaml
 
@@ -109,6 +110,18 @@ def run_scenario(
     return ScenarioOutput(result, md, tuple(files))
 
 
+NO_GPU_MODEL: Final[dict[str, str]] = {
+    "aladdin": "no GPU-measured model covers the paper's set-up (its vLLM TP-4 baseline has no "
+    "measured counterpart), so steps stay on the roofline",
+    "pastfuture": "the paper's protocol counts decode steps without a clock, so no latency model "
+    "is used",
+    "splitwise": "steps are always priced by SplitwiseSim's GPU profile of the paper's own "
+    "DGX-A100 / DGX-H100 set-up",
+}
+"""Papers whose `--latency gpu` run is their roofline run (docs/simulator.md): said in the
+notes, since the flag is accepted for every paper."""
+
+
 def run_reproduction(
     paper: str, quick: bool, out_dir: Path | None, latency: str = "roofline", jobs: int = 1
 ) -> Reproduction:
@@ -123,6 +136,9 @@ def run_reproduction(
         )
     with latency_source(latency), parallel(jobs):
         repro = REPRODUCTIONS[paper](quick)
+    if latency == "gpu" and paper in NO_GPU_MODEL:
+        note = f"Latency (--latency gpu): {NO_GPU_MODEL[paper]}; the flag changes nothing here"
+        repro = dataclasses.replace(repro, notes=(*repro.notes, note))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         _write(out_dir / f"{paper}.md", repro.markdown())

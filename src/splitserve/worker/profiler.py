@@ -563,13 +563,20 @@ async def profile_worker(
     set_mixed: bool = False,
     progress: Callable[[str], None] | None = None,
     method: Method = "auto",
+    connect_timeout_s: float = 15.0,
 ) -> tuple[list[Measurement], ProfileStats, list[StepSample]]:
     """Connect to `address` (host:port), profile the worker there, close the channel."""
     async with tls.aio_channel(address) as channel:
         try:
-            await asyncio.wait_for(channel.channel_ready(), timeout=15.0)
+            await asyncio.wait_for(channel.channel_ready(), timeout=connect_timeout_s)
         except TimeoutError as err:
-            raise ProfileError(f"no worker answers at {address}") from err
+            hint = (
+                ""
+                if tls.identity() is not None
+                else " (or it requires mutual TLS, as a `splitserve up` stack's workers do: give "
+                "--tls-dir, e.g. <run-dir>/pki/admin)"
+            )
+            raise ProfileError(f"no worker answers at {address}{hint}") from err
         profiler = Profiler(
             worker_pb2_grpc.WorkerStub(channel),
             grid,

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from splitserve.api import v1alpha1 as v1
@@ -241,3 +242,21 @@ async def test_the_queued_prompt_tokens_gauge_sums_the_prompts_waiting_at_the_ga
     assert _gauge(metrics, "splitserve_router_queue_depth", "p50") == 0
     assert _gauge(metrics, "splitserve_router_queued_prompt_tokens", "p50") == 0
     await admission.close()
+
+
+async def test_a_queued_request_shed_later_names_its_class_like_one_shed_at_arrival() -> None:
+    """A 429 from the queue said only "its TTFT deadline can no longer be met", while one shed at
+    arrival says "SLO class 'batch': cannot meet its SLO" (seen under load with `up`)."""
+    slo, admission = _setup()
+    req = _request("a", "p50")
+    task = asyncio.ensure_future(
+        admission.enter(req.id, req.num_prompt_tokens, slo.for_request(req))
+    )
+    await asyncio.sleep(0)
+    assert not task.done()  # queued: 1.1 s predicted < 2 s, but no room
+    clock = admission.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(2.5)  # past its TTFT deadline
+    admission.pump()
+    with pytest.raises(Overloaded, match=r"^SLO class 'p50': its TTFT deadline can no longer"):
+        await task

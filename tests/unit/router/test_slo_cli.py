@@ -95,3 +95,41 @@ def test_up_refuses_a_bad_class_before_starting_anything() -> None:
     result = CliRunner().invoke(cli, ["up", "--slo-class", "x:ttftMs=oops,tpotMs=1"])
     assert result.exit_code == 2
     assert "--slo-class" in result.output
+
+
+@pytest.mark.parametrize(
+    ("router", "field", "want"),
+    [
+        ({"admission": "false"}, "admission", False),  # bool("false") was True: ignored
+        ({"admission": "no"}, "admission", False),
+        ({"admission": False}, "admission", False),
+        ({"maxOutstandingPerWorker": 3}, "max_outstanding_per_worker", 3),
+        ({"unfittedPrefillsPerWorker": None}, "unfitted_prefills_per_worker", None),
+    ],
+)
+def test_file_router_switches_are_read_as_written(
+    tmp_path: Path, router: dict[str, object], field: str, want: object
+) -> None:
+    f = tmp_path / "slo.yaml"
+    f.write_text(yaml.safe_dump({"router": router}))
+    slo, _ = slo_settings([], None, f, None, None, PlacementSettings())
+    assert slo is not None
+    assert getattr(slo, field) == want
+
+
+@pytest.mark.parametrize(
+    ("router", "field"),
+    [
+        ({"admission": "maybe"}, "admission"),  # bool("maybe") was True
+        ({"maxOutstandingPerWorker": 2.7}, "max_outstanding_per_worker"),  # int(2.7) was 2
+        ({"admissionQueueCapacity": 12.5}, "queue_capacity"),
+    ],
+)
+def test_file_router_values_that_cannot_be_read_are_refused(
+    tmp_path: Path, router: dict[str, object], field: str
+) -> None:
+    f = tmp_path / "slo.yaml"
+    f.write_text(yaml.safe_dump({"router": router}))
+    with pytest.raises(click.BadParameter, match=field) as err:
+        slo_settings([], None, f, None, None, PlacementSettings())
+    assert err.value.param_hint == "--slo-class / --slo-config"

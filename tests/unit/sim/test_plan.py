@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -100,3 +101,37 @@ def test_cli_per_pool_tp_prints_both_degrees() -> None:
     assert "searched: TP per pool" in result.output
     doc = result.output[result.output.index("apiVersion:") :]
     v1.LLMServiceSpec.model_validate(yaml.safe_load(doc)["spec"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--rate", "0"),
+        ("--rate", "-1"),
+        ("--requests", "0"),
+        ("--requests", "-5"),
+        ("--ttft-ms", "0"),
+        ("--tpot-ms", "-1"),
+        ("--sigma", "-1"),
+        ("--prompt-median", "0"),
+        ("--output-median", "-3"),
+    ],
+)
+def test_plan_refuses_out_of_range_numbers_naming_the_flag(flag: str, value: str) -> None:
+    """Each of these ran into a ValueError traceback from the workload or SLO constructors."""
+    args = ["--requests", "10", "--tp", "1"] if flag != "--requests" else ["--tp", "1"]
+    r = CliRunner().invoke(plan, ["--rate", "2", *args, flag, value])
+    assert r.exit_code == 2, r.output
+    assert isinstance(r.exception, SystemExit)
+    assert flag in r.output
+
+
+def test_plan_says_when_the_printed_source_is_only_the_preset_name() -> None:
+    base = ["--rate", "2", "--requests", "60", "--tp", "1"]
+    r = CliRunner().invoke(plan, base)
+    assert r.exit_code == 0, r.output
+    assert "give --source" in r.output
+    r = CliRunner().invoke(plan, [*base, "--source", "meta-llama/Llama-2-13b-hf"])
+    assert r.exit_code == 0, r.output
+    assert "give --source" not in r.output
+    assert "source: meta-llama/Llama-2-13b-hf" in r.output

@@ -139,3 +139,50 @@ def test_bench_command_on_a_small_trace(tmp_path: Path) -> None:
     res = CliRunner().invoke(sim, ["bench", "--trace", str(trace), "--workers", "4"])
     assert res.exit_code == 0, res.output
     assert "requests / CPU s" in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["bench", "--workers", "0"], "--workers"),  # silently ran 2 workers (and for minutes)
+        (["bench", "--workers", "1"], "--workers"),
+        (["bench", "--max-requests", "0"], "--max-requests"),  # printed a table of zeros
+        (["bench", "--max-requests", "-1"], "--max-requests"),
+        (["bench", "--report-interval", "-1"], "--report-interval"),  # ran as if 0
+    ],
+)
+def test_bench_refuses_values_it_would_not_honour(args: list[str], flag: str) -> None:
+    res = CliRunner().invoke(sim, args)
+    assert res.exit_code == 2, res.output
+    assert flag in res.output
+
+
+@pytest.mark.parametrize("target", ["0", "-1"])
+def test_validate_refuses_a_target_that_no_error_can_meet(tmp_path: Path, target: str) -> None:
+    rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
+    rec.write_text("")
+    cluster.write_text("model: tiny\n")
+    res = CliRunner().invoke(
+        sim, ["validate", str(rec), "--cluster", str(cluster), "--target", target]
+    )
+    assert res.exit_code == 2, res.output
+    assert "--target" in res.output
+
+
+@pytest.mark.parametrize("paper", ["aladdin", "pastfuture", "splitwise"])
+def test_latency_gpu_says_when_it_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, paper: str
+) -> None:
+    """docs/simulator.md: Aladdin and Past-Future stay on the roofline and Splitwise is always
+    priced by its authors' profile; `--latency gpu` was accepted for them without a word."""
+
+    def fake(quick: bool) -> Reproduction:
+        return Reproduction(paper, (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0),), {})
+
+    monkeypatch.setitem(reproductions.REPRODUCTIONS, paper, fake)
+    res = CliRunner().invoke(sim, ["reproduce", paper, "--quick", "--latency", "gpu"])
+    assert res.exit_code == 0, res.output
+    assert "Latency (--latency gpu):" in res.output
+    assert "the flag changes nothing here" in res.output
+    res = CliRunner().invoke(sim, ["reproduce", paper, "--quick"])
+    assert "--latency gpu" not in res.output

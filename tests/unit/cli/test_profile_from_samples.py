@@ -1,0 +1,81 @@
+"""`splitserve profile --from-samples`: a rebuild keeps what only the live run knew.
+
+docs/profiling.md rebuilds in place (`--from-samples profile/samples.csv --out profile/`); that
+used to drop fit.json's `method`, `probes` and `steps` (the fit on every reported step) and to
+label a steps-method table "whole step periods" (the `outside` method's meaning).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from splitserve.cli.profile import profile
+from splitserve.core.perf import HARDWARE, MODELS, BatchShape, RooflineModel
+from splitserve.core.perf.samples import Measurement, samples_csv
+
+
+def _samples() -> list[Measurement]:
+    """Roofline-priced probes of the grid docs/profiling.md's CPU example uses."""
+    model = RooflineModel(MODELS["llama-2-7b"], HARDWARE["a100-80g"])
+    out: list[Measurement] = []
+    for rep in range(2):
+        for total in (64, 256, 768):
+            for b in (1, 4):
+                n = total // b
+                batch = BatchShape(prefill_chunks=((n, 0),) * b)
+                out.append(Measurement("prefill", b, n, rep, batch, model.step_s(batch)))
+        for b in (1, 4, 16):
+            for ctx in (64, 512):
+                batch = BatchShape(decode_contexts=(ctx,) * b)
+                out.append(Measurement("decode", b, ctx, rep, batch, model.step_s(batch)))
+    return out
+
+
+LIVE: dict[str, object] = {
+    "method": "steps",
+    "probes": {"round_trip_s": 0.001, "gate_tokens": 1023, "run": 39, "rejected": 0},
+    "steps": {"steps": 383, "mixed": 21, "mape": 0.026},
+}
+
+
+def _profile_dir(tmp_path: Path, fit: dict[str, object] | None) -> Path:
+    d = tmp_path / "profile"
+    d.mkdir()
+    (d / "samples.csv").write_text("\n".join(samples_csv(_samples())) + "\n")
+    if fit is not None:
+        (d / "fit.json").write_text(json.dumps({"fit": {}, **fit}))
+    return d
+
+
+def test_rebuild_in_place_keeps_the_live_runs_method_probes_and_step_fit(tmp_path: Path) -> None:
+    d = _profile_dir(tmp_path, LIVE)
+    r = CliRunner().invoke(profile, ["--from-samples", str(d / "samples.csv"), "--out", str(d)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((d / "fit.json").read_text())
+    assert {k: summary[k] for k in LIVE} == LIVE
+    assert set(summary["fit"]["coefficients"]) == {"a_p", "b_p", "c_p", "a_d", "b_d", "c_d"}
+    head = (d / "profile.csv").read_text().splitlines()[:2]
+    assert "(method steps)" in head[0]
+    assert "worker's own step times" in head[1]
+
+
+def test_rebuild_without_the_live_fit_says_the_method_is_unknown(tmp_path: Path) -> None:
+    d = _profile_dir(tmp_path, None)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(profile, ["--from-samples", str(d / "samples.csv"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "fit.json").read_text())
+    assert "method" not in summary
+    assert "not known" in (out / "profile.csv").read_text().splitlines()[1]
+
+
+def test_rebuild_of_an_outside_run_keeps_its_meaning(tmp_path: Path) -> None:
+    d = _profile_dir(tmp_path, {"method": "outside"})
+    out = tmp_path / "out"
+    r = CliRunner().invoke(profile, ["--from-samples", str(d / "samples.csv"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "fit.json").read_text())["method"] == "outside"
+    assert "whole step periods" in (out / "profile.csv").read_text().splitlines()[1]

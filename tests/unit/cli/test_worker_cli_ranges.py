@@ -1,0 +1,68 @@
+"""`splitserve worker serve` refuses ports and KV sizes it cannot honour, naming the flag.
+
+Before: `--port 70000` served on 4464 and `--port -1` on 65535 (wrapped modulo 65536),
+`--metrics-port -2` died in a traceback, `--sim-kv-blocks 0` was taken as "default" and
+`--sim-kv-blocks -5` died in a traceback.
+"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from splitserve.cli.worker import worker
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--port", "70000"),
+        ("--port", "-1"),
+        ("--grpc-port", "65536"),
+        ("--metrics-port", "-2"),
+        ("--health-port", "70000"),
+        ("--nixl-port", "-1"),
+        ("--sim-kv-blocks", "0"),
+        ("--sim-kv-blocks", "-5"),
+    ],
+)
+def test_out_of_range_values_are_refused_before_anything_starts(flag: str, value: str) -> None:
+    r = CliRunner().invoke(worker, ["serve", flag, value])
+    assert r.exit_code == 2, r.output
+    assert flag.split("-port")[0] in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        (["--batching", "nope"], "--batching", "valid: accelgen"),
+        (["--batching-params", '{"bogus": 1}'], "--batching-params", "bogus"),
+        (["--batching-params", '{"max_num_batched_tokens": -5}'], "--batching-params", ">= 1"),
+        (["--batching-params", "[1]"], "--batching-params", "JSON object"),
+        (["--batching", "sarathi", "--batching-params", '{"x": 1}'], "--batching-params", "x"),
+    ],
+)
+def test_a_step_policy_that_cannot_be_built_is_refused_naming_the_flag(
+    args: list[str], flag: str, says: str
+) -> None:
+    """docs/policies.md: an unknown name lists the valid ones; these were tracebacks."""
+    r = CliRunner().invoke(worker, ["serve", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+    assert says in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--sim-latency-model", "nope"], "--sim-latency-model"),
+        (["--sim-latency-model", "vidur-h100"], "--sim-latency-model"),  # measured on an H100
+        (["--sim-shape", "nope"], "--sim-shape"),
+        (["--sim-hardware", "nope"], "--sim-hardware"),
+    ],
+)
+def test_sim_engine_options_are_refused_as_up_refuses_them(args: list[str], flag: str) -> None:
+    """Same messages as `splitserve up`; `worker serve` raised them as ConfigError tracebacks."""
+    r = CliRunner().invoke(worker, ["serve", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
