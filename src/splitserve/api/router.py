@@ -237,6 +237,13 @@ class AdmissionFile(FileModel):
     """Requests the queue holds at most."""
 
 
+class PoolFile(FileModel):
+    """`pool`: how the router reaches its workers (the service's `router.workerLink`)."""
+
+    link: v1.WorkerLink = v1.WorkerLink.GRPC
+    """`PoolSettings.link`: `grpc` or `stream`."""
+
+
 class EngineFile(FileModel):
     """The engine the workers run (it decides the default tokenizer)."""
 
@@ -265,6 +272,8 @@ class RouterFile(FileModel):
     """Placement profile, disaggregation, length predictor."""
     admission: AdmissionFile = AdmissionFile()
     """The admission queue."""
+    pool: PoolFile = PoolFile()
+    """The link to the workers."""
     slo_classes: tuple[v1.SloClassSpec, ...] = ()
     """SLO classes (targets, priority, sheddable)."""
     default_slo_class: str | None = None
@@ -317,6 +326,7 @@ class RouterFile(FileModel):
                 length_predictor=self.placement.length_predictor,
                 queue_capacity=self.admission.queue_capacity,
             ),
+            "pool": PoolSettings(link=self.pool.link.value),
             "edge": EdgeSettings(**self.edge.settings_fields()),
             "backends": self.backends,
             "backend_discovery": self.backend_discovery,
