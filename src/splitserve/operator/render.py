@@ -258,10 +258,10 @@ def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": routers}, operator], "ports": grpc_port},
-                # The stream link (router.workerLink: stream): the routers only.
-                {"from": [{"podSelector": routers}], "ports": link_port},
                 {"from": [{"podSelector": workers}]},
                 metrics,
+                # The stream link (router.workerLink: stream): the router pods only.
+                {"from": [{"podSelector": routers}], "ports": link_port},
             ],
         },
     }
