@@ -240,6 +240,13 @@ class AdmissionFile(FileModel):
     prefill rate is fitted; null: no cap."""
 
 
+class PoolFile(FileModel):
+    """`pool`: how the router reaches its workers (the service's `router.workerLink`)."""
+
+    link: v1.WorkerLink = v1.WorkerLink.GRPC
+    """`PoolSettings.link`: `grpc` or `stream`."""
+
+
 class EngineFile(FileModel):
     """The engine the workers run (it decides the default tokenizer)."""
 
@@ -268,6 +275,8 @@ class RouterFile(FileModel):
     """Placement profile, disaggregation, length predictor."""
     admission: AdmissionFile = AdmissionFile()
     """The admission queue."""
+    pool: PoolFile = PoolFile()
+    """The link to the workers."""
     slo_classes: tuple[v1.SloClassSpec, ...] = ()
     """SLO classes (targets, priority, sheddable)."""
     default_slo_class: str | None = None
@@ -321,6 +330,7 @@ class RouterFile(FileModel):
                 queue_capacity=self.admission.queue_capacity,
                 unfitted_prefills_per_worker=self.admission.unfitted_prefills_per_worker,
             ),
+            "pool": PoolSettings(link=self.pool.link.value),
             "edge": EdgeSettings(**self.edge.settings_fields()),
             "backends": self.backends,
             "backend_discovery": self.backend_discovery,

@@ -983,6 +983,14 @@ class LengthPredictor(StrEnum):
     """The last finished lengths (Past-Future's window), whatever the prompt."""
 
 
+class WorkerLink(StrEnum):
+    GRPC = "grpc"
+    """The `Worker.Multiplex` gRPC stream on the workers' gRPC port."""
+    STREAM = "stream"
+    """The same messages length-prefixed over a plain TCP / TLS socket to each worker's link
+    port (no `grpc.aio` per message; docs/operations.md "The router's link to its workers")."""
+
+
 class RouterEdgeSpec(Model):
     """The router's client-facing limits (`RouterConfig.edge`, docs/reliability.md). Every field
     left out keeps the router's default."""
@@ -1100,6 +1108,11 @@ class RouterSpec(Model):
     start, a worker just added), admission holds arrivals beyond this many requests in flight or
     reserved per such worker, in all (router.yaml `admission.unfittedPrefillsPerWorker`). 0: no
     cap then (every arrival is admitted until a rate is fitted: the gate before the cap)."""
+    worker_link: WorkerLink = WorkerLink.GRPC
+    """How the router's per-token traffic (`Multiplex`) reaches the workers: `grpc`, over the
+    workers' gRPC port; `stream`, over their link port (the first free port from 50053, always
+    open on worker pods; router.yaml `pool.link`). docs/operations.md "The router's link to its
+    workers"."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """CPU and memory of each router pod."""
     pod: PodSettings = Field(default_factory=PodSettings)

@@ -130,6 +130,7 @@ TLS_DIR: Final = "/var/run/splitserve/tls"
 TLS_VOLUME: Final = "internal-tls"
 TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
 HEALTH_PORT_BASE: Final = 50052
+LINK_PORT_BASE: Final = 50053
 
 
 def tls_secret_name(service: str, role: str) -> str:
@@ -144,6 +145,20 @@ def worker_health_port(spec: v1.LLMServiceSpec) -> int:
     if spec.kv_transfer is not None:
         taken.add(spec.kv_transfer.side_channel_port)
     port = HEALTH_PORT_BASE
+    while port in taken:
+        port += 1
+    return port
+
+
+def worker_link_port(spec: v1.LLMServiceSpec) -> int:
+    """The workers' stream-link port (`worker serve --link-port`, the router's `pool.link:
+    stream`): the first port from 50053 that neither the engine's ports nor the health port
+    use. Rendered whatever `router.workerLink` says, so switching the link rolls only the
+    router pods, not the workers (a worker restart reloads the model)."""
+    taken = {spec.engine.grpc_port, spec.engine.metrics_port, worker_health_port(spec)}
+    if spec.kv_transfer is not None:
+        taken.add(spec.kv_transfer.side_channel_port)
+    port = LINK_PORT_BASE
     while port in taken:
         port += 1
     return port
@@ -218,7 +233,8 @@ def _peer(peer: v1.NetworkPeer) -> dict[str, Any]:
 
 def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]:
     """Ingress rules for the service's pods (docs/security.md): workers' gRPC port only from
-    the service's router pods, its own workers and the operator; every worker port from the
+    the service's router pods, its own workers and the operator; their stream-link port
+    (`worker_link_port`) from the router pods; every worker port from the
     service's workers (KV transports: NIXL side channel, UCX / RDMA connections on ports they
     pick); the metrics port from `metricsFrom` (empty: anyone); the router's ports from
     `routerFrom` (empty: anyone). Empty with `networkPolicy.enabled: false`."""
@@ -229,6 +245,7 @@ def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]
     routers = {"matchLabels": {v1.LABEL_SERVICE: ref.name, v1.LABEL_COMPONENT: "router"}}
     operator = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(np.operator_labels)}}
     grpc_port = [{"protocol": "TCP", "port": spec.engine.grpc_port}]
+    link_port = [{"protocol": "TCP", "port": worker_link_port(spec)}]
     metrics: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.metrics_port}]}
     if np.metrics_from:
         metrics["from"] = [_peer(p) for p in np.metrics_from]
@@ -243,6 +260,8 @@ def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]
                 {"from": [{"podSelector": routers}, operator], "ports": grpc_port},
                 {"from": [{"podSelector": workers}]},
                 metrics,
+                # The stream link (router.workerLink: stream): the router pods only.
+                {"from": [{"podSelector": routers}], "ports": link_port},
             ],
         },
     }
@@ -322,6 +341,7 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
         "--host=0.0.0.0",
         f"--grpc-port={spec.engine.grpc_port}",
         f"--metrics-port={spec.engine.metrics_port}",
+        f"--link-port={worker_link_port(spec)}",
         f"--tensor-parallel-size={group.tensor_parallel}",
     ]
     if art.revision_arg:
@@ -354,6 +374,7 @@ def worker_deployment(
     ports = [
         {"name": "grpc", "containerPort": spec.engine.grpc_port, "protocol": "TCP"},
         {"name": "metrics", "containerPort": spec.engine.metrics_port, "protocol": "TCP"},
+        {"name": "link", "containerPort": worker_link_port(spec), "protocol": "TCP"},
     ]
     if kv is not None:
         ports.append({"name": "nixl", "containerPort": kv.side_channel_port, "protocol": "TCP"})
@@ -524,6 +545,7 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             # 0 in the CRD (which has no nulls) is the router's null: no cap before a fit.
             "unfittedPrefillsPerWorker": spec.router.unfitted_prefills_per_worker or None,
         },
+        "pool": {"link": spec.router.worker_link.value},
         "sloClasses": classes,
         "defaultSloClass": default_class,
         **(

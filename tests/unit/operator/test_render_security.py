@@ -50,7 +50,7 @@ def test_worker_grpc_only_from_router_workers_and_operator() -> None:
     workers = {"matchLabels": render.worker_selector("llama")}
     assert pol["podSelector"] == workers
     assert pol["policyTypes"] == ["Ingress"]
-    grpc_rule, kv_rule, metrics_rule = pol["ingress"]
+    grpc_rule, kv_rule, metrics_rule, link_rule = pol["ingress"]
     assert grpc_rule["ports"] == [{"protocol": "TCP", "port": spec.engine.grpc_port}]
     router_peer, operator_peer = grpc_rule["from"]
     assert router_peer["podSelector"]["matchLabels"]["splitserve.io/component"] == "router"
@@ -60,6 +60,11 @@ def test_worker_grpc_only_from_router_workers_and_operator() -> None:
     assert kv_rule == {"from": [{"podSelector": workers}]}
     assert "from" not in metrics_rule
     assert metrics_rule["ports"] == [{"protocol": "TCP", "port": spec.engine.metrics_port}]
+    # The stream link's port: the service's router pods only (not the operator, not anyone).
+    assert link_rule == {
+        "from": [{"podSelector": router_peer["podSelector"]}],
+        "ports": [{"protocol": "TCP", "port": render.worker_link_port(spec)}],
+    }
 
 
 def test_router_from_and_metrics_from_and_the_switch() -> None:
