@@ -160,6 +160,7 @@ def run(
     if metrics_port:
         from splitserve.operator.control import runtime
 
+        runtime.startup().begin()  # /healthz: 503 until kopf's start-up succeeded
         runtime.serve("0.0.0.0", metrics_port)
     asyncio.run(
         kopf.operator(

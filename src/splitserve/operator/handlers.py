@@ -325,7 +325,26 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.background.cancellation_polling = CANCELLATION_POLLING_S
 
 
+# Seconds between tries of a failed start-up (no kubeconfig, API server unreachable, RBAC):
+# kopf retries the start-up handler after this back-off, for ever; `/healthz` says so meanwhile.
+STARTUP_RETRY_S: Final = 60.0
+
+
 def startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger, **_: Any) -> None:
+    """Configure kopf, build the clients and the PKI. Each outcome is recorded for `/healthz`
+    (`control.startup()`): a failure with its error and the next try, or success."""
+    try:
+        _startup(settings, memo, logger)
+    except kopf.PermanentError as err:
+        control.startup().failed(err, None)
+        raise
+    except Exception as err:
+        control.startup().failed(err, STARTUP_RETRY_S)
+        raise
+    control.startup().succeeded()
+
+
+def _startup(settings: kopf.OperatorSettings, memo: Memo, logger: Logger) -> None:
     objects = logging.getLogger("kopf.objects")
     if not any(isinstance(f, _QuietTimer) for f in objects.filters):
         objects.addFilter(_QuietTimer())
@@ -504,7 +523,7 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         memo.setdefault("operator", Operator(config))  # kopf's CLI passes no memo
         startup(settings, memo, logger)
 
-    kopf.on.startup(id="startup", registry=reg)(start)
+    kopf.on.startup(id="startup", backoff=STARTUP_RETRY_S, registry=reg)(start)
     kopf.on.login(id="login", registry=reg)(login)
     service = (v1.GROUP, v1.VERSION, SERVICES)
     kopf.on.resume(*service, registry=reg)(reconcile_service)

@@ -49,3 +49,12 @@ def test_port_and_user_annotations_are_values() -> None:
     notes = pod["metadata"]["annotations"]
     assert notes["prometheus.io/port"] == "9100"
     assert notes["team"] == "ml"
+
+
+def test_readiness_probes_the_operators_healthz_liveness_stays_kopfs() -> None:
+    """`/healthz` on the metrics port is 503 while start-up fails: a readiness probe (the pod is
+    not ready, not restarted); the liveness probe stays on kopf's endpoint (`--liveness`)."""
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]

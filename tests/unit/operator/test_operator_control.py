@@ -460,3 +460,70 @@ def test_prometheus_metrics_source_drives_the_loop() -> None:
     assert seen
     assert all(u.startswith("http://prom:9090/api/v1/query?") for u in seen)
     assert env.pools_spec()["prefill"] > 1
+
+
+def test_healthz_is_503_with_the_reason_while_start_up_fails_then_200() -> None:
+    """Start-up is tracked once begun: 503 "starting", 503 naming the error and the next try
+    while it fails (the clock is a fake: no timing), 200 once it succeeded."""
+    from splitserve.operator.control import server
+
+    clock = [1000.0]
+    startup = server.Startup(clock=lambda: clock[0])
+    ticks: dict[str, tuple[float, float]] = {}
+    health = server.health_of(lambda: ticks, lambda: clock[0], startup.verdict)
+    assert health() == (True, "ok: no service yet\n")  # untracked: judged by its loops only
+    startup.begin()
+    assert health() == (False, "starting: start-up not finished\n")
+    startup.failed(ValueError("Invalid kube-config file. No configuration found.\nmore"), 60.0)
+    assert health() == (
+        False,
+        "start-up failing: Invalid kube-config file. No configuration found, retrying in 60 s\n",
+    )
+    clock[0] += 45.0
+    assert health()[1].endswith("retrying in 15 s\n")
+    clock[0] += 30.0  # the next try is due (kopf runs it): not a negative wait
+    assert health()[1].endswith("retrying in 0 s\n")
+    startup.failed(RuntimeError(), 60.0)  # an error without a message: named by its type
+    assert health() == (False, "start-up failing: RuntimeError, retrying in 60 s\n")
+    startup.succeeded()
+    assert health() == (True, "ok: no service yet\n")
+    startup.begin()  # a late begin() does not undo a success
+    assert health()[0]
+    ticks["default/svc"] = (clock[0] - 100.0, 10.0)  # after start-up: the loops decide again
+    ok, text = health()
+    assert not ok
+    assert "default/svc" in text
+    assert "STALLED" in text
+    startup.failed("cert-manager CRDs missing", None)
+    assert health() == (False, "start-up failed: cert-manager CRDs missing; not retried\n")
+
+
+def test_healthz_endpoint_answers_503_with_the_start_up_error() -> None:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from splitserve.operator.control import server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    startup = server.Startup(clock=lambda: 0.0)
+    startup.begin()
+    startup.failed(ValueError("Service host/port is not set."), 60.0)
+    health = server.health_of(dict, lambda: 0.0, startup.verdict)
+    srv = server.serve(CollectorRegistry(), health, "127.0.0.1", port)
+    try:
+        url = f"http://127.0.0.1:{port}/healthz"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url, timeout=5)
+        assert err.value.code == 503
+        assert err.value.read().decode() == (
+            "start-up failing: Service host/port is not set, retrying in 60 s\n"
+        )
+        startup.succeeded()
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert (r.status, r.read().decode()) == (200, "ok: no service yet\n")
+    finally:
+        srv.shutdown()
+        srv.server_close()

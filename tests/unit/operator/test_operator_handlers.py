@@ -295,3 +295,38 @@ def test_deleted_services_timers_are_rechecked_every_second_not_every_minute() -
     handlers.configure(settings)
     assert settings.background.cancellation_polling == handlers.CANCELLATION_POLLING_S == 1.0
     assert settings.persistence.finalizer == f"{v1.GROUP}/finalizer"
+
+
+def test_start_up_failure_and_success_reach_healthz(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up handler records each outcome for `/healthz`: a failing start-up (here no
+    kubeconfig) is 503 with its error and kopf's retry back-off, a later success is healthy."""
+    from splitserve.core.errors import ConfigError
+    from splitserve.operator.control import runtime
+
+    monkeypatch.setattr(runtime, "_rt", runtime._Runtime())  # a fresh one, restored after
+    runtime.startup().begin()
+    memo = handlers.memo(handlers.OperatorConfig(workers=FakeWorkers(), interval_s=0))
+    broken = True
+
+    def factory() -> MemoryKube:
+        if broken:
+            raise ConfigError("Invalid kube-config file. No configuration found.")
+        return MemoryKube()
+
+    memo["operator"].config.kube_factory = factory
+    with pytest.raises(ConfigError):
+        handlers.startup(settings=kopf.OperatorSettings(), memo=memo, logger=LOG)
+    verdict = runtime.startup().verdict()
+    assert verdict is not None
+    assert not verdict[0]
+    assert verdict[1].startswith("start-up failing: Invalid kube-config file.")
+    assert verdict[1].endswith(f"retrying in {handlers.STARTUP_RETRY_S:.0f} s")
+    broken = False
+    handlers.startup(settings=kopf.OperatorSettings(), memo=memo, logger=LOG)
+    assert runtime.startup().verdict() is None
+
+
+def test_start_up_handler_retries_after_the_back_off_healthz_names() -> None:
+    reg = handlers.registry(handlers.OperatorConfig(interval_s=7))
+    [start] = [h for h in reg._activities.get_all_handlers() if h.id == "startup"]
+    assert start.backoff == handlers.STARTUP_RETRY_S

@@ -33,6 +33,7 @@ class _Runtime:
     controller: Controller | None = None
     guard: threading.Lock = field(default_factory=threading.Lock)
     metrics: OperatorMetrics | None = None
+    startup: server.Startup = field(default_factory=server.Startup)
 
 
 _rt = _Runtime()
@@ -49,6 +50,12 @@ def metrics() -> OperatorMetrics:
     with _rt.guard:
         _rt.metrics = _rt.metrics or OperatorMetrics(_rt.config.registry)
         return _rt.metrics
+
+
+def startup() -> server.Startup:
+    """The operator's start-up state, as `/healthz` reports it (kopf's start-up handler records
+    into it; `operator run` calls `begin()` before kopf starts)."""
+    return _rt.startup
 
 
 def observe_api(verb: str, code: str, seconds: float) -> None:
@@ -75,5 +82,8 @@ def serve(host: str, port: int) -> ThreadingHTTPServer:
         return _rt.controller.last_ticks() if _rt.controller is not None else {}
 
     return server.serve(
-        _rt.config.registry, server.health_of(ticks, time.monotonic), host=host, port=port
+        _rt.config.registry,
+        server.health_of(ticks, time.monotonic, lambda: _rt.startup.verdict()),
+        host=host,
+        port=port,
     )
