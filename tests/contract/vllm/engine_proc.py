@@ -168,6 +168,11 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                     if gone or value["steps"] >= cmd[1]:
                         break
                     await asyncio.sleep(0.001)
+            elif op == "record_held_pauses":  # from now on, keep the held-KV back-off's pauses
+                engine.held_pauses = []
+                value = engine._held_poll_s, engine._held_poll_max_s
+            elif op == "held_pauses":  # the pauses kept since, and the engine steps so far
+                value = list(engine.held_pauses or ()), engine.num_steps
             elif op == "released":
                 value = list(released)
             elif op == "load":

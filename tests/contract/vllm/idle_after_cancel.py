@@ -1,11 +1,13 @@
 """Measure (not a test): the prefill worker's CPU while idle, before any request and after a
 Prefill ended by a Cancel (the router's cancel; `make bench-kv`'s warm-ups).
 
-`.venv-vllm/bin/python -m tests.contract.vllm.idle_after_cancel [SECONDS]` starts one prefill
-`VllmEngine` (the contract tests' tiny model, NIXL connector) in its own process, reads its
-utime + stime from /proc/PID/stat over SECONDS (default 10) idle, then does Prefill + Cancel
+`.venv-vllm/bin/python -m tests.contract.vllm.idle_after_cancel [SECONDS] [lost]` starts one
+prefill `VllmEngine` (the contract tests' tiny model, NIXL connector) in its own process, reads
+its utime + stime from /proc/PID/stat over SECONDS (default 10) idle, then does Prefill + Cancel
 and reads it again over SECONDS, and prints both as % of one core with vLLM's KV state after
-the cancel. Wall-clock sampling on a shared machine: compare runs made back to back.
+the cancel. With `lost`: Prefill and no Cancel (a decode worker lost after the prefill: the KV
+stays held for vLLM's 30 s lease), SECONDS at most 25. Wall-clock sampling on a shared machine:
+compare runs made back to back.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def core_pct(pid: int, seconds: float) -> float:
 
 def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    lost = len(sys.argv) > 2 and sys.argv[2] == "lost"
     with tempfile.TemporaryDirectory() as tmp:
         model, logs = Path(tmp) / "model", Path(tmp) / "logs"
         model.mkdir()
@@ -57,12 +60,14 @@ def main() -> None:
             outcome = prefill.call("prefill", request)
             assert outcome.kv is not None
             held = prefill.call("kv_state")
-            assert prefill.call("cancel", RequestId("drop")) is True
+            if not lost:
+                assert prefill.call("cancel", RequestId("drop")) is True
             after = core_pct(pid, seconds)
             state = prefill.call("kv_state")
+            what = "Prefill, KV held, never read" if lost else "Prefill+Cancel"
             print(f"held before cancel: requests={held['requests']} free={held['free_blocks']}")
             print(f"idle before any request: {idle:.1f} % of a core over {seconds:.0f} s")
-            print(f"idle after Prefill+Cancel: {after:.1f} % of a core over {seconds:.0f} s")
+            print(f"idle after {what}: {after:.1f} % of a core over {seconds:.0f} s")
             print(
                 f"after: requests={state['requests']} free={state['free_blocks']} "
                 f"to_send={state['to_send']} has_requests={state['has_requests']}"

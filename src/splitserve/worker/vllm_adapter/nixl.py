@@ -546,12 +546,13 @@ class WarmupWindow:
             self.handoffs_expired += 1
         return bool(self._handoffs)
 
-    def progress(self) -> bool:
-        """Inside a window or while a hand-off is awaited: progress NIXL, consume warm-up
-        notifications, keep the rest for vLLM. True when a request's notification was read
-        (vLLM's next step can free its KV)."""
+    def progress(self, always: bool = False) -> bool:
+        """Inside a window or while a hand-off is awaited (or `always`: the held-KV back-off's
+        pause, `held_backoff.held_pause`): progress NIXL, consume warm-up notifications, keep
+        the rest for vLLM. True when a request's notification was read (vLLM's next step can
+        free its KV)."""
         window, awaiting = self.active, self.awaiting
-        if not (window or awaiting):
+        if not (window or awaiting or always):
             return False
         self.polls += 1
         requests = 0
