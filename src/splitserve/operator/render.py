@@ -141,10 +141,18 @@ def tls_secret_name(service: str, role: str) -> str:
 def worker_health_port(spec: v1.LLMServiceSpec) -> int:
     """The workers' plaintext health-only port (kubelet's gRPC probes cannot present a client
     certificate): the first port from 50052 that none of the engine's ports use."""
+    return _first_free(HEALTH_PORT_BASE, _engine_ports(spec))
+
+
+def _engine_ports(spec: v1.LLMServiceSpec) -> set[int]:
+    """The ports the engine itself listens on (gRPC, metrics, the KV side channel)."""
     taken = {spec.engine.grpc_port, spec.engine.metrics_port}
     if spec.kv_transfer is not None:
         taken.add(spec.kv_transfer.side_channel_port)
-    port = HEALTH_PORT_BASE
+    return taken
+
+
+def _first_free(port: int, taken: set[int]) -> int:
     while port in taken:
         port += 1
     return port
@@ -155,13 +163,7 @@ def worker_link_port(spec: v1.LLMServiceSpec) -> int:
     stream`): the first port from 50053 that neither the engine's ports nor the health port
     use. Rendered whatever `router.workerLink` says, so switching the link rolls only the
     router pods, not the workers (a worker restart reloads the model)."""
-    taken = {spec.engine.grpc_port, spec.engine.metrics_port, worker_health_port(spec)}
-    if spec.kv_transfer is not None:
-        taken.add(spec.kv_transfer.side_channel_port)
-    port = LINK_PORT_BASE
-    while port in taken:
-        port += 1
-    return port
+    return _first_free(LINK_PORT_BASE, _engine_ports(spec) | {worker_health_port(spec)})
 
 
 def mount_tls(pod: dict[str, Any], container: dict[str, Any], service: str, role: str) -> None:

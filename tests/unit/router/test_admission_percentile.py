@@ -148,12 +148,10 @@ class _ColdPool:
         pass
 
 
-async def test_before_a_fitted_rate_the_gate_admits_up_to_the_cap_then_queues() -> None:
-    """No backlog estimate: 4 (`unfitted_prefills_per_worker`) go on at once, the 5th waits
-    until one of them is through its prefill (the worker's in-flight count falls)."""
+def _cold_gate(settings: SloSettings) -> tuple[RouterMetrics, SloRuntime, _ColdPool, Admission]:
+    """The gate over `_ColdPool` (no fitted rate), on a manual clock and its own registry."""
     clock = ManualClock()
     metrics = RouterMetrics(CollectorRegistry())
-    settings = SloSettings(classes=CLASSES)
     slo = SloRuntime(settings, clock, metrics)
     pool = _ColdPool()
     admission = Admission(
@@ -163,6 +161,14 @@ async def test_before_a_fitted_rate_the_gate_admits_up_to_the_cap_then_queues() 
         metrics=metrics,
         tightest_ttft_s=slo.tightest_ttft_s,
     )
+    return metrics, slo, pool, admission
+
+
+async def test_before_a_fitted_rate_the_gate_admits_up_to_the_cap_then_queues() -> None:
+    """No backlog estimate: 4 (`unfitted_prefills_per_worker`) go on at once, the 5th waits
+    until one of them is through its prefill (the worker's in-flight count falls)."""
+    settings = SloSettings(classes=CLASSES)
+    _, slo, pool, admission = _cold_gate(settings)
     assert settings.unfitted_prefills_per_worker == 4
     for i in range(4):
         req = _request(f"r{i}", "p50")
@@ -180,14 +186,10 @@ async def test_before_a_fitted_rate_the_gate_admits_up_to_the_cap_then_queues() 
     await waiting
     await admission.close()
     # None: the old cold start, every arrival admitted at once.
-    open_gate = Admission(
-        pool,  # type: ignore[arg-type]
-        SloSettings(classes=CLASSES, unfitted_prefills_per_worker=None),
-        clock=clock,
-        metrics=RouterMetrics(CollectorRegistry()),
-        tightest_ttft_s=slo.tightest_ttft_s,
+    _, _, open_pool, open_gate = _cold_gate(
+        SloSettings(classes=CLASSES, unfitted_prefills_per_worker=None)
     )
-    pool.inflight = 100
+    open_pool.inflight = 100
     assert open_gate.has_room()
 
 
@@ -200,17 +202,8 @@ async def test_the_queued_prompt_tokens_gauge_sums_the_prompts_waiting_at_the_ga
     """`splitserve_router_queued_prompt_tokens` is the prompt tokens of the requests in the
     admission queue, next to `splitserve_router_queue_depth` (their count): up as requests
     queue, down as they are admitted or leave."""
-    clock = ManualClock()
-    metrics = RouterMetrics(CollectorRegistry())
-    settings = SloSettings(classes=CLASSES, unfitted_prefills_per_worker=1)
-    slo = SloRuntime(settings, clock, metrics)
-    pool = _ColdPool()
-    admission = Admission(
-        pool,  # type: ignore[arg-type]
-        settings,
-        clock=clock,
-        metrics=metrics,
-        tightest_ttft_s=slo.tightest_ttft_s,
+    metrics, slo, pool, admission = _cold_gate(
+        SloSettings(classes=CLASSES, unfitted_prefills_per_worker=1)
     )
     name = "splitserve_router_queued_prompt_tokens"
     assert metrics.registry.get_sample_value(name, {"slo_class": "p50"}) == 0.0  # from the start

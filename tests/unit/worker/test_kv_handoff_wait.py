@@ -20,25 +20,13 @@ from splitserve.worker.vllm_adapter.engine import (
     handoff_ms,
 )
 from splitserve.worker.vllm_adapter.nixl import WARM_NOTIF, WarmupWindow
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.t += s
+from tests.fakes.clock import SleepingClock
 
 
 class _Agent:
     """A nixl_agent's `get_new_notifs`: batches due at a time on the fake clock."""
 
-    def __init__(self, clock: _Clock) -> None:
+    def __init__(self, clock: SleepingClock) -> None:
         self.clock = clock
         self.due: list[tuple[float, dict[str, list[bytes]]]] = []
         self.calls = 0
@@ -54,8 +42,8 @@ class _Agent:
         return out
 
 
-def _window() -> tuple[WarmupWindow, _Agent, _Clock]:
-    clock = _Clock()
+def _window() -> tuple[WarmupWindow, _Agent, SleepingClock]:
+    clock = SleepingClock()
     agent = _Agent(clock)
     return WarmupWindow(agent, clock), agent, clock
 

@@ -19,14 +19,7 @@ from splitserve.worker.vllm_adapter.engine import (
     VllmEngineConfig,
 )
 from splitserve.worker.vllm_adapter.nixl import WARM_NOTIF, WarmupWindow
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fakes.clock import SleepingClock
 
 
 class _Agent:
@@ -43,7 +36,7 @@ class _Agent:
 
 def test_idle_without_a_window_nothing_is_polled() -> None:
     agent = _Agent()
-    window = WarmupWindow(agent, _Clock())
+    window = WarmupWindow(agent, SleepingClock())
     for _ in range(100):
         window.progress()
     assert agent.calls == 0
@@ -55,7 +48,7 @@ def test_idle_without_a_window_nothing_is_polled() -> None:
 
 def test_a_window_progresses_until_the_warm_up_notification_then_stops() -> None:
     agent = _Agent()
-    clock = _Clock()
+    clock = SleepingClock()
     window = WarmupWindow(agent, clock)
     window.open(2.0)
     assert window.active
@@ -74,7 +67,7 @@ def test_a_window_progresses_until_the_warm_up_notification_then_stops() -> None
 
 def test_a_window_ends_at_its_time_without_a_notification() -> None:
     agent = _Agent()
-    clock = _Clock()
+    clock = SleepingClock()
     window = WarmupWindow(agent, clock)
     window.open(2.0)
     clock.t += 1.9
@@ -89,7 +82,7 @@ def test_a_window_ends_at_its_time_without_a_notification() -> None:
 
 def test_two_peers_warming_at_once_keep_it_open_for_both() -> None:
     agent = _Agent()
-    window = WarmupWindow(agent, _Clock())
+    window = WarmupWindow(agent, SleepingClock())
     window.open(2.0)
     window.open(2.0)
     agent.batches.append({"d1": [WARM_NOTIF]})
@@ -103,7 +96,7 @@ def test_two_peers_warming_at_once_keep_it_open_for_both() -> None:
 
 def test_requests_notifications_read_in_a_window_reach_vllm() -> None:
     agent = _Agent()
-    window = WarmupWindow(agent, _Clock())
+    window = WarmupWindow(agent, SleepingClock())
     assert agent.get_new_notifs == window.get_new_notifs  # vLLM's calls go through it
     window.open(2.0)
     agent.batches.append({"d1": [b"req-7:1", b"HB:req-8"], "d2": [b"req-9:1"]})
@@ -115,7 +108,7 @@ def test_requests_notifications_read_in_a_window_reach_vllm() -> None:
     assert agent.get_new_notifs() == {}, "handed over once"
 
 
-def _engine(agent: _Agent, clock: _Clock) -> VllmEngine:
+def _engine(agent: _Agent, clock: SleepingClock) -> VllmEngine:
     engine = VllmEngine(VllmEngineConfig(model="m"))
     engine._warmup = WarmupWindow(agent, clock)
     return engine
@@ -123,7 +116,7 @@ def _engine(agent: _Agent, clock: _Clock) -> VllmEngine:
 
 def test_the_engine_thread_polls_closely_only_inside_a_window() -> None:
     agent = _Agent()
-    clock = _Clock()
+    clock = SleepingClock()
     engine = _engine(agent, clock)
     assert engine._idle_wait_s() == IDLE_WAIT_S
     assert engine._warmup is not None

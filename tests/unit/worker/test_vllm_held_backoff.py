@@ -13,6 +13,7 @@ from splitserve.worker.vllm_adapter.held_backoff import (
     held_pause,
     held_poll_max_s,
 )
+from tests.fakes.clock import SleepingClock
 
 
 def test_pauses_double_up_to_the_cap_while_nothing_changes() -> None:
@@ -53,28 +54,15 @@ def test_bad_bounds_are_refused() -> None:
         HeldBackoff(0.0, 0.005)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 10.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.t += s
-
-
 def test_a_pause_is_spent_in_base_slices() -> None:
-    clock = _Clock()
+    clock = SleepingClock(10.0)
     woke = held_pause(0.02, 0.005, lambda: False, clock.sleep, clock)
     assert woke is False
     assert clock.slept == pytest.approx([0.005] * 4)
 
 
 def test_a_pause_ends_at_once_when_woken() -> None:
-    clock = _Clock()
+    clock = SleepingClock(10.0)
     calls = iter([False, False, True])
     woke = held_pause(0.2, 0.005, lambda: next(calls), clock.sleep, clock)
     assert woke is True
@@ -83,13 +71,13 @@ def test_a_pause_ends_at_once_when_woken() -> None:
 
 
 def test_woken_before_any_sleep_does_not_sleep() -> None:
-    clock = _Clock()
+    clock = SleepingClock(10.0)
     assert held_pause(0.2, 0.005, lambda: True, clock.sleep, clock) is True
     assert clock.slept == []
 
 
 def test_the_last_slice_is_cut_to_the_pause() -> None:
-    clock = _Clock()
+    clock = SleepingClock(10.0)
     held_pause(0.012, 0.005, lambda: False, clock.sleep, clock)
     assert clock.slept == pytest.approx([0.005, 0.005, 0.002])
 
