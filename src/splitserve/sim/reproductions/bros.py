@@ -35,13 +35,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitserve.core.ids import PoolName
-from splitserve.core.perf import HARDWARE, MODELS, ModelShape, RooflineModel
+from splitserve.core.perf import (
+    HARDWARE,
+    MODELS,
+    LatencyModel,
+    ModelShape,
+    RooflineModel,
+    VidurModel,
+    kv_link,
+)
 from splitserve.core.roles import Role
 from splitserve.policy.batching.bros import BEST_EFFORT, PAPER_SLO, REALTIME
 from splitserve.sim.cluster import ClusterSpec
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.metrics import RequestRecord, SimResult
-from splitserve.sim.reproductions.bros_cluster import simulate_hybrid
+from splitserve.sim.reproductions.bros_cluster import TokenTimes, simulate_hybrid
 from splitserve.sim.reproductions.common import (
     Comparison,
     Reproduction,
@@ -49,6 +57,7 @@ from splitserve.sim.reproductions.common import (
     latency_note,
     parallel_map,
     pricing,
+    use_gpu_models,
 )
 from splitserve.sim.workload import LogNormal, Poisson, Uniform, WorkItem
 
@@ -111,19 +120,60 @@ def _engine_fit(policy: str) -> str:
     return OWN_ENGINE_FIT if policy == "bros" else "vllm"
 
 
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One of the paper's three model set-ups (§7.1): the model, its TP degree and the GPU."""
+
+    shape: ModelShape
+    tp: int
+    hardware: str
+
+
+CASES: Mapping[str, Case] = {
+    "opt-13b": Case(MODELS["opt-13b"], 2, "a100-40g"),
+    "opt-30b": Case(OPT_30B, 4, "a100-40g"),
+    "llama-3-70b": Case(MODELS["llama-3-70b"], 8, "a100-80g"),
+}
+"""§7.1: "OPT-13B, OPT-30B, and Llama-70B" at TP "2, 4, and 8", the OPT models on a server of
+four A100-SXM4-40GB, Llama-3 on eight A100-80GB. The headline figures average all three models
+at every rate ("8 out of 15 cases")."""
+CASE_SETS: Mapping[str, tuple[str, ...]] = {
+    "default": ("opt-13b",),
+    "all": tuple(CASES),
+}
+"""`--cases`: "default" runs OPT-13B only (the quick run and the table of every earlier pass);
+"all" runs every case the paper averages (three models × the rates)."""
+
+
+def latency_for(policy: str, model: RooflineModel) -> LatencyModel:
+    """The step pricing of `policy`'s system for `model`'s set-up. On the roofline: `model`.
+    Under `--latency gpu`, by coverage:
+    * OPT-13B: DistServe's fits (vLLM's for the vLLM baseline, its own engine's for BROS and RR,
+      `_engine_fit`) carried to the A100-40GB (`common.gpu_or`);
+    * Llama-3-70B, TP 8, A100-80GB: Vidur's A100 operator tables for that very model and TP
+      (`VidurModel`), for all three systems alike: they time the GPU's operators, not an
+      engine, so the vLLM / BROS engine difference of the OPT-13B case is not expressed;
+    * OPT-30B: no published measurement (DistServe measured OPT-13B / 66B / 175B, Vidur the
+      Llama family); carrying another shape's fit is not a measurement, so it keeps the
+      roofline."""
+    name = model.shape.name
+    if name == "opt-13b":
+        return gpu_or(model, name, model.tp, engine=_engine_fit(policy))
+    if name == "llama-3-70b" and use_gpu_models() and model.hardware.name == "a100-80g":
+        return VidurModel("a100", name, model.tp, kv_link("nvlink-a100"))
+    return model
+
+
 def _template(
     policy: str,
     params: Mapping[str, object],
     shape: ModelShape,
     tp: int,
     host_swap: float = HOST_SWAP,
+    hardware: str = "a100-40g",
 ) -> WorkerTemplate:
-    model = RooflineModel(shape, HARDWARE["a100-40g"], tp=tp)
-    latency = (
-        gpu_or(model, shape.name, tp, engine=_engine_fit(policy))
-        if shape.name == "opt-13b"
-        else model
-    )
+    model = RooflineModel(shape, HARDWARE[hardware], tp=tp)
+    latency = latency_for(policy, model)
     merged = dict(params)
     num_blocks = model.kv_capacity_tokens(0.9) // 16
     host = 0
@@ -161,8 +211,9 @@ def spec(
     shape: ModelShape,
     tp: int,
     host_swap: float = HOST_SWAP,
+    hardware: str = "a100-40g",
 ) -> ClusterSpec:
-    template = _template(system[0], system[1], shape, tp, host_swap)
+    template = _template(system[0], system[1], shape, tp, host_swap, hardware)
     return ClusterSpec((PoolSpec(PoolName("bros"), Role.MIXED, 1, template),))
 
 
@@ -202,9 +253,17 @@ class Outcome:
     be_throughput: float
     """BE requests finished within the trace, per second."""
     num_preemptions: int
+    tpot_token_attainment: float | None = None
+    """The per-token reading of TPOT attainment (measured beside the rows, not a row): the mean
+    over RT requests of the share of their subsequent tokens that came out within the TPOT SLO
+    of the token before (a request with one token: 1). None when token times were not
+    recorded. `tpot_attainment` is the reading §7.1 defines (a request's TPOT is "the average
+    latency for generating subsequent tokens")."""
 
     @classmethod
-    def of(cls, result: SimResult, trace_s: float) -> Outcome:
+    def of(
+        cls, result: SimResult, trace_s: float, token_times: TokenTimes | None = None
+    ) -> Outcome:
         rt = [r for r in result.requests if r.slo_class == REALTIME]
         if any(not r.finished for r in rt):
             raise RuntimeError("some RT requests did not finish")
@@ -219,7 +278,21 @@ class Outcome:
             sum(1 for r in rt if (r.tpot_s or 0.0) <= TPOT_S) / len(rt),
             be_done / trace_s,
             result.num_preemptions,
+            None if token_times is None else per_token_attainment(rt, token_times),
         )
+
+
+def per_token_attainment(rt: Sequence[RequestRecord], token_times: TokenTimes) -> float:
+    """Mean over `rt` of the share of each request's gaps between consecutive tokens that are
+    ≤ the TPOT SLO (a request with one output token counts 1)."""
+    shares = []
+    for r in rt:
+        times = token_times.get(r.id, [])
+        if len(times) != r.num_output_tokens:
+            raise RuntimeError(f"{r.id}: {len(times)} token times, {r.num_output_tokens} tokens")
+        gaps = np.diff(np.asarray(times))
+        shares.append(float(np.mean(gaps <= TPOT_S)) if gaps.size else 1.0)
+    return _mean(shares)
 
 
 def _e2e(r: RequestRecord) -> float:
@@ -237,12 +310,18 @@ def run(
     tp: int = 2,
     with_be: bool = True,
     host_swap: float = HOST_SWAP,
+    hardware: str = "a100-40g",
+    per_token: bool = True,
 ) -> Outcome:
+    """One system on one (dataset, rate) at one model set-up. `per_token`: also record every
+    token's time for `Outcome.tpot_token_attainment` (steps one decode at a time: the same
+    figures, more events)."""
     items = rt_items(dataset, rate, trace_s)
-    cluster = spec(system, shape or MODELS["opt-13b"], tp, host_swap)
+    cluster = spec(system, shape or MODELS["opt-13b"], tp, host_swap, hardware)
     until = trace_s if with_be else -1.0
-    result = simulate_hybrid(cluster, items, be_batch if with_be else _no_be, until)
-    return Outcome.of(result, trace_s)
+    times: TokenTimes | None = {} if per_token else None
+    result = simulate_hybrid(cluster, items, be_batch if with_be else _no_be, until, times)
+    return Outcome.of(result, trace_s, times)
 
 
 def _no_be(number: int, now: float) -> tuple[WorkItem, ...]:
@@ -315,9 +394,12 @@ def _comparisons(ds: str, out: Mapping[str, Sequence[Outcome]], full: bool) -> l
 
 
 def _line(ds: str, rate: float, name: str, o: Outcome) -> str:
+    per_token = (
+        "" if o.tpot_token_attainment is None else f" (per token {o.tpot_token_attainment:.1%})"
+    )
     return (
         f"{ds} {rate:g} req/s, {name}: norm. latency {o.norm_latency_s * 1e3:.1f} ms/token, "
-        f"TTFT att. {o.ttft_attainment:.1%}, TPOT att. {o.tpot_attainment:.1%}, "
+        f"TTFT att. {o.ttft_attainment:.1%}, TPOT att. {o.tpot_attainment:.1%}{per_token}, "
         f"BE {o.be_throughput:.2f} req/s, preemptions {o.num_preemptions}"
     )
 
@@ -384,54 +466,77 @@ Sweep = dict[str, dict[str, list[Outcome]]]
 """dataset -> system -> one outcome per rate."""
 
 
-def _sweep_calls(quick: bool) -> list[tuple[object, ...]]:
-    """`run`'s arguments for every system on every (dataset, rate) of the run, in `Sweep`
-    order (dataset, system, rate)."""
-    rates = QUICK_RATES if quick else RATES
+def _points(quick: bool, cases: str) -> list[tuple[str, float]]:
+    """The (case, rate) points of one dataset and system, in `Sweep` order."""
+    rates = QUICK_RATES if quick and cases == "default" else RATES
+    return [(case, rate) for case in CASE_SETS[cases] for rate in rates]
+
+
+def _sweep_calls(quick: bool, cases: str = "default") -> list[tuple[object, ...]]:
+    """`run`'s arguments for every system on every (dataset, case, rate) of the run, in `Sweep`
+    order (dataset, system, case, rate). Quick: ShareGPT, 120-s traces; with the default cases
+    one rate (9 req/s), with all cases every rate."""
     trace_s = QUICK_TRACE_S if quick else TRACE_S
-    return [
-        (system, ds, rate, trace_s)
-        for ds in (DATASETS[:1] if quick else DATASETS)
-        for system in SYSTEMS.values()
-        for rate in rates
-    ]
+    calls: list[tuple[object, ...]] = []
+    for ds in DATASETS[:1] if quick else DATASETS:
+        for system in SYSTEMS.values():
+            for case, rate in _points(quick, cases):
+                c = CASES[case]
+                calls.append(
+                    (system, ds, rate, trace_s, c.shape, c.tp, True, HOST_SWAP, c.hardware)
+                )
+    return calls
 
 
-def _as_sweep(quick: bool, outcomes: Sequence[Outcome]) -> Sweep:
-    rates = QUICK_RATES if quick else RATES
+def _as_sweep(quick: bool, outcomes: Sequence[Outcome], cases: str = "default") -> Sweep:
+    n = len(_points(quick, cases))
     found = iter(outcomes)
     return {
-        ds.name: {name: [next(found) for _ in rates] for name in SYSTEMS}
+        ds.name: {name: [next(found) for _ in range(n)] for name in SYSTEMS}
         for ds in (DATASETS[:1] if quick else DATASETS)
     }
 
 
-def sweep(quick: bool) -> Sweep:
-    """Every system on every (dataset, rate) of the run (each point a `parallel_map` unit)."""
-    return _as_sweep(quick, parallel_map(run, _sweep_calls(quick)))
+def sweep(quick: bool, cases: str = "default") -> Sweep:
+    """Every system on every (dataset, case, rate) of the run (each point a `parallel_map`
+    unit)."""
+    return _as_sweep(quick, parallel_map(run, _sweep_calls(quick, cases)), cases)
 
 
-def bros(quick: bool = False) -> Reproduction:
+def bros(quick: bool = False, cases: str = "default") -> Reproduction:
+    """The reproduction. `cases`: a key of `CASE_SETS` ("all": the paper's three models at
+    every rate, the cases its averaged figures are means over)."""
+    if cases not in CASE_SETS:
+        raise ValueError(f"--cases {cases!r}: valid: {', '.join(CASE_SETS)}")
     if quick:
-        return reproduction(sweep(quick), quick)
+        return reproduction(sweep(quick, cases), quick, cases=cases)
     # Full run: the sweep's points and the ablations' in one batch, so `--jobs` spreads all.
-    calls = _sweep_calls(quick)
+    calls = _sweep_calls(quick, cases)
     outcomes = parallel_map(run, calls + _ablation_calls())
-    return reproduction(_as_sweep(quick, outcomes[: len(calls)]), quick, outcomes[len(calls) :])
+    return reproduction(
+        _as_sweep(quick, outcomes[: len(calls)], cases), quick, outcomes[len(calls) :], cases
+    )
 
 
 def reproduction(
-    results: Sweep, quick: bool, ablations: Sequence[Outcome] | None = None
+    results: Sweep,
+    quick: bool,
+    ablations: Sequence[Outcome] | None = None,
+    cases: str = "default",
 ) -> Reproduction:
     """The rows and notes of `results`; the full run's ablations are run unless `ablations`
     (`run` over `_ablation_calls()`) is given."""
-    rates = QUICK_RATES if quick else RATES
+    points = _points(quick, cases)
+    rates = sorted({rate for _, rate in points})
     trace_s = QUICK_TRACE_S if quick else TRACE_S
     comparisons: list[Comparison] = []
     lines: list[str] = []
     for ds, out in results.items():
         for name, outcomes in out.items():
-            lines += [_line(ds, r, name, o) for r, o in zip(rates, outcomes, strict=True)]
+            lines += [
+                _line(ds if cases == "default" else f"{ds} {case}", rate, name, o)
+                for (case, rate), o in zip(points, outcomes, strict=True)
+            ]
         comparisons += _comparisons(ds, out, not quick)
     for name, paper in (("vLLM", 0.0128), ("RR", 0.1055)):
         ours = _mean([o.ttft_attainment for out in results.values() for o in out[name]])
@@ -442,21 +547,42 @@ def reproduction(
         )
     if not quick:
         comparisons += _ablations(lines, ablations)
+    models = (
+        "OPT-13B, A100-40GB, TP 2"
+        if cases == "default"
+        else "OPT-13B and OPT-30B on A100-40GB at TP 2 and 4, Llama-3-70B on A100-80GB at TP 8 "
+        "(every case the paper averages)"
+    )
     notes = [
-        f"Set-up: OPT-13B, A100-40GB, TP 2, one colocated instance ({pricing()}); vLLM = FCFS, no "
+        f"Set-up: {models}, one colocated instance ({pricing()}); vLLM = FCFS, no "
         "chunked prefill, prompts first; RR = BROS engine with RT/BE round-robin; BROS defaults "
         "(Bsz 8 +1, τ_min packing, BE fill/replace, KV sharing by block-level checkpoints of "
         "BE to host, recompute when the host is full).",
         f"Workload: RT Poisson at {', '.join(f'{r:g}' for r in rates)} req/s for {trace_s:g} s, "
         f"Table 2 lengths; BE closed loop, batches of {BE_BATCH}, U(512,1024) / U(32,128).",
-        "Ours = mean over rates of the per-rate value; reductions are 1 − BROS / baseline; "
-        "attainment gains are ratios of the mean attainments.",
+        f"Ours = mean over {'rates' if cases == 'default' else 'cases (model × rate)'} of "
+        "the per-case value; reductions are 1 − BROS / baseline; attainment gains are ratios "
+        "of the mean attainments.",
         *lines,
     ]
+    per_token = {
+        name: [o.tpot_token_attainment for out in results.values() for o in out[name]]
+        for name in SYSTEMS
+    }
+    if all(v is not None for vs in per_token.values() for v in vs):
+        notes.append(
+            "TPOT attainment, per-token reading (a request's share of tokens within 0.2 s of "
+            "the one before; not a row, §7.1 defines TPOT per request): "
+            + ", ".join(
+                f"{name} {_mean([v for v in vs if v is not None]):.1%}"
+                for name, vs in per_token.items()
+            )
+            + "."
+        )
     if quick:
         notes.append(
             f"Quick: ShareGPT at {', '.join(f'{r:g}' for r in rates)} req/s, {trace_s:g} s "
-            "traces; no TTFT × gains, no ablations."
+            "traces (the paper's are 600 s); no TTFT × gains, no ablations."
         )
     notes.append("Why some rows miss the band: docs/reproductions/bros.md.")
     own = "DistServe's own engine" if OWN_ENGINE_FIT == "distserve" else "vLLM"
@@ -465,6 +591,8 @@ def reproduction(
         "for BROS's own engine (BROS and RR, §6) — carried to the paper's A100-40GB "
         "(1.56 TB/s) by the roofline's per-shape ratio (RescaledModel; the per-step cost off "
         "the GPU held as measured), with the 40 GB card's "
-        "KV capacity; other model shapes keep the roofline."
+        "KV capacity; Llama-3-70B (TP 8, A100-80GB) on Vidur's A100 operator tables for that "
+        "model and TP, all three systems alike; OPT-30B keeps the roofline (no published "
+        "measurement of it)."
     )
     return Reproduction("BROS", tuple(comparisons), {}, tuple(notes))

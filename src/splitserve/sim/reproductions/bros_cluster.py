@@ -5,7 +5,8 @@ together with best-effort (BE) requests submitted in batches, each batch when th
 has finished (seeds/bros.txt §7.1: "BE requests are periodically submitted in a batch manner when
 previous batched requests are completed", the Batch-API pattern). Built only on the simulator's
 public API plus a `Cluster` subclass that injects the BE batches between events; nothing in
-`cluster.py` changes.
+`cluster.py` changes. Optionally it records every token's time (`token_times`), for BROS's
+per-token reading of TPOT attainment: the simulator's records keep only a mean TPOT per request.
 
 Pure: no I/O, no wall time.
 """
@@ -20,13 +21,15 @@ from splitserve.core.ids import RequestId
 from splitserve.policy.batching.engine import RequestMode
 from splitserve.sim.cluster import Cluster, ClusterSpec
 from splitserve.sim.engine import Simulator
-from splitserve.sim.entities import SimRequest
+from splitserve.sim.entities import SimRequest, SimWorker
 from splitserve.sim.events import Event
 from splitserve.sim.metrics import SimResult
 from splitserve.sim.workload import WorkItem
 
 BatchSource = Callable[[int, float], Sequence[WorkItem]]
 """(batch number, now) -> the BE items of that batch (their arrival times are ignored)."""
+TokenTimes = dict[str, list[float]]
+"""Request id -> the time each of its output tokens came out, in order."""
 
 
 class HybridCluster(Cluster):
@@ -38,10 +41,14 @@ class HybridCluster(Cluster):
         rt_items: Sequence[WorkItem],
         be_batches: BatchSource,
         be_until_s: float,
+        token_times: TokenTimes | None = None,
     ) -> None:
-        super().__init__(spec, rt_items)
+        # Recording token times steps one decode at a time (no fused runs); the engine
+        # guarantees every count, block and timing is what fused runs give (engine.py).
+        super().__init__(spec, rt_items, 1 if token_times is not None else 1 << 30)
         self.be_batches = be_batches
         self.be_until_s = be_until_s
+        self.token_times = token_times
         self.num_be_batches = 0
         self._be_open: list[SimRequest] = []
 
@@ -55,6 +62,24 @@ class HybridCluster(Cluster):
             self._be_open = []
             if sim.now_s < self.be_until_s:
                 self._submit_be(sim)
+
+    def _step_done(self, worker: SimWorker, run_id: object, sim: Simulator) -> None:
+        times = self.token_times
+        step = worker.step
+        if times is None or step is None or run_id != worker.run_id:
+            super()._step_done(worker, run_id, sim)
+            return
+        live = self._live
+        watched = [
+            (req, req.num_output_tokens)
+            for rid, _ in step.decision.chunks
+            if (req := live.get(rid)) is not None
+        ]
+        super()._step_done(worker, run_id, sim)
+        now = sim.now_s
+        for req, before in watched:
+            for _ in range(req.num_output_tokens - before):
+                times.setdefault(str(req.id), []).append(now)
 
     def _submit_be(self, sim: Simulator) -> None:
         now = sim.now_s
@@ -91,11 +116,13 @@ def simulate_hybrid(
     rt_items: Sequence[WorkItem],
     be_batches: BatchSource,
     be_until_s: float,
+    token_times: TokenTimes | None = None,
 ) -> SimResult:
     """Run RT `rt_items` with closed-loop BE batches (none submitted after `be_until_s`) until
-    every request is done. RT requests are `r<item index>`, BE ones `be<submission index>`."""
+    every request is done. RT requests are `r<item index>`, BE ones `be<submission index>`.
+    With `token_times` (an empty dict) every output token's time is recorded into it."""
     sim = Simulator()
-    cluster = HybridCluster(spec, rt_items, be_batches, be_until_s)
+    cluster = HybridCluster(spec, rt_items, be_batches, be_until_s, token_times)
     cluster.start(sim)
     sim.run(cluster)
     return cluster.result(sim)
