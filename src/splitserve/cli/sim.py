@@ -67,12 +67,23 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
     help="Worker processes for the run's independent probes (distserve, bros, alise); the "
     "results are the same for every value.",
 )
-def reproduce_cmd(paper: str, quick: bool, out_dir: Path | None, latency: str, jobs: int) -> None:
+@click.option(
+    "--cases",
+    type=click.Choice(["default", "all"]),
+    default="default",
+    show_default=True,
+    help="bros only: 'all' runs every model × rate case the paper's averaged figures are "
+    "means over (OPT-13B, OPT-30B, Llama-3-70B at 3-15 req/s), 'default' OPT-13B only "
+    "(quick: at 9 req/s).",
+)
+def reproduce_cmd(
+    paper: str, quick: bool, out_dir: Path | None, latency: str, jobs: int, cases: str
+) -> None:
     """Re-run PAPER's headline comparison and print paper vs ours."""
     from splitserve.sim import runner
 
     try:
-        repro = runner.run_reproduction(paper, quick, out_dir, latency, jobs)
+        repro = runner.run_reproduction(paper, quick, out_dir, latency, jobs, cases)
     except ValueError as err:
         raise click.ClickException(str(err)) from err
     click.echo(repro.markdown())

@@ -31,7 +31,7 @@ from splitserve.sim.report import (
     requests_csv,
     summary_markdown,
 )
-from splitserve.sim.reproductions import PARALLEL, REPRODUCTIONS, Reproduction
+from splitserve.sim.reproductions import PARALLEL, Reproduction, run_cases
 from splitserve.sim.reproductions.common import latency_source, parallel
 from splitserve.sim.speed import parse_speed_trace
 from splitserve.sim.validate import Recording, Validation, parse_recording, replay
@@ -123,19 +123,25 @@ notes, since the flag is accepted for every paper."""
 
 
 def run_reproduction(
-    paper: str, quick: bool, out_dir: Path | None, latency: str = "roofline", jobs: int = 1
+    paper: str,
+    quick: bool,
+    out_dir: Path | None,
+    latency: str = "roofline",
+    jobs: int = 1,
+    cases: str = "default",
 ) -> Reproduction:
     """Run one paper's headline comparison; write its table and plots when `out_dir` is set.
     `latency`: "roofline" or "gpu" (the nearest published GPU-measured model). `jobs`: worker
     processes for the run's independent units (the same results for every value; papers
-    without units run in this process)."""
+    without units run in this process). `cases`: "default", or "all" for the papers whose
+    figures average over set-ups (`reproductions.CASES`; others refuse it)."""
     if jobs > 1 and paper not in PARALLEL:
         raise ValueError(
             f"--jobs {jobs}: {paper}'s reproduction runs in one process; "
             f"--jobs acts on {', '.join(sorted(PARALLEL))}"
         )
     with latency_source(latency), parallel(jobs):
-        repro = REPRODUCTIONS[paper](quick)
+        repro = run_cases(paper, quick, cases)
     if latency == "gpu" and paper in NO_GPU_MODEL:
         note = f"Latency (--latency gpu): {NO_GPU_MODEL[paper]}; the flag changes nothing here"
         repro = dataclasses.replace(repro, notes=(*repro.notes, note))

@@ -9,7 +9,12 @@ Invariants:
 3. the driver submits each BE batch only once the previous one has finished, none after the
    trace ends, and keeps RT and BE request ids apart;
 4. under `--latency gpu` BROS and RR (BROS's own engine) take DistServe's engine fit and the
-   vLLM baseline vLLM's, both carried to the A100-40GB.
+   vLLM baseline vLLM's, both carried to the A100-40GB;
+5. `--cases all` runs the paper's three model set-ups (§7.1) at every rate, each priced by the
+   published model that covers it (Llama-3-70B: Vidur's A100 tables; OPT-30B: none, roofline);
+   other papers refuse the flag;
+6. token times, recorded for the per-token reading of TPOT attainment, leave every figure as it
+   is, and the per-token reading is the mean of each request's share of gaps within the SLO.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pytest
 from splitserve.core.perf import MODELS
 from splitserve.policy.batching.bros import BEST_EFFORT, REALTIME
 from splitserve.sim.engine import Simulator
+from splitserve.sim.metrics import SimResult
 from splitserve.sim.reproductions import REPRODUCTIONS, Reproduction
 from splitserve.sim.reproductions.bros import (
     BROS,
@@ -164,3 +170,115 @@ def test_gpu_models_price_bros_own_engine_with_distserves_engine_fit() -> None:
     assert isinstance(bros_m, RescaledModel)
     assert isinstance(vllm_m, RescaledModel)
     assert bros_m.fixed_s < vllm_m.fixed_s
+
+
+def test_cases_all_runs_the_papers_three_models_at_every_rate() -> None:
+    from splitserve.sim.reproductions.bros import CASE_SETS, CASES, RATES, _sweep_calls, bros
+
+    default = _sweep_calls(True)
+    assert len(default) == 3 * len(QUICK_RATES)  # the quick run is unchanged: OPT-13B, 9 req/s
+    calls = _sweep_calls(True, "all")
+    assert len(calls) == 3 * 3 * len(RATES)
+    setups = {(c[4].name, c[5], c[8]) for c in calls}  # type: ignore[attr-defined]
+    assert setups == {
+        ("opt-13b", 2, "a100-40g"),
+        ("opt-30b", 4, "a100-40g"),
+        ("llama-3-70b", 8, "a100-80g"),
+    }
+    assert {c[2] for c in calls} == set(RATES)
+    assert CASE_SETS["all"] == tuple(CASES)
+    with pytest.raises(ValueError, match="--cases 'some'"):
+        bros(True, "some")
+
+
+def test_cases_all_is_refused_for_papers_without_cases() -> None:
+    from click.testing import CliRunner
+
+    from splitserve.cli.sim import sim
+    from splitserve.sim.runner import run_reproduction
+
+    with pytest.raises(ValueError, match="--cases all: tetriinfer"):
+        run_reproduction("tetriinfer", True, None, cases="all")
+    res = CliRunner().invoke(sim, ["reproduce", "accelgen", "--quick", "--cases", "all"])
+    assert res.exit_code != 0
+    assert "--cases acts on bros" in res.output
+
+
+def test_each_case_is_priced_by_the_published_model_that_covers_it() -> None:
+    from splitserve.core.perf import RescaledModel, RooflineModel, VidurModel
+    from splitserve.sim.reproductions.bros import CASES
+    from splitserve.sim.reproductions.common import latency_source
+
+    def latency(case: str) -> object:
+        c = CASES[case]
+        return spec(BROS, c.shape, c.tp, hardware=c.hardware).pools[0].worker.latency
+
+    assert all(isinstance(latency(case), RooflineModel) for case in CASES)
+    with latency_source("gpu"):
+        assert isinstance(latency("opt-13b"), RescaledModel)
+        llama = latency("llama-3-70b")
+        assert isinstance(llama, VidurModel)
+        assert (llama.gpu, llama.model, llama.tp) == ("a100", "llama-3-70b", 8)
+        assert isinstance(latency("opt-30b"), RooflineModel)  # no published OPT-30B
+
+
+def test_token_times_change_nothing_and_give_the_per_token_reading() -> None:
+    from splitserve.policy.batching.engine import Step
+    from splitserve.sim.reproductions.bros import TPOT_S
+
+    rt = tuple(WorkItem(0.02 * i, 200, 60 + i, REALTIME) for i in range(60))
+
+    def run(times: dict[str, list[float]] | None) -> tuple[SimResult, list[int]]:
+        sim = Simulator()
+        cluster = HybridCluster(spec(VLLM, MODELS["opt-13b"], 2), rt, lambda k, now: (), -1, times)
+        engine = cluster.workers[0].engine
+        schedule, repeats = engine.schedule, []
+
+        def counted(now_s: float, max_repeat: int = 1) -> Step | None:
+            step = schedule(now_s, max_repeat)
+            repeats.append(step.repeat if step is not None else 0)
+            return step
+
+        engine.schedule = counted  # type: ignore[method-assign]
+        cluster.start(sim)
+        sim.run(cluster)
+        return cluster.result(sim), repeats
+
+    plain, fused = run(None)
+    times: dict[str, list[float]] = {}
+    recorded, single = run(times)
+    assert max(fused) > 1  # without recording the engine fuses decode runs
+    assert max(single) == 1  # recording steps one decode at a time
+    # ... and every figure is the same (times to rounding: a fused run sums its steps' times)
+    for a, b in zip(recorded.requests, plain.requests, strict=True):
+        assert (a.id, a.num_output_tokens) == (b.id, b.num_output_tokens)
+        assert a.first_token_s == pytest.approx(b.first_token_s, rel=1e-12)
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-12)
+    assert recorded.num_preemptions == plain.num_preemptions
+    for r in recorded.requests:
+        t = times[r.id]
+        assert len(t) == r.num_output_tokens
+        assert t[0] == r.first_token_s
+        assert t[-1] == r.finish_s
+        assert t == sorted(t)
+    o = Outcome.of(recorded, 10.0, times)
+    share = [
+        sum(b - a <= TPOT_S for a, b in zip(times[r.id], times[r.id][1:], strict=False))
+        / (r.num_output_tokens - 1)
+        for r in recorded.requests
+    ]
+    assert o.tpot_token_attainment == pytest.approx(sum(share) / len(share))
+    assert Outcome.of(plain, 10.0).tpot_token_attainment is None
+
+
+def test_per_token_attainment_is_the_mean_of_each_requests_share() -> None:
+    from splitserve.sim.metrics import RequestRecord
+    from splitserve.sim.reproductions.bros import per_token_attainment
+
+    def rec(rid: str, n: int) -> RequestRecord:
+        return RequestRecord(rid, REALTIME, 0.0, 10, n, n, "mixed", 0.1, 1.0)
+
+    times = {"a": [0.1, 0.2, 0.5], "b": [0.1]}  # a: gaps 0.1 (in), 0.3 (out); b: one token
+    assert per_token_attainment([rec("a", 3), rec("b", 1)], times) == pytest.approx(0.75)
+    with pytest.raises(RuntimeError, match="a: 3 token times, 4 tokens"):
+        per_token_attainment([rec("a", 4)], times)

@@ -40,10 +40,38 @@ PARALLEL = frozenset({"distserve", "bros", "alise"})
 `--jobs` above 1 acts on them; the others run in one process and refuse it."""
 
 
+CASES = frozenset({"bros"})
+"""The papers with a `--cases all` mode: their headline figures average over set-ups (models ×
+rates) that the default run covers only in part."""
+
+
+def run_cases(paper: str, quick: bool, cases: str) -> Reproduction:
+    """`paper`'s reproduction over `cases` ("default": `REPRODUCTIONS[paper]`; "all": every
+    case the paper averages, for the papers in `CASES`; others are refused naming the flag)."""
+    if cases == "default":
+        return REPRODUCTIONS[paper](quick)
+    if paper not in CASES:
+        raise ValueError(
+            f"--cases {cases}: {paper}'s reproduction has no cases mode; --cases acts on "
+            f"{', '.join(sorted(CASES))}"
+        )
+    from splitserve.sim.reproductions.bros import bros
+
+    return bros(quick, cases)
+
+
 def run(paper: str, quick: bool = False, latency: str = "roofline") -> Reproduction:
     """Run `paper`'s reproduction with `latency`'s step pricing (`LATENCY_SOURCES`)."""
     with latency_source(latency):
         return REPRODUCTIONS[paper](quick)
 
 
-__all__ = ["LATENCY_SOURCES", "PARALLEL", "REPRODUCTIONS", "Reproduction", "run"]
+__all__ = [
+    "CASES",
+    "LATENCY_SOURCES",
+    "PARALLEL",
+    "REPRODUCTIONS",
+    "Reproduction",
+    "run",
+    "run_cases",
+]
