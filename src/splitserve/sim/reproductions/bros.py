@@ -7,8 +7,10 @@ a `Reproduction`; the runner prints it.
 Set-up, as the paper states it or as we infer it where it does not:
 * OPT-13B, TP 2 on A100-SXM4-40GB (roofline; presets `opt-13b`, `a100-40g`); KV capacity 90 % of
   what the weights leave, block size 16. The paper also runs OPT-30B (TP 4) and Llama-3-70B
-  (TP 8); the headline averages mix all three, we run 13B only (the ablation runs OPT-30B, whose
-  shape is defined here: no preset).
+  (TP 8, A100-80GB); its headline figures average all three at every rate ("15 cases"). The
+  default run is 13B only; `cases="all"` (`--cases all`) runs the three (`CASES`), each priced
+  by the published model covering it (`latency_for`). The ablation runs OPT-30B, whose shape is
+  defined here: no preset.
 * `--latency gpu`: the vLLM baseline on DistServe's fit of vLLM, BROS and RR on DistServe's fit of
   its own engine (`OWN_ENGINE_FIT`: §6, BROS is its own engine, not vLLM), both carried to the
   A100-40GB (`common.gpu_or`).
@@ -22,9 +24,11 @@ Set-up, as the paper states it or as we infer it where it does not:
 * BE: prompts U(512, 1024), outputs U(32, 128), submitted in batches of `BE_BATCH` (not stated;
   research B10-10) each as soon as the previous batch has finished, until the RT trace ends.
 * Metrics (§7.1): RT normalised latency = mean over RT of e2e / outputs; TTFT (TPOT) attainment =
-  fraction of RT with TTFT ≤ 0.4 s (mean TPOT ≤ 0.2 s); BE throughput = BE finished within the
-  trace / trace length. Every claim is the mean over the rates of the per-rate value (the paper's
-  "average ... at various request rates").
+  fraction of RT with TTFT ≤ 0.4 s (mean TPOT ≤ 0.2 s: §7.1 defines TPOT as "the average
+  latency for generating subsequent tokens"; the per-token reading is measured beside it,
+  `Outcome.tpot_token_attainment`); BE throughput = BE finished within the trace / trace
+  length. Every claim is the mean over the cases (rates, and models with `--cases all`) of the
+  per-case value (the paper's "average ... at various request rates").
 """
 
 from __future__ import annotations
