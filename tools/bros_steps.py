@@ -1,9 +1,11 @@
 """Why BROS stops packing: count, over every step of one BROS run, what ended the RT pass.
 
 Usage:
-    python tools/bros_steps.py [--latency gpu|roofline] [--rate 9] [--trace-s 120] [PARAM=VALUE ...]
+    python tools/bros_steps.py [--latency gpu|roofline] [--case opt-13b|opt-30b|llama-3-70b]
+        [--rate 9] [--trace-s 120] [PARAM=VALUE ...]
 
-Runs the BROS reproduction's set-up (ShareGPT, OPT-13B TP 2, A100-40GB; `sim/reproductions/
+Runs the BROS reproduction's set-up (ShareGPT; by default OPT-13B TP 2, A100-40GB, or another
+of the paper's cases, `bros.CASES`, priced as `--cases all` prices it; `sim/reproductions/
 bros.py`) for BROS alone with the given policy parameters (e.g. `adaptive_batch=False`,
 `sum_intercepts=False`) and prints the outcome, the share of steps whose RT pass stopped on
 each reason (`policy.batching.bros.Stop`: the τ_min deadline, the batch size, blocks, or
@@ -30,6 +32,7 @@ from splitserve.sim.reproductions.common import latency_source
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--latency", choices=("gpu", "roofline"), default="gpu")
+    p.add_argument("--case", choices=tuple(repro.CASES), default="opt-13b")
     p.add_argument("--rate", type=float, default=9.0)
     p.add_argument("--trace-s", type=float, default=120.0)
     p.add_argument("params", nargs="*", help="BrosParams overrides, NAME=VALUE")
@@ -51,7 +54,16 @@ def main() -> None:
 
     policy.BrosPolicy.decide = counted  # type: ignore[method-assign]
     with latency_source(args.latency):
-        out = repro.run(("bros", params), repro.DATASETS[0], args.rate, args.trace_s)
+        case = repro.CASES[args.case]
+        out = repro.run(
+            ("bros", params),
+            repro.DATASETS[0],
+            args.rate,
+            args.trace_s,
+            case.shape,
+            case.tp,
+            hardware=case.hardware,
+        )
     print(out)
     stops = Counter(s[2] for s in steps)
     print(
