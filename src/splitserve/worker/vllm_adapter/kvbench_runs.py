@@ -110,9 +110,10 @@ async def _single(
     trace: Any = None,
     regions: int = 1,
     at_handoff: bool = False,
+    mux: bool = False,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
-    client = Client(trace)
+    client = Client(trace, mux=mux)
     out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
     moved: dict[int, tuple[int, ReadMethod]] = {}
     try:
@@ -189,8 +190,10 @@ async def _warm_engines(client: Client, p: WorkerProc, d: WorkerProc, max_tokens
         await client.stub(p.address).Cancel(worker_pb2.CancelRequest(request_id=out.request_id))
 
 
-async def _agg(d: WorkerProc, lengths: Sequence[int], repeat: int, max_tokens: int) -> list[Timing]:
-    client = Client()
+async def _agg(
+    d: WorkerProc, lengths: Sequence[int], repeat: int, max_tokens: int, mux: bool = False
+) -> list[Timing]:
+    client = Client(mux=mux)
     out = []
     try:
         for rep in range(repeat + 1):
@@ -216,9 +219,11 @@ def run_single(
     warm: bool = True,
     trace: bool = False,
     at_handoff: bool = False,
+    mux: bool = False,
 ) -> dict[str, Any]:
     """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
-    the result has each one's milestones under "trace"."""
+    the result has each one's milestones under "trace". `mux`: every call a sub-request of one
+    `Multiplex` stream per worker, as the router sends them (`Client.mux`)."""
     from splitserve.worker.vllm_adapter import kvtrace
 
     trace_file = run_dir / "kvtrace.jsonl"
@@ -254,6 +259,7 @@ def run_single(
                     tracer,
                     regions,
                     at_handoff,
+                    mux,
                 )
             )
             # Page size of each side's KV cache: a cma READ's speed depends on it.
@@ -268,7 +274,7 @@ def run_single(
                     r.close()
         res["idle_cpu_after"] = idle_cpu([p, d], idle_s)
     with workers(run_dir, model, [("decode", "mixed", 1)], **kw) as (d,):
-        timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens))
+        timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens, mux))
     res["timings"] = timings
     res["regions"] = kv_regions(model) if engine == "vllm" else 1
     res["warm"] = warm and engine == "vllm"
@@ -665,6 +671,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also READ raw on the decode worker's core between each Prefill answer and its "
         "Decode call (the moment vLLM's READ runs in); delays the Decode call by that READ",
     )
+    ap.add_argument(
+        "--mux",
+        action="store_true",
+        help="the single run's calls as sub-requests of one Multiplex stream per worker, as the "
+        "router sends them (default: a gRPC call each; a Decode then pays a call's set-up)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -691,7 +703,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min); model {model}; "
         f"NIXL progress thread {'on' if args.progress_thread else 'off'}; KV cache in "
         f"{'4 KiB pages' if args.no_huge_pages else 'transparent huge pages'}; decode KV "
-        f"{'pulled in-step' if args.pull_in_step else 'pulled async'}\n"
+        f"{'pulled in-step' if args.pull_in_step else 'pulled async'}; calls "
+        f"{'multiplexed (one stream per worker)' if args.mux else 'one gRPC call each'}\n"
     )
     results: dict[str, Any] = {}
     interference = {
@@ -714,6 +727,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 warm=not args.cold,
                 trace=args.trace,
                 at_handoff=args.raw_at_handoff,
+                mux=args.mux,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))
