@@ -186,7 +186,7 @@ class Timing:
 class Client:
     """gRPC stubs for the workers, used the way the router uses them."""
 
-    def __init__(self, trace: Any = None, mux: bool = False) -> None:
+    def __init__(self, trace: Any = None, mux: bool = False, early_decode: bool = False) -> None:
         import grpc
 
         from splitserve._gen.v1 import worker_pb2_grpc
@@ -197,6 +197,11 @@ class Client:
         """Prefill / Decode / Generate as sub-requests of one `Multiplex` stream per worker (what
         the router does), not a call each (the bench's default: a Decode pays a call's set-up
         between token 1 and token 2, which the router does not)."""
+        self.early_decode = early_decode
+        """With `mux`: each P/D request's Decode is sent with `kv_follows` before its Prefill,
+        and only the first token and KV handle (`MuxOp.decode_kv`) after the Prefill answers."""
+        if early_decode and not mux:
+            raise ValueError("early_decode needs mux (kv_follows is for Multiplex sub-requests)")
 
         self._grpc = grpc
         self._channels: dict[str, Any] = {}
@@ -260,6 +265,16 @@ class Client:
         from splitserve._gen.v1 import worker_pb2
 
         t0 = time.perf_counter()
+        early: tuple[MuxConn, int, Any] | None = None
+        if self.early_decode:  # sent when the pair is known, before the prefill
+            conn = await self._mux(decode)
+            msg = worker_pb2.DecodeRequest(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                sampling=self.sampling(max_tokens),
+                kv_follows=True,
+            )
+            early = (conn, *await conn.open("decode", msg))
         out = await self._unary_prefill(
             prefill,
             worker_pb2.PrefillRequest(
@@ -278,17 +293,24 @@ class Client:
         blocks = params.get("remote_block_ids") or []
         if blocks and not isinstance(blocks[0], list):
             blocks = [blocks]
-        call = await self._stream(
-            decode,
-            "decode",
-            worker_pb2.DecodeRequest(
-                request_id=rid,
-                prompt_token_ids=prompt,
-                first_token_id=out.first_token_id,
-                sampling=self.sampling(max_tokens),
-                kv=out.kv,
-            ),
-        )
+        call: Any
+        if early is not None:
+            conn, sid, call = early
+            await conn.send(
+                sid, decode_kv=worker_pb2.DecodeKv(first_token_id=out.first_token_id, kv=out.kv)
+            )
+        else:
+            call = await self._stream(
+                decode,
+                "decode",
+                worker_pb2.DecodeRequest(
+                    request_id=rid,
+                    prompt_token_ids=prompt,
+                    first_token_id=out.first_token_id,
+                    sampling=self.sampling(max_tokens),
+                    kv=out.kv,
+                ),
+            )
         async for chunk in call:
             if chunk.error:
                 raise RuntimeError(f"decode of {rid}: {chunk.error}")
@@ -338,6 +360,7 @@ class MuxConn:
         self._subs: dict[int, asyncio.Queue[Any]] = {}
         self._next = 0
         self._reader: asyncio.Task[None] | None = None
+        self._writing = asyncio.Lock()  # one write at a time on the call
 
     async def ready(self) -> None:
         """The worker's header is in (it is sent first; nothing is written before it)."""
@@ -361,23 +384,26 @@ class MuxConn:
         for q in self._subs.values():
             q.put_nowait(None)
 
-    def _open(self, kind: str, msg: Any) -> Any:
-        import asyncio
-
+    async def send(self, sid: int, **op: Any) -> None:
+        """One op (`prefill=`, `decode=`, `generate=`, `decode_kv=`, ...) for sub-request `sid`."""
         from splitserve._gen.v1 import worker_pb2
 
+        msg = worker_pb2.MuxRequest(ops=[worker_pb2.MuxOp(stream_id=sid, **op)])
+        async with self._writing:
+            await self._call.write(msg)
+
+    def _new(self) -> tuple[int, Any]:
+        import asyncio
+
         self._next += 1
-        sid = self._next
         q: asyncio.Queue[Any] = asyncio.Queue()
-        self._subs[sid] = q
-        op = worker_pb2.MuxOp(stream_id=sid, **{kind: msg})
-        write = asyncio.ensure_future(self._call.write(worker_pb2.MuxRequest(ops=[op])))
-        return sid, q, write
+        self._subs[self._next] = q
+        return self._next, q
 
     async def prefill(self, msg: Any) -> Any:
-        sid, q, write = self._open("prefill", msg)
+        sid, q = self._new()
         try:
-            await write
+            await self.send(sid, prefill=msg)
             ev = await q.get()
             if ev is None or ev.WhichOneof("event") != "prefill":
                 raise RuntimeError(f"prefill sub-request {sid}: {ev}")
@@ -385,10 +411,24 @@ class MuxConn:
         finally:
             del self._subs[sid]
 
-    async def stream(self, kind: str, msg: Any) -> Any:
-        sid, q, write = self._open(kind, msg)
+    async def open(self, kind: str, msg: Any) -> tuple[int, Any]:
+        """A Decode (`kind` "decode") or Generate sub-request, sent now: its stream_id, and its
+        chunks (an async iterator; an error status raises)."""
+        sid, q = self._new()
         try:
-            await write
+            await self.send(sid, **{kind: msg})
+        except BaseException:
+            del self._subs[sid]
+            raise
+        return sid, self._chunks(kind, sid, q)
+
+    async def stream(self, kind: str, msg: Any) -> Any:
+        _, chunks = await self.open(kind, msg)
+        async for chunk in chunks:
+            yield chunk
+
+    async def _chunks(self, kind: str, sid: int, q: Any) -> Any:
+        try:
             while True:
                 ev = await q.get()
                 if ev is None:

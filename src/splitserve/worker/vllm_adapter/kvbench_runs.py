@@ -111,9 +111,10 @@ async def _single(
     regions: int = 1,
     at_handoff: bool = False,
     mux: bool = False,
+    early_decode: bool = False,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
-    client = Client(trace, mux=mux)
+    client = Client(trace, mux=mux, early_decode=early_decode)
     out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
     moved: dict[int, tuple[int, ReadMethod]] = {}
     try:
@@ -220,10 +221,12 @@ def run_single(
     trace: bool = False,
     at_handoff: bool = False,
     mux: bool = False,
+    early_decode: bool = False,
 ) -> dict[str, Any]:
     """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
     the result has each one's milestones under "trace". `mux`: every call a sub-request of one
-    `Multiplex` stream per worker, as the router sends them (`Client.mux`)."""
+    `Multiplex` stream per worker, as the router sends them (`Client.mux`); `early_decode`: with
+    it, each Decode sent before its Prefill, its KV after (`Client.early_decode`)."""
     from splitserve.worker.vllm_adapter import kvtrace
 
     trace_file = run_dir / "kvtrace.jsonl"
@@ -260,6 +263,7 @@ def run_single(
                     regions,
                     at_handoff,
                     mux,
+                    early_decode,
                 )
             )
             # Page size of each side's KV cache: a cma READ's speed depends on it.
@@ -677,6 +681,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the single run's calls as sub-requests of one Multiplex stream per worker, as the "
         "router sends them (default: a gRPC call each; a Decode then pays a call's set-up)",
     )
+    ap.add_argument(
+        "--early-decode",
+        action="store_true",
+        help="with --mux: each P/D Decode sent before its Prefill (kv_follows), the first token "
+        "and KV handle after it answers (MuxOp.decode_kv)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -686,6 +696,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     if args.pull_in_step and args.async_pull:
         raise SystemExit("--pull-in-step and --async-pull exclude each other")
+    if args.early_decode and not args.mux:
+        raise SystemExit("--early-decode needs --mux (kv_follows is for Multiplex sub-requests)")
     runs = set(args.runs.split(","))
     unknown = runs - {"single", "interference", "sim", "fresh"}
     if unknown:
@@ -704,7 +716,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"NIXL progress thread {'on' if args.progress_thread else 'off'}; KV cache in "
         f"{'4 KiB pages' if args.no_huge_pages else 'transparent huge pages'}; decode KV "
         f"{'pulled in-step' if args.pull_in_step else 'pulled async'}; calls "
-        f"{'multiplexed (one stream per worker)' if args.mux else 'one gRPC call each'}\n"
+        f"{'multiplexed (one stream per worker)' if args.mux else 'one gRPC call each'}"
+        f"{'; Decode sent before the Prefill, its KV after' if args.early_decode else ''}\n"
     )
     results: dict[str, Any] = {}
     interference = {
@@ -728,6 +741,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 trace=args.trace,
                 at_handoff=args.raw_at_handoff,
                 mux=args.mux,
+                early_decode=args.early_decode,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))
