@@ -21,9 +21,9 @@ def sampling(max_tokens: int = 6) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=1, seeded=True)
 
 
-def early(rid: str, **fields: object) -> worker_pb2.DecodeRequest:
+def early(rid: str, kv: common_pb2.KvHandle | None = None) -> worker_pb2.DecodeRequest:
     return worker_pb2.DecodeRequest(
-        request_id=rid, prompt_token_ids=PROMPT, sampling=sampling(), kv_follows=True, **fields
+        request_id=rid, prompt_token_ids=PROMPT, sampling=sampling(), kv_follows=True, kv=kv
     )
 
 
