@@ -126,7 +126,7 @@ class DispatchSettings(BaseModel):
     gets the ordinary Decode). Opt-in: every decode worker must understand `kv_follows`. An older
     one refuses the early Decode with INVALID_ARGUMENT; if that answer comes before the prefill's,
     the router sends the ordinary Decode, but if it comes after, the request fails as refused.
-    Not in the LLMService CRD: `router.yaml`'s `dispatch` block only."""
+    Set by `router serve --early-decode`; not in `router.yaml` or the LLMService CRD."""
 
 
 class DiscoverySettings(PodWatchSettings):
