@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import grpc
@@ -317,6 +317,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if self.draining:  # drained while it waited: the router takes the KV elsewhere
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
             received_s = self.clock.now_s()
+            # Arrived now, as an ordinary Decode would have; its first-token deadline (the
+            # router's budget re-based when the message came) stays where it was.
+            req = replace(req, arrival_s=received_s)
             if trace is not None:
                 trace.received(request.request_id)
             first_token_id, kv_pb = follow.first_token_id, follow.kv
