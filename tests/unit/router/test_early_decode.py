@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pydantic
 import pytest
 
+from splitserve._gen.v1 import common_pb2, worker_pb2
 from splitserve.api.router import DispatchSettings
 from splitserve.core.ids import RequestId
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.router.dispatch import Chunk, Dispatch
+from splitserve.router.mux import StreamLink
+from splitserve.worker import link as worker_link
 from tests.fakes.fake_worker import FakeWorker
 from tests.unit.router.conftest import StackFactory, WorkerFactory
 
@@ -112,3 +117,36 @@ def test_the_setting_is_a_strict_bool() -> None:
     assert not DispatchSettings().early_decode
     with pytest.raises(pydantic.ValidationError, match="early_decode"):
         DispatchSettings(early_decode="yes")  # type: ignore[arg-type]
+
+
+class _AwaitsKv:
+    """What `worker.mux.serve` calls: a Decode that answers with the token its KV came with."""
+
+    async def Decode(  # noqa: N802
+        self, req: worker_pb2.DecodeRequest, ctx: Any
+    ) -> AsyncIterator[common_pb2.TokenChunk]:
+        assert req.kv_follows
+        follow = await ctx.handoff
+        yield common_pb2.TokenChunk(
+            token_ids=[follow.first_token_id, follow.kv.num_tokens],
+            finish_reason=common_pb2.FINISH_REASON_LENGTH,
+        )
+
+
+async def test_the_kv_follows_on_the_stream_link_too() -> None:
+    server, port = await worker_link.start(_AwaitsKv(), "127.0.0.1", 0)  # type: ignore[arg-type]
+    link = StreamLink(None, f"127.0.0.1:{port - 1}", port)  # type: ignore[arg-type]
+    try:
+        msg = worker_pb2.DecodeRequest(request_id="s", kv_follows=True)
+        sub = link.early_decode(msg, None, None)
+        assert sub is not None
+        assert sub.follow(
+            worker_pb2.DecodeKv(first_token_id=9, kv=common_pb2.KvHandle(num_tokens=4))
+        )
+        chunk = await sub.read()
+        assert list(chunk.token_ids) == [9, 4]
+        assert await sub.read() is grpc.aio.EOF
+        assert not sub.follow(worker_pb2.DecodeKv(first_token_id=1))  # it has ended
+    finally:
+        await link.close()
+        server.close()
