@@ -14,7 +14,9 @@
 # request, SPLITSERVE_KV_TRACE), `--runs fresh --fresh-pairs 3` (the first requests on fresh
 # decode workers; `--fresh-variants window,read,noread`: with the prefill-side warm-up window,
 # without it, without the warm-up READ either; not in the default runs), `--raw-at-handoff` (raw
-# READs on the decode worker's core between each Prefill answer and its Decode call). The raw NIXL
+# READs on the decode worker's core between each Prefill answer and its Decode call), `--mux` (the
+# single run's calls as sub-requests of one Multiplex stream per worker, as the router sends
+# them; default a gRPC call each, so a Decode pays a call's set-up). The raw NIXL
 # READ is made the way vLLM makes it (kvbench.read_like_vllm); tools/nixl_read_methods.py varies
 # one thing of it at a time.
 

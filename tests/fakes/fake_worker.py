@@ -217,7 +217,20 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.DecodeRequest, context: Any
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         self._record("Decode", request)
-        prompt = [*request.prompt_token_ids, request.first_token_id]
+        first = request.first_token_id
+        if request.kv_follows:  # sent before the prefill answered: its KV comes on the stream
+            handoff = getattr(context, "handoff", None)
+            if handoff is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kv_follows needs Multiplex")
+            assert handoff is not None  # abort raised
+            try:
+                follow = await handoff
+            except asyncio.CancelledError:
+                self._record("EarlyDecodeCancelled", request)
+                raise
+            self._record("DecodeKv", follow)
+            first = follow.first_token_id
+        prompt = [*request.prompt_token_ids, first]
         start = self._start_index(prompt)
         async for chunk in self._tokens(
             context,

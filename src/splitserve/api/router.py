@@ -119,6 +119,14 @@ class DispatchSettings(BaseModel):
     prefill included) before the router treats it as dead and moves the request to another
     worker: a frozen (SIGSTOP) or wedged worker keeps its connection open and would otherwise hold
     the request until `request_timeout_s`."""
+    early_decode: bool = Field(False, strict=True)
+    """P/D: send the Decode to the chosen decode worker when the pair is placed, before the
+    prefill answers, so that only its first token and KV handle are on the way between token 1
+    and the decode (`DecodeRequest.kv_follows`, Multiplex links only; a worker without a link
+    gets the ordinary Decode). Opt-in: every decode worker must understand `kv_follows`. An older
+    one refuses the early Decode with INVALID_ARGUMENT; if that answer comes before the prefill's,
+    the router sends the ordinary Decode, but if it comes after, the request fails as refused.
+    Set by `router serve --early-decode`; not in `router.yaml` or the LLMService CRD."""
 
 
 class DiscoverySettings(PodWatchSettings):

@@ -90,6 +90,14 @@ def router() -> None:
     show_default=True,
     help="A worker with no next token for this long is treated as dead (request moved).",
 )
+@click.option(
+    "--early-decode",
+    is_flag=True,
+    default=False,
+    help="P/D: send the Decode when the pair is placed, its first token and KV handle after the "
+    "prefill (Multiplex links only; every decode worker must understand kv_follows). Off by "
+    "default.",
+)
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None)
 @click.option(
     "--processes",
@@ -164,6 +172,7 @@ def serve_cmd(
     default_max_tokens: int | None,
     min_prompt_tokens_for_pd: int,
     token_stall_timeout_s: float,
+    early_decode: bool,
     ready_file: Path | None,
     processes: int,
     edge_values: tuple[str, ...],
@@ -244,6 +253,8 @@ def serve_cmd(
             update["slo"] = slo
         if link is not None:
             update["pool"] = config.pool.model_copy(update={"link": link})  # a Choice
+        if early_decode:
+            update["dispatch"] = config.dispatch.model_copy(update={"early_decode": True})
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err

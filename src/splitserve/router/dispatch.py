@@ -333,6 +333,8 @@ class Dispatch:
         self.lane: FastLane | None = None
         """Set by the consumer before `chunks()` runs: mid-stream chunks of a `Multiplex`
         decode may be handled in the link's reader (`fast_lane`)."""
+        self._early: tuple[EndpointId, MuxStream] | None = None
+        """`DispatchSettings.early_decode`: the Decode sent at placement, not yet used."""
 
     @property
     def num_output_tokens(self) -> int:
@@ -371,6 +373,7 @@ class Dispatch:
                 d.admission.placed(self.request.num_prompt_tokens)
             self.path = self.placement.path
             self._trace.end("admission", tracing.placement_attributes(self.placement))
+            self._open_early(self.placement)
             # The prefill's first token, then the decode's stream, read here directly (no
             # generator layer between: each layer costs every chunk a resumption).
             first, head = await self._prefill_first(self.placement)
@@ -407,6 +410,7 @@ class Dispatch:
                 )
             raise
         finally:
+            self._drop_early()
             if not finished and self.endpoints:
                 self._d.canceller.cancel_later(self.request.id, dict(self.endpoints))
             for eid in self._ledger_eps:
@@ -570,6 +574,55 @@ class Dispatch:
             logprobs = (messages.logprobs_from_pb(first.first_token_logprobs),)
         return first, Chunk((first.first_token_id,), reason, logprobs)
 
+    def _open_early(self, placement: Placement) -> None:
+        """`DispatchSettings.early_decode`: send the Decode to the first decode candidate now,
+        before the prefill answers (`kv_follows`; `_decode_any` sends its first token and KV on
+        the same sub-request). Only over a Multiplex link; otherwise nothing happens here."""
+        if not self._d.settings.early_decode or placement.path is not Path.DISAGGREGATED:
+            return
+        if not placement.decode:
+            return
+        eid = placement.decode[0]
+        try:
+            stub = self._d.pool.stub(eid)
+        except KeyError:
+            return
+        link = self._link(eid, stub)
+        if link is None:
+            return
+        md = self._trace.begin("decode", {"splitserve.kv": True, "splitserve.early": True})
+        msg = messages.early_decode(
+            self.request, self._slo_context(), sampling_pb=self._sampling_pb()
+        )
+        sub = link.early_decode(msg, self._remaining_s(), md)
+        if sub is not None:
+            self._early = (eid, sub)
+
+    def _take_early(
+        self, eid: EndpointId, first_token_id: int, kv: common_pb2.KvHandle | None
+    ) -> MuxStream | None:
+        """The early Decode if it went to `eid` and is still open, with its first token and KV
+        sent; otherwise it is cancelled (another worker, no KV to pull, or it ended) and None."""
+        early, self._early = self._early, None
+        if early is None:
+            return None
+        e_eid, sub = early
+        if (
+            e_eid == eid
+            and kv is not None
+            and sub.follow(worker_pb2.DecodeKv(first_token_id=first_token_id, kv=kv))
+        ):
+            return sub
+        sub.cancel()
+        return None
+
+    def _drop_early(self) -> None:
+        """An early Decode never used (the prefill failed or ended the request; an error): the
+        worker drops it (it holds nothing of the request's before its KV comes)."""
+        early, self._early = self._early, None
+        if early is not None:
+            early[1].cancel()
+
     def _decode_order(self, placement: Placement) -> tuple[EndpointId, ...]:
         """The decode candidates, the one Aladdin's re-balancing moved the share to first."""
         decode = tuple(placement.decode)
@@ -681,7 +734,11 @@ class Dispatch:
             if kv is not None and not is_member(self._d.pool, kv.source_address):
                 self._fallback("kv_source_left")  # its KV went with it: generate instead
                 kv = None
-            call = self._decode_call(stub, emitted, kv, self._link(eid, stub))
+            call = (
+                self._take_early(eid, emitted[0] if emitted else 0, kv)
+                if self._early is not None
+                else None
+            ) or self._decode_call(stub, emitted, kv, self._link(eid, stub))
             num_before = len(emitted)
             self._d.pool.acquire(eid)
             stall = StallTimer(stall_s, self._step_age(eid))

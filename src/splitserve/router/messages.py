@@ -89,6 +89,24 @@ def decode(
     )
 
 
+def early_decode(
+    req: Request,
+    slo: common_pb2.SloContext | None = None,
+    *,
+    sampling_pb: common_pb2.SamplingParams | None = None,
+) -> worker_pb2.DecodeRequest:
+    """A Decode sent before the prefill answers (`kv_follows`): its first token and KV handle
+    follow on the same Multiplex sub-request (`MuxStream.follow`)."""
+    return worker_pb2.DecodeRequest(
+        request_id=req.id,
+        prompt_token_ids=req.prompt_token_ids,
+        sampling=sampling(req, req.sampling.max_tokens) if sampling_pb is None else sampling_pb,
+        slo_class=req.slo_class,
+        slo=slo,
+        kv_follows=True,
+    )
+
+
 def generate(
     req: Request, emitted: Sequence[int] = (), slo: common_pb2.SloContext | None = None
 ) -> worker_pb2.GenerateRequest:

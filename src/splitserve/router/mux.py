@@ -103,6 +103,7 @@ class MuxStream:
         "_timer",
         "_waiter",
         "deadline",
+        "followed",
         "lane",
     )
 
@@ -122,6 +123,8 @@ class MuxStream:
         self.deadline: float | None = None
         self.lane: Any = None
         """A `fast_lane.FastLane` that may handle a chunk in the reader (None: none)."""
+        self.followed: worker_pb2.DecodeKv | None = None
+        """An early Decode's first token and KV handle, once sent (`follow`)."""
         self._timer: asyncio.TimerHandle | None = None
         if timeout_s is not None:
             self.deadline = due = self._loop.time() + timeout_s
@@ -229,6 +232,17 @@ class MuxStream:
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - self._loop.time())
 
+    def follow(self, decode_kv: worker_pb2.DecodeKv) -> bool:
+        """An early Decode's (`MuxLink.early_decode`) first token and KV handle, sent on this
+        sub-request. False when it has ended (the worker refused it, went away, or the link
+        broke): the caller makes an ordinary Decode call instead."""
+        if self._ended and not isinstance(self._error, _Unsupported):
+            return False
+        self.followed = decode_kv
+        if not self._ended:
+            self._link._follow(self._sid, decode_kv)
+        return True  # (no Multiplex on the worker: `read` makes the whole Decode call)
+
 
 _TokenChunk: Final = common_pb2.TokenChunk
 _UNFINISHED: Final = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -316,6 +330,28 @@ class MuxLink:
                          fallback)  # fmt: skip
         return sub
 
+    def early_decode(
+        self, msg: worker_pb2.DecodeRequest, timeout: float | None, metadata: Metadata
+    ) -> MuxStream | None:
+        """A Decode sent with `kv_follows` before the prefill answers; `MuxStream.follow` sends
+        its first token and KV. None when the worker is known not to serve Multiplex."""
+        if not self.supported:
+            return None
+        stub = self.stub
+        sub: MuxStream
+
+        def fallback() -> Any:  # read only after `follow`: the whole Decode as its own call
+            whole = worker_pb2.DecodeRequest()
+            whole.CopyFrom(msg)
+            whole.kv_follows = False
+            if sub.followed is not None:
+                whole.first_token_id = sub.followed.first_token_id
+                whole.kv.CopyFrom(sub.followed.kv)
+            return stub.Decode(whole, timeout=sub.remaining_s(), metadata=metadata)
+
+        sub = self._open("decode", msg, timeout, metadata, fallback)
+        return sub
+
     async def prefill(
         self, msg: worker_pb2.PrefillRequest, timeout_s: float | None, metadata: Metadata
     ) -> worker_pb2.PrefillResponse:
@@ -374,6 +410,13 @@ class MuxLink:
             op = self._pending.ops.add()
             op.stream_id = sid
             op.cancel.SetInParent()
+            self._kick()
+
+    def _follow(self, sid: int, decode_kv: worker_pb2.DecodeKv) -> None:
+        if sid in self._subs:  # (a broken stream has failed and forgotten its sub-requests)
+            op = self._pending.ops.add()
+            op.stream_id = sid
+            op.decode_kv.CopyFrom(decode_kv)
             self._kick()
 
     def _kick(self) -> None:

@@ -13,6 +13,11 @@ Each sub-request runs through the very handler its own call would (`WorkerServic
 sub-request's own metadata (the trace context), and an `abort` that ends only that sub-request
 with the status its call would have had. A `MuxCancel`, or the stream going away, cancels the
 sub-request's task the way a cancelled call cancels its handler.
+
+A Decode sub-request may come before its prefill has answered (`DecodeRequest.kv_follows`, sent
+when the router picks the pair): its handler checks it at once, then waits on `SubContext.handoff`
+for the first token and KV handle, which a later `MuxOp.decode_kv` with the same stream_id
+delivers. So only that small message is on the way between token 1 and the decode's start.
 """
 
 from __future__ import annotations
@@ -44,11 +49,18 @@ class SubAbort(Exception):  # noqa: N818 - a status, as grpc's own abort
 class SubContext:
     """The servicer context one sub-request's handler sees (the parts the handlers use)."""
 
-    __slots__ = ("_metadata", "_outer")
+    __slots__ = ("_metadata", "_outer", "handoff")
 
-    def __init__(self, outer: grpc.aio.ServicerContext, metadata: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        outer: grpc.aio.ServicerContext,
+        metadata: Mapping[str, str],
+        handoff: asyncio.Future[worker_pb2.DecodeKv] | None = None,
+    ) -> None:
         self._outer = outer
         self._metadata = tuple(metadata.items())
+        self.handoff = handoff
+        """A Decode sent with `kv_follows`: its first token and KV handle (`MuxOp.decode_kv`)."""
 
     async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> NoReturn:
         raise SubAbort(code, details)
@@ -83,6 +95,8 @@ async def serve(
     """Per sub-request, its mid-stream chunk in `pending` that later chunks may join."""
     wake = asyncio.Event()
     tasks: dict[int, asyncio.Task[None]] = {}
+    handoffs: dict[int, asyncio.Future[worker_pb2.DecodeKv]] = {}
+    """Open Decode sub-requests sent with kv_follows whose `decode_kv` has not come yet."""
     reading = True
 
     def emit(event: worker_pb2.MuxEvent) -> None:
@@ -111,18 +125,31 @@ async def serve(
                     sid = op.stream_id
                     which = op.WhichOneof("op")
                     if which == "cancel":
+                        handoffs.pop(sid, None)
                         task = tasks.pop(sid, None)
                         if task is not None:
                             task.cancel()
+                        continue
+                    if which == "decode_kv":
+                        # For an open Decode that waits for it; otherwise (it ended, it was sent
+                        # without kv_follows, or its KV came already) nothing to do.
+                        fut = handoffs.pop(sid, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(op.decode_kv)
                         continue
                     if which is None or sid in tasks:
                         what = "no operation" if which is None else "a stream_id already open"
                         emit(_status(sid, grpc.StatusCode.INVALID_ARGUMENT, f"mux op with {what}"))
                         continue
-                    tasks[sid] = asyncio.create_task(
-                        _run(service, context, sid, op, emit, emit_chunk, tasks),
+                    handoff = None
+                    if which == "decode" and op.decode.kv_follows:
+                        handoff = handoffs[sid] = asyncio.get_running_loop().create_future()
+                    task = tasks[sid] = asyncio.create_task(
+                        _run(service, context, sid, op, emit, emit_chunk, tasks, handoff),
                         name=f"mux-{sid}",
                     )
+                    if handoff is not None:
+                        task.add_done_callback(_forget(handoffs, sid, handoff))
         finally:
             reading = False
             wake.set()
@@ -155,8 +182,9 @@ async def _run(
     emit: Callable[[worker_pb2.MuxEvent], None],
     emit_chunk: Callable[[int, common_pb2.TokenChunk], None],
     tasks: dict[int, asyncio.Task[None]],
+    handoff: asyncio.Future[worker_pb2.DecodeKv] | None = None,
 ) -> None:
-    ctx: Any = SubContext(outer, op.metadata)
+    ctx: Any = SubContext(outer, op.metadata, handoff)
     which = op.WhichOneof("op")
     status = _OK
     try:
@@ -183,6 +211,20 @@ async def _run(
         )
     tasks.pop(sid, None)
     emit(worker_pb2.MuxEvent(stream_id=sid, status=status))
+
+
+def _forget(
+    handoffs: dict[int, asyncio.Future[worker_pb2.DecodeKv]],
+    sid: int,
+    handoff: asyncio.Future[worker_pb2.DecodeKv],
+) -> Callable[[object], None]:
+    """A done callback: the sub-request ended, so a later `decode_kv` for it finds nothing."""
+
+    def forget(_: object) -> None:
+        if handoffs.get(sid) is handoff:
+            del handoffs[sid]
+
+    return forget
 
 
 _UNFINISHED: Final = common_pb2.FINISH_REASON_UNSPECIFIED

@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import grpc
@@ -293,13 +293,43 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         received_s = self.clock.now_s()
         trace = getattr(self.engine, "kv_trace", None)  # SPLITSERVE_KV_TRACE (vLLM engines)
-        if trace is not None:
+        if trace is not None and not request.kv_follows:
             trace.received(request.request_id)
         await self._admit(context, request.request_id, self.role.can_decode, "decode")
-        if not request.HasField("kv"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
-        req = await self._request(context, request)
-        kv = kv_from_pb(request.kv)
+        first_token_id, kv_pb = request.first_token_id, request.kv
+        if request.kv_follows:
+            # Sent before the prefill answered (`worker.mux`): check the request now, then wait
+            # for its first token and KV handle (a cancel, or the stream ending, stops the wait).
+            handoff = getattr(context, "handoff", None)
+            if handoff is None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "kv_follows needs a Multiplex sub-request (its KV comes as MuxOp.decode_kv)",
+                )
+            if request.HasField("kv") or request.first_token_id:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "kv_follows: first_token_id and kv come in MuxOp.decode_kv, not here",
+                )
+            req = await self._request(context, request)
+            assert handoff is not None  # abort raised
+            follow: worker_pb2.DecodeKv = await handoff
+            if self.draining:  # drained while it waited: the router takes the KV elsewhere
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+            received_s = self.clock.now_s()
+            # Arrived now, as an ordinary Decode would have; its first-token deadline (the
+            # router's budget re-based when the message came) stays where it was.
+            req = replace(req, arrival_s=received_s)
+            if trace is not None:
+                trace.received(request.request_id)
+            first_token_id, kv_pb = follow.first_token_id, follow.kv
+            if not follow.HasField("kv"):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
+        else:
+            if not request.HasField("kv"):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
+            req = await self._request(context, request)
+        kv = kv_from_pb(kv_pb)
         problem = kv_handle_problem(kv, req.num_prompt_tokens, self.engine)
         if problem is not None:
             log.warning("refused a KV handle from %s: %s", context.peer(), problem)
@@ -317,7 +347,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if self.pull_log is not None:
             self._decode_received[str(req.id)] = received_s
         try:
-            stream = self.engine.decode(req, request.first_token_id, kv)
+            stream = self.engine.decode(req, first_token_id, kv)
             async for chunk in self._relay("decode", req, stream, context, span):
                 yield chunk
         finally:

@@ -59,3 +59,15 @@ def test_edge_flags_set_the_limits_and_refuse_bad_ones() -> None:
     result = CliRunner().invoke(cli_router.router, ["serve", "--edge", "bogus=1"])
     assert result.exit_code == 2
     assert "--edge" in result.output
+
+
+def test_early_decode_flag_reaches_the_dispatch_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    seen: list[object] = []
+    monkeypatch.setattr(cli_router, "_serve", lambda config, *_: seen.append(config))
+    args = ["serve", "--worker", "127.0.0.1:1", "--tokenizer", str(tmp_path)]
+    for extra, want in (([], False), (["--early-decode"], True)):
+        result = CliRunner().invoke(cli_router.router, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        assert seen.pop().dispatch.early_decode is want  # type: ignore[attr-defined]

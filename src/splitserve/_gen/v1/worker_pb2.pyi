@@ -116,9 +116,16 @@ class DecodeRequest(_message.Message):
     KV_FIELD_NUMBER: _builtins.int
     SLO_CLASS_FIELD_NUMBER: _builtins.int
     SLO_FIELD_NUMBER: _builtins.int
+    KV_FOLLOWS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     first_token_id: _builtins.int
     slo_class: _builtins.str
+    kv_follows: _builtins.bool
+    """Only as a Multiplex sub-request (MuxOp.decode): sent when the pair is chosen, before the
+    prefill answers. first_token_id and kv are then left unset and come in one MuxOp.decode_kv on
+    the same stream_id; the worker checks the request meanwhile and waits for them (a MuxCancel
+    or the stream ending stops the wait). A per-request Decode call with it is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -137,14 +144,40 @@ class DecodeRequest(_message.Message):
         kv: _common_pb2.KvHandle | None = ...,
         slo_class: _builtins.str = ...,
         slo: _common_pb2.SloContext | None = ...,
+        kv_follows: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["kv", b"kv", "sampling", b"sampling", "slo", b"slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_token_id", b"first_token_id", "kv", b"kv", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo", b"slo", "slo_class", b"slo_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_token_id", b"first_token_id", "kv", b"kv", "kv_follows", b"kv_follows", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "slo", b"slo", "slo_class", b"slo_class"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DecodeRequest: _TypeAlias = DecodeRequest  # noqa: Y015
+
+@_typing.final
+class DecodeKv(_message.Message):
+    """The first token and KV handle of an open Decode sub-request sent with kv_follows."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_TOKEN_ID_FIELD_NUMBER: _builtins.int
+    KV_FIELD_NUMBER: _builtins.int
+    first_token_id: _builtins.int
+    @_builtins.property
+    def kv(self) -> _common_pb2.KvHandle: ...
+    def __init__(
+        self,
+        *,
+        first_token_id: _builtins.int = ...,
+        kv: _common_pb2.KvHandle | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv", b"kv"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_token_id", b"first_token_id", "kv", b"kv"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecodeKv: _TypeAlias = DecodeKv  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
@@ -418,6 +451,7 @@ class MuxOp(_message.Message):
     DECODE_FIELD_NUMBER: _builtins.int
     GENERATE_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    DECODE_KV_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     """The caller's name for the sub-request, unique among its open ones on this stream."""
@@ -432,6 +466,12 @@ class MuxOp(_message.Message):
         """Stop the sub-request (as cancelling its own call would); it ends with no further event."""
 
     @_builtins.property
+    def decode_kv(self) -> Global___DecodeKv:
+        """What an open `decode` sub-request sent with kv_follows waits for (ignored for any other,
+        and once the sub-request has ended).
+        """
+
+    @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """What a per-request call carries as gRPC metadata (the trace context: traceparent)."""
 
@@ -443,13 +483,14 @@ class MuxOp(_message.Message):
         decode: Global___DecodeRequest | None = ...,
         generate: Global___GenerateRequest | None = ...,
         cancel: Global___MuxCancel | None = ...,
+        decode_kv: Global___DecodeKv | None = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "generate", b"generate", "op", b"op", "prefill", b"prefill"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "decode_kv", b"decode_kv", "generate", b"generate", "op", b"op", "prefill", b"prefill"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "generate", b"generate", "metadata", b"metadata", "op", b"op", "prefill", b"prefill", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "decode_kv", b"decode_kv", "generate", b"generate", "metadata", b"metadata", "op", b"op", "prefill", b"prefill", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["prefill", "decode", "generate", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["prefill", "decode", "generate", "cancel", "decode_kv"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 

@@ -186,16 +186,26 @@ class Timing:
 class Client:
     """gRPC stubs for the workers, used the way the router uses them."""
 
-    def __init__(self, trace: Any = None) -> None:
+    def __init__(self, trace: Any = None, mux: bool = False, early_decode: bool = False) -> None:
         import grpc
 
         from splitserve._gen.v1 import worker_pb2_grpc
 
         self.trace = trace
         """A `kvtrace.KvTrace`: P/D requests mark when token 1 and token 2 reach us."""
+        self.mux = mux
+        """Prefill / Decode / Generate as sub-requests of one `Multiplex` stream per worker (what
+        the router does), not a call each (the bench's default: a Decode pays a call's set-up
+        between token 1 and token 2, which the router does not)."""
+        self.early_decode = early_decode
+        """With `mux`: each P/D request's Decode is sent with `kv_follows` before its Prefill,
+        and only the first token and KV handle (`MuxOp.decode_kv`) after the Prefill answers."""
+        if early_decode and not mux:
+            raise ValueError("early_decode needs mux (kv_follows is for Multiplex sub-requests)")
 
         self._grpc = grpc
         self._channels: dict[str, Any] = {}
+        self._muxes: dict[str, MuxConn] = {}
         self._stub_cls = worker_pb2_grpc.WorkerStub
 
     def channel(self, address: str) -> Any:
@@ -208,7 +218,29 @@ class Client:
     def stub(self, address: str) -> Any:
         return self._stub_cls(self.channel(address))
 
+    async def _mux(self, address: str) -> MuxConn:
+        conn = self._muxes.get(address)
+        if conn is None:
+            conn = self._muxes[address] = MuxConn(self.stub(address))
+        await conn.ready()
+        return conn
+
+    async def _unary_prefill(self, address: str, msg: Any) -> Any:
+        if self.mux:
+            return await (await self._mux(address)).prefill(msg)
+        return await self.stub(address).Prefill(msg)
+
+    async def _stream(self, address: str, kind: str, msg: Any) -> Any:
+        """A Decode (`kind` "decode") or Generate's chunks."""
+        if self.mux:
+            return (await self._mux(address)).stream(kind, msg)
+        stub = self.stub(address)
+        return (stub.Decode if kind == "decode" else stub.Generate)(msg)
+
     async def close(self) -> None:
+        for conn in self._muxes.values():
+            await conn.close()
+        self._muxes.clear()
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
@@ -233,10 +265,21 @@ class Client:
         from splitserve._gen.v1 import worker_pb2
 
         t0 = time.perf_counter()
-        out = await self.stub(prefill).Prefill(
+        early: tuple[MuxConn, int, Any] | None = None
+        if self.early_decode:  # sent when the pair is known, before the prefill
+            conn = await self._mux(decode)
+            msg = worker_pb2.DecodeRequest(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                sampling=self.sampling(max_tokens),
+                kv_follows=True,
+            )
+            early = (conn, *await conn.open("decode", msg))
+        out = await self._unary_prefill(
+            prefill,
             worker_pb2.PrefillRequest(
                 request_id=rid, prompt_token_ids=prompt, sampling=self.sampling(max_tokens)
-            )
+            ),
         )
         t1 = time.perf_counter() - t0
         if at_handoff is not None:
@@ -250,15 +293,24 @@ class Client:
         blocks = params.get("remote_block_ids") or []
         if blocks and not isinstance(blocks[0], list):
             blocks = [blocks]
-        call = self.stub(decode).Decode(
-            worker_pb2.DecodeRequest(
-                request_id=rid,
-                prompt_token_ids=prompt,
-                first_token_id=out.first_token_id,
-                sampling=self.sampling(max_tokens),
-                kv=out.kv,
+        call: Any
+        if early is not None:
+            conn, sid, call = early
+            await conn.send(
+                sid, decode_kv=worker_pb2.DecodeKv(first_token_id=out.first_token_id, kv=out.kv)
             )
-        )
+        else:
+            call = await self._stream(
+                decode,
+                "decode",
+                worker_pb2.DecodeRequest(
+                    request_id=rid,
+                    prompt_token_ids=prompt,
+                    first_token_id=out.first_token_id,
+                    sampling=self.sampling(max_tokens),
+                    kv=out.kv,
+                ),
+            )
         async for chunk in call:
             if chunk.error:
                 raise RuntimeError(f"decode of {rid}: {chunk.error}")
@@ -279,10 +331,12 @@ class Client:
         t0 = time.perf_counter()
         tokens: list[int] = []
         times: list[float] = []
-        call = self.stub(address).Generate(
+        call = await self._stream(
+            address,
+            "generate",
             worker_pb2.GenerateRequest(
                 request_id=rid, prompt_token_ids=prompt, sampling=self.sampling(max_tokens)
-            )
+            ),
         )
         async for chunk in call:
             if chunk.error:
@@ -292,6 +346,107 @@ class Client:
                 tokens.append(t)
                 times.append(now)
         return _timing("agg", prompt, tokens, times)
+
+
+class MuxConn:
+    """One `Worker.Multiplex` stream to a worker, its sub-requests read like their own calls
+    (a minimal counterpart of the router's `router.mux.MuxLink`, which the worker package may
+    not import: no fallback, no deadlines, no fast lane)."""
+
+    def __init__(self, stub: Any) -> None:
+        import asyncio
+
+        self._call = stub.Multiplex()
+        self._subs: dict[int, asyncio.Queue[Any]] = {}
+        self._next = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._writing = asyncio.Lock()  # one write at a time on the call
+
+    async def ready(self) -> None:
+        """The worker's header is in (it is sent first; nothing is written before it)."""
+        if self._reader is None:
+            import asyncio
+
+            await self._call.initial_metadata()
+            self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        from grpc import aio
+
+        while True:
+            resp = await self._call.read()
+            if resp is aio.EOF:
+                break
+            for ev in resp.events:
+                q = self._subs.get(ev.stream_id)
+                if q is not None:
+                    q.put_nowait(ev)
+        for q in self._subs.values():
+            q.put_nowait(None)
+
+    async def send(self, sid: int, **op: Any) -> None:
+        """One op (`prefill=`, `decode=`, `generate=`, `decode_kv=`, ...) for sub-request `sid`."""
+        from splitserve._gen.v1 import worker_pb2
+
+        msg = worker_pb2.MuxRequest(ops=[worker_pb2.MuxOp(stream_id=sid, **op)])
+        async with self._writing:
+            await self._call.write(msg)
+
+    def _new(self) -> tuple[int, Any]:
+        import asyncio
+
+        self._next += 1
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        self._subs[self._next] = q
+        return self._next, q
+
+    async def prefill(self, msg: Any) -> Any:
+        sid, q = self._new()
+        try:
+            await self.send(sid, prefill=msg)
+            ev = await q.get()
+            if ev is None or ev.WhichOneof("event") != "prefill":
+                raise RuntimeError(f"prefill sub-request {sid}: {ev}")
+            return ev.prefill
+        finally:
+            del self._subs[sid]
+
+    async def open(self, kind: str, msg: Any) -> tuple[int, Any]:
+        """A Decode (`kind` "decode") or Generate sub-request, sent now: its stream_id, and its
+        chunks (an async iterator; an error status raises)."""
+        sid, q = self._new()
+        try:
+            await self.send(sid, **{kind: msg})
+        except BaseException:
+            del self._subs[sid]
+            raise
+        return sid, self._chunks(kind, sid, q)
+
+    async def stream(self, kind: str, msg: Any) -> Any:
+        _, chunks = await self.open(kind, msg)
+        async for chunk in chunks:
+            yield chunk
+
+    async def _chunks(self, kind: str, sid: int, q: Any) -> Any:
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    raise RuntimeError(f"{kind} sub-request {sid}: the stream ended")
+                which = ev.WhichOneof("event")
+                if which == "status":
+                    if ev.status.code:
+                        raise RuntimeError(f"{kind} sub-request {sid}: {ev.status}")
+                    return
+                if which == "chunk":
+                    yield ev.chunk
+        finally:
+            del self._subs[sid]
+
+    async def close(self) -> None:
+        await self._call.done_writing()
+        if self._reader is not None:
+            await self._reader
 
 
 def _timing(mode: str, prompt: list[int], tokens: list[int], times: list[float]) -> Timing:

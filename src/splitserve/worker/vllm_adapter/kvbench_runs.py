@@ -110,9 +110,11 @@ async def _single(
     trace: Any = None,
     regions: int = 1,
     at_handoff: bool = False,
+    mux: bool = False,
+    early_decode: bool = False,
 ) -> dict[str, list[Timing]]:
     """P/D and control (Generate on D beside an idle P), interleaved per request."""
-    client = Client(trace)
+    client = Client(trace, mux=mux, early_decode=early_decode)
     out: dict[str, list[Timing]] = {"pd": [], "control": [], "first": []}
     moved: dict[int, tuple[int, ReadMethod]] = {}
     try:
@@ -189,8 +191,10 @@ async def _warm_engines(client: Client, p: WorkerProc, d: WorkerProc, max_tokens
         await client.stub(p.address).Cancel(worker_pb2.CancelRequest(request_id=out.request_id))
 
 
-async def _agg(d: WorkerProc, lengths: Sequence[int], repeat: int, max_tokens: int) -> list[Timing]:
-    client = Client()
+async def _agg(
+    d: WorkerProc, lengths: Sequence[int], repeat: int, max_tokens: int, mux: bool = False
+) -> list[Timing]:
+    client = Client(mux=mux)
     out = []
     try:
         for rep in range(repeat + 1):
@@ -216,9 +220,13 @@ def run_single(
     warm: bool = True,
     trace: bool = False,
     at_handoff: bool = False,
+    mux: bool = False,
+    early_decode: bool = False,
 ) -> dict[str, Any]:
     """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
-    the result has each one's milestones under "trace"."""
+    the result has each one's milestones under "trace". `mux`: every call a sub-request of one
+    `Multiplex` stream per worker, as the router sends them (`Client.mux`); `early_decode`: with
+    it, each Decode sent before its Prefill, its KV after (`Client.early_decode`)."""
     from splitserve.worker.vllm_adapter import kvtrace
 
     trace_file = run_dir / "kvtrace.jsonl"
@@ -254,6 +262,8 @@ def run_single(
                     tracer,
                     regions,
                     at_handoff,
+                    mux,
+                    early_decode,
                 )
             )
             # Page size of each side's KV cache: a cma READ's speed depends on it.
@@ -268,7 +278,7 @@ def run_single(
                     r.close()
         res["idle_cpu_after"] = idle_cpu([p, d], idle_s)
     with workers(run_dir, model, [("decode", "mixed", 1)], **kw) as (d,):
-        timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens))
+        timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens, mux))
     res["timings"] = timings
     res["regions"] = kv_regions(model) if engine == "vllm" else 1
     res["warm"] = warm and engine == "vllm"
@@ -665,6 +675,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also READ raw on the decode worker's core between each Prefill answer and its "
         "Decode call (the moment vLLM's READ runs in); delays the Decode call by that READ",
     )
+    ap.add_argument(
+        "--mux",
+        action="store_true",
+        help="the single run's calls as sub-requests of one Multiplex stream per worker, as the "
+        "router sends them (default: a gRPC call each; a Decode then pays a call's set-up)",
+    )
+    ap.add_argument(
+        "--early-decode",
+        action="store_true",
+        help="with --mux: each P/D Decode sent before its Prefill (kv_follows), the first token "
+        "and KV handle after it answers (MuxOp.decode_kv)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -674,6 +696,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     if args.pull_in_step and args.async_pull:
         raise SystemExit("--pull-in-step and --async-pull exclude each other")
+    if args.early_decode and not args.mux:
+        raise SystemExit("--early-decode needs --mux (kv_follows is for Multiplex sub-requests)")
     runs = set(args.runs.split(","))
     unknown = runs - {"single", "interference", "sim", "fresh"}
     if unknown:
@@ -691,7 +715,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min); model {model}; "
         f"NIXL progress thread {'on' if args.progress_thread else 'off'}; KV cache in "
         f"{'4 KiB pages' if args.no_huge_pages else 'transparent huge pages'}; decode KV "
-        f"{'pulled in-step' if args.pull_in_step else 'pulled async'}\n"
+        f"{'pulled in-step' if args.pull_in_step else 'pulled async'}; calls "
+        f"{'multiplexed (one stream per worker)' if args.mux else 'one gRPC call each'}"
+        f"{'; Decode sent before the Prefill, its KV after' if args.early_decode else ''}\n"
     )
     results: dict[str, Any] = {}
     interference = {
@@ -714,6 +740,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 warm=not args.cold,
                 trace=args.trace,
                 at_handoff=args.raw_at_handoff,
+                mux=args.mux,
+                early_decode=args.early_decode,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))
