@@ -124,7 +124,7 @@ def test_pull_counts_drain_with_every_request(
 
 
 def test_bad_settings_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="RouterSlo.predictor"):
+    with pytest.raises(ValueError, match=r"RouterSlo\.predictor"):
         RouterSlo({}, "psychic")
     with pytest.raises(ValueError, match="max_tokens"):
         RouterSlo({}, max_tokens=0)

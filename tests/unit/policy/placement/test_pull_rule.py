@@ -153,9 +153,7 @@ def test_not_where_the_prefill_would_stall_running_decodes() -> None:
     eps = [ep("p", Role.PREFILL), stalled]
     assert decider().place(req(), eps).reason == "split"
     idle = ep("d", pending_pull_tokens=60_000, decode_step_base_s=0.02, decode_step_per_seq_s=0.001)
-    assert decider().place(req(), [ep("p", Role.PREFILL), idle]).reason == (
-        "pull_would_miss_tpot"
-    )
+    assert decider().place(req(), [ep("p", Role.PREFILL), idle]).reason == ("pull_would_miss_tpot")
 
 
 def test_not_where_the_decode_worker_would_miss_tpot() -> None:
