@@ -167,14 +167,15 @@ def test_only_in_auto_mode() -> None:
     assert decider(Disaggregation.NEVER).place(req(), eps).reason == "never"
 
 
-workers = st.lists(
-    st.builds(
-        dict,
-        pending_prefill_tokens=st.integers(0, 50_000),
-        num_running=st.integers(0, 8),
-        decode_step_base_s=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
-        decode_step_per_seq_s=st.sampled_from([0.0, 0.001, 0.01]),
-        kv_pull_tokens_per_s=st.sampled_from([0.0, 2_000.0, 10_000.0]),
+workers: st.SearchStrategy[list[dict[str, object]]] = st.lists(
+    st.fixed_dictionaries(
+        {
+            "pending_prefill_tokens": st.integers(0, 50_000),
+            "num_running": st.integers(0, 8),
+            "decode_step_base_s": st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+            "decode_step_per_seq_s": st.sampled_from([0.0, 0.001, 0.01]),
+            "kv_pull_tokens_per_s": st.sampled_from([0.0, 2_000.0, 10_000.0]),
+        }
     ),
     min_size=1,
     max_size=4,
@@ -192,7 +193,7 @@ requests = st.builds(
 def _eps(specs: list[dict[str, object]], pending: int) -> list[EndpointView]:
     out = [ep("p", Role.PREFILL)]
     for i, kw in enumerate(specs):
-        out.append(ep(f"d{i}", pending_pull_tokens=pending, **kw))
+        out.append(ep(f"d{i}", Role.DECODE, pending_pull_tokens=pending, **kw))
     return out
 
 
