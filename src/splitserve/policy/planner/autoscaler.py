@@ -173,7 +173,9 @@ class AutoscalerParams:
     (`Kind.HOLD`, "sized rate rising"). On the full-length code trace 6 of the 8 reversals
     began with a stabilized scale-down taken while that rate was already rising tick over tick
     (e.g. decode 4 -> 3 -> 2 -> 1 at forecasts 1.78, 8.38, 8.22 req/s, then 1 -> 2 under
-    pressure 40 s later; docs/benchmarks.md, 2026-11-27)."""
+    pressure 40 s later; docs/benchmarks.md, 2026-11-27). Measured there and **not used** by
+    the live loops: full length 84.00 -> 85.52 % in SLO at 9.60 -> 10.40 GPU-h, but 8 -> 8
+    reversals (the trajectory changes and others take their place)."""
     band_z: float = 0.0
     """Scale-down band from the noise of the measured rate (0: off, the fixed band of
     `scale_down_utilization` alone). A window of `T` seconds reads a Poisson rate `λ` with a
