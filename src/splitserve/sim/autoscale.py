@@ -59,7 +59,7 @@ from splitserve.policy.planner.signals import (
 from splitserve.sim.admission import SHED, AdmissionSpec, SimAdmission
 from splitserve.sim.cluster import Cluster, ClusterSpec
 from splitserve.sim.engine import Simulator
-from splitserve.sim.entities import PoolSpec, SimRequest, SimWorker, WorkerTemplate
+from splitserve.sim.entities import PoolSpec, RouterSlo, SimRequest, SimWorker, WorkerTemplate
 from splitserve.sim.metrics import RequestRecord, percentile
 from splitserve.sim.workload import WorkItem
 
@@ -149,6 +149,21 @@ class Setup:
     """The router's admission gate (its defaults: room while the best prefill worker's
     predicted backlog is within 25 % of the tightest TTFT target, no outstanding cap, 1,024
     queued). None: every request is placed at arrival (the simulator before the gate)."""
+
+    router_predictor: str | None = "per-class"
+    """The router's SLO inputs to its P/D decider (`sim.entities.RouterSlo`): each placement
+    carries the class's TTFT budget and TPOT target and this predictor's output length (the
+    router's default `per-class`; `oracle`, the true length, only as an upper bound), and the
+    workers' rate estimates, so `prefill_would_miss_ttft` and `pull_would_miss_tpot` act as in
+    the router. None: placements without them (every prompt split; the runs before
+    2026-11-27)."""
+
+    def router_slo(self) -> RouterSlo | None:
+        if self.router_predictor is None:
+            return None
+        return RouterSlo(
+            {c.name: (c.ttft_s, c.tpot_s) for c in self.classes}, self.router_predictor
+        )
 
     def gate(self, cluster: Cluster) -> SimAdmission | None:
         """The admission gate for `cluster` (installed), or None without one."""
@@ -502,7 +517,10 @@ def run_autoscaled(
     params = setup.params
     template = setup.template()
     perf = setup.perf_model()
-    spec = ClusterSpec(tuple(PoolSpec(PoolName(r.value), r, 0, template) for r in ROLES))
+    spec = ClusterSpec(
+        tuple(PoolSpec(PoolName(r.value), r, 0, template) for r in ROLES),
+        router_slo=setup.router_slo(),
+    )
     sim = Simulator()
     cluster = Cluster(spec, items)
     fleet = _Fleet(cluster, template, setup.initial)
@@ -701,7 +719,8 @@ def run_static(
 ) -> RunResult:
     """The same workload on fixed pools (no loop); each pool's workers at its TP."""
     spec = ClusterSpec(
-        tuple(PoolSpec(PoolName(r.value), r, pools.get(r, 0), setup.template(r)) for r in ROLES)
+        tuple(PoolSpec(PoolName(r.value), r, pools.get(r, 0), setup.template(r)) for r in ROLES),
+        router_slo=setup.router_slo(),
     )
     sim = Simulator()
     cluster = Cluster(spec, items)
@@ -744,7 +763,10 @@ def run_scheduled(
     if interval_s <= 0:
         raise ValueError("interval_s must be > 0")
     template = setup.template()
-    spec = ClusterSpec(tuple(PoolSpec(PoolName(r.value), r, 0, template) for r in ROLES))
+    spec = ClusterSpec(
+        tuple(PoolSpec(PoolName(r.value), r, 0, template) for r in ROLES),
+        router_slo=setup.router_slo(),
+    )
     sim = Simulator()
     cluster = Cluster(spec, items)
     fleet = _Fleet(cluster, template, schedule[0])

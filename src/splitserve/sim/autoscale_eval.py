@@ -452,6 +452,17 @@ def evaluate(
 # -- reporting ----------------------------------------------------------------------------------
 
 
+def _fmt_router_slo(setup: Setup) -> str:
+    if setup.router_predictor is None:
+        return "placements without SLO inputs (every prompt split)"
+    return (
+        "placements with the router's SLO inputs (deadlines, `"
+        + setup.router_predictor
+        + "` output-length prediction, rate estimates: the P/D decider's "
+        "`prefill_would_miss_ttft` / `pull_would_miss_tpot` act)"
+    )
+
+
 def _fmt_admission(setup: Setup) -> str:
     a = setup.admission
     if a is None:
@@ -513,7 +524,7 @@ def markdown(evals: Sequence[Evaluation], setup: Setup) -> str:
         f"{p.scale_down_utilization:g} down, prefill tail fraction {p.ttft_tail_fraction:g}, "
         f"decode occupancy floor {'on' if p.occupancy_floor else 'off'}; "
         f"'after warm-up': requests arriving after "
-        f"{setup.warmup_s:g} s; {_fmt_admission(setup)}.\n\n"
+        f"{setup.warmup_s:g} s; {_fmt_admission(setup)}; {_fmt_router_slo(setup)}.\n\n"
     )
     rows = [
         "| scenario | run | pools | attainment | after warm-up | shed | GPU-h "

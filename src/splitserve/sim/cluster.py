@@ -44,6 +44,7 @@ from splitserve.policy.placement.profile import (
 from splitserve.sim.engine import Simulator, relax_gc
 from splitserve.sim.entities import (
     PoolSpec,
+    RouterSlo,
     SimRequest,
     SimRouter,
     SimWorker,
@@ -74,6 +75,10 @@ class ClusterSpec:
     load_report_interval_s: float = 0.0
     """0: the router sees each worker's exact state; > 0: load reports this often (the live
     workers push one every ~0.1 s), plus the router's in-flight counts either way."""
+    router_slo: RouterSlo | None = None
+    """The SLO inputs the live router gives its decider (deadlines, predicted lengths, rate
+    estimates; `sim.entities.RouterSlo`); None: placements without them (the decider's SLO
+    rules never fire; the paper reproductions)."""
 
     @property
     def num_workers(self) -> int:
@@ -130,7 +135,7 @@ class Cluster:
             build_profile(spec.decode_profile), build_profile(spec.prefill_profile), spec.decider
         )
         self.router = SimRouter(
-            decider, self.workers, record_placements, spec.load_report_interval_s
+            decider, self.workers, record_placements, spec.load_report_interval_s, spec.router_slo
         )
         self.requests: list[SimRequest] = []
         self._live: dict[RequestId, SimRequest] = {}
@@ -216,6 +221,7 @@ class Cluster:
         if placement.path is Path.DISAGGREGATED:
             req.prefill_worker = idx(placement.prefill[0])
             target, mode = self.workers[req.prefill_worker], RequestMode.PREFILL
+            self._pull(req, self.workers[req.decode_worker])
         else:
             target, mode = self.workers[req.decode_worker], RequestMode.GENERATE
         try:
@@ -295,6 +301,7 @@ class Cluster:
         sim.schedule(end, EventKind.TRANSFER_DONE, decode.index, req)
 
     def _transfer_done(self, req: SimRequest, sim: Simulator) -> None:
+        self._pull(req, None)
         decode = self.workers[req.decode_worker]
         prefill = self.workers[req.prefill_worker]
         if decode.engine.finish_transfer(req.id):
@@ -409,6 +416,8 @@ class Cluster:
             req.decode_worker = worker
             if req.reserved_on >= 0:
                 self._reserve(req, target)
+            if req.pull_on >= 0:
+                self._pull(req, target)
             return True
         if phase is not SeqPhase.WAITING or engine.blocks.blocks_held(rid):
             return False
@@ -421,6 +430,8 @@ class Cluster:
             return False
         engine.abort(rid)
         req.decode_worker = worker
+        if req.pull_on >= 0:
+            self._pull(req, target)
         old.changed()
         target.changed()
         if req.counted_on == old.index:
@@ -458,7 +469,23 @@ class Cluster:
         worker.reserved += 1
         worker.reserved_blocks += req.reserved_blocks
 
+    def _pull(self, req: SimRequest, worker: SimWorker | None) -> None:
+        """Move `req`'s pending KV pull to `worker`'s inbound count (None: the pull is done or
+        will not happen): what the decider's `pending_pull_tokens` shows."""
+        if req.pull_on >= 0:
+            old = self.workers[req.pull_on]
+            old.pull_tokens -= req.item.num_prompt_tokens
+            old.changed()
+        if worker is None:
+            req.pull_on = -1
+            return
+        req.pull_on = worker.index
+        worker.pull_tokens += req.item.num_prompt_tokens
+        worker.changed()
+
     def _finish(self, req: SimRequest, now: float) -> None:
+        self._pull(req, None)
+        self.router.finished(req)
         self._reserve(req, None)
         self._count_on(req, None)
         req.finish_s = now
@@ -468,6 +495,7 @@ class Cluster:
     def _drop(self, req: SimRequest, reason: str) -> None:
         if self.admission is not None:
             self.admission.forget(req)
+        self._pull(req, None)
         self._reserve(req, None)
         self._count_on(req, None)
         req.dropped = reason

@@ -23,7 +23,8 @@ from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import EngineModel, Step
 from splitserve.policy.placement.base import EndpointView, Placement, RequestView
 from splitserve.policy.placement.decider import PdDecider
-from splitserve.policy.predict import make_predictor
+from splitserve.policy.predict import LengthQuery, make_predictor
+from splitserve.policy.predict.per_class import ClasslessPredictor, PerClassPredictor
 from splitserve.sim.workload import WorkItem
 
 HOST_LINK_BYTES_PER_S = 25e9
@@ -161,6 +162,11 @@ class SimRequest:
     """The decode worker holding this split request's reservation while its prompt is still on
     the prefill side (-1: none; see `SimWorker.reserved`)."""
     reserved_blocks: int = 0
+    pull_on: int = -1
+    """The decode worker that will pull this split request's KV and has not finished the pull
+    (-1: none; see `SimWorker.pull_tokens`)."""
+    predicted_output_tokens: int | None = None
+    """The router's predicted output length at placement (with `RouterSlo`; None without)."""
     dropped: str = ""
     """Why the request was dropped (empty when it was not)."""
 
@@ -248,6 +254,17 @@ class SimWorker:
         self._view_reserved_blocks = 0
         self.link_free_s = 0.0
         """When the inbound KV link finishes its queued pulls (transfers into this worker)."""
+        self.pull_tokens = 0
+        """Prompt tokens of split requests placed here whose KV pull has not finished (the
+        view's `pending_pull_tokens`)."""
+        self.est_prefill_tokens_per_s = 0.0
+        """The router's prefill-rate estimate for this worker (`RouterSlo.estimates`; 0: none,
+        as before a live router has fitted one)."""
+        self.est_pull_tokens_per_s = 0.0
+        """The router's KV-pull-rate estimate for this worker's inbound link (likewise)."""
+        self.est_decode_base_s = 0.0
+        self.est_decode_per_seq_s = 0.0
+        """The router's decode step estimate, base + per_seq x batch (likewise)."""
 
     @property
     def busy(self) -> bool:
@@ -287,6 +304,7 @@ class SimWorker:
             and self._exact_lo_s <= now_s - self.step_started_s < self._exact_hi_s
             and view.inflight == self.inflight + self.reserved
             and self._view_reserved_blocks == self.reserved_blocks
+            and view.pending_pull_tokens == self.pull_tokens
         ):
             return view  # `_exact_load` would hit its cache, and the view shows that load
         if report_interval_s > 0:
@@ -303,6 +321,7 @@ class SimWorker:
                 and self._view_seq == self._exact_seq
                 and view.inflight == self.inflight + self.reserved
                 and self._view_reserved_blocks == self.reserved_blocks
+                and view.pending_pull_tokens == self.pull_tokens
             ):
                 return view  # nothing the view shows has changed
             self._view_seq = self._exact_seq
@@ -318,6 +337,8 @@ class SimWorker:
             or view.num_waiting != waiting
             or view.num_running != running
             or view.pending_prefill_tokens != pending
+            or view.pending_pull_tokens != self.pull_tokens
+            or view.prefill_tokens_per_s != self.est_prefill_tokens_per_s
         ):
             view = EndpointView(
                 id=self.id,
@@ -329,6 +350,11 @@ class SimWorker:
                 kv_block_size=size,
                 pending_prefill_tokens=pending,
                 inflight=inflight,
+                prefill_tokens_per_s=self.est_prefill_tokens_per_s,
+                kv_pull_tokens_per_s=self.est_pull_tokens_per_s,
+                decode_step_base_s=self.est_decode_base_s,
+                decode_step_per_seq_s=self.est_decode_per_seq_s,
+                pending_pull_tokens=self.pull_tokens,
             )
             self._view = view
         return view
@@ -416,6 +442,43 @@ class PlacementRecord:
     placement: Placement
 
 
+ROUTER_PREDICTORS = ("per-class", "bucketed", "history", "oracle")
+"""`RouterSlo.predictor` choices: the router's three (`per-class` is its default) and the true
+length (`oracle`: an upper bound only, a live router cannot know it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSlo:
+    """What the live router puts on each placement that the simulator's router otherwise
+    leaves out (`router.dispatch` builds the same `RequestView`): the class's TTFT budget left
+    and TPOT target, the predicted output length, and per-worker estimates (prefill rate,
+    KV-pull rate, the pulls placed and not finished). With it, `PdDecider`'s SLO rules
+    (`prefill_would_miss_ttft`, `pull_would_miss_tpot`) act in the simulator as in the router.
+
+    Approximations: the targets are the class's own (the router divides them by tail factors it
+    learns, 1 until it has samples); the estimates are the latency model's, priced once per
+    worker at `reference_tokens` (prefill of that many tokens, its KV's pull, decode steps of
+    one and two sequences at that context; the live router fits them from observed steps)."""
+
+    classes: Mapping[str, tuple[float, float]]
+    """Class name -> (TTFT target s, TPOT target s); a class not named has no SLO."""
+    predictor: str = "per-class"
+    """One of `ROUTER_PREDICTORS`."""
+    max_tokens: int = 4096
+    """The `max_tokens` the router sees (the traces carry none; the true length must not leak
+    into a prediction, so the predictor's cap is this)."""
+    reference_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.predictor not in ROUTER_PREDICTORS:
+            raise ValueError(
+                f"RouterSlo.predictor {self.predictor!r}: expected one of "
+                + ", ".join(ROUTER_PREDICTORS)
+            )
+        if self.max_tokens < 1 or self.reference_tokens < 1:
+            raise ValueError("RouterSlo.max_tokens and reference_tokens must be >= 1")
+
+
 class SimRouter:
     """The live placement pipeline (`PdDecider`) over views of the simulated workers."""
 
@@ -425,6 +488,7 @@ class SimRouter:
         workers: Sequence[SimWorker],
         record: bool = False,
         report_interval_s: float = 0.0,
+        slo: RouterSlo | None = None,
     ) -> None:
         self.decider = decider
         self.report_interval_s = report_interval_s
@@ -432,24 +496,78 @@ class SimRouter:
         self._index = {w.id: w.index for w in workers}
         self.records: list[PlacementRecord] | None = [] if record else None
         """Every placement's inputs and decision, when recording."""
+        self.slo = slo
+        self._predictor: PerClassPredictor | ClasslessPredictor | None = None
+        if slo is not None and slo.predictor != "oracle":
+            if slo.predictor == "per-class":
+                self._predictor = PerClassPredictor(slo.classes)
+            else:
+                self._predictor = ClasslessPredictor(make_predictor(slo.predictor))
 
     def endpoint_views(self, now_s: float) -> list[EndpointView]:
         interval = self.report_interval_s
+        if self.slo is not None:
+            for w in self.workers:
+                if w.est_prefill_tokens_per_s <= 0:
+                    self._estimate(w, self.slo.reference_tokens)
         return [w.endpoint_view(now_s, interval) for w in self.workers]
+
+    @staticmethod
+    def _estimate(w: SimWorker, tokens: int) -> None:
+        prefill = w.latency.step_s(BatchShape(((tokens, 0),)))
+        pull = w.latency.kv_transfer_s(tokens * w.template.kv_layout.bytes_per_token)
+        w.est_prefill_tokens_per_s = tokens / prefill if prefill > 0 else 0.0
+        w.est_pull_tokens_per_s = tokens / pull if pull > 0 else 0.0
+        one = w.latency.step_s(BatchShape((), (tokens,)))
+        two = w.latency.step_s(BatchShape((), (tokens, tokens)))
+        w.est_decode_per_seq_s = max(0.0, two - one)
+        w.est_decode_base_s = max(0.0, one - w.est_decode_per_seq_s)
+        w.changed()
 
     def place(self, req: SimRequest, now_s: float) -> Placement:
         """Raises `NoEligibleEndpoint` when no decode-capable worker takes work."""
-        view = RequestView(
-            id=req.id,
-            num_prompt_tokens=req.item.num_prompt_tokens,
-            max_tokens=req.item.num_output_tokens,
-            slo_class=req.item.slo_class,
-        )
+        slo = self.slo
+        if slo is None:
+            view = RequestView(
+                id=req.id,
+                num_prompt_tokens=req.item.num_prompt_tokens,
+                max_tokens=req.item.num_output_tokens,
+                slo_class=req.item.slo_class,
+            )
+        else:
+            budget: float | None = None
+            tpot: float | None = None
+            targets = slo.classes.get(req.item.slo_class)
+            if targets is not None:
+                budget = targets[0] - (now_s - req.item.arrival_s)
+                tpot = targets[1]
+            if self._predictor is None:
+                predicted = max(1, req.item.num_output_tokens)  # oracle: an upper bound only
+            else:
+                query = LengthQuery(req.id, req.item.num_prompt_tokens, 0, slo.max_tokens)
+                predicted = self._predictor.predict(req.item.slo_class, query)
+            req.predicted_output_tokens = predicted
+            view = RequestView(
+                id=req.id,
+                num_prompt_tokens=req.item.num_prompt_tokens,
+                max_tokens=slo.max_tokens,
+                slo_class=req.item.slo_class,
+                predicted_output_tokens=predicted,
+                ttft_budget_s=budget,
+                tpot_target_s=tpot,
+            )
         endpoints = self.endpoint_views(now_s)
         placement = self.decider.place(view, endpoints)
         if self.records is not None:
             self.records.append(PlacementRecord(req.request, tuple(endpoints), placement))
         return placement
+
+    def finished(self, req: SimRequest) -> None:
+        """A request finished: the predictor learns its length, as the router's does."""
+        if self._predictor is not None and req.num_output_tokens > 0:
+            self._predictor.observe(
+                req.item.slo_class, req.item.num_prompt_tokens, req.num_output_tokens
+            )
 
     def worker_index(self, eid: EndpointId) -> int:
         return self._index[eid]

@@ -43,6 +43,12 @@ class EndpointView:
     decode_step_base_s: Final[float]
     """Fitted decode step time: base + per_seq * batch; both 0 = no estimate yet."""
     decode_step_per_seq_s: Final[float]
+    kv_pull_tokens_per_s: Final[float]
+    """The owner's estimate of how fast KV pulls into this worker move (prompt tokens per
+    second over its inbound link); 0 = no estimate yet."""
+    pending_pull_tokens: Final[int]
+    """Prompt tokens whose KV will be pulled into this worker before a pull placed now (split
+    requests placed here and not yet pulled); 0 when the owner does not count them."""
 
     def __init__(
         self,
@@ -61,6 +67,8 @@ class EndpointView:
         prefill_tokens_per_s: float = 0.0,
         decode_step_base_s: float = 0.0,
         decode_step_per_seq_s: float = 0.0,
+        kv_pull_tokens_per_s: float = 0.0,
+        pending_pull_tokens: int = 0,
     ) -> None:
         self.id = id
         self.role = role
@@ -77,6 +85,8 @@ class EndpointView:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.decode_step_base_s = decode_step_base_s
         self.decode_step_per_seq_s = decode_step_per_seq_s
+        self.kv_pull_tokens_per_s = kv_pull_tokens_per_s
+        self.pending_pull_tokens = pending_pull_tokens
 
     @property
     def batch(self) -> int:

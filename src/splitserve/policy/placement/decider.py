@@ -9,7 +9,29 @@
   (`short_prompt`), when no prefill worker accepts work (`no_prefill_worker`), or when the best
   prefill worker's predicted queueing + prefill would miss the request's TTFT deadline while the
   best decode-capable worker would meet it (`prefill_would_miss_ttft`: Splitwise's mixed pool);
-  else split (`split`).
+  when the KV pull between token 1 and token 2 would by itself break the request's TPOT
+  target while a decode-capable worker can run the whole request within its TTFT deadline
+  (`pull_would_miss_tpot`, below); else split (`split`).
+
+`pull_would_miss_tpot`: a split request's first token comes from the prefill worker, the
+decode worker pulls the prompt's KV, then generates the rest, so the pull is spread over the
+request's n - 1 inter-token gaps. With pull = `predicted_pull_s(decode worker)` (the pulls
+placed there before it plus its own, over the worker's fitted pull rate) and n the *predicted*
+output length (`RequestView.predicted_output_tokens`, else `max_tokens`: never the true
+length, which a live router does not know), the rule fires when n >= 2 and pull / (n - 1) >
+the TPOT target. The request then runs aggregated on the first worker of the decode ranking
+whose predicted prefill meets the TTFT budget, whose predicted TPOT (when estimated) meets
+the target and, when it already runs requests, whose TPOT plus the prompt's prefill time
+spread over n - 1 gaps still meets it (the prefill stalls the requests decoding there once;
+the request's own n stands in for theirs). No such worker, no TTFT budget, no TPOT target or
+no pull estimate: split as before. Monotone: a longer predicted pull never turns an
+aggregated decision back into a split.
+
+Not on the prefill worker that would have run the prompt, even where its role could
+generate: in the simulator (Azure code trace, `--quick`, static P14:D6, true lengths) a mixed
+prefill worker keeping such requests met 96.90 % against 99.17 % on decode workers, its
+decode steps stalled behind the long prompts it prefills back to back (docs/benchmarks.md,
+2026-11-27).
 
 Reasons are short fixed strings (metric labels). No decode-capable worker at all is a
 `NoEligibleEndpoint` naming why each endpoint was left out.
@@ -27,7 +49,11 @@ from splitserve.core.errors import NoEligibleEndpoint
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement.base import EndpointView, Path, Placement, RequestView
 from splitserve.policy.placement.profile import Profile
-from splitserve.policy.placement.slo import predicted_prefill_s, predicted_tpot_s
+from splitserve.policy.placement.slo import (
+    predicted_prefill_s,
+    predicted_pull_s,
+    predicted_tpot_s,
+)
 
 
 class Disaggregation(StrEnum):
@@ -43,6 +69,7 @@ REASONS = (
     "short_prompt",
     "no_prefill_worker",
     "prefill_would_miss_ttft",
+    "pull_would_miss_tpot",
     "split",
 )
 """Every `Placement.reason` the decider gives (bounded metric label values)."""
@@ -105,7 +132,55 @@ class PdDecider:
             req, eps, prefill[0], decode[0]
         ):
             return Placement(Path.AGGREGATED, decode, reason="prefill_would_miss_ttft")
+        if mode is Disaggregation.AUTO:
+            whole = self._pull_would_miss_tpot(req, eps, decode)
+            if whole is not None:
+                return Placement(Path.AGGREGATED, whole, reason="pull_would_miss_tpot")
         return Placement(Path.DISAGGREGATED, decode, prefill, reason="split")
+
+    @staticmethod
+    def _pull_would_miss_tpot(
+        req: RequestView,
+        eps: Sequence[EndpointView],
+        decode: tuple[EndpointId, ...],
+    ) -> tuple[EndpointId, ...] | None:
+        """The aggregated candidates (the chosen one first) when the split's KV pull alone
+        would break the TPOT target and a decode-capable worker meets TTFT running the whole
+        request; None: split. See the module docstring."""
+        target, budget = req.tpot_target_s, req.ttft_budget_s
+        if target is None or budget is None or not decode:
+            return None
+        n = req.predicted_output_tokens
+        if n is None:
+            n = req.max_tokens
+        if n < 2:
+            return None  # one token: no inter-token gap for the pull to stretch
+        by_id = {e.id: e for e in eps}
+        d = by_id.get(decode[0])
+        if d is None:
+            return None
+        pull = predicted_pull_s(d, req.num_prompt_tokens)
+        if pull is None or pull <= target * (n - 1):
+            return None
+        for eid in decode:
+            e = by_id.get(eid)
+            if e is None or not e.role.can_generate:
+                continue
+            on_e = predicted_prefill_s(e, req.num_prompt_tokens)
+            if on_e is None or on_e > budget:
+                continue
+            tpot = predicted_tpot_s(e)
+            if tpot is not None and tpot > target:
+                continue
+            if e.batch > 0:
+                # The prompt's prefill stalls the requests already decoding on `e` for about
+                # its own compute time, once: spread over their gaps (the request's own
+                # predicted n stands in for theirs), it must not break their TPOT either.
+                stall = req.num_prompt_tokens / e.prefill_tokens_per_s
+                if (tpot or 0.0) + stall / (n - 1) > target:
+                    continue
+            return (eid, *(x for x in decode if x != eid))
+        return None
 
     @staticmethod
     def _aggregated_meets_slo_better(

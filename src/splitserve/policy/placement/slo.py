@@ -5,7 +5,10 @@ Predictions come from the latency model the owner fitted for each worker and put
 
 * `predicted_prefill_s(e, tokens)`: queueing plus prefill on `e`, = (pending prefill tokens +
   the prompt) / prefill throughput (the queue drains at the fitted rate);
-* `predicted_tpot_s(e)`: one more request in `e`'s decode batch, = base + per_seq x (batch + 1).
+* `predicted_tpot_s(e)`: one more request in `e`'s decode batch, = base + per_seq x (batch + 1);
+* `predicted_pull_s(e, tokens)`: a prompt's KV pulled into `e`, behind the pulls already placed
+  there, = (pending pull tokens + the prompt) / pull throughput (`PdDecider`'s
+  `pull_would_miss_tpot`).
 
 Scorers (registered names in quotes), all in [0, 1], higher better:
 
@@ -42,6 +45,14 @@ def predicted_tpot_s(e: EndpointView, extra: int = 1) -> float | None:
     if e.decode_step_base_s <= 0 and e.decode_step_per_seq_s <= 0:
         return None
     return e.decode_step_base_s + e.decode_step_per_seq_s * (e.batch + extra)
+
+
+def predicted_pull_s(e: EndpointView, num_prompt_tokens: int) -> float | None:
+    """When a prompt's KV pulled into `e` now would have arrived: the pulls ahead of it plus its
+    own, = (pending pull tokens + the prompt) / pull throughput; None without an estimate."""
+    if e.kv_pull_tokens_per_s <= 0:
+        return None
+    return (e.pending_pull_tokens + num_prompt_tokens) / e.kv_pull_tokens_per_s
 
 
 def headroom(budget_s: float | None, predicted_s: float | None, neutral: float) -> float:

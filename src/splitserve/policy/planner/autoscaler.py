@@ -167,6 +167,15 @@ class AutoscalerParams:
     `poisson_peak_excess`) is counted once there and not again here; a real step or surge
     (an excess well beyond that) is still sized in full. Needs the sub-window's length
     (`Observation.arrival_rate_peak_window_s`); without it nothing is deducted."""
+    hold_down_on_rise: bool = False
+    """No scale-down in a tick whose sized rate (forecast or burst, the rate the pools are sized
+    for) is above the previous usable tick's: the load is coming back, so the pool holds
+    (`Kind.HOLD`, "sized rate rising"). On the full-length code trace 6 of the 8 reversals
+    began with a stabilized scale-down taken while that rate was already rising tick over tick
+    (e.g. decode 4 -> 3 -> 2 -> 1 at forecasts 1.78, 8.38, 8.22 req/s, then 1 -> 2 under
+    pressure 40 s later; docs/benchmarks.md, 2026-11-27). Measured there and **not used** by
+    the live loops: full length 84.00 -> 85.52 % in SLO at 9.60 -> 10.40 GPU-h, but 8 -> 8
+    reversals (the trajectory changes and others take their place)."""
     band_z: float = 0.0
     """Scale-down band from the noise of the measured rate (0: off, the fixed band of
     `scale_down_utilization` alone). A window of `T` seconds reads a Poisson rate `λ` with a
@@ -531,6 +540,8 @@ class AutoscalerState:
     queue_trend: tuple[int, int] | None = None
     """The router's queue at the last usable tick and at how many ticks in a row it had grown
     (None: unknown then)."""
+    sized_rate: float | None = None
+    """The rate the last usable tick sized the pools for (`hold_down_on_rise`)."""
 
     def serving_of(self, role: Role) -> tuple[int | None, float | None]:
         for r, n, rose in self.serving:
@@ -780,6 +791,7 @@ def decide(
     )
     burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight, noise)
     rate_f = max(burst, forecast.ahead(params))
+    rising = params.hold_down_on_rise and state.sized_rate is not None and rate_f > state.sized_rate
     lengths = _smooth_lengths(obs, state.lengths, params.length_alpha)
     stats = LengthStats(max(0.0, lengths[0]), max(1.0, lengths[1]))
     tgt = targets or Targets.of(obs.classes)
@@ -866,7 +878,7 @@ def decide(
             if why:
                 cause = f"under pressure ({why}); {cause}"
             reason = f"{role.value} {cur} -> {desired}: {cause}"
-        elif down_target < cur and not why and watched_long_enough:
+        elif down_target < cur and not why and watched_long_enough and not rising:
             desired = max(down_target, cur - params.max_step_down)
             kind = Kind.SCALE_DOWN
             reason = (
@@ -887,6 +899,12 @@ def decide(
                 reason = (
                     f"{role.value} held at {cur}: {why}; workers added {now - rose:.0f} s ago, "
                     f"waiting a {obs.window_s:g} s window for their effect"
+                )
+            elif down_target < cur and rising and watched_long_enough:
+                assert state.sized_rate is not None
+                reason = (
+                    f"{role.value} held at {cur}: sized rate rising "
+                    f"{state.sized_rate:.3g} -> {rate_f:.3g} req/s; {basis}"
                 )
             elif down_target < cur and not watched_long_enough:
                 reason = (
@@ -922,6 +940,7 @@ def decide(
         tuple(backoff),
         tuple(serving),
         queue_trend(obs, state.queue_trend),
+        rate_f,
     )
     return Decision(now, pools, "", at_risk, rate, rate_f), new_state
 
