@@ -12,6 +12,9 @@ quote: on a shared machine the absolute figures move with the other tenants.
 `--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
 both routers share one pair (from this tree).
 
+`--c-src SRC` (with `--c-arg`, `--c-env`) adds a third router C to the same rounds (the order
+flips each round; `''`: this tree), so one run compares B against two baselines.
+
 `--b-arg FLAG` adds a flag to router B's command line (e.g. `--b-arg=--link --b-arg=stream`),
 `--a-arg` to A's. `--b-env K=V` sets environment variables of router B only (e.g. a setting to
 compare within one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as
@@ -31,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,13 @@ def main() -> None:
     parser.add_argument("--a-arg", action="append", default=[], help="router A's extra flag")
     parser.add_argument("--b-arg", action="append", default=[], help="router B's extra flag")
     parser.add_argument(
+        "--c-src",
+        default=None,
+        help="a third router C in the same rounds (its src/; '' this tree), e.g. another baseline",
+    )
+    parser.add_argument("--c-env", action="append", default=[], help="K=V for router C only")
+    parser.add_argument("--c-arg", action="append", default=[], help="router C's extra flag")
+    parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
     )
     parser.add_argument(
@@ -92,10 +103,13 @@ def main() -> None:
         routers: dict[str, tuple[int, int]] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
-        for name, src, extra, flags in (
+        contenders = [
             ("A", args.a_src, args.a_env, args.a_arg),
             ("B", args.b_src, args.b_env, args.b_arg),
-        ):
+        ]
+        if args.c_src is not None:
+            contenders.append(("C", args.c_src or None, args.c_env, args.c_arg))
+        for name, src, extra, flags in contenders:
             env = dict(os.environ)
             if src:
                 env["PYTHONPATH"] = _router_pythonpath(src)
@@ -148,9 +162,15 @@ def main() -> None:
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
                 cpu0 = [_cpu_s(p) for p in pids_of[n]]
+                wpids = procs.pids(f"{n}-") if not shared else procs.pids("prefill-", "decode-")
+                w0, g0 = sum(_cpu_s(p) for p in wpids), time.process_time()
                 sat = asyncio.run(loadgen.closed_loop(port, raw[n], 32, args.count, 30))
                 each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
                 cpu = sum(each)
+                # The load core's other tenants: the workers and this load generator (c=32 is
+                # capped there; their CPU per request says how much of it a router's link costs).
+                wcpu = sum(_cpu_s(p) for p in wpids) - w0
+                gcpu = time.process_time() - g0
                 if spy is not None:
                     spy.wait(60)
                 row = {
@@ -163,6 +183,9 @@ def main() -> None:
                     "ttft_p99_ms_c1": round(percentile(one.ttft_s, 99) * 1e3, 2),
                     "ttft_p50_ms_c32": round(percentile(sat.ttft_s, 50) * 1e3, 2),
                     "ttft_p99_ms_c32": round(percentile(sat.ttft_s, 99) * 1e3, 2),
+                    "ttft_p90_ms_c32": round(percentile(sat.ttft_s, 90) * 1e3, 2),
+                    "worker_cpu_ms_per_req": round(wcpu / max(1, sat.done) * 1e3, 3),
+                    "loadgen_cpu_ms_per_req": round(gcpu / max(1, sat.done) * 1e3, 3),
                     "load": round(os.getloadavg()[0], 1),
                 }
                 if len(each) > 1:
@@ -178,6 +201,7 @@ def main() -> None:
                     "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
                     "cpu_ratio_b_over_a": round(mean["B"] / mean["A"], 3),
                     "cpu_ratio_b_over_v": round(mean["B"] / mean["V"], 2) if "V" in mean else None,
+                    "cpu_ratio_b_over_c": round(mean["B"] / mean["C"], 3) if "C" in mean else None,
                     "rps_ratio_b_over_a": round(
                         sum(x["rps"] for x in rows["B"]) / sum(x["rps"] for x in rows["A"]), 3
                     ),
