@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,7 @@ def main() -> None:
                          "--duration", "8", "-r", "200", "--nonblocking", "--format", "raw"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
+                ttft0 = _router_ttft(port) if n != "V" else None
                 cpu0 = [_cpu_s(p) for p in pids_of[n]]
                 wpids = procs.pids(f"{n}-") if not shared else procs.pids("prefill-", "decode-")
                 w0, g0 = sum(_cpu_s(p) for p in wpids), time.process_time()
@@ -171,6 +173,7 @@ def main() -> None:
                 # capped there; their CPU per request says how much of it a router's link costs).
                 wcpu = sum(_cpu_s(p) for p in wpids) - w0
                 gcpu = time.process_time() - g0
+                ttft1 = _router_ttft(port) if ttft0 is not None else None
                 if spy is not None:
                     spy.wait(60)
                 row = {
@@ -188,6 +191,18 @@ def main() -> None:
                     "loadgen_cpu_ms_per_req": round(gcpu / max(1, sat.done) * 1e3, 3),
                     "load": round(os.getloadavg()[0], 1),
                 }
+                if ttft0 is not None and ttft1 is not None:
+                    # Where the c=32 tail is: the share of requests over 25 / 50 ms as the
+                    # client saw it and as the router did (its TTFT histogram: arrival to the
+                    # first token leaving the dispatcher; its buckets are that coarse).
+                    done = max(1, len(sat.ttft_s))
+                    row["over_25_50ms_client"] = [
+                        round(sum(t > lim for t in sat.ttft_s) / done, 4) for lim in (0.025, 0.05)
+                    ]
+                    n_r = max(1.0, ttft1["count"] - ttft0["count"])
+                    row["over_25_50ms_router"] = [
+                        round(1 - (ttft1[le] - ttft0[le]) / n_r, 4) for le in ("0.025", "0.05")
+                    ]
                 if len(each) > 1:
                     row["cpu_share"] = [round(c / max(cpu, 1e-9), 3) for c in each]
                 rows[n].append(row)
@@ -211,6 +226,22 @@ def main() -> None:
         )
     finally:
         procs.stop()
+
+
+def _router_ttft(port: int) -> dict[str, float]:
+    """The router's TTFT histogram, summed over its labels: the cumulative counts at 25 and
+    50 ms and the total (`splitserve_router_ttft_seconds`, from its `/metrics`)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {"0.025": 0.0, "0.05": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        if line.startswith("splitserve_router_ttft_seconds_bucket{"):
+            for le in ("0.025", "0.05"):
+                if f'le="{le}"' in line:
+                    out[le] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("splitserve_router_ttft_seconds_count{"):
+            out["count"] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _own_workers(procs: Procs, work: Path, name: str, env: dict[str, str]) -> list[str]:
