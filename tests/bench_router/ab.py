@@ -203,6 +203,13 @@ def main() -> None:
                     row["over_25_50ms_router"] = [
                         round(1 - (ttft1[le] - ttft0[le]) / n_r, 4) for le in ("0.025", "0.05")
                     ]
+                    # loop-lag samples over 25 ms / samples (a stall shows when a sample
+                    # falls in it)
+                    lag_n = ttft1["lag_count"] - ttft0["lag_count"]
+                    row["loop_lag_over_25ms"] = [
+                        round(lag_n - (ttft1["lag_0.025"] - ttft0["lag_0.025"])),
+                        round(lag_n),
+                    ]
                 if len(each) > 1:
                     row["cpu_share"] = [round(c / max(cpu, 1e-9), 3) for c in each]
                 rows[n].append(row)
@@ -230,11 +237,16 @@ def main() -> None:
 
 def _router_ttft(port: int) -> dict[str, float]:
     """The router's TTFT histogram, summed over its labels: the cumulative counts at 25 and
-    50 ms and the total (`splitserve_router_ttft_seconds`, from its `/metrics`)."""
+    50 ms and the total (`splitserve_router_ttft_seconds`, from its `/metrics`); and its
+    event-loop lag samples (one every 0.25 s), at most 25 ms and in all."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    out = {"0.025": 0.0, "0.05": 0.0, "count": 0.0}
+    out = {"0.025": 0.0, "0.05": 0.0, "count": 0.0, "lag_0.025": 0.0, "lag_count": 0.0}
     for line in text.splitlines():
+        if line.startswith('splitserve_router_event_loop_lag_seconds_bucket{le="0.025"}'):
+            out["lag_0.025"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("splitserve_router_event_loop_lag_seconds_count"):
+            out["lag_count"] = float(line.rsplit(" ", 1)[1])
         if line.startswith("splitserve_router_ttft_seconds_bucket{"):
             for le in ("0.025", "0.05"):
                 if f'le="{le}"' in line:
