@@ -31,6 +31,7 @@ from tests.fakes.fake_worker import FakeWorker, Script
 from tests.unit.router.conftest import FAST_POOL, sample
 
 STREAM_POOL = FAST_POOL.model_copy(update={"link": "stream"})
+GRPC_POOL = FAST_POOL.model_copy(update={"link": "grpc"})
 
 
 class _Relay:
@@ -209,7 +210,7 @@ async def test_the_dispatcher_shares_the_pools_links() -> None:
 async def test_grpc_link_keeps_the_grpc_feeds() -> None:
     w = await _worker()
     try:
-        async with PoolView([w.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        async with PoolView([w.address], clock=SystemClock(), settings=GRPC_POOL) as pool:
             assert pool.links is None
             await pool.wait_for(lambda pv: pv.view(w.address).ready, 10)
             await _until(lambda: pool.latency.step_age_s(EndpointId(w.address)) is not None)
