@@ -20,7 +20,10 @@ worker and no `grpc.aio` stream (issue 17, docs/benchmarks.md "Thirteenth pass")
 fail as over gRPC: the link lost ends the load feed, the endpoint is not ready until a report
 comes again (re-opened with the same back-off, through `WatchLoad`, which re-learns the port);
 a report that stops while the link stays up goes stale as above. A worker that predates the
-feed ops (INVALID_ARGUMENT) keeps its gRPC feeds.
+feed ops (INVALID_ARGUMENT) keeps its gRPC feeds. Approximation: a worker whose gRPC port
+answers but whose link port does not (a firewall on the link port only) turns ready at each
+gRPC report and not ready when the link then fails, with the growing back-off; its requests
+fail over the link either way.
 """
 
 from __future__ import annotations
