@@ -12,6 +12,9 @@ quote: on a shared machine the absolute figures move with the other tenants.
 `--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
 both routers share one pair (from this tree).
 
+`--c-src SRC` (with `--c-arg`, `--c-env`) adds a third router C to the same rounds (the order
+flips each round; `''`: this tree), so one run compares B against two baselines.
+
 `--b-arg FLAG` adds a flag to router B's command line (e.g. `--b-arg=--link --b-arg=stream`),
 `--a-arg` to A's. `--b-env K=V` sets environment variables of router B only (e.g. a setting to
 compare within one tree), `--a-env K=V` those of router A. `--b-processes 2` runs router B as
@@ -31,6 +34,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,13 @@ def main() -> None:
     parser.add_argument("--a-arg", action="append", default=[], help="router A's extra flag")
     parser.add_argument("--b-arg", action="append", default=[], help="router B's extra flag")
     parser.add_argument(
+        "--c-src",
+        default=None,
+        help="a third router C in the same rounds (its src/; '' this tree), e.g. another baseline",
+    )
+    parser.add_argument("--c-env", action="append", default=[], help="K=V for router C only")
+    parser.add_argument("--c-arg", action="append", default=[], help="router C's extra flag")
+    parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
     )
     parser.add_argument(
@@ -92,10 +104,13 @@ def main() -> None:
         routers: dict[str, tuple[int, int]] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
-        for name, src, extra, flags in (
+        contenders = [
             ("A", args.a_src, args.a_env, args.a_arg),
             ("B", args.b_src, args.b_env, args.b_arg),
-        ):
+        ]
+        if args.c_src is not None:
+            contenders.append(("C", args.c_src or None, args.c_env, args.c_arg))
+        for name, src, extra, flags in contenders:
             env = dict(os.environ)
             if src:
                 env["PYTHONPATH"] = _router_pythonpath(src)
@@ -147,10 +162,18 @@ def main() -> None:
                          "--duration", "8", "-r", "200", "--nonblocking", "--format", "raw"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
+                ttft0 = _router_ttft(port) if n != "V" else None
                 cpu0 = [_cpu_s(p) for p in pids_of[n]]
+                wpids = procs.pids(f"{n}-") if not shared else procs.pids("prefill-", "decode-")
+                w0, g0 = sum(_cpu_s(p) for p in wpids), time.process_time()
                 sat = asyncio.run(loadgen.closed_loop(port, raw[n], 32, args.count, 30))
                 each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
                 cpu = sum(each)
+                # The load core's other tenants: the workers and this load generator (c=32 is
+                # capped there; their CPU per request says how much of it a router's link costs).
+                wcpu = sum(_cpu_s(p) for p in wpids) - w0
+                gcpu = time.process_time() - g0
+                ttft1 = _router_ttft(port) if ttft0 is not None else None
                 if spy is not None:
                     spy.wait(60)
                 row = {
@@ -163,8 +186,30 @@ def main() -> None:
                     "ttft_p99_ms_c1": round(percentile(one.ttft_s, 99) * 1e3, 2),
                     "ttft_p50_ms_c32": round(percentile(sat.ttft_s, 50) * 1e3, 2),
                     "ttft_p99_ms_c32": round(percentile(sat.ttft_s, 99) * 1e3, 2),
+                    "ttft_p90_ms_c32": round(percentile(sat.ttft_s, 90) * 1e3, 2),
+                    "worker_cpu_ms_per_req": round(wcpu / max(1, sat.done) * 1e3, 3),
+                    "loadgen_cpu_ms_per_req": round(gcpu / max(1, sat.done) * 1e3, 3),
                     "load": round(os.getloadavg()[0], 1),
                 }
+                if ttft0 is not None and ttft1 is not None:
+                    # Where the c=32 tail is: the share of requests over 25 / 50 ms as the
+                    # client saw it and as the router did (its TTFT histogram: arrival to the
+                    # first token leaving the dispatcher; its buckets are that coarse).
+                    done = max(1, len(sat.ttft_s))
+                    row["over_25_50ms_client"] = [
+                        round(sum(t > lim for t in sat.ttft_s) / done, 4) for lim in (0.025, 0.05)
+                    ]
+                    n_r = max(1.0, ttft1["count"] - ttft0["count"])
+                    row["over_25_50ms_router"] = [
+                        round(1 - (ttft1[le] - ttft0[le]) / n_r, 4) for le in ("0.025", "0.05")
+                    ]
+                    # loop-lag samples over 25 ms / samples (a stall shows when a sample
+                    # falls in it)
+                    lag_n = ttft1["lag_count"] - ttft0["lag_count"]
+                    row["loop_lag_over_25ms"] = [
+                        round(lag_n - (ttft1["lag_0.025"] - ttft0["lag_0.025"])),
+                        round(lag_n),
+                    ]
                 if len(each) > 1:
                     row["cpu_share"] = [round(c / max(cpu, 1e-9), 3) for c in each]
                 rows[n].append(row)
@@ -178,6 +223,7 @@ def main() -> None:
                     "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
                     "cpu_ratio_b_over_a": round(mean["B"] / mean["A"], 3),
                     "cpu_ratio_b_over_v": round(mean["B"] / mean["V"], 2) if "V" in mean else None,
+                    "cpu_ratio_b_over_c": round(mean["B"] / mean["C"], 3) if "C" in mean else None,
                     "rps_ratio_b_over_a": round(
                         sum(x["rps"] for x in rows["B"]) / sum(x["rps"] for x in rows["A"]), 3
                     ),
@@ -187,6 +233,27 @@ def main() -> None:
         )
     finally:
         procs.stop()
+
+
+def _router_ttft(port: int) -> dict[str, float]:
+    """The router's TTFT histogram, summed over its labels: the cumulative counts at 25 and
+    50 ms and the total (`splitserve_router_ttft_seconds`, from its `/metrics`); and its
+    event-loop lag samples (one every 0.25 s), at most 25 ms and in all."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {"0.025": 0.0, "0.05": 0.0, "count": 0.0, "lag_0.025": 0.0, "lag_count": 0.0}
+    for line in text.splitlines():
+        if line.startswith('splitserve_router_event_loop_lag_seconds_bucket{le="0.025"}'):
+            out["lag_0.025"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("splitserve_router_event_loop_lag_seconds_count"):
+            out["lag_count"] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("splitserve_router_ttft_seconds_bucket{"):
+            for le in ("0.025", "0.05"):
+                if f'le="{le}"' in line:
+                    out[le] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("splitserve_router_ttft_seconds_count{"):
+            out["count"] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _own_workers(procs: Procs, work: Path, name: str, env: dict[str, str]) -> list[str]:

@@ -259,8 +259,13 @@ class Dispatcher:
         multiplex: bool = True,
     ) -> None:
         self.pool = pool
-        self.links: MuxLinks | None = MuxLinks(pool.settings.link) if multiplex else None
-        """One `Multiplex` stream per worker (`router.mux`); None: one call per request."""
+        shared = getattr(pool, "links", None)
+        self._own_links = multiplex and shared is None
+        self.links: MuxLinks | None = (
+            (shared or MuxLinks(pool.settings.link)) if multiplex else None
+        )
+        """One `Multiplex` stream per worker (`router.mux`); None: one call per request. With
+        `pool.link: stream`, the pool's own (its feeds share them: one socket per worker)."""
         self.clock = clock
         self.metrics = metrics
         self.settings = settings or DispatchSettings()
@@ -293,8 +298,8 @@ class Dispatcher:
 
     async def close(self) -> None:
         """Close the workers' multiplexed streams (at shutdown, after the requests ended)."""
-        if self.links is not None:
-            await self.links.close()
+        if self.links is not None and self._own_links:
+            await self.links.close()  # (the pool closes its own)
 
 
 class Dispatch:

@@ -22,6 +22,10 @@ Approximation, stated: a time-based sample of the steps slightly favours steps t
 long one (the one straddling each interval's end). A worker older than the field sends every
 step.
 
+With `pool.link: stream` the step feed is a sub-request on the worker's stream link (`link_for`,
+`MuxLink.watch`; docs/benchmarks.md "Thirteenth pass"), with the same ends: UNIMPLEMENTED stops
+it, any other error (the link lost) re-opens it after `reconnect_s`.
+
 Fallback, for engines that answer `WatchSteps` with UNIMPLEMENTED (and until a step fit is
 ready): the coarse fits from the router's own calls (`policy.predict.latency`: prefill rate from
 `PrefillResponse.prefill_s` / time to first token, decode base + per-seq from per-request TPOT
@@ -46,6 +50,7 @@ from splitserve.core.ids import EndpointId
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.policy.predict.latency import PrefillRate, StepFit
 from splitserve.policy.predict.step_model import OnlineStepModel
+from splitserve.router.mux import MuxLink
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +86,12 @@ class LatencyBook:
         max_buffer: int = 1024,
         max_samples_per_s: float = STEP_SAMPLES_PER_S,
         now: Callable[[], float] = time.monotonic,
+        link_for: Callable[[EndpointId], MuxLink | None] | None = None,
     ) -> None:
         """`max_samples_per_s`: the step samples asked of each worker per second (0: every
-        step); `now`: seconds on a monotonic clock (when a step sample came, `step_age_s`)."""
+        step); `now`: seconds on a monotonic clock (when a step sample came, `step_age_s`);
+        `link_for`: the stream link a worker's step feed goes over (`PoolView.feed_link`, with
+        `pool.link: stream`; None for a worker, or no `link_for`: its gRPC stream)."""
         if not (math.isfinite(max_samples_per_s) and max_samples_per_s >= 0):
             raise ValueError(
                 f"max_samples_per_s must be 0 or a positive finite number, got {max_samples_per_s}"
@@ -93,6 +101,7 @@ class LatencyBook:
         self.max_buffer = max_buffer
         self.max_samples_per_s = max_samples_per_s
         self._now = now
+        self._link_for = link_for
 
     def _get(self, eid: EndpointId) -> _Models:
         m = self._by_ep.get(eid)
@@ -117,9 +126,20 @@ class LatencyBook:
         batches = getattr(stub, "WatchStepBatches", None) is not None
         """Ask for `WatchStepBatches` first (many steps per message); `WatchSteps` when the
         worker does not serve it (an older worker, an HTTP backend, a test fake)."""
+        on_link = True
+        """Ask the stream link, when there is one (False once the worker answered
+        INVALID_ARGUMENT there: it predates the feed ops)."""
         while True:
+            link = self._link_for(eid) if self._link_for is not None and on_link else None
             try:
-                if batches:
+                if link is not None:
+                    sub = link.watch("watch_step_batches", request)
+                    try:
+                        while (batch := await sub.read()) is not aio.EOF:
+                            self._observe_steps(eid, m, batch.samples)
+                    finally:
+                        sub.cancel()
+                elif batches:
                     async for batch in stub.WatchStepBatches(request, wait_for_ready=True):
                         self._observe_steps(eid, m, batch.samples)
                 else:
@@ -127,6 +147,9 @@ class LatencyBook:
                         self._observe_steps(eid, m, (pb,))
             except grpc.RpcError as err:
                 code = err.code() if isinstance(err, aio.AioRpcError) else None
+                if link is not None and code == grpc.StatusCode.INVALID_ARGUMENT:
+                    on_link = False  # a worker that predates the feed ops: its gRPC stream
+                    continue
                 if code == grpc.StatusCode.UNIMPLEMENTED and batches:
                     batches = False  # try the one-sample stream at once
                     continue

@@ -377,10 +377,32 @@ class MuxLink:
         assert isinstance(resp, worker_pb2.PrefillResponse)
         return resp
 
+    def watch(
+        self, kind: str, msg: worker_pb2.WatchLoadRequest | worker_pb2.WatchStepsRequest
+    ) -> MuxStream:
+        """A feed as a sub-request: `kind` "watch_load" (its `read()` gives `LoadReport`s) or
+        "watch_step_batches" (`StepSampleBatch`es); no deadline. It ends as a call would: with
+        the worker's status, or UNAVAILABLE when the link breaks (`PoolView`, `LatencyBook`
+        then do what a broken gRPC feed makes them do). A worker that predates these ops ends
+        it with INVALID_ARGUMENT."""
+        if kind not in ("watch_load", "watch_step_batches"):
+            raise ValueError(f"not a feed: {kind!r}")
+        if not self.supported:
+            raise _error(grpc.StatusCode.UNIMPLEMENTED, "the worker does not serve Multiplex")
+
+        def fallback() -> Any:
+            raise _error(grpc.StatusCode.UNIMPLEMENTED, "the worker does not serve Multiplex")
+
+        return self._open(kind, msg, None, None, fallback)
+
     def _open(
         self,
         field: str,
-        msg: worker_pb2.PrefillRequest | worker_pb2.DecodeRequest | worker_pb2.GenerateRequest,
+        msg: worker_pb2.PrefillRequest
+        | worker_pb2.DecodeRequest
+        | worker_pb2.GenerateRequest
+        | worker_pb2.WatchLoadRequest
+        | worker_pb2.WatchStepsRequest,
         timeout: float | None,
         metadata: Metadata,
         fallback: Callable[[], Any],
@@ -486,6 +508,10 @@ class MuxLink:
                 sub._push(ev.chunk)
             elif which == "prefill":
                 sub._push(ev.prefill)
+            elif which == "load":
+                sub._push(ev.load)
+            elif which == "steps":
+                sub._push(ev.steps)
             elif which == "status":
                 del subs[ev.stream_id]
                 code = ev.status.code

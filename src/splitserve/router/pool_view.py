@@ -12,6 +12,18 @@ carries the reservations placed on the worker and not yet started (so simultaneo
 each other) and the latency model fitted for it (`LatencyBook`, from the worker's `WatchSteps`
 step stream). Placement reads frozen
 `EndpointView`s from `views()`; nothing here decides where a request goes.
+
+With `pool.link: stream` the pool owns the workers' stream links (`links`, shared with the
+dispatcher): once a worker's first report (over gRPC) names its link port, both feeds move onto
+that link as sub-requests (`MuxLink.watch`), so the router's steady state is one socket per
+worker and no `grpc.aio` stream (issue 17, docs/benchmarks.md "Thirteenth pass"). The feeds
+fail as over gRPC: the link lost ends the load feed, the endpoint is not ready until a report
+comes again (re-opened with the same back-off, through `WatchLoad`, which re-learns the port);
+a report that stops while the link stays up goes stale as above. A worker that predates the
+feed ops (INVALID_ARGUMENT) keeps its gRPC feeds. Approximation: a worker whose gRPC port
+answers but whose link port does not (a firewall on the link port only) turns ready at each
+gRPC report and not ready when the link then fails, with the growing back-off; its requests
+fail over the link either way.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
 from splitserve.router.latency import LatencyBook
 from splitserve.router.ledger import Ledger
-from splitserve.router.mux import worker_channel_options
+from splitserve.router.mux import MuxLink, MuxLinks, worker_channel_options
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)
@@ -63,6 +75,9 @@ class _Endpoint:
     inflight: int = 0
     stale: bool = False
     """The report went stale while the stream stayed up (logged once per episode)."""
+    link_feeds: bool = True
+    """With `pool.link: stream`: the worker serves the feeds on its link (False once it
+    answered INVALID_ARGUMENT: a worker that predates them)."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -94,7 +109,12 @@ class PoolView:
         self._changed = asyncio.Event()
         self.ledger = Ledger()
         """The router's own record of the work placed on each worker."""
-        self.latency = LatencyBook()
+        self.links: MuxLinks | None = (
+            MuxLinks("stream") if self._settings.link == "stream" else None
+        )
+        """With `pool.link: stream`: the workers' stream links, for the feeds and the
+        dispatcher's requests alike (one socket per worker); None with gRPC."""
+        self.latency = LatencyBook(link_for=self.feed_link if self.links is not None else None)
         """Latency models fitted online per worker."""
         self._listeners: list[Callable[[], None]] = []
 
@@ -115,6 +135,8 @@ class PoolView:
         """Stop every load stream and close every channel."""
         for eid in list(self._endpoints):
             await self.remove(eid)
+        if self.links is not None:
+            await self.links.close()
         self._started = False
 
     # -- membership -------------------------------------------------------------------------
@@ -151,7 +173,9 @@ class PoolView:
         ep = _Endpoint(eid, channel, stub)
         self._endpoints[eid] = ep
         ep.task = asyncio.create_task(self._watch(ep), name=f"watch-load {address}")
-        self.latency.watch(eid, stub)
+        if self.links is None:
+            self.latency.watch(eid, stub)
+        # else: once the first report came, so that the step feed can take the link at once
         log.info("watching worker %s", address)
         self._notify()
         return eid
@@ -200,6 +224,15 @@ class PoolView:
         yet)."""
         ep = self._endpoints.get(EndpointId(eid))
         return 0 if ep is None or ep.report is None else int(ep.report.link_port)
+
+    def feed_link(self, eid: str) -> MuxLink | None:
+        """The stream link `eid`'s feeds go over (`pool.link: stream`, a port advertised, the
+        worker serving the feed ops); None: its gRPC feeds."""
+        ep = self._endpoints.get(EndpointId(eid))
+        port = self.link_port(eid)
+        if self.links is None or ep is None or not port or not ep.link_feeds:
+            return None
+        return self.links.get(ep.id, ep.stub, port)
 
     def acquire(self, eid: str) -> None:
         """Count a request sent to `eid` (call `release` when it finishes, however it ends)."""
@@ -353,29 +386,72 @@ class PoolView:
                     counts.get((role.value, state), 0)
                 )
 
+    def _take(self, ep: _Endpoint, report: common_pb2.LoadReport) -> bool:
+        """A report from the load feed into the view; False: reordered or replayed."""
+        if ep.report is not None and 0 < report.seq <= ep.report.seq and ep.connected:
+            return False
+        first = ep.report is None
+        ep.report, ep.report_at_s, ep.connected = report, self._clock.now_s(), True
+        if ep.stale:
+            self._stale_changed(ep, False, ep.report_at_s)
+        if first and self.links is not None:
+            self.latency.watch(ep.id, ep.stub)
+        self._notify()
+        return True
+
     async def _watch(self, ep: _Endpoint) -> None:
         delay_s = self._settings.reconnect_min_s
         request = worker_pb2.WatchLoadRequest(interval_s=self._settings.load_interval_s)
+        relearn = False
+        """The link feed failed: the next try goes through `WatchLoad`, whose first report
+        names the worker's link port as it is now (a restarted worker may have another)."""
         while True:
             got_report = False
+            link = None if relearn else self.feed_link(ep.id)
+            relearn = False
             try:
-                # wait_for_ready: the call waits for the channel to connect (retried every
-                # <= 0.5 s, core/channels.py) and starts the moment the worker listens again.
-                call = ep.stub.WatchLoad(request, wait_for_ready=True)
-                async for report in call:
-                    if ep.report is not None and 0 < report.seq <= ep.report.seq and ep.connected:
-                        continue  # reordered or replayed
-                    ep.report, ep.report_at_s, ep.connected = report, self._clock.now_s(), True
-                    if ep.stale:
-                        self._stale_changed(ep, False, ep.report_at_s)
-                    got_report = True
-                    self._notify()
-                log.warning("load stream of %s ended", ep.id)
+                if link is not None:
+                    got_report = await self._watch_link(ep, link, request)
+                    log.warning("load feed of %s on its link ended", ep.id)
+                else:
+                    # wait_for_ready: the call waits for the channel to connect (retried every
+                    # <= 0.5 s, core/channels.py) and starts the moment the worker listens again.
+                    call = ep.stub.WatchLoad(request, wait_for_ready=True)
+                    moved = False
+                    async for report in call:
+                        got_report |= self._take(ep, report)
+                        if self.feed_link(ep.id) is not None:
+                            call.cancel()  # the feed moves onto the worker's stream link
+                            moved = True
+                            break
+                    if moved:
+                        continue
+                    log.warning("load stream of %s ended", ep.id)
             except grpc.RpcError as err:
                 code = err.code() if isinstance(err, aio.AioRpcError) else None
-                log.warning("load stream of %s failed: %s", ep.id, code)
+                if link is not None and code == grpc.StatusCode.INVALID_ARGUMENT:
+                    log.info("worker %s serves no feeds on its link: they stay on gRPC", ep.id)
+                    ep.link_feeds = False
+                    continue
+                where = "on its link " if link is not None else ""
+                log.warning("load stream of %s %sfailed: %s", ep.id, where, code)
+            relearn = link is not None
             ep.connected = False
             self._notify()
             delay_s = self._settings.reconnect_min_s if got_report else delay_s
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, self._settings.reconnect_max_s)
+
+    async def _watch_link(
+        self, ep: _Endpoint, link: MuxLink, request: worker_pb2.WatchLoadRequest
+    ) -> bool:
+        """The load feed over `link` until it ends (an error raises as the call's would);
+        True: a report came."""
+        got_report = False
+        sub = link.watch("watch_load", request)
+        try:
+            while (report := await sub.read()) is not aio.EOF:
+                got_report |= self._take(ep, report)
+        finally:
+            sub.cancel()  # nothing when it ended; the pool stopping watching: a MuxCancel
+        return got_report

@@ -7,12 +7,17 @@ sends far fewer messages than tokens. The chunks of one sub-request that wait fo
 (the router reads behind: the previous write is held by HTTP/2 flow control, `router.mux`
 `WORKER_CHANNEL_OPTIONS`) are joined into one chunk (`merge_into`), as the router would merge them.
 
+The router's load and step feeds (`WatchLoad`, `WatchStepBatches`) can be sub-requests too (ops
+`watch_load`, `watch_step_batches`; events `load`, `steps`): over the stream link
+(`worker.link`) the router then keeps one socket per worker and no gRPC stream at all in its
+steady state. A feed's step batches that wait for the same message are joined, in order.
+
 Each sub-request runs through the very handler its own call would (`WorkerService.Prefill`,
-`Decode`, `Generate`) under a `SubContext`: the stream's peer and TLS identity (so
-`security.owners` records the same owner, and an owner-scoped `Cancel` works as before), the
-sub-request's own metadata (the trace context), and an `abort` that ends only that sub-request
-with the status its call would have had. A `MuxCancel`, or the stream going away, cancels the
-sub-request's task the way a cancelled call cancels its handler.
+`Decode`, `Generate`, `WatchLoad`, `WatchStepBatches`) under a `SubContext`: the stream's peer
+and TLS identity (so `security.owners` records the same owner, and an owner-scoped `Cancel`
+works as before), the sub-request's own metadata (the trace context), and an `abort` that ends
+only that sub-request with the status its call would have had. A `MuxCancel`, or the stream
+going away, cancels the sub-request's task the way a cancelled call cancels its handler.
 
 A Decode sub-request may come before its prefill has answered (`DecodeRequest.kv_follows`, sent
 when the router picks the pair): its handler checks it at once, then waits on `SubContext.handoff`
@@ -93,6 +98,8 @@ async def serve(
     pending: list[worker_pb2.MuxEvent] = []
     open_chunks: dict[int, common_pb2.TokenChunk] = {}
     """Per sub-request, its mid-stream chunk in `pending` that later chunks may join."""
+    open_steps: dict[int, worker_pb2.StepSampleBatch] = {}
+    """Per step feed, its batch in `pending` that later batches may join."""
     wake = asyncio.Event()
     tasks: dict[int, asyncio.Task[None]] = {}
     handoffs: dict[int, asyncio.Future[worker_pb2.DecodeKv]] = {}
@@ -101,6 +108,17 @@ async def serve(
 
     def emit(event: worker_pb2.MuxEvent) -> None:
         pending.append(event)
+        wake.set()
+
+    def emit_steps(sid: int, batch: worker_pb2.StepSampleBatch) -> None:
+        # Step batches of one feed that wait for the same message go as one, in order.
+        prev = open_steps.get(sid)
+        if prev is not None:
+            prev.samples.extend(batch.samples)
+            return
+        ev = worker_pb2.MuxEvent(stream_id=sid, steps=batch)
+        pending.append(ev)
+        open_steps[sid] = ev.steps
         wake.set()
 
     def emit_chunk(sid: int, chunk: common_pb2.TokenChunk) -> None:
@@ -145,7 +163,9 @@ async def serve(
                     if which == "decode" and op.decode.kv_follows:
                         handoff = handoffs[sid] = asyncio.get_running_loop().create_future()
                     task = tasks[sid] = asyncio.create_task(
-                        _run(service, context, sid, op, emit, emit_chunk, tasks, handoff),
+                        _run(
+                            service, context, sid, op, emit, emit_chunk, emit_steps, tasks, handoff
+                        ),
                         name=f"mux-{sid}",
                     )
                     if handoff is not None:
@@ -163,6 +183,7 @@ async def serve(
             if pending:
                 batch, pending = pending, []
                 open_chunks.clear()
+                open_steps.clear()
                 yield worker_pb2.MuxResponse(events=batch)
             elif not reading and not tasks:
                 return  # the caller half-closed and every sub-request has ended
@@ -181,6 +202,7 @@ async def _run(
     op: worker_pb2.MuxOp,
     emit: Callable[[worker_pb2.MuxEvent], None],
     emit_chunk: Callable[[int, common_pb2.TokenChunk], None],
+    emit_steps: Callable[[int, worker_pb2.StepSampleBatch], None],
     tasks: dict[int, asyncio.Task[None]],
     handoff: asyncio.Future[worker_pb2.DecodeKv] | None = None,
 ) -> None:
@@ -191,6 +213,12 @@ async def _run(
         if which == "prefill":
             resp = await service.Prefill(op.prefill, ctx)
             emit(worker_pb2.MuxEvent(stream_id=sid, prefill=resp))
+        elif which == "watch_load":
+            async for report in service.WatchLoad(op.watch_load, ctx):
+                emit(worker_pb2.MuxEvent(stream_id=sid, load=report))
+        elif which == "watch_step_batches":
+            async for batch in service.WatchStepBatches(op.watch_step_batches, ctx):
+                emit_steps(sid, batch)
         else:
             stream = (
                 service.Decode(op.decode, ctx)

@@ -452,6 +452,8 @@ class MuxOp(_message.Message):
     GENERATE_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     DECODE_KV_FIELD_NUMBER: _builtins.int
+    WATCH_LOAD_FIELD_NUMBER: _builtins.int
+    WATCH_STEP_BATCHES_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     """The caller's name for the sub-request, unique among its open ones on this stream."""
@@ -472,6 +474,16 @@ class MuxOp(_message.Message):
         """
 
     @_builtins.property
+    def watch_load(self) -> Global___WatchLoadRequest:
+        """The load feed (`WatchLoad`) as a sub-request: its reports arrive as `load` events."""
+
+    @_builtins.property
+    def watch_step_batches(self) -> Global___WatchStepsRequest:
+        """The step feed (`WatchStepBatches`) as a sub-request: its batches arrive as `steps` events.
+        A worker that predates these two ops answers INVALID_ARGUMENT ("no operation").
+        """
+
+    @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """What a per-request call carries as gRPC metadata (the trace context: traceparent)."""
 
@@ -484,13 +496,15 @@ class MuxOp(_message.Message):
         generate: Global___GenerateRequest | None = ...,
         cancel: Global___MuxCancel | None = ...,
         decode_kv: Global___DecodeKv | None = ...,
+        watch_load: Global___WatchLoadRequest | None = ...,
+        watch_step_batches: Global___WatchStepsRequest | None = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "decode_kv", b"decode_kv", "generate", b"generate", "op", b"op", "prefill", b"prefill"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "decode_kv", b"decode_kv", "generate", b"generate", "op", b"op", "prefill", b"prefill", "watch_load", b"watch_load", "watch_step_batches", b"watch_step_batches"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "decode_kv", b"decode_kv", "generate", b"generate", "metadata", b"metadata", "op", b"op", "prefill", b"prefill", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "decode", b"decode", "decode_kv", b"decode_kv", "generate", b"generate", "metadata", b"metadata", "op", b"op", "prefill", b"prefill", "stream_id", b"stream_id", "watch_load", b"watch_load", "watch_step_batches", b"watch_step_batches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["prefill", "decode", "generate", "cancel", "decode_kv"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["prefill", "decode", "generate", "cancel", "decode_kv", "watch_load", "watch_step_batches"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 
@@ -539,6 +553,8 @@ class MuxEvent(_message.Message):
     CHUNK_FIELD_NUMBER: _builtins.int
     PREFILL_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     @_builtins.property
     def chunk(self) -> _common_pb2.TokenChunk:
@@ -552,6 +568,16 @@ class MuxEvent(_message.Message):
     def status(self) -> Global___MuxStatus:
         """The end of the sub-request."""
 
+    @_builtins.property
+    def load(self) -> _common_pb2.LoadReport:
+        """A `watch_load` sub-request's next report."""
+
+    @_builtins.property
+    def steps(self) -> Global___StepSampleBatch:
+        """A `watch_step_batches` sub-request's next samples (those that waited for the same message
+        joined, in order).
+        """
+
     def __init__(
         self,
         *,
@@ -559,12 +585,14 @@ class MuxEvent(_message.Message):
         chunk: _common_pb2.TokenChunk | None = ...,
         prefill: Global___PrefillResponse | None = ...,
         status: Global___MuxStatus | None = ...,
+        load: _common_pb2.LoadReport | None = ...,
+        steps: Global___StepSampleBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "event", b"event", "prefill", b"prefill", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "event", b"event", "load", b"load", "prefill", b"prefill", "status", b"status", "steps", b"steps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "event", b"event", "prefill", b"prefill", "status", b"status", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "event", b"event", "load", b"load", "prefill", b"prefill", "status", b"status", "steps", b"steps", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["chunk", "prefill", "status"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["chunk", "prefill", "status", "load", "steps"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
