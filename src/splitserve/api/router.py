@@ -90,11 +90,12 @@ class PoolSettings(BaseModel):
     pass"); it also caps what one worker stream has in flight per round trip (2 KiB: ~10 MB/s
     at a 0.2 ms round trip), so raise it for a router far from its workers."""
 
-    link: Literal["grpc", "stream"] = "grpc"
-    """How the router's `Multiplex` traffic reaches a worker: `grpc`, the `Worker.Multiplex`
-    gRPC stream; `stream`, the same messages over a plain TCP / TLS socket to the port the
-    worker advertises (`LoadReport.link_port`; `splitserve worker serve --link-port`), without
-    `grpc.aio`'s per-message machinery (docs/benchmarks.md "Twelfth pass"). Workers that
+    link: Literal["grpc", "stream"] = "stream"
+    """How the router's `Multiplex` traffic reaches a worker: `stream` (default), its messages
+    length-prefixed over a plain TCP / TLS socket to the port the worker advertises
+    (`LoadReport.link_port`; `splitserve worker serve --link-port`), without `grpc.aio`'s
+    per-message machinery, the load and step feeds on the same socket (docs/benchmarks.md
+    "Twelfth pass", "Thirteenth pass"); `grpc`, the `Worker.Multiplex` gRPC stream. Workers that
     advertise no port are reached over gRPC either way. `link_window_bytes` applies to the gRPC
     link only (the stream link coalesces on the router's side, per socket read)."""
 

@@ -1108,7 +1108,7 @@ class RouterSpec(Model):
     start, a worker just added), admission holds arrivals beyond this many requests in flight or
     reserved per such worker, in all (router.yaml `admission.unfittedPrefillsPerWorker`). 0: no
     cap then (every arrival is admitted until a rate is fitted: the gate before the cap)."""
-    worker_link: WorkerLink = WorkerLink.GRPC
+    worker_link: WorkerLink = WorkerLink.STREAM
     """How the router's per-token traffic (`Multiplex`) reaches the workers: `grpc`, over the
     workers' gRPC port; `stream`, over their link port (the first free port from 50053, always
     open on worker pods; router.yaml `pool.link`). docs/operations.md "The router's link to its

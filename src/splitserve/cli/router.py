@@ -149,9 +149,9 @@ def router() -> None:
     "--link",
     type=click.Choice(["grpc", "stream"]),
     default=None,
-    help="pool.link: how Multiplex traffic reaches a worker: grpc (default), or stream (the "
-    "worker's stream link, where it advertises one: no grpc.aio per message). Overrides the "
-    "config file's.",
+    help="pool.link: how Multiplex traffic reaches a worker: stream (default: the worker's "
+    "stream link, where it advertises one; no grpc.aio per message), or grpc (the "
+    "Worker.Multiplex gRPC stream). Overrides the config file's.",
 )
 @click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
 @logs.log_format_option

@@ -31,7 +31,7 @@ def router_yaml(spec: v1.LLMServiceSpec) -> str:
 
 @pytest.mark.parametrize(
     ("router", "link"),
-    [({}, "grpc"), ({"workerLink": "grpc"}, "grpc"), ({"workerLink": "stream"}, "stream")],
+    [({}, "stream"), ({"workerLink": "grpc"}, "grpc"), ({"workerLink": "stream"}, "stream")],
     ids=["default", "grpc", "stream"],
 )
 def test_worker_link_reaches_the_router(router: dict[str, Any], link: str, tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_worker_link_reaches_the_router(router: dict[str, Any], link: str, tmp_p
 def test_workers_listen_on_a_fixed_link_port_whatever_the_link() -> None:
     from splitserve.cli.worker import worker as worker_cli
 
-    grpc, stream = make_spec(), make_spec(router={"workerLink": "stream"})
+    grpc, stream = make_spec(router={"workerLink": "grpc"}), make_spec()
     port = render.worker_link_port(grpc)
     assert port == render.LINK_PORT_BASE == 50053
     (container,) = worker_pod(stream)["containers"]

@@ -108,8 +108,8 @@ def test_an_oversized_frame_is_refused() -> None:
 
 
 def test_the_setting_is_checked() -> None:
-    assert PoolSettings().link == "grpc"
-    assert PoolSettings(link="stream").link == "stream"
+    assert PoolSettings().link == "stream"
+    assert PoolSettings(link="grpc").link == "grpc"
     with pytest.raises(ValidationError, match="link"):
         PoolSettings(link="tcp")
     with pytest.raises(ValueError, match=r"pool\.link"):
@@ -378,8 +378,8 @@ def test_router_serve_link_flag_sets_pool_link(
         return CliRunner().invoke(cli_router.router, ["serve", "--tokenizer", str(tmp_path), *args])
 
     assert run().exit_code == 0
-    assert run("--link", "stream").exit_code == 0
-    assert [c.pool.link for c in got] == ["grpc", "stream"]
+    assert run("--link", "grpc").exit_code == 0
+    assert [c.pool.link for c in got] == ["stream", "grpc"]
     bad = run("--link", "tcp")
     assert bad.exit_code != 0
     assert "--link" in bad.output
