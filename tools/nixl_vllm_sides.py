@@ -404,7 +404,7 @@ def main() -> None:
                             f"pair {pair} round {rnd}: {row['blocks']} {row['MiB']:.0f} MiB "
                             f"vLLM {row['vllm_ms']:.2f} ms; "
                             + "; ".join(
-                                f"{k} {med_ms(v)} ms"
+                                f"{k} {' / '.join(f'{1e3 * x:.2f}' for x in v)} ms"
                                 for k, v in row.items()
                                 if "<-" in k and not k.endswith("cpu")
                             ),
