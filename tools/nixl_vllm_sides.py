@@ -16,12 +16,20 @@ core, each with a 1 GiB destination:
 * `torch`: `torch.zeros(..., dtype=int8)` with `THP_MEM_ALLOC_ENABLE=1`, how vLLM 0.32 allocates
   its CPU KV cache (`vllm.v1.worker.utils.allocate_kv_cache`: one backing tensor);
 
-each reading from two sources:
+each reading from three sources, in this order:
 
 * `target`: a plain process holding a 1 GiB anonymous THP mapping (the bench's raw target);
 * `prefill`: the prefill worker's own registered KV cache (its agent and layout fetched over
   vLLM's NIXL side channel, as the decode worker's connector does), the blocks the request just
-  handed off.
+  handed off;
+* `decode`: the decode worker's KV cache at the same block ids (its own blocks for the request
+  are not reported: an approximation).
+
+The destination offsets are the source blocks' offsets in the KV cache, so they move on every
+round as vLLM's blocks do (its block pool hands out the least recently used first): the first
+READ of a round (out of `target`) writes into memory not written since the previous cycle, as
+vLLM's READ does; later READs of the round rewrite it. Every READ is printed per round.
+`--handoff` also READs between the Prefill answer and the Decode call.
 
 A READ lays its descriptors out as vLLM's does (one per block and layer region, at the region's
 base + block id x block stride; the destination at the same offsets in the reader's buffer),
