@@ -224,9 +224,13 @@ def test_each_case_is_priced_by_the_published_model_that_covers_it() -> None:
 
 def test_token_times_change_nothing_and_give_the_per_token_reading() -> None:
     from splitserve.policy.batching.engine import Step
+    from splitserve.sim.bench import build_kind
     from splitserve.sim.reproductions.bros import TPOT_S
 
     rt = tuple(WorkItem(0.02 * i, 200, 60 + i, REALTIME) for i in range(60))
+    # The compiled (mypyc) build cannot replace a method on an instance: there the steps are not
+    # counted (mk/bench.mk runs this file on both builds), the figures still compared.
+    counting = build_kind() == "pure Python"
 
     def run(times: dict[str, list[float]] | None) -> tuple[SimResult, list[int]]:
         sim = Simulator()
@@ -239,7 +243,8 @@ def test_token_times_change_nothing_and_give_the_per_token_reading() -> None:
             repeats.append(step.repeat if step is not None else 0)
             return step
 
-        engine.schedule = counted  # type: ignore[method-assign]
+        if counting:
+            engine.schedule = counted  # type: ignore[method-assign]
         cluster.start(sim)
         sim.run(cluster)
         return cluster.result(sim), repeats
@@ -247,8 +252,9 @@ def test_token_times_change_nothing_and_give_the_per_token_reading() -> None:
     plain, fused = run(None)
     times: dict[str, list[float]] = {}
     recorded, single = run(times)
-    assert max(fused) > 1  # without recording the engine fuses decode runs
-    assert max(single) == 1  # recording steps one decode at a time
+    if counting:
+        assert max(fused) > 1  # without recording the engine fuses decode runs
+        assert max(single) == 1  # recording steps one decode at a time
     # ... and every figure is the same (times to rounding: a fused run sums its steps' times)
     for a, b in zip(recorded.requests, plain.requests, strict=True):
         assert (a.id, a.num_output_tokens) == (b.id, b.num_output_tokens)
