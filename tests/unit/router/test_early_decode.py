@@ -4,7 +4,6 @@ its first token and KV handle after the prefill answers, on the same Multiplex s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,29 +13,14 @@ import pytest
 
 from splitserve._gen.v1 import common_pb2, worker_pb2
 from splitserve.api.router import DispatchSettings
-from splitserve.core.ids import RequestId
-from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
-from splitserve.router.dispatch import Chunk, Dispatch
 from splitserve.router.mux import StreamLink
 from splitserve.worker import link as worker_link
 from tests.fakes.fake_worker import FakeWorker
 from tests.unit.router.conftest import StackFactory, WorkerFactory
+from tests.unit.router.test_mux import COMPLETION, _request, _run
 
-COMPLETION = (10, 11, 12, 13, 14, 15, 16, 17)
-PROMPT = (1, 2, 3, 4)
 EARLY = DispatchSettings(early_decode=True)
-
-
-def _request(rid: str, max_tokens: int = 5) -> Request:
-    return Request(RequestId(rid), PROMPT, SamplingSpec(max_tokens=max_tokens), arrival_s=0.0)
-
-
-async def _run(dispatch: Dispatch) -> list[int]:
-    async with contextlib.aclosing(dispatch.chunks()) as chunks:
-        out: list[Chunk] = [c async for c in chunks]
-    assert out[-1].finish_reason is FinishReason.LENGTH
-    return [t for c in out for t in c.token_ids]
 
 
 def _early(w: FakeWorker) -> list[bool]:

@@ -34,6 +34,11 @@ async def _prefill(p: RunningWorker, rid: str) -> worker_pb2.PrefillResponse:
     return resp
 
 
+def handoff(pre: worker_pb2.PrefillResponse) -> worker_pb2.DecodeKv:
+    """What the router sends an early Decode once its prefill answered."""
+    return worker_pb2.DecodeKv(first_token_id=pre.first_token_id, kv=pre.kv)
+
+
 async def test_early_decode_gives_the_tokens_of_a_decode_sent_after_the_prefill(
     make_worker: WorkerFactory,
 ) -> None:
@@ -70,14 +75,10 @@ async def test_the_early_decode_waits_for_its_kv_and_a_cancel_ends_it(
     await conn.send(sid, cancel=worker_pb2.MuxCancel())  # the prefill failed: the router cancels
     pre = await _prefill(p, "w")
     # A decode_kv after the cancel is ignored: the stream goes on serving.
-    await conn.send(
-        sid, decode_kv=worker_pb2.DecodeKv(first_token_id=pre.first_token_id, kv=pre.kv)
-    )
+    await conn.send(sid, decode_kv=handoff(pre))
     sid2, chunks2 = await conn.open("decode", early("w2"))
     pre2 = await _prefill(p, "w2")
-    await conn.send(
-        sid2, decode_kv=worker_pb2.DecodeKv(first_token_id=pre2.first_token_id, kv=pre2.kv)
-    )
+    await conn.send(sid2, decode_kv=handoff(pre2))
     tokens = [t for c in [c async for c in chunks2] for t in c.token_ids]
     assert len(tokens) == 5
     assert not nothing.done()  # a cancelled sub-request gets no further event
@@ -119,9 +120,7 @@ async def test_a_worker_drained_while_the_early_decode_waits_is_unavailable(
     sid, chunks = await conn.open("decode", early("r"))
     pre = await _prefill(p, "r")
     await d.stub.Drain(worker_pb2.DrainRequest())
-    await conn.send(
-        sid, decode_kv=worker_pb2.DecodeKv(first_token_id=pre.first_token_id, kv=pre.kv)
-    )
+    await conn.send(sid, decode_kv=handoff(pre))
     with pytest.raises(RuntimeError, match="draining"):
         await anext(chunks)
     assert d.service.engine.in_flight == 0
