@@ -163,6 +163,7 @@ def test_a_cold_read_without_a_cold_buffer_or_too_big_is_refused() -> None:
 def test_report_gives_vllm_against_warm_and_cold_raw_reads() -> None:
     a, b = _pd(10, 5, 8), _pd(20, 5, 8)
     a.raw_cold_s, b.raw_cold_s = [9 / 1000, 11 / 1000], [15 / 1000]
+    a.raw_cold_age_s, b.raw_cold_age_s = [20.0, 24.0], [30.0]
     res = {
         "timings": {"pd": [a, b], "control": [], "agg": []},
         "regions": 8,
@@ -177,6 +178,7 @@ def test_report_gives_vllm_against_warm_and_cold_raw_reads() -> None:
     assert rows[2] == "| 2048 | 64.0 | 15.0 | 8.0 | 11.0 | 53 % | 73 % | 75–100 % (2 requests) |"
     assert "1024 MiB destination" in rows[-1]
     assert "8 regions" in rows[-1]
+    assert "last been written a median 24 s before (20–30 s)" in rows[-1]
     assert "| 2048 | 64.0 | 15.0 |" in report_single(res, [2048])
     # without cold READs there is no such table
     a.raw_cold_s = b.raw_cold_s = []

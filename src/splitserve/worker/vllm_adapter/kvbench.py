@@ -175,6 +175,8 @@ class Timing:
     as the decode worker's KV cache, least recently written slots first: as cold as vLLM's
     destination), alternating one by one with the `raw_vllm_s` ones (xferDuration)."""
     raw_cold_cpu_s: list[float] = field(default_factory=list)
+    raw_cold_age_s: list[float] = field(default_factory=list)
+    """Per cold READ: the median seconds since the slots it wrote were last written."""
     raw_handoff_s: list[float] = field(default_factory=list)
     raw_handoff_cpu_s: list[float] = field(default_factory=list)
     """`--raw-at-handoff`: vLLM-like raw READs on the decode worker's core between this
@@ -709,6 +711,9 @@ def _nixl_reader(
     if cold_bytes:
         agent.register_memory([(cold_addr, cold_bytes, 0, "")], "DRAM")
     cursor = 0  # the cold ring's next slot (bytes into each region)
+    written: dict[int, float] = {}  # when each byte of a cold region was last written (by slot)
+    ages: list[float] = []  # per cold READ: seconds since its slots were last written (median)
+    born = time.monotonic()
     meta, remote_addr, target_huge = conn.recv()
     peer = agent.add_remote_agent(meta)
     ctl.send((anon_huge_kib(), target_huge))
@@ -716,6 +721,10 @@ def _nixl_reader(
         cmd = ctl.recv()
         if cmd[0] == "stop":
             break
+        if cmd[0] == "ages":
+            ctl.send(ages)
+            ages = []
+            continue
         _, n, repeat, m = cmd
         span = 2 * nbytes - m.offset
         sources = _descs(remote_addr + m.offset, span, n, m)
@@ -727,6 +736,12 @@ def _nixl_reader(
         for k in range(repeat):
             if m.cold:  # each READ into the ring's next (least recently written) slots
                 ranges, cursor = cold_descs(cold_addr, cold_bytes, n, m, cursor)
+                now = time.monotonic()
+                region0 = [
+                    a - cold_addr for a, _, _ in ranges if a - cold_addr < cold_bytes // m.regions
+                ]
+                ages.append(statistics.median(now - written.get(o, born) for o in region0))
+                written.update(dict.fromkeys(region0, now))
             elif k == 0:
                 ranges = _descs(addr + m.offset, span, n, m)
             if m.cold or k == 0:
@@ -817,6 +832,15 @@ class RawNixl:
         if not self._ctl.poll(300):
             raise TimeoutError("raw NIXL read did not answer")
         got: list[tuple[float, float, int, float]] = self._ctl.recv()
+        return got
+
+    def cold_ages(self) -> list[float]:
+        """Per cold READ since the last call: the median seconds since the ring slots it wrote
+        were last written (or, on the ring's first turn, since the buffer was touched)."""
+        self._ctl.send(("ages",))
+        if not self._ctl.poll(60):
+            raise TimeoutError("raw NIXL reader did not answer")
+        got: list[float] = self._ctl.recv()
         return got
 
     def read_s(

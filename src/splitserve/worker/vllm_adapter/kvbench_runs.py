@@ -174,6 +174,7 @@ async def _single(
                     t.raw_vllm_cpu_s = [cpu for _, _, _, cpu in got]
                     t.raw_cold_s = [tel for _, tel, _, _ in got_cold]
                     t.raw_cold_cpu_s = [cpu for _, _, _, cpu in got_cold]
+                    t.raw_cold_age_s = raw.cold_ages() if raw.cold_bytes else []
                     if raw_core is not None:
                         t.raw_core_s = [*core_before, *raw_core.read_s(int(nbytes), 2, like)]
                 other = prompt_of(n, seed=1000 * rep + n + 500)
@@ -421,6 +422,13 @@ def cold_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
         )
     if len(out) == 2:
         return []
+    ages = [a for x in pd for a in x.raw_cold_age_s]
+    age = (
+        f" The cold READs' slots had last been written a median {med(ages):.0f} s before "
+        f"({min(ages):.0f}–{max(ages):.0f} s)."
+        if ages
+        else ""
+    )
     out.append("")
     out.append(
         f"Both raw READs: the same reader process and source, vLLM's descriptors, NIXL's "
@@ -428,7 +436,7 @@ def cold_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
         f"cold: into a {res.get('cold_bytes', 0) / MiB:.0f} MiB destination (the decode "
         f"worker's KV cache size) in {res.get('regions', 1)} regions, each READ into the block "
         f"slots written longest ago (a ring, as vLLM's block pool hands out the least recently "
-        f"used blocks). Three of each per P/D request, alternating warm / cold."
+        f"used blocks). Three of each per P/D request, alternating warm / cold.{age}"
     )
     return out
 
