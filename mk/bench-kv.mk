@@ -18,7 +18,11 @@
 # single run's calls as sub-requests of one Multiplex stream per worker, as the router sends
 # them; default a gRPC call each, so a Decode pays a call's set-up). The raw NIXL
 # READ is made the way vLLM makes it (kvbench.read_like_vllm); tools/nixl_read_methods.py varies
-# one thing of it at a time.
+# one thing of it at a time. It is made twice, alternating: into a small buffer every READ
+# rewrites (warm) and into a destination as large as the decode worker's KV cache, the block
+# slots written longest ago first (cold, as vLLM's block pool hands out blocks; on this VM the
+# first write into memory not written for a while is slower, docs/benchmarks.md "Source,
+# destination, or memory?"); `--raw-cold-mib N` sizes it, 0 leaves the cold READs out.
 
 KVBENCH_ARGS ?=
 # mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.

@@ -13,9 +13,11 @@ from splitserve.worker.vllm_adapter.kvbench import (
     ReadMethod,
     Timing,
     _descs,
+    check_read,
+    cold_descs,
     vllm_like,
 )
-from splitserve.worker.vllm_adapter.kvbench_runs import read_like_vllm, report_single
+from splitserve.worker.vllm_adapter.kvbench_runs import cold_rows, read_like_vllm, report_single
 
 BLOCK = 256 * 1024
 
@@ -89,3 +91,96 @@ def test_report_ratio_uses_the_raw_read_made_as_vllm_makes_it() -> None:
     assert "(80 %)" in row  # 8 ms raw vLLM-like / 10 ms vLLM, not 5 / 10
     assert "256 descriptor(s) in 16 region(s)" in text
     assert "prefill 1024, decode 0" in text
+
+
+# -- the cold destination (a ring of block slots, least recently written first) ---------------
+
+COLD = 1 << 30  # the decode worker's KV cache in the bench (VLLM_CPU_KVCACHE_SPACE=1)
+
+
+def _cold_method(blocks: int, regions: int = 8) -> ReadMethod:
+    return ReadMethod(pieces=blocks * regions, regions=regions, prepped=True, cold=True)
+
+
+def test_cold_read_writes_the_slot_written_longest_ago() -> None:
+    m = _cold_method(16)  # 64 MiB of 512 KiB blocks in 8 regions of 128 MiB: 256 slots each
+    n = 16 * 8 * 512 * 1024
+    last_written: dict[int, int] = {}
+    cursor = 0
+    for k in range(40):  # 2.5 turns of the ring
+        descs, cursor = cold_descs(0, COLD, n, m, cursor)
+        assert len(descs) == 128
+        assert {size for _, size, _ in descs} == {512 * 1024}
+        assert all(a >= 0 and a + size <= COLD for a, size, _ in descs)
+        addrs = {a for a, _, _ in descs}
+        assert len(addrs) == 128  # no slot twice in one READ
+        # every slot it writes is one nobody wrote, or one not written for a whole turn
+        never = [a for a in addrs if a not in last_written]
+        if k < 16:
+            assert len(never) == 128
+        else:
+            assert not never
+            assert all(k - last_written[a] == 16 for a in addrs)  # 256 slots / 16 per READ
+        for a in addrs:
+            last_written[a] = k
+    assert len(last_written) == 8 * 256  # the whole destination, not a corner of it
+
+
+def test_cold_read_uses_the_same_slot_in_every_region_and_wraps() -> None:
+    region = COLD // 8
+    m = _cold_method(16)
+    n = 16 * 8 * 512 * 1024
+    descs, nxt = cold_descs(1000, COLD, n, m, 250 * 512 * 1024)  # 6 slots left before the end
+    slots = [((a - 1000) % region) // (512 * 1024) for a, _, _ in descs]
+    assert slots[:16] == [*range(250, 256), *range(10)]  # across the ring's end
+    assert all(slots[i::16] == [slots[i]] * 8 for i in range(16))  # every region alike
+    assert [(a - 1000) // region for a, _, _ in descs[::16]] == list(range(8))
+    assert nxt == 10 * 512 * 1024
+
+
+def test_cold_ring_with_sizes_mixed_stays_a_ring() -> None:
+    m8, m16 = _cold_method(8), _cold_method(16)
+    cursor, seen = 0, []
+    for k in range(10):
+        m, n = (m8, 8 * 8 * 512 * 1024) if k % 2 else (m16, 16 * 8 * 512 * 1024)
+        descs, cursor = cold_descs(0, COLD, n, m, cursor)
+        seen += [a // (512 * 1024) for a, _, _ in descs[: m.pieces // 8]]
+    assert seen == list(range(len(seen)))  # 24 slots per pair of READs, back to back
+
+
+def test_a_cold_read_without_a_cold_buffer_or_too_big_is_refused() -> None:
+    n = 16 * 8 * 512 * 1024
+    check_read(n, _cold_method(16), 2 * n, COLD)  # fits
+    with pytest.raises(ValueError, match="cold_bytes"):
+        check_read(n, _cold_method(16), 2 * n, 0)
+    with pytest.raises(ValueError, match="do not fit the cold buffer"):
+        check_read(n, _cold_method(16), 2 * n, 8 * 8 * 512 * 1024)
+    with pytest.raises(ValueError, match="registered"):
+        check_read(4 * n, ReadMethod(), 2 * n, COLD)
+    assert "least recently written" in _cold_method(16).describe()
+
+
+def test_report_gives_vllm_against_warm_and_cold_raw_reads() -> None:
+    a, b = _pd(10, 5, 8), _pd(20, 5, 8)
+    a.raw_cold_s, b.raw_cold_s = [9 / 1000, 11 / 1000], [15 / 1000]
+    a.raw_cold_age_s, b.raw_cold_age_s = [20.0, 24.0], [30.0]
+    res = {
+        "timings": {"pd": [a, b], "control": [], "agg": []},
+        "regions": 8,
+        "cold_bytes": COLD,
+        "huge_kib": {},
+        "idle_cpu": {"prefill": 0.01},
+        "idle_cpu_after": {"prefill": 0.01},
+    }
+    rows = cold_rows(res, [2048])
+    # vLLM 15 ms (median of 10, 20), warm 8, cold 11 (median of 9, 11, 15);
+    # per request: 10 / 10 and 15 / 20
+    assert rows[2] == "| 2048 | 64.0 | 15.0 | 8.0 | 11.0 | 53 % | 73 % | 75–100 % (2 requests) |"
+    assert "1024 MiB destination" in rows[-1]
+    assert "8 regions" in rows[-1]
+    assert "last been written a median 24 s before (20–30 s)" in rows[-1]
+    assert "| 2048 | 64.0 | 15.0 |" in report_single(res, [2048])
+    # without cold READs there is no such table
+    a.raw_cold_s = b.raw_cold_s = []
+    assert cold_rows(res, [2048]) == []
+    assert "into cold memory" not in report_single(res, [2048])

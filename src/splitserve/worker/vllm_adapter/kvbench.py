@@ -170,6 +170,13 @@ class Timing:
     prepared lists, a notification), right after this request."""
     raw_vllm_cpu_s: list[float] = field(default_factory=list)
     """CPU seconds of the raw reader's thread inside `transfer()` for those READs."""
+    raw_cold_s: list[float] = field(default_factory=list)
+    """The same vLLM-like READs by the same reader into its cold buffer (a destination as large
+    as the decode worker's KV cache, least recently written slots first: as cold as vLLM's
+    destination), alternating one by one with the `raw_vllm_s` ones (xferDuration)."""
+    raw_cold_cpu_s: list[float] = field(default_factory=list)
+    raw_cold_age_s: list[float] = field(default_factory=list)
+    """Per cold READ: the median seconds since the slots it wrote were last written."""
     raw_handoff_s: list[float] = field(default_factory=list)
     raw_handoff_cpu_s: list[float] = field(default_factory=list)
     """`--raw-at-handoff`: vLLM-like raw READs on the decode worker's core between this
@@ -490,12 +497,18 @@ class ReadMethod:
     fresh: bool = False
     """The target writes the bytes right before each READ (a prefill has just written the KV it
     hands off: in the prefill core's caches, not in memory)."""
+    cold: bool = False
+    """The READ's destination is the reader's cold buffer (`RawNixl(cold_bytes=...)`, as large as
+    the decode worker's KV cache), at the block slots written longest ago (`cold_descs`: a ring,
+    as vLLM's free-block queue hands a new request the least recently used blocks); else the
+    reader's small buffer, rewritten by every READ (warm)."""
 
     def describe(self) -> str:
         post = "make_prepped_xfer" if self.prepped else "initialize_xfer"
         merge = "" if self.merge else ", merging off"
         notif = ", with a notification" if self.notify else ""
         notif += ", source freshly written" if self.fresh else ""
+        notif += ", into the least recently written slots of the cold buffer" if self.cold else ""
         runs = f" ({self.runs} contiguous runs each)" if self.regions > 1 or self.runs > 1 else ""
         return (
             f"{self.pieces} descriptor(s) in {self.regions} region(s){runs}, {post}{merge}{notif}"
@@ -623,6 +636,48 @@ def _descs(addr: int, max_bytes: int, n: int, m: ReadMethod) -> list[tuple[int, 
     return out
 
 
+def cold_descs(
+    addr: int, span: int, n: int, m: ReadMethod, cursor: int
+) -> tuple[list[tuple[int, int, int]], int]:
+    """A cold READ's destination descriptors and the next `cursor`: `_descs`' blocks (`n //
+    m.pieces` bytes, `m.pieces // m.regions` per region, in `_descs`' order), each region a
+    ring of `span // m.regions // size` block slots in a `span`-byte buffer at `addr`. Block j
+    of every region goes to slot (first + j) mod slots, `first` the slot at byte `cursor` of
+    a region (rounded up to a whole slot), and the next READ starts after the last one written:
+    every READ writes the slots written longest ago, as vLLM's block pool hands a request the
+    least recently used blocks, and the same slot in every region, as vLLM's block ids index
+    every layer's region alike. The blocks of one READ are contiguous (across the ring's end,
+    two runs); the `runs` of `m` describe the source only (an approximation: vLLM's decode
+    blocks are as contiguous as its free queue leaves them)."""
+    size = n // m.pieces
+    per_region = max(1, m.pieces // m.regions)
+    region = span // m.regions
+    slots = region // size if size else 0
+    if slots < per_region:
+        raise ValueError(
+            f"{m.describe()}: {per_region} blocks of {size} bytes per region do not fit the "
+            f"cold buffer's {region} bytes per region ({span} bytes in all)"
+        )
+    first = -(-cursor // size) % slots
+    out = []
+    for i in range(m.pieces):
+        r, j = divmod(i, per_region)
+        out.append((addr + r * region + ((first + j) % slots) * size, size, 0))
+    return out, ((first + per_region) % slots) * size
+
+
+def check_read(nbytes: int, method: ReadMethod, max_bytes: int, cold_bytes: int) -> None:
+    """Refuses a READ `RawNixl` cannot make, naming why (before anything is sent)."""
+    if nbytes > max_bytes:
+        raise ValueError(f"{nbytes} bytes > the {max_bytes} registered")
+    if method.pieces % method.regions or nbytes % method.pieces:
+        raise ValueError(f"{method.describe()} does not split {nbytes} bytes evenly")
+    if method.cold and not cold_bytes:
+        raise ValueError("a cold READ needs RawNixl(cold_bytes=...) > 0 (no cold buffer)")
+    if method.cold:  # raises when the blocks do not fit the ring
+        cold_descs(0, cold_bytes, nbytes, method, 0)
+
+
 def _nixl_reader(
     conn: Any,
     ctl: Any,
@@ -631,11 +686,14 @@ def _nixl_reader(
     cpu: int | None = None,
     huge_pages: bool = True,
     num_threads: int = 0,
+    cold_bytes: int = 0,
 ) -> None:
     """Reads the first n bytes of the target's buffer `repeat` times per ("read", n, repeat,
     method) command on `ctl`, answering (seconds from `transfer()` to DONE, polled; NIXL's own
     xferDuration in seconds; NIXL's descriptor count after merging) per READ. On `cpu` only
-    when given (the decode worker's core: the READ's copy then gets the CPU the worker's gets)."""
+    when given (the decode worker's core: the READ's copy then gets the CPU the worker's gets).
+    `cold_bytes`: a second destination of that size (touched once at start, then written only
+    by cold READs, each into the slots written longest ago: `cold_descs`)."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     if _churn_core(0) >= 0:
@@ -649,6 +707,13 @@ def _nixl_reader(
     agent = nixl_agent("reader", config)
     buf, addr = _buffer(2 * nbytes, huge_pages, 2)
     agent.register_memory([(addr, 2 * nbytes, 0, "")], "DRAM")
+    cold_buf, cold_addr = _buffer(cold_bytes, huge_pages, 4) if cold_bytes else (None, 0)
+    if cold_bytes:
+        agent.register_memory([(cold_addr, cold_bytes, 0, "")], "DRAM")
+    cursor = 0  # the cold ring's next slot (bytes into each region)
+    written: dict[int, float] = {}  # when each byte of a cold region was last written (by slot)
+    ages: list[float] = []  # per cold READ: seconds since its slots were last written (median)
+    born = time.monotonic()
     meta, remote_addr, target_huge = conn.recv()
     peer = agent.add_remote_agent(meta)
     ctl.send((anon_huge_kib(), target_huge))
@@ -656,19 +721,34 @@ def _nixl_reader(
         cmd = ctl.recv()
         if cmd[0] == "stop":
             break
+        if cmd[0] == "ages":
+            ctl.send(ages)
+            ages = []
+            continue
         _, n, repeat, m = cmd
         span = 2 * nbytes - m.offset
-        ranges = _descs(addr + m.offset, span, n, m)
-        local = agent.get_xfer_descs(ranges, "DRAM")
-        remote = agent.get_xfer_descs(_descs(remote_addr + m.offset, span, n, m), "DRAM")
+        sources = _descs(remote_addr + m.offset, span, n, m)
+        remote = agent.get_xfer_descs(sources, "DRAM")
         idx = list(range(m.pieces))
-        lp = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local) if m.prepped else None
         rp = agent.prep_xfer_dlist(peer, remote) if m.prepped else None
         notif = b"raw" if m.notify else b""
         out = []
         for k in range(repeat):
+            if m.cold:  # each READ into the ring's next (least recently written) slots
+                ranges, cursor = cold_descs(cold_addr, cold_bytes, n, m, cursor)
+                now = time.monotonic()
+                region0 = [
+                    a - cold_addr for a, _, _ in ranges if a - cold_addr < cold_bytes // m.regions
+                ]
+                ages.append(statistics.median(now - written.get(o, born) for o in region0))
+                written.update(dict.fromkeys(region0, now))
+            elif k == 0:
+                ranges = _descs(addr + m.offset, span, n, m)
+            if m.cold or k == 0:
+                local = agent.get_xfer_descs(ranges, "DRAM")
+                lp = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local) if m.prepped else None
             if m.fresh:  # every byte the READ's descriptors cover, rewritten by the target
-                conn.send(("write", [(a - addr, n) for a, n, _ in ranges], 3 + k % 100))
+                conn.send(("write", [(a - remote_addr, n) for a, n, _ in sources], 3 + k % 100))
                 conn.recv()
             if m.prepped:
                 handle = agent.make_prepped_xfer(
@@ -688,19 +768,24 @@ def _nixl_reader(
             agent.release_xfer_handle(handle)
             if state != "DONE":
                 raise RuntimeError(f"NIXL READ failed: {state}")
+            if m.cold and lp is not None:  # the next READ has other slots
+                agent.release_dlist_handle(lp)
+                lp = None
         for h in (lp, rp):
             if h is not None:
                 agent.release_dlist_handle(h)
         ctl.send(out)
     conn.send("done")
-    del buf
+    del buf, cold_buf
 
 
 class RawNixl:
     """Two processes moving DRAM with NIXL READs (UCX, loopback), kept for a whole run so that
     raw reads can be interleaved with the engine's transfers of the same bytes. Both buffers are
     anonymous mappings in transparent huge pages (`huge_pages`, as `local_cpu_env` puts vLLM's
-    KV cache) or in 4 KiB pages."""
+    KV cache) or in 4 KiB pages. `cold_bytes` > 0: the reader also holds a destination that
+    large (the decode worker's KV cache size), which READs made with `ReadMethod(cold=True)`
+    write in a ring, the least recently written slots first (`cold_descs`)."""
 
     def __init__(
         self,
@@ -710,7 +795,10 @@ class RawNixl:
         huge_pages: bool = True,
         num_threads: int = 0,
         target_cpu: int | None = None,
+        cold_bytes: int = 0,
     ) -> None:
+        if cold_bytes < 0:
+            raise ValueError(f"cold_bytes must be >= 0, got {cold_bytes}")
         ctx = mp.get_context("spawn")
         a, b = ctx.Pipe()
         self._ctl, ctl = ctx.Pipe()
@@ -720,12 +808,13 @@ class RawNixl:
             ),
             ctx.Process(
                 target=_nixl_reader,
-                args=(b, ctl, max_bytes, progress_thread, cpu, huge_pages, num_threads),
+                args=(b, ctl, max_bytes, progress_thread, cpu, huge_pages, num_threads, cold_bytes),
             ),
         ]
         for p in self._procs:
             p.start()
         self.max_bytes = max_bytes
+        self.cold_bytes = cold_bytes
         if not self._ctl.poll(300):
             raise TimeoutError("raw NIXL reader did not start")
         self.huge_kib: tuple[int, int] = self._ctl.recv()
@@ -738,14 +827,20 @@ class RawNixl:
         """Per READ of `nbytes` by `method`: (seconds from `transfer()` to DONE, NIXL's
         telemetry xferDuration in seconds — what vLLM reports —, descriptors after merging,
         CPU seconds of the reading thread inside `transfer()`: with `cma` the copy)."""
-        if nbytes > self.max_bytes:
-            raise ValueError(f"{nbytes} bytes > the {self.max_bytes} registered")
-        if method.pieces % method.regions or nbytes % method.pieces:
-            raise ValueError(f"{method.describe()} does not split {nbytes} bytes evenly")
+        check_read(nbytes, method, self.max_bytes, self.cold_bytes)
         self._ctl.send(("read", nbytes, repeat, method))
         if not self._ctl.poll(300):
             raise TimeoutError("raw NIXL read did not answer")
         got: list[tuple[float, float, int, float]] = self._ctl.recv()
+        return got
+
+    def cold_ages(self) -> list[float]:
+        """Per cold READ since the last call: the median seconds since the ring slots it wrote
+        were last written (or, on the ring's first turn, since the buffer was touched)."""
+        self._ctl.send(("ages",))
+        if not self._ctl.poll(60):
+            raise TimeoutError("raw NIXL reader did not answer")
+        got: list[float] = self._ctl.recv()
         return got
 
     def read_s(

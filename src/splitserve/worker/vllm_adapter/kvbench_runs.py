@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import itertools
 import json
@@ -65,6 +66,15 @@ def bench_model(path: Path) -> str:
     if not (path / "config.json").exists():
         write_tiny_model(path, TinyModelSpec(**BENCH_MODEL))
     return str(path)
+
+
+def decode_kv_bytes(env: dict[str, str]) -> int:
+    """The decode worker's KV cache size in bytes: `VLLM_CPU_KVCACHE_SPACE` (GiB) as
+    `start_worker` sets it (`local_cpu_env`, then the run's `env` on top)."""
+    from splitserve.worker.vllm_adapter.engine import local_cpu_env
+
+    gib = {**os.environ, **local_cpu_env(), **env}["VLLM_CPU_KVCACHE_SPACE"]
+    return int(float(gib) * (1 << 30))
 
 
 def engine_args(max_model_len: int) -> list[str]:
@@ -153,9 +163,18 @@ async def _single(
                     like = read_like_vllm(int(nbytes), t.kv_blocks, regions)
                     moved[n] = (int(nbytes), like)
                     t.raw_s = raw.read_s(int(nbytes), 3)
-                    got = raw.read(int(nbytes), 3, like)
+                    # Into the reader's warm buffer and into its cold ring, one by one.
+                    cold = dataclasses.replace(like, cold=True)
+                    got, got_cold = [], []
+                    for _ in range(3):
+                        got += raw.read(int(nbytes), 1, like)
+                        if raw.cold_bytes:
+                            got_cold += raw.read(int(nbytes), 1, cold)
                     t.raw_vllm_s = [tel for _, tel, _, _ in got]
                     t.raw_vllm_cpu_s = [cpu for _, _, _, cpu in got]
+                    t.raw_cold_s = [tel for _, tel, _, _ in got_cold]
+                    t.raw_cold_cpu_s = [cpu for _, _, _, cpu in got_cold]
+                    t.raw_cold_age_s = raw.cold_ages() if raw.cold_bytes else []
                     if raw_core is not None:
                         t.raw_core_s = [*core_before, *raw_core.read_s(int(nbytes), 2, like)]
                 other = prompt_of(n, seed=1000 * rep + n + 500)
@@ -222,9 +241,11 @@ def run_single(
     at_handoff: bool = False,
     mux: bool = False,
     early_decode: bool = False,
+    cold_bytes: int = 0,
 ) -> dict[str, Any]:
-    """`trace`: the decode worker and the client write `kvtrace` events (P/D requests), and
-    the result has each one's milestones under "trace". `mux`: every call a sub-request of one
+    """`cold_bytes`: the raw reader's cold destination (`RawNixl`; 0: none). `trace`: the
+    decode worker and the client write `kvtrace` events (P/D requests), and the result has
+    each one's milestones under "trace". `mux`: every call a sub-request of one
     `Multiplex` stream per worker, as the router sends them (`Client.mux`); `early_decode`: with
     it, each Decode sent before its Prefill, its KV after (`Client.early_decode`)."""
     from splitserve.worker.vllm_adapter import kvtrace
@@ -244,7 +265,7 @@ def run_single(
         kv_max = (max(lengths) + 128) * bytes_per_token(model) if engine == "vllm" else 0
         # Raw buffers in the page size the workers' KV caches are in (local_cpu_env).
         huge = env.get("THP_MEM_ALLOC_ENABLE", "1") != "0"
-        raw = RawNixl(kv_max, huge_pages=huge) if kv_max else None
+        raw = RawNixl(kv_max, huge_pages=huge, cold_bytes=cold_bytes) if kv_max else None
         raw_core = RawNixl(kv_max, cpu=DECODE_CPU, huge_pages=huge) if kv_max else None
         tracer = kvtrace.KvTrace(trace_file) if trace else None
         regions = kv_regions(model) if engine == "vllm" else 1
@@ -281,6 +302,7 @@ def run_single(
         timings["agg"] = asyncio.run(_agg(d, lengths, repeat, max_tokens, mux))
     res["timings"] = timings
     res["regions"] = kv_regions(model) if engine == "vllm" else 1
+    res["cold_bytes"] = cold_bytes if engine == "vllm" else 0
     res["warm"] = warm and engine == "vllm"
     if trace:
         events = kvtrace.load(trace_file)
@@ -372,6 +394,53 @@ def report_trace(res: dict[str, Any], lengths: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def cold_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
+    """Item 4's comparison both ways: vLLM's READ time against the raw vLLM-like READs of the
+    same bytes into the reader's warm buffer and into its cold ring (`RawNixl(cold_bytes=...)`),
+    made alternately right after each P/D request. The ratios are raw time / vLLM time (vLLM's
+    bandwidth as a share of the raw READ's), of the medians, and per request against its own
+    cold READs."""
+    pd: list[Timing] = res["timings"]["pd"]
+    out = [
+        "| prompt | KV MiB | vLLM NIXL xfer ms | raw READ into warm memory ms "
+        "| raw READ into cold memory ms | vLLM / raw warm | vLLM / raw cold "
+        "| vLLM / raw cold, per request |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for n in lengths:
+        rows = [x for x in pd if x.prompt_tokens == n and x.xfer_s and x.raw_cold_s]
+        if not rows:
+            continue
+        xf = med([x.xfer_s for x in rows])
+        warm = med([s for x in rows for s in x.raw_vllm_s])
+        cold = med([s for x in rows for s in x.raw_cold_s])
+        per = [med(x.raw_cold_s) / x.xfer_s for x in rows]
+        out.append(
+            f"| {n} | {med([x.kv_bytes for x in rows]) / MiB:.1f} | {ms(xf)} | {ms(warm)} "
+            f"| {ms(cold)} | {100 * warm / xf:.0f} % | {100 * cold / xf:.0f} % "
+            f"| {100 * min(per):.0f}–{100 * max(per):.0f} % ({len(per)} requests) |"
+        )
+    if len(out) == 2:
+        return []
+    ages = [a for x in pd for a in x.raw_cold_age_s]
+    age = (
+        f" The cold READs' slots had last been written a median {med(ages):.0f} s before "
+        f"({min(ages):.0f}–{max(ages):.0f} s)."
+        if ages
+        else ""
+    )
+    out.append("")
+    out.append(
+        f"Both raw READs: the same reader process and source, vLLM's descriptors, NIXL's "
+        f"xferDuration; warm: into the reader's own small buffer, which every READ rewrites; "
+        f"cold: into a {res.get('cold_bytes', 0) / MiB:.0f} MiB destination (the decode "
+        f"worker's KV cache size) in {res.get('regions', 1)} regions, each READ into the block "
+        f"slots written longest ago (a ring, as vLLM's block pool hands out the least recently "
+        f"used blocks). Three of each per P/D request, alternating warm / cold.{age}"
+    )
+    return out
+
+
 def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
     t: dict[str, list[Timing]] = res["timings"]
     lines = [
@@ -447,6 +516,12 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
             "descriptor, and as vLLM reads (last request: "
             f"{method.describe()}). The ratio uses the latter."
         )
+    cold_lines = cold_rows(res, lengths)
+    if cold_lines:
+        lines.append("")
+        lines.append("Item 4, vLLM against a raw READ into warm and into cold memory:")
+        lines.append("")
+        lines.extend(cold_lines)
     cpu_lines = transfer_cpu_rows(res, lengths)
     if cpu_lines:
         lines.append("")
@@ -687,6 +762,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="with --mux: each P/D Decode sent before its Prefill (kv_follows), the first token "
         "and KV handle after it answers (MuxOp.decode_kv)",
     )
+    ap.add_argument(
+        "--raw-cold-mib",
+        type=int,
+        default=-1,
+        help="the raw reader's cold destination in MiB, READ into least recently written "
+        "first beside the warm READs (default -1: the decode worker's KV cache size, "
+        "VLLM_CPU_KVCACHE_SPACE; 0: no cold READs)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--long-len", type=int, default=2048)
     ap.add_argument("--long-every-s", type=float, default=3.0)
@@ -708,6 +791,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.no_huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "0"
     env["SPLITSERVE_KV_PULL_IN_STEP"] = "1" if args.pull_in_step else "0"
+    if args.raw_cold_mib < -1:
+        raise SystemExit(
+            f"--raw-cold-mib must be -1 (the KV cache size), 0 or more: {args.raw_cold_mib}"
+        )
+    cold_bytes = args.raw_cold_mib * MiB if args.raw_cold_mib >= 0 else decode_kv_bytes(env)
     load = os.getloadavg()
     print(f"# bench-kv ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
     print(
@@ -742,6 +830,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 at_handoff=args.raw_at_handoff,
                 mux=args.mux,
                 early_decode=args.early_decode,
+                cold_bytes=cold_bytes,
             )
             print("## vLLM, one request at a time\n")
             print(report_single(res, lengths))
