@@ -34,6 +34,15 @@ async def _prefill(p: RunningWorker, rid: str) -> worker_pb2.PrefillResponse:
     return resp
 
 
+async def _pair(make_worker: WorkerFactory) -> tuple[RunningWorker, RunningWorker, MuxConn]:
+    """A prefill and a decode worker, and a ready Multiplex stream to the decode worker."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    conn = MuxConn(d.stub)
+    await conn.ready()
+    return p, d, conn
+
+
 def handoff(pre: worker_pb2.PrefillResponse) -> worker_pb2.DecodeKv:
     """What the router sends an early Decode once its prefill answered."""
     return worker_pb2.DecodeKv(first_token_id=pre.first_token_id, kv=pre.kv)
@@ -63,10 +72,7 @@ async def test_early_decode_gives_the_tokens_of_a_decode_sent_after_the_prefill(
 async def test_the_early_decode_waits_for_its_kv_and_a_cancel_ends_it(
     make_worker: WorkerFactory,
 ) -> None:
-    p = await make_worker(Role.PREFILL)
-    d = await make_worker(Role.DECODE)
-    conn = MuxConn(d.stub)
-    await conn.ready()
+    p, d, conn = await _pair(make_worker)
     sid, chunks = await conn.open("decode", early("w"))
     nothing = asyncio.ensure_future(anext(chunks))
     await asyncio.sleep(0.2)
@@ -113,10 +119,7 @@ async def test_kv_follows_is_refused_outside_multiplex_and_with_a_kv_handle(
 async def test_a_worker_drained_while_the_early_decode_waits_is_unavailable(
     make_worker: WorkerFactory,
 ) -> None:
-    p = await make_worker(Role.PREFILL)
-    d = await make_worker(Role.DECODE)
-    conn = MuxConn(d.stub)
-    await conn.ready()
+    p, d, conn = await _pair(make_worker)
     sid, chunks = await conn.open("decode", early("r"))
     pre = await _prefill(p, "r")
     await d.stub.Drain(worker_pb2.DrainRequest())
