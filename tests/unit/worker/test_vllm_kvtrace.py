@@ -34,7 +34,25 @@ class _Agent:
 
     def transfer(self, handle: str) -> str:
         self.calls.append("transfer")
-        return "DONE"
+        return "PROC"
+
+    def check_xfer_state(self, handle: str) -> str:
+        """In progress at the first check after the post, done at the second."""
+        self.calls.append("check")
+        return "DONE" if self.calls.count("check") >= 2 else "PROC"
+
+    def get_xfer_telemetry(self, handle: str) -> Any:
+        self.calls.append("telemetry")
+        return _Telemetry()
+
+
+@dataclass
+class _Telemetry:
+    """NIXL's per-transfer telemetry (microseconds)."""
+
+    xferDuration: int = 7_000  # noqa: N815 (NIXL's names)
+    postDuration: int = 6_000  # noqa: N815
+    descCount: int = 3  # noqa: N815
 
 
 class _Worker:
@@ -43,14 +61,24 @@ class _Worker:
     def __init__(self) -> None:
         self.posted: list[str] = []
         self.done: set[str] = set()
+        self.handles: list[str] = []
         self.nixl_wrapper = _Agent()
 
     def start_load_kv(self, metadata: _Meta) -> None:
         self.posted.extend(metadata.reqs_to_recv)
-        handle = self.nixl_wrapper.make_prepped_xfer("READ", notif_msg=b"r:1")
+        # vLLM's descriptor ids: the decode's blocks 4, 5, 9 and the prefill's 0, 1, 2.
+        handle = self.nixl_wrapper.make_prepped_xfer(
+            "READ", "local", [4, 5, 9], "remote", [0, 1, 2], notif_msg=b"r:1"
+        )
         self.nixl_wrapper.transfer(handle)
+        self.handles.append(handle)
 
     def get_transfer_results(self) -> _Results:
+        """vLLM's `get_finished`: checks each READ once, reads a finished one's telemetry."""
+        for handle in list(self.handles):
+            if self.nixl_wrapper.check_xfer_state(handle) == "DONE":
+                self.nixl_wrapper.get_xfer_telemetry(handle)
+                self.handles.remove(handle)
         done, self.done = self.done, set()
         return _Results(done)
 
@@ -90,8 +118,9 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     trace.scheduled()  # seen once
     trace.step_started()
     worker.start_load_kv(_Meta({"r-internal": object(), "untraced": object()}))
+    worker.get_transfer_results()  # the READ still in progress at this step's check
     worker.done = {"r-internal", "untraced"}
-    worker.get_transfer_results()
+    worker.get_transfer_results()  # done at the next
     trace.step_ended()  # step 1: only moved KV
     trace.step_started()
     trace.scheduled()
@@ -108,7 +137,9 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     # A NIXL call outside start_load_kv (the warm-up READ) passes untimed.
     worker.nixl_wrapper.make_prepped_xfer("READ", notif_msg=b"HB:")
     assert worker.posted == ["r-internal", "untraced"]  # the wrapped methods still ran
-    assert worker.nixl_wrapper.calls == ["prep", "transfer", "prep"]
+    assert worker.nixl_wrapper.calls == [
+        "prep", "transfer", "check", "check", "telemetry", "prep"
+    ]  # fmt: skip
     assert executor.calls == ["execute", "sample"]
 
     events = kvtrace.load(path)
@@ -117,6 +148,16 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     assert names.count("seen") == 1
     assert names.count("prep") == 1  # the warm-up READ's call was not marked
     assert names.count("step_start") == 2
+    assert names.count("xfer_seen") == 1
+    # What vLLM's READ time is made of: its telemetry, the checks before it was seen done,
+    # the descriptors' runs on either side.
+    assert kvtrace.value(events["r"], "tel_xfer") == pytest.approx(0.007)
+    assert kvtrace.value(events["r"], "tel_post") == pytest.approx(0.006)
+    assert kvtrace.value(events["r"], "tel_descs") == 3
+    assert kvtrace.value(events["r"], "xfer_checks") == 1
+    assert kvtrace.value(events["r"], "local_runs") == 2
+    assert kvtrace.value(events["r"], "remote_runs") == 1
+    assert kvtrace.value(events["r"], "missing") is None
     m = kvtrace.milestones(events["r"])
     assert m["steps"] == 2
     second_step = [t for n, t in events["r"] if n == "step_start"][1]

@@ -312,7 +312,70 @@ def run_single(
         res["transfer_cpu"] = {
             rid: kvtrace.cpu_seconds(ev) for rid, ev in events.items() if rid.startswith("pd-")
         }
+        res["xfer_marks"] = {
+            rid: {k: v for k in XFER_MARKS if (v := kvtrace.value(ev, k)) is not None}
+            for rid, ev in events.items()
+            if rid.startswith("pd-")
+        }
     return res
+
+
+XFER_MARKS = (
+    "tel_xfer",
+    "tel_post",
+    "tel_descs",
+    "xfer_checks",
+    "prepped_descs",
+    "local_runs",
+    "remote_runs",
+)
+"""`kvtrace` marks of each traced READ that `xfer_rows` reports (counts and durations)."""
+
+
+def xfer_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
+    """With `--trace`, item 4 (a): what vLLM's transfer time is made of, medians per length.
+    NIXL's xferDuration runs from the post's start to the `check_xfer_state` that finds the
+    READ done; vLLM checks once per engine step (`get_finished`), the raw reader in a tight
+    loop, so a READ done inside `transfer()` but seen only at vLLM's next check counts the
+    wait in vLLM's time. Also (b): the descriptors vLLM asked for, in how many runs of
+    consecutive ids on the decode (local) and prefill (remote) side, and how many NIXL posted
+    after merging."""
+    trace: dict[str, dict[str, float]] = res.get("trace") or {}
+    marks: dict[str, dict[str, float]] = res.get("xfer_marks") or {}
+    out = [
+        "| prompt | vLLM xferDuration ms | postDuration ms | transfer() wall ms "
+        "| transfer() return -> vLLM's check sees DONE ms | checks that saw it in progress "
+        "| descriptors asked / posted | runs: decode side / prefill side |",
+        "|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for n in lengths:
+        got: dict[str, list[float]] = {}
+        for rid, m in marks.items():
+            _, rep, length = rid.split("-")
+            t = trace.get(rid, {})
+            if not int(rep) or int(length) != n or "tel_xfer" not in m:
+                continue
+            for k, v in m.items():
+                got.setdefault(k, []).append(v)
+            if "transfer" in t and "transferred" in t:
+                got.setdefault("wall", []).append(t["transferred"] - t["transfer"])
+            if "transferred" in t and "xfer_seen" in t:
+                got.setdefault("seen", []).append(t["xfer_seen"] - t["transferred"])
+        if not got:
+            continue
+
+        def cell(
+            k: str, scale: float = 1000.0, fmt: str = ".1f", got: dict[str, list[float]] = got
+        ) -> str:
+            return format(med(got[k]) * scale, fmt) if got.get(k) else ""
+
+        out.append(
+            f"| {n} | {cell('tel_xfer')} | {cell('tel_post')} | {cell('wall')} "
+            f"| {cell('seen', fmt='.2f')} | {cell('xfer_checks', 1, '.0f')} "
+            f"| {cell('prepped_descs', 1, '.0f')} / {cell('tel_descs', 1, '.0f')} "
+            f"| {cell('local_runs', 1, '.0f')} / {cell('remote_runs', 1, '.0f')} |"
+        )
+    return out if len(out) > 2 else []
 
 
 def transfer_cpu_rows(res: dict[str, Any], lengths: Sequence[int]) -> list[str]:
@@ -526,6 +589,12 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
     if cpu_lines:
         lines.append("")
         lines.extend(cpu_lines)
+    xfer_lines = xfer_rows(res, lengths)
+    if xfer_lines:
+        lines.append("")
+        lines.append("vLLM's READ as its engine sees it (`--trace`, medians):")
+        lines.append("")
+        lines.extend(xfer_lines)
     huge = res.get("huge_kib")
     if huge:
         lines.append("")

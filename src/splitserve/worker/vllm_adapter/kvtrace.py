@@ -41,6 +41,7 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("transfer", "vLLM calls NIXL's transfer()"),
     ("transferred", "transfer() returns (with `cma`, the copy is done)"),
     ("posted", "start_load_kv returns"),
+    ("xfer_seen", "vLLM's `check_xfer_state` finds the READ done (NIXL's xferDuration ends here)"),
     ("recv_done", "vLLM reports the READ done (async path)"),
     ("step2_start", "the step that yields token 2 starts"),
     ("step2_sched", "its schedule() returns"),
@@ -68,6 +69,11 @@ class KvTrace:
         self._step_start: float | None = None
         self._posting: list[str] = []
         """Traced decodes inside the current `start_load_kv` (their NIXL calls are timed)."""
+        self._inflight: list[str] = []
+        """Traced decodes whose READ `transfer()` posted and whose telemetry vLLM has not read
+        yet. The READ's state checks and telemetry are not tied to a request id, so they are
+        credited to these: exact with one hand-off at a time (the bench), approximate with
+        several in flight."""
         self._phases: dict[str, float] = {}
         """Times within the traced step: `step_sched`, `step_fwd_start`, `step_fwd_end`."""
 
@@ -167,15 +173,63 @@ class KvTrace:
                 if _a == "prepped" and len(args) > 2:
                     for rid in ids:  # not a time either: how many descriptors vLLM asked for
                         self.mark(rid, "prepped_descs", float(len(args[2])))
+                        # ... and in how many runs of consecutive descriptor ids they lie on
+                        # each side (local: the decode's blocks; remote: the prefill's).
+                        self.mark(rid, "local_runs", float(id_runs(args[2])))
+                        if len(args) > 4:
+                            self.mark(rid, "remote_runs", float(id_runs(args[4])))
                 for rid in ids:
                     self.mark(rid, _a)
                     # Not a time: the CPU seconds the calling thread spent in the call (with
                     # `cma` the copy runs in `transfer()`; wall time above it is waiting for
                     # the core). `milestones` skips it; `cpu_seconds` reads it.
                     self.mark(rid, _a + "_cpu", cpu)
+                if _a == "transferred":
+                    self._inflight = [*self._inflight, *ids]
                 return out
 
             setattr(wrapper, method, timed)
+        self._time_completion(wrapper)
+
+    def _time_completion(self, wrapper: Any) -> None:
+        """Mark when vLLM's `check_xfer_state` (its `get_finished` poll, once per engine step)
+        first finds a traced READ done (`xfer_seen`), how many of its checks found it still in
+        progress (`xfer_checks`), and the READ's telemetry as vLLM reads it right after:
+        `tel_xfer` / `tel_post` (NIXL's xferDuration / postDuration, seconds: xferDuration
+        runs from the post's start to the check that saw it done) and `tel_descs` (descriptors
+        after merging). Not times, except `xfer_seen`; `value` reads them."""
+        check = getattr(wrapper, "check_xfer_state", None)
+        telemetry = getattr(wrapper, "get_xfer_telemetry", None)
+        if check is None or telemetry is None:
+            return
+        pending: dict[str, int] = {}
+
+        def check_xfer_state(*args: Any, **kwargs: Any) -> Any:
+            out = check(*args, **kwargs)
+            ids = self._inflight
+            if not ids:
+                return out
+            if out == "PROC":
+                for rid in ids:
+                    pending[rid] = pending.get(rid, 0) + 1
+            else:
+                now = time.perf_counter()
+                for rid in ids:
+                    self.mark(rid, "xfer_seen", now)
+                    self.mark(rid, "xfer_checks", float(pending.pop(rid, 0)))
+            return out
+
+        def get_xfer_telemetry(*args: Any, **kwargs: Any) -> Any:
+            out = telemetry(*args, **kwargs)
+            ids, self._inflight = self._inflight, []
+            for rid in ids:
+                self.mark(rid, "tel_xfer", float(out.xferDuration) / 1e6)
+                self.mark(rid, "tel_post", float(out.postDuration) / 1e6)
+                self.mark(rid, "tel_descs", float(out.descCount))
+            return out
+
+        wrapper.check_xfer_state = check_xfer_state
+        wrapper.get_xfer_telemetry = get_xfer_telemetry
 
     def install_executor(self, executor: Any) -> None:
         """Time the model execution of traced steps (the executor's `execute_model` and
@@ -239,6 +293,20 @@ def load(path: str | Path) -> dict[str, list[tuple[str, float]]]:
         e = json.loads(line)
         out.setdefault(str(e["rid"]), []).append((str(e["event"]), float(e["t"])))
     return out
+
+
+def id_runs(ids: Sequence[int]) -> int:
+    """How many runs of consecutive values `ids` has (1 for 4, 5, 6; 3 for 4, 5, 9, 2)."""
+    seq = [int(i) for i in ids]
+    return (1 + sum(1 for a, b in itertools.pairwise(seq) if b != a + 1)) if seq else 0
+
+
+def value(events: Sequence[tuple[str, float]], name: str) -> float | None:
+    """The first `name` mark of a request (a count or a duration, not a time); None if none."""
+    for n, t in events:
+        if n == name:
+            return t
+    return None
 
 
 def cpu_seconds(events: Sequence[tuple[str, float]], call: str = "transferred") -> float | None:
