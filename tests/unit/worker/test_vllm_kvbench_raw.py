@@ -15,9 +15,15 @@ from splitserve.worker.vllm_adapter.kvbench import (
     _descs,
     check_read,
     cold_descs,
+    thp_short,
     vllm_like,
 )
-from splitserve.worker.vllm_adapter.kvbench_runs import cold_rows, read_like_vllm, report_single
+from splitserve.worker.vllm_adapter.kvbench_runs import (
+    cold_rows,
+    read_like_vllm,
+    report_single,
+    xfer_rows,
+)
 
 BLOCK = 256 * 1024
 
@@ -184,3 +190,59 @@ def test_report_gives_vllm_against_warm_and_cold_raw_reads() -> None:
     a.raw_cold_s = b.raw_cold_s = []
     assert cold_rows(res, [2048]) == []
     assert "into cold memory" not in report_single(res, [2048])
+
+
+# -- checks on the method: the raw buffers' page size, vLLM's READ as its engine sees it -------
+
+
+def test_raw_buffers_short_of_huge_pages_are_named() -> None:
+    # reader: 2 x 68 MiB + the 1 GiB ring; target: 2 x 68 MiB (kB)
+    assert thp_short((1_187_840, 139_264), 68 * MiB, COLD) is None
+    assert thp_short((233_472, 0), 68 * MiB, COLD) == (
+        "reader 233472 of 1187840 kB, target 0 of 139264 kB"
+    )
+    assert thp_short((1_187_840, 0), 68 * MiB, COLD) == "target 0 of 139264 kB"
+
+
+def test_report_warns_when_the_raw_buffers_missed_huge_pages() -> None:
+    res = {
+        "timings": {"pd": [_pd(10, 5, 8)], "control": [], "agg": []},
+        "regions": 16,
+        "huge_kib": {},
+        "idle_cpu": {"prefill": 0.01},
+        "idle_cpu_after": {"prefill": 0.01},
+    }
+    assert "not all in huge pages" not in report_single(res, [2048])
+    res["raw_thp_short"] = "target 0 of 139264 kB"
+    assert "not all in huge pages** (target 0 of 139264 kB)" in report_single(res, [2048])
+
+
+def test_xfer_rows_split_vllm_s_read_into_post_and_the_wait_for_its_check() -> None:
+    def marks(xfer_ms: float, checks: float) -> dict[str, float]:
+        return {
+            "tel_xfer": xfer_ms / 1000,
+            "tel_post": 7 / 1000,
+            "tel_descs": 8,
+            "xfer_checks": checks,
+            "prepped_descs": 128,
+            "local_runs": 9,
+            "remote_runs": 8,
+        }
+
+    res = {
+        "trace": {
+            "pd-0-2048": {"transfer": 0.0, "transferred": 0.1, "xfer_seen": 0.2},  # round 0
+            "pd-1-2048": {"transfer": 1.0, "transferred": 1.007, "xfer_seen": 1.009},
+            "pd-2-2048": {"transfer": 2.0, "transferred": 2.007, "xfer_seen": 2.011},
+        },
+        "xfer_marks": {
+            "pd-0-2048": marks(100, 5),
+            "pd-1-2048": marks(9, 1),
+            "pd-2-2048": marks(11, 1),
+        },
+    }
+    rows = xfer_rows(res, [1024, 2048])
+    assert len(rows) == 3  # header, rule, one length (no 1024-token requests)
+    # medians of the counted rounds: xfer 10, post 7, wall 7, seen 2 / 4 ms after the return
+    assert rows[2] == "| 2048 | 10.0 | 7.0 | 7.0 | 3.00 | 1 | 128 / 8 | 9 / 8 |"
+    assert xfer_rows({"trace": {}, "xfer_marks": {}}, [2048]) == []

@@ -48,7 +48,13 @@ BENCH_MODEL: dict[str, Any] = {
 """About 22 M parameters, fp32: 32 KiB of KV per token (2 x 8 layers x 512 x 4 bytes)."""
 
 DECODE_CPU = 1
-"""The core of the single run's decode worker (the prefill worker's is 0)."""
+"""The core of the single run's decode worker."""
+
+PREFILL_CPU = 0
+"""The core of the single run's prefill worker. The raw READs' target processes run here too:
+they stand in for the prefill (the READ's source), and their polling loop (a wake-up every
+millisecond) on the decode's core took 0.1–0.6 ms of it from each of vLLM's READs
+(2026-11-27, `perf sched`), while the raw reader dodged it."""
 
 
 def bytes_per_token(model_dir: str) -> int:
@@ -257,7 +263,7 @@ def run_single(
     args = engine_args(max(*lengths, *WARM_LENGTHS) + max_tokens + 16) if engine == "vllm" else []
     kw: dict[str, Any] = {"env": env, "engine_args": args, "engine": engine}
     res: dict[str, Any] = {}
-    pair = [("prefill", "prefill", 0), ("decode", "decode", DECODE_CPU)]
+    pair = [("prefill", "prefill", PREFILL_CPU), ("decode", "decode", DECODE_CPU)]
     with workers(run_dir, model, pair, **kw) as (p, d):
         time.sleep(2.0)
         res["idle_cpu"] = idle_cpu([p, d], idle_s)
@@ -265,8 +271,19 @@ def run_single(
         kv_max = (max(lengths) + 128) * bytes_per_token(model) if engine == "vllm" else 0
         # Raw buffers in the page size the workers' KV caches are in (local_cpu_env).
         huge = env.get("THP_MEM_ALLOC_ENABLE", "1") != "0"
-        raw = RawNixl(kv_max, huge_pages=huge, cold_bytes=cold_bytes) if kv_max else None
-        raw_core = RawNixl(kv_max, cpu=DECODE_CPU, huge_pages=huge) if kv_max else None
+        # Every raw READ on the decode's core, where vLLM's engine thread makes its READ (the
+        # copy runs in the caller of `transfer()`), beside the same neighbours; until
+        # 2026-11-27 13:00 item 4's reader ran on any core and so dodged them.
+        raw, raw_core = None, None
+        if kv_max:
+            raw = RawNixl(
+                kv_max,
+                cpu=DECODE_CPU,
+                target_cpu=PREFILL_CPU,
+                huge_pages=huge,
+                cold_bytes=cold_bytes,
+            )
+            raw_core = RawNixl(kv_max, cpu=DECODE_CPU, target_cpu=PREFILL_CPU, huge_pages=huge)
         tracer = kvtrace.KvTrace(trace_file) if trace else None
         regions = kv_regions(model) if engine == "vllm" else 1
         try:
@@ -291,6 +308,7 @@ def run_single(
             res["huge_kib"] = {w.name: anon_huge_kib(w.pid) for w in (p, d)}
             if raw is not None:
                 res["huge_kib"]["raw reader, target"] = raw.huge_kib
+                res["raw_thp_short"] = raw.thp_short() if huge else None
         finally:
             if tracer is not None:
                 tracer.close()
@@ -595,6 +613,14 @@ def report_single(res: dict[str, Any], lengths: Sequence[int]) -> str:
         lines.append("vLLM's READ as its engine sees it (`--trace`, medians):")
         lines.append("")
         lines.extend(xfer_lines)
+    short = res.get("raw_thp_short")
+    if short:
+        lines.append("")
+        lines.append(
+            f"**The raw READs' buffers are not all in huge pages** ({short}), while the "
+            "workers' KV caches are: a raw READ in 4 KiB pages costs 1.7–2.3x, so this run's "
+            "ratios overstate vLLM against the raw READ."
+        )
     huge = res.get("huge_kib")
     if huge:
         lines.append("")
