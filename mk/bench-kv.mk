@@ -22,7 +22,11 @@
 # rewrites (warm) and into a destination as large as the decode worker's KV cache, the block
 # slots written longest ago first (cold, as vLLM's block pool hands out blocks; on this VM the
 # first write into memory not written for a while is slower, docs/benchmarks.md "Source,
-# destination, or memory?"); `--raw-cold-mib N` sizes it, 0 leaves the cold READs out.
+# destination, or memory?"); `--raw-cold-mib N` sizes it, 0 leaves the cold READs out. Since
+# 2026-11-27 13:00 the raw reader runs on the decode worker's core (where vLLM's READ copies)
+# and its target on the prefill worker's, so that neither dodges nor adds to the decode core's
+# load; `--trace` also prints vLLM's READ as its engine sees it (NIXL's post and transfer
+# durations, the wait for vLLM's completion check, its descriptors' runs on either side).
 
 KVBENCH_ARGS ?=
 # mk/vllm.mk builds the venv; it is read after this file, so name its stamp here.
