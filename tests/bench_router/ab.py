@@ -164,14 +164,17 @@ def main() -> None:
                     )  # fmt: skip
                 ttft0 = _router_ttft(port) if n != "V" else None
                 cpu0 = [_cpu_s(p) for p in pids_of[n]]
-                wpids = procs.pids(f"{n}-") if not shared else procs.pids("prefill-", "decode-")
-                w0, g0 = sum(_cpu_s(p) for p in wpids), time.process_time()
+                wnames = procs.names(f"{n}-") if not shared else procs.names("prefill-", "decode-")
+                wpids = [procs.named[w].pid for w in wnames]
+                each_w0 = [_cpu_s(p) for p in wpids]
+                w0, g0 = sum(each_w0), time.process_time()
                 sat = asyncio.run(loadgen.closed_loop(port, raw[n], 32, args.count, 30))
                 each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
                 cpu = sum(each)
                 # The load core's other tenants: the workers and this load generator (c=32 is
                 # capped there; their CPU per request says how much of it a router's link costs).
-                wcpu = sum(_cpu_s(p) for p in wpids) - w0
+                each_w = [_cpu_s(p) - c0 for p, c0 in zip(wpids, each_w0, strict=True)]
+                wcpu = sum(each_w)
                 gcpu = time.process_time() - g0
                 ttft1 = _router_ttft(port) if ttft0 is not None else None
                 if spy is not None:
@@ -189,6 +192,12 @@ def main() -> None:
                     "ttft_p90_ms_c32": round(percentile(sat.ttft_s, 90) * 1e3, 2),
                     "worker_cpu_ms_per_req": round(wcpu / max(1, sat.done) * 1e3, 3),
                     "loadgen_cpu_ms_per_req": round(gcpu / max(1, sat.done) * 1e3, 3),
+                    # each worker process apart (step 1 of the fourteenth pass: what the load
+                    # core spends per request, and on what)
+                    "worker_cpu_ms_per_req_each": {
+                        w: round(c / max(1, sat.done) * 1e3, 3)
+                        for w, c in zip(wnames, each_w, strict=True)
+                    },
                     "load": round(os.getloadavg()[0], 1),
                 }
                 if ttft0 is not None and ttft1 is not None:

@@ -114,6 +114,10 @@ class Procs:
         """The live processes whose name starts with one of `prefixes`."""
         return [p.pid for n, p in self.named.items() if n.startswith(prefixes) and p.poll() is None]
 
+    def names(self, *prefixes: str) -> list[str]:
+        """The names of the live processes that start with one of `prefixes`."""
+        return [n for n, p in self.named.items() if n.startswith(prefixes) and p.poll() is None]
+
     def log_tails(self, lines: int = 40) -> str:
         """The last `lines` lines of every log, for a report when something failed."""
         out = []
