@@ -8,6 +8,16 @@ quote: on a shared machine the absolute figures move with the other tenants.
 
     python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
 
+Without `--a-src` router B (this tree) is measured alone (`--a-src ''`: A is this tree too).
+`--concurrency 1 8 32` measures each router at each closed-loop concurrency per round (default
+32); a row gives the router's and the load core's busy share of the run's wall time, so a
+saturated row says which core capped it. `--backend fake` runs `tests.bench_router.fake_worker`
+instead of the zero-delay sim workers (`worker serve --sim-time-scale 0`): the same protocol at
+a fraction of the load core's CPU, so the router's own c=32 saturation can be reached on 2 cores;
+with `--own-workers`, `--a-backend` / `--b-backend` / `--c-backend` give one router its own kind
+(the fairness check of docs/benchmarks.md "Fourteenth pass": the same router on sim and fake
+workers in the same rounds).
+
 `--own-workers` gives each router its own pair of workers, run from its own tree (and with its
 `--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
 both routers share one pair (from this tree).

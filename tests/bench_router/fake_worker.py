@@ -64,6 +64,9 @@ KV_BLOCK_SIZE: Final = 16
 KV_BYTES_PER_TOKEN: Final = 524288
 """The default shape's KV bytes per token (a 200-token prompt: 104,857,600 bytes, measured)."""
 MODEL: Final = "splitserve-sim"
+STEP_MS: Final = float(os.environ.get("BENCH_FAKE_STEP_MS", "1.0"))
+"""The default `--step-ms`: chosen so that the router does the same work per request as with the
+sim workers (docs/benchmarks.md "Fourteenth pass", fairness check)."""
 
 _OK = worker_pb2.MuxStatus(code=grpc.StatusCode.OK.value[0])
 _ROLES = {"prefill": common_pb2.ROLE_PREFILL, "decode": common_pb2.ROLE_DECODE}
@@ -95,8 +98,12 @@ class _Seq:
 class FakeEngine:
     """The step loop of one worker process, shared by its link connections."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, step_s: float = 0.0) -> None:
         self.role = _ROLES[role]
+        self.step_s = step_s
+        """The wall time of a step: the next one starts this long after the last one started
+        (an idle wait, not CPU; 0: at the next turn of the loop)."""
+        self._last_step_s = -1.0
         self.tokens = SyntheticTokens(VOCAB_SIZE, FIRST_TOKEN_ID)
         self.address = ""
         self.link_port = 0
@@ -222,13 +229,19 @@ class FakeEngine:
     # -- the step loop -------------------------------------------------------------------------
 
     def _kick(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._step)
+        if self._scheduled:
+            return
+        self._scheduled = True
+        loop = asyncio.get_running_loop()
+        wait_s = self._last_step_s + self.step_s - time.monotonic()
+        if wait_s > 0:
+            loop.call_later(wait_s, self._step)
+        else:
+            loop.call_soon(self._step)
 
     def _step(self) -> None:
         self._scheduled = False
-        start = time.monotonic()
+        start = self._last_step_s = time.monotonic()
         self.index += 1
         sample = worker_pb2.StepSample(index=self.index, start_s=start)
         touched: set[_Conn] = set()
@@ -387,8 +400,8 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
             await asyncio.sleep(interval_s)
 
 
-async def serve(role: str, ready_file: Path) -> None:
-    engine = FakeEngine(role)
+async def serve(role: str, ready_file: Path, step_s: float = 0.0) -> None:
+    engine = FakeEngine(role, step_s)
     loop = asyncio.get_running_loop()
     link = await loop.create_server(lambda: _Conn(engine), "127.0.0.1", 0)
     engine.link_port = int(link.sockets[0].getsockname()[1])
@@ -407,7 +420,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role", choices=sorted(_ROLES), required=True)
     parser.add_argument("--ready-file", type=Path, required=True)
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=STEP_MS,
+        help="the wall time of one engine step (an idle wait; 0: steps back to back)",
+    )
     args = parser.parse_args()
+    if not args.step_ms >= 0:
+        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
     try:
         import uvloop
 
@@ -415,7 +436,7 @@ def main() -> None:
     except ImportError:
         pass
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.role, args.ready_file))
+        asyncio.run(serve(args.role, args.ready_file, args.step_ms / 1e3))
 
 
 if __name__ == "__main__":
