@@ -18,14 +18,15 @@ CPU, so the router's own saturation can be reached:
   that wait for the same frame joined per feed.
 
 The engine is a step loop paced like the simulated one with `--sim-time-scale 0`, whose steps
-cost ~0.5-1 ms of CPU each: every `--tick-ms` (an idle wait, so the load core stays free) it runs
-`--steps-per-tick` steps back to back. A step answers every waiting prefill (prefill role) or
-gives every running sequence one token (decode role), and writes one frame per connection with
-what is ready, as the sim worker writes a message per step. Chunks of one sub-request that wait
-for the same frame are joined, as `worker.mux` joins them; a frame waits while more than
-`WRITE_BUFFER_BYTES` are unsent (as `worker.link`'s `drain`). The token ids are the simulated
-engine's (`SyntheticTokens` with the worker's defaults, the same key of prompt and seed), so the
-router detokenizes the same text.
+take a fraction of a millisecond of CPU each with the worker's event loop blocked: a step here
+sleeps `--step-ms` with the loop blocked (`time.sleep`: the wall time, not the CPU, so the load
+core stays free), then answers every waiting prefill (prefill role) or gives every running
+sequence one token (decode role), and writes one frame per connection with what is ready, as
+the sim worker writes a message per step; the next step runs at the loop's next turn, after the
+connections' reads. Chunks of one sub-request that wait for the same frame are joined, as
+`worker.mux` joins them; a frame waits while more than `WRITE_BUFFER_BYTES` are unsent (as
+`worker.link`'s `drain`). The token ids are the simulated engine's (`SyntheticTokens` with the
+worker's defaults, the same key of prompt and seed), so the router detokenizes the same text.
 
 Not a worker: no KV, no batching policy, no admission, no metrics, no TLS. Whether the router does
 the same work per request with it as with the sim workers is measured, not assumed
@@ -66,11 +67,10 @@ KV_BLOCK_SIZE: Final = 16
 KV_BYTES_PER_TOKEN: Final = 524288
 """The default shape's KV bytes per token (a 200-token prompt: 104,857,600 bytes, measured)."""
 MODEL: Final = "splitserve-sim"
-TICK_MS: Final = float(os.environ.get("BENCH_FAKE_TICK_MS", "1.0"))
-STEPS_PER_TICK: Final = int(os.environ.get("BENCH_FAKE_STEPS_PER_TICK", "2"))
-"""The defaults of `--tick-ms` / `--steps-per-tick`, chosen so that the router does the same work
-per request as with the sim workers (docs/benchmarks.md "Fourteenth pass", fairness check); the
-environment variables set them for a whole bench run (the workers inherit them)."""
+STEP_MS: Final = float(os.environ.get("BENCH_FAKE_STEP_MS", "0.5"))
+"""The default `--step-ms`, chosen so that the router does the same work per request as with the
+sim workers (docs/benchmarks.md "Fourteenth pass", fairness check); the environment variable
+sets it for a whole bench run (the workers inherit it)."""
 
 _OK = worker_pb2.MuxStatus(code=grpc.StatusCode.OK.value[0])
 _ROLES = {"prefill": common_pb2.ROLE_PREFILL, "decode": common_pb2.ROLE_DECODE}
@@ -102,16 +102,11 @@ class _Seq:
 class FakeEngine:
     """The step loop of one worker process, shared by its link connections."""
 
-    def __init__(self, role: str, tick_s: float = 0.0, steps_per_tick: int = 1) -> None:
+    def __init__(self, role: str, step_s: float = 0.0) -> None:
         self.role = _ROLES[role]
-        self.tick_s = tick_s
-        """A tick starts this long after the last one started (an idle wait, not CPU; the event
-        loop's timers round it to whole milliseconds; 0: at the next turn of the loop)."""
-        self.steps_per_tick = steps_per_tick
-        """Steps run back to back in a tick, each written as its own frame (as the sim worker,
-        whose steps take ~0.5-1 ms of CPU, writes a message per step: measured, the router
-        then reads ~2 steps per socket read at c=32)."""
-        self._last_tick_s = -1.0
+        self.step_s = step_s
+        """The wall time of a step, slept with the event loop blocked (as a step of the sim
+        engine blocks it while it computes) but without using the CPU."""
         self.tokens = SyntheticTokens(VOCAB_SIZE, FIRST_TOKEN_ID)
         self.address = ""
         self.link_port = 0
@@ -240,25 +235,15 @@ class FakeEngine:
         if self._scheduled:
             return
         self._scheduled = True
-        loop = asyncio.get_running_loop()
-        wait_s = self._last_tick_s + self.tick_s - time.monotonic()
-        if wait_s > 0:
-            loop.call_later(wait_s, self._tick)
-        else:
-            loop.call_soon(self._tick)
+        asyncio.get_running_loop().call_soon(self._step)
 
-    def _tick(self) -> None:
+    def _step(self) -> None:
+        """One engine step (`step_s` long), its frames written; the next at the loop's next
+        turn (after the connections' reads) while there is work."""
         self._scheduled = False
-        self._last_tick_s = time.monotonic()
-        for _ in range(self.steps_per_tick):
-            if not self._step():
-                break
-        if self.prefills or self.running:
-            self._kick()
-
-    def _step(self) -> bool:
-        """One engine step, its frames written; False: there was nothing to do."""
         start = time.monotonic()
+        if self.step_s > 0:
+            time.sleep(self.step_s)
         self.index += 1
         sample = worker_pb2.StepSample(index=self.index, start_s=start)
         touched: set[_Conn] = set()
@@ -312,13 +297,14 @@ class FakeEngine:
             sample.num_seqs = len(self.running)
             self.running = left
         else:
-            return False
+            return
         for conn, sid in self.step_feeds:
             conn.emit_step(sid, sample)
             touched.add(conn)
         for conn in touched:
             conn.flush()
-        return True
+        if self.prefills or self.running:
+            self._kick()
 
 
 class _Conn(asyncio.Protocol):
@@ -416,8 +402,8 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
             await asyncio.sleep(interval_s)
 
 
-async def serve(role: str, ready_file: Path, tick_s: float = 0.0, steps_per_tick: int = 1) -> None:
-    engine = FakeEngine(role, tick_s, steps_per_tick)
+async def serve(role: str, ready_file: Path, step_s: float = 0.0) -> None:
+    engine = FakeEngine(role, step_s)
     loop = asyncio.get_running_loop()
     link = await loop.create_server(lambda: _Conn(engine), "127.0.0.1", 0)
     engine.link_port = int(link.sockets[0].getsockname()[1])
@@ -437,19 +423,14 @@ def main() -> None:
     parser.add_argument("--role", choices=sorted(_ROLES), required=True)
     parser.add_argument("--ready-file", type=Path, required=True)
     parser.add_argument(
-        "--tick-ms",
+        "--step-ms",
         type=float,
-        default=TICK_MS,
-        help="the time from one tick of steps to the next (an idle wait; 0: back to back)",
-    )
-    parser.add_argument(
-        "--steps-per-tick", type=int, default=STEPS_PER_TICK, help="engine steps per tick"
+        default=STEP_MS,
+        help="the wall time of one engine step, slept (no CPU) with the loop blocked",
     )
     args = parser.parse_args()
-    if not args.tick_ms >= 0:
-        parser.error(f"--tick-ms must be >= 0, got {args.tick_ms}")
-    if args.steps_per_tick < 1:
-        parser.error(f"--steps-per-tick must be >= 1, got {args.steps_per_tick}")
+    if not args.step_ms >= 0:
+        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
     try:
         import uvloop
 
@@ -457,7 +438,7 @@ def main() -> None:
     except ImportError:
         pass
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.role, args.ready_file, args.tick_ms / 1e3, args.steps_per_tick))
+        asyncio.run(serve(args.role, args.ready_file, args.step_ms / 1e3))
 
 
 if __name__ == "__main__":
