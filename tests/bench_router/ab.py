@@ -115,6 +115,12 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
+    parser.add_argument(
+        "--low-count",
+        type=int,
+        default=None,
+        help="requests per run at a --concurrency under 32 (default: --count)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=16, help="streamed tokens per request")
     parser.add_argument("--py-spy", default=None)
@@ -206,7 +212,8 @@ def main() -> None:
                     wpids = [procs.named[w].pid for w in wnames]
                     each_w0 = [_cpu_s(p) for p in wpids]
                     g0 = time.process_time()
-                    sat = asyncio.run(loadgen.closed_loop(port, raw[n], conc, args.count, 30))
+                    count = args.count if conc >= 32 or args.low_count is None else args.low_count
+                    sat = asyncio.run(loadgen.closed_loop(port, raw[n], conc, count, 30))
                     each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
                     cpu = sum(each)
                     # The load core's other tenants: the workers and this load generator (c=32
