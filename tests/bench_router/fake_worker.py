@@ -298,13 +298,23 @@ class FakeEngine:
             self.running = left
         else:
             return
+        for conn in touched:
+            conn.flush()
+        if self.step_feeds:
+            # The sim worker's step feed is its own task, woken by the step: its samples mostly
+            # leave in a message of their own, after the step's tokens (as here, a loop turn
+            # later; measured by the fairness check).
+            asyncio.get_running_loop().call_soon(self._feed_steps, sample)
+        if self.prefills or self.running:
+            self._kick()
+
+    def _feed_steps(self, sample: worker_pb2.StepSample) -> None:
+        touched: set[_Conn] = set()
         for conn, sid in self.step_feeds:
             conn.emit_step(sid, sample)
             touched.add(conn)
         for conn in touched:
             conn.flush()
-        if self.prefills or self.running:
-            self._kick()
 
 
 class _Conn(asyncio.Protocol):
