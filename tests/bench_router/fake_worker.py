@@ -149,9 +149,9 @@ class FakeEngine:
                 self.running.append(seq)
                 self._kick()
         elif which == "decode_kv":
-            seq = self.parked.pop((conn, sid), None)
-            if seq is not None:
-                self.running.append(seq)
+            parked = self.parked.pop((conn, sid), None)
+            if parked is not None:
+                self.running.append(parked)
                 self._kick()
         elif which == "cancel":
             self._cancel(conn, sid)
@@ -331,12 +331,12 @@ class _Conn(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
+        self.transport = tr = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = tr.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+        tr.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -418,7 +418,10 @@ async def serve(role: str, ready_file: Path, step_s: float = 0.0) -> None:
     link = await loop.create_server(lambda: _Conn(engine), "127.0.0.1", 0)
     engine.link_port = int(link.sockets[0].getsockname()[1])
     server = aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(_Servicer(engine), server)
+    # The generated base class answers UNIMPLEMENTED to every method not defined here (what the
+    # router gets, e.g. for WorkerKv, from a sim worker); its stubs declare them abstract.
+    servicer = _Servicer(engine)  # type: ignore[abstract]
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     engine.address = f"127.0.0.1:{port}"
