@@ -19,8 +19,8 @@ CPU, so the router's own saturation can be reached:
 
 The engine is a step loop paced like the simulated one with `--sim-time-scale 0`, whose steps
 take a fraction of a millisecond of CPU each with the worker's event loop blocked: a step here
-sleeps `--step-ms` with the loop blocked (`time.sleep`: the wall time, not the CPU, so the load
-core stays free), then answers every waiting prefill (prefill role) or gives every running
+sleeps `--step-ms` plus `--seq-ms` per sequence in it with the loop blocked (`time.sleep`: the
+wall time, not the CPU, so the load core stays free), then answers every waiting prefill (prefill role) or gives every running
 sequence one token (decode role), and writes one frame per connection with what is ready, as
 the sim worker writes a message per step; the next step runs at the loop's next turn, after the
 connections' reads. Chunks of one sub-request that wait for the same frame are joined, as
@@ -67,10 +67,11 @@ KV_BLOCK_SIZE: Final = 16
 KV_BYTES_PER_TOKEN: Final = 524288
 """The default shape's KV bytes per token (a 200-token prompt: 104,857,600 bytes, measured)."""
 MODEL: Final = "splitserve-sim"
-STEP_MS: Final = float(os.environ.get("BENCH_FAKE_STEP_MS", "0.5"))
-"""The default `--step-ms`, chosen so that the router does the same work per request as with the
-sim workers (docs/benchmarks.md "Fourteenth pass", fairness check); the environment variable
-sets it for a whole bench run (the workers inherit it)."""
+STEP_MS: Final = float(os.environ.get("BENCH_FAKE_STEP_MS", "0.06"))
+SEQ_MS: Final = float(os.environ.get("BENCH_FAKE_SEQ_MS", "0.035"))
+"""The defaults of `--step-ms` and `--seq-ms`, chosen so that the router does about the same work
+per request as with the sim workers (docs/benchmarks.md "Fourteenth pass", fairness check); the
+environment variables set them for a whole bench run (the workers inherit them)."""
 
 _OK = worker_pb2.MuxStatus(code=grpc.StatusCode.OK.value[0])
 _ROLES = {"prefill": common_pb2.ROLE_PREFILL, "decode": common_pb2.ROLE_DECODE}
@@ -102,11 +103,13 @@ class _Seq:
 class FakeEngine:
     """The step loop of one worker process, shared by its link connections."""
 
-    def __init__(self, role: str, step_s: float = 0.0) -> None:
+    def __init__(self, role: str, step_s: float = 0.0, seq_s: float = 0.0) -> None:
         self.role = _ROLES[role]
         self.step_s = step_s
-        """The wall time of a step, slept with the event loop blocked (as a step of the sim
-        engine blocks it while it computes) but without using the CPU."""
+        self.seq_s = seq_s
+        """The wall time of a step (`step_s` plus `seq_s` per sequence in it), slept with the
+        event loop blocked (as a step of the sim engine blocks it while it computes) but without
+        using the CPU."""
         self.tokens = SyntheticTokens(VOCAB_SIZE, FIRST_TOKEN_ID)
         self.address = ""
         self.link_port = 0
@@ -238,12 +241,13 @@ class FakeEngine:
         asyncio.get_running_loop().call_soon(self._step)
 
     def _step(self) -> None:
-        """One engine step (`step_s` long), its frames written; the next at the loop's next
-        turn (after the connections' reads) while there is work."""
+        """One engine step (`step_s` + `seq_s` per sequence long), its frames written; the next
+        at the loop's next turn (after the connections' reads) while there is work."""
         self._scheduled = False
         start = time.monotonic()
-        if self.step_s > 0:
-            time.sleep(self.step_s)
+        wall_s = self.step_s + self.seq_s * (len(self.prefills) + len(self.running))
+        if wall_s > 0:
+            time.sleep(wall_s)
         self.index += 1
         sample = worker_pb2.StepSample(index=self.index, start_s=start)
         touched: set[_Conn] = set()
@@ -412,8 +416,8 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
             await asyncio.sleep(interval_s)
 
 
-async def serve(role: str, ready_file: Path, step_s: float = 0.0) -> None:
-    engine = FakeEngine(role, step_s)
+async def serve(role: str, ready_file: Path, step_s: float = 0.0, seq_s: float = 0.0) -> None:
+    engine = FakeEngine(role, step_s, seq_s)
     loop = asyncio.get_running_loop()
     link = await loop.create_server(lambda: _Conn(engine), "127.0.0.1", 0)
     engine.link_port = int(link.sockets[0].getsockname()[1])
@@ -441,9 +445,16 @@ def main() -> None:
         default=STEP_MS,
         help="the wall time of one engine step, slept (no CPU) with the loop blocked",
     )
+    parser.add_argument(
+        "--seq-ms",
+        type=float,
+        default=SEQ_MS,
+        help="more wall time of a step per sequence in it (slept likewise)",
+    )
     args = parser.parse_args()
-    if not args.step_ms >= 0:
-        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
+    for name in ("step_ms", "seq_ms"):
+        if not getattr(args, name) >= 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     try:
         import uvloop
 
@@ -451,7 +462,7 @@ def main() -> None:
     except ImportError:
         pass
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.role, args.ready_file, args.step_ms / 1e3))
+        asyncio.run(serve(args.role, args.ready_file, args.step_ms / 1e3, args.seq_ms / 1e3))
 
 
 if __name__ == "__main__":
