@@ -143,6 +143,7 @@ def main() -> None:
             else list(start_zero_delay_workers(procs, work, args.backend).values())
         )
         routers: dict[str, tuple[int, int]] = {}
+        backends: dict[str, str] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
         contenders = [("B", args.b_src, args.b_env, args.b_arg)]
@@ -158,6 +159,7 @@ def main() -> None:
                 k, _, v = kv.partition("=")
                 env[k] = v
             backend = getattr(args, f"{name.lower()}_backend") or args.backend
+            backends[name] = backend if args.own_workers else args.backend
             workers = shared or _own_workers(procs, work, name, env, backend)
             port = _free_port()
             more: list[str] = list(flags)
@@ -286,7 +288,7 @@ def main() -> None:
                         "c": conc,
                         "prompt_tokens": args.prompt_tokens,
                         "max_tokens": args.max_tokens,
-                        "backend": args.backend,
+                        "backend": backends,
                         "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
                         "cpu_ms_median": {n: round(_median(v), 3) for n, v in cpus.items()},
                         "cpu_ms_range": {n: [v[0], v[-1]] for n, v in cpus.items()},

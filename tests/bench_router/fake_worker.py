@@ -20,8 +20,8 @@ CPU, so the router's own saturation can be reached:
 The engine is a step loop paced like the simulated one with `--sim-time-scale 0`, whose steps
 take a fraction of a millisecond of CPU each with the worker's event loop blocked: a step here
 sleeps `--step-ms` plus `--seq-ms` per sequence in it with the loop blocked (`time.sleep`: the
-wall time, not the CPU, so the load core stays free), then answers every waiting prefill (prefill role) or gives every running
-sequence one token (decode role), and writes one frame per connection with what is ready, as
+wall time, not the CPU, so the load core stays free), then answers every waiting prefill
+(prefill role) or gives every running sequence one token (decode role), and writes one frame per connection with what is ready, as
 the sim worker writes a message per step; the next step runs at the loop's next turn, after the
 connections' reads. Chunks of one sub-request that wait for the same frame are joined, as
 `worker.mux` joins them; a frame waits while more than `WRITE_BUFFER_BYTES` are unsent (as
