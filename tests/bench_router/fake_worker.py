@@ -17,13 +17,13 @@ CPU, so the router's own saturation can be reached:
   then an OK status; load reports every `interval_s`; one `StepSample` per step, the samples
   that wait for the same frame joined per feed.
 
-The engine is a step loop paced like the simulated one with `--sim-time-scale 0`, whose steps
-take a fraction of a millisecond of CPU each with the worker's event loop blocked: a step here
-sleeps `--step-ms` plus `--seq-ms` per sequence in it with the loop blocked (`time.sleep`: the
-wall time, not the CPU, so the load core stays free), then answers every waiting prefill
-(prefill role) or gives every running sequence one token (decode role), and writes one frame per connection with what is ready, as
-the sim worker writes a message per step; the next step runs at the loop's next turn, after the
-connections' reads. Chunks of one sub-request that wait for the same frame are joined, as
+The engine is a step loop paced like the simulated one with `--sim-time-scale 0`, whose steps take
+a fraction of a millisecond of CPU each with the worker's event loop blocked: a step here sleeps
+`--step-ms` plus `--seq-ms` per sequence in it with the loop blocked (`time.sleep`: the wall time,
+not the CPU, so the load core stays free), then answers every waiting prefill (prefill role) or
+gives every running sequence one token (decode role), and writes one frame per connection with what
+is ready, as the sim worker writes a message per step; the next step runs at the loop's next turn,
+after the connections' reads. Chunks of one sub-request that wait for the same frame are joined, as
 `worker.mux` joins them; a frame waits while more than `WRITE_BUFFER_BYTES` are unsent (as
 `worker.link`'s `drain`). The token ids are the simulated engine's (`SyntheticTokens` with the
 worker's defaults, the same key of prompt and seed), so the router detokenizes the same text.
