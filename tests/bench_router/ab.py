@@ -8,6 +8,16 @@ quote: on a shared machine the absolute figures move with the other tenants.
 
     python -m tests.bench_router.ab --a-src OLD/src [--rounds 4] [--py-spy PATH --spy-out F]
 
+Without `--a-src` router B (this tree) is measured alone (`--a-src ''`: A is this tree too).
+`--concurrency 1 8 32` measures each router at each closed-loop concurrency per round (default
+32); a row gives the router's and the load core's busy share of the run's wall time, so a
+saturated row says which core capped it. `--backend fake` runs `tests.bench_router.fake_worker`
+instead of the zero-delay sim workers (`worker serve --sim-time-scale 0`): the same protocol at
+a fraction of the load core's CPU, so the router's own c=32 saturation can be reached on 2 cores;
+with `--own-workers`, `--a-backend` / `--b-backend` / `--c-backend` give one router its own kind
+(the fairness check of docs/benchmarks.md "Fourteenth pass": the same router on sim and fake
+workers in the same rounds).
+
 `--own-workers` gives each router its own pair of workers, run from its own tree (and with its
 `--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
 both routers share one pair (from this tree).
@@ -32,7 +42,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -43,6 +52,7 @@ from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
 from tests.bench_router import loadgen
 from tests.bench_router.loadgen import percentile
 from tests.bench_router.run import (
+    BACKENDS,
     LOAD_CORE,
     ROUTER_CORE,
     Procs,
@@ -56,12 +66,17 @@ from tests.bench_router.run import (
     prompt_of,
     start_vllm_router,
     start_zero_delay_workers,
+    worker_command,
 )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--a-src", required=True, help="src/ directory of router A (before)")
+    parser.add_argument(
+        "--a-src",
+        default=None,
+        help="src/ directory of router A (before; '' this tree); omitted: router B alone",
+    )
     parser.add_argument("--b-src", default=None, help="src/ of router B (default: this tree)")
     parser.add_argument("--a-env", action="append", default=[], help="K=V for router A only")
     parser.add_argument("--b-env", action="append", default=[], help="K=V for router B only")
@@ -82,8 +97,30 @@ def main() -> None:
         action="store_true",
         help="each router its own zero-delay workers, from its own tree (compares worker changes)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sim",
+        help="the zero-delay workers: sim (`worker serve`) or fake (tests.bench_router.fake_worker)"
+        " (with --own-workers, --a-backend / --b-backend / --c-backend set one router's)",
+    )
+    for who in "abc":
+        parser.add_argument(f"--{who}-backend", choices=BACKENDS, default=None)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="closed-loop concurrencies measured each round (the first c=1 TTFT run aside)",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
+    parser.add_argument(
+        "--low-count",
+        type=int,
+        default=None,
+        help="requests per run at a --concurrency under 32 (default: --count)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=16, help="streamed tokens per request")
     parser.add_argument("--py-spy", default=None)
@@ -100,14 +137,18 @@ def main() -> None:
     tokenizer = TextTokenizer.from_dir(tok_dir)
     procs = Procs(work)
     try:
-        shared = [] if args.own_workers else list(start_zero_delay_workers(procs, work).values())
+        shared = (
+            []
+            if args.own_workers
+            else list(start_zero_delay_workers(procs, work, args.backend).values())
+        )
         routers: dict[str, tuple[int, int]] = {}
+        backends: dict[str, str] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
-        contenders = [
-            ("A", args.a_src, args.a_env, args.a_arg),
-            ("B", args.b_src, args.b_env, args.b_arg),
-        ]
+        contenders = [("B", args.b_src, args.b_env, args.b_arg)]
+        if args.a_src is not None:
+            contenders.insert(0, ("A", args.a_src, args.a_env, args.a_arg))
         if args.c_src is not None:
             contenders.append(("C", args.c_src or None, args.c_env, args.c_arg))
         for name, src, extra, flags in contenders:
@@ -117,7 +158,9 @@ def main() -> None:
             for kv in extra:
                 k, _, v = kv.partition("=")
                 env[k] = v
-            workers = shared or _own_workers(procs, work, name, env)
+            backend = getattr(args, f"{name.lower()}_backend") or args.backend
+            backends[name] = backend if args.own_workers else args.backend
+            workers = shared or _own_workers(procs, work, name, env, backend)
             port = _free_port()
             more: list[str] = list(flags)
             ready = work / f"router-{name}.json"
@@ -162,77 +205,127 @@ def main() -> None:
                          "--duration", "8", "-r", "200", "--nonblocking", "--format", "raw"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
-                ttft0 = _router_ttft(port) if n != "V" else None
-                cpu0 = [_cpu_s(p) for p in pids_of[n]]
-                wpids = procs.pids(f"{n}-") if not shared else procs.pids("prefill-", "decode-")
-                w0, g0 = sum(_cpu_s(p) for p in wpids), time.process_time()
-                sat = asyncio.run(loadgen.closed_loop(port, raw[n], 32, args.count, 30))
-                each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
-                cpu = sum(each)
-                # The load core's other tenants: the workers and this load generator (c=32 is
-                # capped there; their CPU per request says how much of it a router's link costs).
-                wcpu = sum(_cpu_s(p) for p in wpids) - w0
-                gcpu = time.process_time() - g0
-                ttft1 = _router_ttft(port) if ttft0 is not None else None
-                if spy is not None:
-                    spy.wait(60)
-                row = {
-                    "round": r,
-                    "router": n,
-                    "cpu_ms_per_req": round(cpu / max(1, sat.done) * 1e3, 3),
-                    "rps": round(sat.done / sat.wall_s, 1),
-                    "errors": sat.errors,
-                    "ttft_p50_ms_c1": round(percentile(one.ttft_s, 50) * 1e3, 2),
-                    "ttft_p99_ms_c1": round(percentile(one.ttft_s, 99) * 1e3, 2),
-                    "ttft_p50_ms_c32": round(percentile(sat.ttft_s, 50) * 1e3, 2),
-                    "ttft_p99_ms_c32": round(percentile(sat.ttft_s, 99) * 1e3, 2),
-                    "ttft_p90_ms_c32": round(percentile(sat.ttft_s, 90) * 1e3, 2),
-                    "worker_cpu_ms_per_req": round(wcpu / max(1, sat.done) * 1e3, 3),
-                    "loadgen_cpu_ms_per_req": round(gcpu / max(1, sat.done) * 1e3, 3),
-                    "load": round(os.getloadavg()[0], 1),
-                }
-                if ttft0 is not None and ttft1 is not None:
-                    # Where the c=32 tail is: the share of requests over 25 / 50 ms as the
-                    # client saw it and as the router did (its TTFT histogram: arrival to the
-                    # first token leaving the dispatcher; its buckets are that coarse).
-                    done = max(1, len(sat.ttft_s))
-                    row["over_25_50ms_client"] = [
-                        round(sum(t > lim for t in sat.ttft_s) / done, 4) for lim in (0.025, 0.05)
-                    ]
-                    n_r = max(1.0, ttft1["count"] - ttft0["count"])
-                    row["over_25_50ms_router"] = [
-                        round(1 - (ttft1[le] - ttft0[le]) / n_r, 4) for le in ("0.025", "0.05")
-                    ]
-                    # loop-lag samples over 25 ms / samples (a stall shows when a sample
-                    # falls in it)
-                    lag_n = ttft1["lag_count"] - ttft0["lag_count"]
-                    row["loop_lag_over_25ms"] = [
-                        round(lag_n - (ttft1["lag_0.025"] - ttft0["lag_0.025"])),
-                        round(lag_n),
-                    ]
-                if len(each) > 1:
-                    row["cpu_share"] = [round(c / max(cpu, 1e-9), 3) for c in each]
-                rows[n].append(row)
-                print(json.dumps(row), flush=True)
-        mean = {n: sum(x["cpu_ms_per_req"] for x in v) / len(v) for n, v in rows.items()}
-        print(
-            json.dumps(
-                {
-                    "prompt_tokens": args.prompt_tokens,
-                    "max_tokens": args.max_tokens,
-                    "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
-                    "cpu_ratio_b_over_a": round(mean["B"] / mean["A"], 3),
-                    "cpu_ratio_b_over_v": round(mean["B"] / mean["V"], 2) if "V" in mean else None,
-                    "cpu_ratio_b_over_c": round(mean["B"] / mean["C"], 3) if "C" in mean else None,
-                    "rps_ratio_b_over_a": round(
-                        sum(x["rps"] for x in rows["B"]) / sum(x["rps"] for x in rows["A"]), 3
-                    ),
-                }
-            ),
-            flush=True,
-        )
+                for conc in args.concurrency:
+                    ttft0 = _router_ttft(port) if n != "V" else None
+                    cpu0 = [_cpu_s(p) for p in pids_of[n]]
+                    wnames = (
+                        procs.names(f"{n}-") if not shared else procs.names("prefill-", "decode-")
+                    )
+                    wpids = [procs.named[w].pid for w in wnames]
+                    each_w0 = [_cpu_s(p) for p in wpids]
+                    g0 = time.process_time()
+                    count = args.count if conc >= 32 or args.low_count is None else args.low_count
+                    sat = asyncio.run(loadgen.closed_loop(port, raw[n], conc, count, 30))
+                    each = [_cpu_s(p) - c0 for p, c0 in zip(pids_of[n], cpu0, strict=True)]
+                    cpu = sum(each)
+                    # The load core's other tenants: the workers and this load generator (c=32
+                    # is capped there with the sim workers; their CPU per request says how much
+                    # of it a router's link costs).
+                    each_w = [_cpu_s(p) - c0 for p, c0 in zip(wpids, each_w0, strict=True)]
+                    wcpu = sum(each_w)
+                    gcpu = time.process_time() - g0
+                    ttft1 = _router_ttft(port) if ttft0 is not None else None
+                    if spy is not None:
+                        spy.wait(60)
+                        spy = None
+                    row = {
+                        "round": r,
+                        "router": n,
+                        "c": conc,
+                        "cpu_ms_per_req": round(cpu / max(1, sat.done) * 1e3, 3),
+                        "rps": round(sat.done / sat.wall_s, 1),
+                        "errors": sat.errors,
+                        "ttft_p50_ms_c1": round(percentile(one.ttft_s, 50) * 1e3, 2),
+                        "ttft_p99_ms_c1": round(percentile(one.ttft_s, 99) * 1e3, 2),
+                        f"ttft_p50_ms_c{conc}": round(percentile(sat.ttft_s, 50) * 1e3, 2),
+                        f"ttft_p99_ms_c{conc}": round(percentile(sat.ttft_s, 99) * 1e3, 2),
+                        f"ttft_p90_ms_c{conc}": round(percentile(sat.ttft_s, 90) * 1e3, 2),
+                        # the router's core and the load core, busy over the run (%): which one
+                        # capped the throughput
+                        "router_busy_pct": round(cpu / max(sat.wall_s, 1e-9) * 100, 1),
+                        "load_core_busy_pct": round((wcpu + gcpu) / max(sat.wall_s, 1e-9) * 100, 1),
+                        "worker_cpu_ms_per_req": round(wcpu / max(1, sat.done) * 1e3, 3),
+                        "loadgen_cpu_ms_per_req": round(gcpu / max(1, sat.done) * 1e3, 3),
+                        # each worker process apart (step 1 of the fourteenth pass: what the load
+                        # core spends per request, and on what)
+                        "worker_cpu_ms_per_req_each": {
+                            w: round(c / max(1, sat.done) * 1e3, 3)
+                            for w, c in zip(wnames, each_w, strict=True)
+                        },
+                        "load": round(os.getloadavg()[0], 1),
+                    }
+                    if ttft0 is not None and ttft1 is not None:
+                        # Where the c=32 tail is: the share of requests over 25 / 50 ms as the
+                        # client saw it and as the router did (its TTFT histogram: arrival to the
+                        # first token leaving the dispatcher; its buckets are that coarse).
+                        done = max(1, len(sat.ttft_s))
+                        row["over_25_50ms_client"] = [
+                            round(sum(t > lim for t in sat.ttft_s) / done, 4)
+                            for lim in (0.025, 0.05)
+                        ]
+                        n_r = max(1.0, ttft1["count"] - ttft0["count"])
+                        row["over_25_50ms_router"] = [
+                            round(1 - (ttft1[le] - ttft0[le]) / n_r, 4) for le in ("0.025", "0.05")
+                        ]
+                        # loop-lag samples over 25 ms / samples (a stall shows when a sample
+                        # falls in it)
+                        lag_n = ttft1["lag_count"] - ttft0["lag_count"]
+                        row["loop_lag_over_25ms"] = [
+                            round(lag_n - (ttft1["lag_0.025"] - ttft0["lag_0.025"])),
+                            round(lag_n),
+                        ]
+                    if len(each) > 1:
+                        row["cpu_share"] = [round(c / max(cpu, 1e-9), 3) for c in each]
+                    rows[n].append(row)
+                    print(json.dumps(row), flush=True)
+        for conc in args.concurrency:
+            at = {n: [x for x in v if x["c"] == conc] for n, v in rows.items()}
+            mean = {n: sum(x["cpu_ms_per_req"] for x in v) / len(v) for n, v in at.items()}
+            cpus = {n: sorted(x["cpu_ms_per_req"] for x in v) for n, v in at.items()}
+            print(
+                json.dumps(
+                    {
+                        "c": conc,
+                        "prompt_tokens": args.prompt_tokens,
+                        "max_tokens": args.max_tokens,
+                        "backend": backends,
+                        "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
+                        "cpu_ms_median": {n: round(_median(v), 3) for n, v in cpus.items()},
+                        "cpu_ms_range": {n: [v[0], v[-1]] for n, v in cpus.items()},
+                        "rps_mean": {
+                            n: round(sum(x["rps"] for x in v) / len(v), 1) for n, v in at.items()
+                        },
+                        "router_busy_pct_mean": {
+                            n: round(sum(x["router_busy_pct"] for x in v) / len(v), 1)
+                            for n, v in at.items()
+                        },
+                        "cpu_ratio_b_over_a": (
+                            round(mean["B"] / mean["A"], 3) if "A" in mean else None
+                        ),
+                        "cpu_ratio_b_over_v": (
+                            round(mean["B"] / mean["V"], 2) if "V" in mean else None
+                        ),
+                        "cpu_ratio_b_over_c": (
+                            round(mean["B"] / mean["C"], 3) if "C" in mean else None
+                        ),
+                        "rps_ratio_b_over_a": (
+                            round(
+                                sum(x["rps"] for x in at["B"]) / sum(x["rps"] for x in at["A"]), 3
+                            )
+                            if "A" in at
+                            else None
+                        ),
+                    }
+                ),
+                flush=True,
+            )
     finally:
         procs.stop()
+
+
+def _median(values: list[float]) -> float:
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _router_ttft(port: int) -> dict[str, float]:
@@ -256,19 +349,15 @@ def _router_ttft(port: int) -> dict[str, float]:
     return out
 
 
-def _own_workers(procs: Procs, work: Path, name: str, env: dict[str, str]) -> list[str]:
-    """A zero-delay prefill and decode worker of router `name`, run with its environment (its
-    tree's `PYTHONPATH`) on the load core: their addresses, prefill first."""
+def _own_workers(
+    procs: Procs, work: Path, name: str, env: dict[str, str], backend: str = "sim"
+) -> list[str]:
+    """A zero-delay prefill and decode worker (`backend`) of router `name`, run with its
+    environment (its tree's `PYTHONPATH`) on the load core: their addresses, prefill first."""
     addresses = []
     for role in ("prefill", "decode"):
         ready = work / f"{name}-{role}.json"
-        proc = procs.spawn(
-            f"{name}-{role}",
-            [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
-             "--sim-time-scale", "0", "--ready-file", str(ready)],
-            LOAD_CORE,
-            env,
-        )  # fmt: skip
+        proc = procs.spawn(f"{name}-{role}", worker_command(backend, role, ready), LOAD_CORE, env)
         addresses.append(str(_wait_file(ready, proc)["address"]))
     return addresses
 

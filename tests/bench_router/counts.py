@@ -32,6 +32,7 @@ from pathlib import Path
 from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
 from tests.bench_router import loadgen
 from tests.bench_router.run import (
+    BACKENDS,
     LOAD_CORE,
     ROUTER_CORE,
     Procs,
@@ -61,6 +62,8 @@ FUNCTIONS = (
     ("http_sse.py", "write"),
     ("http_sse.py", "write_chunk_now"),
     ("detokenizer.py", "push"),
+    ("latency.py", "batch_of"),  # one step sample of a worker's step feed
+    ("pool_view.py", "_take"),  # one load report
 )
 
 
@@ -70,6 +73,10 @@ def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="K=V for the router")
     parser.add_argument("--arg", action="append", default=[], help="a flag for the router")
     parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="sim", help="the zero-delay workers: sim or fake"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--top", type=int, default=0, help="print the N largest self-time files")
@@ -83,7 +90,7 @@ def main() -> None:
     procs = Procs(work)
     prof = work / "router.prof"
     try:
-        workers = list(start_zero_delay_workers(procs, work).values())
+        workers = list(start_zero_delay_workers(procs, work, args.backend).values())
         env = dict(os.environ)
         if args.src:
             env["PYTHONPATH"] = _router_pythonpath(args.src)
@@ -101,7 +108,7 @@ def main() -> None:
             chat_body("bench", prompt_of(tokenizer, args.prompt_tokens), args.max_tokens),
         )
         asyncio.run(loadgen.closed_loop(port, raw, 8, 300, 60))  # warm-up
-        sat = asyncio.run(loadgen.closed_loop(port, raw, 32, args.count, 60))
+        sat = asyncio.run(loadgen.closed_loop(port, raw, args.concurrency, args.count, 60))
         total = 300 + sat.done
         router.terminate()
         router.wait(60)
@@ -115,7 +122,8 @@ def main() -> None:
                 key = f"{want_file}:{name}"
                 counts[key] = counts.get(key, 0) + ncalls
     per_request = {k: round(v / total, 2) for k, v in sorted(counts.items())}
-    print(json.dumps({"requests": total, "errors": sat.errors, "per_request": per_request}))
+    out = {"requests": total, "errors": sat.errors, "rps": round(sat.done / sat.wall_s, 1)}
+    print(json.dumps({**out, "per_request": per_request}))
     if args.prof_out:
         shutil.copyfile(prof, args.prof_out)
     if args.top:

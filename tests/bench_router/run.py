@@ -114,6 +114,10 @@ class Procs:
         """The live processes whose name starts with one of `prefixes`."""
         return [p.pid for n, p in self.named.items() if n.startswith(prefixes) and p.poll() is None]
 
+    def names(self, *prefixes: str) -> list[str]:
+        """The names of the live processes that start with one of `prefixes`."""
+        return [n for n, p in self.named.items() if n.startswith(prefixes) and p.poll() is None]
+
     def log_tails(self, lines: int = 40) -> str:
         """The last `lines` lines of every log, for a report when something failed."""
         out = []
@@ -195,28 +199,42 @@ def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120
     return json.loads(path.read_text())
 
 
-def start_zero_delay_workers(procs: Procs, work: Path) -> dict[str, str]:
-    """A zero-delay simulated prefill and decode worker on the load core: role -> address."""
+BACKENDS = ("sim", "fake")
+"""The zero-delay workers a bench can run: `sim` (`worker serve --sim-time-scale 0`, the real
+worker) or `fake` (`tests.bench_router.fake_worker`: the same protocol at a fraction of the load
+core's CPU, for the router's c=32 saturation on 2 cores; docs/benchmarks.md "Fourteenth pass")."""
+
+
+def worker_command(backend: str, role: str, ready: Path) -> list[str]:
+    """The command line of one zero-delay `backend` worker of `role`."""
+    if backend == "sim":
+        return [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
+                "--sim-time-scale", "0", "--ready-file", str(ready)]  # fmt: skip
+    if backend == "fake":
+        return [sys.executable, "-m", "tests.bench_router.fake_worker", "--role", role,
+                "--ready-file", str(ready)]  # fmt: skip
+    raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def start_zero_delay_workers(procs: Procs, work: Path, backend: str = "sim") -> dict[str, str]:
+    """A zero-delay prefill and decode worker (`backend`) on the load core: role -> address."""
     layout = Layout((ROUTER_CORE,), (LOAD_CORE,), (LOAD_CORE,))
-    both = start_workers(procs, work, layout, 1, 1)
+    both = start_workers(procs, work, layout, 1, 1, backend)
     return {role: addresses[0] for role, addresses in both.items()}
 
 
 def start_workers(
-    procs: Procs, work: Path, layout: Layout, prefill: int, decode: int
+    procs: Procs, work: Path, layout: Layout, prefill: int, decode: int, backend: str = "sim"
 ) -> dict[str, list[str]]:
-    """`prefill` zero-delay simulated prefill workers and `decode` decode workers, one per
-    backend core (round robin, prefill first): role -> addresses."""
+    """`prefill` zero-delay prefill workers and `decode` decode workers (`backend`: `sim` or
+    `fake`), one per backend core (round robin, prefill first): role -> addresses."""
     started: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
     roles = [("prefill", i) for i in range(prefill)] + [("decode", i) for i in range(decode)]
     for k, (role, i) in enumerate(roles):
         ready = work / f"{role}-{i}.json"
         p = procs.spawn(
-            f"{role}-{i}",
-            [sys.executable, "-m", "splitserve", "worker", "serve", "--role", role,
-             "--sim-time-scale", "0", "--ready-file", str(ready)],
-            layout.worker_core_of(k),
-        )  # fmt: skip
+            f"{role}-{i}", worker_command(backend, role, ready), layout.worker_core_of(k)
+        )
         started.append((role, ready, p))
     workers: dict[str, list[str]] = {"prefill": [], "decode": []}
     for role, ready, p in started:
