@@ -467,9 +467,8 @@ class Dispatch:
         if dv is not None:
             self._decode_batch = dv.batch + 1
             self._predicted_tpot_s = predicted_tpot_s(dv)
-        self._reserve(
-            placement.decode[0], dv, prefill=False, movable=placement.path is Path.DISAGGREGATED
-        )
+        split = placement.path is Path.DISAGGREGATED
+        self._reserve(placement.decode[0], dv, prefill=False, movable=split, pulls=split)
         if placement.prefill:
             self._reserve(placement.prefill[0], by_id.get(placement.prefill[0]), prefill=True)
         log.debug(
@@ -483,7 +482,13 @@ class Dispatch:
         return placement
 
     def _reserve(
-        self, eid: EndpointId, v: EndpointView | None, *, prefill: bool, movable: bool = False
+        self,
+        eid: EndpointId,
+        v: EndpointView | None,
+        *,
+        prefill: bool,
+        movable: bool = False,
+        pulls: bool = False,
     ) -> None:
         self._d.pool.ledger.reserve(
             eid,
@@ -493,6 +498,7 @@ class Dispatch:
             predicted_output_tokens=self.slo.predicted_output_tokens,
             block_size=v.kv_block_size if v is not None else 16,
             movable=movable,
+            pulls=pulls,
         )
         self._ledger_eps.add(eid)
 
@@ -572,6 +578,8 @@ class Dispatch:
         if first is None:
             self._fallback("prefill_to_aggregated")
             self.path = Path.AGGREGATED
+            for eid in self._ledger_eps:
+                self._d.pool.ledger.no_pull(eid, self.request.id)  # no KV to pull now
             return None, None
         reason = messages.FINISH_FROM_PB.get(first.finish_reason)
         logprobs: tuple[TokenLogprobs, ...] = ()
