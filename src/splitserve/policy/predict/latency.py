@@ -114,13 +114,11 @@ class PullRate:
         worker started)."""
         if tokens < 0 or not (seconds >= 0 and math.isfinite(seconds)):
             return
-        if self._tokens < 0 or tokens < self._tokens or seconds < self._seconds:
-            self._tokens, self._seconds = tokens, seconds  # first seen, or the worker restarted
-            return
+        first = self._tokens < 0
         d_tokens, d_seconds = tokens - self._tokens, seconds - self._seconds
-        if d_tokens <= 0 or d_seconds <= 0:
-            return  # no pull finished since the last report
         self._tokens, self._seconds = tokens, seconds
+        if first or d_tokens <= 0 or d_seconds <= 0:
+            return  # first seen, the worker restarted, or no pull finished since the last one
         rate = d_tokens / d_seconds
         self._rate = rate if self._n == 0 else (1 - self.alpha) * self._rate + self.alpha * rate
         self._n += 1
