@@ -53,7 +53,7 @@ from splitserve.policy.placement import (
     RequestView,
 )
 from splitserve.policy.placement.aladdin import AladdinPacking
-from splitserve.policy.placement.slo import predicted_tpot_s
+from splitserve.policy.placement.slo import predicted_pull_s, predicted_tpot_s
 from splitserve.router import messages
 from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
@@ -464,10 +464,17 @@ class Dispatch:
         by_id = {v.id: v for v in views}
         # Reserve at decision time: the next placement (even in this same instant) sees it.
         dv = by_id.get(placement.decode[0])
+        split = placement.path is Path.DISAGGREGATED
         if dv is not None:
             self._decode_batch = dv.batch + 1
             self._predicted_tpot_s = predicted_tpot_s(dv)
-        split = placement.path is Path.DISAGGREGATED
+            pull = predicted_pull_s(dv, req.num_prompt_tokens) if split else None
+            if self._predicted_tpot_s is not None and pull is not None:
+                # A split request's TPOT (first token to last, over its gaps) holds its KV
+                # pull: predicted over its predicted gaps, so the TPOT tail learns the model's
+                # error, not the pull (which would tighten every class's TPOT target).
+                gaps = max(1, self.slo.predicted_output_tokens - 1)
+                self._predicted_tpot_s += pull / gaps
         self._reserve(placement.decode[0], dv, prefill=False, movable=split, pulls=split)
         if placement.prefill:
             self._reserve(placement.prefill[0], by_id.get(placement.prefill[0]), prefill=True)

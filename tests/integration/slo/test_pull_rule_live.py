@@ -14,6 +14,8 @@ estimates come from the engine's modelled step times.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import httpx
 import pytest
 from tests.integration.slo.conftest import RouterFactory, WorkerFactory, sample
@@ -22,12 +24,22 @@ from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings, SloSettings
 from splitserve.core.roles import Role
 from splitserve.policy.placement import EndpointView
+from splitserve.policy.predict.tail import TailRatios
 from splitserve.router.server import RouterServer
 
 pytestmark = pytest.mark.integration
 
 TPOT_MS = 25.0
 TIGHT = v1.SloClassSpec(name="tight", ttft_ms=10_000, tpot_ms=TPOT_MS)
+
+
+@dataclass(slots=True)
+class _RecordingTail(TailRatios):
+    predicted: list[float] = field(default_factory=list)
+
+    def observe(self, predicted_s: float, actual_s: float) -> None:
+        self.predicted.append(predicted_s)
+        TailRatios.observe(self, predicted_s, actual_s)
 
 
 def _placed(server: RouterServer, path: str, reason: str) -> float:
@@ -82,6 +94,13 @@ async def test_a_slow_pull_runs_whole_on_the_decode_worker_a_cheap_one_stays_spl
         prefills = p.sample("splitserve_worker_requests_total", kind="prefill", outcome="ok")
         assert prefills == 2  # it never reached the prefill worker
 
-        await complete(2000, 64)  # the same pull over the predicted output's gaps: cheap
+        # The same pull over the predicted output's gaps: cheap. Its predicted TPOT (what the
+        # TPOT tail compares its measured TPOT with) holds its pull spread over those gaps.
+        view = decode_view()
+        pull_s = 2000 / view.kv_pull_tokens_per_s
+        tail = server.dispatcher.slo.tpot_tail = _RecordingTail()
+        await complete(2000, 64)
+        assert len(tail.predicted) == 1
+        assert tail.predicted[0] >= view.decode_step_base_s + pull_s / 63
         assert _placed(server, "disaggregated", "split") == 3
         assert _placed(server, "aggregated", "pull_would_miss_tpot") == 1
