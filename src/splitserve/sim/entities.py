@@ -275,7 +275,8 @@ class SimWorker:
         self.pull_seconds = 0.0
         self.est_decode_base_s = 0.0
         self.est_decode_per_seq_s = 0.0
-        """The router's decode step estimate, base + per_seq x batch (likewise)."""
+        """The router's decode step estimate, base + per_seq x batch (`RouterSlo.estimates`,
+        as the prefill rate)."""
 
     def pulled(self, tokens: int, seconds: float) -> None:
         """A pull of `tokens` prompt tokens' KV into this worker took `seconds` on its link
