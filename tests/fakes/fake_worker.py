@@ -62,6 +62,9 @@ class Script:
     requests queued behind others) until `steps_stop` is set, then none (frozen); 0: the worker
     reports no steps (UNIMPLEMENTED)."""
     steps_stop: asyncio.Event | None = None
+    kv_pulled_tokens: int = 0
+    kv_pull_seconds: float = 0.0
+    """The KV pull totals the worker reports (`LoadReport.kv_pulled_tokens` / `kv_pull_seconds`)."""
     multiplex: bool = True
     """Serve `Multiplex` (the worker's own `worker.mux` over these scripted handlers); False:
     answer UNIMPLEMENTED, as a worker from before it, so the router uses a call per request."""
@@ -293,6 +296,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             seq=self._seq,
             engine=s.engine,
             model="fake",
+            kv_pulled_tokens=s.kv_pulled_tokens,
+            kv_pull_seconds=s.kv_pull_seconds,
         )
 
     async def WatchLoad(  # noqa: N802

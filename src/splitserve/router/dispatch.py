@@ -53,7 +53,7 @@ from splitserve.policy.placement import (
     RequestView,
 )
 from splitserve.policy.placement.aladdin import AladdinPacking
-from splitserve.policy.placement.slo import predicted_tpot_s
+from splitserve.policy.placement.slo import predicted_pull_s, predicted_tpot_s
 from splitserve.router import messages
 from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
@@ -464,12 +464,18 @@ class Dispatch:
         by_id = {v.id: v for v in views}
         # Reserve at decision time: the next placement (even in this same instant) sees it.
         dv = by_id.get(placement.decode[0])
+        split = placement.path is Path.DISAGGREGATED
         if dv is not None:
             self._decode_batch = dv.batch + 1
             self._predicted_tpot_s = predicted_tpot_s(dv)
-        self._reserve(
-            placement.decode[0], dv, prefill=False, movable=placement.path is Path.DISAGGREGATED
-        )
+            pull = predicted_pull_s(dv, req.num_prompt_tokens) if split else None
+            if self._predicted_tpot_s is not None and pull is not None:
+                # A split request's TPOT (first token to last, over its gaps) holds its KV
+                # pull: predicted over its predicted gaps, so the TPOT tail learns the model's
+                # error, not the pull (which would tighten every class's TPOT target).
+                gaps = max(1, self.slo.predicted_output_tokens - 1)
+                self._predicted_tpot_s += pull / gaps
+        self._reserve(placement.decode[0], dv, prefill=False, movable=split, pulls=split)
         if placement.prefill:
             self._reserve(placement.prefill[0], by_id.get(placement.prefill[0]), prefill=True)
         log.debug(
@@ -483,7 +489,13 @@ class Dispatch:
         return placement
 
     def _reserve(
-        self, eid: EndpointId, v: EndpointView | None, *, prefill: bool, movable: bool = False
+        self,
+        eid: EndpointId,
+        v: EndpointView | None,
+        *,
+        prefill: bool,
+        movable: bool = False,
+        pulls: bool = False,
     ) -> None:
         self._d.pool.ledger.reserve(
             eid,
@@ -493,6 +505,7 @@ class Dispatch:
             predicted_output_tokens=self.slo.predicted_output_tokens,
             block_size=v.kv_block_size if v is not None else 16,
             movable=movable,
+            pulls=pulls,
         )
         self._ledger_eps.add(eid)
 
@@ -572,6 +585,8 @@ class Dispatch:
         if first is None:
             self._fallback("prefill_to_aggregated")
             self.path = Path.AGGREGATED
+            for eid in self._ledger_eps:
+                self._d.pool.ledger.no_pull(eid, self.request.id)  # no KV to pull now
             return None, None
         reason = messages.FINISH_FROM_PB.get(first.finish_reason)
         logprobs: tuple[TokenLogprobs, ...] = ()

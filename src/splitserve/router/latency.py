@@ -26,6 +26,16 @@ With `pool.link: stream` the step feed is a sub-request on the worker's stream l
 `MuxLink.watch`; docs/benchmarks.md "Thirteenth pass"), with the same ends: UNIMPLEMENTED stops
 it, any other error (the link lost) re-opens it after `reconnect_s`.
 
+KV pulls (the P/D decider's `pull_would_miss_tpot`): each worker's load reports carry the
+totals of the KV pulls its engine measured (`LoadReport.kv_pulled_tokens` / `kv_pull_seconds`);
+`PoolView` passes each report's totals to `observe_pull_totals`, and `pull_tokens_per_s` is a
+`PullRate` over their growth. The worker's own timing rather than the router's (Decode sent to
+the decode worker's first token, less a decode step): the router's includes the hop, the
+worker's queue before the pull and the first step's own time, and needs a per-request hook on
+the decode stream; the worker times the pull itself, in both engines (the sim engine: its KV
+link model; vLLM: `stats.KvPullTimer`), and the load feed already carries per-worker state.
+No pull yet, or a worker older than the fields: 0, no estimate (the rule stays off).
+
 Fallback, for engines that answer `WatchSteps` with UNIMPLEMENTED (and until a step fit is
 ready): the coarse fits from the router's own calls (`policy.predict.latency`: prefill rate from
 `PrefillResponse.prefill_s` / time to first token, decode base + per-seq from per-request TPOT
@@ -48,7 +58,7 @@ from grpc import aio
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.ids import EndpointId
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.policy.predict.latency import PrefillRate, StepFit
+from splitserve.policy.predict.latency import PrefillRate, PullRate, StepFit
 from splitserve.policy.predict.step_model import OnlineStepModel
 from splitserve.router.mux import MuxLink
 
@@ -64,6 +74,7 @@ class _Models:
     prefill: PrefillRate = field(default_factory=PrefillRate)
     step: StepFit = field(default_factory=StepFit)
     steps: OnlineStepModel = field(default_factory=OnlineStepModel)
+    pull: PullRate = field(default_factory=PullRate)
     watcher: asyncio.Task[None] | None = None
     reports_steps: bool | None = None
     """The worker's step stream: True once a sample came, False when UNIMPLEMENTED."""
@@ -198,7 +209,17 @@ class LatencyBook:
     def observe_decode(self, eid: EndpointId, batch: int, tpot_s: float) -> None:
         self._get(eid).step.observe(batch, tpot_s)
 
+    def observe_pull_totals(self, eid: EndpointId, tokens: int, seconds: float) -> None:
+        """`eid`'s KV pull totals from a load report (`LoadReport.kv_pulled_tokens`,
+        `kv_pull_seconds`)."""
+        self._get(eid).pull.observe_totals(tokens, seconds)
+
     # -- what placement reads ----------------------------------------------------------------
+
+    def pull_tokens_per_s(self, eid: EndpointId) -> float:
+        """How fast KV pulls into `eid` move, prompt tokens per second; 0: no estimate."""
+        m = self._by_ep.get(eid)
+        return 0.0 if m is None else m.pull.tokens_per_s
 
     def step_model(self, eid: EndpointId) -> OnlineStepModel | None:
         m = self._by_ep.get(eid)

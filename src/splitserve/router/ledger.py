@@ -35,6 +35,9 @@ class LedgerEntry:
     movable: bool = False
     """A disaggregated request's decode share, placed while its prefill runs elsewhere: Aladdin's
     re-balancing (Alg. 2) may move it to another decode worker until its decode call starts."""
+    pulling: bool = False
+    """A disaggregated request's decode share whose KV pull has not finished: counted in
+    `pull_tokens` until the decode worker's first token (`progress` past token 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,9 @@ class Ledger:
         predicted_output_tokens: int,
         block_size: int,
         movable: bool = False,
+        pulls: bool = False,
     ) -> None:
+        """`pulls`: a disaggregated request's decode share (its KV will be pulled here)."""
         tokens = num_prompt_tokens + (1 if prefill else max(1, predicted_output_tokens))
         self._by_ep.setdefault(eid, {})[request_id] = LedgerEntry(
             request_id,
@@ -74,6 +79,7 @@ class Ledger:
             predicted_output_tokens,
             blocks_for(tokens, max(1, block_size)),
             movable=movable and not prefill,
+            pulling=pulls and not prefill,
         )
 
     def move(self, request_id: str, src: EndpointId, dst: EndpointId, block_size: int) -> bool:
@@ -104,6 +110,15 @@ class Ledger:
         e = self._by_ep.get(eid, {}).get(request_id)
         if e is not None:
             e.num_generated_tokens = num_generated_tokens
+            if num_generated_tokens > 1:
+                e.pulling = False  # the decode worker's first token: its KV is in
+
+    def no_pull(self, eid: EndpointId, request_id: str) -> None:
+        """The request's KV will not be pulled into `eid` (its prefill failed: it runs whole
+        there instead)."""
+        e = self._by_ep.get(eid, {}).get(request_id)
+        if e is not None:
+            e.pulling = False
 
     def drop(self, eid: EndpointId, request_id: str) -> None:
         entries = self._by_ep.get(eid)
@@ -138,6 +153,14 @@ class Ledger:
         (reserved or running): a floor for the worker's pending prefill tokens, which its load
         reports only show a report later."""
         return sum(e.num_prompt_tokens for e in self._by_ep.get(eid, {}).values() if e.prefill)
+
+    def pull_tokens(self, eid: EndpointId) -> int:
+        """Prompt tokens of the disaggregated requests placed on `eid` whose KV pull has not
+        finished (reserved, prefilling elsewhere, or pulling): the placement view's
+        `pending_pull_tokens`, as the simulator counts them (`sim.cluster`). Approximation: a
+        pull counts as finished at the decode worker's first token, one decode step after
+        its KV is in."""
+        return sum(e.num_prompt_tokens for e in self._by_ep.get(eid, {}).values() if e.pulling)
 
     # -- the placement plugins' per-worker inputs --------------------------------------------
 

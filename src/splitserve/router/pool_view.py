@@ -10,7 +10,9 @@ reserved work, `Ledger`) instead of the stale report; that is logged at WARNING 
 (`splitserve_router_stale_load_fallbacks_total`), never silently turned into a 503. Each view
 carries the reservations placed on the worker and not yet started (so simultaneous placements see
 each other) and the latency model fitted for it (`LatencyBook`, from the worker's `WatchSteps`
-step stream). Placement reads frozen
+step stream, and its KV pull rate from the pull totals in its load reports), with the prompt
+tokens of the split requests placed on it whose KV pull has not finished (`Ledger.pull_tokens`:
+`pending_pull_tokens`). Placement reads frozen
 `EndpointView`s from `views()`; nothing here decides where a request goes.
 
 With `pool.link: stream` the pool owns the workers' stream links (`links`, shared with the
@@ -303,6 +305,8 @@ class PoolView:
         if stale != ep.stale:
             self._stale_changed(ep, stale, now_s)
         rate, base, per = self.latency.estimates(ep.id)
+        pull_rate = self.latency.pull_tokens_per_s(ep.id)
+        pull_tokens = self.ledger.pull_tokens(ep.id)
         role = _ROLES.get(r.role, Role.MIXED)
         if stale:
             # The router's own view: what it has in flight and reserved there, on the last
@@ -321,6 +325,8 @@ class PoolView:
                 prefill_tokens_per_s=rate,
                 decode_step_base_s=base,
                 decode_step_per_seq_s=per,
+                kv_pull_tokens_per_s=pull_rate,
+                pending_pull_tokens=pull_tokens,
             )
         return EndpointView(
             id=ep.id,
@@ -342,6 +348,8 @@ class PoolView:
             prefill_tokens_per_s=rate,
             decode_step_base_s=base,
             decode_step_per_seq_s=per,
+            kv_pull_tokens_per_s=pull_rate,
+            pending_pull_tokens=pull_tokens,
         )
 
     def _stale_changed(self, ep: _Endpoint, stale: bool, now_s: float) -> None:
@@ -392,6 +400,7 @@ class PoolView:
             return False
         first = ep.report is None
         ep.report, ep.report_at_s, ep.connected = report, self._clock.now_s(), True
+        self.latency.observe_pull_totals(ep.id, report.kv_pulled_tokens, report.kv_pull_seconds)
         if ep.stale:
             self._stale_changed(ep, False, ep.report_at_s)
         if first and self.links is not None:

@@ -298,12 +298,15 @@ class Cluster:
         end = max(now, decode.link_free_s) + dur
         decode.link_free_s = end
         req.kv_transfer_s = end - now
+        req.kv_link_s = dur
         sim.schedule(end, EventKind.TRANSFER_DONE, decode.index, req)
 
     def _transfer_done(self, req: SimRequest, sim: Simulator) -> None:
         self._pull(req, None)
         decode = self.workers[req.decode_worker]
         prefill = self.workers[req.prefill_worker]
+        if self.spec.router_slo is not None:
+            decode.pulled(req.item.num_prompt_tokens, req.kv_link_s)
         if decode.engine.finish_transfer(req.id):
             prefill.engine.release(req.id)
         decode.changed()

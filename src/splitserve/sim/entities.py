@@ -24,6 +24,7 @@ from splitserve.policy.batching.engine import EngineModel, Step
 from splitserve.policy.placement.base import EndpointView, Placement, RequestView
 from splitserve.policy.placement.decider import PdDecider
 from splitserve.policy.predict import LengthQuery, make_predictor
+from splitserve.policy.predict.latency import PullRate
 from splitserve.policy.predict.per_class import ClasslessPredictor, PerClassPredictor
 from splitserve.sim.workload import WorkItem
 
@@ -156,6 +157,9 @@ class SimRequest:
     finish_s: float | None = None
     num_output_tokens: int = 0
     kv_transfer_s: float = 0.0
+    kv_link_s: float = 0.0
+    """The pull's own time on the decode worker's link (`kv_transfer_s` less the wait for the
+    link): what the worker reports as the pull's time."""
     counted_on: int = -1
     """The worker whose `inflight` counts this request now (-1: none)."""
     reserved_on: int = -1
@@ -261,10 +265,27 @@ class SimWorker:
         """The router's prefill-rate estimate for this worker (`RouterSlo.estimates`; 0: none,
         as before a live router has fitted one)."""
         self.est_pull_tokens_per_s = 0.0
-        """The router's KV-pull-rate estimate for this worker's inbound link (likewise)."""
+        """The router's KV-pull-rate estimate for this worker's inbound link: measured, as the
+        live router fits it (`pulled`); 0 until two pulls."""
+        self.pull_rate = PullRate()
+        """The live router's fit (`policy.predict.latency.PullRate`), fed this worker's pull
+        totals after each pull as the live router is fed them by the load reports."""
+        self.pull_rate.observe_totals(0, 0.0)  # a fresh worker's first report: nothing pulled
+        self.pulled_tokens = 0
+        self.pull_seconds = 0.0
         self.est_decode_base_s = 0.0
         self.est_decode_per_seq_s = 0.0
-        """The router's decode step estimate, base + per_seq x batch (likewise)."""
+        """The router's decode step estimate, base + per_seq x batch (`RouterSlo.estimates`,
+        as the prefill rate)."""
+
+    def pulled(self, tokens: int, seconds: float) -> None:
+        """A pull of `tokens` prompt tokens' KV into this worker took `seconds` on its link
+        (`RouterSlo`: the router's pull rate for this worker is refitted, as the live router
+        refits it from the next load report's totals)."""
+        self.pulled_tokens += tokens
+        self.pull_seconds += seconds
+        self.pull_rate.observe_totals(self.pulled_tokens, self.pull_seconds)
+        self.est_pull_tokens_per_s = self.pull_rate.tokens_per_s
 
     @property
     def busy(self) -> bool:
@@ -339,6 +360,7 @@ class SimWorker:
             or view.pending_prefill_tokens != pending
             or view.pending_pull_tokens != self.pull_tokens
             or view.prefill_tokens_per_s != self.est_prefill_tokens_per_s
+            or view.kv_pull_tokens_per_s != self.est_pull_tokens_per_s
         ):
             view = EndpointView(
                 id=self.id,
@@ -455,10 +477,16 @@ class RouterSlo:
     KV-pull rate, the pulls placed and not finished). With it, `PdDecider`'s SLO rules
     (`prefill_would_miss_ttft`, `pull_would_miss_tpot`) act in the simulator as in the router.
 
+    The KV-pull rate is measured as the live router measures it: each finished pull's link
+    time (`SimWorker.pulled`) feeds the router's `PullRate`, so a worker has no pull estimate
+    (and `pull_would_miss_tpot` stays off for it) until its second pull.
+
     Approximations: the targets are the class's own (the router divides them by tail factors it
-    learns, 1 until it has samples); the estimates are the latency model's, priced once per
-    worker at `reference_tokens` (prefill of that many tokens, its KV's pull, decode steps of
-    one and two sequences at that context; the live router fits them from observed steps)."""
+    learns, 1 until it has samples); the prefill and decode estimates are the latency model's,
+    priced once per worker at `reference_tokens` (prefill of that many tokens, decode steps of
+    one and two sequences at that context; the live router fits them from observed steps); the
+    pull totals reach the router at each pull's end (the live router sees them at its next
+    load report, ~100 ms later)."""
 
     classes: Mapping[str, tuple[float, float]]
     """Class name -> (TTFT target s, TPOT target s); a class not named has no SLO."""
@@ -515,9 +543,7 @@ class SimRouter:
     @staticmethod
     def _estimate(w: SimWorker, tokens: int) -> None:
         prefill = w.latency.step_s(BatchShape(((tokens, 0),)))
-        pull = w.latency.kv_transfer_s(tokens * w.template.kv_layout.bytes_per_token)
         w.est_prefill_tokens_per_s = tokens / prefill if prefill > 0 else 0.0
-        w.est_pull_tokens_per_s = tokens / pull if pull > 0 else 0.0
         one = w.latency.step_s(BatchShape((), (tokens,)))
         two = w.latency.step_s(BatchShape((), (tokens, tokens)))
         w.est_decode_per_seq_s = max(0.0, two - one)

@@ -151,6 +151,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """When set, each KV pull is written to it with the Decode's arrival (`kv_pull_log`)."""
         self._decode_received: dict[str, float] = {}
         """When each running Decode reached this worker, by request id (with `pull_log`)."""
+        self._pull_tokens: dict[str, int] = {}
+        """The prompt tokens of each running Decode's KV handle, by request id (a pull's
+        tokens in `kv_pulled_tokens`)."""
+        self.kv_pulled_tokens = 0
+        self.kv_pull_seconds = 0.0
+        """Totals of the KV pulls the engine reported (`LoadReport.kv_pulled_tokens` /
+        `kv_pull_seconds`: a router fits this worker's pull rate from their growth)."""
         if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (Sim, vLLM)
             engine.on_kv_pull = self.kv_pulled
         if hasattr(engine, "on_step_time"):  # engines that time their own steps (VllmEngine)
@@ -175,8 +182,20 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     def kv_pulled(self, request_id: str, num_bytes: int, seconds: float) -> None:
         """The engine pulled a request's KV (`SimEngine.on_kv_pull`): the pull-time histogram,
-        and a `worker.kv_pull` span under the request's decode span (bytes, seconds)."""
+        and a `worker.kv_pull` span under the request's decode span (bytes, seconds), and the
+        load reports' pull totals. A pull's tokens are its Decode's KV handle's (the prompt
+        tokens a router counts), else its bytes at the engine's KV bytes per token; neither
+        known (a pull reported after its Decode ended, on an engine without that figure): not
+        in the totals."""
         self.metrics.kv_pull_seconds.observe(seconds)
+        tokens = self._pull_tokens.pop(str(request_id), 0)
+        if not tokens:
+            per_token = getattr(self.engine, "kv_bytes_per_token", 0)
+            if isinstance(per_token, int) and per_token > 0:
+                tokens = num_bytes // per_token
+        if tokens > 0 and seconds > 0 and math.isfinite(seconds):
+            self.kv_pulled_tokens += tokens
+            self.kv_pull_seconds += seconds
         if self.pull_log is not None:
             rid = str(request_id)
             received = self._decode_received.get(rid)
@@ -346,6 +365,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._decode_spans[str(req.id)] = span
         if self.pull_log is not None:
             self._decode_received[str(req.id)] = received_s
+        self._pull_tokens[str(req.id)] = kv.num_tokens
         try:
             stream = self.engine.decode(req, first_token_id, kv)
             async for chunk in self._relay("decode", req, stream, context, span):
@@ -353,6 +373,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finally:
             self._decode_spans.pop(str(req.id), None)
             self._decode_received.pop(str(req.id), None)
+            self._pull_tokens.pop(str(req.id), None)
 
     async def Generate(  # noqa: N802
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -473,6 +494,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             engine=self.engine.kind,
             model=self.engine.model,
             link_port=self.link_port,
+            kv_pulled_tokens=self.kv_pulled_tokens,
+            kv_pull_seconds=self.kv_pull_seconds,
         )
 
     async def WatchLoad(  # noqa: N802

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,6 +20,16 @@ from tests.unit.router.conftest import FAST_POOL, WorkerFactory, sample
 
 def _ready(pool: PoolView, eid: str) -> bool:
     return pool.view(eid).ready
+
+
+def _took_report(eid: str, seq: int) -> Callable[[PoolView], bool]:
+    """Whether the pool took a report of `eid` after the one numbered `seq`."""
+
+    def took(pool: PoolView) -> bool:
+        report = pool._get(eid).report
+        return report is not None and report.seq > seq
+
+    return took
 
 
 async def test_reports_become_views(make_worker: WorkerFactory) -> None:
@@ -166,3 +177,22 @@ async def test_add_before_start_is_an_error() -> None:
     pool = PoolView([], clock=SystemClock())
     with pytest.raises(RuntimeError, match="before start"):
         pool.add("127.0.0.1:1")
+
+
+async def test_pull_rate_from_the_reports_and_pending_pulls_from_the_ledger(
+    make_worker: WorkerFactory,
+) -> None:
+    """A decode worker's view carries the pull rate fitted from the growth of its reported pull
+    totals (0 until two samples) and the prompt tokens of the split requests placed on it whose
+    pull has not finished."""
+    d = await make_worker(Role.DECODE)
+    async with PoolView([d.address], clock=SystemClock(), settings=FAST_POOL) as pool:
+        await pool.wait_for(lambda pv: pv.view(d.address).ready, 10)
+        assert pool.view(d.address).kv_pull_tokens_per_s == 0.0  # no pull yet: no estimate
+        for n in (1, 2):  # each: 2,000 more tokens pulled in 0.1 s more
+            d.script.kv_pulled_tokens, d.script.kv_pull_seconds = 2000 * n, 0.1 * n
+            await pool.wait_for(_took_report(d.address, d._seq), 10)
+        assert pool.view(d.address).kv_pull_tokens_per_s == pytest.approx(20_000)
+        pool.ledger.reserve(EndpointId(d.address), "a", prefill=False, num_prompt_tokens=700,
+                            predicted_output_tokens=4, block_size=16, pulls=True)  # fmt: skip
+        assert pool.view(d.address).pending_pull_tokens == 700

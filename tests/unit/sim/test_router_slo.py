@@ -5,7 +5,8 @@ Invariants:
   when a run drains, and while prompts wait for prefill it is the sum of their prompts;
 - the predicted output length the decider sees never comes from the true length unless the
   `oracle` predictor is asked for (a fresh per-class predictor answers the `max_tokens` cap);
-- `pull_would_miss_tpot` acts in the simulator with the same decider as the router.
+- `pull_would_miss_tpot` acts in the simulator with the same decider as the router, on a pull
+  rate measured as the live router measures it (none until a worker's second pull).
 """
 
 from __future__ import annotations
@@ -52,13 +53,27 @@ BURST = tuple(WorkItem(0.001 * i, 64, 3) for i in range(8))
 
 
 def test_short_outputs_behind_a_slow_pull_run_aggregated_with_true_lengths() -> None:
-    # Pull: 64 tokens at 1,024 tokens / 5 s = 0.31 s over 2 gaps = 156 ms > 100 ms.
-    cluster = _run(_spec(_slo("oracle")), BURST)
+    # The pull rate is measured, as in the live router: a decode worker has none until its
+    # second pull, and each pull here measures 64 tokens / 5 s (the constant link), so a
+    # 64-token prompt's pull is 5 s over 2 gaps > 100 ms. Two requests one after another
+    # (split: no estimate yet), then a burst: on the worker that has pulled twice the rule
+    # fires, on the other (no pull yet) the burst splits.
+    warm = tuple(WorkItem(30.0 * i, 64, 3) for i in range(2))
+    later = tuple(WorkItem(200.0 + 0.001 * i, 64, 3) for i in range(8))
+    cluster = _run(_spec(_slo("oracle")), warm + later)
     records = cluster.router.records
     assert records is not None
-    assert {r.placement.reason for r in records} == {"pull_would_miss_tpot"}
-    assert all(r.path == "aggregated" for r in cluster.requests)
-    assert cluster.num_finished == len(BURST)
+    assert [r.placement.reason for r in records[:2]] == ["split", "split"]
+    for r in records:
+        rates = {e.id: e.kv_pull_tokens_per_s for e in r.endpoints}
+        if r.placement.reason == "pull_would_miss_tpot":
+            assert rates[r.placement.decode[0]] == pytest.approx(64 / 5.0)
+        else:
+            assert r.placement.reason == "split"
+            assert rates[r.placement.decode[0]] == 0  # no estimate for its decode worker
+    fired = [r for r in records if r.placement.reason == "pull_would_miss_tpot"]
+    assert len(fired) >= 3
+    assert cluster.num_finished == len(warm) + len(later)
 
 
 def test_a_fresh_predictor_does_not_know_the_lengths() -> None:

@@ -60,3 +60,40 @@ async def test_decode_worker_logs_each_pull(make_worker: WorkerFactory, tmp_path
     assert pull.received_s is not None
     assert before <= pull.received_s <= pull.start_s <= pull.end_s <= after
     assert d.service._decode_received == {}  # forgotten once the Decode ended
+
+
+async def test_load_reports_carry_the_pull_totals(make_worker: WorkerFactory) -> None:
+    """`LoadReport.kv_pulled_tokens` / `kv_pull_seconds` (what a router fits a decode worker's
+    pull rate from) grow by each pull's prompt tokens and time; the prefill worker's stay 0."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    assert (d.service.load_report().kv_pulled_tokens, d.service.load_report().kv_pull_seconds) == (
+        0,
+        0.0,
+    )
+    for rid in ("a", "b"):
+        pre = await p.stub.Prefill(
+            worker_pb2.PrefillRequest(request_id=rid, prompt_token_ids=PROMPT, sampling=sampling())
+        )
+        await collect(
+            d.stub.Decode(
+                worker_pb2.DecodeRequest(
+                    request_id=rid,
+                    prompt_token_ids=PROMPT,
+                    first_token_id=pre.first_token_id,
+                    sampling=sampling(),
+                    kv=pre.kv,
+                )
+            )
+        )
+    report = d.service.load_report()
+    assert report.kv_pulled_tokens == 2 * len(PROMPT)
+    assert report.kv_pull_seconds > 0
+    assert p.service.load_report().kv_pulled_tokens == 0
+    assert d.service._pull_tokens == {}  # forgotten once each Decode ended
+    # A pull reported after its Decode ended: its tokens from its bytes at the engine's KV
+    # bytes per token.
+    per_token = getattr(d.service.engine, "kv_bytes_per_token", 0)
+    assert per_token > 0
+    d.service.kv_pulled("late", 10 * per_token, 0.5)
+    assert d.service.load_report().kv_pulled_tokens == 2 * len(PROMPT) + 10

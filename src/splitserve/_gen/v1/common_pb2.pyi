@@ -341,6 +341,8 @@ class LoadReport(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     LINK_PORT_FIELD_NUMBER: _builtins.int
+    KV_PULLED_TOKENS_FIELD_NUMBER: _builtins.int
+    KV_PULL_SECONDS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     role: Global___Role.ValueType
     num_waiting: _builtins.int
@@ -363,6 +365,15 @@ class LoadReport(_message.Message):
     plain TCP / TLS socket, on the host of its gRPC address); 0: the worker has none. A router
     with `pool.link: stream` uses it instead of the gRPC `Multiplex` stream.
     """
+    kv_pulled_tokens: _builtins.int
+    """The worker's KV pulls as its engine measured them, totals since it started (a router
+    fits each decode worker's pull rate from their growth between reports, for the P/D
+    decider's `pull_would_miss_tpot`): prompt tokens whose KV was pulled in, and the seconds
+    those pulls took, each as its engine timed it (the sim engine: its KV link model's
+    transfer; vLLM: from `add_request` to `finished_recving`, block allocation and a cold
+    NIXL handshake included). 0 / 0: no pull yet, or a worker older than these fields.
+    """
+    kv_pull_seconds: _builtins.float
     def __init__(
         self,
         *,
@@ -380,10 +391,12 @@ class LoadReport(_message.Message):
         engine: _builtins.str = ...,
         model: _builtins.str = ...,
         link_port: _builtins.int = ...,
+        kv_pulled_tokens: _builtins.int = ...,
+        kv_pull_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "link_port", b"link_port", "model", b"model", "num_kv_held", b"num_kv_held", "num_pending_prefill_tokens", b"num_pending_prefill_tokens", "num_running", b"num_running", "num_waiting", b"num_waiting", "role", b"role", "seq", b"seq", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_pull_seconds", b"kv_pull_seconds", "kv_pulled_tokens", b"kv_pulled_tokens", "link_port", b"link_port", "model", b"model", "num_kv_held", b"num_kv_held", "num_pending_prefill_tokens", b"num_pending_prefill_tokens", "num_running", b"num_running", "num_waiting", b"num_waiting", "role", b"role", "seq", b"seq", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,7 +6,10 @@ same evenly divided length bin as the truth. Without an encoder, the only reques
 is the prompt length, so this model is a count table: P(output bin | prompt bin), learned online
 from finished (prompt_len, output_len) pairs (the paper's "online DB update"). Prompt bins are
 powers of two (prompt lengths span orders of magnitude); output bins are `output_bin_tokens`
-wide (the paper's even bins). The prediction is the *median* output bin among bins that can still
+wide (the paper's even bins), or, with `log_bins_per_octave` = k > 0, log-spaced: k bins per
+doubling of the length (bin b holds the lengths n with floor(k log2 n) = b), so a short answer
+is not reported at the middle of a 64-token bin (a 7-token answer: 32 with even bins; with
+k = 2, its bin holds 6 and 7). The prediction is the *median* output bin among bins that can still
 hold the answer (upper edge > generated tokens), reported at its midpoint; a prompt bin with fewer
 than `min_samples` observations, or with no bin left above the generated length, defers to the
 table over all prompts, and when that has nothing either the answer is `max_tokens`. This is a
@@ -18,6 +21,7 @@ bin per prompt bin, the prediction lands in it.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -30,10 +34,17 @@ class BucketedParams:
     """Width of one output-length bin."""
     min_samples: int = 8
     """Observations a prompt bin needs before its own table is trusted."""
+    log_bins_per_octave: int = 0
+    """0: even output bins of `output_bin_tokens`; k >= 1: k log-spaced bins per doubling
+    (`output_bin_tokens` is then unused)."""
 
     def __post_init__(self) -> None:
         if self.output_bin_tokens < 1 or self.min_samples < 1:
             raise ValueError("output_bin_tokens and min_samples must be >= 1")
+        if self.log_bins_per_octave < 0:
+            raise ValueError(
+                f"log_bins_per_octave must be >= 0 (0: even bins), got {self.log_bins_per_octave}"
+            )
 
 
 def prompt_bin(num_prompt_tokens: int) -> int:
@@ -48,7 +59,25 @@ class BucketedPredictor:
         self._all: Counter[int] = Counter()
 
     def output_bin(self, num_output_tokens: int) -> int:
-        return (num_output_tokens - 1) // self.params.output_bin_tokens
+        k = self.params.log_bins_per_octave
+        if not k:
+            return (num_output_tokens - 1) // self.params.output_bin_tokens
+        b = math.floor(k * math.log2(max(1, num_output_tokens)))
+        # Float rounding near an edge: settle on the bin whose integer range holds it.
+        while b > 0 and self.bin_range(b)[0] > num_output_tokens:
+            b -= 1
+        while self.bin_range(b + 1)[0] <= num_output_tokens:
+            b += 1
+        return b
+
+    def bin_range(self, b: int) -> tuple[int, int]:
+        """The lengths output bin `b` holds: [first, end) (a log bin narrower than one token
+        holds none: first == end)."""
+        k = self.params.log_bins_per_octave
+        if not k:
+            w = self.params.output_bin_tokens
+            return (b * w + 1, (b + 1) * w + 1)
+        return (math.ceil(2 ** (b / k)), math.ceil(2 ** ((b + 1) / k)))
 
     def observe(self, num_prompt_tokens: int, num_output_tokens: int) -> None:
         if num_output_tokens < 1:
@@ -69,13 +98,24 @@ class BucketedPredictor:
         return clamp_prediction(query.max_tokens, query)
 
     def _median_live_bin(self, table: Counter[int], done_tokens: int) -> int | None:
-        """Midpoint of the median bin among bins whose upper edge exceeds `done_tokens`."""
-        width = self.params.output_bin_tokens
-        live = sorted((b, n) for b, n in table.items() if (b + 1) * width > done_tokens)
+        """Midpoint of the median bin among bins that hold a length above `done_tokens`."""
+        if not self.params.log_bins_per_octave:  # even bins: no range calls
+            width = self.params.output_bin_tokens
+            live = sorted((b, n) for b, n in table.items() if (b + 1) * width > done_tokens)
+            total = sum(n for _, n in live)
+            seen = 0
+            for b, n in live:
+                seen += n
+                if 2 * seen >= total:
+                    return b * width + (width + 1) // 2
+            return None
+        ranges = {b: self.bin_range(b) for b in table}
+        live = sorted((b, n) for b, n in table.items() if ranges[b][1] - 1 > done_tokens)
         total = sum(n for _, n in live)
         seen = 0
         for b, n in live:
             seen += n
             if 2 * seen >= total:
-                return b * width + (width + 1) // 2
+                first, end = ranges[b]
+                return (first + end) // 2
         return None

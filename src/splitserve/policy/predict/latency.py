@@ -4,7 +4,11 @@
   (tokens the worker had to compute before this prompt's first token, incl. it) / (seconds to
   the first token), so queueing is in it;
 * `StepFit`: decode step time = base + per_seq x batch, recursive least squares with forgetting
-  over (batch size, mean time per output token) pairs.
+  over (batch size, mean time per output token) pairs;
+* `PullRate`: prompt tokens per second a decode worker's KV pulls move, from the pull totals
+  its load reports carry (`LoadReport.kv_pulled_tokens` / `kv_pull_seconds`, the worker's own
+  measurement): an exponentially weighted mean of (tokens pulled since the last report that
+  grew) / (pull seconds since then).
 
 Both answer 0 until they have `min_samples` observations (the owner treats 0 as "no estimate").
 These are the router's fallback, fitted from its own calls (TTFT of `Prefill`/`Generate`, TPOT
@@ -80,3 +84,46 @@ class StepFit:
         if base < 0 or per < 0:
             return (self._mean, 0.0)
         return (base, per)
+
+
+@dataclass(slots=True)
+class PullRate:
+    """A worker's KV pull throughput in prompt tokens per second, from its reported totals.
+
+    Each report whose totals grew adds one sample, (tokens pulled since the last one) /
+    (seconds those pulls took): a ratio of sums over the pulls in between, so one report
+    covering several pulls weighs them by their tokens. Samples are averaged with weight
+    `alpha` on the newest. The first totals seen, and totals that fell (the worker restarted
+    and counts from 0 again), only set the baseline. Approximations, stated: the rate divides
+    each pull's tokens by its whole time, so a fixed cost per pull (link latency, a cold NIXL
+    handshake) is spread over its tokens (short pulls look slower per token); and pulls that
+    overlapped count their times in full, as if they had run one after another (the
+    placement's `predicted_pull_s` queues the pending ones the same way).
+    """
+
+    alpha: float = 0.3
+    min_samples: int = 2
+    _tokens: int = -1
+    """The last totals (tokens; -1: none yet)."""
+    _seconds: float = 0.0
+    _rate: float = 0.0
+    _n: int = 0
+
+    def observe_totals(self, tokens: int, seconds: float) -> None:
+        """A load report's pull totals (tokens pulled, seconds those pulls took, since the
+        worker started)."""
+        if tokens < 0 or not (seconds >= 0 and math.isfinite(seconds)):
+            return
+        first = self._tokens < 0
+        d_tokens, d_seconds = tokens - self._tokens, seconds - self._seconds
+        self._tokens, self._seconds = tokens, seconds
+        if first or d_tokens <= 0 or d_seconds <= 0:
+            return  # first seen, the worker restarted, or no pull finished since the last one
+        rate = d_tokens / d_seconds
+        self._rate = rate if self._n == 0 else (1 - self.alpha) * self._rate + self.alpha * rate
+        self._n += 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The estimate; 0 (no estimate) before `min_samples` samples."""
+        return self._rate if self._n >= self.min_samples else 0.0

@@ -1,13 +1,15 @@
-"""The router's online models: per-class length predictor, prefill rate, decode step fit."""
+"""The router's online models: per-class length predictor, prefill rate, decode step fit, KV
+pull rate."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from splitserve.core.ids import RequestId
 from splitserve.policy.predict import LengthQuery
-from splitserve.policy.predict.latency import PrefillRate, StepFit
+from splitserve.policy.predict.latency import PrefillRate, PullRate, StepFit
 from splitserve.policy.predict.per_class import PerClassPredictor
 
 
@@ -61,3 +63,51 @@ def test_step_fit_params_never_negative(points: list[tuple[int, float]]) -> None
     base, per = f.params
     assert base >= 0
     assert per >= 0
+
+
+def test_pull_rate_from_report_totals() -> None:
+    r = PullRate(min_samples=2)
+    r.observe_totals(5000, 1.0)  # the first totals seen: a baseline only
+    assert r.tokens_per_s == 0.0
+    r.observe_totals(7000, 1.1)  # 2000 tokens in 0.1 s
+    assert r.tokens_per_s == 0.0  # one sample: no estimate yet
+    r.observe_totals(7000, 1.1)  # no pull since: nothing
+    r.observe_totals(8000, 1.2)  # 1000 tokens in 0.1 s
+    assert r.tokens_per_s == pytest.approx(0.7 * 20_000 + 0.3 * 10_000)
+    before = r.tokens_per_s
+    r.observe_totals(100, 0.01)  # the worker restarted: a new baseline, no sample
+    assert r.tokens_per_s == before
+    r.observe_totals(300, 0.03)  # 200 tokens in 0.02 s, from the new baseline
+    assert r.tokens_per_s == pytest.approx(0.7 * before + 0.3 * 10_000)
+
+
+def test_pull_rate_of_several_pulls_in_one_report_weighs_them_by_tokens() -> None:
+    r = PullRate(min_samples=1)
+    r.observe_totals(0, 0.0)
+    r.observe_totals(1000 + 100, 0.1 + 0.1)  # a 1000-token pull in 0.1 s, a 100-token in 0.1 s
+    assert r.tokens_per_s == pytest.approx(1100 / 0.2)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.floats(0, 10, allow_nan=False)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_pull_rate_stays_within_its_samples(steps: list[tuple[int, float]]) -> None:
+    """Whatever the reports (growing, flat, restarting), the estimate is 0 or lies between the
+    slowest and the fastest sample it took."""
+    r = PullRate(min_samples=1)
+    tokens, seconds = 0, 0.0
+    r.observe_totals(tokens, seconds)
+    rates: list[float] = []
+    for d_tokens, d_seconds in steps:
+        tokens, seconds = tokens + d_tokens, seconds + d_seconds
+        r.observe_totals(tokens, seconds)
+        if d_tokens > 0 and d_seconds > 0:
+            rates.append(d_tokens / d_seconds)
+    if not rates:
+        assert r.tokens_per_s == 0.0
+    else:
+        assert min(rates) * (1 - 1e-9) <= r.tokens_per_s <= max(rates) * (1 + 1e-9)

@@ -7,7 +7,8 @@ Invariants:
    max(cap, max(window)), and falls back to Uniform[generated, cap] past the window's maximum;
 4. cold start fills half the window with the cap;
 5. the bucketed model lands in the dominant output bin of a prompt bin, and defers to the global
-   table while a prompt bin is thin;
+   table while a prompt bin is thin; with log-spaced bins, each length lies in its bin's range,
+   bins rise with the length, and the prediction lands in the dominant length's bin;
 6. the oracle returns the truth (clipped), and max_tokens for unknown ids;
 7. `make_predictor` builds each by name; the noisy oracle's mean relative error is the one set
    (it is the one predictor allowed past `max_tokens`: in the simulator that is the truth).
@@ -45,11 +46,15 @@ queries = st.builds(
 def _predictors(history: list[int]) -> list[OutputLengthPredictor]:
     window = HistoryWindow(50)
     bucketed = BucketedPredictor(BucketedParams(output_bin_tokens=100, min_samples=2))
+    logs = [
+        BucketedPredictor(BucketedParams(min_samples=2, log_bins_per_octave=k)) for k in (1, 2, 4)
+    ]
     for i, n in enumerate(history):
         window.add(n)
-        bucketed.observe(10 * i, n)
+        for model in (bucketed, *logs):
+            model.observe(10 * i, n)
     oracle = OraclePredictor({RequestId("q"): history[0]})
-    return [HistoryPredictor(window, 0.9), bucketed, oracle]
+    return [HistoryPredictor(window, 0.9), bucketed, *logs, oracle]
 
 
 @given(lengths, queries)
@@ -135,6 +140,57 @@ def test_bucketed_learns_per_prompt_bin() -> None:
     assert model.predict(LengthQuery(RequestId("c"), 20, 0, 4096)) <= 64
     # Past the short bin, only the long one is left.
     assert 449 <= model.predict(LengthQuery(RequestId("d"), 3000, 100, 4096)) <= 512
+
+
+@given(st.integers(1, 3), st.integers(1, 100_000))
+def test_log_bins_hold_their_lengths_in_order(k: int, n: int) -> None:
+    """Each length falls in the bin whose range holds it, bins rise with the length (skipping
+    only empty ones), and each
+    bin spans at most a factor 2^(1/k) (plus the rounding to whole tokens)."""
+    model = BucketedPredictor(BucketedParams(log_bins_per_octave=k))
+    b = model.output_bin(n)
+    first, end = model.bin_range(b)
+    assert first <= n < end
+    after = model.output_bin(n + 1)
+    assert after >= b
+    for skipped in range(b + 1, after):  # only bins narrower than one token are skipped
+        assert model.bin_range(skipped)[0] == model.bin_range(skipped)[1]
+    assert end - 1 <= 2 ** (1 / k) * first + 1
+
+
+@given(
+    st.integers(1, 4),
+    st.integers(1, 5000),
+    st.lists(st.integers(1, 5000), max_size=5),
+    st.integers(0, 5000),
+)
+def test_log_bins_land_in_the_dominant_lengths_bin(
+    k: int, n: int, others: list[int], prompt: int
+) -> None:
+    """With one length making most of a prompt bin's answers, the prediction (nothing generated
+    yet, a cap above it) lands in that length's bin."""
+    model = BucketedPredictor(BucketedParams(min_samples=4, log_bins_per_octave=k))
+    for _ in range(len(others) + 4):
+        model.observe(prompt, n)
+    for m in others:
+        model.observe(prompt, m)
+    first, end = model.bin_range(model.output_bin(n))
+    assert first <= model.predict(LengthQuery(RequestId("a"), prompt, 0, 5000)) < end
+
+
+def test_log_bins_report_a_short_answer_near_its_length() -> None:
+    """The reason for them: 7-token answers are predicted as 7 (bin 6-7), not 32 (even 64-token
+    bins: the middle of 1-64)."""
+    even = BucketedPredictor(BucketedParams(min_samples=4))
+    log = BucketedPredictor(BucketedParams(min_samples=4, log_bins_per_octave=2))
+    for model in (even, log):
+        for _ in range(10):
+            model.observe(3000, 7)
+    q = LengthQuery(RequestId("a"), 3000, 0, 4096)
+    assert even.predict(q) == 32
+    assert log.predict(q) == 7
+    with pytest.raises(ValueError, match="log_bins_per_octave"):
+        BucketedParams(log_bins_per_octave=-1)
 
 
 def test_oracle() -> None:
