@@ -153,7 +153,7 @@ def router() -> None:
     "stream link, where it advertises one; no grpc.aio per message), or grpc (the "
     "Worker.Multiplex gRPC stream). Overrides the config file's.",
 )
-@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_level_option()
 @logs.log_format_option
 @slo_options
 @click.pass_context

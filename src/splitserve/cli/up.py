@@ -320,7 +320,7 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     default=None,
     help="Where logs and ready files go. Default: a new temp dir.",
 )
-@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_level_option()
 @logs.log_format_option
 @slo_options
 @on_exit_option()
