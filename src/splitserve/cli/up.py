@@ -289,7 +289,7 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 )
 @click.option(
     "--max-model-len",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=2),  # the router's minimum (RouterConfig.max_model_len)
     default=None,
     help="Default: 4096 sim, 2048 vllm.",
 )
