@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+import click
+
 _PR_SET_PDEATHSIG = 1
 
 
-def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run `main(stop)` in a fresh loop; SIGINT and SIGTERM set `stop` for a clean shutdown."""
+_BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+
+
+def run_until_signalled(
+    main: Callable[[asyncio.Event], Awaitable[None]], port_flags: str = ""
+) -> None:
+    """Run `main(stop)` in a fresh loop; SIGINT and SIGTERM set `stop` for a clean shutdown.
+
+    With `port_flags` (the command's port options, for the message), a port that cannot be
+    bound (in use, not this host's, privileged) ends the command with one line naming them
+    instead of a traceback."""
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -21,7 +33,19 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    asyncio.run(runner())
+    try:
+        asyncio.run(runner())
+    except (OSError, RuntimeError) as err:
+        if not port_flags or not is_bind_error(err):
+            raise
+        raise click.ClickException(f"cannot listen: {err} (check {port_flags})") from err
+
+
+def is_bind_error(err: BaseException) -> bool:
+    """A listening socket that could not be bound: the OS's error, or grpc's RuntimeError."""
+    if isinstance(err, OSError):
+        return err.errno in _BIND_ERRNOS
+    return isinstance(err, RuntimeError) and str(err).startswith("Failed to bind to address")
 
 
 def die_with_parent() -> None:

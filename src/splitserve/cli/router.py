@@ -336,7 +336,7 @@ def _serve(
     policy = asyncio.get_event_loop_policy()
     _use_uvloop()
     try:
-        run_until_signalled(main)
+        run_until_signalled(main, "--port / --grpc-port / --metrics-port / --host")
     finally:
         asyncio.set_event_loop_policy(policy)  # this process's later loops are not ours
 

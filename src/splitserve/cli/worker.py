@@ -215,7 +215,10 @@ def serve_cmd(
         batching_policy=batching,
         batching_params=params,
     )
-    run_until_signalled(lambda stop: serve(cfg, stop))
+    run_until_signalled(
+        lambda stop: serve(cfg, stop),
+        "--port / --metrics-port / --link-port / --health-port / --host",
+    )
 
 
 def _check_batching(name: str, params: object) -> None:
