@@ -8,6 +8,7 @@ import errno
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import click
 
@@ -60,3 +61,21 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def ready_file_option() -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """`--ready-file`: its directory must exist (the file is written once listening; a missing
+    directory was a traceback then, after the ports were bound)."""
+
+    def check(_ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+        if value is not None and not value.parent.is_dir():
+            raise click.BadParameter(f"directory {str(value.parent)!r} does not exist", param=param)
+        return value
+
+    return click.option(
+        "--ready-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        callback=check,
+        help="Written (JSON: address, ports, pid) once listening.",
+    )

@@ -24,7 +24,7 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
-from splitserve.cli.process import run_until_signalled
+from splitserve.cli.process import ready_file_option, run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.router import gc_tuning
@@ -108,7 +108,7 @@ def router() -> None:
     "prefill (Multiplex links only; every decode worker must understand kv_follows). Off by "
     "default.",
 )
-@click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@ready_file_option()
 @click.option(
     "--processes",
     type=click.IntRange(min=1),

@@ -409,7 +409,10 @@ def up(**opts: Any) -> None:
     opts["engine_args"] = checked_engine_args(opts)
     os.environ["SPLITSERVE_LOG_FORMAT"] = opts["log_format"]  # the children's --log-format
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # was a traceback
+        raise click.BadParameter(str(err), param_hint="--run-dir") from err
     opts["served_model_name"] = opts["served_model_name"] or opts["model"]
     if opts["engine"] == "vllm":
         model_dir = Path(opts["model"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
-from splitserve.cli.process import run_until_signalled
+from splitserve.cli.process import ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
@@ -73,7 +73,7 @@ _PORT = click.IntRange(0, 65535)
     "kubelet's gRPC probes when the gRPC port requires mutual TLS. Default: none.",
 )
 @click.option("--worker-id", default="", envvar="SPLITSERVE_POD_NAME", help="Default: address.")
-@click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@ready_file_option()
 @click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option(
