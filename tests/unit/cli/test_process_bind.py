@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Awaitable, Callable
 
 import click
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from splitserve.cli.process import run_until_signalled
 
 
-def _raising(err: BaseException):  # type: ignore[no-untyped-def]
+def _raising(err: BaseException) -> Callable[[asyncio.Event], Awaitable[None]]:
     async def main(_stop: asyncio.Event) -> None:
         raise err
 
