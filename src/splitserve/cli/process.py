@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import click
@@ -18,14 +19,8 @@ _PR_SET_PDEATHSIG = 1
 _BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
-def run_until_signalled(
-    main: Callable[[asyncio.Event], Awaitable[None]], port_flags: str = ""
-) -> None:
-    """Run `main(stop)` in a fresh loop; SIGINT and SIGTERM set `stop` for a clean shutdown.
-
-    With `port_flags` (the command's port options, for the message), a port that cannot be
-    bound (in use, not this host's, privileged) ends the command with one line naming them
-    instead of a traceback."""
+def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `main(stop)` in a fresh loop; SIGINT and SIGTERM set `stop` for a clean shutdown."""
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -34,10 +29,17 @@ def run_until_signalled(
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
+    asyncio.run(runner())
+
+
+@contextlib.contextmanager
+def bind_errors_named(port_flags: str) -> Iterator[None]:
+    """A port that cannot be bound (in use, not this host's, privileged) ends the command with
+    one line naming `port_flags` (the command's port options) instead of a traceback."""
     try:
-        asyncio.run(runner())
+        yield
     except (OSError, RuntimeError) as err:
-        if not port_flags or not is_bind_error(err):
+        if not is_bind_error(err):
             raise
         raise click.ClickException(f"cannot listen: {err} (check {port_flags})") from err
 

@@ -24,7 +24,7 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
-from splitserve.cli.process import ready_file_option, run_until_signalled
+from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.router import gc_tuning
@@ -336,7 +336,8 @@ def _serve(
     policy = asyncio.get_event_loop_policy()
     _use_uvloop()
     try:
-        run_until_signalled(main, "--port / --grpc-port / --metrics-port / --host")
+        with bind_errors_named("--port / --grpc-port / --metrics-port / --host"):
+            run_until_signalled(main)
     finally:
         asyncio.set_event_loop_policy(policy)  # this process's later loops are not ours
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
-from splitserve.cli.process import ready_file_option, run_until_signalled
+from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
@@ -215,10 +215,8 @@ def serve_cmd(
         batching_policy=batching,
         batching_params=params,
     )
-    run_until_signalled(
-        lambda stop: serve(cfg, stop),
-        "--port / --metrics-port / --link-port / --health-port / --host",
-    )
+    with bind_errors_named("--port / --metrics-port / --link-port / --health-port / --host"):
+        run_until_signalled(lambda stop: serve(cfg, stop))
 
 
 def _check_batching(name: str, params: object) -> None:

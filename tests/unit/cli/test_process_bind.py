@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import click
 import pytest
 
-from splitserve.cli.process import run_until_signalled
+from splitserve.cli.process import bind_errors_named, run_until_signalled
 
 
 def _raising(err: BaseException) -> Callable[[asyncio.Event], Awaitable[None]]:
@@ -32,19 +32,28 @@ def _raising(err: BaseException) -> Callable[[asyncio.Event], Awaitable[None]]:
     ],
 )
 def test_a_bind_failure_names_the_port_flags(err: BaseException) -> None:
-    with pytest.raises(click.ClickException, match=r"cannot listen: .*check --port / --x"):
-        run_until_signalled(_raising(err), "--port / --x")
+    with (
+        pytest.raises(click.ClickException, match=r"cannot listen: .*check --port / --x"),
+        bind_errors_named("--port / --x"),
+    ):
+        run_until_signalled(_raising(err))
 
 
 @pytest.mark.parametrize(
-    ("err", "flags"),
+    "err",
     [
-        (OSError(errno.ENOENT, "No such file"), "--port"),  # not a bind failure
-        (RuntimeError("something else"), "--port"),
-        (OSError(errno.EADDRINUSE, "Address already in use"), ""),  # no flags: as before
+        OSError(errno.ENOENT, "No such file"),  # not a bind failure
+        RuntimeError("something else"),
     ],
 )
-def test_other_errors_propagate_unchanged(err: BaseException, flags: str) -> None:
-    with pytest.raises(type(err)) as got:
-        run_until_signalled(_raising(err), flags)
+def test_other_errors_propagate_unchanged(err: BaseException) -> None:
+    with pytest.raises(type(err)) as got, bind_errors_named("--port"):
+        run_until_signalled(_raising(err))
+    assert got.value is err
+
+
+def test_without_the_context_a_bind_failure_is_unchanged() -> None:
+    err = OSError(errno.EADDRINUSE, "Address already in use")
+    with pytest.raises(OSError, match="Address already in use") as got:
+        run_until_signalled(_raising(err))
     assert got.value is err
