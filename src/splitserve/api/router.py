@@ -252,8 +252,8 @@ class AdmissionFile(FileModel):
 class PoolFile(FileModel):
     """`pool`: how the router reaches its workers (the service's `router.workerLink`)."""
 
-    link: v1.WorkerLink = v1.WorkerLink.GRPC
-    """`PoolSettings.link`: `grpc` or `stream`."""
+    link: v1.WorkerLink = v1.WorkerLink.STREAM
+    """`PoolSettings.link`: `stream` (default, as `PoolSettings`) or `grpc`."""
 
 
 class EngineFile(FileModel):

@@ -53,14 +53,14 @@ def operator() -> None:
 )
 @click.option(
     "--interval",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
     help="Seconds between reconciles of each service when nothing changes.",
 )
 @click.option(
     "--drain-wait",
-    type=float,
+    type=click.FloatRange(min=0),
     default=2.0,
     show_default=True,
     help="Seconds one Drain call may block before the flip resumes on the next tick.",
@@ -73,7 +73,7 @@ def operator() -> None:
 )
 @click.option(
     "--metrics-port",
-    type=int,
+    type=click.IntRange(0, 65535),
     envvar="SPLITSERVE_OPERATOR_METRICS_PORT",
     default=0,
     show_default=True,

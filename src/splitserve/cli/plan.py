@@ -5,6 +5,7 @@ Thin: builds the workload and calls `splitserve.sim.plan`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -72,6 +73,7 @@ def plan(
     """Search pool sizes and TP with the simulator; print the candidates and an LLMService."""
     import numpy as np
 
+    from splitserve.api.v1alpha1 import DNS_LABEL
     from splitserve.core.perf import HARDWARE, MODELS
     from splitserve.core.roles import Role
     from splitserve.sim import plan as planner
@@ -95,8 +97,17 @@ def plan(
         raise click.BadParameter("at least one degree >= 1", param_hint="--tp")
     if not 0 < attainment <= 1 or not 0 < percentile <= 1:
         raise click.BadParameter("must be in (0, 1]", param_hint="--attainment/--percentile")
+    if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses
+        raise click.BadParameter(
+            f"{name!r} is not a Kubernetes name (lower-case letters, digits and '-', starting "
+            "with a letter, at most 63)",
+            param_hint="--name",
+        )
     if trace is not None:
-        items = parse_azure_trace(trace.read_text().splitlines(), max_requests=num_requests)
+        try:
+            items = parse_azure_trace(trace.read_text().splitlines(), max_requests=num_requests)
+        except ValueError as err:  # was a traceback
+            raise click.BadParameter(str(err), param_hint="--trace") from err
         if rate is not None:
             items = scale_to_rate(items, rate)
     else:

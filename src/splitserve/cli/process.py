@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import errno
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import click
 
 _PR_SET_PDEATHSIG = 1
+
+
+_BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -24,6 +32,25 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
     asyncio.run(runner())
 
 
+@contextlib.contextmanager
+def bind_errors_named(port_flags: str) -> Iterator[None]:
+    """A port that cannot be bound (in use, not this host's, privileged) ends the command with
+    one line naming `port_flags` (the command's port options) instead of a traceback."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        if not is_bind_error(err):
+            raise
+        raise click.ClickException(f"cannot listen: {err} (check {port_flags})") from err
+
+
+def is_bind_error(err: BaseException) -> bool:
+    """A listening socket that could not be bound: the OS's error, or grpc's RuntimeError."""
+    if isinstance(err, OSError):
+        return err.errno in _BIND_ERRNOS
+    return isinstance(err, RuntimeError) and str(err).startswith("Failed to bind to address")
+
+
 def die_with_parent() -> None:
     """In a child before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux only).
 
@@ -36,3 +63,21 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def ready_file_option() -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """`--ready-file`: its directory must exist (the file is written once listening; a missing
+    directory was a traceback then, after the ports were bound)."""
+
+    def check(_ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+        if value is not None and not value.parent.is_dir():
+            raise click.BadParameter(f"directory {str(value.parent)!r} does not exist", param=param)
+        return value
+
+    return click.option(
+        "--ready-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        callback=check,
+        help="Written (JSON: address, ports, pid) once listening.",
+    )

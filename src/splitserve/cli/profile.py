@@ -149,7 +149,7 @@ def _token_range(text: str) -> tuple[int, int]:
     help="steps: the worker's own step samples (WatchSteps); outside: client-side timing; "
     "auto: steps when the worker serves WatchSteps, else outside.",
 )
-@click.option("--log-level", default="WARNING", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_level_option("WARNING")
 def profile(
     address: str | None,
     out_dir: Path,

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import yaml
@@ -24,12 +24,14 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
-from splitserve.cli.process import run_until_signalled
+from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.router import gc_tuning
 from splitserve.router.auth import key_sha256_hex, load_key_file
 from splitserve.router.server import RouterServer
+
+_PORT: Final = click.IntRange(0, 65535)
 
 
 @click.group()
@@ -48,7 +50,13 @@ def router() -> None:
     help="router.yaml (the operator's ConfigMap): model, ports, Kubernetes discovery. "
     "Flags given explicitly override it.",
 )
-@click.option("--worker", "workers", multiple=True, help="Worker gRPC address (repeatable).")
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    callback=lambda _ctx, _param, value: _worker_addresses(value),
+    help="Worker gRPC address, HOST:PORT (repeatable).",
+)
 @click.option(
     "--backend",
     "backends",
@@ -73,16 +81,18 @@ def router() -> None:
     help="Hugging Face tokenizer directory. Default: the local byte-level BPE.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP and gRPC interface.")
-@click.option("--port", type=int, default=8000, show_default=True, help="HTTP port (0: any).")
-@click.option("--grpc-port", type=int, default=0, show_default=True, help="gRPC port (0: any).")
-@click.option("--max-model-len", type=int, default=4096, show_default=True)
+@click.option("--port", type=_PORT, default=8000, show_default=True, help="HTTP port (0: any).")
+@click.option("--grpc-port", type=_PORT, default=0, show_default=True, help="gRPC port (0: any).")
+@click.option("--max-model-len", type=click.IntRange(min=2), default=4096, show_default=True)
 @click.option(
     "--default-max-tokens",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Cap for requests without max_tokens. Default: until end of text or max_model_len.",
 )
-@click.option("--min-prompt-tokens-for-pd", type=int, default=1, show_default=True)
+@click.option(
+    "--min-prompt-tokens-for-pd", type=click.IntRange(min=0), default=1, show_default=True
+)
 @click.option(
     "--token-stall-timeout-s",
     type=click.FloatRange(min=0, min_open=True),
@@ -98,7 +108,7 @@ def router() -> None:
     "prefill (Multiplex links only; every decode worker must understand kv_follows). Off by "
     "default.",
 )
-@click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@ready_file_option()
 @click.option(
     "--processes",
     type=click.IntRange(min=1),
@@ -153,7 +163,7 @@ def router() -> None:
     "stream link, where it advertises one; no grpc.aio per message), or grpc (the "
     "Worker.Multiplex gRPC stream). Overrides the config file's.",
 )
-@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_level_option()
 @logs.log_format_option
 @slo_options
 @click.pass_context
@@ -270,6 +280,18 @@ def serve_cmd(
     _serve(config, ready_file, reuse_port, settle_gc)
 
 
+def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
+    """`--worker` values as HOST:PORT, port 1-65535 (any other string was watched for ever as a
+    worker that never answers, with nothing logged)."""
+    for value in values:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise click.BadParameter(
+                f"{value!r}: expected HOST:PORT with a port from 1 to 65535", param_hint="--worker"
+            )
+    return values
+
+
 def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:
     out = []
     for value in values:
@@ -314,7 +336,8 @@ def _serve(
     policy = asyncio.get_event_loop_policy()
     _use_uvloop()
     try:
-        run_until_signalled(main)
+        with bind_errors_named("--port / --grpc-port / --metrics-port / --host"):
+            run_until_signalled(main)
     finally:
         asyncio.set_event_loop_policy(policy)  # this process's later loops are not ours
 

@@ -150,14 +150,17 @@ class Supervisor:
 
 def respawn_args(child_args: list[str], info: dict[str, object], role: str) -> list[str]:
     """The arguments of a restarted process: the same, pinned to the ports it had (click takes
-    an option's last value), before any `--` (engine arguments)."""
+    an option's last value), before any `--` (engine arguments). A worker keeps its stream-link
+    and health ports too: the router dials the link port it learnt, so a moved one would fail
+    its requests until the next load report names the new one."""
     pins: list[str] = []
     if role == "router":
         pins = ["--port", str(info["port"]), "--grpc-port", str(info["grpc_port"])]
     else:
         pins = ["--port", str(info["port"])]
-        if info.get("metrics_port"):
-            pins += ["--metrics-port", str(info["metrics_port"])]
+        for key in ("metrics_port", "link_port", "health_port"):
+            if info.get(key):
+                pins += [f"--{key.replace('_', '-')}", str(info[key])]
     cut = child_args.index("--") if "--" in child_args else len(child_args)
     return [*child_args[:cut], *pins, *child_args[cut:]]
 

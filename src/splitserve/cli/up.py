@@ -289,7 +289,7 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 )
 @click.option(
     "--max-model-len",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=2),  # the router's minimum (RouterConfig.max_model_len)
     default=None,
     help="Default: 4096 sim, 2048 vllm.",
 )
@@ -320,7 +320,7 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     default=None,
     help="Where logs and ready files go. Default: a new temp dir.",
 )
-@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_level_option()
 @logs.log_format_option
 @slo_options
 @on_exit_option()
@@ -409,7 +409,10 @@ def up(**opts: Any) -> None:
     opts["engine_args"] = checked_engine_args(opts)
     os.environ["SPLITSERVE_LOG_FORMAT"] = opts["log_format"]  # the children's --log-format
     run_dir: Path = opts["run_dir"] or Path(tempfile.mkdtemp(prefix="splitserve-up-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # was a traceback
+        raise click.BadParameter(str(err), param_hint="--run-dir") from err
     opts["served_model_name"] = opts["served_model_name"] or opts["model"]
     if opts["engine"] == "vllm":
         model_dir = Path(opts["model"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
-from splitserve.cli.process import run_until_signalled
+from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
@@ -73,7 +73,7 @@ _PORT = click.IntRange(0, 65535)
     "kubelet's gRPC probes when the gRPC port requires mutual TLS. Default: none.",
 )
 @click.option("--worker-id", default="", envvar="SPLITSERVE_POD_NAME", help="Default: address.")
-@click.option("--ready-file", type=click.Path(path_type=Path), default=None)
+@ready_file_option()
 @click.option("--sim-shape", default="llama-2-7b", show_default=True, help="Model shape to time.")
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option(
@@ -103,8 +103,14 @@ _PORT = click.IntRange(0, 65535)
     default=None,
     help="Context limit of the simulated engine (prompt + new tokens). Default: none.",
 )
-@click.option("--vocab-size", type=int, default=4096, show_default=True)
-@click.option("--first-token-id", type=int, default=16, show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option(
+    "--first-token-id",
+    type=click.IntRange(min=0),
+    default=16,
+    show_default=True,
+    help="Sim engine: the lowest token id it emits (below --vocab-size).",
+)
 @click.option(
     "--token-ids-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -113,7 +119,7 @@ _PORT = click.IntRange(0, 65535)
 )
 @click.option("--batching", default="fcfs", show_default=True, help="Step policy name.")
 @click.option("--batching-params", default="{}", help="JSON object of step-policy params.")
-@click.option("--log-level", default="INFO", show_default=True, envvar="SPLITSERVE_LOG_LEVEL")
+@logs.log_level_option()
 @logs.log_format_option
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(
@@ -155,11 +161,26 @@ def serve_cmd(
     logs.setup(log_level, "worker", log_format)
     try:
         parsed_role: Role = parse_role(role)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--role") from err
+    try:
         params = json.loads(batching_params)
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(str(err), param_hint="--batching-params") from err
+    try:
         ids = json.loads(token_ids_file.read_text()) if token_ids_file else []
         token_ids = tuple(int(i) for i in ids)
-    except (ValueError, json.JSONDecodeError) as err:
-        raise click.BadParameter(str(err)) from err
+    except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise click.BadParameter(str(err), param_hint="--token-ids-file") from err
+    if first_token_id >= vocab_size:  # these two were tracebacks at start-up
+        raise click.BadParameter(
+            f"{first_token_id} is not below --vocab-size {vocab_size}",
+            param_hint="--first-token-id",
+        )
+    if any(not 0 <= i < vocab_size for i in token_ids):
+        raise click.BadParameter(
+            f"token ids must lie in [0, --vocab-size {vocab_size})", param_hint="--token-ids-file"
+        )
     _check_batching(batching, params)
     if engine == "sim":  # the same refusals as `up`, naming the flag (they were tracebacks)
         opts = {"engine": engine, "sim_shape": sim_shape, "sim_hardware": sim_hardware}
@@ -194,7 +215,8 @@ def serve_cmd(
         batching_policy=batching,
         batching_params=params,
     )
-    run_until_signalled(lambda stop: serve(cfg, stop))
+    with bind_errors_named("--port / --metrics-port / --link-port / --health-port / --host"):
+        run_until_signalled(lambda stop: serve(cfg, stop))
 
 
 def _check_batching(name: str, params: object) -> None:

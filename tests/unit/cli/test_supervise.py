@@ -65,6 +65,21 @@ def test_a_restarted_worker_keeps_its_ports_before_engine_args() -> None:
     ]
 
 
+def test_a_restarted_worker_keeps_its_link_and_health_ports() -> None:
+    info: dict[str, object] = {"port": 5001, "metrics_port": 9001, "link_port": 9002}
+    info["health_port"] = 9003
+    out = respawn_args(["worker", "serve"], info, "worker")
+    assert out[2:] == [
+        *("--port", "5001", "--metrics-port", "9001"),
+        *("--link-port", "9002", "--health-port", "9003"),
+    ]
+
+
+def test_a_restarted_worker_without_a_link_gets_no_link_pin() -> None:
+    info: dict[str, object] = {"port": 5001, "link_port": None, "health_port": None}
+    assert "--link-port" not in respawn_args(["worker", "serve"], info, "worker")
+
+
 def test_a_restarted_router_keeps_its_http_and_grpc_ports() -> None:
     out = respawn_args(
         ["router", "serve", "--port", "0"], {"port": 8123, "grpc_port": 50123}, "router"

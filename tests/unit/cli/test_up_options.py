@@ -34,6 +34,8 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--port", "70000"], "--port"),
         (["--grpc-port", "-1"], "--grpc-port"),
         (["--max-model-len", "0"], "--max-model-len"),
+        # the router refuses < 2: up used to start the workers and fail in the router's child
+        (["--max-model-len", "1"], "--max-model-len"),
         (["--sim-time-scale", "-1"], "--sim-time-scale"),
         (["--sim-kv-blocks", "0"], "--sim-kv-blocks"),
         (["--sim-shape", "nope"], "--sim-shape"),

@@ -7,6 +7,8 @@ Before: `--port 70000` served on 4464 and `--port -1` on 65535 (wrapped modulo 6
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -66,3 +68,32 @@ def test_sim_engine_options_are_refused_as_up_refuses_them(args: list[str], flag
     r = CliRunner().invoke(worker, ["serve", *args])
     assert r.exit_code == 2, r.output
     assert flag in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--vocab-size", "0"], "--vocab-size"),
+        (["--vocab-size", "-5"], "--vocab-size"),
+        (["--first-token-id", "-1"], "--first-token-id"),
+        (["--first-token-id", "5000"], "--first-token-id"),
+        (["--vocab-size", "16"], "--first-token-id"),  # the default first id 16 is not below 16
+        (["--log-level", "bogus"], "--log-level"),
+        (["--role", "bogus"], "--role"),
+        (["--batching-params", "{bad"], "--batching-params"),
+    ],
+)
+def test_sim_token_and_log_options_are_refused_naming_the_flag(args: list[str], flag: str) -> None:
+    """These were tracebacks once the worker had started (or errors naming no flag)."""
+    r = CliRunner().invoke(worker, ["serve", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+
+
+@pytest.mark.parametrize("ids", ['["a"]', "[5000]", "[-1]", "{"])
+def test_a_token_ids_file_that_cannot_be_used_is_refused(ids: str, tmp_path: Path) -> None:
+    path = tmp_path / "ids.json"
+    path.write_text(ids)
+    r = CliRunner().invoke(worker, ["serve", "--token-ids-file", str(path)])
+    assert r.exit_code == 2, r.output
+    assert "--token-ids-file" in r.output

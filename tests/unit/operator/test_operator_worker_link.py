@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from splitserve.api import v1alpha1 as v1
-from splitserve.api.router import RouterFile
+from splitserve.api.router import PoolSettings, RouterFile
 from splitserve.cli.router import config_from_file
 from splitserve.operator import render, validate
 from tests.unit.operator.test_render_pod import make_spec, objects, worker_pod
@@ -112,3 +112,11 @@ def test_a_bad_link_is_refused_naming_the_field() -> None:
         validate.validate_object(obj, validate.load_crd_schemas(ROOT / "charts/splitserve/crds"))
         == []
     )
+
+
+def test_a_router_file_without_pool_gets_the_documented_default_link() -> None:
+    """router.yaml without `pool` (written by hand, or by an operator older than `pool.link`)
+    means the same link as a file that names none of the router's settings: `stream`."""
+    file, _ = RouterFile.from_configmap({"model": {"name": "m", "source": "s"}})
+    assert file.pool.link is v1.WorkerLink.STREAM
+    assert file.router_config().pool.link == PoolSettings().link == "stream"
