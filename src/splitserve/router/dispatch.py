@@ -41,6 +41,7 @@ from splitserve.core.clock import Clock
 from splitserve.core.errors import ConfigError, NoEligibleEndpoint
 from splitserve.core.ids import EndpointId
 from splitserve.core.request import FinishReason, Request, TokenLogprobs
+from splitserve.core.roles import Role
 from splitserve.obs import tracing
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import (
@@ -62,7 +63,7 @@ from splitserve.router.fast_lane import FastLane
 from splitserve.router.kv_source import is_member, kv_source_problem
 from splitserve.router.ledger import Ledger
 from splitserve.router.mux import MuxLink, MuxLinks, MuxStream
-from splitserve.router.pool_view import PoolView
+from splitserve.router.pool_view import PoolView, UnknownEndpoint
 from splitserve.router.profiles import build_decider
 from splitserve.router.rebalance import LiveRebalancer
 from splitserve.router.request_stats import RequestStats, outcome_of
@@ -826,7 +827,21 @@ class Dispatch:
             finally:
                 self._trace.end("decode")
                 self._d.pool.release(eid)
-        raise WorkersFailed(f"no decode worker could finish request {self.request.id}")
+        raise WorkersFailed(
+            f"no {self._roles_word(queue)} worker could finish request {self.request.id}"
+        )
+
+    def _roles_word(self, eids: Sequence[EndpointId]) -> str:
+        """The roles of the workers `eids` as the error names them ("mixed", "decode", "decode
+        or mixed"); a worker gone from the pool counts as a decode worker."""
+        roles = set()
+        for eid in eids:
+            try:
+                roles.add(self._d.pool.view(eid).role)
+            except UnknownEndpoint:
+                roles.add(Role.DECODE)
+        names = [r.value for r in (Role.DECODE, Role.MIXED) if r in roles]
+        return " or ".join(names) or "decode"
 
     def _step_age(self, eid: EndpointId) -> Callable[[], float | None]:
         """Seconds since `eid`'s engine last reported a step (None: unknown), for `StallTimer`."""

@@ -90,7 +90,7 @@ async def test_a_broken_stream_fails_over_and_the_next_request_reopens_it(
     assert link._call is not None
     link._call.cancel()  # the stream breaks under the open request
     # No other worker: the request fails, as it would have with its own call broken.
-    with pytest.raises(WorkersFailed, match="no decode worker could finish"):
+    with pytest.raises(WorkersFailed, match="no mixed worker could finish"):
         await task
     hold.set()
     assert await _run(stack.dispatcher.open(_request("b"))) == list(COMPLETION[:5])
