@@ -579,7 +579,9 @@ class FileDiscovery:
     After applying a version of the file it writes that text to `applied_path(path)`, so the
     writer knows when a fence (or a removal) is in effect in the router before it drains or
     stops the worker. A file that does not parse is logged and left unapplied (the pool keeps
-    what it had); a missing file changes nothing.
+    what it had); a missing file changes nothing (`up` may write it after the router starts),
+    but is logged at WARNING when the router starts without it (a mistyped path served with no
+    workers and said nothing) and again, at INFO, when it appears.
     """
 
     def __init__(self, pool: Membership, path: str, poll_s: float = 0.1) -> None:
@@ -589,9 +591,18 @@ class FileDiscovery:
         self.applied: dict[str, EndpointState] = {}
         self.applied_text: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._missing = False
+        """The file was missing at the last poll (logged once until it appears)."""
 
     async def start(self) -> None:
         await self.poll()
+        if self._missing:
+            log.warning(
+                "workers file %s (--workers-file) does not exist: serving with no workers from "
+                "it until it is created (it is re-read every %g s)",
+                self.path,
+                self.poll_s,
+            )
         if self._task is None:
             self._task = asyncio.create_task(self.run(), name="file-discovery")
 
@@ -613,7 +624,13 @@ class FileDiscovery:
     async def poll(self) -> None:
         """Apply the file if it changed since the last poll."""
         text = _read_text(self.path)  # a small local file: read inline, not in a thread
-        if text is None or text == self.applied_text:
+        if text is None:
+            self._missing = True
+            return
+        if self._missing:
+            self._missing = False
+            log.info("workers file %s exists now: applying it", self.path)
+        if text == self.applied_text:
             return
         try:
             desired = endpoints_from_file(text)

@@ -102,3 +102,28 @@ def test_started_discovery_follows_the_file(tmp_path: Path) -> None:
         await d.stop()
 
     asyncio.run(main())
+
+
+def test_a_missing_file_is_warned_about_at_start_then_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mistyped `--workers-file` served with zero workers and said nothing; the file may be
+    created later by design (docs/autoscaling.md), so the router starts and says so."""
+
+    async def main() -> None:
+        path = tmp_path / "workers.json"
+        pool = FakePool()
+        d = FileDiscovery(pool, str(path), poll_s=3600)
+        with caplog.at_level("WARNING", logger="splitserve.router.discovery"):
+            await d.start()
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1
+        assert str(path) in warnings[0]
+        assert "--workers-file" in warnings[0]
+        assert "does not exist" in warnings[0]
+        write(path, ep("a:1"))
+        await d.poll()  # created later: followed
+        assert pool.fenced == {"a:1": False}
+        await d.stop()
+
+    asyncio.run(main())
