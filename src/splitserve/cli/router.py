@@ -206,6 +206,8 @@ def serve_cmd(
     if config_json is not None:
         _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
         return
+    if tokenizer is not None:
+        _check_tokenizer_dir(tokenizer)
     flags: dict[str, Any] = {
         "edge": ("edge_values", edge_settings(edge_values)),
         "worker_addresses": ("workers", workers),
@@ -290,6 +292,26 @@ def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
                 f"{value!r}: expected HOST:PORT with a port from 1 to 65535", param_hint="--worker"
             )
     return values
+
+
+def _check_tokenizer_dir(path: Path) -> None:
+    """`--tokenizer` must be a directory with a tokenizer in it (transformers' traceback from
+    deep inside the router's start-up was all a missing one got)."""
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a directory"
+        raise click.BadParameter(
+            f"{str(path)!r} {what}: expected a Hugging Face tokenizer directory",
+            param_hint="--tokenizer",
+        )
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise click.BadParameter(
+            f"{str(path)!r} holds none of {', '.join(_TOKENIZER_FILES)}",
+            param_hint="--tokenizer",
+        )
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+"""A Hugging Face tokenizer directory holds at least one of these."""
 
 
 def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:

@@ -1,0 +1,32 @@
+"""`splitserve router serve` refuses a bad `--tokenizer` with a usage error naming the flag (it
+was a transformers traceback from deep inside the router's start-up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from splitserve.cli.main import cli
+
+
+def _serve(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["router", "serve", "--worker", "127.0.0.1:1", *args])
+    return result.exit_code, result.output
+
+
+def test_a_missing_tokenizer_directory_is_a_usage_error(tmp_path: Path) -> None:
+    code, out = _serve("--tokenizer", str(tmp_path / "nonexistent"))
+    assert code == 2
+    assert "--tokenizer" in out
+    assert "does not exist" in out
+    assert "Traceback" not in out
+
+
+def test_a_file_or_an_empty_directory_is_no_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    code, out = _serve("--tokenizer", str(tmp_path / "f"))
+    assert (code, "is not a directory" in out, "--tokenizer" in out) == (2, True, True)
+    (tmp_path / "empty").mkdir()
+    code, out = _serve("--tokenizer", str(tmp_path / "empty"))
+    assert (code, "tokenizer.json" in out, "--tokenizer" in out) == (2, True, True)
