@@ -411,9 +411,13 @@ class Dispatch:
             if isinstance(err, NoEligibleEndpoint):
                 cond = unavailable_condition(self._d.pool.views())
                 self._d.metrics.unavailable.labels(cond).inc()
+                if unreachable := self._d.pool.unreachable_text():
+                    error = NoEligibleEndpoint(f"{err}; {unreachable}")
                 log.warning(
-                    "request %s: no worker can take it (%s): %s", self.request.id, cond, err
+                    "request %s: no worker can take it (%s): %s", self.request.id, cond, error
                 )
+                if error is not err:
+                    raise error from err
             raise
         finally:
             self._drop_early()

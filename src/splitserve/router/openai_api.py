@@ -383,7 +383,9 @@ def create_app(
         num_ready = sum(1 for v in views if v.accepts_work and v.role.can_decode)
         if num_ready:
             return JSONResponse({"status": "ready", "decode_endpoints": num_ready})
-        return ApiError(503, "no decode-capable worker is ready", "service_unavailable").response()
+        down = pool.unreachable_text()
+        why = f"no decode-capable worker is ready{'; ' + down if down else ''}"
+        return ApiError(503, why, "service_unavailable").response()
 
     @app.get("/metrics")
     async def metrics() -> Response:

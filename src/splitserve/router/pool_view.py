@@ -26,6 +26,13 @@ feed ops (INVALID_ARGUMENT) keeps its gRPC feeds. Approximation: a worker whose 
 answers but whose link port does not (a firewall on the link port only) turns ready at each
 gRPC report and not ready when the link then fails, with the growing back-off; its requests
 fail over the link either way.
+
+A worker whose channel cannot connect (refused, or a plaintext router against a mutual-TLS
+worker, whose handshake fails) is not silent: while the `WatchLoad` call waits for the channel,
+a watcher of the channel's connectivity logs at WARNING the worker, the channel state and the
+connection error (from a call that does not wait: gRPC's last error), at the first failure and
+then at most once per `UNREACHABLE_LOG_EVERY_S` while it persists; the reason is
+kept (`unreachable()`) for the 503 and `/ready` to name, and cleared by the next report.
 """
 
 from __future__ import annotations
@@ -81,6 +88,18 @@ class _Endpoint:
     """With `pool.link: stream`: the worker serves the feeds on its link (False once it
     answered INVALID_ARGUMENT: a worker that predates them)."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    unreachable: str | None = None
+    """Why its channel does not connect (the last failure seen), until a report comes."""
+    unreachable_since_s: float = 0.0
+    unreachable_logged_s: float = float("-inf")
+    unreachable_checks: int = 0
+    """Times its channel was seen failing to connect (each at most one WARNING)."""
+
+
+UNREACHABLE_LOG_EVERY_S = 60.0
+"""An unreachable worker is logged at its first failure, then at most this often (pool clock)."""
+UNREACHABLE_RECHECK_S = 5.0
+"""How often a channel that stays in TRANSIENT_FAILURE is looked at again."""
 
 
 class UnknownEndpoint(KeyError):  # noqa: N818 - a lookup miss, like KeyError
@@ -247,6 +266,21 @@ class PoolView:
         if ep is not None and ep.inflight > 0:
             ep.inflight -= 1
 
+    def unreachable(self) -> dict[EndpointId, str]:
+        """The workers whose channel fails to connect, with the last connection error."""
+        return {
+            eid: ep.unreachable
+            for eid, ep in sorted(self._endpoints.items())
+            if ep.unreachable is not None and not ep.connected
+        }
+
+    def unreachable_text(self) -> str:
+        """`unreachable()` for a 503 or `/ready` ("" if none)."""
+        down = self.unreachable()
+        return (
+            "unreachable: " + "; ".join(f"{e} ({why})" for e, why in down.items()) if down else ""
+        )
+
     def view(self, eid: str) -> EndpointView:
         return self._view(self._get(eid), self._clock.now_s())
 
@@ -400,6 +434,9 @@ class PoolView:
             return False
         first = ep.report is None
         ep.report, ep.report_at_s, ep.connected = report, self._clock.now_s(), True
+        if ep.unreachable is not None:
+            log.warning("worker %s is reachable again", ep.id)
+            ep.unreachable, ep.unreachable_logged_s = None, float("-inf")
         self.latency.observe_pull_totals(ep.id, report.kv_pulled_tokens, report.kv_pull_seconds)
         if ep.stale:
             self._stale_changed(ep, False, ep.report_at_s)
@@ -427,12 +464,25 @@ class PoolView:
                     # <= 0.5 s, core/channels.py) and starts the moment the worker listens again.
                     call = ep.stub.WatchLoad(request, wait_for_ready=True)
                     moved = False
-                    async for report in call:
-                        got_report |= self._take(ep, report)
-                        if self.feed_link(ep.id) is not None:
-                            call.cancel()  # the feed moves onto the worker's stream link
-                            moved = True
-                            break
+                    # ... which is silent: a channel that fails to connect is watched aside.
+                    watcher = (
+                        asyncio.create_task(self._watch_channel(ep, ep.channel, request))
+                        if isinstance(ep.channel, aio.Channel)
+                        else None
+                    )
+                    try:
+                        async for report in call:
+                            if watcher is not None:
+                                watcher.cancel()
+                                watcher = None
+                            got_report |= self._take(ep, report)
+                            if self.feed_link(ep.id) is not None:
+                                call.cancel()  # the feed moves onto the worker's stream link
+                                moved = True
+                                break
+                    finally:
+                        if watcher is not None:
+                            watcher.cancel()
                     if moved:
                         continue
                     log.warning("load stream of %s ended", ep.id)
@@ -450,6 +500,57 @@ class PoolView:
             delay_s = self._settings.reconnect_min_s if got_report else delay_s
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, self._settings.reconnect_max_s)
+
+    async def _watch_channel(
+        self, ep: _Endpoint, channel: aio.Channel, request: worker_pb2.WatchLoadRequest
+    ) -> None:
+        """While the load call waits for `channel` to connect: a channel in TRANSIENT_FAILURE
+        (gRPC keeps it there across its retries) is noted and logged at WARNING, rate-limited,
+        with gRPC's error; looked at again every `UNREACHABLE_RECHECK_S`."""
+        state = channel.get_state(try_to_connect=True)
+        while True:
+            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                await self._connect_failed(ep, request)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(UNREACHABLE_RECHECK_S):
+                    await channel.wait_for_state_change(state)
+            state = channel.get_state()
+
+    async def _connect_failed(self, ep: _Endpoint, request: worker_pb2.WatchLoadRequest) -> None:
+        ep.unreachable_checks += 1
+        now_s = self._clock.now_s()
+        first = ep.unreachable is None
+        if first:
+            ep.unreachable_since_s = now_s
+        elif now_s - ep.unreachable_logged_s < UNREACHABLE_LOG_EVERY_S:
+            return
+        # A call that does not wait for the channel fails at once with its last error.
+        error = "TRANSIENT_FAILURE"
+        probe = ep.stub.WatchLoad(request, wait_for_ready=False, timeout=10.0)
+        try:
+            await probe.read()
+        except grpc.RpcError as err:
+            if isinstance(err, aio.AioRpcError):
+                error = f"{err.code().name}: {err.details()}"
+        finally:
+            probe.cancel()
+        ep.unreachable, ep.unreachable_logged_s = error, now_s
+        hint = (
+            "; a worker serving mutual TLS refuses a plaintext router (give it --tls-dir)"
+            if tls.identity() is None
+            else ""
+        )
+        log.warning(
+            "worker %s is unreachable (channel TRANSIENT_FAILURE for %.0f s): %s%s; gRPC keeps "
+            "retrying (logged again every %g s while it persists)",
+            ep.id,
+            now_s - ep.unreachable_since_s,
+            error,
+            hint,
+            UNREACHABLE_LOG_EVERY_S,
+        )
+        if first:
+            self._notify()
 
     async def _watch_link(
         self, ep: _Endpoint, link: MuxLink, request: worker_pb2.WatchLoadRequest

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from grpc import aio
 from prometheus_client import CollectorRegistry
 
+from splitserve._gen.v1 import worker_pb2_grpc
 from splitserve.api.router import PoolSettings
 from splitserve.core.clock import ManualClock, SystemClock
 from splitserve.core.ids import EndpointId
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.policy.placement import EndpointView
+from splitserve.router import pool_view
 from splitserve.router.pool_view import PoolView, UnknownEndpoint
-from tests.unit.router.conftest import FAST_POOL, WorkerFactory, sample
+from splitserve.security import tls
+from splitserve.security.ca import local_pki
+from tests.fakes.fake_worker import FakeWorker, Script
+from tests.unit.router.conftest import FAST_POOL, MODEL, StackFactory, WorkerFactory, sample
 
 
 def _ready(pool: PoolView, eid: str) -> bool:
@@ -196,3 +205,84 @@ async def test_pull_rate_from_the_reports_and_pending_pulls_from_the_ledger(
         pool.ledger.reserve(EndpointId(d.address), "a", prefill=False, num_prompt_tokens=700,
                             predicted_output_tokens=4, block_size=16, pulls=True)  # fmt: skip
         assert pool.view(d.address).pending_pull_tokens == 700
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    yield local_pki(tmp_path, "svc", now=dt.datetime.now(dt.UTC))
+    tls.configure(None)
+
+
+async def _tls_worker(pki: dict[str, Path]) -> tuple[aio.Server, FakeWorker]:
+    """A fake decode worker serving mutual TLS; this process then connects in plaintext."""
+    tls.configure(pki["worker"])
+    server = aio.server()
+    worker = FakeWorker(Script(role=Role.DECODE))
+    worker_pb2_grpc.add_WorkerServicer_to_server(worker, server)
+    worker.address = f"127.0.0.1:{tls.add_port(server, '127.0.0.1:0')}"
+    await server.start()
+    tls.configure(None)  # the router: no --tls-dir
+    return server, worker
+
+
+async def test_a_plaintext_router_against_a_tls_worker_says_why_it_is_not_ready(
+    pki: dict[str, Path], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool waited on `WatchLoad(wait_for_ready=True)` in silence: the router answered 503
+    "not ready (no live load stream)" and logged nothing. Now a WARNING names the worker and
+    the connection error, rate-limited on the pool's clock (not once per retry), and the
+    reason is kept for the 503."""
+    monkeypatch.setattr(pool_view, "UNREACHABLE_RECHECK_S", 0.02)  # looked at often
+    server, worker = await _tls_worker(pki)
+    address = worker.address
+    clock = ManualClock(100.0)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    async def checked(n: int) -> None:
+        async with asyncio.timeout(10):
+            while ep.unreachable_checks < n:  # noqa: ASYNC110 - no event for it
+                await asyncio.sleep(0.01)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="splitserve.router.pool_view"):
+            async with PoolView([address], clock=clock, settings=FAST_POOL) as pool:
+                await pool.wait_for(lambda pv: bool(pv.unreachable()), 10)
+                assert not pool.view(address).ready
+                assert list(pool.unreachable()) == [address]
+                assert address in pool.unreachable_text()
+                assert "UNAVAILABLE" in pool.unreachable_text()
+                ep = pool._get(address)
+                await checked(ep.unreachable_checks + 3)
+                assert len(warnings()) == 1  # seen failing again, the clock not moved
+                clock.advance(pool_view.UNREACHABLE_LOG_EVERY_S)
+                await checked(ep.unreachable_checks + 2)
+                assert len(warnings()) == 2
+        first = warnings()[0]
+        assert address in first
+        assert "unreachable" in first
+        assert "TRANSIENT_FAILURE" in first
+        assert "--tls-dir" in first
+    finally:
+        await server.stop(None)
+
+
+async def test_the_503_and_ready_name_the_unreachable_worker(
+    pki: dict[str, Path], make_stack: StackFactory
+) -> None:
+    server, worker = await _tls_worker(pki)
+    try:
+        stack = await make_stack(worker, wait=False)
+        await stack.pool.wait_for(lambda pv: bool(pv.unreachable()), 10)
+        async with stack.client() as client:
+            ready = await client.get("/ready")
+            r = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            )
+        for resp in (ready, r):
+            assert resp.status_code == 503
+            message = resp.json()["error"]["message"]
+            assert f"unreachable: {worker.address} (UNAVAILABLE" in message
+    finally:
+        await server.stop(None)
