@@ -65,6 +65,9 @@ class Script:
     kv_pulled_tokens: int = 0
     kv_pull_seconds: float = 0.0
     """The KV pull totals the worker reports (`LoadReport.kv_pulled_tokens` / `kv_pull_seconds`)."""
+    refuse_kv_follows: bool = False
+    """Decode refuses `kv_follows` (INVALID_ARGUMENT), as a worker from before the early Decode
+    that checks its requests."""
     multiplex: bool = True
     """Serve `Multiplex` (the worker's own `worker.mux` over these scripted handlers); False:
     answer UNIMPLEMENTED, as a worker from before it, so the router uses a call per request."""
@@ -221,6 +224,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         self._record("Decode", request)
         first = request.first_token_id
+        if request.kv_follows and self.script.refuse_kv_follows:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown field kv_follows")
         if request.kv_follows:  # sent before the prefill answered: its KV comes on the stream
             handoff = getattr(context, "handoff", None)
             if handoff is None:

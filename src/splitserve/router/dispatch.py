@@ -638,6 +638,7 @@ class Dispatch:
             and sub.follow(worker_pb2.DecodeKv(first_token_id=first_token_id, kv=kv))
         ):
             return sub
+        self._note_refused(e_eid, sub)
         sub.cancel()
         return None
 
@@ -646,7 +647,22 @@ class Dispatch:
         worker drops it (it holds nothing of the request's before its KV comes)."""
         early, self._early = self._early, None
         if early is not None:
+            self._note_refused(*early)
             early[1].cancel()
+
+    def _note_refused(self, eid: EndpointId, sub: MuxStream) -> None:
+        """An early Decode the worker refused (an older worker: no `kv_follows`): logged once
+        and counted; its link sends it no more until it reconnects (`MuxLink.early_refused`),
+        rather than a refused call and an ordinary one for every request."""
+        if not sub.refused() or sub.link.early_refused:
+            return
+        sub.link.early_refused = True
+        self._fallback("early_decode_refused")
+        log.warning(
+            "decode worker %s refused an early Decode (kv_follows; an older worker?): sending it "
+            "ordinary Decodes until its link reconnects",
+            eid,
+        )
 
     def _decode_order(self, placement: Placement) -> tuple[EndpointId, ...]:
         """The decode candidates, the one Aladdin's re-balancing moved the share to first."""

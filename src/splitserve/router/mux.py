@@ -232,6 +232,20 @@ class MuxStream:
     def remaining_s(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - self._loop.time())
 
+    def refused(self) -> bool:
+        """It ended with the worker refusing the request as sent (INVALID_ARGUMENT or
+        UNIMPLEMENTED): for an early Decode, a worker that does not take `kv_follows`."""
+        err = self._error
+        return (
+            self._ended
+            and isinstance(err, aio.AioRpcError)
+            and err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+        )
+
+    @property
+    def link(self) -> MuxLink:
+        return self._link
+
     def follow(self, decode_kv: worker_pb2.DecodeKv) -> bool:
         """An early Decode's (`MuxLink.early_decode`) first token and KV handle, sent on this
         sub-request. False when it has ended (the worker refused it, went away, or the link
@@ -293,6 +307,10 @@ class MuxLink:
         self.loop = asyncio.get_running_loop()
         self.supported = True
         """False once the worker answered UNIMPLEMENTED: every request uses its own call."""
+        self.early_refused = False
+        """The worker refused an early Decode (`kv_follows`, an older worker) on the current
+        stream: `early_decode` sends none until that stream ends (the worker restarted, maybe
+        upgraded; the next stream tries again)."""
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._subs: dict[int, MuxStream] = {}
@@ -335,7 +353,7 @@ class MuxLink:
     ) -> MuxStream | None:
         """A Decode sent with `kv_follows` before the prefill answers; `MuxStream.follow` sends
         its first token and KV. None when the worker is known not to serve Multiplex."""
-        if not self.supported:
+        if not self.supported or self.early_refused:
             return None
         stub = self.stub
         sub: MuxStream
@@ -533,6 +551,7 @@ class MuxLink:
         if call is not self._call:
             return
         self._call = None
+        self.early_refused = False  # the next stream may reach a new (upgraded) worker
         self._pending = worker_pb2.MuxRequest()
         self._held.clear()
         self._write_wake.set()  # lets the writer see the call is gone

@@ -188,6 +188,13 @@ class RouterServer:
             len(self.config.worker_addresses),
             _discovery_note(self.config),
         )
+        if self.config.dispatch.early_decode:
+            log.info(
+                "early decode on (--early-decode): P/D Decodes go to the decode worker at "
+                "placement with kv_follows; a worker that refuses them gets ordinary Decodes "
+                "until its link reconnects (splitserve_router_fallbacks_total"
+                '{reason="early_decode_refused"})'
+            )
 
     def _charged_max_tokens(self) -> int:
         """What a tenant's token limit charges a request that names no `max_tokens`: the

@@ -4,6 +4,7 @@ its first token and KV handle after the prefill answers, on the same Multiplex s
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +18,8 @@ from splitserve.core.roles import Role
 from splitserve.router.mux import StreamLink
 from splitserve.worker import link as worker_link
 from tests.fakes.fake_worker import FakeWorker
-from tests.unit.router.conftest import StackFactory, WorkerFactory
+from tests.unit.router import conftest
+from tests.unit.router.conftest import ServerFactory, StackFactory, WorkerFactory
 from tests.unit.router.test_mux import COMPLETION, _request, _run
 
 EARLY = DispatchSettings(early_decode=True)
@@ -134,3 +136,57 @@ async def test_the_kv_follows_on_the_stream_link_too() -> None:
     finally:
         await link.close()
         server.close()
+
+
+@pytest.mark.parametrize("link", ["grpc", "stream"])
+async def test_a_worker_that_refuses_kv_follows_gets_no_more_early_decodes(
+    make_worker: WorkerFactory,
+    make_stack: StackFactory,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    link: str,
+) -> None:
+    """An older decode worker refuses `kv_follows`: before, every request sent it an early
+    Decode (refused) and then an ordinary one, in silence. Now the refusal is logged once and
+    counted, and the worker gets ordinary Decodes until its link reconnects."""
+    monkeypatch.setattr(conftest, "FAST_POOL", conftest.FAST_POOL.model_copy(update={"link": link}))
+    held = asyncio.Event()
+    p = await make_worker(Role.PREFILL, prefill_hold=held)
+    d = await make_worker(Role.DECODE, refuse_kv_follows=True)
+    stack = await make_stack(p, d, dispatch=EARLY)
+    with caplog.at_level(logging.WARNING, logger="splitserve.router.dispatch"):
+        task = asyncio.create_task(_run(stack.dispatcher.open(_request("a"))))
+        await d.wait_call("Decode")  # the early one, refused while the prefill is held
+        held.set()
+        assert await task == list(COMPLETION[:5])
+        for rid in "bc":
+            assert await _run(stack.dispatcher.open(_request(rid))) == list(COMPLETION[:5])
+    assert _early(d) == [True, False, False, False]  # one early Decode, then ordinary ones
+    refusals = [r.getMessage() for r in caplog.records if "refused an early Decode" in r.message]
+    assert len(refusals) == 1
+    assert d.address in refusals[0]
+    assert stack.sample("splitserve_router_fallbacks_total", reason="early_decode_refused") == 1
+    # The worker restarts (upgraded): its link reconnects and early Decodes are tried again.
+    port = int(d.address.rsplit(":", 1)[1])
+    await d.stop()
+    await stack.pool.wait_for(lambda pv: not pv.view(d.address).ready, 10)
+    d.script.refuse_kv_follows = False
+    await d.start(port)
+    await stack.wait_ready()
+    held.clear()
+    task = asyncio.create_task(_run(stack.dispatcher.open(_request("d"))))
+    held.set()
+    assert await task == list(COMPLETION[:5])
+    assert _early(d)[-1] is True
+
+
+async def test_the_router_says_at_start_whether_early_decode_is_on(
+    make_worker: WorkerFactory, make_router: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = await make_worker(Role.DECODE)
+    for early in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="splitserve.router.server"):
+            await make_router(d.address, dispatch=DispatchSettings(early_decode=early))
+        said = [r.getMessage() for r in caplog.records if "early decode on" in r.getMessage()]
+        assert len(said) == int(early)
