@@ -68,6 +68,9 @@ class Script:
     refuse_kv_follows: bool = False
     """Decode refuses `kv_follows` (INVALID_ARGUMENT), as a worker from before the early Decode
     that checks its requests."""
+    refuse_decode_kv: bool = False
+    """Decode refuses when the `decode_kv` of a `kv_follows` Decode comes (INVALID_ARGUMENT), as
+    a worker from before the early Decode that checks only its ops."""
     multiplex: bool = True
     """Serve `Multiplex` (the worker's own `worker.mux` over these scripted handlers); False:
     answer UNIMPLEMENTED, as a worker from before it, so the router uses a call per request."""
@@ -237,6 +240,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 self._record("EarlyDecodeCancelled", request)
                 raise
             self._record("DecodeKv", follow)
+            if self.script.refuse_decode_kv:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown op decode_kv")
             first = follow.first_token_id
         prompt = [*request.prompt_token_ids, first]
         start = self._start_index(prompt)

@@ -207,12 +207,20 @@ class _WorkerFailed(Exception):  # noqa: N818 - internal signal
     """One worker call failed in a way another worker may not (internal to the retry loops)."""
 
     def __init__(
-        self, eid: EndpointId, detail: str, *, unreachable: bool = False, kv_lost: bool = False
+        self,
+        eid: EndpointId,
+        detail: str,
+        *,
+        unreachable: bool = False,
+        kv_lost: bool = False,
+        again_here: bool = False,
     ) -> None:
         super().__init__(f"{eid}: {detail}")
         self.unreachable = unreachable
         self.kv_lost = kv_lost
         """The worker is fine but could not read the prefilled KV (ABORTED)."""
+        self.again_here = again_here
+        """Nothing was done there (an early Decode refused): the same worker, an ordinary call."""
 
 
 def default_decider(
@@ -775,11 +783,12 @@ class Dispatch:
             if kv is not None and not is_member(self._d.pool, kv.source_address):
                 self._fallback("kv_source_left")  # its KV went with it: generate instead
                 kv = None
-            call = (
+            early = (
                 self._take_early(eid, emitted[0] if emitted else 0, kv)
                 if self._early is not None
                 else None
-            ) or self._decode_call(stub, emitted, kv, self._link(eid, stub))
+            )
+            call = early or self._decode_call(stub, emitted, kv, self._link(eid, stub))
             num_before = len(emitted)
             self._d.pool.acquire(eid)
             stall = StallTimer(stall_s, self._step_age(eid))
@@ -821,6 +830,13 @@ class Dispatch:
                         if reason is not None:
                             return
                 except aio.AioRpcError as err:
+                    if early is not None and len(emitted) == num_before and early.refused():
+                        # The worker refused the early Decode when its KV came (an older
+                        # worker): an ordinary Decode there, with the same KV.
+                        self._note_refused(eid, early)
+                        raise _WorkerFailed(
+                            eid, f"early Decode refused: {err.details()}", again_here=True
+                        ) from err
                     self._raise_if_final(eid, err)
                     raise _WorkerFailed(
                         eid,
@@ -835,6 +851,9 @@ class Dispatch:
                     call.cancel()
             except _WorkerFailed as err:
                 log.warning("request %s failed on %s: %s", self.request.id, eid, err)
+                if err.again_here:
+                    queue.insert(i + 1, eid)
+                    continue
                 if kv is not None and err.kv_lost and len(emitted) == num_before:
                     # The worker is fine and already ended the decode: generate there instead.
                     # No Cancel to it: a late one would cancel the retry (same request id).

@@ -190,3 +190,19 @@ async def test_the_router_says_at_start_whether_early_decode_is_on(
             await make_router(d.address, dispatch=DispatchSettings(early_decode=early))
         said = [r.getMessage() for r in caplog.records if "early decode on" in r.getMessage()]
         assert len(said) == int(early)
+
+
+async def test_a_refusal_when_the_kv_comes_is_retried_there_as_an_ordinary_decode(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """A worker that takes the early Decode but refuses its `decode_kv`: before, the request
+    failed with the refusal (INVALID_ARGUMENT: a 400); now the same worker gets an ordinary
+    Decode with the same KV, and no more early ones."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE, refuse_decode_kv=True)
+    stack = await make_stack(p, d, dispatch=EARLY)
+    for rid in "ab":
+        assert await _run(stack.dispatcher.open(_request(rid))) == list(COMPLETION[:5])
+    assert _early(d) == [True, False, False]
+    assert [m.kv.source_address for m in d.requests("Decode")[1:]] == [p.address] * 2
+    assert stack.sample("splitserve_router_fallbacks_total", reason="early_decode_refused") == 1
