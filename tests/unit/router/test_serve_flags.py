@@ -23,10 +23,7 @@ def test_a_missing_tokenizer_directory_is_a_usage_error(tmp_path: Path) -> None:
     assert "Traceback" not in out
 
 
-def test_a_file_or_an_empty_directory_is_no_tokenizer(tmp_path: Path) -> None:
+def test_a_file_is_no_tokenizer_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     code, out = _serve("--tokenizer", str(tmp_path / "f"))
     assert (code, "is not a directory" in out, "--tokenizer" in out) == (2, True, True)
-    (tmp_path / "empty").mkdir()
-    code, out = _serve("--tokenizer", str(tmp_path / "empty"))
-    assert (code, "tokenizer.json" in out, "--tokenizer" in out) == (2, True, True)
