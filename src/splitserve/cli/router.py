@@ -296,13 +296,22 @@ def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
 
 def _check_tokenizer_dir(path: Path) -> None:
     """`--tokenizer` must be a directory (a missing one got transformers' traceback from deep
-    inside the router's start-up). Its files are checked by the tokenizer's own loading."""
-    if not path.is_dir():
-        what = "does not exist" if not path.exists() else "is not a directory"
-        raise click.BadParameter(
-            f"{str(path)!r} {what}: expected a Hugging Face tokenizer directory",
-            param_hint="--tokenizer",
-        )
+    inside the router's start-up). A path that does not exist but could be a Hugging Face hub
+    id (`name` or `org/name`, relative) is left to the loader, as `router.yaml`'s may be one. The
+    directory's files are the loader's to check."""
+    text = str(path)
+    hub_id = (
+        not path.exists()
+        and not path.is_absolute()
+        and not text.startswith((".", "~"))
+        and len(path.parts) <= 2
+    )
+    if path.is_dir() or hub_id:
+        return
+    what = "does not exist" if not path.exists() else "is not a directory"
+    raise click.BadParameter(
+        f"{text!r} {what}: expected a Hugging Face tokenizer directory", param_hint="--tokenizer"
+    )
 
 
 def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:

@@ -640,7 +640,7 @@ def test_cli_config_file_and_overrides(captured: list[RouterConfig], tmp_path: P
             "--port",
             "9000",
             "--tokenizer",
-            "/tok",
+            str(tmp_path),
             "--worker",
             "x:1",
         ],
@@ -656,7 +656,7 @@ def test_cli_config_file_and_overrides(captured: list[RouterConfig], tmp_path: P
     assert from_file.worker_addresses == ()
     assert overridden.http_port == 9000
     assert overridden.grpc_port == 50050  # not given: the file's
-    assert overridden.tokenizer_dir == "/tok"
+    assert overridden.tokenizer_dir == str(tmp_path)
     assert overridden.worker_addresses == ("x:1",)
     assert overridden.discovery == from_file.discovery
 

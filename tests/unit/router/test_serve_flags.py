@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
+import pytest
 from click.testing import CliRunner
 
 from splitserve.cli.main import cli
+from splitserve.cli.router import _check_tokenizer_dir
 
 
 def _serve(*args: str) -> tuple[int, str]:
@@ -27,3 +30,12 @@ def test_a_file_is_no_tokenizer_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     code, out = _serve("--tokenizer", str(tmp_path / "f"))
     assert (code, "is not a directory" in out, "--tokenizer" in out) == (2, True, True)
+
+
+def test_a_hub_id_is_left_to_the_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for value in ("gpt2", "org/name"):
+        _check_tokenizer_dir(Path(value))  # not refused here
+    for value in ("../tok", "a/b/c", "/abs/tok"):
+        with pytest.raises(click.BadParameter, match="does not exist"):
+            _check_tokenizer_dir(Path(value))
