@@ -76,6 +76,7 @@ def plan(
     from splitserve.api.v1alpha1 import DNS_LABEL
     from splitserve.core.perf import HARDWARE, MODELS
     from splitserve.core.roles import Role
+    from splitserve.policy.planner.tp import split_tps
     from splitserve.sim import plan as planner
     from splitserve.sim.autoscale import SloTarget, with_class
     from splitserve.sim.workload import LogNormal, Poisson, parse_azure_trace, scale_to_rate
@@ -95,6 +96,27 @@ def plan(
         raise click.BadParameter("comma-separated integers", param_hint="--tp") from None
     if not degrees or min(degrees) < 1:
         raise click.BadParameter("at least one degree >= 1", param_hint="--tp")
+    shape = MODELS[model]
+    degrees_ok, refused = split_tps(shape.num_heads, shape.num_kv_heads, degrees)
+    explicit = click.get_current_context().get_parameter_source("tps") not in (
+        click.core.ParameterSource.DEFAULT,
+        None,
+    )
+    if refused and (explicit or not degrees_ok):
+        # vLLM refuses such a worker at start-up; a default degree is skipped (said below)
+        raise click.BadParameter(
+            f"{model} ({shape.num_heads} attention heads, {shape.num_kv_heads} KV heads): "
+            + "; ".join(refused.values())
+            + " (vLLM needs heads % TP == 0, and KV heads % TP == 0 or TP % KV heads == 0)",
+            param_hint="--tp",
+        )
+    if refused:
+        click.echo(
+            f"# skipped default TP {', '.join(str(t) for t in refused)}: "
+            + "; ".join(refused.values())
+            + f" of {model} (vLLM would refuse it)"
+        )
+    degrees = tuple(degrees_ok)
     if not 0 < attainment <= 1 or not 0 < percentile <= 1:
         raise click.BadParameter("must be in (0, 1]", param_hint="--attainment/--percentile")
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses

@@ -159,6 +159,7 @@ def serve_cmd(
     Arguments after `--` go to the engine unchanged (vLLM engine arguments).
     """
     logs.setup(log_level, "worker", log_format)
+    _check_engine_flags(engine)
     try:
         parsed_role: Role = parse_role(role)
     except ValueError as err:
@@ -217,6 +218,38 @@ def serve_cmd(
     )
     with bind_errors_named("--port / --metrics-port / --link-port / --health-port / --host"):
         run_until_signalled(lambda stop: serve(cfg, stop))
+
+
+VLLM_ONLY: tuple[str, ...] = ("nixl_port", "revision", "tokenizer")
+"""`worker serve` options only the vLLM engine reads (the sim engine ignored them silently)."""
+SIM_ONLY: tuple[str, ...] = (
+    "sim_shape",
+    "sim_hardware",
+    "sim_time_scale",
+    "sim_latency_model",
+    "sim_kv_blocks",
+    "sim_max_model_len",
+    "vocab_size",
+    "first_token_id",
+    "token_ids_file",
+)
+"""`worker serve` options only the simulated engine reads (vLLM ignored them silently)."""
+
+
+def _check_engine_flags(engine: str) -> None:
+    """Refuse a flag the chosen engine would ignore, naming it and the engine it needs."""
+    ctx = click.get_current_context()
+    other, needs = (VLLM_ONLY, "vllm") if engine == "sim" else (SIM_ONLY, "sim")
+    named = [
+        "--" + n.replace("_", "-")
+        for n in other
+        if ctx.get_parameter_source(n) not in (click.core.ParameterSource.DEFAULT, None)
+    ]
+    if named:
+        raise click.UsageError(
+            f"{', '.join(named)}: {'needs' if len(named) == 1 else 'need'} --engine {needs} "
+            f"(the {engine} engine would ignore {'it' if len(named) == 1 else 'them'})"
+        )
 
 
 def _check_batching(name: str, params: object) -> None:

@@ -346,11 +346,12 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
         f"--link-port={worker_link_port(spec)}",
         f"--tensor-parallel-size={group.tensor_parallel}",
     ]
-    if art.revision_arg:
+    vllm = spec.engine.kind is v1.EngineKind.VLLM  # the sim worker refuses vLLM-only flags
+    if art.revision_arg and vllm:
         args.append(f"--revision={art.revision_arg}")
-    if spec.kv_transfer is not None and spec.engine.kind is v1.EngineKind.VLLM:
+    if spec.kv_transfer is not None and vllm:
         args.append(f"--nixl-port={spec.kv_transfer.side_channel_port}")
-    if spec.model.tokenizer:
+    if spec.model.tokenizer and vllm:
         args.append(f"--tokenizer={spec.model.tokenizer}")
     params = json.loads(spec.engine.batching_params)
     if spec.engine.batching != v1.BatchingPolicyName.FCFS or params:

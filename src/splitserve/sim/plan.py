@@ -26,6 +26,7 @@ from splitserve.core.perf import HARDWARE, MODELS, RooflineModel
 from splitserve.core.roles import Role
 from splitserve.policy.planner.aladdin import LengthStats
 from splitserve.policy.planner.autoscaler import AutoscalerParams, Targets, work_by_role
+from splitserve.policy.planner.tp import tp_refusal
 from splitserve.sim.autoscale import ROLES, RunResult, Setup, SloTarget, run_static
 from splitserve.sim.autoscale_eval import min_static
 from splitserve.sim.workload import WorkItem
@@ -50,7 +51,12 @@ class Candidate:
 
 
 def fits(model: str, hardware: str, tp: int) -> bool:
-    return RooflineModel(MODELS[model], HARDWARE[hardware], tp=tp).kv_capacity_tokens() > 0
+    """`tp` is a degree vLLM allows for the model's heads (`policy.planner.tp`) and leaves KV
+    room after the weights."""
+    shape = MODELS[model]
+    if tp_refusal(shape.num_heads, shape.num_kv_heads, tp) is not None:
+        return False
+    return RooflineModel(shape, HARDWARE[hardware], tp=tp).kv_capacity_tokens() > 0
 
 
 def plan(
@@ -63,7 +69,8 @@ def plan(
     per_pool: bool = False,
 ) -> list[Candidate]:
     """One candidate per TP the model fits on (per (prefill, decode) TP pair with `per_pool`),
-    best (fewest GPUs) first."""
+    best (fewest GPUs) first. A TP that does not divide the model's attention heads (or its KV
+    heads, as vLLM requires) is skipped like one that does not fit (`fits`)."""
     if not items:
         raise ValueError("the workload has no requests")
     span = max(items[-1].arrival_s - items[0].arrival_s, 1e-9)

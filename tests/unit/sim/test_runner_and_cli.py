@@ -107,7 +107,7 @@ def test_reproduce_command_prints_paper_vs_ours(monkeypatch: pytest.MonkeyPatch)
 
     def fake(quick: bool) -> Reproduction:
         calls.append(quick)
-        return Reproduction("DistServe", (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0),), {})
+        return Reproduction("DistServe", (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0, "×"),), {})
 
     monkeypatch.setitem(reproductions.REPRODUCTIONS, "distserve", fake)
     res = CliRunner().invoke(sim, ["reproduce", "distserve", "--quick"])
@@ -177,7 +177,7 @@ def test_latency_gpu_says_when_it_changes_nothing(
     priced by its authors' profile; `--latency gpu` was accepted for them without a word."""
 
     def fake(quick: bool) -> Reproduction:
-        return Reproduction(paper, (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0),), {})
+        return Reproduction(paper, (Comparison("x", 2.0, 1.5, "2.0×", 2.0, 2.0, "×"),), {})
 
     monkeypatch.setitem(reproductions.REPRODUCTIONS, paper, fake)
     res = CliRunner().invoke(sim, ["reproduce", paper, "--quick", "--latency", "gpu"])

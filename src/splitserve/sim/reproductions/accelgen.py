@@ -246,8 +246,10 @@ def run_all(
     return {s: run_system(s, items, slos) for s in systems}
 
 
-def _cmp(name: str, text: str, low: float, high: float, ours: float) -> Comparison:
-    return Comparison(name, low if low == high else math.sqrt(low * high), ours, text, low, high)
+def _cmp(name: str, text: str, low: float, high: float, ours: float, unit: str) -> Comparison:
+    return Comparison(
+        name, low if low == high else math.sqrt(low * high), ours, text, low, high, unit
+    )
 
 
 def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
@@ -259,6 +261,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
             16.0,
             34.0,
             100 * out[base].fast_steps,
+            "pct",
         )
         for base in ("vLLM", "Sarathi")
     ]
@@ -271,6 +274,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
                 37.0,
                 90.0,
                 100 * (ag.attainment - b.attainment),
+                "pct",
             )
         )
         rows.append(
@@ -280,6 +284,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
                 1.43,
                 13.71,
                 ag.goodput_per_s / b.goodput_per_s if b.goodput_per_s > 0 else float("inf"),
+                "×",
             )
         )
         rows.append(
@@ -289,6 +294,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
                 1.61,
                 12.22,
                 b.jct_s / ag.jct_s,
+                "×",
             )
         )
         rows.append(
@@ -298,6 +304,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
                 1.42,
                 11.21,
                 ag.throughput_tok_s / b.throughput_tok_s,
+                "×",
             )
         )
         rows.append(
@@ -307,6 +314,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
                 31.0,
                 63.0,
                 100 * (ag.gpu_util - b.gpu_util),
+                "pct",
             )
         )
     for abl, paper in (
@@ -322,6 +330,7 @@ def comparisons(out: Mapping[str, Outcome]) -> list[Comparison]:
                     paper,
                     paper,
                     1 - out[abl].attainment / ag.attainment,
+                    "−%",
                 )
             )
     return rows

@@ -360,7 +360,13 @@ def aladdin(quick: bool = False, heartbeat_s: float | None = HEARTBEAT_S) -> Rep
         what = "mixed mode, GPUs" if mode == "mixed" else "split-phase decode GPUs"
         comparisons.append(
             Comparison(
-                f"{what}: reduction vs {base}", paper, cut, f"up to −{paper:.0%}", paper, paper
+                f"{what}: reduction vs {base}",
+                paper,
+                cut,
+                f"up to −{paper:.0%}",
+                paper,
+                paper,
+                "−%",
             )
         )
     # Table 3: Eq 6's worker size per model on A100 (planner, no simulation).
@@ -392,6 +398,7 @@ def aladdin(quick: bool = False, heartbeat_s: float | None = HEARTBEAT_S) -> Rep
             "< 4 %",
             0.04,
             0.04,
+            "%",
         )
     )
     comparisons.append(
@@ -402,6 +409,7 @@ def aladdin(quick: bool = False, heartbeat_s: float | None = HEARTBEAT_S) -> Rep
             "< 5 %",
             0.05,
             0.05,
+            "%",
         )
     )
     if len(setup.rates) >= 3:

@@ -261,7 +261,7 @@ def _memory_rows(dataset: Dataset, c: Curves) -> list[Comparison]:
     fig8 = "normalized latency, max over rates (Fig. 8)"
     return [
         Comparison(
-            f"{dataset.name}: Defer / Swap (ALISE) {fig8}", 1.8, defer, "up to 1.8×", 1.8, 1.8
+            f"{dataset.name}: Defer / Swap (ALISE) {fig8}", 1.8, defer, "up to 1.8×", 1.8, 1.8, "×"
         ),
         Comparison(
             f"{dataset.name}: Recompute / Swap (ALISE) {fig8}",
@@ -270,6 +270,7 @@ def _memory_rows(dataset: Dataset, c: Curves) -> list[Comparison]:
             "up to 2.8×",
             2.8,
             2.8,
+            "×",
         ),
     ]
 
@@ -311,6 +312,7 @@ def alise(quick: bool = False) -> Reproduction:
             "up to 2.1× (Fig. 2, OPT-13B on V100: up to 2×)",
             2.0,
             2.1,
+            "×",
         )
     ]
     fig9_rate = bound_rate(share, "vLLM")
@@ -326,6 +328,7 @@ def alise(quick: bool = False) -> Reproduction:
             "0.46 (−46 %; OPT-13B, 2 req/s)",
             0.46,
             0.46,
+            "−%",
         )
     )
     comparisons += _memory_rows(SHAREGPT, share)
@@ -355,6 +358,7 @@ def alise(quick: bool = False) -> Reproduction:
                 "1.5× (Fig. 6b; 1.3–1.8× over models)",
                 1.3,
                 1.8,
+                "×",
             )
         )
         comparisons += _memory_rows(ALPACA, alpaca)

@@ -356,11 +356,11 @@ def _comparisons(ds: str, out: Mapping[str, Sequence[Outcome]], full: bool) -> l
     def gain(base: Sequence[Outcome], attr: str) -> float:
         return _ratio(mean(bros, attr), mean(base, attr))
 
-    def row(name: str, paper: float, ours: float, text: str) -> Comparison:
-        return Comparison(f"{ds}: {name}", paper, ours, text, paper, paper)
+    def row(name: str, paper: float, ours: float, text: str, unit: str) -> Comparison:
+        return Comparison(f"{ds}: {name}", paper, ours, text, paper, paper, unit)
 
     def reduction(name: str, paper: float, ours: float) -> Comparison:
-        return row(name, paper, ours, f"{paper:.4f} (−{paper:.2%})")
+        return row(name, paper, ours, f"{paper:.4f} (−{paper:.2%})", "−%")
 
     lat_v, lat_r = (0.7420, 0.5431) if sharegpt else (0.6961, 0.2577)
     thr_v, thr_r = (0.1129, 0.0880) if sharegpt else (0.1767, 0.1518)
@@ -373,10 +373,16 @@ def _comparisons(ds: str, out: Mapping[str, Sequence[Outcome]], full: bool) -> l
         reduction("RT norm. latency reduction vs RR", lat_r, cut(rr, "norm_latency_s")),
         reduction("BE throughput loss vs vLLM", thr_v, cut(vllm, "be_throughput")),
         reduction("BE throughput loss vs RR", thr_r, cut(rr, "be_throughput")),
-        row("BROS TPOT attainment", tpot_b, mean(bros, "tpot_attainment"), f"{tpot_b:.2%}"),
-        row("RR TPOT attainment", tpot_rr, mean(rr, "tpot_attainment"), f"{tpot_rr:.2%}"),
-        row("TPOT attainment gain vs vLLM", tpot_gv, gain(vllm, "tpot_attainment"), f"{tpot_gv}×"),
-        row("TPOT attainment gain vs RR", tpot_gr, gain(rr, "tpot_attainment"), f"{tpot_gr}×"),
+        row("BROS TPOT attainment", tpot_b, mean(bros, "tpot_attainment"), f"{tpot_b:.2%}", "%"),
+        row("RR TPOT attainment", tpot_rr, mean(rr, "tpot_attainment"), f"{tpot_rr:.2%}", "%"),
+        row(
+            "TPOT attainment gain vs vLLM",
+            tpot_gv,
+            gain(vllm, "tpot_attainment"),
+            f"{tpot_gv}×",
+            "×",
+        ),
+        row("TPOT attainment gain vs RR", tpot_gr, gain(rr, "tpot_attainment"), f"{tpot_gr}×", "×"),
     ]
     if full:
         per_case = "× (mean of per-case ratios)"
@@ -386,12 +392,14 @@ def _comparisons(ds: str, out: Mapping[str, Sequence[Outcome]], full: bool) -> l
                 ttft_gv,
                 gain(vllm, "ttft_attainment"),
                 f"{ttft_gv}{per_case}",
+                "×",
             ),
             row(
                 "TTFT attainment gain vs RR",
                 ttft_gr,
                 gain(rr, "ttft_attainment"),
                 f"{ttft_gr}{per_case}",
+                "×",
             ),
         ]
     return rows
@@ -446,6 +454,7 @@ def _ablations(lines: list[str], outcomes: Sequence[Outcome] | None = None) -> l
             "−29.36%",
             0.2936,
             0.2936,
+            "−%",
         ),
         Comparison(
             "Bi-cache ablation: TTFT attainment gain",
@@ -454,6 +463,7 @@ def _ablations(lines: list[str], outcomes: Sequence[Outcome] | None = None) -> l
             "1.23×",
             1.23,
             1.23,
+            "×",
         ),
         Comparison(
             "Bi-cache ablation: TPOT attainment gain",
@@ -462,6 +472,7 @@ def _ablations(lines: list[str], outcomes: Sequence[Outcome] | None = None) -> l
             "1.63×",
             1.63,
             1.63,
+            "×",
         ),
     ]
 
@@ -546,7 +557,13 @@ def reproduction(
         ours = _mean([o.ttft_attainment for out in results.values() for o in out[name]])
         comparisons.append(
             Comparison(
-                f"{name} TTFT attainment (all cases)", paper, ours, f"{paper:.2%}", paper, paper
+                f"{name} TTFT attainment (all cases)",
+                paper,
+                ours,
+                f"{paper:.2%}",
+                paper,
+                paper,
+                "%",
             )
         )
     if not quick:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copyreg
 import dataclasses
+import math
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -25,7 +26,7 @@ from splitserve.core.perf import (
 )
 from splitserve.core.perf.kvlink import kv_link
 from splitserve.sim.metrics import Goodput
-from splitserve.sim.report import markdown_table
+from splitserve.sim.report import fmt, markdown_table
 
 LATENCY_SOURCES = ("roofline", "gpu")
 """How a reproduction prices steps: `roofline` (analytical, the hardware preset's figures) or
@@ -187,6 +188,19 @@ BAND = 0.25
 """A reproduced number counts as matching when within ±25 % of the paper's."""
 
 
+UNITS = ("", "num", "%", "−%", "pct", "×")
+"""How `Comparison.ours` is printed, so that it reads in the unit of `paper_text`:
+`num` a plain number (3 significant figures, as `paper_text`'s leading number); `%` a fraction
+printed as a percentage (0.969 -> 96.9 %); `−%` a reduction given as a fraction, printed as the
+signed change (0.689 -> −68.9 %, -2.31 -> +231 %); `pct` a number already in percent (or points)
+printed with %; `×` a ratio printed with ×. `""` (unset) prints a plain number and is refused
+when `paper_text` shows a % or × (the row would print "65.49%" beside "0.969")."""
+
+
+def _sig(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
 @dataclass(frozen=True, slots=True)
 class Comparison:
     name: str
@@ -196,10 +210,38 @@ class Comparison:
     """The paper's claim as stated (ranges stay ranges)."""
     paper_low: float
     paper_high: float
+    unit: str = ""
+    """How `ours` is printed (`UNITS`); the band compares the raw numbers either way."""
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"{self.name}: unit {self.unit!r} is not one of {UNITS}")
+        if not self.unit and ("%" in self.paper_text or "×" in self.paper_text):
+            raise ValueError(
+                f"{self.name}: the paper's {self.paper_text!r} has a unit; say which `unit` "
+                "`ours` is printed in"
+            )
 
     @property
     def within_band(self) -> bool:
         return self.paper_low * (1 - BAND) <= self.ours <= self.paper_high * (1 + BAND)
+
+    @property
+    def ours_text(self) -> str:
+        """`ours` in the unit of `paper_text` (`unit`)."""
+        v = self.ours
+        if math.isnan(v):
+            return "-"
+        if self.unit == "%":
+            return f"{_sig(100 * v)} %"
+        if self.unit == "−%":
+            change = -100 * v
+            return ("+" if change > 0 else "−" if change < 0 else "") + f"{_sig(abs(change))} %"
+        if self.unit == "pct":
+            return f"{_sig(v)} %"
+        if self.unit == "×":
+            return f"{_sig(v)}×"
+        return fmt(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +265,7 @@ class Reproduction:
 
     def markdown(self) -> str:
         rows = [
-            [c.name, c.paper_text, c.ours, "yes" if c.within_band else "no"]
+            [c.name, c.paper_text, c.ours_text, "yes" if c.within_band else "no"]
             for c in self.comparisons
         ]
         out = [f"## {self.paper}: paper vs ours\n\n"]

@@ -207,6 +207,7 @@ def distserve(quick: bool = False) -> Reproduction:
             "2.1× (3.3 vs 1.6 req/s/GPU)",
             2.1,
             2.1,
+            "×",
         ),
     ]
     inferred_systems = systems[_FIG1_INFERRED]
@@ -219,6 +220,7 @@ def distserve(quick: bool = False) -> Reproduction:
             "2.1× (3.3 vs 1.6 req/s/GPU)",
             2.1,
             2.1,
+            "×",
         ),
         Comparison(
             f"colocated vLLM goodput per GPU (req/s), {_FIG1_INFERRED}",
@@ -238,6 +240,7 @@ def distserve(quick: bool = False) -> Reproduction:
                 "2.1× (Fig. 1 SLOs not stated)",
                 2.1,
                 2.1,
+                "×",
             )
         )
         comparisons.append(
@@ -248,6 +251,7 @@ def distserve(quick: bool = False) -> Reproduction:
                 "2.0×–3.41× (13B–175B)",
                 2.0,
                 3.41,
+                "×",
             )
         )
     notes = (

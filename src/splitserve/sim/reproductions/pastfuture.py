@@ -148,6 +148,7 @@ def _comparisons(dataset: str, runs: Mapping[str, TokenRun], full: bool) -> list
                 f"{row.evicted_pct} % (artifact re-run {low}-{high} %)",
                 min(row.evicted_pct, low),
                 max(row.evicted_pct, high),
+                "pct",
             )
         )
 

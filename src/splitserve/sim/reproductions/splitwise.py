@@ -320,8 +320,8 @@ def _cost(d: Design) -> float:
     return d.cost_per_hour
 
 
-def _ratio(name: str, paper: float, ours: float, text: str) -> Comparison:
-    return Comparison(name, paper, ours, text, paper, paper)
+def _ratio(name: str, paper: float, ours: float, text: str, unit: str = "×") -> Comparison:
+    return Comparison(name, paper, ours, text, paper, paper, unit)
 
 
 def splitwise(quick: bool = False) -> Reproduction:
@@ -419,6 +419,7 @@ def splitwise(quick: bool = False) -> Reproduction:
                     paper,
                     ours,
                     f"{paper:.2f} (−25 % {label}, Fig. 19)",
+                    "num",
                 )
             )
             if d is not None:
@@ -431,13 +432,28 @@ def splitwise(quick: bool = False) -> Reproduction:
             0.008,
             layer.e2e_mean,
             "0.8 %",
-        ),
-        _ratio("KV serialized: E2E overhead, largest, fraction", 0.03, serial.e2e_max, "up to 3 %"),
-        _ratio(
-            "KV layer-wise: second-token overhead, fraction", 0.165, layer.second_token, "+16.5 %"
+            "%",
         ),
         _ratio(
-            "KV serialized: second-token overhead, fraction", 0.64, serial.second_token, "+64 %"
+            "KV serialized: E2E overhead, largest, fraction",
+            0.03,
+            serial.e2e_max,
+            "up to 3 %",
+            "%",
+        ),
+        _ratio(
+            "KV layer-wise: second-token overhead, fraction",
+            0.165,
+            layer.second_token,
+            "+16.5 %",
+            "%",
+        ),
+        _ratio(
+            "KV serialized: second-token overhead, fraction",
+            0.64,
+            serial.second_token,
+            "+64 %",
+            "%",
         ),
     ]
     notes += [m.label for m in measured]

@@ -221,11 +221,13 @@ def _comparisons(cls: WorkloadClass, vllm: Outcome, tetri: Outcome) -> list[Comp
     if cls.paper_ttft is not None:
         p = cls.paper_ttft
         out.append(
-            Comparison(f"{cls.name}: avg TTFT reduction", p, ttft_cut, f"{p:.2f} (−{p:.0%})", p, p)
+            Comparison(
+                f"{cls.name}: avg TTFT reduction", p, ttft_cut, f"{p:.2f} (−{p:.0%})", p, p, "−%"
+            )
         )
     p = cls.paper_jct
     out.append(
-        Comparison(f"{cls.name}: avg JCT reduction", p, jct_cut, f"{p:.2f} (−{p:.0%})", p, p)
+        Comparison(f"{cls.name}: avg JCT reduction", p, jct_cut, f"{p:.2f} (−{p:.0%})", p, p, "−%")
     )
     return out
 

@@ -11,11 +11,12 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
 import platform
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -789,13 +790,61 @@ def report_interference(res: dict[str, Any]) -> str:
 # -- entry --------------------------------------------------------------------------------------
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low` (argparse names the flag in its error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite float > 0 (`positive`) or >= 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(
+                f"must be {'more than 0' if positive else '0 or more'}, got {text}"
+            )
+        return value
+
+    return parse
+
+
+def _lengths(text: str) -> list[int]:
+    """An argparse type: comma-separated prompt lengths, each an integer >= 1."""
+    out = []
+    for part in text.split(","):
+        try:
+            n = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"comma-separated integers expected, got {part!r} in {text!r}"
+            ) from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"each length must be 1 or more, got {n}")
+        out.append(n)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="kvbench", description=__doc__)
     ap.add_argument("--runs", default="single,interference,sim")
-    ap.add_argument("--lengths", default="128,512,2048")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--idle-s", type=float, default=5.0)
+    ap.add_argument("--lengths", type=_lengths, default=[128, 512, 2048])
+    ap.add_argument("--repeat", type=_at_least(1), default=5)
+    ap.add_argument("--max-tokens", type=_at_least(1), default=8)
+    ap.add_argument("--idle-s", type=_seconds(positive=False), default=5.0)
     ap.add_argument("--model", default="", help="model dir (default: the bench model, generated)")
     ap.add_argument("--sim-shape", default="tiny", help="core.perf shape for the sim runs")
     ap.add_argument("--progress-thread", action="store_true", help="NIXL progress thread on")
@@ -822,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument(
         "--fresh-pairs",
-        type=int,
+        type=_at_least(1),
         default=3,
         help="the fresh run: decode workers started per variant",
     )
@@ -832,10 +881,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the fresh run's variants, comma-separated: window (the default WarmKv), read "
         "(no prefill-side warm-up window), noread (no warm-up READ either)",
     )
-    ap.add_argument("--fresh-requests", type=int, default=10, help="P/D requests per fresh pair")
+    ap.add_argument(
+        "--fresh-requests", type=_at_least(1), default=10, help="P/D requests per fresh pair"
+    )
     ap.add_argument(
         "--fresh-length",
-        type=int,
+        type=_at_least(0),
         default=0,
         help="their prompt length (default: the first of --lengths)",
     )
@@ -859,37 +910,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument(
         "--raw-cold-mib",
-        type=int,
+        type=_at_least(-1),
         default=-1,
         help="the raw reader's cold destination in MiB, READ into least recently written "
         "first beside the warm READs (default -1: the decode worker's KV cache size, "
         "VLLM_CPU_KVCACHE_SPACE; 0: no cold READs)",
     )
-    ap.add_argument("--streams", type=int, default=4)
-    ap.add_argument("--long-len", type=int, default=2048)
-    ap.add_argument("--long-every-s", type=float, default=3.0)
-    ap.add_argument("--duration-s", type=float, default=30.0)
+    ap.add_argument("--streams", type=_at_least(1), default=4)
+    ap.add_argument("--long-len", type=_at_least(1), default=2048)
+    ap.add_argument("--long-every-s", type=_seconds(positive=True), default=3.0)
+    ap.add_argument("--duration-s", type=_seconds(positive=True), default=30.0)
     ap.add_argument("--json", default="", help="also write the raw numbers here")
     args = ap.parse_args(argv)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths: list[int] = args.lengths
     if args.pull_in_step and args.async_pull:
-        raise SystemExit("--pull-in-step and --async-pull exclude each other")
+        ap.error("--pull-in-step and --async-pull exclude each other")
     if args.early_decode and not args.mux:
-        raise SystemExit("--early-decode needs --mux (kv_follows is for Multiplex sub-requests)")
+        ap.error("--early-decode needs --mux (kv_follows is for Multiplex sub-requests)")
     runs = set(args.runs.split(","))
     unknown = runs - {"single", "interference", "sim", "fresh"}
     if unknown:
-        raise SystemExit(f"unknown runs: {sorted(unknown)}")
+        ap.error(f"--runs: unknown runs {sorted(unknown)} (single, interference, sim, fresh)")
+    variants = [v for v in args.fresh_variants.split(",") if v]
+    from splitserve.worker.vllm_adapter.kvbench_fresh import VARIANTS
+
+    if not variants or set(variants) - set(VARIANTS):
+        ap.error(
+            f"--fresh-variants: some of {list(VARIANTS)} expected, got {args.fresh_variants!r}"
+        )
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "splitserve"
     model = args.model or bench_model(cache / "kvbench-model")
     env = {"SPLITSERVE_NIXL_PROGRESS_THREAD": "1"} if args.progress_thread else {}
     if args.no_huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "0"
     env["SPLITSERVE_KV_PULL_IN_STEP"] = "1" if args.pull_in_step else "0"
-    if args.raw_cold_mib < -1:
-        raise SystemExit(
-            f"--raw-cold-mib must be -1 (the KV cache size), 0 or more: {args.raw_cold_mib}"
-        )
     cold_bytes = args.raw_cold_mib * MiB if args.raw_cold_mib >= 0 else decode_kv_bytes(env)
     load = os.getloadavg()
     print(f"# bench-kv ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
@@ -949,7 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 env=env,
                 engine_args=engine_args(n + args.max_tokens + 300),
                 trace=args.trace,
-                variants=[v for v in args.fresh_variants.split(",") if v],
+                variants=variants,
             )
             print("## vLLM, the first requests on fresh pairs (item 3)\n")
             print(kvbench_fresh.report_fresh(res))
