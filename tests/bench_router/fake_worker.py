@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import time
@@ -55,6 +54,7 @@ from grpc import aio
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.core.frames import FrameError, FrameSplitter, frame
 from splitserve.policy.batching.tokens import SyntheticTokens
+from tests.bench_router.ready import announce
 
 WRITE_BUFFER_BYTES: Final = 2048
 """As `worker.link`: above this many unsent bytes the next frame waits (and gathers)."""
@@ -429,9 +429,7 @@ async def serve(role: str, ready_file: Path, step_s: float = 0.0, seq_s: float =
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     engine.address = f"127.0.0.1:{port}"
-    tmp = ready_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"address": engine.address, "pid": os.getpid()}))
-    tmp.replace(ready_file)
+    announce(ready_file, engine.address)
     await server.wait_for_termination()
 
 

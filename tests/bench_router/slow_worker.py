@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from splitserve.worker.mux import MUX_HEADER
+from tests.bench_router.ready import announce
 
 TOKEN_ID = 1000
 """The token every stream repeats (any id the router's tokenizer can decode)."""
@@ -253,9 +252,7 @@ async def serve(interval_s: float, tick_s: float, ready_file: Path) -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     worker.address = f"127.0.0.1:{port}"
-    tmp = ready_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"address": worker.address, "pid": os.getpid()}))
-    tmp.replace(ready_file)
+    announce(ready_file, worker.address)
     await server.wait_for_termination()
 
 
