@@ -156,10 +156,16 @@ def serve_cmd(
 ) -> None:
     """Serve the Worker gRPC API over one engine.
 
-    Arguments after `--` go to the engine unchanged (vLLM engine arguments).
+    Arguments after `--` go to the engine unchanged (vLLM engine arguments; refused with
+    --engine sim).
     """
     logs.setup(log_level, "worker", log_format)
     _check_engine_flags(engine)
+    if engine != "vllm" and engine_args:  # was a warning at start-up, the arguments ignored
+        raise click.UsageError(
+            f"engine arguments after `--` ({' '.join(engine_args)}) apply to --engine vllm "
+            f"only; the {engine} engine takes none (its options are the --sim-* flags)"
+        )
     try:
         parsed_role: Role = parse_role(role)
     except ValueError as err:
