@@ -711,7 +711,8 @@ class EngineSpec(Model):
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     """Kubernetes image pull policy of the worker containers."""
     args: list[str] = Field(default_factory=list, max_length=128)
-    """Extra engine arguments, appended to every worker's command line."""
+    """Extra engine arguments, appended to every worker's command line (after `--`). vLLM
+    only: refused with `kind: sim`."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment variables for every worker container."""
     env_from: list[EnvFromSource] = Field(default_factory=list, max_length=16)
@@ -781,7 +782,8 @@ class WorkerGroup(Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node labels the group's pods must run on."""
     engine_args: list[str] = Field(default_factory=list, max_length=128)
-    """Engine arguments for this group only, after `engine.args`."""
+    """Engine arguments for this group only, after `engine.args` (vLLM only: refused with
+    `engine.kind: sim`)."""
     shm_size: Quantity | None = None
     """Size of the `/dev/shm` memory volume (NCCL, vLLM's workers). Left out: 2Gi per
     tensor-parallel rank for groups with accelerators, none otherwise; `0`: none. Counts
@@ -1250,6 +1252,13 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
         "message": "defaultSloClass must name one of sloClasses",
     },
     {
+        "rule": "!has(self.engine.kind) || self.engine.kind != 'sim' || ("
+        "(!has(self.engine.args) || size(self.engine.args) == 0) && "
+        "self.workerGroups.all(g, !has(g.engineArgs) || size(g.engineArgs) == 0))",
+        "message": "engine.args, workerGroups[].engineArgs: engine arguments apply to "
+        "engine.kind vllm only; the sim engine takes none",
+    },
+    {
         "rule": "!has(self.planner) || !has(self.planner.mode) || self.planner.mode != 'Apply'"
         " || (has(self.scaling) && has(self.scaling.mode) && self.scaling.mode == 'Manual')",
         "message": "planner.mode Apply needs scaling.mode Manual (Managed: the autoscaler sizes "
@@ -1375,6 +1384,16 @@ class LLMServiceSpec(Model):
                 raise ValueError("kvTransfer: the sim engine moves no KV caches (engine.kind vllm)")
             if self.model.cache is not None:
                 raise ValueError("model.cache: the sim engine loads no weights (engine.kind vllm)")
+            # Its workers refuse arguments after `--` (`worker serve`); they were ignored.
+            given = ["engine.args"] if self.engine.args else []
+            given += [
+                f"workerGroups[{g.name}].engineArgs" for g in self.worker_groups if g.engine_args
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: engine arguments apply to engine.kind vllm only; the "
+                    "sim engine takes none"
+                )
         elif self.model.tokenizer is None and self.model.parsed_source().kind is SourceKind.FILE:
             raise ValueError(
                 "model.tokenizer: required with a file:// source (the router cannot read the "

@@ -27,9 +27,11 @@ from splitserve.cli import logs
 from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
+from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
 from splitserve.router.auth import key_sha256_hex, load_key_file
 from splitserve.router.server import RouterServer
+from splitserve.router.tokenizer import TextTokenizer
 
 _PORT: Final = click.IntRange(0, 65535)
 
@@ -204,10 +206,16 @@ def serve_cmd(
     logs.setup(log_level, "router", log_format)
     os.environ["SPLITSERVE_LOG_FORMAT"] = log_format  # --processes children log alike
     if config_json is not None:
-        _serve(RouterConfig.model_validate_json(config_json.read_text()), ready_file, reuse_port)
+        config = RouterConfig.model_validate_json(config_json.read_text())
+        _serve(config, ready_file, reuse_port, False, "--config-json (tokenizer_dir)")
         return
     if tokenizer is not None:
         _check_tokenizer_dir(tokenizer)
+        tokenizer_flag = "--tokenizer"
+    elif config_file is not None:
+        tokenizer_flag = f"--config {config_file} (model.tokenizer, else model.source)"
+    else:
+        tokenizer_flag = "--tokenizer (default: the local byte-level BPE)"
     flags: dict[str, Any] = {
         "edge": ("edge_values", edge_settings(edge_values)),
         "worker_addresses": ("workers", workers),
@@ -277,9 +285,10 @@ def serve_cmd(
     if processes > 1:
         from splitserve.cli.router_processes import supervise
 
+        _router_tokenizer(config, tokenizer_flag)  # refused here, not in each child's log
         supervise(config, processes, ready_file)
         return
-    _serve(config, ready_file, reuse_port, settle_gc)
+    _serve(config, ready_file, reuse_port, settle_gc, tokenizer_flag)
 
 
 def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -298,7 +307,8 @@ def _check_tokenizer_dir(path: Path) -> None:
     """`--tokenizer` must be a directory (a missing one got transformers' traceback from deep
     inside the router's start-up). A path that does not exist but could be a Hugging Face hub
     id (`name` or `org/name`, relative) is left to the loader, as `router.yaml`'s may be one. The
-    directory's files are the loader's to check."""
+    directory's files are the loader's to check (`_router_tokenizer`, which refuses in one line
+    what it cannot load)."""
     text = str(path)
     hub_id = (
         not path.exists()
@@ -324,14 +334,26 @@ def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:
     return tuple(out)
 
 
+def _router_tokenizer(config: RouterConfig, flag: str) -> TextTokenizer:
+    """The router's tokenizer, loaded before anything starts: a hub id it cannot load or a
+    directory without tokenizer files is a usage error naming `flag` (it was transformers'
+    traceback from inside the server's start-up)."""
+    return TextTokenizer(load_tokenizer(config.tokenizer_dir, flag))
+
+
 def _serve(
-    config: RouterConfig, ready_file: Path | None, reuse_port: bool, settle_gc: bool = False
+    config: RouterConfig,
+    ready_file: Path | None,
+    reuse_port: bool,
+    settle_gc: bool = False,
+    tokenizer_flag: str = "--tokenizer",
 ) -> None:
     host = config.http_host
     _raise_fd_limit(config.edge.max_connections)
+    tokenizer = _router_tokenizer(config, tokenizer_flag)
 
     async def main(stop: asyncio.Event) -> None:
-        server = RouterServer(config, reuse_port=reuse_port)
+        server = RouterServer(config, reuse_port=reuse_port, tokenizer=tokenizer)
         server.settle_gc = settle_gc  # read by `start()` (an attribute: test doubles ignore it)
         await server.start()
         if ready_file is not None:

@@ -29,6 +29,7 @@ from splitserve.cli import logs
 from splitserve.cli.process import die_with_parent
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
+from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.core.roles import Role
 
 TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
@@ -425,10 +426,14 @@ def up(**opts: Any) -> None:
         opts["model"] = str(model_dir.resolve())
         tokenizer_dir = opts["tokenizer"] or model_dir
         opts["max_model_len"] = opts["max_model_len"] or 2048
+        # The router loads it once started: refused here, not in the router's log.
+        load_tokenizer(tokenizer_dir, "--tokenizer" if opts["tokenizer"] else "--model")
     else:
         tokenizer_dir = opts["tokenizer"] or default_tokenizer_path()
         opts["max_model_len"] = opts["max_model_len"] or 4096
-        opts["vocab_size"], opts["first_token_id"], clean_ids = tokenizer_vocab(tokenizer_dir)
+        opts["vocab_size"], opts["first_token_id"], clean_ids = tokenizer_vocab(
+            tokenizer_dir, "--tokenizer"
+        )
         if clean_ids:
             opts["token_ids_file"] = run_dir / "token_ids.json"
             opts["token_ids_file"].write_text(json.dumps(clean_ids))
@@ -567,17 +572,16 @@ def default_tokenizer_path() -> Path:
     return default_tokenizer_dir(cache / "tokenizer")
 
 
-def tokenizer_vocab(path: Path) -> tuple[int, int, list[int]]:
+def tokenizer_vocab(path: Path, flag: str = "--tokenizer") -> tuple[int, int, list[int]]:
     """What simulated engines may emit so every token decodes to text.
 
     Returns (end, first, clean ids): the id range [first, end) between the special tokens (they
     sit at the bottom of some vocabularies, ours, and at the top of others, Llama 3), and the ids
     in it that decode on their own to printable text. Byte-level BPE vocabularies hold tokens for
-    lone UTF-8 bytes; drawn at random they would show as U+FFFD.
+    lone UTF-8 bytes; drawn at random they would show as U+FFFD. A path no tokenizer loads from
+    is a `click.BadParameter` naming `flag`.
     """
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = load_tokenizer(path, flag)
     size = len(tok)
     specials = sorted(int(i) for i in tok.all_special_ids)
     low = [i for i in specials if i < size // 2]

@@ -10,6 +10,7 @@ import click
 from splitserve.cli import logs
 from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
+from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
@@ -43,7 +44,11 @@ _PORT = click.IntRange(0, 65535)
     help="Model: a name (sim engine) or a model directory (vLLM).",
 )
 @click.option("--served-model-name", default="", help="Name reported to clients; default --model.")
-@click.option("--tokenizer", default="", help="Tokenizer directory, if not the model's.")
+@click.option(
+    "--tokenizer",
+    default="",
+    help="vLLM: tokenizer directory or hub id, if not the model's (loaded once to check it).",
+)
 @click.option("--revision", default="", help="Model revision (vLLM).")
 @click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
@@ -156,10 +161,16 @@ def serve_cmd(
 ) -> None:
     """Serve the Worker gRPC API over one engine.
 
-    Arguments after `--` go to the engine unchanged (vLLM engine arguments).
+    Arguments after `--` go to the engine unchanged (vLLM engine arguments; refused with
+    --engine sim).
     """
     logs.setup(log_level, "worker", log_format)
     _check_engine_flags(engine)
+    if engine != "vllm" and engine_args:  # was a warning at start-up, the arguments ignored
+        raise click.UsageError(
+            f"engine arguments after `--` ({' '.join(engine_args)}) apply to --engine vllm "
+            f"only; the {engine} engine takes none (its options are the --sim-* flags)"
+        )
     try:
         parsed_role: Role = parse_role(role)
     except ValueError as err:
@@ -183,6 +194,8 @@ def serve_cmd(
             f"token ids must lie in [0, --vocab-size {vocab_size})", param_hint="--token-ids-file"
         )
     _check_batching(batching, params)
+    if engine == "vllm" and tokenizer:  # vLLM loads it at start-up: a traceback there
+        load_tokenizer(tokenizer, "--tokenizer")
     if engine == "sim":  # the same refusals as `up`, naming the flag (they were tracebacks)
         opts = {"engine": engine, "sim_shape": sim_shape, "sim_hardware": sim_hardware}
         check_sim_options(opts | {"sim_latency_model": sim_latency_model}, lambda _name: False)

@@ -108,9 +108,18 @@ def specs(draw: st.DrawFn) -> JsonNode:
             st.lists(st.sampled_from(["prefill", "decode", "mixed"]), min_size=1, unique=True)
         )
     }
+    engine: JsonNode = {"image": "i"}
+    kind = draw(st.one_of(st.none(), st.sampled_from(["vllm", "sim"])))
+    if kind is not None:
+        engine["kind"] = kind
+    if draw(st.booleans()):
+        engine["args"] = draw(st.lists(st.just("--x"), max_size=1))
+    for g in groups:
+        if draw(st.booleans()):
+            g["engineArgs"] = draw(st.lists(st.just("--y"), max_size=1))
     spec: JsonNode = {
         "model": {"name": "m", "source": "s"},
-        "engine": {"image": "i"},
+        "engine": engine,
         "workerGroups": groups,
         "pools": pools,
     }
@@ -133,3 +142,22 @@ def specs(draw: st.DrawFn) -> JsonNode:
 @given(specs())
 def test_cel_rules_match_pydantic(spec: JsonNode) -> None:
     assert cel_accepts(spec) == pydantic_accepts(spec), spec
+
+
+def test_sim_engine_args_refused_by_both() -> None:
+    base: JsonNode = {
+        "model": {"name": "m", "source": "s"},
+        "workerGroups": [{"name": "w", "roles": ["mixed"]}],
+        "pools": {"mixed": {"replicas": 1, "minReplicas": 0}},
+    }
+    for engine, group in (({"args": ["--x"]}, {}), ({}, {"engineArgs": ["--y"]})):
+        spec = {
+            **base,
+            "engine": {"image": "i", "kind": "sim", **engine},
+            "workerGroups": [{"name": "w", "roles": ["mixed"], **group}],
+        }
+        assert not cel_accepts(spec), spec
+        assert not pydantic_accepts(spec), spec
+        vllm = {**spec, "engine": {**spec["engine"], "kind": "vllm"}}
+        assert cel_accepts(vllm), vllm
+        assert pydantic_accepts(vllm), vllm

@@ -2,7 +2,8 @@
 engine it needs.
 
 Before: `--engine sim --revision X` and `--engine sim --nixl-port N` (vLLM-only) were accepted
-and ignored, and so were `--sim-*`, `--vocab-size` and friends with `--engine vllm`."""
+and ignored, and so were `--sim-*`, `--vocab-size` and friends with `--engine vllm`; engine
+arguments after `--` with `--engine sim` were a warning at start-up, then ignored."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ def test_sim_only_flags_refused_with_the_vllm_engine(args: list[str]) -> None:
     assert r.exit_code == 2, r.output
     assert args[0] in r.output
     assert "--engine sim" in r.output
+
+
+def test_engine_args_refused_with_the_sim_engine(started: list[Any]) -> None:
+    r = CliRunner().invoke(worker, ["serve", "--engine", "sim", "--", "--max-model-len", "8"])
+    assert r.exit_code == 2, r.output
+    assert "--max-model-len 8" in r.output  # names the arguments
+    assert "--engine vllm" in r.output
+    assert started == []
+
+
+def test_engine_args_still_reach_the_vllm_engine(started: list[Any]) -> None:
+    r = CliRunner().invoke(
+        worker, ["serve", "--engine", "vllm", "--model", "/m", "--", "--max-model-len", "8"]
+    )
+    assert r.exit_code == 0, r.output
+    assert len(started) == 1
 
 
 def test_the_sim_engine_still_takes_its_own_flags(started: list[Any]) -> None:

@@ -89,6 +89,24 @@ def test_invalid_spec_is_reported_and_backed_off(
     assert events[0]["involvedObject"]["name"] == "tiny"
 
 
+def test_sim_service_with_engine_args_is_refused_naming_the_field(
+    kube: MemoryKube, memo: kopf.Memo
+) -> None:
+    """Its workers would refuse the arguments (they were passed after `--` and ignored): the
+    service reports InvalidSpec naming the field, and no worker Deployment is written."""
+    create_service(kube, engine={"kind": "sim", "image": "img:1", "args": ["--enforce-eager"]})
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    ready = svc["status"]["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.engine.args: engine arguments apply to engine.kind vllm only" in ready["message"]
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is None
+    events = [o for k, o in kube.objects.items() if k[1] == "Event"]
+    assert [e["reason"] for e in events] == ["InvalidSpec"]
+    assert "spec.engine.args" in events[0]["message"]
+
+
 def test_forbidden_is_permanent_reported_with_object_and_field(
     kube: MemoryKube, memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
 ) -> None:

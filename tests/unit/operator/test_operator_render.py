@@ -159,7 +159,8 @@ def test_worker_and_router_accept_the_rendered_command_lines(tmp_path: Path) -> 
     from splitserve.cli.router import router as router_cli
     from splitserve.cli.worker import worker as worker_cli
 
-    spec = make_spec(engine={"kind": "sim", "image": "i", "args": ["--foo", "1"]})
+    # vLLM: engine arguments after `--` are refused with the sim engine (spec and worker CLI).
+    spec = make_spec(engine={"kind": "vllm", "image": "i", "args": ["--foo", "1"]})
     out = by_kind(render.render(spec, render.Observed(REF)))
     worker_args = out[("Deployment", "llama-h100")]["spec"]["template"]["spec"]["containers"][0]
     assert worker_args["args"][:2] == ["worker", "serve"]

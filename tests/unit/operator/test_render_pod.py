@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from splitserve.api import v1alpha1 as v1
-from splitserve.operator import podspec, render, status
+from splitserve.operator import podspec, render, status, validate
 
 REF = render.ServiceRef(name="llama", namespace="ml", uid="uid-1")
 
@@ -419,6 +419,32 @@ def test_sim_engine_refuses_kv_transfer_and_cache() -> None:
         make_spec(engine=base, kvTransfer={})
     with pytest.raises(ValidationError, match=r"model\.cache: the sim engine"):
         make_spec(engine=base, model={"name": "m", "source": "hf://a/b", "cache": {"size": "1Gi"}})
+
+
+def test_sim_engine_refuses_engine_args_naming_each_field() -> None:
+    """They went after `--` on the sim workers' command line, which ignored them (now the
+    worker refuses them too, so the pods would not start)."""
+    base = {"image": "i", "kind": "sim"}
+    groups = [
+        {"name": "a", "roles": ["prefill"], "engineArgs": ["--enforce-eager"]},
+        {"name": "b", "roles": ["decode"]},
+    ]
+    with pytest.raises(ValidationError) as err:
+        make_spec(engine={**base, "args": ["--max-model-len", "8"]}, workerGroups=groups)
+    assert validate.spec_errors(err.value) == [
+        "spec: engine.args, workerGroups[a].engineArgs: engine arguments apply to engine.kind "
+        "vllm only; the sim engine takes none"
+    ]
+    with pytest.raises(ValidationError, match=r"^(?s:.*)workerGroups\[a\]\.engineArgs: engine"):
+        make_spec(engine=base, workerGroups=groups)
+    assert make_spec(engine=base).engine.args == []
+    vllm = make_spec(engine={"image": "i", "args": ["--max-model-len", "8"]}, workerGroups=groups)
+    assert worker_pod(vllm, "a")["containers"][0]["args"][-4:] == [
+        "--",
+        "--max-model-len",
+        "8",
+        "--enforce-eager",
+    ]
 
 
 # --- model artifacts -------------------------------------------------------------------------

@@ -602,7 +602,9 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
     configs: list[RouterConfig] = []
 
     class NoServer:
-        def __init__(self, config: RouterConfig, *, reuse_port: bool = False) -> None:
+        def __init__(
+            self, config: RouterConfig, *, reuse_port: bool = False, tokenizer: object = None
+        ) -> None:
             configs.append(config)
             self.http_port, self.grpc_port = 1, 2
 
@@ -617,6 +619,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
 
     monkeypatch.setattr(cli_router, "RouterServer", NoServer)
     monkeypatch.setattr(cli_router, "run_until_signalled", run_stopped_at_once)
+    # Not loaded: the file names a hub id (tests/unit/cli/test_tokenizer_refusals.py loads).
+    monkeypatch.setattr(cli_router, "_router_tokenizer", lambda *_: None)
     monkeypatch.setattr("splitserve.cli.logs.setup", lambda *a, **k: None)
     return configs
 

@@ -103,7 +103,9 @@ def test_cli_passes_the_switch_and_refuses_a_bad_value(
         yaml.safe_dump({"model": {"name": "m", "source": "file:///m"}, "engine": {"kind": "sim"}})
     )
 
-    def fake_serve(config: RouterConfig, ready: Any, reuse_port: bool, settle: bool) -> None:
+    def fake_serve(
+        config: RouterConfig, ready: Any, reuse_port: bool, settle: bool, *_: Any
+    ) -> None:
         got.append(settle)
 
     monkeypatch.setattr(cli_router, "_serve", fake_serve)
@@ -129,7 +131,9 @@ def test_serve_hands_the_switch_to_the_server(monkeypatch: pytest.MonkeyPatch) -
         settle_gc = False
         http_port, grpc_port = 1, 2
 
-        def __init__(self, config: RouterConfig, *, reuse_port: bool = False) -> None:
+        def __init__(
+            self, config: RouterConfig, *, reuse_port: bool = False, tokenizer: Any = None
+        ) -> None:
             pass
 
         async def start(self) -> None:
@@ -144,6 +148,7 @@ def test_serve_hands_the_switch_to_the_server(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(cli_router, "RouterServer", Double)
     monkeypatch.setattr(cli_router, "run_until_signalled", run_stopped_at_once)
     monkeypatch.setattr(cli_router, "_raise_fd_limit", lambda _: None)
+    monkeypatch.setattr(cli_router, "_router_tokenizer", lambda *_: None)  # none is loaded
     config = RouterConfig(model_name=MODEL, tokenizer_dir="/unused")
     for settle in (True, False):
         cli_router._serve(config, None, False, settle)

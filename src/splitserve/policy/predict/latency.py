@@ -10,7 +10,8 @@
   measurement): an exponentially weighted mean of (tokens pulled since the last report that
   grew) / (pull seconds since then).
 
-Both answer 0 until they have `min_samples` observations (the owner treats 0 as "no estimate").
+`PrefillRate` and `PullRate` share their mean's update (their base, `SmoothedRate`); all answer
+0 until they have `min_samples` observations (the owner treats 0 as "no estimate").
 These are the router's fallback, fitted from its own calls (TTFT of `Prefill`/`Generate`, TPOT
 of streams) for workers whose engine does not report its steps; workers that do are modelled by
 `step_model.OnlineStepModel` from their `WatchSteps` reports.
@@ -23,22 +24,36 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True)
-class PrefillRate:
+class SmoothedRate:
+    """A rate in tokens per second, an exponentially weighted mean of its samples: the first
+    sample as is, then weight `alpha` on the newest. `PrefillRate` and `PullRate` differ only
+    in how a sample is taken; both keep the mean here."""
+
     alpha: float = 0.2
     min_samples: int = 3
     _rate: float = 0.0
     _n: int = 0
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        if tokens <= 0 or not seconds > 0 or not math.isfinite(seconds):
-            return
-        rate = tokens / seconds
+    def add(self, rate: float) -> None:
+        """One sample (tokens per second, > 0: the callers filter)."""
         self._rate = rate if self._n == 0 else (1 - self.alpha) * self._rate + self.alpha * rate
         self._n += 1
 
     @property
     def tokens_per_s(self) -> float:
+        """The estimate; 0 (no estimate) before `min_samples` samples."""
         return self._rate if self._n >= self.min_samples else 0.0
+
+
+@dataclass(slots=True)
+class PrefillRate(SmoothedRate):
+    alpha: float = 0.2
+    min_samples: int = 3
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or not seconds > 0 or not math.isfinite(seconds):
+            return
+        self.add(tokens / seconds)
 
 
 @dataclass(slots=True)
@@ -87,7 +102,7 @@ class StepFit:
 
 
 @dataclass(slots=True)
-class PullRate:
+class PullRate(SmoothedRate):
     """A worker's KV pull throughput in prompt tokens per second, from its reported totals.
 
     Each report whose totals grew adds one sample, (tokens pulled since the last one) /
@@ -106,8 +121,6 @@ class PullRate:
     _tokens: int = -1
     """The last totals (tokens; -1: none yet)."""
     _seconds: float = 0.0
-    _rate: float = 0.0
-    _n: int = 0
 
     def observe_totals(self, tokens: int, seconds: float) -> None:
         """A load report's pull totals (tokens pulled, seconds those pulls took, since the
@@ -119,11 +132,4 @@ class PullRate:
         self._tokens, self._seconds = tokens, seconds
         if first or d_tokens <= 0 or d_seconds <= 0:
             return  # first seen, the worker restarted, or no pull finished since the last one
-        rate = d_tokens / d_seconds
-        self._rate = rate if self._n == 0 else (1 - self.alpha) * self._rate + self.alpha * rate
-        self._n += 1
-
-    @property
-    def tokens_per_s(self) -> float:
-        """The estimate; 0 (no estimate) before `min_samples` samples."""
-        return self._rate if self._n >= self.min_samples else 0.0
+        self.add(d_tokens / d_seconds)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from splitserve.core.ids import RequestId
 from splitserve.policy.predict import LengthQuery
-from splitserve.policy.predict.latency import PrefillRate, PullRate, StepFit
+from splitserve.policy.predict.latency import PrefillRate, PullRate, SmoothedRate, StepFit
 from splitserve.policy.predict.per_class import PerClassPredictor
 
 
@@ -44,6 +44,43 @@ def test_prefill_rate_needs_samples_then_tracks() -> None:
     r.observe(0, 1.0)  # ignored
     r.observe(10, 0.0)  # ignored
     assert r.tokens_per_s == 10_000.0
+
+
+def test_smoothed_rate_is_the_first_sample_then_an_ewma() -> None:
+    r = SmoothedRate(alpha=0.25, min_samples=2)
+    r.add(100.0)
+    assert r.tokens_per_s == 0.0  # one sample: no estimate yet
+    r.add(200.0)
+    assert r.tokens_per_s == pytest.approx(0.75 * 100 + 0.25 * 200)
+    r.add(50.0)
+    assert r.tokens_per_s == pytest.approx(0.75 * (0.75 * 100 + 0.25 * 200) + 0.25 * 50)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 10_000), st.floats(1e-6, 10, allow_nan=False)),
+        max_size=20,
+    )
+)
+def test_prefill_and_pull_rates_keep_the_same_mean(samples: list[tuple[int, float]]) -> None:
+    """Both rates are a `SmoothedRate` fed their own samples (one shared update): fed the same
+    (tokens, seconds) samples, each equals the base fed tokens / seconds."""
+    for cls, alpha, k in ((PrefillRate, 0.2, 3), (PullRate, 0.3, 2)):
+        rate = cls()
+        assert isinstance(rate, SmoothedRate)
+        assert (rate.alpha, rate.min_samples) == (alpha, k)  # the defaults as before
+        base = SmoothedRate(alpha=alpha, min_samples=k)
+        tokens, seconds = 0, 0.0
+        if isinstance(rate, PullRate):
+            rate.observe_totals(tokens, seconds)
+        for t, s in samples:
+            if isinstance(rate, PullRate):
+                tokens, seconds = tokens + t, seconds + s
+                rate.observe_totals(tokens, seconds)
+            else:
+                rate.observe(t, s)
+            base.add(t / s)
+        assert rate.tokens_per_s == pytest.approx(base.tokens_per_s)
 
 
 def test_step_fit_recovers_a_line() -> None:
