@@ -203,7 +203,9 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                     )
                     value = [t async for chunk in call for t in chunk.token_ids]
             elif op == "observed":  # the worker's own series and the spans so far
+                report = service.load_report()
                 value = {
+                    "pull_totals": (report.kv_pulled_tokens, report.kv_pull_seconds),
                     "samples": {
                         s.name: s.value
                         for m in worker_registry.collect()

@@ -405,7 +405,7 @@ def test_worker_step_and_kv_pull_series_and_the_pull_span(
     """The worker's own series on the vLLM engine (through `WorkerService`, as a worker runs):
     each step's time (`splitserve_worker_step_seconds`, vLLM's stat-logger hook), each decode's
     KV pull (`splitserve_worker_kv_pull_seconds`) and its `worker.kv_pull` span under the
-    decode's span, with bytes and seconds."""
+    decode's span, with bytes and seconds, and the load reports' pull totals."""
     prefill, decode = engines
     names = (
         "splitserve_worker_step_seconds_count",
@@ -414,7 +414,9 @@ def test_worker_step_and_kv_pull_series_and_the_pull_span(
         "splitserve_worker_kv_pull_seconds_count",
         "splitserve_worker_kv_pull_seconds_sum",
     )
-    d0 = {n: decode.call("observed")["samples"].get(n, 0.0) for n in names}
+    first = decode.call("observed")
+    d0 = {n: first["samples"].get(n, 0.0) for n in names}
+    d0_totals = first["pull_totals"]
     p0 = prefill.call("observed")["samples"]
     prompt = [1, *range(800, 861)]
     req = _request("observed", prompt, 6)
@@ -435,6 +437,14 @@ def test_worker_step_and_kv_pull_series_and_the_pull_span(
     assert steps >= 5
     assert d1["splitserve_worker_steps_total"] - d0[names[2]] == steps
     assert d1["splitserve_worker_step_seconds_sum"] > d0[names[1]]
+    # The load reports' pull totals (what a router fits the pull rate from, `PullRate`): the
+    # pull's prompt tokens and the same seconds as the histogram.
+    tokens0, seconds0 = d0_totals
+    tokens1, seconds1 = observed["pull_totals"]
+    assert tokens1 - tokens0 == len(prompt)
+    pulled_s = d1["splitserve_worker_kv_pull_seconds_sum"] - d0[names[4]]
+    assert pulled_s > 0
+    assert seconds1 - seconds0 == pytest.approx(pulled_s, rel=1e-6)
     # Prefill: its step moved the step histogram; it pulled nothing.
     p1 = prefill.call("observed")["samples"]
     assert p1["splitserve_worker_step_seconds_count"] > p0["splitserve_worker_step_seconds_count"]
