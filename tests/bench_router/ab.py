@@ -18,6 +18,10 @@ with `--own-workers`, `--a-backend` / `--b-backend` / `--c-backend` give one rou
 (the fairness check of docs/benchmarks.md "Fourteenth pass": the same router on sim and fake
 workers in the same rounds).
 
+`--backends N` shares N zero-delay decode workers and two thirds as many prefill ones (all on
+the load core) instead of one pair: each router follows every worker's feeds, so the per-worker
+cost is in each round's figure (docs/benchmarks.md "Sixteenth pass").
+
 `--own-workers` gives each router its own pair of workers, run from its own tree (and with its
 `--a-env` / `--b-env`), so a change on the worker side of the link is compared too; by default
 both routers share one pair (from this tree).
@@ -50,6 +54,7 @@ from typing import Any
 
 from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
 from tests.bench_router import loadgen
+from tests.bench_router.layout import Layout, backend_counts
 from tests.bench_router.loadgen import percentile
 from tests.bench_router.run import (
     BACKENDS,
@@ -65,6 +70,7 @@ from tests.bench_router.run import (
     chat_body,
     prompt_of,
     start_vllm_router,
+    start_workers,
     start_zero_delay_workers,
     worker_command,
 )
@@ -113,6 +119,14 @@ def main() -> None:
         default=[32],
         help="closed-loop concurrencies measured each round (the first c=1 TTFT run aside)",
     )
+    parser.add_argument(
+        "--backends",
+        type=int,
+        default=None,
+        help="N zero-delay decode workers and two thirds as many prefill ones, shared by the "
+        "routers, all on the load core (run.py's --backends; default: one of each). Not with "
+        "--own-workers",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
     parser.add_argument(
@@ -130,6 +144,10 @@ def main() -> None:
         "--vllm-router", default=None, help="also vllm-router (P/D over fake backends) as V"
     )
     args = parser.parse_args()
+    if args.backends is not None and args.own_workers:
+        parser.error("--backends: only with shared workers (not with --own-workers)")
+    if args.backends is not None and args.backends < 1:
+        parser.error("--backends must be >= 1")
     os.sched_setaffinity(0, {LOAD_CORE})
     work = Path(tempfile.mkdtemp(prefix="bench-router-ab-"))
     cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", work / "cache"))
@@ -137,11 +155,15 @@ def main() -> None:
     tokenizer = TextTokenizer.from_dir(tok_dir)
     procs = Procs(work)
     try:
-        shared = (
-            []
-            if args.own_workers
-            else list(start_zero_delay_workers(procs, work, args.backend).values())
-        )
+        if args.own_workers:
+            shared: list[str] = []
+        elif args.backends is not None:
+            one_core = Layout((ROUTER_CORE,), (LOAD_CORE,), (LOAD_CORE,))
+            n_prefill, n_decode = backend_counts(one_core, args.backends)
+            by_role = start_workers(procs, work, one_core, n_prefill, n_decode, args.backend)
+            shared = by_role["prefill"] + by_role["decode"]
+        else:
+            shared = list(start_zero_delay_workers(procs, work, args.backend).values())
         routers: dict[str, tuple[int, int]] = {}
         backends: dict[str, str] = {}
         pids_of: dict[str, list[int]] = {}

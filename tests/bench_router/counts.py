@@ -62,7 +62,7 @@ FUNCTIONS = (
     ("http_sse.py", "write"),
     ("http_sse.py", "write_chunk_now"),
     ("detokenizer.py", "push"),
-    ("latency.py", "batch_of"),  # one step sample of a worker's step feed
+    ("step_model.py", "observe_parts"),  # one step sample of a worker's step feed
     ("pool_view.py", "_take"),  # one load report
 )
 

@@ -80,13 +80,13 @@ class _Models:
     """The worker's step stream: True once a sample came, False when UNIMPLEMENTED."""
     last_step_s: float | None = None
     """When (the book's `now`) the last step sample came; None: none yet."""
-
-
-def batch_of(pb: worker_pb2.StepSample) -> BatchShape:
-    return BatchShape(
-        prefill_chunks=tuple((c.new_tokens, c.context_tokens) for c in pb.prefill_chunks),
-        decode_contexts=tuple(pb.decode_context_tokens),
-    )
+    rev: int = 0
+    """Counts the request-timing fits' updates (`prefill`, `step`), for `estimates`' cache."""
+    est_key: tuple[int, int, object] | None = None
+    est: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """`estimates` as last computed, for the state `est_key` names (rev, the step model's
+    `num_steps`, its fit): placement reads them for every worker several times a request,
+    and they change only when a step or a request timing comes."""
 
 
 class LatencyBook:
@@ -181,9 +181,14 @@ class LatencyBook:
             log.info("fitting the latency model of %s from its step reports", eid)
         m.reports_steps = True
         m.last_step_s = self._now()
-        observe = m.steps.observe
+        observe = m.steps.observe_parts
         for pb in samples:
-            observe(batch_of(pb), pb.duration_s)
+            chunks = pb.prefill_chunks
+            observe(
+                [(c.new_tokens, c.context_tokens) for c in chunks] if chunks else (),
+                pb.decode_context_tokens,
+                pb.duration_s,
+            )
 
     def observe_step(self, eid: EndpointId, batch: BatchShape, seconds: float) -> None:
         """One engine step of `eid` (what the step stream delivers)."""
@@ -204,10 +209,14 @@ class LatencyBook:
 
     def observe_prefill(self, eid: EndpointId, tokens: int, seconds: float) -> None:
         """`tokens` computed (queue ahead of the prompt plus the prompt) in `seconds`."""
-        self._get(eid).prefill.observe(tokens, seconds)
+        m = self._get(eid)
+        m.prefill.observe(tokens, seconds)
+        m.rev += 1
 
     def observe_decode(self, eid: EndpointId, batch: int, tpot_s: float) -> None:
-        self._get(eid).step.observe(batch, tpot_s)
+        m = self._get(eid)
+        m.step.observe(batch, tpot_s)
+        m.rev += 1
 
     def observe_pull_totals(self, eid: EndpointId, tokens: int, seconds: float) -> None:
         """`eid`'s KV pull totals from a load report (`LoadReport.kv_pulled_tokens`,
@@ -231,11 +240,21 @@ class LatencyBook:
         m = self._by_ep.get(eid)
         if m is None:
             return (0.0, 0.0, 0.0)
-        rate = m.steps.prefill_tokens_per_s() or m.prefill.tokens_per_s
-        base, per = m.steps.decode_step()
+        steps = m.steps
+        key = m.est_key
+        if (
+            key is not None
+            and key[0] == m.rev
+            and key[1] == steps.num_steps
+            and key[2] is steps.fitted
+        ):
+            return m.est
+        rate = steps.prefill_tokens_per_s() or m.prefill.tokens_per_s
+        base, per = steps.decode_step()
         if base <= 0 and per <= 0:
             base, per = m.step.params
-        return (rate, base, per)
+        m.est_key, m.est = (m.rev, steps.num_steps, steps.fitted), (rate, base, per)
+        return m.est
 
     async def forget(self, eid: EndpointId) -> None:
         """Stop watching `eid` and drop its models."""

@@ -8,6 +8,11 @@ prompt as pending prefill tokens (prefill side) and its prompt + predicted outpu
 count it. The entry stays until the request leaves the worker, feeding the placement plugins'
 per-worker inputs: TetriInfer's heavy/light mix, Splitwise's reserved KV, Aladdin's and
 Past-Future's ongoing requests. This is also the fallback view when load reports go stale.
+
+`revision(eid)` changes whenever what the pool view reads of a worker here changes
+(`reserved`, `prefill_tokens`, `pull_tokens`): the pool view keeps each worker's snapshot until
+it, or the worker's own state, changes (issue 17: the snapshot is taken several times per
+request, for every worker).
 """
 
 from __future__ import annotations
@@ -57,6 +62,17 @@ class Ledger:
         self.heavy_threshold_tokens = heavy_threshold_tokens
         self._by_ep: dict[EndpointId, dict[str, LedgerEntry]] = {}
         self._moved: dict[str, EndpointId] = {}
+        self._tick = 0
+        self._rev: dict[EndpointId, int] = {}
+
+    def _touch(self, eid: EndpointId) -> None:
+        self._tick += 1
+        self._rev[eid] = self._tick
+
+    def revision(self, eid: EndpointId) -> int:
+        """A number that changes whenever `reserved`, `prefill_tokens` or `pull_tokens` of `eid`
+        may have changed (never back to an earlier value)."""
+        return self._rev.get(eid, 0)
 
     def reserve(
         self,
@@ -81,6 +97,7 @@ class Ledger:
             movable=movable and not prefill,
             pulling=pulls and not prefill,
         )
+        self._touch(eid)
 
     def move(self, request_id: str, src: EndpointId, dst: EndpointId, block_size: int) -> bool:
         """Move a movable decode share that has not started from `src` to `dst` (re-balancing);
@@ -93,6 +110,7 @@ class Ledger:
         tokens = e.num_prompt_tokens + max(1, e.predicted_output_tokens)
         e.kv_blocks = blocks_for(tokens, max(1, block_size))
         self._by_ep.setdefault(dst, {})[request_id] = e
+        self._touch(dst)
         self._moved[request_id] = dst
         return True
 
@@ -105,30 +123,35 @@ class Ledger:
         if e is not None:
             e.started = True
             e.movable = False
+            self._touch(eid)
 
     def progress(self, eid: EndpointId, request_id: str, num_generated_tokens: int) -> None:
         e = self._by_ep.get(eid, {}).get(request_id)
         if e is not None:
             e.num_generated_tokens = num_generated_tokens
-            if num_generated_tokens > 1:
+            if num_generated_tokens > 1 and e.pulling:
                 e.pulling = False  # the decode worker's first token: its KV is in
+                self._touch(eid)
 
     def no_pull(self, eid: EndpointId, request_id: str) -> None:
         """The request's KV will not be pulled into `eid` (its prefill failed: it runs whole
         there instead)."""
         e = self._by_ep.get(eid, {}).get(request_id)
-        if e is not None:
+        if e is not None and e.pulling:
             e.pulling = False
+            self._touch(eid)
 
     def drop(self, eid: EndpointId, request_id: str) -> None:
         entries = self._by_ep.get(eid)
         if entries is not None:
-            entries.pop(request_id, None)
+            if entries.pop(request_id, None) is not None:
+                self._touch(eid)
             if not entries:
                 del self._by_ep[eid]
 
     def forget(self, eid: EndpointId) -> None:
         self._by_ep.pop(eid, None)
+        self._touch(eid)
 
     def entries(self, eid: EndpointId) -> Iterator[LedgerEntry]:
         return iter(list(self._by_ep.get(eid, {}).values()))

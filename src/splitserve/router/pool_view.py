@@ -94,6 +94,9 @@ class _Endpoint:
     unreachable_logged_s: float = float("-inf")
     unreachable_checks: int = 0
     """Times its channel was seen failing to connect (each at most one WARNING)."""
+    view_key: tuple[object, ...] | None = field(default=None, repr=False)
+    view: EndpointView | None = field(default=None, repr=False)
+    """Its last snapshot (`PoolView._view`) and everything that snapshot was built from."""
 
 
 UNREACHABLE_LOG_EVERY_S = 60.0
@@ -331,15 +334,41 @@ class PoolView:
 
     def _view(self, ep: _Endpoint, now_s: float) -> EndpointView:
         r = ep.report
-        res = self.ledger.reserved(ep.id)
-        inflight = ep.inflight + res.requests
         if r is None:
+            inflight = ep.inflight + self.ledger.reserved(ep.id).requests
             return EndpointView(ep.id, Role.MIXED, ready=False, fenced=ep.fenced, inflight=inflight)
         stale = ep.connected and now_s - ep.report_at_s > self._settings.stale_after_s
         if stale != ep.stale:
             self._stale_changed(ep, stale, now_s)
-        rate, base, per = self.latency.estimates(ep.id)
+        estimates = self.latency.estimates(ep.id)
         pull_rate = self.latency.pull_tokens_per_s(ep.id)
+        # The snapshot is rebuilt only when something it is built from changed (placement takes
+        # one of every worker several times a request; most workers are unchanged since the
+        # last one). `ep.inflight` counts `acquire`s; reservations are in the ledger's revision.
+        # The key holds the report itself: a new report object (even with equal fields) is
+        # compared by value, the same one by identity (tuple equality tries `is` first).
+        key = (
+            r, ep.connected, ep.fenced, ep.inflight, stale,
+            self.ledger.revision(ep.id), estimates, pull_rate,
+        )  # fmt: skip
+        view = ep.view
+        if view is not None and key == ep.view_key:
+            return view
+        view = self._build_view(ep, r, stale, estimates, pull_rate)
+        ep.view_key, ep.view = key, view
+        return view
+
+    def _build_view(
+        self,
+        ep: _Endpoint,
+        r: common_pb2.LoadReport,
+        stale: bool,
+        estimates: tuple[float, float, float],
+        pull_rate: float,
+    ) -> EndpointView:
+        res = self.ledger.reserved(ep.id)
+        inflight = ep.inflight + res.requests
+        rate, base, per = estimates
         pull_tokens = self.ledger.pull_tokens(ep.id)
         role = _ROLES.get(r.role, Role.MIXED)
         if stale:

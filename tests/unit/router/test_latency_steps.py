@@ -4,7 +4,7 @@ real gRPC), and falls back to request timings for a worker without steps."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -19,7 +19,6 @@ from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.policy.predict.step_model import OnlineStepModel
 from splitserve.router import latency as latency_mod
-from splitserve.router.latency import batch_of as _batch_of
 from splitserve.router.pool_view import PoolView
 from splitserve.worker.engine import StepFeed, StepSample
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
@@ -182,13 +181,19 @@ async def test_step_reports_arrive_with_or_without_batches(
         model = pool.latency.step_model(eid)
         assert model is not None
         seen: list[tuple[BatchShape, float]] = []
+        observe_parts = OnlineStepModel.observe_parts
 
-        def recording(pb: worker_pb2.StepSample) -> BatchShape:
-            shape = _batch_of(pb)
-            seen.append((shape, pb.duration_s))
-            return shape
+        def recording(
+            self: OnlineStepModel,
+            prefill_chunks: Sequence[tuple[int, int]],
+            decode_contexts: Sequence[int],
+            seconds: float,
+        ) -> None:
+            shape = BatchShape(tuple(prefill_chunks), tuple(decode_contexts))
+            seen.append((shape, seconds))
+            observe_parts(self, prefill_chunks, decode_contexts, seconds)
 
-        monkeypatch.setattr(latency_mod, "batch_of", recording)
+        monkeypatch.setattr(OnlineStepModel, "observe_parts", recording)
         await _until(lambda: engine.steps is not None and engine.steps.num_subscribers == 1)
         await _generate(address, "a", 40, 5)
         await _until(lambda: len(seen) >= 5)

@@ -35,11 +35,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from splitserve.core.perf.fit import NUM_COEFFS, FittedModel, features
+from splitserve.core.perf.fit import NUM_COEFFS, FittedModel
 from splitserve.core.perf.protocol import BatchShape
 
 
@@ -69,7 +70,15 @@ class OnlineStepModel:
     min_samples: int = 24
     max_mape: float = 0.25
     """A fit that explains the window worse than this is not used (noisy or non-linear)."""
-    _x: deque[tuple[float, ...]] = field(default_factory=deque)
+    _pending: list[tuple[float, ...]] = field(default_factory=list)
+    """Regressor rows observed since the last refit, not yet in `_ring`."""
+    _ring: np.ndarray | None = None
+    """The window's regressor rows, each written at slot i and i + window (2·window rows), so
+    the last n rows in order are one contiguous slice: a refit converts only the rows new
+    since the last one, not the whole window (the same floats as converting the whole window
+    at once)."""
+    _written: int = 0
+    """Rows written into `_ring` in total."""
     _y: deque[float] = field(default_factory=deque)
     _chunks: deque[int] = field(default_factory=lambda: deque(maxlen=256))
     _contexts: deque[float] = field(default_factory=lambda: deque(maxlen=256))
@@ -79,17 +88,41 @@ class OnlineStepModel:
     """Usable steps observed in total."""
 
     def observe(self, batch: BatchShape, seconds: float) -> None:
-        if batch.is_empty or not seconds > 0 or not math.isfinite(seconds):
+        self.observe_parts(batch.prefill_chunks, batch.decode_contexts, seconds)
+
+    def observe_parts(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]],
+        decode_contexts: Sequence[int],
+        seconds: float,
+    ) -> None:
+        """`observe(BatchShape(prefill_chunks, decode_contexts), seconds)` without building the
+        shape (the router's step feed calls it once per engine step of every worker): the same
+        regressors as `core.perf.fit.features`, computed in the same order (the same floats)."""
+        if (not prefill_chunks and not decode_contexts) or not seconds > 0:
             return
-        self._x.append(features(batch))
+        if not math.isfinite(seconds):
+            return
+        ctx_sum = sum(decode_contexts)
+        if prefill_chunks:
+            self._pending.append((
+                1.0,
+                float(sum(n for n, _ in prefill_chunks)),
+                sum(n * (ctx + (n + 1) / 2.0) for n, ctx in prefill_chunks),
+                1.0 if decode_contexts else 0.0,
+                float(ctx_sum),
+                float(len(decode_contexts)),
+            ))  # fmt: skip
+            self._chunks.extend(n for n, _ in prefill_chunks)
+        else:
+            self._pending.append((0.0, 0.0, 0, 1.0, float(ctx_sum), float(len(decode_contexts))))
         self._y.append(seconds)
         if len(self._y) > self.window:
-            self._x.popleft()
             self._y.popleft()
-        for n, _ctx in batch.prefill_chunks:
-            self._chunks.append(n)
-        if batch.decode_contexts:
-            self._contexts.append(sum(batch.decode_contexts) / len(batch.decode_contexts))
+        if len(self._pending) > self.window:
+            del self._pending[0]  # only with refit_every > window: older rows are not used
+        if decode_contexts:
+            self._contexts.append(ctx_sum / len(decode_contexts))
         self.num_steps += 1
         self._since += 1
         if self._since >= self.refit_every or (
@@ -102,7 +135,7 @@ class OnlineStepModel:
         n = len(self._y)
         if n < self.min_samples:
             return
-        x = np.array(self._x, dtype=float)
+        x = self._window_rows(n)
         y = np.array(self._y, dtype=float)
         coeffs = _nnls_active(x, y)
         if coeffs is None:
@@ -112,6 +145,21 @@ class OnlineStepModel:
             self._fitted = None
             return
         self._fitted = FittedModel(UNKNOWN, tuple(float(c) for c in coeffs), n, "", mape)
+
+    def _window_rows(self, n: int) -> np.ndarray:
+        """The last `n` (<= window) rows observed, oldest first, as an (n, NUM_COEFFS) array."""
+        w = self.window
+        if self._ring is None:
+            self._ring = np.zeros((2 * w, NUM_COEFFS), dtype=float)
+        if self._pending:
+            new = np.array(self._pending, dtype=float)
+            slots = (self._written + np.arange(len(new))) % w
+            self._ring[slots] = new
+            self._ring[slots + w] = new
+            self._written += len(new)
+            self._pending.clear()
+        start = (self._written - n) % w
+        return self._ring[start : start + n]
 
     @property
     def fitted(self) -> FittedModel | None:
@@ -146,7 +194,8 @@ def _nnls_active(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
     """argmin ||x·c - y|| over c >= 0, solving only for the columns that are not all zero and
     only over full-rank column sets (a column the samples cannot separate from the others is
     left at 0). None when no column is usable."""
-    active = [j for j in range(NUM_COEFFS) if np.any(x[:, j] != 0)]
+    nonzero = (x != 0).any(axis=0)
+    active = [j for j in range(NUM_COEFFS) if nonzero[j]]
     if not active:
         return None
     scale = np.abs(x).max(axis=0)
