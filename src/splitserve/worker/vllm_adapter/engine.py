@@ -759,6 +759,7 @@ class VllmEngine:
                 log.warning("no KV warm-up window: %s", err)
         if self._trace is not None:
             self._trace.install_executor(core.model_executor)
+            self._trace.install_core(core)
         trace = self._trace
         warmup = self._warmup
         held = HeldBackoff(self._held_poll_s, self._held_poll_max_s)
