@@ -120,6 +120,16 @@ def test_the_warm_up_read_is_on_unless_the_env_says_0() -> None:
         warm_read_on({WARM_READ_ENV: "off"})
 
 
+def test_early_decodes_are_prepared_unless_the_env_says_0() -> None:
+    from splitserve.worker.vllm_adapter.engine import PREPARE_DECODE_ENV, prepare_decode_on
+
+    assert prepare_decode_on({}) is True
+    assert prepare_decode_on({PREPARE_DECODE_ENV: "1"}) is True
+    assert prepare_decode_on({PREPARE_DECODE_ENV: "0"}) is False
+    with pytest.raises(ValueError, match="SPLITSERVE_KV_PREPARE_DECODE must be 0 or 1, not 'no'"):
+        prepare_decode_on({PREPARE_DECODE_ENV: "no"})
+
+
 def test_the_held_kv_poll_interval_is_5_ms_unless_the_env_says_otherwise() -> None:
     from splitserve.worker.vllm_adapter.engine import HELD_POLL_ENV, held_poll_s
 
