@@ -36,6 +36,8 @@ def _env(cpu: str) -> None:
     for k, v in local_cpu_env(int(cpu)).items():
         os.environ.setdefault(k, v)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+    # Early Decodes' inputs prepared ahead (off by default), for the test that pins it.
+    os.environ["SPLITSERVE_KV_PREPARE_DECODE"] = "1"
 
 
 async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str) -> None:

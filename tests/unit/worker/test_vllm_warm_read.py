@@ -120,10 +120,11 @@ def test_the_warm_up_read_is_on_unless_the_env_says_0() -> None:
         warm_read_on({WARM_READ_ENV: "off"})
 
 
-def test_early_decodes_are_prepared_unless_the_env_says_0() -> None:
+def test_early_decodes_are_prepared_only_when_the_env_says_1() -> None:
     from splitserve.worker.vllm_adapter.engine import PREPARE_DECODE_ENV, prepare_decode_on
 
-    assert prepare_decode_on({}) is True
+    assert prepare_decode_on({}) is False
+    assert prepare_decode_on({PREPARE_DECODE_ENV: ""}) is False
     assert prepare_decode_on({PREPARE_DECODE_ENV: "1"}) is True
     assert prepare_decode_on({PREPARE_DECODE_ENV: "0"}) is False
     with pytest.raises(ValueError, match="SPLITSERVE_KV_PREPARE_DECODE must be 0 or 1, not 'no'"):

@@ -107,7 +107,8 @@ is in flight, the engine thread progresses NIXL this often even while idle (else
 IDLE_WAIT_S = 0.05
 """How long an idle engine thread waits for a command before looking again."""
 PREPARE_DECODE_ENV = "SPLITSERVE_KV_PREPARE_DECODE"
-"""`0`: an early Decode's input is processed when its KV comes, not ahead (`prepare_decode`)."""
+"""`1`: an early Decode's input is processed ahead, while its prefill runs (`prepare_decode`);
+off by default (docs/benchmarks.md, "Where the KV-only step goes")."""
 WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
 """`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
@@ -413,8 +414,9 @@ class VllmEngine:
         `process_inputs` is ~0.25 ms of `add_request` on the bench model; docs/benchmarks.md,
         "add_request before the KV handle"). Best effort: False (nothing prepared) for a decode
         with a grammar (its first token is fed to the grammar at add time), a request that ends at
-        its first token, an engine not started or without a KV connector, or with
-        `SPLITSERVE_KV_PREPARE_DECODE=0`; then, and when the
+        its first token, an engine not started or without a KV connector, or without
+        `SPLITSERVE_KV_PREPARE_DECODE=1` (off by default: in the A/B that measured it, vLLM's READ
+        was slower in 4 of 5 runs with it and in none without, unexplained); then, and when the
         prepared input does not match the decode that comes (other tokens or sampling), `decode`
         processes the input as usual."""
         if self._engine is None or not self.config.kv_connector or not self._prepare:
@@ -1300,12 +1302,12 @@ def pull_in_step(config: VllmEngineConfig) -> bool:
 
 
 def prepare_decode_on(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether `prepare_decode` processes early Decodes' inputs ahead: yes unless
-    `SPLITSERVE_KV_PREPARE_DECODE` is `0`. Any value but `0` / `1` / empty is refused."""
+    """Whether `prepare_decode` processes early Decodes' inputs ahead: only when
+    `SPLITSERVE_KV_PREPARE_DECODE` is `1`. Any value but `0` / `1` / empty is refused."""
     value = env.get(PREPARE_DECODE_ENV, "")
     if value not in ("", "0", "1"):
         raise ValueError(f"{PREPARE_DECODE_ENV} must be 0 or 1, not {value!r}")
-    return value != "0"
+    return value == "1"
 
 
 def warm_read_on(env: Mapping[str, str] = os.environ) -> bool:
