@@ -108,7 +108,8 @@ IDLE_WAIT_S = 0.05
 """How long an idle engine thread waits for a command before looking again."""
 PREPARE_DECODE_ENV = "SPLITSERVE_KV_PREPARE_DECODE"
 """`1`: an early Decode's input is processed ahead, while its prefill runs (`prepare_decode`);
-off by default (docs/benchmarks.md, "Where the KV-only step goes")."""
+`alternate`: every other early Decode's, for an A/B on one worker; off by default
+(docs/benchmarks.md, "Where the KV-only step goes")."""
 WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
 """`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
@@ -272,7 +273,8 @@ class VllmEngine:
         self._prepared: dict[str, _Prepared] = {}
         """Early Decodes' vLLM input, processed before their first token came (`prepare_decode`);
         read and written on the engine thread only."""
-        self._prepare = prepare_decode_on()
+        self._prepare = prepare_decode_mode()
+        self._prepare_calls = 0
         self.decodes_prepared = 0
         """Decodes added to vLLM from a prepared input (`prepare_decode`)."""
 
@@ -415,12 +417,17 @@ class VllmEngine:
         "add_request before the KV handle"). Best effort: False (nothing prepared) for a decode
         with a grammar (its first token is fed to the grammar at add time), a request that ends at
         its first token, an engine not started or without a KV connector, or without
-        `SPLITSERVE_KV_PREPARE_DECODE=1` (off by default: in the A/B that measured it, vLLM's READ
-        was slower in 4 of 5 runs with it and in none without, unexplained); then, and when the
+        `SPLITSERVE_KV_PREPARE_DECODE=1` (or `alternate`: every other call; off by default: in
+        the A/B that measured it, vLLM's READ was slower in 4 of 5 runs with it and in none
+        without, unexplained); then, and when the
         prepared input does not match the decode that comes (other tokens or sampling), `decode`
         processes the input as usual."""
         if self._engine is None or not self.config.kv_connector or not self._prepare:
             return False
+        if self._prepare == "alternate":
+            self._prepare_calls += 1
+            if self._prepare_calls % 2 == 0:
+                return False
         if request.sampling.structured_outputs or request.sampling.max_tokens <= 1:
             return False
         continued = _continued(request, request.prompt_token_ids[-1])
@@ -653,6 +660,8 @@ class VllmEngine:
                 if prepared is not None and not guided_prefix and prepared.fits(request):
                     internal = prepared.add(engine, request.prompt_token_ids[-1], sampling)
                     self.decodes_prepared += 1
+                    if self._trace is not None:  # not a time: this decode's input was prepared
+                        self._trace.mark(rid, "prepared_input", 1.0)
                 elif self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
                     internal = self._grammars.add_request(
                         engine, rid, prompt, sampling, guided_prefix
@@ -1301,13 +1310,14 @@ def pull_in_step(config: VllmEngineConfig) -> bool:
     return value == "1"
 
 
-def prepare_decode_on(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether `prepare_decode` processes early Decodes' inputs ahead: only when
-    `SPLITSERVE_KV_PREPARE_DECODE` is `1`. Any value but `0` / `1` / empty is refused."""
+def prepare_decode_mode(env: Mapping[str, str] = os.environ) -> str:
+    """When `prepare_decode` processes early Decodes' inputs ahead (`SPLITSERVE_KV_PREPARE_DECODE`):
+    `"1"` always, `"alternate"` every other call, `""` never (unset, empty or `0`). Any other
+    value is refused."""
     value = env.get(PREPARE_DECODE_ENV, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{PREPARE_DECODE_ENV} must be 0 or 1, not {value!r}")
-    return value == "1"
+    if value not in ("", "0", "1", "alternate"):
+        raise ValueError(f"{PREPARE_DECODE_ENV} must be 0, 1 or alternate, not {value!r}")
+    return "" if value == "0" else value
 
 
 def warm_read_on(env: Mapping[str, str] = os.environ) -> bool:
