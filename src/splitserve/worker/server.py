@@ -316,6 +316,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             trace.received(request.request_id)
         await self._admit(context, request.request_id, self.role.can_decode, "decode")
         first_token_id, kv_pb = request.first_token_id, request.kv
+        prepared = False  # the engine processed the decode's input ahead (`prepare_decode`)
         if request.kv_follows:
             # Sent before the prefill answered (`worker.mux`): check the request now, then wait
             # for its first token and KV handle (a cancel, or the stream ending, stops the wait).
@@ -332,7 +333,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 )
             req = await self._request(context, request)
             assert handoff is not None  # abort raised
-            follow: worker_pb2.DecodeKv = await handoff
+            # While the prefill runs, the engine may process the input (vLLM's, with a
+            # placeholder for the first token), so that the KV's arrival finds less to do.
+            prepare = getattr(self.engine, "prepare_decode", None)
+            prepared = bool(prepare(req)) if prepare is not None else False
+            try:
+                follow: worker_pb2.DecodeKv = await handoff
+            except BaseException:
+                if prepared:
+                    self.engine.discard_prepared(req.id)  # type: ignore[attr-defined]
+                raise
             if self.draining:  # drained while it waited: the router takes the KV elsewhere
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
             received_s = self.clock.now_s()
@@ -371,6 +381,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             async for chunk in self._relay("decode", req, stream, context, span):
                 yield chunk
         finally:
+            if prepared:  # used when the decode was added; otherwise not needed any more
+                self.engine.discard_prepared(req.id)  # type: ignore[attr-defined]
             self._decode_spans.pop(str(req.id), None)
             self._decode_received.pop(str(req.id), None)
             self._pull_tokens.pop(str(req.id), None)

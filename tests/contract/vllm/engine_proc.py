@@ -36,6 +36,8 @@ def _env(cpu: str) -> None:
     for k, v in local_cpu_env(int(cpu)).items():
         os.environ.setdefault(k, v)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+    # Early Decodes' inputs prepared ahead (off by default), for the test that pins it.
+    os.environ["SPLITSERVE_KV_PREPARE_DECODE"] = "1"
 
 
 async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str) -> None:
@@ -94,6 +96,12 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                 value = await engine.prefill(cmd[1])
             elif op == "decode":
                 value = [d async for d in engine.decode(cmd[1], cmd[2], cmd[3])]
+            elif op == "decode_prepared":  # an early Decode: input prepared, then the KV
+                # cmd[1]: the request prepared for; cmd[2:5]: the decode that comes
+                before = engine.decodes_prepared
+                prepared = engine.prepare_decode(cmd[1])
+                deltas = [d async for d in engine.decode(cmd[2], cmd[3], cmd[4])]
+                value = (deltas, prepared, engine.decodes_prepared - before)
             elif op == "decode_steps":  # the decode's tokens and the engine steps it took
                 assert engine.steps is not None
                 sub = engine.steps.subscribe()

@@ -101,6 +101,43 @@ def test_pd_is_token_identical_to_aggregated(engines: tuple[EngineProc, EnginePr
     assert w["handoffs"] == len(PROMPTS), w
 
 
+def test_an_early_decode_prepared_before_its_first_token_matches_aggregated(
+    engines: tuple[EngineProc, EngineProc],
+) -> None:
+    """`prepare_decode` (an early Decode, before the prefill answered) processes vLLM's input with
+    a placeholder for the first token; the decode writes the real token in. Tokens match
+    aggregated one by one (a placeholder left in would change token 2's context), the prompt
+    that fills its block exactly included; a decode that differs from what was prepared (other
+    sampling) is processed as usual."""
+    prefill, decode = engines
+    for i, prompt in enumerate(PROMPTS):
+        aggregated = _tokens(decode.call("generate", _request(f"prep-agg-{i}", prompt)))
+        outcome: PrefillOutcome = prefill.call("prefill", _request(f"prep-{i}", prompt))
+        assert outcome.kv is not None
+        request = _request(f"prep-{i}", prompt)
+        deltas, prepared, used = decode.call(
+            "decode_prepared", request, request, outcome.first_token_id, outcome.kv
+        )
+        assert prepared is True
+        assert used == 1, "the decode was not added from the prepared input"
+        assert [outcome.first_token_id, *_tokens(deltas)] == aggregated, f"prompt {i}"
+        assert prefill.call("release", RequestId(f"prep-{i}")) is True
+    prompt = PROMPTS[1]
+    aggregated = _tokens(decode.call("generate", _request("prep-agg-other", prompt, 6)))
+    outcome = prefill.call("prefill", _request("prep-other", prompt, 6))
+    deltas, prepared, used = decode.call(
+        "decode_prepared",
+        _request("prep-other", prompt, 12),  # prepared for 12 tokens, 6 asked
+        _request("prep-other", prompt, 6),
+        outcome.first_token_id,
+        outcome.kv,
+    )
+    assert prepared is True
+    assert used == 0
+    assert [outcome.first_token_id, *_tokens(deltas)] == aggregated
+    assert prefill.call("release", RequestId("prep-other")) is True
+
+
 def test_decode_starts_from_the_first_token(engines: tuple[EngineProc, EngineProc]) -> None:
     """The decode engine's first step computes the first token's position over the pulled prompt
     and samples token 2: one step per token it streams, each a decode (one token), none spent

@@ -4,6 +4,7 @@ handle following on the same Multiplex sub-request (`MuxOp.decode_kv`), on real 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -127,4 +128,47 @@ async def test_a_worker_drained_while_the_early_decode_waits_is_unavailable(
     with pytest.raises(RuntimeError, match="draining"):
         await anext(chunks)
     assert d.service.engine.in_flight == 0
+    await conn.close()
+
+
+async def test_an_engine_that_prepares_decodes_gets_the_request_before_its_kv(
+    make_worker: WorkerFactory,
+) -> None:
+    """An engine with `prepare_decode` (the vLLM one) is handed the early Decode's request
+    while its KV is awaited, and told to forget it once the Decode ends, or is cancelled
+    before its KV came."""
+    p, d, conn = await _pair(make_worker)
+    engine = d.service.engine
+    calls: list[tuple[str, str]] = []
+
+    def prepare_decode(request: Any) -> bool:
+        calls.append(("prepare", str(request.id)))
+        assert tuple(request.prompt_token_ids) == tuple(PROMPT)
+        return True
+
+    def discard_prepared(request_id: Any) -> None:
+        calls.append(("discard", str(request_id)))
+
+    engine.prepare_decode = prepare_decode  # type: ignore[attr-defined]
+    engine.discard_prepared = discard_prepared  # type: ignore[attr-defined]
+    sid, chunks = await conn.open("decode", early("e"))
+    async with asyncio.timeout(10):
+        while not calls:  # noqa: ASYNC110 - no event for it
+            await asyncio.sleep(0.01)
+    assert calls == [("prepare", "e")]  # before the KV
+    pre = await _prefill(p, "e")
+    await conn.send(sid, decode_kv=handoff(pre))
+    tokens = [t for c in [c async for c in chunks] for t in c.token_ids]
+    assert len(tokens) == 5
+    assert calls == [("prepare", "e"), ("discard", "e")]
+    calls.clear()
+    sid, chunks = await conn.open("decode", early("x"))
+    async with asyncio.timeout(10):
+        while not calls:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await conn.send(sid, cancel=worker_pb2.MuxCancel())
+    async with asyncio.timeout(10):
+        while len(calls) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert calls == [("prepare", "x"), ("discard", "x")]
     await conn.close()

@@ -94,6 +94,19 @@ class _Executor:
         self.calls.append("sample")
 
 
+class _Core:
+    """The engine core's `step_fn`: one engine-core step (here: the worker's result check)."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+        self.steps = 0
+
+    def step_fn(self) -> tuple[dict[int, Any], bool]:
+        self.steps += 1
+        self.worker.get_transfer_results()
+        return {}, False
+
+
 def test_off_without_the_variable() -> None:
     assert KvTrace.from_env({}) is None
     assert KvTrace.from_env({kvtrace.TRACE_ENV: ""}) is None
@@ -107,6 +120,8 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     trace.install(worker)
     executor = _Executor()
     trace.install_executor(executor)
+    core = _Core(worker)
+    trace.install_core(core)
     client = KvTrace(path)  # the bench client appends to the same file
     client.mark("r", "token1", 1.0)
     trace.received("r")
@@ -120,7 +135,7 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     worker.start_load_kv(_Meta({"r-internal": object(), "untraced": object()}))
     worker.get_transfer_results()  # the READ still in progress at this step's check
     worker.done = {"r-internal", "untraced"}
-    worker.get_transfer_results()  # done at the next
+    core.step_fn()  # done at the next check, the engine core's step
     trace.step_ended()  # step 1: only moved KV
     trace.step_started()
     trace.scheduled()
@@ -141,6 +156,7 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
         "prep", "transfer", "check", "check", "telemetry", "prep"
     ]  # fmt: skip
     assert executor.calls == ["execute", "sample"]
+    assert core.steps == 1  # the wrapped step ran
 
     events = kvtrace.load(path)
     assert set(events) == {"r"}
@@ -149,6 +165,7 @@ def test_one_async_decode_end_to_end(tmp_path: Path) -> None:
     assert names.count("prep") == 1  # the warm-up READ's call was not marked
     assert names.count("step_start") == 2
     assert names.count("xfer_seen") == 1
+    assert names.count("recv_core_end") == names.count("recv_step_end") == 1
     # What vLLM's READ time is made of: its telemetry, the checks before it was seen done,
     # the descriptors' runs on either side.
     assert kvtrace.value(events["r"], "tel_xfer") == pytest.approx(0.007)

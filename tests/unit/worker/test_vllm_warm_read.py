@@ -120,6 +120,20 @@ def test_the_warm_up_read_is_on_unless_the_env_says_0() -> None:
         warm_read_on({WARM_READ_ENV: "off"})
 
 
+def test_early_decodes_are_prepared_only_when_the_env_says_so() -> None:
+    from splitserve.worker.vllm_adapter.engine import PREPARE_DECODE_ENV, prepare_decode_mode
+
+    assert prepare_decode_mode({}) == ""
+    assert prepare_decode_mode({PREPARE_DECODE_ENV: ""}) == ""
+    assert prepare_decode_mode({PREPARE_DECODE_ENV: "0"}) == ""
+    assert prepare_decode_mode({PREPARE_DECODE_ENV: "1"}) == "1"
+    assert prepare_decode_mode({PREPARE_DECODE_ENV: "alternate"}) == "alternate"
+    with pytest.raises(
+        ValueError, match="SPLITSERVE_KV_PREPARE_DECODE must be 0, 1 or alternate, not 'no'"
+    ):
+        prepare_decode_mode({PREPARE_DECODE_ENV: "no"})
+
+
 def test_the_held_kv_poll_interval_is_5_ms_unless_the_env_says_otherwise() -> None:
     from splitserve.worker.vllm_adapter.engine import HELD_POLL_ENV, held_poll_s
 

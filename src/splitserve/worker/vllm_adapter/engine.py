@@ -106,6 +106,10 @@ is in flight, the engine thread progresses NIXL this often even while idle (else
 `IDLE_WAIT_S` at most, and only its own READs)."""
 IDLE_WAIT_S = 0.05
 """How long an idle engine thread waits for a command before looking again."""
+PREPARE_DECODE_ENV = "SPLITSERVE_KV_PREPARE_DECODE"
+"""`1`: an early Decode's input is processed ahead, while its prefill runs (`prepare_decode`);
+`alternate`: every other early Decode's, for an A/B on one worker; off by default
+(docs/benchmarks.md, "Where the KV-only step goes")."""
 WARM_READ_ENV = "SPLITSERVE_KV_WARM_READ"
 """`0`: `warm_kv` makes no warm-up READ (handshake and connection only), for comparisons."""
 
@@ -266,6 +270,13 @@ class VllmEngine:
         self._observer = EngineObserver(self)
         self._trace: KvTrace | None = KvTrace.from_env()
         """`SPLITSERVE_KV_TRACE`: timestamps of each decode's token 1 -> token 2 (`kvtrace.py`)."""
+        self._prepared: dict[str, _Prepared] = {}
+        """Early Decodes' vLLM input, processed before their first token came (`prepare_decode`);
+        read and written on the engine thread only."""
+        self._prepare = prepare_decode_mode()
+        self._prepare_calls = 0
+        self.decodes_prepared = 0
+        """Decodes added to vLLM from a prepared input (`prepare_decode`)."""
 
     @property
     def kv_trace(self) -> KvTrace | None:
@@ -386,11 +397,7 @@ class VllmEngine:
             "do_remote_decode": False,
             HANDOFF_KEY: request.num_prompt_tokens,
         }
-        continued = replace(
-            request,
-            prompt_token_ids=(*request.prompt_token_ids, first_token_id),
-            sampling=replace(request.sampling, max_tokens=request.sampling.max_tokens - 1),
-        )
+        continued = _continued(request, first_token_id)
         if self._trace is not None:
             self._trace.begin(str(request.id))
         stream = self._submit(continued, "decode", kv_params=params)
@@ -399,6 +406,62 @@ class VllmEngine:
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 yield delta
+
+    def prepare_decode(self, request: Request) -> bool:
+        """An early Decode (`kv_follows`, sent before its prefill answered): run vLLM's input
+        processing for `request` continued from its first token now, on the engine thread, while
+        the prefill runs elsewhere. The first token is not known yet: the input is built with a
+        placeholder (the prompt's last token, a valid id of the same length), and `decode` only
+        writes the real token and the KV params into it before adding it (measured: vLLM's
+        `process_inputs` is ~0.25 ms of `add_request` on the bench model; docs/benchmarks.md,
+        "add_request before the KV handle"). Best effort: False (nothing prepared) for a decode
+        with a grammar (its first token is fed to the grammar at add time), a request that ends at
+        its first token, an engine not started or without a KV connector, or without
+        `SPLITSERVE_KV_PREPARE_DECODE=1` (or `alternate`: every other call). Off by default: in
+        the A/B that measured it, the ~0.3 ms it saves did not show in the token-2 gap, and the
+        prepared decodes' READs leaned slower, cause not found (docs/engines.md, "early
+        decode"). Then, and
+        when the prepared input does not match the decode that comes (other tokens or
+        sampling), `decode` processes the input as usual."""
+        if self._engine is None or not self.config.kv_connector or not self._prepare:
+            return False
+        if self._prepare == "alternate":
+            self._prepare_calls += 1
+            if self._prepare_calls % 2 == 0:
+                return False
+        if request.sampling.structured_outputs or request.sampling.max_tokens <= 1:
+            return False
+        continued = _continued(request, request.prompt_token_ids[-1])
+        sampling = self._sampling(continued, "decode", None)
+        prompt = {"prompt_token_ids": list(continued.prompt_token_ids)}
+        rid = str(request.id)
+        head, spec = request.prompt_token_ids, continued.sampling
+
+        def prepare(engine: Any) -> None:
+            try:
+                processed = engine.input_processor.process_inputs(
+                    rid, prompt, sampling, supported_tasks=engine.get_supported_tasks()
+                )
+            except Exception as err:  # the decode processes it again and reports what failed
+                log.debug("could not prepare the decode of %s: %s", rid, err)
+                return
+            self._prepared[rid] = _Prepared(head, spec, processed)
+            while len(self._prepared) > MAX_PREPARED:  # decodes that never came: oldest out
+                del self._prepared[next(iter(self._prepared))]
+
+        self._commands.put(prepare)
+        return True
+
+    def discard_prepared(self, request_id: RequestId) -> None:
+        """Forget `prepare_decode`'s input for `request_id` (its Decode ended, or never came)."""
+        if self._engine is None:
+            return
+        rid = str(request_id)
+
+        def discard(_engine: Any) -> None:
+            self._prepared.pop(rid, None)
+
+        self._commands.put(discard)
 
     def generate(self, request: Request) -> AsyncIterator[TokenDelta]:
         return self._generate(request)
@@ -580,17 +643,7 @@ class VllmEngine:
     ) -> _Stream:
         if self._thread is None or self._engine is None:
             raise EngineError("engine is not started")
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        sampling = SamplingParams(
-            **sampling_kwargs(
-                request.sampling, max_tokens or request.sampling.max_tokens, mode == "decode"
-            ),
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-            extra_args=_extra_args(request, kv_params),
-            structured_outputs=structured_params(request.sampling.structured_outputs),
-        )
+        sampling = self._sampling(request, mode, kv_params, max_tokens)
         guided.check(self._engine, sampling)  # a bad regex / schema: ValueError, not a failure
         # A decode continues from the prefill's first token (its last prompt token), a takeover
         # from the tokens already sent: its grammar starts past them (`GrammarCatchUp`).
@@ -604,7 +657,13 @@ class VllmEngine:
             if self._trace is not None:
                 self._trace.picked(rid)
             try:
-                if self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
+                prepared = self._prepared.pop(rid, None) if mode == "decode" else None
+                if prepared is not None and not guided_prefix and prepared.fits(request):
+                    internal = prepared.add(engine, request.prompt_token_ids[-1], sampling)
+                    self.decodes_prepared += 1
+                    if self._trace is not None:  # not a time: this decode's input was prepared
+                        self._trace.mark(rid, "prepared_input", 1.0)
+                elif self._grammars is not None:  # keyed by vLLM's internal id (guided.py)
                     internal = self._grammars.add_request(
                         engine, rid, prompt, sampling, guided_prefix
                     )
@@ -621,6 +680,26 @@ class VllmEngine:
 
         self._commands.put(add)
         return stream
+
+    def _sampling(
+        self,
+        request: Request,
+        mode: str,
+        kv_params: Mapping[str, Any] | None,
+        max_tokens: int | None = None,
+    ) -> Any:
+        """vLLM's `SamplingParams` for `request` run as `mode`."""
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        return SamplingParams(
+            **sampling_kwargs(
+                request.sampling, max_tokens or request.sampling.max_tokens, mode == "decode"
+            ),
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=_extra_args(request, kv_params),
+            structured_outputs=structured_params(request.sampling.structured_outputs),
+        )
 
     def _prefill_finish(
         self, request: Request, first: int, reason: FinishReason | None
@@ -759,6 +838,7 @@ class VllmEngine:
                 log.warning("no KV warm-up window: %s", err)
         if self._trace is not None:
             self._trace.install_executor(core.model_executor)
+            self._trace.install_core(core)
         trace = self._trace
         warmup = self._warmup
         held = HeldBackoff(self._held_poll_s, self._held_poll_max_s)
@@ -1070,6 +1150,50 @@ def token_logprobs(positions: Any) -> tuple[TokenLogprobs, ...]:
     return tuple(out)
 
 
+MAX_PREPARED: Final = 256
+"""Prepared early-Decode inputs kept at most (`VllmEngine.prepare_decode`)."""
+
+
+def _continued(request: Request, first_token_id: int) -> Request:
+    """The decode of `request` continued from the prefill's first token: the prompt plus that
+    token, one token fewer to generate."""
+    return replace(
+        request,
+        prompt_token_ids=(*request.prompt_token_ids, first_token_id),
+        sampling=replace(request.sampling, max_tokens=request.sampling.max_tokens - 1),
+    )
+
+
+@dataclass
+class _Prepared:
+    """vLLM's processed input of an early Decode (`VllmEngine.prepare_decode`): the original
+    prompt and the continued sampling it was made for, and vLLM's `EngineCoreRequest` with a
+    placeholder where the first token goes."""
+
+    head: tuple[int, ...]
+    spec: SamplingSpec
+    processed: Any
+
+    def fits(self, continued: Request) -> bool:
+        """Was this made for `continued` (its prompt but the last token, its sampling)?"""
+        ids = continued.prompt_token_ids
+        return ids[:-1] == self.head and continued.sampling == self.spec
+
+    def add(self, engine: Any, first_token_id: int, sampling: Any) -> str:
+        """Write the first token and the decode's own `extra_args` (the KV params, the SLO as
+        of the KV's arrival) in, stamp the arrival, and add it to vLLM as `LLMEngine.
+        add_request` adds an input it has processed (one sequence: a decode's n is 1);
+        vLLM's internal id."""
+        request = self.processed
+        request.prompt_token_ids[-1] = first_token_id
+        request.sampling_params.extra_args = sampling.extra_args
+        request.arrival_time = time.time()
+        engine.input_processor.assign_request_id(request)
+        engine.output_processor.add_request(request, None, None, 0)
+        engine.engine_core.add_request(request)
+        return str(request.request_id)
+
+
 def _extra_args(request: Request, kv_params: Mapping[str, Any] | None) -> dict[str, Any]:
     """vLLM `SamplingParams.extra_args`: the KV connector's params, and the request's SLO for
     the scheduler shim's `SeqView` (`SLO_ARG`; the deadline as an offset from arrival, since
@@ -1185,6 +1309,16 @@ def pull_in_step(config: VllmEngineConfig) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{PULL_IN_STEP_ENV} must be 0 or 1, not {value!r}")
     return value == "1"
+
+
+def prepare_decode_mode(env: Mapping[str, str] = os.environ) -> str:
+    """When `prepare_decode` processes early Decodes' inputs ahead (`SPLITSERVE_KV_PREPARE_DECODE`):
+    `"1"` always, `"alternate"` every other call, `""` never (unset, empty or `0`). Any other
+    value is refused."""
+    value = env.get(PREPARE_DECODE_ENV, "")
+    if value not in ("", "0", "1", "alternate"):
+        raise ValueError(f"{PREPARE_DECODE_ENV} must be 0, 1 or alternate, not {value!r}")
+    return "" if value == "0" else value
 
 
 def warm_read_on(env: Mapping[str, str] = os.environ) -> bool:

@@ -347,6 +347,7 @@ XFER_MARKS = (
     "prepped_descs",
     "local_runs",
     "remote_runs",
+    "prepared_input",
 )
 """`kvtrace` marks of each traced READ that `xfer_rows` reports (counts and durations)."""
 

@@ -43,6 +43,8 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("posted", "start_load_kv returns"),
     ("xfer_seen", "vLLM's `check_xfer_state` finds the READ done (NIXL's xferDuration ends here)"),
     ("recv_done", "vLLM reports the READ done (async path)"),
+    ("recv_core_end", "the engine core's step that reported it returns (after update_from_output)"),
+    ("recv_step_end", "that engine step returns to the engine thread (after output processing)"),
     ("step2_start", "the step that yields token 2 starts"),
     ("step2_sched", "its schedule() returns"),
     ("step2_fwd_start", "its model execution starts"),
@@ -76,6 +78,10 @@ class KvTrace:
         several in flight."""
         self._phases: dict[str, float] = {}
         """Times within the traced step: `step_sched`, `step_fwd_start`, `step_fwd_end`."""
+        self._recv_core: list[str] = []
+        """Traced decodes whose READ this engine-core step reported done (`recv_core_end`)."""
+        self._recv_step: list[str] = []
+        """... and whose engine step has not returned yet (`recv_step_end`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> KvTrace | None:
@@ -147,6 +153,7 @@ class KvTrace:
                 rid = self._alias.get(i)
                 if rid is not None and rid in self._open:
                     self.mark(rid, "recv_done")
+                    self._recv_core.append(rid)
             return out
 
         worker.start_load_kv = start_load_kv
@@ -254,6 +261,23 @@ class KvTrace:
         executor.execute_model = execute_model
         executor.sample_tokens = sample_tokens
 
+    def install_core(self, core: Any) -> None:
+        """Mark when the engine core's step in which a traced READ was reported done returns
+        (`recv_core_end`; wrapping this instance's `step_fn`, whoever wrapped it before)."""
+        step = core.step_fn
+
+        def step_fn(*args: Any, **kwargs: Any) -> Any:
+            out = step(*args, **kwargs)
+            if self._recv_core:
+                now = time.perf_counter()
+                for rid in self._recv_core:
+                    self.mark(rid, "recv_core_end", now)
+                self._recv_step.extend(self._recv_core)
+                self._recv_core = []
+            return out
+
+        core.step_fn = step_fn
+
     def step_started(self) -> None:
         self._phases = {}
         self._step_start = time.perf_counter() if self._open else None
@@ -261,9 +285,13 @@ class KvTrace:
     def step_ended(self) -> None:
         """After an engine step: every traced request gets the step's times."""
         start, self._step_start = self._step_start, None
+        end = time.perf_counter()
+        if self._recv_step:
+            for rid in self._recv_step:
+                self.mark(rid, "recv_step_end", end)
+            self._recv_step = []
         if start is None:
             return
-        end = time.perf_counter()
         for rid in list(self._open):
             self.mark(rid, "step_start", start)
             self.mark(rid, "step_end", end)
