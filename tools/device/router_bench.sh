@@ -20,14 +20,7 @@ OUT=${OUT:-./out-router-bench}
 mkdir -p "$OUT"
 M="$OUT/machine.txt"
 stamp() { echo "$(date -u +%H:%M:%S) $*" >> "$M"; }
-SITE=/tmp/site
-if [ "${SKIP_WHEELS:-0}" != 1 ] && ls .whl/*.whl > /dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    .whl/*.whl > "$OUT/logs.txt" 2>&1 || { echo "wheel install failed" >> "$M"; exit 3; }
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+. "$(dirname "$0")/site.sh"  # the wheels, PYTHONPATH, HF_HUB_OFFLINE
 {
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "nproc: $(nproc)"

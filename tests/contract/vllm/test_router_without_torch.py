@@ -40,6 +40,7 @@ def test_router_process_does_not_load_torch(tiny_model_dir: Path, tmp_path: Path
         deadline = time.monotonic() + 90
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert proc.stderr is not None
         assert ready.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() else "no ready"
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         modules = [line for line in maps.splitlines() if "libtorch" in line]
