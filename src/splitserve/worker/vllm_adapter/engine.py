@@ -420,9 +420,8 @@ class VllmEngine:
         `SPLITSERVE_KV_PREPARE_DECODE=1` (or `alternate`: every other call). Off by default: in
         the A/B that measured it, the ~0.3 ms it saves did not show in the token-2 gap, and the
         prepared decodes' READs leaned slower, cause not found (docs/engines.md, "early
-        decode"). Then, and
-        when the prepared input does not match the decode that comes (other tokens or
-        sampling), `decode` processes the input as usual."""
+        decode"). When nothing is prepared, or the prepared input does not match the decode that
+        comes (other tokens or sampling), `decode` processes the input as usual."""
         if self._engine is None or not self.config.kv_connector or not self._prepare:
             return False
         if self._prepare == "alternate":
