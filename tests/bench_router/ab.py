@@ -37,6 +37,10 @@ with `--a-src` and `--b-src` the same tree); its rows then also give each proces
 time (how evenly SO_REUSEPORT spread the connections and their requests). On a 2-core machine the
 second core also runs the load generator and the workers, so that speed-up is a lower bound of what
 a free core gives.
+
+`--a-python PATH` / `--b-python PATH` / `--c-python PATH` run that router with another
+interpreter (e.g. a Python 3.12 venv's `bin/python` with this project installed: 3.11 against
+3.12 on the same tree); the workers and this load generator stay on `sys.executable`.
 """
 
 from __future__ import annotations
@@ -95,6 +99,12 @@ def main() -> None:
     )
     parser.add_argument("--c-env", action="append", default=[], help="K=V for router C only")
     parser.add_argument("--c-arg", action="append", default=[], help="router C's extra flag")
+    for who in "abc":
+        parser.add_argument(
+            f"--{who}-python",
+            default=None,
+            help=f"interpreter of router {who.upper()} (default: this one; workers stay on it)",
+        )
     parser.add_argument(
         "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
     )
@@ -166,6 +176,7 @@ def main() -> None:
             shared = list(start_zero_delay_workers(procs, work, args.backend).values())
         routers: dict[str, tuple[int, int]] = {}
         backends: dict[str, str] = {}
+        pythons: dict[str, str] = {}
         pids_of: dict[str, list[int]] = {}
         """Every process of a router (B with `--b-processes`: its children, not the supervisor)."""
         contenders = [("B", args.b_src, args.b_env, args.b_arg)]
@@ -188,9 +199,12 @@ def main() -> None:
             ready = work / f"router-{name}.json"
             if name == "B" and args.b_processes > 1:
                 more += ["--processes", str(args.b_processes), "--ready-file", str(ready)]
-            proc = procs.spawn(
-                f"router-{name}", _router_args(workers, tok_dir, port, *more), ROUTER_CORE, env
-            )
+            command = _router_args(workers, tok_dir, port, *more)
+            python = getattr(args, f"{name.lower()}_python")
+            if python:
+                command[0] = python
+            pythons[name] = command[0]
+            proc = procs.spawn(f"router-{name}", command, ROUTER_CORE, env)
             pids_of[name] = [proc.pid]
             if name == "B" and args.b_processes > 1:
                 pids_of[name] = [int(p) for p in _wait_file(ready, proc)["pids"]]
@@ -311,6 +325,7 @@ def main() -> None:
                         "prompt_tokens": args.prompt_tokens,
                         "max_tokens": args.max_tokens,
                         "backend": backends,
+                        "python": pythons,
                         "cpu_ms_mean": {n: round(m, 3) for n, m in mean.items()},
                         "cpu_ms_median": {n: round(_median(v), 3) for n, v in cpus.items()},
                         "cpu_ms_range": {n: [v[0], v[-1]] for n, v in cpus.items()},
