@@ -57,3 +57,28 @@ bench-router-scale: $(STAMP) $(BENCH_ROUTER_VENV)/.installed
 	  --vllm-router $(BENCH_ROUTER_VENV)/bin/vllm-router --py-spy $(BENCH_ROUTER_VENV)/bin/py-spy \
 	  --out out/bench-router.md --scale 1 2 4 --slow-streams 0 --rates 100 200 400 800 \
 	  --budget-s $(BENCH_SCALE_BUDGET_S) $(BENCH_SCALE_ARGS)
+
+# A mypyc build of the router's compilable per-request / per-token modules, for measurement only
+# (docs/benchmarks.md "Seventeenth pass": no gain measured, so nothing uses it and CI does not
+# build it). A copy of src/splitserve with the extension modules beside their sources, like
+# `make sim-compiled`; compare it with the pure-Python tree on the same workers with
+# `python -m tests.bench_router.ab --a-src '' --b-src $(ROUTER_MYPYC_BUILD)`, or per call with
+# `PYTHONPATH=$(ROUTER_MYPYC_BUILD) python -m tests.bench_router.compiled_micro`. Left out:
+# dispatch, generation and openai_stream (async generators: "unimplemented" in mypyc 2.4.1),
+# pool_view (a `KeyError` subclass, and a dataclass field typed with a stub-only class that a
+# compiled dataclass evaluates at import), openai_models (pydantic models). ~2 minutes here.
+ROUTER_MYPYC_BUILD   ?= build/mypyc-router
+ROUTER_MYPYC_MODULES := $(addprefix splitserve/router/,fast_lane.py detokenizer.py ledger.py \
+  http_sse.py mux.py fast_bpe.py client_link.py latency.py request_stats.py slo.py admission.py \
+  stops.py) splitserve/core/frames.py
+
+.PHONY: router-compiled
+
+router-compiled: $(STAMP)
+	rm -rf $(ROUTER_MYPYC_BUILD)
+	mkdir -p $(ROUTER_MYPYC_BUILD)
+	cp -R src/splitserve $(ROUTER_MYPYC_BUILD)/splitserve
+	find $(ROUTER_MYPYC_BUILD) -name __pycache__ -prune -exec rm -rf {} +
+	cd $(ROUTER_MYPYC_BUILD) && $(abspath $(VENV))/bin/mypyc $(ROUTER_MYPYC_MODULES) > mypyc.log 2>&1 \
+	  || { tail -40 mypyc.log; exit 1; }
+	@echo "$(words $(ROUTER_MYPYC_MODULES)) modules compiled into $(ROUTER_MYPYC_BUILD)"
