@@ -146,9 +146,12 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         *("--model", opts["model"], "--worker-id", name, "--log-level", opts["log_level"]),
     ]
     if opts["engine"] == "vllm":
+        # The router tokenizes with --tokenizer: the workers must too, or token ids differ.
+        tokenizer = ["--tokenizer", str(opts["tokenizer"])] if opts.get("tokenizer") else []
         return [
             *common,
             *("--served-model-name", opts["served_model_name"], "--nixl-port", "0"),
+            *tokenizer,
             *("--", "--max-model-len", str(opts["max_model_len"])),
             *opts["engine_args"],
         ]
@@ -286,7 +289,8 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     "--tokenizer",
     type=click.Path(path_type=Path, exists=True, file_okay=False),
     default=None,
-    help="Hugging Face tokenizer directory. Default: the model's (vllm), a local BPE (sim).",
+    help="Hugging Face tokenizer directory, used by the router and (vllm) by every worker, "
+    "as vLLM's --tokenizer. Default: the model's (vllm), a local BPE (sim).",
 )
 @click.option(
     "--max-model-len",
@@ -425,6 +429,8 @@ def up(**opts: Any) -> None:
                 param_hint="--model",
             )
         opts["model"] = str(model_dir.resolve())
+        if opts["tokenizer"]:  # the workers get it too (worker_args)
+            opts["tokenizer"] = opts["tokenizer"].resolve()
         tokenizer_dir = opts["tokenizer"] or model_dir
         opts["max_model_len"] = opts["max_model_len"] or 2048
         # The router loads it once started: refused here, not in the router's log.
