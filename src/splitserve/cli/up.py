@@ -37,6 +37,9 @@ _PORT: Final = click.IntRange(0, 65535)
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
 STOP_TIMEOUT_S = 10.0
+ROUTER_STOP_TIMEOUT_S = 40.0
+"""How long `up` lets its router drain before stopping the workers: the router's default
+`edge.drain_grace_s` (30 s, after which it cuts what still runs) and time to shut down."""
 
 
 @dataclass
@@ -53,8 +56,15 @@ class Child:
 
     def start(self, env: dict[str, str]) -> None:
         log = self.log_path.open("ab")
+        # A group of its own: a terminal's Ctrl-C reaches `up` alone, which stops the router
+        # (it drains) before the workers its streams run on (Stack.stop).
         self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+            process_group=0,
         )
         log.close()
 
@@ -76,6 +86,8 @@ class Stack:
         self.children: list[Child] = []
         self.env = dict(os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.hurry = False
+        """Set (a second Ctrl-C) to stop the workers without waiting for the router's drain."""
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         ready = self.run_dir / f"{name}.ready.json"
@@ -126,18 +138,35 @@ class Stack:
         return next((c for c in self.children if c.exited() is not None), None)
 
     def stop(self) -> None:
-        for child in reversed(self.children):
+        """Stop the router first and wait while it drains (docs/reliability.md: requests in
+        flight finish, for up to its drain grace), then the workers. Stopping all at once ended
+        every stream in flight with "no decode worker could finish" (the workers went first)."""
+        routers = [c for c in self.children if c.name == "router"]
+        self._stop(routers, ROUTER_STOP_TIMEOUT_S, lambda: self.hurry)
+        self._stop([c for c in self.children if c not in routers], STOP_TIMEOUT_S)
+
+    @staticmethod
+    def _stop(
+        children: list[Child], timeout_s: float, hurry: Callable[[], bool] = lambda: False
+    ) -> None:
+        """SIGTERM each running child, wait up to `timeout_s` (or until `hurry()`), then
+        SIGKILL what is left."""
+        for child in reversed(children):
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in self.children:
-            if child.proc is None:
-                continue
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        deadline = time.monotonic() + timeout_s
+        running = [c.proc for c in children if c.proc is not None]
+        while running and time.monotonic() < deadline and not hurry():
+            running = [p for p in running if p.poll() is None]
+            if running:
+                time.sleep(0.05)
+        for proc in running:
+            if proc.poll() is None:
+                try:
+                    proc.wait(0 if hurry() else max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
@@ -460,6 +489,8 @@ def up(**opts: Any) -> None:
     stopping = {"signal": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
+        if stopping["signal"]:  # a second one: do not wait for the router's drain
+            stack.hurry = True
         stopping["signal"] = signum
 
     signal.signal(signal.SIGINT, on_signal)
@@ -486,7 +517,10 @@ def up(**opts: Any) -> None:
                     break
             time.sleep(0.2)
     finally:
-        click.echo("stopping...")
+        click.echo(
+            "stopping: the router finishes the requests in flight (up to its drain grace, "
+            "30 s by default), then the workers stop; Ctrl-C again to stop at once"
+        )
         if autoscaler is not None:
             autoscaler.stop()
         stack.stop()

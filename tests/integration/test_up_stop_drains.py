@@ -1,0 +1,87 @@
+"""Stopping `splitserve up` drains: a stream in flight when `up` gets SIGTERM finishes whole.
+
+Before: `up` sent SIGTERM to the router and the workers at once; the workers stopped under the
+draining router and every stream in flight ended with "no decode worker could finish"
+(found by a new-user probe, 2026-11-27). Now the router is stopped first and waited for
+(docs/reliability.md: it drains), then the workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_ready(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "router.ready.json").exists():
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"splitserve up exited early ({proc.returncode}):\n{out}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("splitserve up did not become ready")
+        time.sleep(0.1)
+
+
+def test_a_stream_in_flight_finishes_when_up_is_stopped(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, SPLITSERVE_CACHE_DIR=str(tmp_path / "cache"))
+    argv = [
+        sys.executable, "-m", "splitserve", "up",
+        "--prefill", "1", "--decode", "1", "--port", "0", "--grpc-port", "0",
+        "--run-dir", str(run_dir), "--log-level", "WARNING",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        _wait_ready(proc, run_dir)
+        port = json.loads((run_dir / "router.ready.json").read_text())["port"]
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
+        )
+        first = threading.Event()
+        got: dict[str, object] = {"tokens": 0, "finish": None, "error": None}
+
+        def read() -> None:
+            try:
+                stream = client.completions.create(
+                    model="splitserve-sim",
+                    prompt="a story " * 20,
+                    max_tokens=200,  # ~12 ms per simulated decode step: seconds of streaming
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                for chunk in stream:
+                    first.set()
+                    if chunk.choices and chunk.choices[0].text:
+                        got["tokens"] = int(str(got["tokens"])) + 1
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        got["finish"] = chunk.choices[0].finish_reason
+            except Exception as err:  # the assertion below reports it
+                got["error"] = err
+            finally:
+                first.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        reader.join(90)
+        assert got["error"] is None, got["error"]
+        assert got["finish"] == "length"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
