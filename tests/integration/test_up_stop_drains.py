@@ -80,7 +80,51 @@ def test_a_stream_in_flight_finishes_when_up_is_stopped(tmp_path: Path) -> None:
         reader.join(90)
         assert got["error"] is None, got["error"]
         assert got["finish"] == "length"
-        assert proc.wait(timeout=60) == 0
+        code = proc.wait(timeout=60)
+        assert code == 0, proc.stdout.read() if proc.stdout else code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not yet reaped still answers kill(0)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_as_soon_as_the_router_is_ready_stops_up_itself(tmp_path: Path) -> None:
+    """Before: `up` installed its SIGTERM handler only after printing its endpoint, so a
+    SIGTERM in that window killed it outright (exit -15) and its children all at once (the
+    drain test above failed that way under load)."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, SPLITSERVE_CACHE_DIR=str(tmp_path / "cache"))
+    argv = [
+        sys.executable, "-m", "splitserve", "up", "--prefill", "0", "--decode", "1",
+        "--port", "0", "--grpc-port", "0", "--run-dir", str(run_dir), "--log-level", "WARNING",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        ready = run_dir / "router.ready.json"
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        assert code >= 0, f"up was killed by signal {-code}"  # 0, or 1 if still starting
+        pids = [json.loads(p.read_text())["pid"] for p in run_dir.glob("*.ready.json")]
+        assert pids
+        assert not [pid for pid in pids if _alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()

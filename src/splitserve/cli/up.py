@@ -477,7 +477,22 @@ def up(**opts: Any) -> None:
         f"starting {opts['prefill']} prefill, {opts['decode']} decode, {opts['mixed']} mixed "
         f"workers and a router (logs in {run_dir})"
     )
+    stopping = {"signal": 0}
+    started: list[Stack] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not started:  # still starting: start_stack stops what it started, then re-raises
+            raise KeyboardInterrupt
+        if stopping["signal"]:  # a second one: do not wait for the router's drain
+            started[0].hurry = True
+        stopping["signal"] = signum
+
+    # Before anything starts: a SIGTERM that came before the handler (right after the router
+    # was ready, say) killed `up` outright, and its children all at once (PR_SET_PDEATHSIG).
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     stack = start_stack(opts, run_dir, tokenizer_dir)
+    started.append(stack)
     router = stack.children[-1].info
     host = router["host"]
     click.echo(
@@ -486,15 +501,6 @@ def up(**opts: Any) -> None:
     )
     click.echo(benchmark_hint(f"http://{host}:{router['port']}"))
     click.echo("press Ctrl-C to stop")
-    stopping = {"signal": 0}
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if stopping["signal"]:  # a second one: do not wait for the router's drain
-            stack.hurry = True
-        stopping["signal"] = signum
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     code = 0
     supervisor = Supervisor(stack, opts["on_exit"], lambda msg: click.echo(msg, err=True))
     fleet, autoscaler = None, None
