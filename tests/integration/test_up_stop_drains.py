@@ -46,6 +46,10 @@ def test_a_stream_in_flight_finishes_when_up_is_stopped(tmp_path: Path) -> None:
     )
     try:
         _wait_ready(proc, run_dir)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # up has seen every process ready: it is serving, not starting
+            if line.startswith("press Ctrl-C to stop"):
+                break
         port = json.loads((run_dir / "router.ready.json").read_text())["port"]
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
