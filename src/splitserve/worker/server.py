@@ -335,13 +335,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             assert handoff is not None  # abort raised
             # While the prefill runs, the engine may process the input (vLLM's, with a
             # placeholder for the first token), so that the KV's arrival finds less to do.
-            prepare = getattr(self.engine, "prepare_decode", None)
-            prepared = bool(prepare(req)) if prepare is not None else False
+            prepared = self.engine.prepare_decode(req)
             try:
                 follow: worker_pb2.DecodeKv = await handoff
             except BaseException:
                 if prepared:
-                    self.engine.discard_prepared(req.id)  # type: ignore[attr-defined]
+                    self.engine.discard_prepared(req.id)
                 raise
             if self.draining:  # drained while it waited: the router takes the KV elsewhere
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
@@ -382,7 +381,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 yield chunk
         finally:
             if prepared:  # used when the decode was added; otherwise not needed any more
-                self.engine.discard_prepared(req.id)  # type: ignore[attr-defined]
+                self.engine.discard_prepared(req.id)
             self._decode_spans.pop(str(req.id), None)
             self._decode_received.pop(str(req.id), None)
             self._pull_tokens.pop(str(req.id), None)

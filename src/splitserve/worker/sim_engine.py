@@ -201,6 +201,13 @@ class SimEngine:
 
     # -- observation ----------------------------------------------------------------------------
 
+    def prepare_decode(self, request: Request) -> bool:
+        """Nothing to prepare: a simulated decode's input costs nothing to process."""
+        return False
+
+    def discard_prepared(self, request_id: RequestId) -> None:
+        """Nothing was prepared (`prepare_decode`)."""
+
     def load(self) -> LoadSnapshot:
         s = self._core.load()
         return LoadSnapshot(

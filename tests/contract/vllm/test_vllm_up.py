@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,9 +102,22 @@ def pd_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Itera
 
 
 @pytest.fixture(scope="module")
-def agg_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[UpStack]:
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """The model's tokenizer files alone, in a directory of their own (`up --tokenizer`)."""
+    path = tmp_path_factory.mktemp("tokenizer")
+    for f in model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, path / f.name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def agg_stack(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, tokenizer_dir: Path
+) -> Iterator[UpStack]:
+    """With `--tokenizer` (router and worker both use it), against the P/D stack without."""
     yield from _up(
-        tmp_path_factory.mktemp("up-agg"), model_dir,
+        tmp_path_factory.mktemp("up-agg"), model_dir, "--tokenizer", str(tokenizer_dir),
         "--prefill", "0", "--decode", "0", "--mixed", "1", "--", "--max-num-seqs", "4",
     )  # fmt: skip
 
@@ -167,6 +181,15 @@ def test_up_runs_float32_unless_engine_args_name_a_dtype(
         assert argv[argv.index(b"--dtype") + 1] == b"float32"
     argv = _cmdline(agg_stack, "mixed-0")  # engine arguments after `--` reach the worker
     assert argv[argv.index(b"--max-num-seqs") + 1] == b"4"
+
+
+def test_up_tokenizer_reaches_the_vllm_worker_as_well_as_the_router(
+    agg_stack: UpStack, tokenizer_dir: Path
+) -> None:
+    """`up --tokenizer` went to the router only (the worker loaded the model's own)."""
+    for worker in ("mixed-0", "router"):
+        argv = _cmdline(agg_stack, worker)
+        assert argv[argv.index(b"--tokenizer") + 1] == str(tokenizer_dir.resolve()).encode()
 
 
 def test_aggregated_stack_matches_pd_token_for_token(pd_stack: UpStack, agg_stack: UpStack) -> None:

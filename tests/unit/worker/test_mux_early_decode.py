@@ -132,7 +132,7 @@ async def test_a_worker_drained_while_the_early_decode_waits_is_unavailable(
 
 
 async def test_an_engine_that_prepares_decodes_gets_the_request_before_its_kv(
-    make_worker: WorkerFactory,
+    make_worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An engine with `prepare_decode` (the vLLM one) is handed the early Decode's request
     while its KV is awaited, and told to forget it once the Decode ends, or is cancelled
@@ -149,8 +149,8 @@ async def test_an_engine_that_prepares_decodes_gets_the_request_before_its_kv(
     def discard_prepared(request_id: Any) -> None:
         calls.append(("discard", str(request_id)))
 
-    engine.prepare_decode = prepare_decode  # type: ignore[attr-defined]
-    engine.discard_prepared = discard_prepared  # type: ignore[attr-defined]
+    monkeypatch.setattr(engine, "prepare_decode", prepare_decode)
+    monkeypatch.setattr(engine, "discard_prepared", discard_prepared)
     sid, chunks = await conn.open("decode", early("e"))
     async with asyncio.timeout(10):
         while not calls:  # noqa: ASYNC110 - no event for it
