@@ -20,6 +20,7 @@ class FakeRouterMetrics:
         p = "splitserve_router_"
         self.admission = Counter(p + "admission", "", ["slo_class", "outcome"], registry=r)
         self.slo = Counter(p + "slo_requests", "", ["slo_class", "result"], registry=r)
+        self.requests = Counter(p + "requests", "", ["outcome", "path", "slo_class"], registry=r)
         self.ttft = Histogram(
             p + "ttft_seconds", "", ["path", "slo_class"], buckets=_TTFT, registry=r
         )
@@ -48,11 +49,19 @@ class FakeRouterMetrics:
         """`n` requests of the class, admitted and finished with these numbers."""
         self.admission.labels(slo_class, "admitted").inc(n)
         self.slo.labels(slo_class, "met" if met else "missed").inc(n)
+        self.requests.labels("ok", "disaggregated", slo_class).inc(n)
         for _ in range(n):
             self.ttft.labels("disaggregated", slo_class).observe(ttft_s)
             self.tpot.labels("disaggregated", slo_class).observe(tpot_s)
             self.prompt.labels(slo_class).observe(prompt)
             self.output.labels(slo_class).observe(output)
+
+    def shed(self, n: int, slo_class: str = "chat", *, queued_first: bool = False) -> None:
+        """`n` requests of the class answered 429, as the router counts them: refused at
+        arrival (admission `shed`), or queued at arrival and shed later (admission `queued`);
+        both end as `requests_total{outcome="shed"}` (path `none`: never placed)."""
+        self.admission.labels(slo_class, "queued" if queued_first else "shed").inc(n)
+        self.requests.labels("shed", "none", slo_class).inc(n)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()

@@ -345,6 +345,25 @@ def test_window_counts_router_restart_from_zero() -> None:
     assert obs.classes[0].requests == 20
 
 
+@pytest.mark.parametrize("queued_first", [False, True])
+def test_window_counts_requests_shed_after_queueing(queued_first: bool) -> None:
+    """A request queued at arrival and shed later is in the admission counter as `queued`
+    only; the window reads the shed from the requests' outcome (it read 0 for these before)."""
+    from splitserve.operator.control.signals import ClassTargets
+
+    fake = FakeRouterMetrics()
+    fake.serve(10)
+    w = Window(60.0, 30.0)
+    w.add(Snapshot(0.0, {ROUTER: parse(fake.text())}))
+    fake.serve(4)
+    fake.shed(6, queued_first=queued_first)
+    w.add(Snapshot(10.0, {ROUTER: parse(fake.text())}))
+    obs = w.observe(10.0, [ClassTargets("chat", 2.0, 0.1, 0.9, 0.9)], {})
+    assert obs.shed == 6
+    assert obs.classes[0].shed == 6
+    assert obs.arrival_rate_per_s == pytest.approx(1.0)
+
+
 def test_window_missing_slo_metrics_is_explicit() -> None:
     w = Window(60.0, 30.0)
     text = "# TYPE splitserve_router_requests_total counter\nsplitserve_router_requests_total 5\n"

@@ -42,6 +42,7 @@ from splitserve.policy.planner.signals import (
 
 P = "splitserve_router_"
 ADMISSION = P + "admission_total"
+REQUESTS = P + "requests_total"
 SLO_REQUESTS = P + "slo_requests_total"
 QUEUE_DEPTH = P + "queue_depth"
 QUEUED_PROMPT_TOKENS = P + "queued_prompt_tokens"
@@ -353,9 +354,7 @@ class Window:
             met = _sum(delta, SLO_REQUESTS, slo_class=c.name, result="met")
             missed = _sum(delta, SLO_REQUESTS, slo_class=c.name, result="missed")
             n = met + missed
-            shed = _sum(delta, ADMISSION, slo_class=c.name, outcome="shed") + _sum(
-                delta, ADMISSION, slo_class=c.name, outcome="rejected"
-            )
+            shed = _sum(delta, REQUESTS, slo_class=c.name, outcome="shed")
             signals.append(
                 ClassSignal(
                     c.name,
@@ -371,9 +370,10 @@ class Window:
                     shed=int(shed),
                 )
             )
-        shed_all = _sum(delta, ADMISSION, outcome="shed") + _sum(
-            delta, ADMISSION, outcome="rejected"
-        )
+        # Shed = requests that ended with a 429: refused at arrival (the admission counter's
+        # `shed` and `rejected`) and queued first, then shed (which the admission counter,
+        # one decision per arrival, counts as `queued`): `requests_total{outcome="shed"}`.
+        shed_all = _sum(delta, REQUESTS, outcome="shed")
         queue = (
             _sum(gauges, QUEUE_DEPTH)
             if any(_has(s, QUEUE_DEPTH) for s in new.routers.values())
