@@ -71,6 +71,10 @@ def _opt(row: dict[str, object], key: str, line: int) -> float | None:
     return out
 
 
+_REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "latency_s")
+"""The columns every recorded request needs (`tpot_s`, `id`, `outcome` are optional)."""
+
+
 def parse_recording(lines: Iterable[str]) -> Recording:
     """Recorded requests (JSON lines, or CSV with a header), sorted by arrival."""
     text = [ln for ln in lines if ln.strip()]
@@ -84,8 +88,18 @@ def parse_recording(lines: Iterable[str]) -> Recording:
                 rows.append(json.loads(ln))
             except json.JSONDecodeError as err:
                 raise ValueError(f"recording line {i}: not JSON ({err.msg})") from None
+        if bad := next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None):
+            raise ValueError(f"recording line {bad}: not a JSON object")
     else:
-        rows = [dict(r) for r in csv.DictReader(text)]
+        reader = csv.DictReader(text)
+        missing = [c for c in _REQUIRED if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(
+                "the recording is neither JSON lines (each line an object) nor CSV with a "
+                f"header naming {', '.join(_REQUIRED)}: its first line lacks "
+                f"{', '.join(missing)}"
+            )
+        rows = [dict(r) for r in reader]
     out: list[Recorded] = []
     skipped = 0
     for i, row in enumerate(rows, 1):

@@ -122,6 +122,9 @@ def test_csv_and_json_lines_read_the_same() -> None:
     ("lines", "match"),
     [
         ([], "empty"),
+        (["hello world"], "neither JSON lines .* lacks arrival_s"),
+        (["arrival_s,prompt_tokens,ttft_s", "1,2,3"], "lacks output_tokens, latency_s"),
+        (['{"a": 1}', "[1]"], "line 2: not a JSON object"),
         (["{not json"], "line 1: not JSON"),
         (['{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1, "ttft_s": 0}'], "latency_s"),
         (
