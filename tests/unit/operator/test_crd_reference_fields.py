@@ -33,7 +33,7 @@ def schema_fields(schema: dict[str, Any], path: str = "") -> Iterator[str]:
 
 def crd(directory: Path, kind: str) -> dict[str, Any]:
     for p in sorted(directory.glob("*.yaml")):
-        doc = yaml.safe_load(p.read_text())
+        doc: dict[str, Any] = yaml.safe_load(p.read_text())
         if doc["spec"]["names"]["kind"] == kind:
             return doc
     raise AssertionError(f"no CRD for {kind} in {directory}")
