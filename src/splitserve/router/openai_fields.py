@@ -112,7 +112,10 @@ COMMON: Final[dict[str, Field]] = {
     "bad_words": _SAMPLER,
     "allowed_token_ids": _SAMPLER,
     "stop_token_ids": Field(
-        "acts", "acts", "Added to the model's end-of-text tokens (also with `ignore_eos`)."
+        "acts",
+        "acts",
+        "Added to the model's end-of-text tokens (also with `ignore_eos`). As in vLLM, the "
+        "stop token's text is left out of the answer; it counts in `usage`.",
     ),
     "response_format": _refused_by_sim(
         _NO_GUIDED,
