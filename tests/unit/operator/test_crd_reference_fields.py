@@ -101,3 +101,12 @@ def test_the_comparison_sees_a_missing_and_an_invented_field() -> None:
         "| `a` | object |\n| `x` **(required)** | string |\n"
     )
     assert doc_fields(rows["K.spec"]) == {"a", "x"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_doc_short_names_are_the_crds(kind: str) -> None:
+    names = crd(CRD_DIRS[0], kind)["spec"]["names"]
+    m = re.search(r"\(short names: ([^)]*)\)", section(DOC.read_text(), kind))
+    assert m, f"crd-reference.md gives no short names for {kind}"
+    assert re.findall(r"`([^`]+)`", m.group(1)) == names["shortNames"]
+    assert f"`kubectl get {names['plural']}`" in section(DOC.read_text(), kind)
