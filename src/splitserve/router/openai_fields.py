@@ -81,7 +81,9 @@ COMMON: Final[dict[str, Field]] = {
     "stop": Field("acts", "acts", "Stop strings, matched by the router on the detokenized text."),
     "n": Field("acts", "acts", "Only 1; more is refused (400)."),
     "stream": _ACTS,
-    "stream_options": _ACTS,
+    "stream_options": Field(
+        "acts", "acts", "Only with `stream: true` (else a 400 naming it, as vLLM refuses it)."
+    ),
     "stream_options.include_usage": _ACTS,
     "stream_options.continuous_usage_stats": _ACTS,
     "ignore_eos": _ACTS,
