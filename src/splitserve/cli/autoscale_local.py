@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 from splitserve.core.roles import Role
 from splitserve.operator.control.loop import GrpcLoadProbe, LoadProbe, held_key, http_get
@@ -102,10 +103,13 @@ class LocalLoop:
 
     def tick(self) -> tuple[Decision, tuple[FlipDecision, ...]]:
         now = self.clock()
+        # Keyed by the router's address, as the operator keys its router pods: a problem then
+        # reads "router 127.0.0.1:8000 missing: ..." (not "router router").
+        addr = urlsplit(self.router_metrics_url).netloc or self.router_metrics_url
         try:
-            snap = Snapshot(now, {"router": parse(self.get(self.router_metrics_url))})
+            snap = Snapshot(now, {addr: parse(self.get(self.router_metrics_url))})
         except (OSError, ValueError) as err:
-            snap = Snapshot(now, {}, {"router": f"scrape failed: {err}"})
+            snap = Snapshot(now, {}, {addr: f"scrape failed: {err}"})
         self.window.add(snap)
         workers = list(self.fleet.workers())
         loads: dict[Role, list[WorkerLoad]] = {r: [] for r in ROLES}

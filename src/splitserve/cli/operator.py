@@ -120,6 +120,15 @@ def run(
         if not own:
             raise click.UsageError("give --namespace (repeatable) or --all-namespaces")
         namespaces = (own,)
+    if kubeconfig:
+        # The Kubernetes client merges a list (as kubectl does) and skips missing files; with
+        # none there, start-up would fail "No configuration found" and retry every 60 s.
+        paths = [p for p in kubeconfig.split(os.pathsep) if p]
+        if not any(os.path.isfile(os.path.expanduser(p)) for p in paths):
+            raise click.BadParameter(
+                f"no such file: {kubeconfig} (from --kubeconfig or $KUBECONFIG)",
+                param_hint="--kubeconfig",
+            )
     ca_namespace = None
     issuer = None
     if cert_manager_issuer:

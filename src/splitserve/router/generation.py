@@ -329,6 +329,7 @@ class Generator:
             self.tokenizer, request.prompt_token_ids[-INITIAL_CONTEXT_TOKENS:]
         )
         stops = StopStrings(stop) if stop else None
+        stop_ids = frozenset(request.sampling.stop_token_ids)
         if lane is not None and stops is None:
             # Stop strings need this task (the cut, `dispatch.stop()`): no lane with them.
             lane.detok = detok
@@ -358,8 +359,13 @@ class Generator:
                         break
                     if first_token_s is None and chunk.token_ids:
                         first_token_s = self.clock.now_s()
-                    text = detok.push(chunk.token_ids)
                     reason = chunk.finish_reason
+                    ids = chunk.token_ids
+                    if reason is FinishReason.STOP and ids and ids[-1] in stop_ids:
+                        # As vLLM's detokenizer (stop-terminated, `include_stop_str_in_output`
+                        # off): the stop token's text is left out; it counts in the usage.
+                        ids = ids[:-1]
+                    text = detok.push(ids)
                     if stops is None:
                         if reason is not None:
                             text += detok.flush()

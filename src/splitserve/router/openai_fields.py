@@ -81,7 +81,9 @@ COMMON: Final[dict[str, Field]] = {
     "stop": Field("acts", "acts", "Stop strings, matched by the router on the detokenized text."),
     "n": Field("acts", "acts", "Only 1; more is refused (400)."),
     "stream": _ACTS,
-    "stream_options": _ACTS,
+    "stream_options": Field(
+        "acts", "acts", "Only with `stream: true` (else a 400 naming it, as vLLM refuses it)."
+    ),
     "stream_options.include_usage": _ACTS,
     "stream_options.continuous_usage_stats": _ACTS,
     "ignore_eos": _ACTS,
@@ -112,7 +114,10 @@ COMMON: Final[dict[str, Field]] = {
     "bad_words": _SAMPLER,
     "allowed_token_ids": _SAMPLER,
     "stop_token_ids": Field(
-        "acts", "acts", "Added to the model's end-of-text tokens (also with `ignore_eos`)."
+        "acts",
+        "acts",
+        "Added to the model's end-of-text tokens (also with `ignore_eos`). As in vLLM, the "
+        "stop token's text is left out of the answer; it counts in `usage`.",
     ),
     "response_format": _refused_by_sim(
         _NO_GUIDED,

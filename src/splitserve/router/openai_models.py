@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from splitserve.core.request import FinishReason
 from splitserve.router.generation import TextChunk, Usage
@@ -77,6 +78,19 @@ class SamplingFields(_Wire):
     """Structured output (`json_object`, `json_schema`)."""
     structured_outputs: dict[str, Any] | None = None
     """vLLM's guided decoding (`json`, `regex`, `choice`, `grammar`)."""
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        # As vLLM ("Stream options can only be defined when `stream=True`"): without `stream`
+        # they would have no effect, and nothing is ignored silently.
+        if value is not None and not info.data.get("stream"):
+            raise PydanticCustomError(
+                "stream_options", "stream options can only be given with `stream: true`"
+            )
+        return value
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -263,6 +263,8 @@ def test_a_hold_is_printed_once_per_reason_like_the_operator_s_status_decisions(
     holds = [line for line in printed if line.startswith("autoscale: hold: no action: ")]
     assert 1 <= len(holds) <= 2, printed
     assert all("scrape failed: connection refused" in line for line in holds), holds
+    # The router is named by its address, as the operator names its router pods.
+    assert all("router 127.0.0.1:8000 " in line for line in holds), holds
     for _ in range(4):  # the same outage: nothing new
         tick()
     assert [line for line in printed if "hold" in line] == holds, printed

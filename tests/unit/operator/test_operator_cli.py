@@ -50,3 +50,55 @@ def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(operator, ["run", "-A"])
     assert result.exit_code == 0, result.output
     assert seen["clusterwide"] is True
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_kubeconfig_that_does_not_exist_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, how: str
+) -> None:
+    """Found by the operations.md probe: a mistyped path started the operator, whose start-up
+    then failed "Invalid kube-config file. No configuration found" every 60 s."""
+    import kopf
+
+    started: list[bool] = []
+
+    async def fake_operator(**kwargs: Any) -> None:
+        started.append(True)
+
+    monkeypatch.setattr(kopf, "operator", fake_operator)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    missing = str(tmp_path / "nope.yaml")
+    args = ["run", "-n", "default"]
+    if how == "flag":
+        args += ["--kubeconfig", missing]
+    else:
+        monkeypatch.setenv("KUBECONFIG", f"{missing}:{tmp_path / 'other.yaml'}")
+    result = CliRunner().invoke(operator, args)
+    assert result.exit_code == 2, result.output
+    assert "--kubeconfig" in result.output
+    assert "nope.yaml" in result.output
+    assert not started
+
+
+def test_a_kubeconfig_list_with_one_existing_file_is_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import kopf
+
+    seen: list[bool] = []
+
+    async def fake_operator(**kwargs: Any) -> None:
+        seen.append(True)
+
+    monkeypatch.setattr(kopf, "operator", fake_operator)
+    root, aio = logging.getLogger(), logging.getLogger("asyncio")
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(aio, "propagate", aio.propagate)
+    monkeypatch.setattr(aio, "handlers", list(aio.handlers))
+    there = tmp_path / "config"
+    there.write_text("apiVersion: v1\nkind: Config\n")
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{there}")
+    result = CliRunner().invoke(operator, ["run", "-n", "default", "--no-internal-tls"])
+    assert result.exit_code == 0, result.output
+    assert seen
