@@ -549,7 +549,8 @@ def autoscale_usage_error(
     set that option (its `--autoscale-*` companions act only with `--autoscale`)."""
     if not opts["autoscale"]:
         named = [f"--{n.replace('_', '-')}" for n in AUTOSCALE_OPTIONS if given(n)]
-        return f"{', '.join(named)} need --autoscale" if named else None
+        verb = "needs" if len(named) == 1 else "need"
+        return f"{', '.join(named)} {verb} --autoscale" if named else None
     if opts["engine"] != "sim":
         return (
             "--autoscale runs with --engine sim only: the loop's performance model is fitted "

@@ -159,8 +159,12 @@ def test_autoscale_options_are_refused_without_autoscale_and_with_what_it_cannot
 
     runner = CliRunner()
     cases = [
-        (["--autoscale-max", "3"], "--autoscale-max need --autoscale"),
-        (["--autoscale-burst-weight", "0.5"], "--autoscale-burst-weight need --autoscale"),
+        (["--autoscale-max", "3"], "--autoscale-max needs --autoscale"),
+        (["--autoscale-burst-weight", "0.5"], "--autoscale-burst-weight needs --autoscale"),
+        (
+            ["--autoscale-max", "3", "--autoscale-min", "1"],
+            "--autoscale-min, --autoscale-max need --autoscale",
+        ),
         (["--autoscale", "--autoscale-burst-weight", "1.5"], "--autoscale-burst-weight"),
         (["--autoscale", "--engine", "vllm"], "--engine sim only"),
         (["--autoscale", "--mixed", "1"], "--mixed workers are not supported"),
