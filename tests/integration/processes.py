@@ -28,3 +28,16 @@ def ready(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> 
         time.sleep(0.1)
     info: dict[str, Any] = json.loads(path.read_text())
     return info
+
+
+def up_ready(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> None:
+    """Wait for `splitserve up`'s router ready file in `run_dir` (`up` writes it once its whole
+    stack serves); fails with up's output if it exits first, or when time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "router.ready.json").exists():
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"splitserve up exited early ({proc.returncode}):\n{out}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("splitserve up did not become ready")
+        time.sleep(0.1)

@@ -27,6 +27,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.integration.processes import up_ready
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -77,17 +78,6 @@ def operator_channel(stack: Stack, address: str) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(address, creds, options=options)
 
 
-def _wait_ready(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (run_dir / "router.ready.json").exists():
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            raise RuntimeError(f"splitserve up exited early ({proc.returncode}):\n{out}")
-        if time.monotonic() > deadline:
-            raise TimeoutError("splitserve up did not become ready")
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("stack")
@@ -103,7 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     try:
-        _wait_ready(proc, run_dir)
+        up_ready(proc, run_dir)
         router = json.loads((run_dir / "router.ready.json").read_text())
         workers = {
             p.name.removesuffix(".ready.json"): json.loads(p.read_text())

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from tests.integration.processes import up_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -107,13 +108,7 @@ def _up(run_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "router.ready.json").exists():
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            raise RuntimeError(f"splitserve up exited early ({proc.returncode}):\n{out}")
-        assert time.monotonic() < deadline, "splitserve up did not become ready"
-        time.sleep(0.1)
+    up_ready(proc, run_dir)
     return proc
 
 

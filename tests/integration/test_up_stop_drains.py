@@ -18,19 +18,9 @@ from pathlib import Path
 
 import openai
 import pytest
+from tests.integration.processes import up_ready
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_ready(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (run_dir / "router.ready.json").exists():
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            raise RuntimeError(f"splitserve up exited early ({proc.returncode}):\n{out}")
-        if time.monotonic() > deadline:
-            raise TimeoutError("splitserve up did not become ready")
-        time.sleep(0.1)
 
 
 def test_a_stream_in_flight_finishes_when_up_is_stopped(tmp_path: Path) -> None:
@@ -45,7 +35,7 @@ def test_a_stream_in_flight_finishes_when_up_is_stopped(tmp_path: Path) -> None:
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     try:
-        _wait_ready(proc, run_dir)
+        up_ready(proc, run_dir)
         assert proc.stdout is not None
         for line in proc.stdout:  # up has seen every process ready: it is serving, not starting
             if line.startswith("press Ctrl-C to stop"):
