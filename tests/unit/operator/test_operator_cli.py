@@ -18,10 +18,10 @@ def test_needs_a_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "--namespace" in result.output
 
 
-def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_kopf(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """`kopf.operator` replaced by a recorder (the keyword arguments of its call), and the
+    logging state `operator run` configures restored after the test."""
     import kopf
-
-    from splitserve.operator import handlers
 
     seen: dict[str, Any] = {}
 
@@ -34,6 +34,13 @@ def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(root, "handlers", list(root.handlers))
     monkeypatch.setattr(aio, "propagate", aio.propagate)
     monkeypatch.setattr(aio, "handlers", list(aio.handlers))
+    return seen
+
+
+def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitserve.operator import handlers
+
+    seen = _fake_kopf(monkeypatch)
     monkeypatch.setenv("SPLITSERVE_NAMESPACE", "ops")
     result = CliRunner().invoke(
         operator, ["run", "--interval", "2", "--router-image", "r:1", "--log-level", "WARNING"]
@@ -83,19 +90,7 @@ def test_a_kubeconfig_that_does_not_exist_is_refused_naming_it(
 def test_a_kubeconfig_list_with_one_existing_file_is_taken(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    import kopf
-
-    seen: list[bool] = []
-
-    async def fake_operator(**kwargs: Any) -> None:
-        seen.append(True)
-
-    monkeypatch.setattr(kopf, "operator", fake_operator)
-    root, aio = logging.getLogger(), logging.getLogger("asyncio")
-    monkeypatch.setattr(root, "level", root.level)
-    monkeypatch.setattr(root, "handlers", list(root.handlers))
-    monkeypatch.setattr(aio, "propagate", aio.propagate)
-    monkeypatch.setattr(aio, "handlers", list(aio.handlers))
+    seen = _fake_kopf(monkeypatch)
     there = tmp_path / "config"
     there.write_text("apiVersion: v1\nkind: Config\n")
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{there}")
