@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Self
 
 from tests.fakes.rbac import ApiCall
@@ -83,3 +83,32 @@ def _call(r: Any) -> ApiCall:
         authorization=str(r.headers.get("Authorization", "")),
         body=r.data,
     )
+
+
+async def consistent_watch(emulator: Any, request: Any) -> AsyncIterator[Any]:
+    """kmock's watch, without the window in which it loses events.
+
+    kmock 0.8's `_serve_watch` snapshots the current objects under its lock, releases it, and only
+    then subscribes to the resource's event bus: an object written in between (its event put on
+    the bus under the same lock) is in neither, so the watcher never hears of it. A client that
+    writes right after its watch opened (the discovery tests, 3 of 25 runs) then waits forever.
+    A real API server has no such window: a watch from a resourceVersion replays every later
+    change. Here the bus is marked under the lock before the snapshot, so every write lands in
+    exactly one of them. Uses kmock's private lock and object filter (it has no public hook).
+    """
+    yield b""  # the headers: the client's watch call returns (as kmock's own watch does)
+    bus = emulator._buses[request.resource]
+    async with emulator._lock:
+        mark = await bus.mark()
+        objs = emulator._KubernetesEmulator__get_objs(request, strict=False)
+        events = [{"type": "ADDED", "object": obj.raw} for obj in objs if not obj.deleted]
+    try:
+        for event in events:
+            yield event
+        check = emulator._KubernetesEmulator__check
+        async for event in bus.stream(since=mark):
+            md = event.get("object", {}).get("metadata", {})
+            if check(request, request.resource, md.get("namespace"), md.get("name"), strict=False):
+                yield event
+    finally:
+        await bus.unmark(mark)

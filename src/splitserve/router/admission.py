@@ -36,7 +36,6 @@ observed the factor is 1 for every percentile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from splitserve.policy.predict.tail import TailRatios
 from splitserve.router.errors import Overloaded
 from splitserve.router.pool_view import PoolView
 from splitserve.router.slo import RequestSlo
+from splitserve.router.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,4 @@ class Admission:
 
     async def close(self) -> None:
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await stop_task(self._ticker)

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from splitserve.api.router import DiscoverySettings
 from splitserve.core.roles import Role
+from splitserve.router.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -467,9 +468,7 @@ class KubernetesDiscovery:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def wait_for(
@@ -608,9 +607,7 @@ class FileDiscovery:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def run(self) -> None:

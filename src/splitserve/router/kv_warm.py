@@ -13,7 +13,6 @@ sets pairs up on demand as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
@@ -23,6 +22,7 @@ from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement import EndpointView
 from splitserve.router.pool_view import PoolView
+from splitserve.router.tasks import stop_task
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,7 @@ class KvPairWarmer:
                 await self._close_gone()
         finally:
             for task in list(self._tasks):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_task(task)
             for channel in self._channels.values():
                 await channel.close()
             self._channels.clear()

@@ -45,7 +45,6 @@ at the batch size seen at placement).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -61,6 +60,7 @@ from splitserve.core.perf.protocol import BatchShape
 from splitserve.policy.predict.latency import PrefillRate, PullRate, StepFit
 from splitserve.policy.predict.step_model import OnlineStepModel
 from splitserve.router.mux import MuxLink
+from splitserve.router.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -260,14 +260,9 @@ class LatencyBook:
         """Stop watching `eid` and drop its models."""
         m = self._by_ep.pop(eid, None)
         if m is not None and m.watcher is not None:
-            m.watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await m.watcher
+            await stop_task(m.watcher)
 
     async def close(self) -> None:
         tasks = [m.watcher for m in self._by_ep.values() if m.watcher is not None]
         self._by_ep.clear()
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await stop_task(*tasks)

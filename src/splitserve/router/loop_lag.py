@@ -9,10 +9,10 @@ the loop is busy (CPU starvation, a blocking call): the same starvation that del
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from splitserve.core.clock import Clock
 from splitserve.obs.metrics import RouterMetrics
+from splitserve.router.tasks import stop_task
 
 
 class LoopLagMonitor:
@@ -28,9 +28,7 @@ class LoopLagMonitor:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def _run(self) -> None:

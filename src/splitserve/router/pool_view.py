@@ -57,6 +57,7 @@ from splitserve.policy.placement import EndpointView
 from splitserve.router.latency import LatencyBook
 from splitserve.router.ledger import Ledger
 from splitserve.router.mux import MuxLink, MuxLinks, worker_channel_options
+from splitserve.router.tasks import stop_task
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)
@@ -213,9 +214,7 @@ class PoolView:
         if ep is None:
             return
         if ep.task is not None:
-            ep.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ep.task
+            await stop_task(ep.task)
         await ep.channel.close()
         self.ledger.forget(ep.id)
         await self.latency.forget(ep.id)

@@ -45,6 +45,7 @@ from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.request_log import RequestLog
+from splitserve.router.tasks import stop_task
 from splitserve.router.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -291,9 +292,7 @@ class RouterServer:
         if self.backend_discovery is not None:
             await self.backend_discovery.stop()
         if self._kv_warm is not None:
-            self._kv_warm.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._kv_warm
+            await stop_task(self._kv_warm)
         await self.dispatcher.close()
         await self.pool.close()
         await self.loop_lag.stop()

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 from tests.fakes.controllers import DeploymentController, Kubelet, running
-from tests.fakes.kmock_thread import KmockThread
+from tests.fakes.kmock_thread import KmockThread, consistent_watch
 from tests.fakes.rbac import ApiCall
 
 from splitserve.operator.kube import Kube, RestKube
@@ -147,7 +147,7 @@ def _emulator_class() -> type[Any]:
                 since = int(request.params.get("resourceVersion") or 0)
             except ValueError:
                 since = 0
-            async for event in super()._serve_watch(request):
+            async for event in consistent_watch(self, request):
                 if since and isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED"):
                     rv = event.get("object", {}).get("metadata", {}).get("resourceVersion", "")
                     if rv.isdigit() and int(rv) <= since:

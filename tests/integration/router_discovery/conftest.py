@@ -4,6 +4,8 @@
 declaring `v1/pods` and stamping what a real server would on create (namespace, uid,
 creationTimestamp, resourceVersion). kmock ignores label selectors and `resourceVersion` (every
 watch replays the current pods as ADDED) and never ends a watch; discovery copes with all three.
+Its watch also had a window that lost writes (`tests.fakes.kmock_thread.consistent_watch` closes
+it).
 
 `TARGET=real` uses `$KUBECONFIG` as it is; pods are created in `$TEST_NAMESPACE` (default
 `default`) and must be able to run `$TEST_POD_IMAGE` (default `registry.k8s.io/pause:3.10`).
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.fakes.kmock_thread import KmockThread
+from tests.fakes.kmock_thread import KmockThread, consistent_watch
 from tests.fakes.rbac import ApiCall
 
 TARGET = os.environ.get("TARGET", "kmock")
@@ -74,7 +76,7 @@ def _emulator_class() -> type[Any]:
                     },
                 }
                 return
-            async for event in super()._serve_watch(request):
+            async for event in consistent_watch(self, request):
                 yield event
 
     return Emulator
