@@ -153,6 +153,26 @@ def test_delete_handler_removes_owned_objects(kube: MemoryKube, memo: kopf.Memo)
     assert [k for k in kube.objects if k[1] not in ("LLMService", "Event")] == []
 
 
+def test_delete_handler_drops_the_control_loops_state(
+    kube: MemoryKube, memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kopf stops the service's daemon on deletion before its loop can see the service gone:
+    the delete handler tells the loop, or `/healthz` keeps judging the dead service's last
+    tick (STALLED, 503 after three intervals) and its gauges stay exported."""
+    from splitserve.operator.control import runtime
+
+    monkeypatch.setattr(runtime, "_rt", runtime._Runtime())  # a fresh one, restored after
+    svc = create_service(kube)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    controller = runtime.controller(lambda: kube)
+    controller.tick(NS, "tiny")
+    assert f"{NS}/tiny" in controller.last_ticks()
+    handlers.delete_service(
+        name="tiny", namespace=NS, uid=svc["metadata"]["uid"], memo=memo, logger=LOG
+    )
+    assert controller.last_ticks() == {}
+
+
 def test_pool_event_reconciles_on_replica_change_only(kube: MemoryKube, memo: kopf.Memo) -> None:
     create_service(kube)
     handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
