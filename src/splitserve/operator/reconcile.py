@@ -392,7 +392,21 @@ def _status_changed(svc: Mapping[str, Any], new: v1.LLMServiceStatus) -> bool:
 def _write_status(kube: Kube, svc: Mapping[str, Any], new: v1.LLMServiceStatus) -> None:
     if _status_changed(svc, new):
         md = svc["metadata"]
-        kube.patch(*SERVICE, md["namespace"], md["name"], {"status": new.wire()}, "status")
+        patch = _removing(_ours(svc.get("status") or {}), new.wire())
+        kube.patch(*SERVICE, md["namespace"], md["name"], {"status": patch}, "status")
+
+
+def _removing(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """`wanted` as a JSON merge patch over `current`: a key `current` has and `wanted` leaves
+    out is set to null (deleted), at every level of nested objects (lists are replaced whole)."""
+    out: dict[str, Any] = {k: None for k in current if k not in wanted}
+    for key, value in wanted.items():
+        have = current.get(key)
+        if isinstance(value, Mapping) and isinstance(have, Mapping):
+            out[key] = _removing(have, value)
+        else:
+            out[key] = value
+    return out
 
 
 def report_failure(

@@ -280,3 +280,27 @@ def test_last_worker_with_queued_work_is_kept() -> None:
     workers.queued.clear()
     run(kube, workers)
     assert roles(kube)[prefill] == "decode"
+
+
+def test_status_fields_that_no_longer_apply_are_removed() -> None:
+    """`status` is written with a JSON merge patch, which keeps every key the patch leaves out:
+    a field that no longer applies (here `modelArtifact.path` and `.job` once `model.cache` is
+    removed) must be deleted explicitly, and an idle reconcile then writes nothing."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    cached = {"name": "m", "source": "hf://org/m", "cache": {"size": "1Gi"}}
+    make_service(kube, engine={"kind": "vllm", "image": "img:1"}, model=cached)
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert {"path", "job"} <= set(svc["status"]["modelArtifact"])
+    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"model": {"cache": None}}})
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    artifact = svc["status"]["modelArtifact"]
+    assert artifact["phase"] == "PerPod"
+    assert "job" not in artifact
+    assert "path" not in artifact
+    writes = len(kube.writes)
+    assert run(kube, workers).actions == []
+    assert kube.writes[writes:] == []
