@@ -304,3 +304,70 @@ def test_status_fields_that_no_longer_apply_are_removed() -> None:
     writes = len(kube.writes)
     assert run(kube, workers).actions == []
     assert kube.writes[writes:] == []
+
+
+def test_settings_removed_from_the_spec_leave_the_children() -> None:
+    """Children are written with JSON merge patches, which keep every field the patch leaves
+    out: a setting removed from the spec (a worker group's nodeSelector, a resource limit, the
+    pods' tolerations / priorityClassName / serviceAccountName, a pool's maxReplicas) must be
+    deleted from the child the operator rendered it into, and an idle reconcile then writes
+    nothing."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    group = {
+        "name": "w",
+        "roles": ["prefill", "decode"],
+        "nodeSelector": {"pool": "gpu"},
+        "resources": {"limits": {"memory": "1Gi", "cpu": "2"}},
+        "pod": {
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "high",
+            "serviceAccountName": "model-reader",
+        },
+    }
+    make_service(
+        kube,
+        workerGroups=[group],
+        pools={"prefill": {"replicas": 1}, "decode": {"replicas": 2, "maxReplicas": 4}},
+    )
+    run(kube, workers)
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {
+            "spec": {
+                "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
+                "pools": {"decode": {"maxReplicas": None}},
+            }
+        },
+    )
+    run(kube, workers)
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    pod = dep["spec"]["template"]["spec"]
+    for field in ("nodeSelector", "tolerations", "priorityClassName", "serviceAccountName"):
+        assert field not in pod, field
+    worker = next(c for c in pod["containers"] if c["name"] == "worker")
+    assert "cpu" not in (worker.get("resources") or {}).get("limits", {})
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert "maxReplicas" not in pool["spec"]
+    writes = len(kube.writes)
+    assert run(kube, workers).actions == []
+    assert kube.writes[writes:] == []
+
+
+def test_a_pool_left_to_others_keeps_its_replicas_when_managed_mode_ends() -> None:
+    """Managed mode renders `LLMPool.spec.replicas`; Manual and External leave it to kubectl
+    scale / an HPA. Switching away from Managed must not delete it."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, scaling={"mode": "Managed"})
+    run(kube, workers)
+    kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"scaling": {"mode": "External"}}}
+    )
+    run(kube, workers)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 2
