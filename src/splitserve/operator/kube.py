@@ -78,17 +78,21 @@ REASONS: Final[Mapping[int, str]] = {
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str, target: str = "") -> None:
+    def __init__(
+        self, status: int, message: str, target: str = "", permanent: bool | None = None
+    ) -> None:
         super().__init__(f"{status}: {target + ': ' if target else ''}{message}")
         self.status = status
         self.message = message
         self.target = target
         """What the operator was doing, e.g. `create Deployment tiny-w`."""
+        self._permanent = permanent
 
     @property
     def permanent(self) -> bool:
-        """The same request would fail again: retry only after a change (or a long back-off)."""
-        return self.status in PERMANENT
+        """The same request would fail again: retry only after a change (or a long back-off).
+        By the status unless the operator knows better (a child another service owns)."""
+        return self.status in PERMANENT if self._permanent is None else self._permanent
 
     @property
     def reason(self) -> str:
@@ -97,7 +101,7 @@ class KubeError(Exception):
 
     def about(self, target: str) -> KubeError:
         """The same error, naming what the operator was doing."""
-        return KubeError(self.status, self.message, target)
+        return KubeError(self.status, self.message, target, self._permanent)
 
 
 def resource_path(
@@ -280,6 +284,7 @@ def apply(kube: Kube, obj: Obj) -> tuple[str, Obj]:
                 if current is None:
                     raise
         verb = "patch"
+        _check_controller(current, obj)
         body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
         diff = merge_diff(current, body)
         annotations = (current.get("metadata") or {}).get("annotations") or {}
@@ -294,6 +299,33 @@ def apply(kube: Kube, obj: Obj) -> tuple[str, Obj]:
         return "patched", kube.patch(api_version, kind, namespace, name, diff)
     except KubeError as err:
         raise err.about(f"{verb} {kind} {name}") from err
+
+
+def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+
+
+def _check_controller(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
+    """Raise 409 when `current` is controlled by another owner than `wanted` names: a
+    controller never takes over another's object (as a ReplicaSet never adopts a pod another
+    controls). Permanent when the owner is another object (a name clash: a rename fixes it),
+    temporary when it is an earlier object of the same kind and name (deleted, its children
+    not yet collected)."""
+    want, have = _controller(wanted), _controller(current)
+    if want is None or have is None or have.get("uid") == want.get("uid"):
+        return
+    md = current.get("metadata") or {}
+    what = f"{current.get('kind', wanted.get('kind'))} {md.get('name')}"
+    owner = f"{have.get('kind')} {have.get('name')}"
+    if (have.get("kind"), have.get("name")) == (want.get("kind"), want.get("name")):
+        message = (
+            f"{what} still belongs to the deleted {owner} of the same name (uid "
+            f"{have.get('uid')}); waiting for the garbage collector to remove it"
+        )
+        raise KubeError(409, message, permanent=False)
+    message = f"{what} belongs to {owner}: the names clash; rename one of them"
+    raise KubeError(409, message, permanent=True)
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:

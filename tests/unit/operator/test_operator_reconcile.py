@@ -11,6 +11,7 @@ from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role
 from splitserve.operator import reconcile as rc
 from splitserve.operator import render
+from splitserve.operator.kube import KubeError
 from splitserve.policy.planner.flip import FlipProgress, Step
 from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
 
@@ -371,3 +372,50 @@ def test_a_pool_left_to_others_keeps_its_replicas_when_managed_mode_ends() -> No
     pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
     assert pool is not None
     assert pool["spec"]["replicas"] == 2
+
+
+def test_a_child_another_service_owns_is_not_taken_over() -> None:
+    """Children are named `<service>-<group>`: service `a` with group `b-c` and service `a-b`
+    with group `c` both want Deployment `a-b-c`. The second must not patch (and adopt) the
+    first's Deployment; its reconcile fails naming the owner and the field to change."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    groups = {"workerGroups": [{"name": "b-c", "roles": ["mixed"]}]}
+    make_service(kube, "a", pools={"mixed": {"replicas": 1}}, **groups)
+    run(kube, workers, "a")
+    first = kube.get("apps/v1", "Deployment", NS, "a-b-c")
+    assert first is not None
+    make_service(
+        kube,
+        "a-b",
+        workerGroups=[{"name": "c", "roles": ["mixed"]}],
+        pools={"mixed": {"replicas": 3}},
+    )
+    with pytest.raises(KubeError) as err:
+        run(kube, workers, "a-b")
+    assert err.value.permanent
+    message = str(err.value)
+    assert "Deployment a-b-c" in message
+    assert "LLMService a" in message
+    after = kube.get("apps/v1", "Deployment", NS, "a-b-c")
+    assert after == first
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "a-b")
+    assert svc is not None
+    ready = next(c for c in svc["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert "spec.workerGroups[c]" in ready["message"]
+
+
+def test_a_child_left_by_the_services_previous_incarnation_is_waited_for() -> None:
+    """Re-created under the same name while the garbage collector still deletes the old
+    children: a temporary failure (retried), not a take-over."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    old = make_service(kube)
+    run(kube, workers)
+    kube.delete(v1.API_VERSION, "LLMService", NS, "tiny")
+    make_service(kube)
+    with pytest.raises(KubeError) as err:
+        run(kube, workers)
+    assert not err.value.permanent
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == old["metadata"]["uid"]
