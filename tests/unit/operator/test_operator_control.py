@@ -610,3 +610,25 @@ def test_a_removed_pool_or_slo_class_leaves_no_gauge() -> None:
     assert not [s for s in gauges if 'slo_class="batch"' in s]
     assert not [s for s in gauges if 'role="decode"' in s or 'role="prefill"' in s]
     assert any('role="mixed"' in s for s in gauges)
+
+
+def test_advice_is_withdrawn_when_the_loop_takes_over() -> None:
+    """`status.recommendedReplicas` is advice for External and Manual modes; once the service
+    switches to Managed the loop writes the pools itself and the old advice must not stay on
+    the LLMPools (an HPA / KEDA reading it would act on a stale number)."""
+    env = Env(mode="External")
+    env.tick(0.0)
+    for _ in range(3):
+        env.tick(n=300, prompt=2000, output=200)
+    pool = env.kube.get(v1.API_VERSION, "LLMPool", NS, "svc-prefill")
+    assert pool is not None
+    assert pool["status"]["recommendedReplicas"] > 1
+    env.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "svc", {"spec": {"scaling": {"mode": "Managed"}}}
+    )
+    env.reconcile()
+    env.tick(n=300, prompt=2000, output=200)
+    for role in ("prefill", "decode"):
+        pool = env.kube.get(v1.API_VERSION, "LLMPool", NS, f"svc-{role}")
+        assert pool is not None
+        assert "recommendedReplicas" not in (pool.get("status") or {}), role

@@ -400,6 +400,14 @@ class Controller:
         md = svc["metadata"]
         ns, name = md["namespace"], md["name"]
         if spec.scaling.mode is v1.ScalingMode.MANAGED:
+            # Advice from an earlier External / Manual mode: withdrawn, the loop acts now.
+            for role, advised in pool_objs.items():
+                if (advised.get("status") or {}).get("recommendedReplicas") is not None:
+                    pool_name = render.pool_name(name, role)
+                    self.kube.patch(
+                        *POOL, ns, pool_name, {"status": {"recommendedReplicas": None}}, "status"
+                    )
+                    result.wrote.append(f"{pool_name} status.recommendedReplicas withdrawn")
             changes = {
                 r.value: {"replicas": p.desired}
                 for r, p in decision.pools.items()
