@@ -419,3 +419,50 @@ def test_a_child_left_by_the_services_previous_incarnation_is_waited_for() -> No
     dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
     assert dep is not None
     assert dep["metadata"]["ownerReferences"][0]["uid"] == old["metadata"]["uid"]
+
+
+def test_an_unreadable_flip_is_abandoned_without_leaving_the_worker_fenced() -> None:
+    """A flip's progress annotation the operator cannot read (written by another version, or
+    edited) abandons the flip; the worker it fenced must be re-opened, not stay fenced (out of
+    the router's rotation) for ever."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    run(kube, workers)
+    fenced = "tiny-w-0"
+    before = roles(kube)
+    kube.patch(
+        "v1",
+        "Pod",
+        NS,
+        fenced,
+        {
+            "metadata": {
+                "labels": {v1.LABEL_FENCED: "true"},
+                "annotations": {
+                    v1.ANNOTATION_FLIP: "teleport:decode:prefill",
+                    v1.ANNOTATION_FLIP_SINCE: NOW,
+                },
+            }
+        },
+    )
+    workers.calls.clear()
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, fenced)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    assert v1.ANNOTATION_FLIP_SINCE not in notes
+    # The worker's role is set back to its label's (SetRole may or may not have run), then it
+    # re-opens.
+    assert [c[0] for c in workers.calls if c[0] in ("set_role", "resume")] == [
+        "set_role",
+        "resume",
+    ]
+    assert roles(kube) == before
+    assert any(
+        e["reason"] == "FlipAbandoned" and fenced in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
