@@ -1175,7 +1175,14 @@ class ScalingSpec(Model):
                     "rule": "!has(self.metricsSource) || self.metricsSource != 'Prometheus'"
                     " || has(self.prometheusUrl)",
                     "message": "metricsSource Prometheus needs prometheusUrl",
-                }
+                },
+                {
+                    "rule": "!has(self.prometheusUrl) || "
+                    "(has(self.metricsSource) && self.metricsSource == 'Prometheus')",
+                    "message": "prometheusUrl is read only with metricsSource Prometheus "
+                    "(the routers' /metrics are scraped directly otherwise): remove it or set "
+                    "metricsSource: Prometheus",
+                },
             ]
         }
     )
@@ -1202,6 +1209,12 @@ class ScalingSpec(Model):
     def _prometheus(self) -> ScalingSpec:
         if self.metrics_source is MetricsSource.PROMETHEUS and not self.prometheus_url:
             raise ValueError("scaling: metricsSource Prometheus needs prometheusUrl")
+        if self.prometheus_url is not None and self.metrics_source is not MetricsSource.PROMETHEUS:
+            raise ValueError(
+                "scaling: prometheusUrl is read only with metricsSource Prometheus (the routers' "
+                "/metrics are scraped directly otherwise): remove it or set metricsSource: "
+                "Prometheus"
+            )
         return self
 
 

@@ -33,6 +33,19 @@ class Recorder:
         self._lock = threading.Lock()
         self._refused = False
 
+    def remembered(self) -> int:
+        """How many distinct Events it remembers."""
+        with self._lock:
+            return len(self._counts)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted object: drop what it remembers of the object's Events (named
+        `<name>.<16 hex digits>`)."""
+        with self._lock:
+            for key in [k for k in self._counts if k[0] == namespace]:
+                if key[1].rsplit(".", 1)[0] == name:
+                    del self._counts[key]
+
     def post(
         self,
         kube: Kube,

@@ -180,9 +180,13 @@ class Operator:
             return self._services.setdefault((namespace, name), ServiceState())
 
     def forget(self, namespace: str, name: str) -> None:
+        """A deleted service: its lock, back-off, coalescing window, the Events it remembers,
+        and the control loop's state and metric series."""
         with self._guard:
             self._services.pop((namespace, name), None)
         self.coalescer.forget((namespace, name))
+        self.events.forget(namespace, name)
+        control.forget(namespace, name)
 
 
 def memo(config: OperatorConfig) -> kopf.Memo:

@@ -78,17 +78,21 @@ REASONS: Final[Mapping[int, str]] = {
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str, target: str = "") -> None:
+    def __init__(
+        self, status: int, message: str, target: str = "", permanent: bool | None = None
+    ) -> None:
         super().__init__(f"{status}: {target + ': ' if target else ''}{message}")
         self.status = status
         self.message = message
         self.target = target
         """What the operator was doing, e.g. `create Deployment tiny-w`."""
+        self._permanent = permanent
 
     @property
     def permanent(self) -> bool:
-        """The same request would fail again: retry only after a change (or a long back-off)."""
-        return self.status in PERMANENT
+        """The same request would fail again: retry only after a change (or a long back-off).
+        By the status unless the operator knows better (a child another service owns)."""
+        return self.status in PERMANENT if self._permanent is None else self._permanent
 
     @property
     def reason(self) -> str:
@@ -97,7 +101,7 @@ class KubeError(Exception):
 
     def about(self, target: str) -> KubeError:
         """The same error, naming what the operator was doing."""
-        return KubeError(self.status, self.message, target)
+        return KubeError(self.status, self.message, target, self._permanent)
 
 
 def resource_path(
@@ -175,11 +179,95 @@ def merge_diff(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Obj:
     return out
 
 
+APPLIED_FIELDS: Final = f"{v1.GROUP}/applied-fields"
+"""Annotation on every object `apply` writes: the fields (keys only, no values) it set last, so
+the next apply deletes those it no longer renders (a JSON merge patch keeps what it leaves out)."""
+
+LEFT_TO_OTHERS: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
+    "LLMPool": (("spec", "replicas"),),
+}
+"""Fields rendered only at times (an `LLMPool`'s replicas: by the operator in Managed mode, by
+`kubectl scale` or an HPA otherwise): not rendering them leaves them as they are."""
+
+
+def _fields(value: Any) -> Any:
+    """The shape of `value`: objects as objects of their keys, lists as lists of their items'
+    shapes, any other value as 0."""
+    if isinstance(value, Mapping):
+        return {k: _fields(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fields(v) for v in value]
+    return 0
+
+
+def _record(body: Mapping[str, Any]) -> str:
+    """The `APPLIED_FIELDS` annotation for `body` (its shape, less `LEFT_TO_OTHERS`)."""
+    md = body.get("metadata") or {}
+    skip = ("apiVersion", "kind", "metadata", "status")
+    fields = _fields({k: v for k, v in body.items() if k not in skip})
+    fields["metadata"] = {
+        k: _fields(md[k]) for k in ("labels", "annotations") if isinstance(md.get(k), Mapping)
+    }
+    fields["metadata"].get("annotations", {}).pop(APPLIED_FIELDS, None)
+    for path in LEFT_TO_OTHERS.get(str(body.get("kind")), ()):
+        parent = fields
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def _dropped(
+    last: Mapping[str, Any], body: Mapping[str, Any], current: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A merge patch deleting what `last` recorded and `body` no longer sets (where `current`
+    still has it)."""
+    out: dict[str, Any] = {}
+    for key, was in last.items():
+        if key not in current:
+            continue
+        if key not in body:
+            out[key] = None
+        elif isinstance(was, Mapping) and isinstance(body[key], Mapping):
+            have = current[key]
+            if isinstance(have, Mapping) and (sub := _dropped(was, body[key], have)):
+                out[key] = sub
+        elif isinstance(was, list) and isinstance(body[key], list):
+            # A merge patch replaces a list whole: send it when one of its objects lost a field.
+            have = current[key]
+            if isinstance(have, list) and any(
+                isinstance(w, Mapping)
+                and isinstance(b, Mapping)
+                and isinstance(c, Mapping)
+                and _dropped(w, b, c)
+                for w, b, c in zip(was, body[key], have, strict=False)
+            ):
+                out[key] = body[key]
+    return out
+
+
+def _merged(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        have = out.get(key)
+        if isinstance(have, Mapping) and isinstance(value, Mapping):
+            out[key] = _merged(have, value)
+        elif key not in out:
+            out[key] = value
+    return out
+
+
 def apply(kube: Kube, obj: Obj) -> tuple[str, Obj]:
     """Create `obj`, or merge-patch the fields that differ. Returns (action, object).
 
-    A failure names the object and the verb (`KubeError.target`).
+    The fields set are recorded on the object (`APPLIED_FIELDS`); a field the last apply set
+    and `obj` leaves out is deleted (except `LEFT_TO_OTHERS`). A failure names the object and
+    the verb (`KubeError.target`).
     """
+    record = _record(obj)
+    obj = copy.deepcopy(obj)
+    obj["metadata"].setdefault("annotations", {})[APPLIED_FIELDS] = record
     md = obj["metadata"]
     api_version, kind, namespace, name = obj["apiVersion"], obj["kind"], md["namespace"], md["name"]
     verb = "create"
@@ -196,13 +284,48 @@ def apply(kube: Kube, obj: Obj) -> tuple[str, Obj]:
                 if current is None:
                     raise
         verb = "patch"
+        _check_controller(current, obj)
         body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
         diff = merge_diff(current, body)
+        annotations = (current.get("metadata") or {}).get("annotations") or {}
+        try:
+            last = json.loads(annotations[APPLIED_FIELDS])
+        except (KeyError, TypeError, ValueError):
+            last = None
+        if isinstance(last, dict):
+            diff = _merged(diff, _dropped(last, body, current))
         if not diff:
             return "unchanged", current
         return "patched", kube.patch(api_version, kind, namespace, name, diff)
     except KubeError as err:
         raise err.about(f"{verb} {kind} {name}") from err
+
+
+def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+
+
+def _check_controller(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
+    """Raise 409 when `current` is controlled by another owner than `wanted` names: a
+    controller never takes over another's object (as a ReplicaSet never adopts a pod another
+    controls). Permanent when the owner is another object (a name clash: a rename fixes it),
+    temporary when it is an earlier object of the same kind and name (deleted, its children
+    not yet collected)."""
+    want, have = _controller(wanted), _controller(current)
+    if want is None or have is None or have.get("uid") == want.get("uid"):
+        return
+    md = current.get("metadata") or {}
+    what = f"{current.get('kind', wanted.get('kind'))} {md.get('name')}"
+    owner = f"{have.get('kind')} {have.get('name')}"
+    if (have.get("kind"), have.get("name")) == (want.get("kind"), want.get("name")):
+        message = (
+            f"{what} still belongs to the deleted {owner} of the same name (uid "
+            f"{have.get('uid')}); waiting for the garbage collector to remove it"
+        )
+        raise KubeError(409, message, permanent=False)
+    message = f"{what} belongs to {owner}: the names clash; rename one of them"
+    raise KubeError(409, message, permanent=True)
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:

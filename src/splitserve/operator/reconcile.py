@@ -219,6 +219,7 @@ def _reconcile(
         observe.pod_name(p): dict(p)
         for p in observe.live_pods(kube.list("v1", "Pod", namespace, render.worker_selector(name)))
     }
+    _abandon_unreadable_flips(kube, workers, pods, spec, event)
     observed_workers = [observe.worker(p, spec) for p in pods.values()]
     probe = flip.roles_to_probe(observed_workers, desired)
     queued = _queue_lengths(workers, pods, probe, spec)
@@ -392,7 +393,21 @@ def _status_changed(svc: Mapping[str, Any], new: v1.LLMServiceStatus) -> bool:
 def _write_status(kube: Kube, svc: Mapping[str, Any], new: v1.LLMServiceStatus) -> None:
     if _status_changed(svc, new):
         md = svc["metadata"]
-        kube.patch(*SERVICE, md["namespace"], md["name"], {"status": new.wire()}, "status")
+        patch = _removing(_ours(svc.get("status") or {}), new.wire())
+        kube.patch(*SERVICE, md["namespace"], md["name"], {"status": patch}, "status")
+
+
+def _removing(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """`wanted` as a JSON merge patch over `current`: a key `current` has and `wanted` leaves
+    out is set to null (deleted), at every level of nested objects (lists are replaced whole)."""
+    out: dict[str, Any] = {k: None for k in current if k not in wanted}
+    for key, value in wanted.items():
+        have = current.get(key)
+        if isinstance(value, Mapping) and isinstance(have, Mapping):
+            out[key] = _removing(have, value)
+        else:
+            out[key] = value
+    return out
 
 
 def report_failure(
@@ -498,6 +513,45 @@ def run_flip(
         md = pod["metadata"]
         current = nxt
     return pod
+
+
+def _abandon_unreadable_flips(
+    kube: Kube,
+    workers: WorkerClient,
+    pods: dict[str, Obj],
+    spec: v1.LLMServiceSpec,
+    event: Callable[[EventType, str, str], None],
+) -> None:
+    """A flip whose progress annotation cannot be read (another operator version, an edit) is
+    abandoned: the worker's role is set back to its label's (SetRole may have run), it is
+    re-opened, and the fence and progress are removed (a retiring worker stays fenced), so no
+    worker stays out of rotation for ever. A worker that cannot be reached is retried later."""
+    for name, pod in pods.items():
+        md = pod["metadata"]
+        notes = md.get("annotations") or {}
+        text = notes.get(v1.ANNOTATION_FLIP)
+        if text is None or flip.FlipProgress.decode(text) is not None:
+            continue
+        labels = md.get("labels") or {}
+        address = observe.pod_address(pod, spec.engine.grpc_port)
+        try:
+            if observe.pod_ready(pod):
+                label = labels.get(v1.LABEL_ROLE)
+                if label in set(Role):
+                    workers.set_role(address, Role(label))
+                workers.resume(address)
+        except WorkerCallError as err:
+            log.warning("%s: abandoning flip %r: worker unreachable, retrying: %s", name, text, err)
+            continue
+        meta: Obj = {"annotations": {v1.ANNOTATION_FLIP: None, v1.ANNOTATION_FLIP_SINCE: None}}
+        if observe.RETIRE_SINCE not in notes:
+            meta["labels"] = {v1.LABEL_FENCED: None}
+        pods[name] = _patch_pod(kube, pod, meta)
+        event(
+            "Warning",
+            "FlipAbandoned",
+            f"{name}: flip progress {text!r} is unreadable; flip abandoned, worker re-opened",
+        )
 
 
 def _to_retire(

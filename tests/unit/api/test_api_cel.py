@@ -161,3 +161,23 @@ def test_sim_engine_args_refused_by_both() -> None:
         vllm = {**spec, "engine": {**spec["engine"], "kind": "vllm"}}
         assert cel_accepts(vllm), vllm
         assert pydantic_accepts(vllm), vllm
+
+
+def test_prometheus_url_is_refused_where_it_would_be_ignored() -> None:
+    """`scaling.prometheusUrl` is read only with `metricsSource: Prometheus`; with the router
+    source it would be ignored silently, so both sides refuse it, naming the field."""
+    base: JsonNode = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["mixed"]}],
+        "pools": {"mixed": {"replicas": 1, "minReplicas": 0}},
+    }
+    url = "http://prom:9090"
+    for scaling in ({"prometheusUrl": url}, {"metricsSource": "Router", "prometheusUrl": url}):
+        spec = {**base, "scaling": scaling}
+        assert not cel_accepts(spec), spec
+        with pytest.raises(ValidationError, match=r"scaling: prometheusUrl is read only"):
+            v1.LLMServiceSpec.model_validate(spec)
+    spec = {**base, "scaling": {"metricsSource": "Prometheus", "prometheusUrl": url}}
+    assert cel_accepts(spec), spec
+    assert pydantic_accepts(spec), spec

@@ -546,3 +546,89 @@ def test_healthz_endpoint_answers_503_with_the_start_up_error() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def _series(env: Env, service: str = f"{NS}/svc") -> list[str]:
+    """The exposed samples that name `service`."""
+    return [
+        line
+        for line in _metrics(env).splitlines()
+        if not line.startswith("#") and f'service="{service}"' in line
+    ]
+
+
+def test_a_deleted_service_leaves_no_series_and_no_health_entry() -> None:
+    env = Env()
+    env.tick(0.0)
+    env.tick(n=50)
+    assert _series(env)
+    assert f"{NS}/svc" in env.controller.last_ticks()
+    # kopf stops the service's daemon on deletion; the delete handler tells the loop.
+    env.controller.forget(NS, "svc")
+    assert _series(env) == []
+    assert env.controller.last_ticks() == {}
+
+
+def test_a_tick_that_finds_the_service_gone_forgets_it() -> None:
+    env = Env()
+    env.tick(0.0)
+    env.tick(n=50)
+    env.kube.delete(v1.API_VERSION, "LLMService", NS, "svc")
+    env.tick(n=50)
+    assert _series(env) == []
+    assert env.controller.last_ticks() == {}
+
+
+def test_a_removed_pool_or_slo_class_leaves_no_gauge() -> None:
+    env = Env(
+        sloClasses=[
+            {"name": "chat", "ttftMs": 2000, "tpotMs": 100},
+            {"name": "batch", "ttftMs": 9000, "tpotMs": 500},
+        ]
+    )
+    env.tick(0.0)
+    env.tick(n=50, slo_class="batch")
+    env.tick(n=50, slo_class="batch")
+    assert any('slo_class="batch"' in s for s in _series(env))
+    assert any('role="decode"' in s for s in _series(env))
+    env.kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "svc",
+        {
+            "spec": {
+                "sloClasses": [{"name": "chat", "ttftMs": 2000, "tpotMs": 100}],
+                "workerGroups": [{"name": "w", "roles": ["mixed"]}],
+                "pools": {"prefill": None, "decode": None, "mixed": {"replicas": 2}},
+            }
+        },
+    )
+    env.reconcile()
+    env.tick(n=50)
+    gauges = [s for s in _series(env) if not s.startswith("splitserve_operator_decisions")]
+    assert not [s for s in gauges if 'slo_class="batch"' in s]
+    assert not [s for s in gauges if 'role="decode"' in s or 'role="prefill"' in s]
+    assert any('role="mixed"' in s for s in gauges)
+
+
+def test_advice_is_withdrawn_when_the_loop_takes_over() -> None:
+    """`status.recommendedReplicas` is advice for External and Manual modes; once the service
+    switches to Managed the loop writes the pools itself and the old advice must not stay on
+    the LLMPools (an HPA / KEDA reading it would act on a stale number)."""
+    env = Env(mode="External")
+    env.tick(0.0)
+    for _ in range(3):
+        env.tick(n=300, prompt=2000, output=200)
+    pool = env.kube.get(v1.API_VERSION, "LLMPool", NS, "svc-prefill")
+    assert pool is not None
+    assert pool["status"]["recommendedReplicas"] > 1
+    env.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "svc", {"spec": {"scaling": {"mode": "Managed"}}}
+    )
+    env.reconcile()
+    env.tick(n=300, prompt=2000, output=200)
+    for role in ("prefill", "decode"):
+        pool = env.kube.get(v1.API_VERSION, "LLMPool", NS, f"svc-{role}")
+        assert pool is not None
+        assert "recommendedReplicas" not in (pool.get("status") or {}), role

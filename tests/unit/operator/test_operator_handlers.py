@@ -153,6 +153,48 @@ def test_delete_handler_removes_owned_objects(kube: MemoryKube, memo: kopf.Memo)
     assert [k for k in kube.objects if k[1] not in ("LLMService", "Event")] == []
 
 
+def test_delete_handler_drops_the_control_loops_state(
+    kube: MemoryKube, memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kopf stops the service's daemon on deletion before its loop can see the service gone:
+    the delete handler tells the loop, or `/healthz` keeps judging the dead service's last
+    tick (STALLED, 503 after three intervals) and its gauges stay exported."""
+    from splitserve.operator.control import runtime
+
+    monkeypatch.setattr(runtime, "_rt", runtime._Runtime())  # a fresh one, restored after
+    svc = create_service(kube)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    controller = runtime.controller(lambda: kube)
+    controller.tick(NS, "tiny")
+    assert f"{NS}/tiny" in controller.last_ticks()
+    handlers.delete_service(
+        name="tiny", namespace=NS, uid=svc["metadata"]["uid"], memo=memo, logger=LOG
+    )
+    assert controller.last_ticks() == {}
+
+
+def test_delete_handler_forgets_the_services_events(kube: MemoryKube, memo: kopf.Memo) -> None:
+    """The Event recorder remembers each distinct Event it posted (to bump its count); a
+    deleted service's are dropped, or an operator that lives through many services (and many
+    pods, whose names Events carry) keeps them all."""
+    svc = create_service(kube)
+    body = {k: v for k, v in svc.items() if k in ("apiVersion", "kind", "spec")}
+    other = kube.create({**body, "metadata": {"name": "other", "namespace": NS}})
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    handlers.reconcile_service(name="other", namespace=NS, memo=memo, logger=LOG)
+    recorder = memo["operator"].events
+    both = recorder.remembered()
+    assert both > 0
+    handlers.delete_service(
+        name="tiny", namespace=NS, uid=svc["metadata"]["uid"], memo=memo, logger=LOG
+    )
+    assert 0 < recorder.remembered() < both
+    handlers.delete_service(
+        name="other", namespace=NS, uid=other["metadata"]["uid"], memo=memo, logger=LOG
+    )
+    assert recorder.remembered() == 0
+
+
 def test_pool_event_reconciles_on_replica_change_only(kube: MemoryKube, memo: kopf.Memo) -> None:
     create_service(kube)
     handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)

@@ -11,6 +11,7 @@ from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role
 from splitserve.operator import reconcile as rc
 from splitserve.operator import render
+from splitserve.operator.kube import KubeError
 from splitserve.policy.planner.flip import FlipProgress, Step
 from tests.fakes.kube import FakeWorkers, MemoryKube, worker_pod
 
@@ -280,3 +281,188 @@ def test_last_worker_with_queued_work_is_kept() -> None:
     workers.queued.clear()
     run(kube, workers)
     assert roles(kube)[prefill] == "decode"
+
+
+def test_status_fields_that_no_longer_apply_are_removed() -> None:
+    """`status` is written with a JSON merge patch, which keeps every key the patch leaves out:
+    a field that no longer applies (here `modelArtifact.path` and `.job` once `model.cache` is
+    removed) must be deleted explicitly, and an idle reconcile then writes nothing."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    cached = {"name": "m", "source": "hf://org/m", "cache": {"size": "1Gi"}}
+    make_service(kube, engine={"kind": "vllm", "image": "img:1"}, model=cached)
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert {"path", "job"} <= set(svc["status"]["modelArtifact"])
+    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"model": {"cache": None}}})
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    artifact = svc["status"]["modelArtifact"]
+    assert artifact["phase"] == "PerPod"
+    assert "job" not in artifact
+    assert "path" not in artifact
+    writes = len(kube.writes)
+    assert run(kube, workers).actions == []
+    assert kube.writes[writes:] == []
+
+
+def test_settings_removed_from_the_spec_leave_the_children() -> None:
+    """Children are written with JSON merge patches, which keep every field the patch leaves
+    out: a setting removed from the spec (a worker group's nodeSelector, a resource limit, the
+    pods' tolerations / priorityClassName / serviceAccountName, a pool's maxReplicas) must be
+    deleted from the child the operator rendered it into, and an idle reconcile then writes
+    nothing."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    group = {
+        "name": "w",
+        "roles": ["prefill", "decode"],
+        "nodeSelector": {"pool": "gpu"},
+        "resources": {"limits": {"memory": "1Gi", "cpu": "2"}},
+        "pod": {
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "high",
+            "serviceAccountName": "model-reader",
+        },
+    }
+    make_service(
+        kube,
+        workerGroups=[group],
+        pools={"prefill": {"replicas": 1}, "decode": {"replicas": 2, "maxReplicas": 4}},
+    )
+    run(kube, workers)
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {
+            "spec": {
+                "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
+                "pools": {"decode": {"maxReplicas": None}},
+            }
+        },
+    )
+    run(kube, workers)
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    pod = dep["spec"]["template"]["spec"]
+    for field in ("nodeSelector", "tolerations", "priorityClassName", "serviceAccountName"):
+        assert field not in pod, field
+    worker = next(c for c in pod["containers"] if c["name"] == "worker")
+    assert "cpu" not in (worker.get("resources") or {}).get("limits", {})
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert "maxReplicas" not in pool["spec"]
+    writes = len(kube.writes)
+    assert run(kube, workers).actions == []
+    assert kube.writes[writes:] == []
+
+
+def test_a_pool_left_to_others_keeps_its_replicas_when_managed_mode_ends() -> None:
+    """Managed mode renders `LLMPool.spec.replicas`; Manual and External leave it to kubectl
+    scale / an HPA. Switching away from Managed must not delete it."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, scaling={"mode": "Managed"})
+    run(kube, workers)
+    kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"scaling": {"mode": "External"}}}
+    )
+    run(kube, workers)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 2
+
+
+def test_a_child_another_service_owns_is_not_taken_over() -> None:
+    """Children are named `<service>-<group>`: service `a` with group `b-c` and service `a-b`
+    with group `c` both want Deployment `a-b-c`. The second must not patch (and adopt) the
+    first's Deployment; its reconcile fails naming the owner and the field to change."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    groups = {"workerGroups": [{"name": "b-c", "roles": ["mixed"]}]}
+    make_service(kube, "a", pools={"mixed": {"replicas": 1}}, **groups)
+    run(kube, workers, "a")
+    first = kube.get("apps/v1", "Deployment", NS, "a-b-c")
+    assert first is not None
+    make_service(
+        kube,
+        "a-b",
+        workerGroups=[{"name": "c", "roles": ["mixed"]}],
+        pools={"mixed": {"replicas": 3}},
+    )
+    with pytest.raises(KubeError) as err:
+        run(kube, workers, "a-b")
+    assert err.value.permanent
+    message = str(err.value)
+    assert "Deployment a-b-c" in message
+    assert "LLMService a" in message
+    after = kube.get("apps/v1", "Deployment", NS, "a-b-c")
+    assert after == first
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "a-b")
+    assert svc is not None
+    ready = next(c for c in svc["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert "spec.workerGroups[c]" in ready["message"]
+
+
+def test_a_child_left_by_the_services_previous_incarnation_is_waited_for() -> None:
+    """Re-created under the same name while the garbage collector still deletes the old
+    children: a temporary failure (retried), not a take-over."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    old = make_service(kube)
+    run(kube, workers)
+    kube.delete(v1.API_VERSION, "LLMService", NS, "tiny")
+    make_service(kube)
+    with pytest.raises(KubeError) as err:
+        run(kube, workers)
+    assert not err.value.permanent
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == old["metadata"]["uid"]
+
+
+def test_an_unreadable_flip_is_abandoned_without_leaving_the_worker_fenced() -> None:
+    """A flip's progress annotation the operator cannot read (written by another version, or
+    edited) abandons the flip; the worker it fenced must be re-opened, not stay fenced (out of
+    the router's rotation) for ever."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    run(kube, workers)
+    fenced = "tiny-w-0"
+    before = roles(kube)
+    kube.patch(
+        "v1",
+        "Pod",
+        NS,
+        fenced,
+        {
+            "metadata": {
+                "labels": {v1.LABEL_FENCED: "true"},
+                "annotations": {
+                    v1.ANNOTATION_FLIP: "teleport:decode:prefill",
+                    v1.ANNOTATION_FLIP_SINCE: NOW,
+                },
+            }
+        },
+    )
+    workers.calls.clear()
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, fenced)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    assert v1.ANNOTATION_FLIP_SINCE not in notes
+    # The worker's role is set back to its label's (SetRole may or may not have run), then it
+    # re-opens.
+    assert [c[0] for c in workers.calls if c[0] in ("set_role", "resume")] == [
+        "set_role",
+        "resume",
+    ]
+    assert roles(kube) == before
+    assert any(
+        e["reason"] == "FlipAbandoned" and fenced in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )

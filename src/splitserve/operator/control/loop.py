@@ -239,6 +239,26 @@ class Controller:
         """{namespace/name: (last tick, interval)} for `/healthz`."""
         return {f"{ns}/{n}": (s.last_tick_s, s.interval_s) for (ns, n), s in self.services.items()}
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted service: its state (so `/healthz` stops judging its ticks) and every
+        metric series labelled with it (no stale gauge outlives the service)."""
+        self.services.pop((namespace, name), None)
+        label = f"{namespace}/{name}"
+        for metric, names in self._series():
+            _drop_series(metric, names, lambda labels: labels["service"] == label)
+
+    def _series(self) -> list[tuple[Any, tuple[str, ...]]]:
+        m = self.metrics
+        return [
+            (m.decisions, ("service", "kind", "reason")),
+            (m.desired, ("service", "role")),
+            (m.current, ("service", "role")),
+            (m.loop_duration, ("service",)),
+            (m.staleness, ("service", "source")),
+            (m.attainment, ("service", "slo_class")),
+            (m.slo_at_risk, ("service",)),
+        ]
+
     # -- observe ----------------------------------------------------------------------------
 
     def _snapshot(self, spec: v1.LLMServiceSpec, namespace: str, name: str, now: float) -> Snapshot:
@@ -332,7 +352,7 @@ class Controller:
         started = self.clock()
         svc = self.kube.get(*SERVICE, namespace, name)
         if svc is None or svc["metadata"].get("deletionTimestamp"):
-            self.services.pop((namespace, name), None)
+            self.forget(namespace, name)
             return TickResult()
         try:
             spec = v1.LLMServiceSpec.model_validate(svc.get("spec") or {})
@@ -380,6 +400,14 @@ class Controller:
         md = svc["metadata"]
         ns, name = md["namespace"], md["name"]
         if spec.scaling.mode is v1.ScalingMode.MANAGED:
+            # Advice from an earlier External / Manual mode: withdrawn, the loop acts now.
+            for role, advised in pool_objs.items():
+                if (advised.get("status") or {}).get("recommendedReplicas") is not None:
+                    pool_name = render.pool_name(name, role)
+                    self.kube.patch(
+                        *POOL, ns, pool_name, {"status": {"recommendedReplicas": None}}, "status"
+                    )
+                    result.wrote.append(f"{pool_name} status.recommendedReplicas withdrawn")
             changes = {
                 r.value: {"replicas": p.desired}
                 for r, p in decision.pools.items()
@@ -554,6 +582,20 @@ class Controller:
         for c in obs.classes:
             if c.attainment is not None:
                 self.metrics.attainment.labels(label, c.name).set(c.attainment)
+        # A pool or an SLO class the spec no longer has: its gauges go with it.
+        roles = {p.role.value for p in decision.pools.values()}
+        names = {c.name for c in obs.classes}
+        for gauge in (self.metrics.desired, self.metrics.current):
+            _drop_series(
+                gauge,
+                ("service", "role"),
+                lambda s: s["service"] == label and s["role"] not in roles,
+            )
+        _drop_series(
+            self.metrics.attainment,
+            ("service", "slo_class"),
+            lambda s: s["service"] == label and s["slo_class"] not in names,
+        )
         at_risk = _slo_condition(
             decision, obs, status.get("conditions") or [], now, md.get("generation")
         )
@@ -620,6 +662,19 @@ class Controller:
             self.kube.create(event)
         except Exception as err:  # an Event is best effort; the decision is in status already
             log.warning("event %s for %s not posted: %s", reason, md["name"], err)
+
+
+def _drop_series(
+    metric: Any, names: tuple[str, ...], drop: Callable[[Mapping[str, str]], bool]
+) -> None:
+    """Remove the series of `metric` (label names `names`, in order) that `drop` selects."""
+    keys: set[tuple[str, ...]] = set()
+    for family in metric.collect():
+        for sample in family.samples:
+            if all(n in sample.labels for n in names) and drop(sample.labels):
+                keys.add(tuple(sample.labels[n] for n in names))
+    for key in keys:
+        metric.remove(*key)
 
 
 def held_key(obs: Observation) -> str:

@@ -73,6 +73,15 @@ def controller(kube: Callable[[], Kube]) -> Controller:
         return _rt.controller
 
 
+def forget(namespace: str, name: str) -> None:
+    """A service was deleted: the loop drops its state and metric series (`Controller.forget`).
+    Its daemon is stopped by then, so no later tick would."""
+    with _rt.guard:
+        ctl = _rt.controller
+    if ctl is not None:
+        ctl.forget(namespace, name)
+
+
 def serve(host: str, port: int) -> ThreadingHTTPServer:
     """Serve `/metrics` and `/healthz` for the loop."""
     with _rt.guard:
