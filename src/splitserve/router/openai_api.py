@@ -499,10 +499,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(http: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        headers = dict(exc.headers) if exc.headers else None  # a 405's `Allow` (RFC 9110)
         if exc.status_code in (404, 405):  # OpenAI's wording for a route it does not serve
             message = f"Invalid URL ({http.method} {http.url.path})"
-            return ApiError(exc.status_code, message, type_).response()
-        return ApiError(exc.status_code, str(exc.detail), type_).response()
+            return ApiError(exc.status_code, message, type_, headers=headers).response()
+        return ApiError(exc.status_code, str(exc.detail), type_, headers=headers).response()
 
     async def validation_error(_: HttpRequest, exc: Exception) -> Response:
         return ApiError(400, str(exc)).response()
