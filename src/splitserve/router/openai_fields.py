@@ -78,7 +78,12 @@ COMMON: Final[dict[str, Field]] = {
         "vLLM: seeds the sampler (in P/D the decode half's random stream differs from an "
         "aggregated run's). Simulated engine: chooses the synthetic token sequence.",
     ),
-    "stop": Field("acts", "acts", "Stop strings, matched by the router on the detokenized text."),
+    "stop": Field(
+        "acts",
+        "acts",
+        "Stop strings, matched by the router on the detokenized text. An empty string is a 400 "
+        "(as vLLM).",
+    ),
     "n": Field("acts", "acts", "Only 1; more is refused (400)."),
     "stream": _ACTS,
     "stream_options": Field(
