@@ -304,7 +304,8 @@ class SimEngine:
     async def _idle_wait(self) -> None:
         """Sleep until new work arrives, or until the next held KV could expire."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            async with asyncio.timeout(1.0):
+                await self._wake.wait()
 
     def _deliver(self, step: Step, result: StepResult) -> None:
         if self._on_step is not None:

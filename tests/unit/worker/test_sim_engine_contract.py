@@ -7,6 +7,8 @@ arguments" and went on; `SimEngine` had no `prepare_decode` / `discard_prepared`
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from splitserve.core.errors import ConfigError
@@ -31,4 +33,24 @@ def test_the_sim_engine_prepares_nothing_for_an_early_decode() -> None:
     req = Request(RequestId("r"), (20, 21, 22), SamplingSpec(max_tokens=4), 0.0)
     assert engine.prepare_decode(req) is False
     engine.discard_prepared(req.id)  # a no-op, callable whatever was prepared
+    assert engine.in_flight == 0
+
+
+async def test_the_engine_stops_right_after_a_cancelled_prefill_woke_it() -> None:
+    # Before: `_idle_wait` slept in `asyncio.wait_for(self._wake.wait(), 1.0)`. On Python 3.11,
+    # `wait_for` swallows a cancellation that arrives once the awaited wait is already done, so
+    # `stop()` right after a request woke the engine (here the caller's cancelled prefill) left
+    # the loop running and `stop()` awaiting it forever: this test hung.
+    engine = build_sim_engine(WorkerConfig(), "127.0.0.1:1", _ReleaseClient())
+    await engine.start()
+    req = Request(RequestId("r"), tuple(range(20, 60)), SamplingSpec(max_tokens=4), 0.0)
+    task = asyncio.create_task(engine.prefill(req))
+    await asyncio.sleep(0)  # the prefill is admitted; its step is not done
+    assert engine.in_flight == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(10) as guard:  # a guard against the hang, not a speed check
+        await engine.stop()  # called in the same step as the await above: the racy moment
+    assert not guard.expired()
     assert engine.in_flight == 0
