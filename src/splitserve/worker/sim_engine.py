@@ -167,7 +167,9 @@ class SimEngine:
         try:
             return await asyncio.shield(pending.prefilled)
         except asyncio.CancelledError:
-            await self.cancel(request.id)
+            await self.cancel(request.id)  # fails `prefilled`, which nobody awaits any more:
+            if pending.prefilled.done() and not pending.prefilled.cancelled():
+                pending.prefilled.exception()  # mark it retrieved (no "never retrieved" log)
             raise
 
     async def decode(
