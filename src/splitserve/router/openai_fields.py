@@ -162,7 +162,10 @@ COMPLETION: Final[dict[str, Field]] = {
 _MESSAGE_FIELDS: Final[dict[str, Field]] = {
     "messages.role": _ACTS,
     "messages.content": Field(
-        "acts", "acts", "Text, or text parts; image and audio parts are refused (400)."
+        "acts",
+        "acts",
+        "Text, or text parts (each with `text`); image and audio parts, and a text part "
+        "carrying `image_url` or `input_audio`, are refused (400).",
     ),
     "messages.content.type": _ACTS,
     "messages.content.text": _ACTS,
