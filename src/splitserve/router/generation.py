@@ -167,9 +167,12 @@ class Generator:
         """`stops` within the edge limits.
 
         Raises:
-            InvalidRequest: too many stop strings, or one too long.
+            InvalidRequest: too many stop strings, one too long, or an empty one (it would match
+                before the first character; vLLM refuses it too).
         """
         edge = self.edge
+        if any(not stop for stop in stops):
+            raise InvalidRequest("stop cannot contain an empty string", "stop")
         if len(stops) > edge.max_stop_strings:
             raise InvalidRequest(
                 f"at most {edge.max_stop_strings} stop strings are allowed, got {len(stops)} "

@@ -105,8 +105,17 @@ class OpenAiApi:
     # -- parsing ---------------------------------------------------------------------------
 
     async def read_json_object(self, request: HttpRequest) -> dict[str, Any]:
-        """The body as a JSON object, within the body limit; 400 otherwise."""
-        raw = await self.read_limited(request)
+        """The body as a JSON object, within the body limit; 400 otherwise (415 for a body sent
+        with a `Content-Encoding` other than identity: compressed bodies are not decoded)."""
+        raw = await self.read_limited(request)  # read whole: the connection stays usable
+        encoding = request.headers.get("content-encoding", "").strip()
+        if encoding and encoding.lower() != "identity":
+            raise ApiError(
+                415,
+                f"Content-Encoding {encoding!r} is not supported: send the request body "
+                "uncompressed (identity)",
+                code="unsupported_content_encoding",
+            )
         try:
             body = orjson.loads(raw)
         except (orjson.JSONDecodeError, RecursionError) as err:
@@ -466,7 +475,7 @@ def openapi_document(model_name: str) -> dict[str, Any]:
     }
     answers = {
         "200": {"description": "the completion (JSON, or server-sent events when streamed)"},
-        **dict.fromkeys(("400", "404", "408", "413", "429", "503", "504"), error),
+        **dict.fromkeys(("400", "404", "408", "413", "415", "429", "503", "504"), error),
     }
 
     def post(model: type[pydantic.BaseModel], summary: str) -> dict[str, Any]:
@@ -499,10 +508,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(http: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        headers = dict(exc.headers) if exc.headers else None  # a 405's `Allow` (RFC 9110)
         if exc.status_code in (404, 405):  # OpenAI's wording for a route it does not serve
             message = f"Invalid URL ({http.method} {http.url.path})"
-            return ApiError(exc.status_code, message, type_).response()
-        return ApiError(exc.status_code, str(exc.detail), type_).response()
+            return ApiError(exc.status_code, message, type_, headers=headers).response()
+        return ApiError(exc.status_code, str(exc.detail), type_, headers=headers).response()
 
     async def validation_error(_: HttpRequest, exc: Exception) -> Response:
         return ApiError(400, str(exc)).response()

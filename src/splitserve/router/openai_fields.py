@@ -78,7 +78,12 @@ COMMON: Final[dict[str, Field]] = {
         "vLLM: seeds the sampler (in P/D the decode half's random stream differs from an "
         "aggregated run's). Simulated engine: chooses the synthetic token sequence.",
     ),
-    "stop": Field("acts", "acts", "Stop strings, matched by the router on the detokenized text."),
+    "stop": Field(
+        "acts",
+        "acts",
+        "Stop strings, matched by the router on the detokenized text. An empty string is a 400 "
+        "(as vLLM).",
+    ),
     "n": Field("acts", "acts", "Only 1; more is refused (400)."),
     "stream": _ACTS,
     "stream_options": Field(
@@ -157,7 +162,10 @@ COMPLETION: Final[dict[str, Field]] = {
 _MESSAGE_FIELDS: Final[dict[str, Field]] = {
     "messages.role": _ACTS,
     "messages.content": Field(
-        "acts", "acts", "Text, or text parts; image and audio parts are refused (400)."
+        "acts",
+        "acts",
+        "Text, or text parts (each with `text`); image and audio parts, and a text part "
+        "carrying `image_url` or `input_audio`, are refused (400).",
     ),
     "messages.content.type": _ACTS,
     "messages.content.text": _ACTS,

@@ -178,8 +178,16 @@ class ChatMessage(_Wire):
         if isinstance(self.content, str):
             return self.content
         for part in self.content:
-            if part.type != "text" or part.text is None:
+            if part.type != "text":
                 raise ValueError(f"content parts of type {part.type!r} are not supported")
+            if part.text is None:
+                raise ValueError("a content part of type 'text' needs `text`")
+            for media in ("image_url", "input_audio"):  # would be dropped: refused, named
+                if getattr(part, media) is not None:
+                    raise ValueError(
+                        f"a content part of type 'text' cannot carry `{media}` "
+                        "(images and audio are not supported)"
+                    )
         return "".join(part.text or "" for part in self.content)
 
 

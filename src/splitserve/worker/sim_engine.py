@@ -167,7 +167,9 @@ class SimEngine:
         try:
             return await asyncio.shield(pending.prefilled)
         except asyncio.CancelledError:
-            await self.cancel(request.id)
+            await self.cancel(request.id)  # fails `prefilled`, which nobody awaits any more:
+            if pending.prefilled.done() and not pending.prefilled.cancelled():
+                pending.prefilled.exception()  # mark it retrieved (no "never retrieved" log)
             raise
 
     async def decode(
@@ -304,7 +306,8 @@ class SimEngine:
     async def _idle_wait(self) -> None:
         """Sleep until new work arrives, or until the next held KV could expire."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            async with asyncio.timeout(1.0):
+                await self._wake.wait()
 
     def _deliver(self, step: Step, result: StepResult) -> None:
         if self._on_step is not None:

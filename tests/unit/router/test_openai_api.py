@@ -211,12 +211,25 @@ def _bad(status: int, message: str, param: str | None = None, code: str | None =
         ("/v1/chat/completions",
          {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          _bad(400, "image_url", "messages")),
+        ("/v1/chat/completions",
+         {"model": MODEL, "messages": [{"role": "user", "content": [
+             {"type": "text", "text": "x", "image_url": {"url": "http://h/i.png"}}]}]},
+         _bad(400, "image_url", "messages")),
+        ("/v1/chat/completions",
+         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+         _bad(400, "needs `text`", "messages")),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ""},
+         _bad(400, "empty string", "stop")),
+        ("/v1/chat/completions",
+         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": ["a", ""]},
+         _bad(400, "empty string", "stop")),
     ],
     ids=[
         "malformed-json", "not-an-object", "no-model", "wrong-type", "int-as-string",
         "out-of-range", "unknown-model", "n-2", "two-prompts", "empty-prompt", "bad-token-id",
         "too-long", "prompt-fills-context", "chat-too-long", "no-messages", "bad-role",
-        "image-part",
+        "image-part", "image-in-text-part", "text-part-without-text", "empty-stop",
+        "empty-stop-in-list",
     ],
 )  # fmt: skip
 async def test_bad_requests(

@@ -7,6 +7,10 @@ arguments" and went on; `SimEngine` had no `prepare_decode` / `discard_prepared`
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
+
 import pytest
 
 from splitserve.core.errors import ConfigError
@@ -32,3 +36,46 @@ def test_the_sim_engine_prepares_nothing_for_an_early_decode() -> None:
     assert engine.prepare_decode(req) is False
     engine.discard_prepared(req.id)  # a no-op, callable whatever was prepared
     assert engine.in_flight == 0
+
+
+async def test_the_engine_stops_right_after_a_cancelled_prefill_woke_it() -> None:
+    # Before: `_idle_wait` slept in `asyncio.wait_for(self._wake.wait(), 1.0)`. On Python 3.11,
+    # `wait_for` swallows a cancellation that arrives once the awaited wait is already done, so
+    # `stop()` right after a request woke the engine (here the caller's cancelled prefill) left
+    # the loop running and `stop()` awaiting it forever: this test hung.
+    engine = build_sim_engine(WorkerConfig(), "127.0.0.1:1", _ReleaseClient())
+    await engine.start()
+    req = Request(RequestId("r"), tuple(range(20, 60)), SamplingSpec(max_tokens=4), 0.0)
+    task = asyncio.create_task(engine.prefill(req))
+    await asyncio.sleep(0)  # the prefill is admitted; its step is not done
+    assert engine.in_flight == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(10) as guard:  # a guard against the hang, not a speed check
+        await engine.stop()  # called in the same step as the await above: the racy moment
+    assert not guard.expired()
+    assert engine.in_flight == 0
+
+
+async def test_a_prefill_cancelled_by_its_caller_leaves_no_unretrieved_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before: the caller's cancellation (the router's client left) made `cancel` fail the
+    # shielded `prefilled` future with EngineError("request cancelled") that nobody awaited, and
+    # asyncio logged "Future exception was never retrieved" at ERROR for every such request.
+    engine = build_sim_engine(WorkerConfig(), "127.0.0.1:1", _ReleaseClient())
+    await engine.start()
+    try:
+        req = Request(RequestId("r"), tuple(range(20, 60)), SamplingSpec(max_tokens=4), 0.0)
+        task = asyncio.create_task(engine.prefill(req))
+        await asyncio.sleep(0)  # the prefill is admitted; its step is not done
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            gc.collect()  # an unretrieved exception is reported when its future is collected
+    finally:
+        await engine.stop()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
