@@ -6,6 +6,7 @@ Thin: parses options and calls `splitserve.sim.runner` / `splitserve.sim.bench`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -252,8 +253,15 @@ def bench_cmd(
 
     if trace_path is None:
         trace_path = bundled_trace("conv")
-
-    report = bench.run(trace_path, workers, max_requests, report_interval_s)
+    try:
+        items, parse_s = bench.load_trace(trace_path, max_requests)
+    except (ValueError, UnicodeDecodeError) as err:  # was a traceback
+        raise click.BadParameter(str(err), param_hint="--trace") from err
+    if not items:  # printed a table of zeros
+        raise click.BadParameter(
+            "no requests in the trace (every row has a zero length)", param_hint="--trace"
+        )
+    report = replace(bench.run_items(items, workers, report_interval_s), parse_s=parse_s)
     click.echo(report.markdown())
 
 
@@ -424,8 +432,6 @@ def autoscale_cmd(
         return
     setup = None
     if burst_weight is not None or diagnostic or gate_flags:
-        from dataclasses import replace
-
         from splitserve.sim.autoscale import Setup
 
         setup = Setup()

@@ -186,3 +186,21 @@ def test_latency_gpu_says_when_it_changes_nothing(
     assert "the flag changes nothing here" in res.output
     res = CliRunner().invoke(sim, ["reproduce", paper, "--quick"])
     assert "--latency gpu" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "empty"),  # StopIteration traceback
+        ("a,b\n1,2\n", "not an Azure LLM trace header"),  # ValueError traceback
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,0,5\n", "no requests"),
+    ],
+)
+def test_bench_refuses_a_trace_it_cannot_replay(tmp_path: Path, text: str, says: str) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(text)
+    res = CliRunner().invoke(sim, ["bench", "--trace", str(trace)])
+    assert res.exit_code == 2, res.output
+    assert "--trace" in res.output
+    assert says in res.output
+    assert "Traceback" not in res.output
