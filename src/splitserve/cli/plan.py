@@ -117,8 +117,9 @@ def plan(
             + f" of {model} (vLLM would refuse it)"
         )
     degrees = tuple(degrees_ok)
-    if not 0 < attainment <= 1 or not 0 < percentile <= 1:
-        raise click.BadParameter("must be in (0, 1]", param_hint="--attainment/--percentile")
+    for flag, fraction in (("--percentile", percentile), ("--attainment", attainment)):
+        if not 0 < fraction <= 1:
+            raise click.BadParameter(f"{fraction} is not in (0, 1]", param_hint=flag)
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses
         raise click.BadParameter(
             f"{name!r} is not a Kubernetes name (lower-case letters, digits and '-', starting "
@@ -126,10 +127,30 @@ def plan(
             param_hint="--name",
         )
     if trace is not None:
+        ctx = click.get_current_context()
+        synthetic_only = [  # the trace's lengths and arrivals are used; these were ignored
+            f"--{p.replace('_', '-')}"
+            for p in ("prompt_median", "output_median", "sigma", "seed")
+            if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT
+        ]
+        if synthetic_only:
+            raise click.UsageError(
+                f"{', '.join(synthetic_only)}: lognormal lengths for --rate alone; "
+                "--trace replays the trace's own lengths and arrivals"
+            )
         try:
             items = parse_azure_trace(trace.read_text().splitlines(), max_requests=num_requests)
         except ValueError as err:  # was a traceback
             raise click.BadParameter(str(err), param_hint="--trace") from err
+        if not items:  # was a traceback from the search
+            raise click.BadParameter(
+                "no requests in the trace (every row has a zero length)", param_hint="--trace"
+            )
+        if not items[-1].arrival_s > items[0].arrival_s:  # no rate, and --rate cannot rescale
+            raise click.BadParameter(
+                f"its {len(items)} request(s) arrive at once: no arrival rate to plan for",
+                param_hint="--trace",
+            )
         if rate is not None:
             items = scale_to_rate(items, rate)
     else:
