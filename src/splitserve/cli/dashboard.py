@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from splitserve.cli.numbers import FiniteFloat
+
 
 @click.group()
 def dashboard() -> None:
@@ -23,14 +25,14 @@ def dashboard() -> None:
 )
 @click.option(
     "--since-s",
-    type=click.FloatRange(min=1),
+    type=FiniteFloat(min=1),
     default=3600,
     show_default=True,
     help="Time range: the last this many seconds.",
 )
 @click.option(
     "--scrape-interval-s",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloat(min=0.1),
     default=15,
     show_default=True,
     help="Prometheus' scrape interval (for $__rate_interval, as Grafana computes it).",

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import click
 
-_POSITIVE = click.FloatRange(min=0, min_open=True)
+from splitserve.cli.numbers import FiniteFloat
+
+_POSITIVE = FiniteFloat(min=0, min_open=True)
 
 
 @click.command()
@@ -25,7 +27,7 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--output-median", type=_POSITIVE, default=200.0, show_default=True)
 @click.option(
     "--sigma",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.6,
     show_default=True,
     help="Lognormal spread.",
@@ -41,8 +43,10 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 )
 @click.option("--ttft-ms", type=_POSITIVE, default=2000.0, show_default=True)
 @click.option("--tpot-ms", type=_POSITIVE, default=100.0, show_default=True)
-@click.option("--percentile", type=float, default=0.9, show_default=True)
-@click.option("--attainment", type=float, default=0.99, show_default=True)
+@click.option("--percentile", type=FiniteFloat(0, 1, min_open=True), default=0.9, show_default=True)
+@click.option(
+    "--attainment", type=FiniteFloat(0, 1, min_open=True), default=0.99, show_default=True
+)
 @click.option("--tp", "tps", default="1,2,4,8", show_default=True, help="TP degrees to try.")
 @click.option(
     "--per-pool-tp",
@@ -117,9 +121,6 @@ def plan(
             + f" of {model} (vLLM would refuse it)"
         )
     degrees = tuple(degrees_ok)
-    for flag, fraction in (("--percentile", percentile), ("--attainment", attainment)):
-        if not 0 < fraction <= 1:
-            raise click.BadParameter(f"{fraction} is not in (0, 1]", param_hint=flag)
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses
         raise click.BadParameter(
             f"{name!r} is not a Kubernetes name (lower-case letters, digits and '-', starting "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from splitserve.cli.numbers import FiniteFloat
 from splitserve.sim.reproductions import REPRODUCTIONS
 
 
@@ -108,7 +109,7 @@ def reproduce_cmd(
 )
 @click.option(
     "--target",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=0.05,
     show_default=True,
     help="Error target (relative, > 0).",
@@ -240,7 +241,7 @@ def validate_cmd(
 @click.option(
     "--report-interval",
     "report_interval_s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.0,
     show_default=True,
     help="Router load reports every this many seconds (0: exact worker state at every arrival).",
@@ -334,7 +335,7 @@ def bundled_trace(kind: str) -> Path:
 )
 @click.option(
     "--burst-weight",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteFloat(0.0, 1.0),
     default=None,
     help="The autoscaler's burst headroom: 0 sizes for the window's mean arrival rate, 1 for "
     "its busiest 10 s (default: the evaluation's, 1).",
@@ -355,7 +356,7 @@ def bundled_trace(kind: str) -> Path:
 @click.option(
     "--cold-start",
     "cold_start_s",
-    type=click.FloatRange(0.0),
+    type=FiniteFloat(0.0),
     default=None,
     help="Diagnostic: the workers' cold start in seconds (default: the evaluation's, 20); "
     "loop, oracle and static runs all use it.",
@@ -363,7 +364,7 @@ def bundled_trace(kind: str) -> Path:
 @click.option(
     "--stabilization",
     "stabilization_s",
-    type=click.FloatRange(0.0),
+    type=FiniteFloat(0.0),
     default=None,
     help="Diagnostic: the loop's scale-down stabilization window in seconds (default: the "
     "evaluation's, 120).",
