@@ -39,7 +39,12 @@ _POSITIVE = FiniteFloat(min=0, min_open=True)
     help="Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens) instead of --*-median.",
 )
 @click.option(
-    "--requests", "num_requests", type=click.IntRange(min=1), default=1000, show_default=True
+    "--requests",
+    "num_requests",
+    type=click.IntRange(min=2),
+    default=1000,
+    show_default=True,
+    help="Requests to simulate (the first N of a trace); at least 2, one arrival has no rate.",
 )
 @click.option("--ttft-ms", type=_POSITIVE, default=2000.0, show_default=True)
 @click.option("--tpot-ms", type=_POSITIVE, default=100.0, show_default=True)

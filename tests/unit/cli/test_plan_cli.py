@@ -75,3 +75,10 @@ def test_a_trace_whose_requests_all_arrive_at_once_is_refused(
     assert r.exit_code == 2, r.output
     assert "--trace" in r.output
     assert "at once" in r.output
+
+
+def test_one_request_is_refused_naming_requests() -> None:
+    # one arrival has no rate: a ValueError traceback from the search (before that, a hang)
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "1", "--tp", "1"])
+    assert r.exit_code == 2, r.output
+    assert "--requests" in r.output
