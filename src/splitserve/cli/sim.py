@@ -37,7 +37,9 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
     try:
         cfg = runner.load_scenario(config)
         output = runner.run_scenario(cfg, out_dir, base_dir=config.parent)
-    except (ConfigError, ValueError) as err:
+    except ConfigError as err:  # the file's content: a usage error (was exit 1 / a traceback)
+        raise click.BadParameter(str(err), param_hint="CONFIG") from err
+    except ValueError as err:
         raise click.ClickException(str(err)) from err
     click.echo(output.markdown)
     for path in output.files:
@@ -197,6 +199,10 @@ def validate_cmd(
             "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps, "
             "--no-run-handoff need --run-steps"
         )
+    try:
+        runner.load_cluster(cluster_file)
+    except ConfigError as err:  # was pydantic's block, or a YAML parser traceback
+        raise click.BadParameter(str(err), param_hint="--cluster") from err
     try:
         _, text = runner.run_validation(
             recording,
