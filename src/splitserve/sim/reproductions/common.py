@@ -10,6 +10,7 @@ import copyreg
 import dataclasses
 import math
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -75,12 +76,26 @@ def parallel(jobs: int) -> Iterator[None]:
             _POOL.reset(token)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint) as pool:
         token = _POOL.set(pool)
         try:
             yield
+        except BaseException:
+            # Ctrl-C (or any error): the pool's exit would wait for every submitted unit to run
+            # (minutes, nothing printed); drop the queued ones and stop the running ones
+            running = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in running:
+                process.terminate()
+            raise
         finally:
             _POOL.reset(token)
+
+
+def _ignore_sigint() -> None:
+    """Workers leave a terminal's Ctrl-C (sent to the whole process group) to the parent, which
+    stops them; each printed its own KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _rebuild(cls: type[_T], kwargs: dict[str, object]) -> _T:
