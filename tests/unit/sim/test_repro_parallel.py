@@ -3,6 +3,7 @@ to one process (each unit seeds its own generators)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -131,3 +132,23 @@ def test_workers_leave_a_terminal_interrupt_to_the_parent() -> None:
     with parallel(2):
         (handler,) = parallel_map(_sigint_handler, [()])
     assert handler == signal.SIG_IGN
+
+
+def _parent_death_signal() -> int:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    sig = ctypes.c_int(0)
+    libc.prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    return sig.value
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_workers_die_with_their_parent() -> None:
+    # `kill <pid>` (SIGTERM) of `sim reproduce --jobs 2` left both workers running their units
+    # for minutes as orphans
+    import signal
+
+    with parallel(2):
+        (sig,) = parallel_map(_parent_death_signal, [()])
+    assert sig == signal.SIGTERM
