@@ -199,6 +199,11 @@ def validate_cmd(
             "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps, "
             "--no-run-handoff need --run-steps"
         )
+    if speed_trace is not None and run_steps is not None:  # was exit 1 after reading the files
+        raise click.UsageError(
+            "--speed-trace and --run-steps both scale the steps: give one (--run-steps has "
+            "each worker's speed over the run)"
+        )
     try:
         runner.load_cluster(cluster_file)
     except ConfigError as err:  # was pydantic's block, or a YAML parser traceback

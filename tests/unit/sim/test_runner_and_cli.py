@@ -271,3 +271,16 @@ def test_validate_names_a_bad_cluster_file(tmp_path: Path, text: str) -> None:
     assert "--cluster" in res.output
     assert "errors.pydantic.dev" not in res.output
     assert "Traceback" not in res.output
+
+
+def test_validate_refuses_speed_trace_and_run_steps_together(tmp_path: Path) -> None:
+    # was exit 1, 'give either a speed trace or the run's steps', after reading every file
+    rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
+    rec.write_text("")
+    cluster.write_text("model: tiny\n")
+    argv = ["validate", str(rec), "--cluster", str(cluster)]
+    argv += ["--speed-trace", str(rec), "--run-steps", str(tmp_path)]
+    res = CliRunner().invoke(sim, argv)
+    assert res.exit_code == 2, res.output
+    assert "--speed-trace" in res.output
+    assert "--run-steps" in res.output
