@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.paths import OutDir
 
 
 @click.group()
@@ -19,7 +20,7 @@ def dashboard() -> None:
 @click.option("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     required=True,
     help="Folder for <dashboard>.png.",
 )

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
+from splitserve.cli.paths import OutDir
 from splitserve.cli.tls_option import tls_option
 from splitserve.core.perf.samples import (
     Measurement,
@@ -74,7 +75,7 @@ def _token_range(text: str) -> tuple[int, int]:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     required=True,
     help="Writes samples.csv, profile.csv and fit.json here.",
 )

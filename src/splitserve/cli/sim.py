@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.paths import OutDir
 from splitserve.sim.reproductions import REPRODUCTIONS
 
 
@@ -25,7 +26,7 @@ def sim() -> None:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write summary.md, requests.csv, config.yaml and plots here.",
 )
@@ -52,7 +53,7 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write the table and attainment plots here.",
 )
@@ -105,7 +106,7 @@ def reproduce_cmd(
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write validation.md and requests.csv (measured vs simulated per request) here.",
 )
@@ -334,7 +335,7 @@ def bundled_trace(kind: str) -> Path:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write summary.md and one PNG per scenario here.",
 )
