@@ -23,7 +23,7 @@ class OutDir(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         path = super().convert(value, param, ctx)
-        existing = Path(path).absolute()
+        existing = Path(os.fsdecode(path)).absolute()
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         if not existing.is_dir():
