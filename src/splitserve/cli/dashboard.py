@@ -11,13 +11,30 @@ from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.paths import OutDir
 
 
+def _http_url(value: str) -> str:
+    """An http(s) URL with a host (urllib died in an 'unknown url type' traceback without)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(
+            f"{value!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:9090"
+        )
+    return value
+
+
 @click.group()
 def dashboard() -> None:
     """The Grafana dashboards (splitserve.obs.dashboards) without Grafana."""
 
 
 @dashboard.command("render")
-@click.option("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+@click.option(
+    "--prometheus",
+    required=True,
+    callback=lambda _ctx, _param, value: _http_url(value),
+    help="Prometheus base URL, e.g. http://127.0.0.1:9090",
+)
 @click.option(
     "--out",
     type=OutDir(),
