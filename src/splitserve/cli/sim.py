@@ -202,8 +202,8 @@ def validate_cmd(
         )
     if speed_trace is not None and run_steps is not None:  # was exit 1 after reading the files
         raise click.UsageError(
-            "--speed-trace and --run-steps both scale the steps: give one (--run-steps has "
-            "each worker's speed over the run)"
+            "--speed-trace and --run-steps both scale the steps: give one, not both "
+            "(--run-steps has each worker's speed over the run)"
         )
     try:
         runner.load_cluster(cluster_file)
