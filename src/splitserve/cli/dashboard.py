@@ -7,6 +7,21 @@ from pathlib import Path
 
 import click
 
+from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.paths import OutDir
+
+
+def _http_url(value: str) -> str:
+    """An http(s) URL with a host (urllib died in an 'unknown url type' traceback without)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(
+            f"{value!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:9090"
+        )
+    return value
+
 
 @click.group()
 def dashboard() -> None:
@@ -14,23 +29,28 @@ def dashboard() -> None:
 
 
 @dashboard.command("render")
-@click.option("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+@click.option(
+    "--prometheus",
+    required=True,
+    callback=lambda _ctx, _param, value: _http_url(value),
+    help="Prometheus base URL, e.g. http://127.0.0.1:9090",
+)
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     required=True,
     help="Folder for <dashboard>.png.",
 )
 @click.option(
     "--since-s",
-    type=click.FloatRange(min=1),
+    type=FiniteFloat(min=1),
     default=3600,
     show_default=True,
     help="Time range: the last this many seconds.",
 )
 @click.option(
     "--scrape-interval-s",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloat(min=0.1),
     default=15,
     show_default=True,
     help="Prometheus' scrape interval (for $__rate_interval, as Grafana computes it).",

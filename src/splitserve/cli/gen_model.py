@@ -7,16 +7,26 @@ from pathlib import Path
 
 import click
 
+_SIZE = click.IntRange(min=1)  # a negative size wrote half the model, then a numpy traceback
+
 
 @click.command("tiny-model")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--vocab-size", default=2048, show_default=True, help="Target BPE vocabulary.")
-@click.option("--hidden-size", default=256, show_default=True)
-@click.option("--num-layers", default=4, show_default=True)
-@click.option("--num-heads", default=4, show_default=True)
-@click.option("--num-kv-heads", default=4, show_default=True, help="< num-heads gives GQA.")
-@click.option("--intermediate-size", default=640, show_default=True)
-@click.option("--max-position-embeddings", default=2048, show_default=True)
+@click.option(
+    "--vocab-size",
+    type=click.IntRange(300, 65536),
+    default=2048,
+    show_default=True,
+    help="Target BPE vocabulary (256 bytes + specials + merges).",
+)
+@click.option("--hidden-size", type=_SIZE, default=256, show_default=True)
+@click.option("--num-layers", type=_SIZE, default=4, show_default=True)
+@click.option("--num-heads", type=_SIZE, default=4, show_default=True)
+@click.option(
+    "--num-kv-heads", type=_SIZE, default=4, show_default=True, help="< num-heads gives GQA."
+)
+@click.option("--intermediate-size", type=_SIZE, default=640, show_default=True)
+@click.option("--max-position-embeddings", type=_SIZE, default=2048, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights and the corpus.")
 @click.option(
     "--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True
@@ -57,8 +67,13 @@ def tiny_model(
             seed=seed,
             dtype=dtype,
         )
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
+    except ValueError as e:  # the sizes disagree: name the flags of the fields it names
+        named = [
+            f"--{field.replace('_', '-')}"
+            for field in ("hidden_size", "num_heads", "num_kv_heads", "dtype")
+            if field in str(e)
+        ]
+        raise click.BadParameter(str(e), param_hint=" / ".join(named) or None) from e
     info = write_tiny_model(dest, spec)
     click.echo(
         json.dumps(

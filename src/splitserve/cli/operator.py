@@ -8,6 +8,7 @@ from typing import TextIO
 
 import click
 
+from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.tls_option import tls_option
 
 
@@ -53,14 +54,14 @@ def operator() -> None:
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=5.0,
     show_default=True,
     help="Seconds between reconciles of each service when nothing changes.",
 )
 @click.option(
     "--drain-wait",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=2.0,
     show_default=True,
     help="Seconds one Drain call may block before the flip resumes on the next tick.",

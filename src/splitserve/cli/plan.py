@@ -10,7 +10,9 @@ from pathlib import Path
 
 import click
 
-_POSITIVE = click.FloatRange(min=0, min_open=True)
+from splitserve.cli.numbers import FiniteFloat
+
+_POSITIVE = FiniteFloat(min=0, min_open=True)
 
 
 @click.command()
@@ -25,7 +27,7 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--output-median", type=_POSITIVE, default=200.0, show_default=True)
 @click.option(
     "--sigma",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.6,
     show_default=True,
     help="Lognormal spread.",
@@ -37,12 +39,19 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
     help="Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens) instead of --*-median.",
 )
 @click.option(
-    "--requests", "num_requests", type=click.IntRange(min=1), default=1000, show_default=True
+    "--requests",
+    "num_requests",
+    type=click.IntRange(min=2),
+    default=1000,
+    show_default=True,
+    help="Requests to simulate (the first N of a trace); at least 2, one arrival has no rate.",
 )
 @click.option("--ttft-ms", type=_POSITIVE, default=2000.0, show_default=True)
 @click.option("--tpot-ms", type=_POSITIVE, default=100.0, show_default=True)
-@click.option("--percentile", type=float, default=0.9, show_default=True)
-@click.option("--attainment", type=float, default=0.99, show_default=True)
+@click.option("--percentile", type=FiniteFloat(0, 1, min_open=True), default=0.9, show_default=True)
+@click.option(
+    "--attainment", type=FiniteFloat(0, 1, min_open=True), default=0.99, show_default=True
+)
 @click.option("--tp", "tps", default="1,2,4,8", show_default=True, help="TP degrees to try.")
 @click.option(
     "--per-pool-tp",
@@ -117,8 +126,6 @@ def plan(
             + f" of {model} (vLLM would refuse it)"
         )
     degrees = tuple(degrees_ok)
-    if not 0 < attainment <= 1 or not 0 < percentile <= 1:
-        raise click.BadParameter("must be in (0, 1]", param_hint="--attainment/--percentile")
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses
         raise click.BadParameter(
             f"{name!r} is not a Kubernetes name (lower-case letters, digits and '-', starting "
@@ -126,10 +133,30 @@ def plan(
             param_hint="--name",
         )
     if trace is not None:
+        ctx = click.get_current_context()
+        synthetic_only = [  # the trace's lengths and arrivals are used; these were ignored
+            f"--{p.replace('_', '-')}"
+            for p in ("prompt_median", "output_median", "sigma", "seed")
+            if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT
+        ]
+        if synthetic_only:
+            raise click.UsageError(
+                f"{', '.join(synthetic_only)}: lognormal lengths for --rate alone; "
+                "--trace replays the trace's own lengths and arrivals"
+            )
         try:
             items = parse_azure_trace(trace.read_text().splitlines(), max_requests=num_requests)
         except ValueError as err:  # was a traceback
             raise click.BadParameter(str(err), param_hint="--trace") from err
+        if not items:  # was a traceback from the search
+            raise click.BadParameter(
+                "no requests in the trace (every row has a zero length)", param_hint="--trace"
+            )
+        if not items[-1].arrival_s > items[0].arrival_s:  # no rate, and --rate cannot rescale
+            raise click.BadParameter(
+                f"its {len(items)} request(s) arrive at once: no arrival rate to plan for",
+                param_hint="--trace",
+            )
         if rate is not None:
             items = scale_to_rate(items, rate)
     else:

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
+from splitserve.cli.paths import OutDir
 from splitserve.cli.tls_option import tls_option
 from splitserve.core.perf.samples import (
     Measurement,
@@ -74,7 +75,7 @@ def _token_range(text: str) -> tuple[int, int]:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     required=True,
     help="Writes samples.csv, profile.csv and fit.json here.",
 )
@@ -187,7 +188,22 @@ def profile(
     stats: ProfileStats | None = None
     steps: list[ReportedStep] = []
     if from_samples is not None:
-        samples = parse_samples_csv(from_samples.read_text().splitlines())
+        ctx = click.get_current_context()
+        measuring = [  # nothing is measured: these were ignored without a word
+            p.opts[0]
+            for p in ctx.command.params
+            if p.name in _MEASURING
+            and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT
+        ]
+        if measuring:
+            raise click.UsageError(
+                f"{', '.join(measuring)}: measuring a worker; --from-samples measures nothing "
+                "(it rebuilds the table and fit from the samples)"
+            )
+        try:
+            samples = parse_samples_csv(from_samples.read_text().splitlines())
+        except ValueError as err:  # a ValueError / UnicodeDecodeError traceback
+            raise click.BadParameter(str(err), param_hint="--from-samples") from err
         source = f"samples from {from_samples}"
     else:
         if not address:
@@ -227,6 +243,29 @@ def profile(
     )
     for path in files:
         click.echo(f"wrote {path}")
+
+
+_MEASURING = frozenset(
+    {
+        "address",
+        "prefill_tokens",
+        "prefill_batch",
+        "decode_batch",
+        "decode_context",
+        "decode_tokens",
+        "repeats",
+        "extra_repeats",
+        "warmup",
+        "max_batch_tokens",
+        "max_model_len",
+        "max_num_seqs",
+        "token_range",
+        "seed",
+        "set_mixed",
+        "method",
+    }
+)
+"""Parameters that only shape a measurement (refused beside --from-samples)."""
 
 
 def _write(

@@ -24,6 +24,7 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
+from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.process import (
     bind_errors_named,
     ready_file_option,
@@ -102,7 +103,7 @@ def router() -> None:
 )
 @click.option(
     "--token-stall-timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=DispatchSettings().token_stall_timeout_s,
     show_default=True,
     help="A worker with no next token for this long is treated as dead (request moved).",

@@ -6,10 +6,13 @@ Thin: parses options and calls `splitserve.sim.runner` / `splitserve.sim.bench`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.paths import OutDir
 from splitserve.sim.reproductions import REPRODUCTIONS
 
 
@@ -23,7 +26,7 @@ def sim() -> None:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write summary.md, requests.csv, config.yaml and plots here.",
 )
@@ -35,7 +38,9 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
     try:
         cfg = runner.load_scenario(config)
         output = runner.run_scenario(cfg, out_dir, base_dir=config.parent)
-    except (ConfigError, ValueError) as err:
+    except ConfigError as err:  # the file's content: a usage error (was exit 1 / a traceback)
+        raise click.BadParameter(str(err), param_hint="CONFIG") from err
+    except ValueError as err:
         raise click.ClickException(str(err)) from err
     click.echo(output.markdown)
     for path in output.files:
@@ -48,7 +53,7 @@ def run_cmd(config: Path, out_dir: Path | None) -> None:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write the table and attainment plots here.",
 )
@@ -101,13 +106,13 @@ def reproduce_cmd(
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write validation.md and requests.csv (measured vs simulated per request) here.",
 )
 @click.option(
     "--target",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=0.05,
     show_default=True,
     help="Error target (relative, > 0).",
@@ -195,6 +200,15 @@ def validate_cmd(
             "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps, "
             "--no-run-handoff need --run-steps"
         )
+    if speed_trace is not None and run_steps is not None:  # was exit 1 after reading the files
+        raise click.UsageError(
+            "--speed-trace and --run-steps both scale the steps: give one, not both "
+            "(--run-steps has each worker's speed over the run)"
+        )
+    try:
+        runner.load_cluster(cluster_file)
+    except ConfigError as err:  # was pydantic's block, or a YAML parser traceback
+        raise click.BadParameter(str(err), param_hint="--cluster") from err
     try:
         _, text = runner.run_validation(
             recording,
@@ -239,7 +253,7 @@ def validate_cmd(
 @click.option(
     "--report-interval",
     "report_interval_s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.0,
     show_default=True,
     help="Router load reports every this many seconds (0: exact worker state at every arrival).",
@@ -252,8 +266,15 @@ def bench_cmd(
 
     if trace_path is None:
         trace_path = bundled_trace("conv")
-
-    report = bench.run(trace_path, workers, max_requests, report_interval_s)
+    try:
+        items, parse_s = bench.load_trace(trace_path, max_requests)
+    except (ValueError, UnicodeDecodeError) as err:  # was a traceback
+        raise click.BadParameter(str(err), param_hint="--trace") from err
+    if not items:  # printed a table of zeros
+        raise click.BadParameter(
+            "no requests in the trace (every row has a zero length)", param_hint="--trace"
+        )
+    report = replace(bench.run_items(items, workers, report_interval_s), parse_s=parse_s)
     click.echo(report.markdown())
 
 
@@ -314,7 +335,7 @@ def bundled_trace(kind: str) -> Path:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutDir(),
     default=None,
     help="Write summary.md and one PNG per scenario here.",
 )
@@ -326,7 +347,7 @@ def bundled_trace(kind: str) -> Path:
 )
 @click.option(
     "--burst-weight",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteFloat(0.0, 1.0),
     default=None,
     help="The autoscaler's burst headroom: 0 sizes for the window's mean arrival rate, 1 for "
     "its busiest 10 s (default: the evaluation's, 1).",
@@ -347,7 +368,7 @@ def bundled_trace(kind: str) -> Path:
 @click.option(
     "--cold-start",
     "cold_start_s",
-    type=click.FloatRange(0.0),
+    type=FiniteFloat(0.0),
     default=None,
     help="Diagnostic: the workers' cold start in seconds (default: the evaluation's, 20); "
     "loop, oracle and static runs all use it.",
@@ -355,7 +376,7 @@ def bundled_trace(kind: str) -> Path:
 @click.option(
     "--stabilization",
     "stabilization_s",
-    type=click.FloatRange(0.0),
+    type=FiniteFloat(0.0),
     default=None,
     help="Diagnostic: the loop's scale-down stabilization window in seconds (default: the "
     "evaluation's, 120).",
@@ -424,8 +445,6 @@ def autoscale_cmd(
         return
     setup = None
     if burst_weight is not None or diagnostic or gate_flags:
-        from dataclasses import replace
-
         from splitserve.sim.autoscale import Setup
 
         setup = Setup()

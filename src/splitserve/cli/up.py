@@ -26,6 +26,7 @@ import click
 
 from splitserve.api.router import PlacementSettings
 from splitserve.cli import logs
+from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.process import die_with_parent, without_torch
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
@@ -331,7 +332,7 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option(
     "--sim-time-scale",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=1.0,
     show_default=True,
     help="Multiplies the simulated step times; 0: no delay.",
@@ -360,14 +361,14 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 @on_exit_option()
 @click.option(
     "--ready-timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=READY_TIMEOUT_S,
     show_default=True,
     help="How long workers and the router may take to start (vLLM on a busy CPU: more).",
 )
 @click.option(
     "--token-stall-timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=None,
     help="Router: a worker with no next token for this long is treated as dead. "
     "Default: the router's.",
@@ -378,33 +379,31 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     help="Run the control loop: start, stop (drained first) and flip workers from the load "
     "and the SLO classes (docs/autoscaling.md). --engine sim only.",
 )
-@click.option(
-    "--autoscale-interval-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True
-)
+@click.option("--autoscale-interval-s", type=FiniteFloat(min=0.1), default=10.0, show_default=True)
 @click.option(
     "--autoscale-stabilization-s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=60.0,
     show_default=True,
     help="Scale down only to the largest size recommended over this long.",
 )
 @click.option(
     "--autoscale-window-s",
-    type=click.FloatRange(min=1),
+    type=FiniteFloat(min=1),
     default=30.0,
     show_default=True,
     help="What each observation of the router's metrics covers.",
 )
 @click.option(
     "--autoscale-horizon-s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=30.0,
     show_default=True,
     help="How far ahead the arrival rate is forecast (at least one interval).",
 )
 @click.option(
     "--autoscale-burst-weight",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloat(0, 1),
     default=1.0,
     show_default=True,
     help="Burst headroom, as the operator's scaling.burstWeight: size for the window's mean "

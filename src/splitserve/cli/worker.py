@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from splitserve.cli import logs
+from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
@@ -83,7 +84,7 @@ _PORT = click.IntRange(0, 65535)
 @click.option("--sim-hardware", default="a100-80g", show_default=True)
 @click.option(
     "--sim-time-scale",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=1.0,
     show_default=True,
     help="Multiplies the sim engine's step times; 0: no delay (tokens as fast as the engine "

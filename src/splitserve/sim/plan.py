@@ -73,7 +73,11 @@ def plan(
     heads, as vLLM requires) is skipped like one that does not fit (`fits`)."""
     if not items:
         raise ValueError("the workload has no requests")
-    span = max(items[-1].arrival_s - items[0].arrival_s, 1e-9)
+    span = items[-1].arrival_s - items[0].arrival_s
+    if not span > 0:  # was taken as 1 ns: pools for 10^9 req/s, built for ever
+        raise ValueError(
+            f"the workload's {len(items)} request(s) arrive at once: no arrival rate to size for"
+        )
     rate = len(items) / span
     stats = LengthStats(
         sum(w.num_prompt_tokens for w in items) / len(items),
@@ -94,7 +98,9 @@ def plan(
         dec = work_by_role(ROLES, rate, stats, setup.perf_model(Role.DECODE), targets, params)
         work = {Role.PREFILL: pre[Role.PREFILL], Role.DECODE: dec[Role.DECODE]}
         pools = {r: max(1, math.ceil(work[r] / params.target_utilization)) for r in ROLES}
-        result: RunResult | None = run_static(items, setup, pools)
+        # a start past the limit is not simulated (building that many workers took minutes)
+        over = sum(pools.values()) > limit
+        result: RunResult | None = None if over else run_static(items, setup, pools)
         while result is not None and result.attainment < slo.attainment:
             if sum(pools.values()) >= limit:
                 result = None

@@ -12,10 +12,12 @@ import csv
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
+from splitserve.core.errors import ConfigError
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.config import (
     ClusterConfig,
@@ -43,6 +45,8 @@ from splitserve.sim.validate_steps import (
     parse_steps_csv,
 )
 
+_M = TypeVar("_M", bound=BaseModel)
+
 
 @dataclass(frozen=True, slots=True)
 class ScenarioOutput:
@@ -52,26 +56,63 @@ class ScenarioOutput:
 
 
 def load_scenario(path: Path) -> ScenarioConfig:
-    with path.open() as f:
-        return ScenarioConfig.model_validate(yaml.safe_load(f))
+    """The scenario in `path`; a file that is not one is a one-line `ConfigError`."""
+    return _validated(path, ScenarioConfig)
 
 
-def _lines(path_text: str | None, base: Path) -> list[str] | None:
+def _mapping(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:  # was the parser's traceback
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        why = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not YAML{at}: {why}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: not a mapping of keys (got {type(raw).__name__})")
+    return raw
+
+
+def _validated(path: Path, model: type[_M]) -> _M:
+    try:
+        return model.model_validate(_mapping(path))
+    except ValidationError as err:  # one line per bad key (was pydantic's block, with its URL)
+        raise ConfigError(f"{path}: {one_line(err)}") from None
+
+
+def one_line(err: ValidationError) -> str:
+    """Pydantic's errors as `key.path=value: message; ...` (the value left out when missing)."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(map(str, e["loc"])) or "(top level)"
+        value = "" if e["type"] in ("missing", "extra_forbidden") else f"={e['input']!r}"
+        parts.append(f"{loc}{value}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _lines(path_text: str | None, base: Path, key: str = "") -> list[str] | None:
     if path_text is None:
         return None
     path = Path(path_text)
     if not path.is_absolute():
         path = base / path
-    with path.open() as f:
-        return f.readlines()
+    try:
+        with path.open() as f:
+            return f.readlines()
+    except OSError as err:  # was a FileNotFoundError / IsADirectoryError traceback
+        raise ConfigError(
+            f"{key} {path_text!r} ({path}): {err.strerror or err}"
+            + ("" if Path(path_text).is_absolute() else " (relative to the file's directory)")
+        ) from None
 
 
 def run_scenario(
     cfg: ScenarioConfig, out_dir: Path | None, base_dir: Path = Path()
 ) -> ScenarioOutput:
     """Simulate the scenario at its configured rate (and search goodput if asked)."""
-    lines = _lines(cfg.workload.trace.path if cfg.workload.trace else None, base_dir)
-    spec = cluster_spec(cfg, _lines(cfg.latency_profile, base_dir))
+    trace = cfg.workload.trace.path if cfg.workload.trace else None
+    lines = _lines(trace, base_dir, "workload.trace.path")
+    spec = cluster_spec(cfg, _lines(cfg.latency_profile, base_dir, "latency_profile"))
     slos = slo_classes(cfg)
     result = simulate(spec, build_workload(cfg.workload, lines))
     md = summary_markdown(result, slos, title=cfg.name)
@@ -156,8 +197,7 @@ def run_reproduction(
 
 def load_cluster(path: Path) -> ClusterConfig:
     """A cluster file (a scenario without `workload`, `slo_classes`, `goodput`)."""
-    with path.open() as f:
-        return ClusterConfig.model_validate(yaml.safe_load(f))
+    return _validated(path, ClusterConfig)
 
 
 def run_validation(
@@ -187,7 +227,7 @@ def run_validation(
     if speed_trace is not None and run_steps is not None:
         raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
-    spec = cluster_spec(cfg, _lines(cfg.latency_profile, cluster.parent))
+    spec = cluster_spec(cfg, _lines(cfg.latency_profile, cluster.parent, "latency_profile"))
     with recording.open() as f:
         rec = parse_recording(f)
     speed = None

@@ -219,29 +219,47 @@ def parse_azure_trace(
     """Parse the Azure LLM inference 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
 
     Arrival times are relative to the first row and multiplied by `time_scale` (0.5 replays the
-    trace twice as fast). Rows with a zero length are skipped.
+    trace twice as fast). Rows with a zero length are skipped (the trace has some), blank lines
+    too; anything else that is not a row (an empty file, a short row, a timestamp or length that
+    does not parse, a negative length) is a ValueError naming the line.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
     it = iter(lines)
-    header = [h.strip() for h in next(it).split(",")]
+    first = next(it, None)
+    if first is None:
+        raise ValueError("the trace is empty (no TIMESTAMP,ContextTokens,GeneratedTokens header)")
+    header = [h.strip() for h in first.split(",")]
     try:
-        i_ts, i_ctx, i_gen = (
-            header.index(c) for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-        )
+        i_ts, i_ctx, i_gen = (header.index(c) for c in _AZURE_COLUMNS)
     except ValueError:
         raise ValueError(f"not an Azure LLM trace header: {header}") from None
+    width = max(i_ts, i_ctx, i_gen) + 1
     items: list[WorkItem] = []
     t0: datetime | None = None
-    for line in it:
+    for number, line in enumerate(it, start=2):
         if max_requests is not None and len(items) >= max_requests:
             break
-        cols = line.strip().split(",")
-        if len(cols) < 3:
+        if not line.strip():
             continue
-        ts = _parse_timestamp(cols[i_ts])
+        cols = line.strip().split(",")
+        if len(cols) < width:
+            raise ValueError(f"line {number}: {len(cols)} columns, the header has {len(header)}")
+        try:
+            ts = _parse_timestamp(cols[i_ts])
+        except ValueError:
+            raise ValueError(f"line {number}: TIMESTAMP {cols[i_ts]!r} is not a time") from None
+        lengths = []
+        for column, i in (("ContextTokens", i_ctx), ("GeneratedTokens", i_gen)):
+            try:
+                n = int(cols[i])
+            except ValueError:
+                raise ValueError(f"line {number}: {column} {cols[i]!r} is not an integer") from None
+            if n < 0:
+                raise ValueError(f"line {number}: {column} {n} is negative")
+            lengths.append(n)
+        ctx, gen = lengths
         t0 = ts if t0 is None else t0
-        ctx, gen = int(cols[i_ctx]), int(cols[i_gen])
         if ctx < 1 or gen < 1:
             continue
         items.append(WorkItem((ts - t0).total_seconds() * time_scale, ctx, gen, slo_class))

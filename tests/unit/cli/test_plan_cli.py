@@ -29,3 +29,56 @@ def test_a_trace_without_the_azure_header_is_refused(tmp_path: Path) -> None:
     assert r.exit_code == 2, r.output
     assert "--trace" in r.output
     assert "Azure" in r.output
+
+
+def test_a_trace_of_zero_length_rows_is_refused(tmp_path: Path) -> None:
+    # was a ValueError traceback ('the workload has no requests') from the search
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,0,5\n")
+    r = CliRunner().invoke(plan, ["--trace", str(trace), "--tp", "1"])
+    assert r.exit_code == 2, r.output
+    assert "--trace" in r.output
+    assert "no requests" in r.output
+
+
+@pytest.mark.parametrize(
+    "flag", [["--prompt-median", "50"], ["--output-median", "9"], ["--sigma", "0"], ["--seed", "3"]]
+)
+def test_synthetic_length_flags_with_a_trace_are_refused(tmp_path: Path, flag: list[str]) -> None:
+    # the trace's own lengths were used and the flag ignored without a word
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n")
+    r = CliRunner().invoke(plan, ["--trace", str(trace), "--tp", "1", *flag])
+    assert r.exit_code == 2, r.output
+    assert flag[0] in r.output
+    assert "--trace" in r.output
+
+
+@pytest.mark.parametrize("flag", ["--percentile", "--attainment"])
+def test_a_fraction_out_of_range_names_its_own_flag(flag: str) -> None:
+    r = CliRunner().invoke(plan, ["--rate", "2", "--tp", "1", flag, "1.5"])
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for '{flag}'" in r.output or f"Invalid value for {flag}" in r.output
+    other = "--attainment" if flag == "--percentile" else "--percentile"
+    assert other not in r.output
+
+
+@pytest.mark.parametrize("rate", [[], ["--rate", "2"]])
+def test_a_trace_whose_requests_all_arrive_at_once_is_refused(
+    tmp_path: Path, rate: list[str]
+) -> None:
+    # one request (or all at one instant) is no arrival rate: the search took the span as 1 ns,
+    # sized pools for 10^9 req/s and built them for ever (--rate cannot rescale it either)
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n")
+    r = CliRunner().invoke(plan, ["--trace", str(trace), "--tp", "1", *rate])
+    assert r.exit_code == 2, r.output
+    assert "--trace" in r.output
+    assert "at once" in r.output
+
+
+def test_one_request_is_refused_naming_requests() -> None:
+    # one arrival has no rate: a ValueError traceback from the search (before that, a hang)
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "1", "--tp", "1"])
+    assert r.exit_code == 2, r.output
+    assert "--requests" in r.output

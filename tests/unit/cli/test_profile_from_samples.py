@@ -99,3 +99,43 @@ def test_a_bad_grid_value_is_refused_naming_its_flag(flag: str, value: str, tmp_
     r = CliRunner().invoke(profile, ["--worker", "127.0.0.1:1", "--out", str(out), flag, value])
     assert r.exit_code == 2, r.output
     assert f"Invalid value for {flag}:" in r.output
+
+
+@pytest.mark.parametrize("text", ["a,b\n", "\xd0\xd0\n"])
+def test_samples_that_do_not_parse_are_refused_naming_the_flag(tmp_path: Path, text: str) -> None:
+    # a ValueError / UnicodeDecodeError traceback
+    src = tmp_path / "samples.csv"
+    src.write_bytes(text.encode("latin-1"))
+    r = CliRunner().invoke(profile, ["--from-samples", str(src), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2, r.output
+    assert "--from-samples" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--worker", "127.0.0.1:1"],
+        ["--repeats", "5"],
+        ["--prefill-tokens", "64"],
+        ["--set-mixed"],
+        ["--method", "outside"],
+        ["--seed", "3"],
+    ],
+)
+def test_measuring_flags_beside_from_samples_are_refused(tmp_path: Path, flag: list[str]) -> None:
+    # nothing is measured: the flag was ignored without a word
+    src = tmp_path / "samples.csv"
+    src.write_text("\n".join(samples_csv(_samples())) + "\n")
+    r = CliRunner().invoke(
+        profile, ["--from-samples", str(src), "--out", str(tmp_path / "o"), *flag]
+    )
+    assert r.exit_code == 2, r.output
+    assert flag[0] in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_measuring_name_is_a_profile_parameter() -> None:
+    from splitserve.cli.profile import _MEASURING
+
+    assert {p.name for p in profile.params} >= _MEASURING

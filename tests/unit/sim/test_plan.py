@@ -135,3 +135,30 @@ def test_plan_says_when_the_printed_source_is_only_the_preset_name() -> None:
     assert r.exit_code == 0, r.output
     assert "give --source" not in r.output
     assert "source: meta-llama/Llama-2-13b-hf" in r.output
+
+
+def test_a_start_beyond_the_limit_is_not_simulated() -> None:
+    # 2 requests 1 µs apart size the first pools for 2e6 req/s; they were built and simulated
+    # (minutes of building workers) although the search gives up past `limit` workers anyway
+    from splitserve.core.ids import SloClassName
+    from splitserve.sim import plan as planner
+    from splitserve.sim.autoscale import SloTarget
+    from splitserve.sim.workload import WorkItem
+
+    cls = SloClassName("default")
+    items = (WorkItem(0.0, 1000, 200, cls), WorkItem(1e-6, 1000, 200, cls))
+    slo = SloTarget("default", 2.0, 0.1, 0.9, 0.99)
+    (only,) = planner.plan(items, "llama-2-13b", "a100-80g", slo, (1,), limit=64)
+    assert only.result is None
+    assert sum(only.pools.values()) > 64
+
+
+def test_a_workload_arriving_at_one_instant_is_refused() -> None:
+    from splitserve.core.ids import SloClassName
+    from splitserve.sim import plan as planner
+    from splitserve.sim.autoscale import SloTarget
+    from splitserve.sim.workload import WorkItem
+
+    items = (WorkItem(0.0, 1000, 200, SloClassName("default")),)
+    with pytest.raises(ValueError, match="at once"):
+        planner.plan(items, "llama-2-13b", "a100-80g", SloTarget("default", 2, 0.1, 0.9, 0.99))

@@ -3,7 +3,9 @@ to one process (each unit seeds its own generators)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,73 @@ def test_cli_refuses_jobs_it_cannot_use() -> None:
     res = CliRunner().invoke(sim, ["reproduce", "distserve", "--quick", "--jobs", "0"])
     assert res.exit_code == 2
     assert "--jobs" in res.output
+
+
+def _sleep(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def _sigint_handler() -> object:
+    import signal
+
+    return signal.getsignal(signal.SIGINT)
+
+
+def _interrupted(futures: list[Future[float]]) -> None:
+    from splitserve.sim.reproductions import common
+
+    with parallel(2):
+        pool = common._POOL.get()
+        assert pool is not None
+        futures += [pool.submit(_sleep, 0.5 if i == 0 else 3.0) for i in range(12)]
+        futures[0].result()  # the next ones running or handed over (a few), the rest queued
+        raise KeyboardInterrupt
+
+
+def test_an_interrupt_stops_the_workers_instead_of_waiting_for_every_unit() -> None:
+    # Ctrl-C in `sim reproduce --jobs N`: the pool's exit waited for every submitted unit to run
+    # (minutes, nothing printed) before click could say 'Aborted!'
+    from concurrent.futures.process import BrokenProcessPool
+
+    futures: list[Future[float]] = []
+    with pytest.raises(KeyboardInterrupt):
+        _interrupted(futures)
+    # the queued ones cancelled, the running ones stopped (each resolved by the pool's manager);
+    # before, every one returned its result after its 3 s. The first unit ran; the one started
+    # beside it may have ended too on a slow machine.
+    ran = [f for f in futures if not f.cancelled() and f.exception() is None]
+    assert len(ran) <= 2
+    assert any(isinstance(f.exception(), BrokenProcessPool) for f in futures if not f.cancelled())
+
+
+def test_workers_leave_a_terminal_interrupt_to_the_parent() -> None:
+    # the terminal's Ctrl-C reaches the whole process group: each worker printed its own
+    # KeyboardInterrupt traceback
+    import signal
+
+    with parallel(2):
+        (handler,) = parallel_map(_sigint_handler, [()])
+    assert handler == signal.SIG_IGN
+
+
+def _parent_death_signal() -> int:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    sig = ctypes.c_int(0)
+    libc.prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    return sig.value
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_workers_die_with_their_parent() -> None:
+    # `kill <pid>` (SIGTERM) of `sim reproduce --jobs 2` left both workers running their units
+    # for minutes as orphans
+    import signal
+
+    with parallel(2):
+        (sig,) = parallel_map(_parent_death_signal, [()])
+    assert sig == signal.SIGTERM

@@ -186,3 +186,101 @@ def test_latency_gpu_says_when_it_changes_nothing(
     assert "the flag changes nothing here" in res.output
     res = CliRunner().invoke(sim, ["reproduce", paper, "--quick"])
     assert "--latency gpu" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "empty"),  # StopIteration traceback
+        ("a,b\n1,2\n", "not an Azure LLM trace header"),  # ValueError traceback
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,0,5\n", "no requests"),
+    ],
+)
+def test_bench_refuses_a_trace_it_cannot_replay(tmp_path: Path, text: str, says: str) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(text)
+    res = CliRunner().invoke(sim, ["bench", "--trace", str(trace)])
+    assert res.exit_code == 2, res.output
+    assert "--trace" in res.output
+    assert says in res.output
+    assert "Traceback" not in res.output
+
+
+def _scenario(tmp_path: Path, **changes: object) -> Path:
+    raw = {k: v for k, v in SCENARIO.items() if k != "goodput"}
+    raw.update(changes)
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("a: [\n", "not YAML"),  # a yaml.ParserError traceback
+        ("", "not a mapping"),  # pydantic's block: input_value=None
+        ("- 1\n- 2\n", "not a mapping"),
+    ],
+)
+def test_a_config_that_is_not_a_scenario_is_one_line(tmp_path: Path, text: str, says: str) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(text)
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert says in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_bad_key_is_one_line_naming_it(tmp_path: Path) -> None:
+    # was pydantic's block: '1 validation error ... For further information visit https://...'
+    work = {**SCENARIO["workload"], "bogus": 1, "num_requests": "forty"}  # type: ignore[dict-item]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, workload=work))])
+    assert res.exit_code == 2, res.output
+    assert "workload.bogus" in res.output
+    assert "workload.num_requests='forty'" in res.output
+    assert "errors.pydantic.dev" not in res.output
+    assert len([ln for ln in res.output.splitlines() if ln]) == 3  # Usage, Try, Error
+
+
+@pytest.mark.parametrize("where", ["missing.csv", "."])
+@pytest.mark.parametrize("key", ["trace", "latency_profile"])
+def test_a_file_the_scenario_names_that_cannot_be_read_is_named(
+    tmp_path: Path, where: str, key: str
+) -> None:
+    # FileNotFoundError / IsADirectoryError tracebacks
+    if key == "trace":
+        cfg = _scenario(tmp_path, workload={"arrival": "trace", "trace": {"path": where}})
+        named = "workload.trace.path"
+    else:
+        cfg = _scenario(tmp_path, latency_profile=where)
+        named = "latency_profile"
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert named in res.output
+    assert where in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("text", ["a: [\n", "model: tiny\nbogus: 1\n"])
+def test_validate_names_a_bad_cluster_file(tmp_path: Path, text: str) -> None:
+    rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
+    rec.write_text("")
+    cluster.write_text(text)
+    res = CliRunner().invoke(sim, ["validate", str(rec), "--cluster", str(cluster)])
+    assert res.exit_code == 2, res.output
+    assert "--cluster" in res.output
+    assert "errors.pydantic.dev" not in res.output
+    assert "Traceback" not in res.output
+
+
+def test_validate_refuses_speed_trace_and_run_steps_together(tmp_path: Path) -> None:
+    # was exit 1, 'give either a speed trace or the run's steps', after reading every file
+    rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
+    rec.write_text("")
+    cluster.write_text("model: tiny\n")
+    argv = ["validate", str(rec), "--cluster", str(cluster)]
+    argv += ["--speed-trace", str(rec), "--run-steps", str(tmp_path)]
+    res = CliRunner().invoke(sim, argv)
+    assert res.exit_code == 2, res.output
+    assert "--speed-trace" in res.output
+    assert "--run-steps" in res.output

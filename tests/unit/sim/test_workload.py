@@ -114,3 +114,23 @@ def test_scale_to_rate() -> None:
     items = parse_azure_trace(TRACE)
     scaled = scale_to_rate(items, 10.0)
     assert (len(scaled) - 1) / scaled[-1].arrival_s == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(
+    ("lines", "match"),
+    [
+        ([], "empty"),  # was StopIteration
+        (["TIMESTAMP,ContextTokens,GeneratedTokens", "x,1,2"], "line 2.*TIMESTAMP 'x'"),
+        (
+            ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,ten,2"],
+            "line 2.*ContextTokens 'ten'",
+        ),
+        (  # a negative length was skipped as a zero one is
+            ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,-4,2"],
+            "line 2.*ContextTokens -4",
+        ),
+    ],
+)
+def test_parse_azure_trace_names_the_bad_line(lines: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_azure_trace(lines)

@@ -7,15 +7,18 @@ Pure: the runner prints a `Reproduction` and writes its plots.
 from __future__ import annotations
 
 import copyreg
+import ctypes
 import dataclasses
 import math
 import multiprocessing
+import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from splitserve.core.perf import (
     HARDWARE,
@@ -75,12 +78,33 @@ def parallel(jobs: int) -> Iterator[None]:
             _POOL.reset(token)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
         token = _POOL.set(pool)
         try:
             yield
+        except BaseException:
+            # Ctrl-C (or any error): the pool's exit would wait for every submitted unit to run
+            # (minutes, nothing printed); drop the queued ones and stop the running ones
+            running = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in running:
+                process.terminate()
+            raise
         finally:
             _POOL.reset(token)
+
+
+def _worker_init() -> None:
+    """Workers leave a terminal's Ctrl-C (sent to the whole process group) to the parent, which
+    stops them (each printed its own KeyboardInterrupt traceback), and get SIGTERM when the
+    parent dies however it died (Linux): a `kill` of the parent left them running as orphans."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":
+        with suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG: Final = 1
 
 
 def _rebuild(cls: type[_T], kwargs: dict[str, object]) -> _T:

@@ -1,0 +1,24 @@
+"""Float options that refuse nan and inf.
+
+click's `FloatRange` lets both through its bounds (nan compares false with every bound, inf is
+above every lower one), and `float` takes them as it takes any number; no flag of `splitserve`
+means anything by them, so every float option uses `FiniteFloat` and a bad value is a usage error
+naming the flag (exit 2) instead of a traceback or a table of nan deep inside a run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+
+class FiniteFloat(click.FloatRange):
+    """`click.FloatRange` (bounds optional) that also refuses nan, inf and -inf."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
