@@ -234,6 +234,8 @@ def _reconcile(
         if reason.startswith(("assign ", "flip ")):
             event("Normal", "Assigned" if reason.startswith("assign ") else "FlipStarted", reason)
     abandoned: list[str] = []
+    for pod_name, why in plan.abandon:
+        pods[pod_name] = abandon_flip(kube, workers, pods[pod_name], spec, why, event, abandoned)
     for pod_name, progress in plan.steps:
         pods[pod_name] = run_flip(
             kube, workers, pods[pod_name], progress, spec, settings, now, event, abandoned

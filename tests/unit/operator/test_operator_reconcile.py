@@ -524,3 +524,61 @@ def test_a_flip_whose_worker_stays_unreachable_is_abandoned_after_the_drain_time
     assert abandon
     assert prefill in abandon[-1]["message"]
     assert "unreachable" in abandon[-1]["message"]
+
+
+def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
+    """The worker group's roles are edited while a worker is being flipped into one of them:
+    the flip is abandoned (worker re-opened in its old role), not carried on into a role the
+    group no longer allows."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(
+        kube,
+        workerGroups=[{"name": "w", "roles": ["prefill", "decode", "mixed"]}],
+        pools={"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+    )
+    add_pods(kube, 2)
+    run(kube, workers)
+    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    workers.in_flight[f"{pod['status']['podIP']}:50051"] = 1
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["annotations"][v1.ANNOTATION_FLIP] == "drain:prefill:decode"
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {
+            "spec": {
+                "workerGroups": [{"name": "w", "roles": ["prefill", "mixed"]}],
+                "pools": {"prefill": {"replicas": 1}, "decode": None, "mixed": {"replicas": 1}},
+            }
+        },
+    )
+    workers.calls.clear()
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "prefill"
+    address = f"{pod['status']['podIP']}:50051"
+    mine = [c[0] for c in workers.calls if c[1] == address]
+    assert mine[:2] == ["set_role", "resume"]  # back to prefill, re-opened
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    # Its LLMPool wants no prefill worker and the group shrinks to 1: it is retired (fenced
+    # and drained before removal), no longer flipping.
+    assert "splitserve.io/retire-since" in notes
+    assert any(
+        e["reason"] == "FlipAbandoned" and prefill in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    abandon = [d for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    assert abandon
+    assert "no longer allows decode" in abandon[-1]["message"]
