@@ -172,6 +172,7 @@ def reconcile(
         return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer, pki)
     except ConfigError as err:
         report_failure(kube, svc, "InvalidSpec", str(err), now, events)
+        _release_flips(kube, workers, svc, spec, events, now)
         raise
     except KubeError as err:
         report_failure(kube, svc, err.reason, failure_message(err, spec, name), now, events)
@@ -235,7 +236,9 @@ def _reconcile(
             event("Normal", "Assigned" if reason.startswith("assign ") else "FlipStarted", reason)
     abandoned: list[str] = []
     for pod_name, why in plan.abandon:
-        pods[pod_name] = abandon_flip(kube, workers, pods[pod_name], spec, why, event, abandoned)
+        pods[pod_name] = abandon_flip(
+            kube, workers, pods[pod_name], spec.engine.grpc_port, why, event, abandoned
+        )
     for pod_name, progress in plan.steps:
         pods[pod_name] = run_flip(
             kube, workers, pods[pod_name], progress, spec, settings, now, event, abandoned
@@ -508,7 +511,9 @@ def run_flip(
                     f"unreachable for {waited:.0f}s (flipping.drainTimeoutSeconds "
                     f"{spec.flipping.drain_timeout_seconds}): {err}"
                 )
-                return abandon_flip(kube, workers, pod, spec, why, event, decisions, force=True)
+                return abandon_flip(
+                    kube, workers, pod, spec.engine.grpc_port, why, event, decisions, force=True
+                )
             log.warning(
                 "%s: flip step %s failed, retrying later: %s", md["name"], current.step, err
             )
@@ -548,14 +553,55 @@ def _abandon_unreadable_flips(
         if text is None or flip.FlipProgress.decode(text) is not None:
             continue
         why = f"{name}: flip progress {text!r} is unreadable; flip abandoned, worker re-opened"
-        pods[name] = abandon_flip(kube, workers, pod, spec, why, event)
+        pods[name] = abandon_flip(kube, workers, pod, spec.engine.grpc_port, why, event)
+
+
+def _release_flips(
+    kube: Kube,
+    workers: WorkerClient,
+    svc: Obj,
+    spec: v1.LLMServiceSpec | None,
+    events: Recorder,
+    now: str,
+) -> None:
+    """An invalid spec stops every decision, but no worker stays fenced for it: each flip in
+    progress is abandoned (`abandon_flip`). Best effort: a failure is logged, retried at the
+    next reconcile."""
+    md = svc["metadata"]
+    namespace, name = str(md["namespace"]), str(md["name"])
+    port = spec.engine.grpc_port if spec is not None else _raw_grpc_port(svc)
+
+    def event(type_: EventType, reason: str, message: str) -> None:
+        events.post(kube, svc, type_, reason, message, now)
+
+    try:
+        pods = kube.list("v1", "Pod", namespace, render.worker_selector(name))
+        for pod in observe.live_pods(pods):
+            text = (pod["metadata"].get("annotations") or {}).get(v1.ANNOTATION_FLIP)
+            if text is None:
+                continue
+            why = (
+                f"{observe.pod_name(pod)}: flip {text!r} abandoned, worker re-opened: the spec "
+                "is invalid (no decisions until it is fixed)"
+            )
+            abandon_flip(kube, workers, dict(pod), port, why, event)
+    except KubeError as err:
+        log.warning("%s/%s: cannot release flips: %s", namespace, name, err)
+
+
+def _raw_grpc_port(svc: Mapping[str, Any]) -> int:
+    """The workers' gRPC port from a spec that does not validate (its default when unreadable)."""
+    engine = (svc.get("spec") or {}).get("engine")
+    port = engine.get("grpcPort") if isinstance(engine, Mapping) else None
+    default = v1.EngineSpec.model_fields["grpc_port"].default
+    return port if isinstance(port, int) and 0 < port < 65536 else int(default)
 
 
 def abandon_flip(
     kube: Kube,
     workers: WorkerClient,
     pod: Obj,
-    spec: v1.LLMServiceSpec,
+    grpc_port: int,
     why: str,
     event: Callable[[EventType, str, str], None] | None = None,
     decisions: list[str] | None = None,
@@ -571,7 +617,7 @@ def abandon_flip(
     name = str(md["name"])
     notes = md.get("annotations") or {}
     labels = md.get("labels") or {}
-    address = observe.pod_address(pod, spec.engine.grpc_port)
+    address = observe.pod_address(pod, grpc_port)
     try:
         if observe.pod_ready(pod):
             label = labels.get(v1.LABEL_ROLE)

@@ -582,3 +582,34 @@ def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
     abandon = [d for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
     assert abandon
     assert "no longer allows decode" in abandon[-1]["message"]
+
+
+def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fenced() -> None:
+    """A spec the CRD schema accepts but the operator refuses stops every new decision; a worker
+    that was being flipped must not stay fenced (out of rotation) until someone fixes it: its
+    flip is abandoned (role back to its label's, re-opened, fence and progress removed)."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": None}})
+    workers.calls.clear()
+    with pytest.raises(ConfigError, match="pools"):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "prefill"
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    assert v1.ANNOTATION_FLIP_SINCE not in notes
+    assert [c[0] for c in workers.calls if c[1] == address] == ["set_role", "resume"]
+    assert any(
+        e["reason"] == "FlipAbandoned" and prefill in e["message"] and "invalid" in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
