@@ -172,6 +172,7 @@ def reconcile(
         return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer, pki)
     except ConfigError as err:
         report_failure(kube, svc, "InvalidSpec", str(err), now, events)
+        _release_flips(kube, workers, svc, spec, events, now)
         raise
     except KubeError as err:
         report_failure(kube, svc, err.reason, failure_message(err, spec, name), now, events)
@@ -233,9 +234,14 @@ def _reconcile(
         log.info("%s/%s: %s", namespace, name, reason)
         if reason.startswith(("assign ", "flip ")):
             event("Normal", "Assigned" if reason.startswith("assign ") else "FlipStarted", reason)
+    abandoned: list[str] = []
+    for pod_name, why in plan.abandon:
+        pods[pod_name] = abandon_flip(
+            kube, workers, pods[pod_name], spec.engine.grpc_port, why, event, abandoned
+        )
     for pod_name, progress in plan.steps:
         pods[pod_name] = run_flip(
-            kube, workers, pods[pod_name], progress, spec, settings, now, event
+            kube, workers, pods[pod_name], progress, spec, settings, now, event, abandoned
         )
     sizes = render.group_replicas(spec, desired)
     retire = _to_retire(pods, plan.surplus, sizes)
@@ -297,7 +303,7 @@ def _reconcile(
     artifact = status.artifact_status(
         spec, ref, applied.get(("Job", job_name)) if job_name else None
     )
-    decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))]
+    decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))] + abandoned
     new_status = status.service_status(
         spec=spec,
         ref=ref,
@@ -451,11 +457,14 @@ def run_flip(
     settings: Settings,
     now: str,
     event: Callable[[EventType, str, str], None] | None = None,
+    decisions: list[str] | None = None,
 ) -> Obj:
     """Carry out a flip from its current step as far as it goes now; record each step done.
 
     Every step is idempotent, and the pod's annotation names the next step only after the
-    current one succeeded, so repeating a step after a crash is harmless.
+    current one succeeded, so repeating a step after a crash is harmless. A worker call that
+    fails once `flipping.drainTimeoutSeconds` has passed since the fence abandons the flip
+    (`abandon_flip`); `decisions` receives the reason.
     """
     md = pod["metadata"]
     address = observe.pod_address(pod, spec.engine.grpc_port)
@@ -492,6 +501,19 @@ def run_flip(
                 labels[v1.LABEL_FENCED] = None
                 notes[v1.ANNOTATION_FLIP_SINCE] = None
         except WorkerCallError as err:
+            waited = _seconds_since(md, now)
+            if current.source is not None and waited >= spec.flipping.drain_timeout_seconds:
+                # A worker that stays unreachable (crash-looping) must not hold its fence and a
+                # flipping.maxConcurrent slot for ever.
+                why = (
+                    f"abandon {md['name']}: flip {current.source.value} -> "
+                    f"{current.target.value} given up at {current.step.value}: worker "
+                    f"unreachable for {waited:.0f}s (flipping.drainTimeoutSeconds "
+                    f"{spec.flipping.drain_timeout_seconds}): {err}"
+                )
+                return abandon_flip(
+                    kube, workers, pod, spec.engine.grpc_port, why, event, decisions, force=True
+                )
             log.warning(
                 "%s: flip step %s failed, retrying later: %s", md["name"], current.step, err
             )
@@ -523,35 +545,99 @@ def _abandon_unreadable_flips(
     event: Callable[[EventType, str, str], None],
 ) -> None:
     """A flip whose progress annotation cannot be read (another operator version, an edit) is
-    abandoned: the worker's role is set back to its label's (SetRole may have run), it is
-    re-opened, and the fence and progress are removed (a retiring worker stays fenced), so no
-    worker stays out of rotation for ever. A worker that cannot be reached is retried later."""
+    abandoned (`abandon_flip`), so no worker stays out of rotation for ever. A worker that
+    cannot be reached is retried later."""
     for name, pod in pods.items():
-        md = pod["metadata"]
-        notes = md.get("annotations") or {}
+        notes = pod["metadata"].get("annotations") or {}
         text = notes.get(v1.ANNOTATION_FLIP)
         if text is None or flip.FlipProgress.decode(text) is not None:
             continue
-        labels = md.get("labels") or {}
-        address = observe.pod_address(pod, spec.engine.grpc_port)
-        try:
-            if observe.pod_ready(pod):
-                label = labels.get(v1.LABEL_ROLE)
-                if label in set(Role):
-                    workers.set_role(address, Role(label))
-                workers.resume(address)
-        except WorkerCallError as err:
-            log.warning("%s: abandoning flip %r: worker unreachable, retrying: %s", name, text, err)
-            continue
-        meta: Obj = {"annotations": {v1.ANNOTATION_FLIP: None, v1.ANNOTATION_FLIP_SINCE: None}}
-        if observe.RETIRE_SINCE not in notes:
-            meta["labels"] = {v1.LABEL_FENCED: None}
-        pods[name] = _patch_pod(kube, pod, meta)
-        event(
-            "Warning",
-            "FlipAbandoned",
-            f"{name}: flip progress {text!r} is unreadable; flip abandoned, worker re-opened",
-        )
+        why = f"{name}: flip progress {text!r} is unreadable; flip abandoned, worker re-opened"
+        pods[name] = abandon_flip(kube, workers, pod, spec.engine.grpc_port, why, event)
+
+
+def _release_flips(
+    kube: Kube,
+    workers: WorkerClient,
+    svc: Obj,
+    spec: v1.LLMServiceSpec | None,
+    events: Recorder,
+    now: str,
+) -> None:
+    """An invalid spec stops every decision, but no worker stays fenced for it: each flip in
+    progress is abandoned (`abandon_flip`). Best effort: a failure is logged, retried at the
+    next reconcile."""
+    md = svc["metadata"]
+    namespace, name = str(md["namespace"]), str(md["name"])
+    port = spec.engine.grpc_port if spec is not None else _raw_grpc_port(svc)
+
+    def event(type_: EventType, reason: str, message: str) -> None:
+        events.post(kube, svc, type_, reason, message, now)
+
+    try:
+        pods = kube.list("v1", "Pod", namespace, render.worker_selector(name))
+        for pod in observe.live_pods(pods):
+            text = (pod["metadata"].get("annotations") or {}).get(v1.ANNOTATION_FLIP)
+            if text is None:
+                continue
+            why = (
+                f"{observe.pod_name(pod)}: flip {text!r} abandoned, worker re-opened: the spec "
+                "is invalid (no decisions until it is fixed)"
+            )
+            abandon_flip(kube, workers, dict(pod), port, why, event)
+    except KubeError as err:
+        log.warning("%s/%s: cannot release flips: %s", namespace, name, err)
+
+
+def _raw_grpc_port(svc: Mapping[str, Any]) -> int:
+    """The workers' gRPC port from a spec that does not validate (its default when unreadable)."""
+    engine = (svc.get("spec") or {}).get("engine")
+    port = engine.get("grpcPort") if isinstance(engine, Mapping) else None
+    default = v1.EngineSpec.model_fields["grpc_port"].default
+    return port if isinstance(port, int) and 0 < port < 65536 else int(default)
+
+
+def abandon_flip(
+    kube: Kube,
+    workers: WorkerClient,
+    pod: Obj,
+    grpc_port: int,
+    why: str,
+    event: Callable[[EventType, str, str], None] | None = None,
+    decisions: list[str] | None = None,
+    *,
+    force: bool = False,
+) -> Obj:
+    """Give up a flip: the worker's role is set back to its label's (SetRole may have run), it
+    is re-opened, and the fence and progress are removed (a retiring worker stays fenced).
+
+    A worker that cannot be reached is retried later, unless `force` (it stayed unreachable past
+    the drain timeout: a restarted worker process holds no fence or drain of its own)."""
+    md = pod["metadata"]
+    name = str(md["name"])
+    notes = md.get("annotations") or {}
+    labels = md.get("labels") or {}
+    address = observe.pod_address(pod, grpc_port)
+    try:
+        if observe.pod_ready(pod):
+            label = labels.get(v1.LABEL_ROLE)
+            if label in set(Role):
+                workers.set_role(address, Role(label))
+            workers.resume(address)
+    except WorkerCallError as err:
+        if not force:
+            log.warning("%s: abandoning its flip: worker unreachable, retrying: %s", name, err)
+            return pod
+    meta: Obj = {"annotations": {v1.ANNOTATION_FLIP: None, v1.ANNOTATION_FLIP_SINCE: None}}
+    if observe.RETIRE_SINCE not in notes:
+        meta["labels"] = {v1.LABEL_FENCED: None}
+    pod = _patch_pod(kube, pod, meta)
+    log.warning("%s", why)
+    if event is not None:
+        event("Warning", "FlipAbandoned", why)
+    if decisions is not None:
+        decisions.append(why)
+    return pod
 
 
 def _to_retire(

@@ -466,3 +466,150 @@ def test_an_unreadable_flip_is_abandoned_without_leaving_the_worker_fenced() -> 
         e["reason"] == "FlipAbandoned" and fenced in e["message"]
         for e in kube.list("v1", "Event", NS)
     )
+
+
+def _start_flip_of_prefill(kube: MemoryKube, workers: FakeWorkers) -> tuple[str, str]:
+    """Two workers (1 prefill, 1 decode); the prefill one is asked to become decode and the
+    flip stops at its first step that needs the worker. Returns (pod, its address)."""
+    make_service(
+        kube,
+        pools={"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+        flipping={"drainTimeoutSeconds": 60},
+    )
+    add_pods(kube, 2)
+    run(kube, workers)
+    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    return prefill, f"{pod['status']['podIP']}:50051"
+
+
+def test_a_flip_whose_worker_stays_unreachable_is_abandoned_after_the_drain_timeout() -> None:
+    """A worker that crash-loops mid-flip (every Drain / SetRole fails) must not stay fenced,
+    holding a `flipping.maxConcurrent` slot, for ever: once `drainTimeoutSeconds` has passed
+    since the fence, the flip is abandoned (fence and progress removed, role label kept), with
+    a Warning Event and a status decision saying why."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1  # the flip fences it and waits for its drain
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    run(kube, workers)
+    workers.down.add(address)  # then it crash-loops
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    assert pod["metadata"]["annotations"][v1.ANNOTATION_FLIP] == "drain:prefill:decode"
+    # Within the timeout the step is retried.
+    rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:30Z")
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert v1.ANNOTATION_FLIP in pod["metadata"]["annotations"]
+    # Past it the flip is given up.
+    rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:01:01Z")
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "prefill"
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    assert v1.ANNOTATION_FLIP_SINCE not in notes
+    assert any(
+        e["reason"] == "FlipAbandoned" and prefill in e["message"] and e["type"] == "Warning"
+        for e in kube.list("v1", "Event", NS)
+    )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    abandon = [d for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    assert abandon
+    assert prefill in abandon[-1]["message"]
+    assert "unreachable" in abandon[-1]["message"]
+
+
+def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
+    """The worker group's roles are edited while a worker is being flipped into one of them:
+    the flip is abandoned (worker re-opened in its old role), not carried on into a role the
+    group no longer allows."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(
+        kube,
+        workerGroups=[{"name": "w", "roles": ["prefill", "decode", "mixed"]}],
+        pools={"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+    )
+    add_pods(kube, 2)
+    run(kube, workers)
+    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    workers.in_flight[f"{pod['status']['podIP']}:50051"] = 1
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["annotations"][v1.ANNOTATION_FLIP] == "drain:prefill:decode"
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {
+            "spec": {
+                "workerGroups": [{"name": "w", "roles": ["prefill", "mixed"]}],
+                "pools": {"prefill": {"replicas": 1}, "decode": None, "mixed": {"replicas": 1}},
+            }
+        },
+    )
+    workers.calls.clear()
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "prefill"
+    address = f"{pod['status']['podIP']}:50051"
+    mine = [c[0] for c in workers.calls if c[1] == address]
+    assert mine[:2] == ["set_role", "resume"]  # back to prefill, re-opened
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    # Its LLMPool wants no prefill worker and the group shrinks to 1: it is retired (fenced
+    # and drained before removal), no longer flipping.
+    assert "splitserve.io/retire-since" in notes
+    assert any(
+        e["reason"] == "FlipAbandoned" and prefill in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    abandon = [d for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    assert abandon
+    assert "no longer allows decode" in abandon[-1]["message"]
+
+
+def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fenced() -> None:
+    """A spec the CRD schema accepts but the operator refuses stops every new decision; a worker
+    that was being flipped must not stay fenced (out of rotation) until someone fixes it: its
+    flip is abandoned (role back to its label's, re-opened, fence and progress removed)."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": None}})
+    workers.calls.clear()
+    with pytest.raises(ConfigError, match="pools"):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    assert pod["metadata"]["labels"][v1.LABEL_ROLE] == "prefill"
+    notes = pod["metadata"].get("annotations") or {}
+    assert v1.ANNOTATION_FLIP not in notes
+    assert v1.ANNOTATION_FLIP_SINCE not in notes
+    assert [c[0] for c in workers.calls if c[1] == address] == ["set_role", "resume"]
+    assert any(
+        e["reason"] == "FlipAbandoned" and prefill in e["message"] and "invalid" in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )

@@ -22,14 +22,17 @@ Invariants (property-tested in tests/unit/policy/planner):
   matters: one serving worker left, pool at zero);
 - at most `max_concurrent` flips are in progress after planning (assignments are not flips);
 - a worker only ever moves into a role its group allows;
-- every in-progress flip is continued (from its recorded step) before any new one is started;
+- every in-progress flip is continued (from its recorded step) before any new one is started,
+  except one whose target its group no longer allows (spec edited, pool removed): that one is
+  abandoned (`FlipPlan.abandon`) unless only its unfence is left (the worker already has the
+  role; it then finishes and a later plan moves it);
 - planning is deterministic: the same observation gives the same plan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Final
 
@@ -135,6 +138,9 @@ class FlipPlan:
     """Workers the pools do not need: delete these first when a Deployment shrinks."""
     reasons: tuple[str, ...] = field(default=())
     """One line per decision (and per flip that was held back), for status and logs."""
+    abandon: tuple[tuple[str, str], ...] = ()
+    """(worker, why): in-progress flips to give up (the worker keeps its role label, is
+    re-opened and unfenced)."""
 
 
 def counts(workers: Sequence[WorkerObs]) -> dict[Role, int]:
@@ -167,19 +173,33 @@ def plan(
     params = params or FlipParams()
     ordered = sorted(workers, key=lambda w: w.name)
     want = {r: max(0, desired.get(r, 0)) for r in Role}
-    have = counts(ordered)
-    live = serving(ordered)
     steps: list[tuple[str, FlipProgress]] = []
     started: list[str] = []
     reasons: list[str] = []
 
-    # 1. Continue every flip in progress from its recorded step.
+    # 1. Continue every flip in progress from its recorded step; give up one whose target the
+    # group no longer allows (it counts toward its label's role again).
     in_flight = 0
-    for w in ordered:
-        if w.flip is not None:
-            steps.append((w.name, w.flip))
-            if w.flip.source is not None:
-                in_flight += 1
+    abandon: list[tuple[str, str]] = []
+    for i, w in enumerate(ordered):
+        if w.flip is None:
+            continue
+        if w.flip.target not in w.allowed and w.flip.step is not Step.UNFENCE:
+            source = w.flip.source.value if w.flip.source else "(none)"
+            abandon.append(
+                (
+                    w.name,
+                    f"abandon {w.name}: flip {source} -> {w.flip.target.value} given up at "
+                    f"{w.flip.step.value}: its group no longer allows {w.flip.target.value}",
+                )
+            )
+            ordered[i] = replace(w, flip=None)
+            continue
+        steps.append((w.name, w.flip))
+        if w.flip.source is not None:
+            in_flight += 1
+    have = counts(ordered)
+    live = serving(ordered)
 
     # 2. Assign workers that have no role yet: to the allowed role short of the most workers.
     for w in ordered:
@@ -257,7 +277,9 @@ def plan(
             surplus.append(w.name)
             over[r] -= 1
     unique_reasons = tuple(dict.fromkeys(reasons))
-    return FlipPlan(tuple(steps), tuple(started), tuple(sorted(surplus)), unique_reasons)
+    return FlipPlan(
+        tuple(steps), tuple(started), tuple(sorted(surplus)), unique_reasons, tuple(abandon)
+    )
 
 
 def roles_to_probe(workers: Sequence[WorkerObs], desired: Mapping[Role, int]) -> dict[Role, str]:

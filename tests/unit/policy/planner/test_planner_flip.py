@@ -242,3 +242,24 @@ def test_converges_to_the_desired_split(initial: list[Role | None], data: st.Dat
     assert counts(workers) == desired
     assert all(w.flip is None and not w.fenced for w in workers)
     assert serving(workers) == desired
+
+
+def test_a_flip_into_a_role_the_group_no_longer_allows_is_abandoned() -> None:
+    """The group's roles were edited (or the target's pool removed) mid-flip: the flip is given
+    up, not carried into a role the group does not allow; the worker counts toward its label's
+    role again. A flip with only its unfence left finishes (the worker already has the role)."""
+    draining = FlipProgress(Step.DRAIN, P, D)
+    workers = [
+        make_worker("a", P, allowed=frozenset({P}), flip=draining, fenced=True),
+        make_worker("b", P, allowed=frozenset({P})),
+    ]
+    result = plan(workers, {P: 2}, params=FlipParams(max_concurrent=1))
+    assert result.steps == ()
+    assert [n for n, _ in result.abandon] == ["a"]
+    assert "no longer allows decode" in result.abandon[0][1]
+    assert result.surplus == ()  # "a" counts as prefill again
+    finishing = FlipProgress(Step.UNFENCE, P, D)
+    workers = [make_worker("a", D, allowed=frozenset({P}), flip=finishing, fenced=True)]
+    result = plan(workers, {P: 1}, params=FlipParams(max_concurrent=1))
+    assert result.steps == (("a", finishing),)
+    assert result.abandon == ()
