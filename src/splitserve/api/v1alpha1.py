@@ -1225,7 +1225,9 @@ class FlippingSpec(Model):
     """At most this many workers of the service are being flipped at once."""
     drain_timeout_seconds: float = Field(120.0, gt=0, le=3600)
     """How long a flip waits for in-flight work; then it switches anyway (work in flight finishes
-    under the old role)."""
+    under the old role). A flip whose worker does not answer (drain, SetRole or resume failing)
+    for this long after its fence is abandoned: the worker keeps the role on its label and is
+    unfenced (a `FlipAbandoned` Event)."""
 
 
 class PlannerMode(StrEnum):
