@@ -52,6 +52,20 @@ def add_pods(kube: MemoryKube, n: int, **kw: Any) -> None:
         kube.create(worker_pod("tiny", "w", f"tiny-w-{i}", ip=f"10.0.0.{i + 1}", **kw))
 
 
+def _a_prefill(kube: MemoryKube) -> tuple[str, str]:
+    """A prefill worker's pod name and its worker's address."""
+    name = next(n for n, r in roles(kube).items() if r == "prefill")
+    pod = kube.get("v1", "Pod", NS, name)
+    assert pod is not None
+    return name, f"{pod['status']['podIP']}:50051"
+
+
+def _ask_pools(kube: MemoryKube, prefill: int, decode: int) -> None:
+    """Set the prefill and decode LLMPools' replicas (as an HPA or `kubectl scale` would)."""
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": prefill}})
+    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": decode}})
+
+
 def test_creates_children_and_is_idempotent() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
     make_service(kube)
@@ -115,8 +129,7 @@ def test_scale_through_the_pool_flips_a_worker() -> None:
     add_pods(kube, 3)
     run(kube, workers)
     # kubectl scale llmpool/tiny-prefill --replicas=0 ; llmpool/tiny-decode --replicas=3
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 3}})
+    _ask_pools(kube, 0, 3)
     workers.calls.clear()
     out = run(kube, workers)
     assert sorted(v for v in roles(kube).values() if v) == ["decode"] * 3
@@ -138,8 +151,7 @@ def test_flip_waits_for_drain_and_resumes_from_the_annotation() -> None:
     add_pods(kube, 3)
     run(kube, workers)
     prefill = sorted(n for n, r in roles(kube).items() if r == "prefill")
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 1}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    _ask_pools(kube, 1, 2)
     victim = kube.get("v1", "Pod", NS, prefill[0])
     assert victim is not None
     address = f"{victim['status']['podIP']}:50051"
@@ -246,12 +258,9 @@ def test_drain_timeout_switches_anyway() -> None:
     )
     add_pods(kube, 2)
     run(kube, workers)
-    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
-    pod = kube.get("v1", "Pod", NS, prefill)
-    assert pod is not None
-    workers.in_flight[f"{pod['status']['podIP']}:50051"] = 1
+    prefill, address = _a_prefill(kube)
+    _ask_pools(kube, 0, 2)
+    workers.in_flight[address] = 1
     run(kube, workers)
     pod = kube.get("v1", "Pod", NS, prefill)
     assert pod is not None
@@ -270,12 +279,9 @@ def test_last_worker_with_queued_work_is_kept() -> None:
     make_service(kube)
     add_pods(kube, 3)
     run(kube, workers)
-    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
-    pod = kube.get("v1", "Pod", NS, prefill)
-    assert pod is not None
-    workers.queued[f"{pod['status']['podIP']}:50051"] = 4
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 3}})
+    prefill, address = _a_prefill(kube)
+    workers.queued[address] = 4
+    _ask_pools(kube, 0, 3)
     run(kube, workers)
     assert roles(kube)[prefill] == "prefill"
     workers.queued.clear()
@@ -478,10 +484,7 @@ def _start_flip_of_prefill(kube: MemoryKube, workers: FakeWorkers) -> tuple[str,
     )
     add_pods(kube, 2)
     run(kube, workers)
-    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
-    pod = kube.get("v1", "Pod", NS, prefill)
-    assert pod is not None
-    return prefill, f"{pod['status']['podIP']}:50051"
+    return _a_prefill(kube)
 
 
 def test_a_flip_whose_worker_stays_unreachable_is_abandoned_after_the_drain_timeout() -> None:
@@ -492,8 +495,7 @@ def test_a_flip_whose_worker_stays_unreachable_is_abandoned_after_the_drain_time
     kube, workers = MemoryKube(), FakeWorkers()
     prefill, address = _start_flip_of_prefill(kube, workers)
     workers.in_flight[address] = 1  # the flip fences it and waits for its drain
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    _ask_pools(kube, 0, 2)
     run(kube, workers)
     workers.down.add(address)  # then it crash-loops
     pod = kube.get("v1", "Pod", NS, prefill)
@@ -538,12 +540,9 @@ def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
     )
     add_pods(kube, 2)
     run(kube, workers)
-    prefill = next(n for n, r in roles(kube).items() if r == "prefill")
-    pod = kube.get("v1", "Pod", NS, prefill)
-    assert pod is not None
-    workers.in_flight[f"{pod['status']['podIP']}:50051"] = 1
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    prefill, address = _a_prefill(kube)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
     run(kube, workers)
     pod = kube.get("v1", "Pod", NS, prefill)
     assert pod is not None
@@ -591,8 +590,7 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
     kube, workers = MemoryKube(), FakeWorkers()
     prefill, address = _start_flip_of_prefill(kube, workers)
     workers.in_flight[address] = 1
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-prefill", {"spec": {"replicas": 0}})
-    kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": 2}})
+    _ask_pools(kube, 0, 2)
     run(kube, workers)
     pod = kube.get("v1", "Pod", NS, prefill)
     assert pod is not None
