@@ -66,6 +66,11 @@ def _ask_pools(kube: MemoryKube, prefill: int, decode: int) -> None:
     kube.patch(v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"replicas": decode}})
 
 
+def _edit_spec(kube: MemoryKube, spec: dict[str, Any]) -> None:
+    """Merge-patch the `tiny` LLMService's spec (as `kubectl patch --type merge` would)."""
+    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": spec})
+
+
 def test_creates_children_and_is_idempotent() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
     make_service(kube)
@@ -222,13 +227,7 @@ def test_update_prunes_and_delete_removes_everything() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
     svc = make_service(kube)
     run(kube, workers)
-    kube.patch(
-        v1.API_VERSION,
-        "LLMService",
-        NS,
-        "tiny",
-        {"spec": {"pools": {"prefill": None, "decode": {"replicas": 2}}}},
-    )
+    _edit_spec(kube, {"pools": {"prefill": None, "decode": {"replicas": 2}}})
     out = run(kube, workers)
     assert "deleted LLMPool tiny-prefill" in out.actions
     ref = render.ServiceRef("tiny", NS, svc["metadata"]["uid"])
@@ -300,7 +299,7 @@ def test_status_fields_that_no_longer_apply_are_removed() -> None:
     svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
     assert svc is not None
     assert {"path", "job"} <= set(svc["status"]["modelArtifact"])
-    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"model": {"cache": None}}})
+    _edit_spec(kube, {"model": {"cache": None}})
     run(kube, workers)
     svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
     assert svc is not None
@@ -337,16 +336,11 @@ def test_settings_removed_from_the_spec_leave_the_children() -> None:
         pools={"prefill": {"replicas": 1}, "decode": {"replicas": 2, "maxReplicas": 4}},
     )
     run(kube, workers)
-    kube.patch(
-        v1.API_VERSION,
-        "LLMService",
-        NS,
-        "tiny",
+    _edit_spec(
+        kube,
         {
-            "spec": {
-                "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
-                "pools": {"decode": {"maxReplicas": None}},
-            }
+            "workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}],
+            "pools": {"decode": {"maxReplicas": None}},
         },
     )
     run(kube, workers)
@@ -371,9 +365,7 @@ def test_a_pool_left_to_others_keeps_its_replicas_when_managed_mode_ends() -> No
     kube, workers = MemoryKube(), FakeWorkers()
     make_service(kube, scaling={"mode": "Managed"})
     run(kube, workers)
-    kube.patch(
-        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"scaling": {"mode": "External"}}}
-    )
+    _edit_spec(kube, {"scaling": {"mode": "External"}})
     run(kube, workers)
     pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
     assert pool is not None
@@ -547,16 +539,11 @@ def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
     pod = kube.get("v1", "Pod", NS, prefill)
     assert pod is not None
     assert pod["metadata"]["annotations"][v1.ANNOTATION_FLIP] == "drain:prefill:decode"
-    kube.patch(
-        v1.API_VERSION,
-        "LLMService",
-        NS,
-        "tiny",
+    _edit_spec(
+        kube,
         {
-            "spec": {
-                "workerGroups": [{"name": "w", "roles": ["prefill", "mixed"]}],
-                "pools": {"prefill": {"replicas": 1}, "decode": None, "mixed": {"replicas": 1}},
-            }
+            "workerGroups": [{"name": "w", "roles": ["prefill", "mixed"]}],
+            "pools": {"prefill": {"replicas": 1}, "decode": None, "mixed": {"replicas": 1}},
         },
     )
     workers.calls.clear()
@@ -595,7 +582,7 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
     pod = kube.get("v1", "Pod", NS, prefill)
     assert pod is not None
     assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
-    kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": None}})
+    _edit_spec(kube, {"pools": None})
     workers.calls.clear()
     with pytest.raises(ConfigError, match="pools"):
         run(kube, workers)
