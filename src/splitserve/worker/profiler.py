@@ -193,6 +193,8 @@ class Profiler:
         self._run_tag = f"{seed:x}-{random.Random().getrandbits(32):08x}"
         self._rtts: list[float] = []
         self._gate_delay_s = 0.0
+        self._gate_est_s = 0.0
+        """The gate's step time: calibrated, then scaled with its prompt as it grows."""
         self.method = method
         self.steps: list[StepSample] = []
         """Every step the worker reported during the run (steps method only)."""
@@ -314,11 +316,26 @@ class Profiler:
             )
         self.stats.gate_tokens = tokens
         self.stats.gate_step_s = step
+        self._gate_est_s = step
         self._gate_delay_s = max(2 * self._rtt_hi(), 0.2 * step)
         self.progress(
             f"round trip {self.stats.rtt_s * 1e3:.2f} ms; gate {tokens} tokens "
             f"({step * 1e3:.1f} ms step)"
         )
+
+    def _widen_gate(self) -> None:
+        """Give the probes more room after a rejected try: a longer gate, the probes sent later.
+
+        The gate's step is estimated to grow with its prompt (prefill is about linear in tokens),
+        and the delay never exceeds half of it: probes sent after the gate's step ended could
+        never be gated, and every rejection would lengthen the delay again (on a loaded machine
+        that once grew the delay geometrically, to minutes per probe).
+        """
+        cap = min(self.grid.max_batch_tokens, self.grid.max_model_len - 1)
+        tokens = min(self.stats.gate_tokens * 2, cap)
+        self._gate_est_s *= tokens / self.stats.gate_tokens
+        self.stats.gate_tokens = tokens
+        self._gate_delay_s = min(self._gate_delay_s * 1.5, 0.5 * self._gate_est_s)
 
     async def _prefill_probe(self, b: int, n: int, rep: int, tries: int = 4) -> Measurement | None:
         for attempt in range(tries):
@@ -355,13 +372,8 @@ class Profiler:
                 )
             self.stats.rejected += 1
             log.debug("prefill probe %dx%d rejected (attempt %d): %s", b, n, attempt + 1, problem)
-            if attempt >= 1:  # give the probes more room: a longer gate, sent later
-                self.stats.gate_tokens = min(
-                    self.stats.gate_tokens * 2,
-                    self.grid.max_batch_tokens,
-                    self.grid.max_model_len - 1,
-                )
-                self._gate_delay_s *= 1.5
+            if attempt >= 1:
+                self._widen_gate()
         self.stats.notes.append(f"prefill probe {b}x{n} (rep {rep}) rejected {tries} times")
         return None
 

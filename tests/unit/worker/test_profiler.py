@@ -20,8 +20,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
@@ -38,7 +39,7 @@ from splitserve.core.perf.samples import (
     table_csv,
 )
 from splitserve.core.roles import Role
-from splitserve.worker.profiler import ProfileError, ProfileGrid, Profiler
+from splitserve.worker.profiler import ProfileError, ProfileGrid, Profiler, _Call
 from splitserve.worker.sim_engine import SimEngine
 from tests.unit.worker.conftest import WorkerFactory
 
@@ -312,3 +313,35 @@ def test_table_separates_components_of_a_known_additive_model() -> None:
 def test_isotonic_pools_violators() -> None:
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert isotonic([5.0, 1.0], [1.0, 3.0]) == [2.0, 2.0]
+
+
+async def test_rejected_prefill_probes_never_delay_past_the_gates_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loaded machine makes every probe arrive after the gate's step. Each rejected try gives
+    the probes more room, but once the gate cannot grow (here it is at the token budget already)
+    the delay before sending them must stay within the gate's step: past it no probe could ever
+    be gated, and the delay used to grow by 1.5x per rejection without bound (a CI run's
+    `profile` spent minutes per probe)."""
+    profiler = Profiler(cast(Any, None), ProfileGrid(max_batch_tokens=2048, max_model_len=4096))
+
+    async def idle() -> None:
+        return None
+
+    async def answered_at_once(prompt: Sequence[int], max_tokens: int) -> _Call:
+        now = profiler.now()
+        return _Call(now, now)  # the gate answers before the probes are sent: always late
+
+    monkeypatch.setattr(profiler, "_wait_idle", idle)
+    monkeypatch.setattr(profiler, "_generate", answered_at_once)
+    profiler._rtts = [1e-4]
+    profiler.stats.rtt_s = 1e-4
+    profiler.stats.gate_tokens = 1024
+    profiler.stats.gate_step_s = profiler._gate_est_s = 0.004
+    profiler._gate_delay_s = 0.001
+
+    for _ in range(3):
+        assert await profiler._prefill_probe(1, 128, rep=0) is None
+    assert profiler.stats.rejected == 12
+    assert profiler.stats.gate_tokens == 2048  # doubled once, then held at the budget
+    assert profiler._gate_delay_s <= 0.5 * 0.008  # half the 2048-token gate's step
