@@ -189,9 +189,25 @@ class OpenAiApi:
             sampler=sampler_knobs(req),
             logprobs=requested_logprobs(req),
             structured_outputs=structured_outputs(req),
-            slo_class=http.headers.get(_SLO_HEADER) or "",
+            slo_class=self.slo_header(http),
             slo_overrides=_slo_overrides(http),
         )
+
+    def slo_header(self, http: HttpRequest) -> str:
+        """The `x-slo-class` header ("" when absent: the default class); an empty one is a 400
+        (as an unknown class is), not the default class taken silently."""
+        value = http.headers.get(_SLO_HEADER)
+        if value is None:
+            return ""
+        if not value.strip():
+            known = ", ".join(sorted(self.generator.dispatcher.slo.table.classes))
+            raise ApiError(
+                400,
+                f"{_SLO_HEADER}: the header is empty; known classes: {known} "
+                "(leave the header out for the default class)",
+                param=_SLO_HEADER,
+            )
+        return value
 
     async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
         prompt: Any = req.prompt
