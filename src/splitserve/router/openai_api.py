@@ -106,8 +106,19 @@ class OpenAiApi:
 
     async def read_json_object(self, request: HttpRequest) -> dict[str, Any]:
         """The body as a JSON object, within the body limit; 400 otherwise (415 for a body sent
-        with a `Content-Encoding` other than identity: compressed bodies are not decoded)."""
+        with a `Content-Encoding` other than identity: compressed bodies are not decoded, or with
+        a `Content-Type` other than JSON, as vLLM's server refuses it: curl's `-d` without
+        `-H 'Content-Type: application/json'` labels JSON as a form; none at all is read as
+        JSON)."""
         raw = await self.read_limited(request)  # read whole: the connection stays usable
+        content_type = request.headers.get("content-type", "").strip()
+        if content_type and not _is_json(content_type):
+            raise ApiError(
+                415,
+                f"Content-Type {content_type!r} is not supported: send the request body as JSON "
+                "with Content-Type: application/json",
+                code="unsupported_media_type",
+            )
         encoding = request.headers.get("content-encoding", "").strip()
         if encoding and encoding.lower() != "identity":
             raise ApiError(
@@ -288,6 +299,14 @@ class OpenAiApi:
                 return EdgeSseResponse(body, link, stream, headers, hold_first=fmt.chat, lane=lane)
             return SseResponse(body, link, headers)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+def _is_json(content_type: str) -> bool:
+    """`application/json` or `application/<anything>+json`, with or without parameters."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 def _too_large(limit: int) -> ApiError:
