@@ -469,7 +469,26 @@ class EdgeApp:
                     response = api_error_from(err).response()
                 await response(scope, receive, send)
                 return
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            # RFC 9110 9.3.2: HEAD is GET without the body (same status and headers, with GET's
+            # Content-Length); FastAPI's GET routes do not answer it.
+            scope = {**scope, "method": "GET", _ASKED_METHOD: "HEAD"}
+            await self.fastapi(scope, receive, _without_body(send))
+            return
         await self.fastapi(scope, receive, send)
+
+
+_ASKED_METHOD = "splitserve.asked_method"
+"""The scope key holding the method the client sent when HEAD is served as GET."""
+
+
+def _without_body(send: Any) -> Any:
+    async def send_head(message: Any) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_head
 
 
 def openapi_document(model_name: str) -> dict[str, Any]:
@@ -544,8 +563,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         headers = dict(exc.headers) if exc.headers else None  # a 405's `Allow` (RFC 9110)
+        allow = (headers or {}).get("Allow")
+        if allow is not None and "GET" in allow.split(", ") and "HEAD" not in allow:
+            headers = {**(headers or {}), "Allow": f"{allow}, HEAD"}  # (served as GET)
         if exc.status_code in (404, 405):  # OpenAI's wording for a route it does not serve
-            message = f"Invalid URL ({http.method} {http.url.path})"
+            method = http.scope.get(_ASKED_METHOD, http.method)
+            message = f"Invalid URL ({method} {http.url.path})"
             return ApiError(exc.status_code, message, type_, headers=headers).response()
         return ApiError(exc.status_code, str(exc.detail), type_, headers=headers).response()
 
