@@ -23,7 +23,7 @@ def main() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """`splitserve.cli.main.cli`, imported when asked for (tests; `python -m splitserve` calls `main`)."""
+    """`splitserve.cli.main.cli`, imported when asked for (tests)."""
     if name == "cli":
         return import_module("splitserve.cli.commands").cli
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
