@@ -8,7 +8,6 @@ the file.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ import click
 import yaml
 from pydantic import ValidationError
 
+from splitserve.aio import stop_task
 from splitserve.api.auth import AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
@@ -377,10 +377,7 @@ def _serve(
             done = asyncio.create_task(server.wait())
             stopped = asyncio.create_task(stop.wait())
             await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (done, stopped):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await stop_task(done, stopped)
         finally:
             await server.stop()
 

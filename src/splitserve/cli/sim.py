@@ -209,6 +209,7 @@ def validate_cmd(
         runner.load_cluster(cluster_file)
     except ConfigError as err:  # was pydantic's block, or a YAML parser traceback
         raise click.BadParameter(str(err), param_hint="--cluster") from err
+    _check_recording(recording)
     try:
         _, text = runner.run_validation(
             recording,
@@ -226,6 +227,26 @@ def validate_cmd(
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(text)
+
+
+def _check_recording(recording: Path) -> None:
+    """A usage error (exit 2) naming the file and its line for a recording that cannot be read
+    (was exit 1 naming neither, or a traceback)."""
+    from splitserve.sim.validate import parse_recording
+
+    raw = recording.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise click.BadParameter(
+            f"{recording}: recording line {line}: not UTF-8 text (byte {err.start})",
+            param_hint="'RECORDING'",
+        ) from None
+    try:
+        parse_recording(text.splitlines())
+    except ValueError as err:
+        raise click.BadParameter(f"{recording}: {err}", param_hint="'RECORDING'") from None
 
 
 @sim.command("bench")

@@ -40,6 +40,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from splitserve.aio import stop_task
 from splitserve.api.router import SloSettings
 from splitserve.core.clock import Clock
 from splitserve.obs.metrics import RouterMetrics
@@ -57,7 +58,6 @@ from splitserve.policy.predict.tail import TailRatios
 from splitserve.router.errors import Overloaded
 from splitserve.router.pool_view import PoolView
 from splitserve.router.slo import RequestSlo
-from splitserve.router.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

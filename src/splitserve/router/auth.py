@@ -264,12 +264,15 @@ class AuthApp:
                 [(b"www-authenticate", b'Bearer realm="splitserve"')],
             )
             return
-        asked = _header(scope, _SLO_HEADER) or ""
+        header = _header(scope, _SLO_HEADER)
+        asked = header or ""
         slo_class, refusal = tenant.slo_class(asked)
         if refusal is not None:
             await _refuse(send, refusal)
             return
-        if slo_class != asked:
+        if slo_class != asked and (header is None or header.strip()):
+            # (an empty header is kept: the app refuses it, 400, rather than run the request
+            # in the tenant's class)
             scope = dict(scope)
             scope["headers"] = [
                 *(h for h in scope["headers"] if h[0].lower() != _SLO_HEADER),

@@ -35,9 +35,9 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from splitserve.aio import stop_task
 from splitserve.api.router import DiscoverySettings
 from splitserve.core.roles import Role
-from splitserve.router.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

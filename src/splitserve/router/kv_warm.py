@@ -19,10 +19,10 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+from splitserve.aio import stop_task
 from splitserve.core.ids import EndpointId
 from splitserve.policy.placement import EndpointView
 from splitserve.router.pool_view import PoolView
-from splitserve.router.tasks import stop_task
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)

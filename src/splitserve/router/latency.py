@@ -55,12 +55,12 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+from splitserve.aio import stop_task
 from splitserve.core.ids import EndpointId
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.policy.predict.latency import PrefillRate, PullRate, StepFit
 from splitserve.policy.predict.step_model import OnlineStepModel
 from splitserve.router.mux import MuxLink
-from splitserve.router.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

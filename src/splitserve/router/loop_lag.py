@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
+from splitserve.aio import stop_task
 from splitserve.core.clock import Clock
 from splitserve.obs.metrics import RouterMetrics
-from splitserve.router.tasks import stop_task
 
 
 class LoopLagMonitor:

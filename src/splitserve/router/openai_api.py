@@ -106,8 +106,19 @@ class OpenAiApi:
 
     async def read_json_object(self, request: HttpRequest) -> dict[str, Any]:
         """The body as a JSON object, within the body limit; 400 otherwise (415 for a body sent
-        with a `Content-Encoding` other than identity: compressed bodies are not decoded)."""
+        with a `Content-Encoding` other than identity: compressed bodies are not decoded, or with
+        a `Content-Type` other than JSON, as vLLM's server refuses it: curl's `-d` without
+        `-H 'Content-Type: application/json'` labels JSON as a form; none at all is read as
+        JSON)."""
         raw = await self.read_limited(request)  # read whole: the connection stays usable
+        content_type = request.headers.get("content-type", "").strip()
+        if content_type and not _is_json(content_type):
+            raise ApiError(
+                415,
+                f"Content-Type {content_type!r} is not supported: send the request body as JSON "
+                "with Content-Type: application/json",
+                code="unsupported_media_type",
+            )
         encoding = request.headers.get("content-encoding", "").strip()
         if encoding and encoding.lower() != "identity":
             raise ApiError(
@@ -189,9 +200,25 @@ class OpenAiApi:
             sampler=sampler_knobs(req),
             logprobs=requested_logprobs(req),
             structured_outputs=structured_outputs(req),
-            slo_class=http.headers.get(_SLO_HEADER) or "",
+            slo_class=self.slo_header(http),
             slo_overrides=_slo_overrides(http),
         )
+
+    def slo_header(self, http: HttpRequest) -> str:
+        """The `x-slo-class` header ("" when absent: the default class); an empty one is a 400
+        (as an unknown class is), not the default class taken silently."""
+        value = http.headers.get(_SLO_HEADER)
+        if value is None:
+            return ""
+        if not value.strip():
+            known = ", ".join(sorted(self.generator.dispatcher.slo.table.classes))
+            raise ApiError(
+                400,
+                f"{_SLO_HEADER}: the header is empty; known classes: {known} "
+                "(leave the header out for the default class)",
+                param=_SLO_HEADER,
+            )
+        return value
 
     async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
         prompt: Any = req.prompt
@@ -272,6 +299,14 @@ class OpenAiApi:
                 return EdgeSseResponse(body, link, stream, headers, hold_first=fmt.chat, lane=lane)
             return SseResponse(body, link, headers)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+def _is_json(content_type: str) -> bool:
+    """`application/json` or `application/<anything>+json`, with or without parameters."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 def _too_large(limit: int) -> ApiError:
@@ -434,7 +469,26 @@ class EdgeApp:
                     response = api_error_from(err).response()
                 await response(scope, receive, send)
                 return
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            # RFC 9110 9.3.2: HEAD is GET without the body (same status and headers, with GET's
+            # Content-Length); FastAPI's GET routes do not answer it.
+            scope = {**scope, "method": "GET", _ASKED_METHOD: "HEAD"}
+            await self.fastapi(scope, receive, _without_body(send))
+            return
         await self.fastapi(scope, receive, send)
+
+
+_ASKED_METHOD = "splitserve.asked_method"
+"""The scope key holding the method the client sent when HEAD is served as GET."""
+
+
+def _without_body(send: Any) -> Any:
+    async def send_head(message: Any) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_head
 
 
 def openapi_document(model_name: str) -> dict[str, Any]:
@@ -509,8 +563,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         headers = dict(exc.headers) if exc.headers else None  # a 405's `Allow` (RFC 9110)
+        allow = (headers or {}).get("Allow")
+        if allow is not None and "GET" in allow.split(", ") and "HEAD" not in allow:
+            headers = {**(headers or {}), "Allow": f"{allow}, HEAD"}  # (served as GET)
         if exc.status_code in (404, 405):  # OpenAI's wording for a route it does not serve
-            message = f"Invalid URL ({http.method} {http.url.path})"
+            method = http.scope.get(_ASKED_METHOD, http.method)
+            message = f"Invalid URL ({method} {http.url.path})"
             return ApiError(exc.status_code, message, type_, headers=headers).response()
         return ApiError(exc.status_code, str(exc.detail), type_, headers=headers).response()
 

@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from splitserve.core.request import FinishReason
 from splitserve.router.generation import TextChunk, Usage
-from splitserve.router.logprobs import LogprobsFormatter
+from splitserve.router.logprobs import MAX_LOGPROBS, LogprobsFormatter
 
 _FINISH_NAMES: Final = {
     FinishReason.LENGTH: "length",
@@ -110,9 +110,9 @@ class SamplingFields(_Wire):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1)
 
 
 class ContentPart(_Wire):
@@ -195,7 +195,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

@@ -49,7 +49,7 @@ def parse_body(
             log.debug("dropped unknown fields %s", [".".join(map(str, loc)) for loc in unknown])
             return parse_body(model, body, allow_unknown=False)
         first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param, message = _describe(first, errors, body)
         if first["type"] == "extra_forbidden":
             raise ApiError(
                 400,
@@ -58,7 +58,57 @@ def parse_body(
                 param=param,
                 code="unknown_field",
             ) from err
-        raise ApiError(400, f"{param}: {first['msg']}", param=param) from err
+        raise ApiError(400, f"{param}: {message}" if param else message, param=param) from err
+
+
+def _describe(first: Any, errors: list[Any], body: Any) -> tuple[str | None, str]:
+    """The client's path to the field `first` is about (`messages[0].content`) and its message.
+
+    pydantic's locations also hold its own names: the member of a union each error is about
+    (`str`, `list[ContentPart]`, `literal[...]`, a model's name) and validators
+    (`function-after[...]`). A name is the client's when the body has it there (or it is the
+    required field that is missing); the others are left out. When `first` is about one member
+    of a union, the union's members' errors are weighed together: the one that got furthest into
+    the body is named (a list of parts with a bad part names the part, not "should be a string"),
+    and equally far ones are given together.
+    """
+    path, tag_at = _client_path(body, first)
+    if tag_at is None:
+        return _dotted(path), str(first["msg"])
+    union = tuple(first["loc"][:tag_at])
+    found = [
+        (_client_path(body, e)[0], str(e["msg"]))
+        for e in errors
+        if tuple(e["loc"][:tag_at]) == union and len(e["loc"]) > tag_at
+    ]
+    deepest = max(len(p) for p, _ in found)
+    path = next(p for p, _ in found if len(p) == deepest)
+    messages = list(dict.fromkeys(m for p, m in found if p == path))
+    return _dotted(path), "; or: ".join(messages)
+
+
+def _client_path(body: Any, error: Any) -> tuple[list[int | str], int | None]:
+    """The keys of `error`'s location that are the body's, and the index of the first that is
+    pydantic's own (None: none is)."""
+    loc = error["loc"]
+    out: list[int | str] = []
+    tag_at: int | None = None
+    node = body
+    for i, key in enumerate(loc):
+        in_list = isinstance(key, int) and isinstance(node, list) and 0 <= key < len(node)
+        if in_list or (isinstance(key, str) and isinstance(node, dict) and key in node):
+            out.append(key)
+            node = node[key]
+        elif isinstance(key, str) and i == len(loc) - 1 and error["type"] == "missing":
+            out.append(key)
+        elif tag_at is None:
+            tag_at = i
+    return out, tag_at
+
+
+def _dotted(path: list[int | str]) -> str | None:
+    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    return text or None
 
 
 def _drop(body: Any, loc: tuple[int | str, ...]) -> None:

@@ -169,7 +169,7 @@ def plan(
         return _forced(req, choice, tools, parallel)
     for i, tool in enumerate(req.tools):
         if tool.function.strict:
-            param = f"tools.{i}.function.strict"
+            param = f"tools[{i}].function.strict"
             raise ApiError(
                 400,
                 f'{param}: with tool_choice "auto" the model\'s calls are not guided, so strict '
@@ -242,7 +242,7 @@ def history_calls(calls: list[wire.ToolCall], index: int) -> list[dict[str, Any]
             try:
                 args = json.loads(call.function.arguments)
             except ValueError as err:
-                param = f"messages.{index}.tool_calls.{j}.function.arguments"
+                param = f"messages[{index}].tool_calls[{j}].function.arguments"
                 raise ApiError(400, f"{param}: not JSON ({err})", param=param) from err
         out.append(
             {

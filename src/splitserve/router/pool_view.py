@@ -48,6 +48,7 @@ import grpc
 from grpc import aio
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.aio import stop_task
 from splitserve.api.router import PoolSettings
 from splitserve.core.clock import Clock
 from splitserve.core.ids import EndpointId
@@ -57,7 +58,6 @@ from splitserve.policy.placement import EndpointView
 from splitserve.router.latency import LatencyBook
 from splitserve.router.ledger import Ledger
 from splitserve.router.mux import MuxLink, MuxLinks, worker_channel_options
-from splitserve.router.tasks import stop_task
 from splitserve.security import tls
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from splitserve._gen.v1 import router_pb2_grpc
+from splitserve.aio import stop_task
 from splitserve.api.router import RouterConfig
 from splitserve.core.clock import Clock, SystemClock
 from splitserve.obs.metrics import PoolLoadCollector, RouterMetrics
@@ -45,7 +46,6 @@ from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.openai_api import create_app
 from splitserve.router.pool_view import PoolView
 from splitserve.router.request_log import RequestLog
-from splitserve.router.tasks import stop_task
 from splitserve.router.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)

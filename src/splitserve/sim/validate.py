@@ -62,6 +62,8 @@ def _opt(row: dict[str, object], key: str, line: int) -> float | None:
     value = row.get(key)
     if value is None or value == "":
         return None
+    if isinstance(value, bool):  # (float(True) is 1.0)
+        raise ValueError(f"recording line {line}: {key!r} is not a number: {value!r}")
     try:
         out = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -71,25 +73,43 @@ def _opt(row: dict[str, object], key: str, line: int) -> float | None:
     return out
 
 
+MAX_TOKENS = 2**31
+"""More tokens than this in one request is not a recording of a run (and overflows the
+simulator's arrays)."""
+
+
+def _tokens(row: dict[str, object], key: str, line: int) -> int:
+    out = _num(row, key, line)
+    if out != int(out) or not 1 <= out < MAX_TOKENS:
+        raise ValueError(
+            f"recording line {line}: {key!r} must be >= 1, a whole number below {MAX_TOKENS}; "
+            f"got {out:g}"
+        )
+    return int(out)
+
+
 _REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "latency_s")
 """The columns every recorded request needs (`tpot_s`, `id`, `outcome` are optional)."""
 
 
 def parse_recording(lines: Iterable[str]) -> Recording:
     """Recorded requests (JSON lines, or CSV with a header), sorted by arrival."""
-    text = [ln for ln in lines if ln.strip()]
+    numbered = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]  # the file's numbers
+    text = [ln for _, ln in numbered]
     if not text:
         raise ValueError("the recording is empty")
     rows: list[dict[str, object]]
     if text[0].lstrip().startswith("{"):
         rows = []
-        for i, ln in enumerate(text, 1):
+        for n, ln in numbered:
             try:
-                rows.append(json.loads(ln))
+                row = json.loads(ln)
             except json.JSONDecodeError as err:
-                raise ValueError(f"recording line {i}: not JSON ({err.msg})") from None
-        if bad := next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None):
-            raise ValueError(f"recording line {bad}: not a JSON object")
+                raise ValueError(f"recording line {n}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"recording line {n}: not a JSON object")
+            rows.append(row)
+        line_of = [n for n, _ in numbered]
     else:
         reader = csv.DictReader(text)
         missing = [c for c in _REQUIRED if c not in (reader.fieldnames or ())]
@@ -99,29 +119,30 @@ def parse_recording(lines: Iterable[str]) -> Recording:
                 f"header naming {', '.join(_REQUIRED)}: its first line lacks "
                 f"{', '.join(missing)}"
             )
-        rows = [dict(r) for r in reader]
+        rows, line_of = [], []
+        for r in reader:
+            rows.append(dict(r))
+            line_of.append(numbered[reader.line_num - 1][0])  # (the row's last line)
     out: list[Recorded] = []
     skipped = 0
-    for i, row in enumerate(rows, 1):
+    for i, (n, row) in enumerate(zip(line_of, rows, strict=True), 1):  # n: the file's line
         if str(row.get("outcome") or "ok") != "ok":
             skipped += 1
             continue
-        arrival = _num(row, "arrival_s", i)
-        prompt = _num(row, "prompt_tokens", i)
-        output = _num(row, "output_tokens", i)
-        ttft = _num(row, "ttft_s", i)
-        latency = _num(row, "latency_s", i)
-        tpot = _opt(row, "tpot_s", i)
-        if prompt < 1 or output < 1:
-            raise ValueError(f"recording line {i}: prompt and output tokens must be >= 1")
+        arrival = _num(row, "arrival_s", n)
+        prompt = _tokens(row, "prompt_tokens", n)
+        output = _tokens(row, "output_tokens", n)
+        ttft = _num(row, "ttft_s", n)
+        latency = _num(row, "latency_s", n)
+        tpot = _opt(row, "tpot_s", n)
         if tpot is None and output > 1:
             tpot = (latency - ttft) / (output - 1)
         out.append(
             Recorded(
                 str(row.get("id") or f"line{i}"),
                 arrival,
-                int(prompt),
-                int(output),
+                prompt,
+                output,
                 ttft,
                 tpot,
                 latency,

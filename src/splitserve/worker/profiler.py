@@ -58,6 +58,7 @@ from typing import Literal, cast
 import grpc
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.aio import stop_task
 from splitserve.core.perf.protocol import BatchShape
 from splitserve.core.perf.samples import Measurement
 from splitserve.security import tls
@@ -237,9 +238,7 @@ class Profiler:
             if watch is not None:
                 watch.cancel()
             if reader is not None:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+                await stop_task(reader)  # (the caller's own cancellation is kept)
             if restore is not None:
                 await self.stub.SetRole(worker_pb2.SetRoleRequest(role=restore))
 

@@ -22,6 +22,7 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+from splitserve.aio import finish_tasks
 from splitserve.core.channels import FAST_RECONNECT_OPTIONS
 from splitserve.core.clock import SystemClock
 from splitserve.core.errors import ConfigError
@@ -159,9 +160,7 @@ class _ReleaseClient:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
-        for task in list(self._closing):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_tasks(*self._closing)  # (the caller's own cancellation is kept)
 
 
 def build_sim_engine(

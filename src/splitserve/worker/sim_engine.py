@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from splitserve.aio import stop_task
 from splitserve.core.clock import Clock
 from splitserve.core.errors import EngineError, KvTransferError
 from splitserve.core.ids import RequestId
@@ -150,9 +151,7 @@ class SimEngine:
     async def stop(self) -> None:
         task, self._loop_task = self._loop_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)  # (the caller's own cancellation is kept)
         for t in list(self._transfers.values()):
             t.cancel()
         for rid in list(self._pending):

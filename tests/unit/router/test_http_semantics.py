@@ -19,8 +19,8 @@ COMPLETIONS = "/v1/completions"
     [
         ("GET", CHAT, "POST"),
         ("PUT", COMPLETIONS, "POST"),
-        ("DELETE", "/v1/models", "GET"),
-        ("POST", "/metrics", "GET"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD"),
     ],
 )
 async def test_405_names_the_allowed_methods(

@@ -207,7 +207,7 @@ def _bad(status: int, message: str, param: str | None = None, code: str | None =
         ("/v1/chat/completions", {"model": MODEL, "messages": []},
          _bad(400, "messages", "messages")),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
-         _bad(400, "messages.0.role", "messages.0.role")),
+         _bad(400, "messages[0].role", "messages[0].role")),
         ("/v1/chat/completions",
          {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          _bad(400, "image_url", "messages")),

@@ -273,7 +273,7 @@ def test_special_token_spellings_in_tools_stay_text(tokenizer: TextTokenizer) ->
         (
             {"tools": [{**WEATHER, "function": {**WEATHER["function"], "strict": True}}]},
             HERMES,
-            "tools.0.function.strict",
+            "tools[0].function.strict",
             "not guided",
         ),
         (
@@ -325,10 +325,10 @@ def test_special_token_spellings_in_tools_stay_text(tokenizer: TextTokenizer) ->
                 ]
             },
             HERMES,
-            "messages.1.tool_calls.0.function.arguments",
+            "messages[1].tool_calls[0].function.arguments",
             "not JSON",
         ),
-        ({"tools": [{"type": "retrieval"}]}, HERMES, "tools.0.type", "function"),
+        ({"tools": [{"type": "retrieval"}]}, HERMES, "tools[0].type", "function"),
     ],
 )
 async def test_what_cannot_be_honoured_is_a_400_naming_it(

@@ -1,10 +1,10 @@
 """Stopping a background task keeps the caller's own cancellation.
 
-Before `router.tasks.stop_task`, `PoolView.remove` (and every `stop()` like it) waited for the
-task it cancelled inside `suppress(CancelledError)`: a caller cancelled meanwhile lost its
-cancellation. Discovery removing a pod's endpoint when the router stopped it then kept watching,
-and `KubernetesDiscovery.stop()` waited for the API server's watch to time out
-(`test_pool_follows_worker_pods`, 3 in 25 runs).
+Before `stop_task` (now `splitserve.aio`, shared with the worker), `PoolView.remove` (and every
+`stop()` like it) waited for the task it cancelled inside `suppress(CancelledError)`: a caller
+cancelled meanwhile lost its cancellation. Discovery removing a pod's endpoint when the router
+stopped it then kept watching, and `KubernetesDiscovery.stop()` waited for the API server's
+watch to time out (`test_pool_follows_worker_pods`, 3 in 25 runs).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import asyncio
 
 import pytest
 
+from splitserve.aio import stop_task
 from splitserve.core.clock import SystemClock
 from splitserve.core.roles import Role
 from splitserve.router.pool_view import PoolView
-from splitserve.router.tasks import stop_task
 from tests.unit.router.conftest import FAST_POOL, WorkerFactory
 
 

@@ -5,6 +5,9 @@ and it has a trap: if the task running that code is cancelled while it waits, th
 `CancelledError` meant for it is swallowed too, and it carries on as if nothing happened. The
 router met it in `PoolView.remove` (discovery removing a pod's endpoint while the router shut
 down: discovery kept watching, and its `stop()` waited until the API server's watch ended).
+
+Shared by the router, the worker and the CLI (a neutral module: `core` does no I/O, and the
+components may not import each other).
 """
 
 from __future__ import annotations
@@ -21,17 +24,24 @@ async def stop_task(*tasks: asyncio.Future[Any]) -> None:
     cancellation that arrives meanwhile, not one the caller was already handling (a `finally`
     of a cancelled task can stop its helpers and go on cleaning up).
     """
-    current = asyncio.current_task()
-    before = current.cancelling() if current is not None else 0
     for task in tasks:
         task.cancel()
+    await finish_tasks(*tasks)
+
+
+async def finish_tasks(*tasks: asyncio.Future[Any]) -> None:
+    """Wait until each of `tasks` has finished, without cancelling them; as `stop_task`
+    otherwise (a task's cancellation absorbed, its error raised, the caller's cancellation
+    kept)."""
+    current = asyncio.current_task()
+    before = current.cancelling() if current is not None else 0
     failure: BaseException | None = None
     for task in tasks:
         try:
             await task
         except asyncio.CancelledError:
             if current is not None and current.cancelling() > before:
-                for rest in tasks:  # already cancelled; they end on their own
+                for rest in tasks:  # stop_task's: cancelled already; finish_tasks': now
                     rest.cancel()
                 raise
         except Exception as err:  # raised below, once every task has ended

@@ -1,0 +1,60 @@
+"""`splitserve sim validate` with a malformed recording: exit 2 and one error line naming the
+file, its line and the field, never a traceback.
+
+Before the fix such recordings exited 1 with text naming neither the file nor (for CSV and
+recordings with blank lines) the right line; a file that is not UTF-8 named no line; a token count
+of 1e300 ended in an OverflowError traceback; `1.5` or `true` tokens were taken silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from splitserve.cli.sim import sim
+from tests.unit.sim.test_validate import CLUSTER
+
+OK = '{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 2, "ttft_s": 0.1, "latency_s": 0.2}'
+HEADER = "arrival_s,prompt_tokens,output_tokens,ttft_s,latency_s"
+
+
+def _line(**fields: object) -> str:
+    row: dict[str, object] = {"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 2}
+    row.update({"ttft_s": 0.1, "latency_s": 1})
+    row.update(fields)
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in row.items()) + "}"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("a.jsonl", f'{OK}\n\n{{"arrival_s": 0,\n', "line 3: not JSON"),
+        ("b.jsonl", f"{OK}\n{_line(arrival_s=chr(34) + 'x' + chr(34))}\n", "line 2: 'arrival_s'"),
+        ("c.csv", f"{HEADER}\n0,4,2,0.1,0.2\n0,1\n", "line 3: missing 'output_tokens'"),
+        ("d.jsonl", b"\xff\xfe garbage\n", "line 1: not UTF-8 text"),
+        ("e.jsonl", "", "empty"),
+        ("f.jsonl", f"{_line(prompt_tokens=1e300)}\n", "line 1: 'prompt_tokens'"),
+        ("g.jsonl", f"{_line(prompt_tokens=1.5)}\n", "'prompt_tokens' must be >= 1, a whole"),
+        ("h.jsonl", f"{_line(output_tokens='true')}\n", "line 1: 'output_tokens' is not a number"),
+    ],
+)
+def test_a_malformed_recording_is_one_line_naming_file_and_line(
+    tmp_path: Path, name: str, content: str | bytes, words: str
+) -> None:
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
+    rec = tmp_path / name
+    if isinstance(content, bytes):
+        rec.write_bytes(content)
+    else:
+        rec.write_text(content)
+    res = CliRunner().invoke(
+        sim, ["validate", str(rec), "--cluster", str(tmp_path / "cluster.yaml")]
+    )
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit)  # not a traceback
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Invalid value for 'RECORDING': {rec}: "), res.output
+    assert words in last
