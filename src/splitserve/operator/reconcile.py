@@ -221,7 +221,21 @@ def _reconcile(
         for p in observe.live_pods(kube.list("v1", "Pod", namespace, render.worker_selector(name)))
     }
     _abandon_unreadable_flips(kube, workers, pods, spec, event)
-    observed_workers = [observe.worker(p, spec) for p in pods.values()]
+    # Workers of a group no longer in the spec (removed, renamed) leave like a scale-down:
+    # fenced and drained before their Deployment goes; no plan counts or moves them.
+    leaving = _of_removed_groups(pods, spec)
+    decisions: list[str] = []
+    for pod_name in sorted(leaving):
+        pods[pod_name] = _leave_flip(kube, workers, pods[pod_name], spec, now, event, decisions)
+    removed_groups = {_group_of(pods[n]) for n in leaving}
+    starting = sorted(
+        {
+            _group_of(pods[n])
+            for n in leaving
+            if not _retiring(pods[n]) and observe.pod_ready(pods[n])
+        }
+    )
+    observed_workers = [observe.worker(p, spec) for n, p in pods.items() if n not in leaving]
     probe = flip.roles_to_probe(observed_workers, desired)
     queued = _queue_lengths(workers, pods, probe, spec)
     plan = flip.plan(
@@ -244,8 +258,14 @@ def _reconcile(
             kube, workers, pods[pod_name], progress, spec, settings, now, event, abandoned
         )
     sizes = render.group_replicas(spec, desired)
-    retire = _to_retire(pods, plan.surplus, sizes)
+    retire = _to_retire(pods, plan.surplus, sizes) | leaving
     drained, held = _retire(kube, workers, pods, retire, spec, settings, now, event)
+    kept_groups = _removed_groups_held(name, removed_groups, held)
+    for group in starting:
+        decisions.append(
+            f"retire worker group {group!r} (no longer in spec.workerGroups): its workers are "
+            f"drained before Deployment {render.group_deployment_name(name, group)} is deleted"
+        )
     _mark_surplus(kube, pods, drained)
 
     if pki is not None:  # certificates before the pods that mount them
@@ -280,7 +300,15 @@ def _reconcile(
         applied[(manifest["kind"], manifest["metadata"]["name"])] = obj
         if action != "unchanged":
             out.actions.append(f"{action} {manifest['kind']} {manifest['metadata']['name']}")
-    out.actions += prune(kube, ref, set(applied))
+    pruned = prune(kube, ref, set(applied) | kept_groups)
+    out.actions += pruned
+    for group in sorted(removed_groups):
+        deployment = render.group_deployment_name(name, group)
+        if f"deleted Deployment {deployment}" in pruned:
+            decisions.append(
+                f"retire worker group {group!r}: its workers are drained; deleted Deployment "
+                f"{deployment}"
+            )
 
     workers_now = [observe.worker(p, spec) for p in pods.values()]
     pool_states = status.pool_statuses(desired, workers_now)
@@ -303,7 +331,9 @@ def _reconcile(
     artifact = status.artifact_status(
         spec, ref, applied.get(("Job", job_name)) if job_name else None
     )
-    decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))] + abandoned
+    decisions = (
+        [r for r in plan.reasons if r.startswith(("assign ", "flip "))] + abandoned + decisions
+    )
     new_status = status.service_status(
         spec=spec,
         ref=ref,
@@ -640,6 +670,59 @@ def abandon_flip(
     return pod
 
 
+def _group_of(pod: Mapping[str, Any]) -> str:
+    return str((pod["metadata"].get("labels") or {}).get(v1.LABEL_GROUP, ""))
+
+
+def _retiring(pod: Mapping[str, Any]) -> bool:
+    return observe.RETIRE_SINCE in (pod["metadata"].get("annotations") or {})
+
+
+def _of_removed_groups(pods: Mapping[str, Obj], spec: v1.LLMServiceSpec) -> set[str]:
+    """Workers whose worker group is no longer in `spec.workerGroups` (removed or renamed)."""
+    groups = {g.name for g in spec.worker_groups}
+    return {n for n, p in pods.items() if _group_of(p) and _group_of(p) not in groups}
+
+
+def _leave_flip(
+    kube: Kube,
+    workers: WorkerClient,
+    pod: Obj,
+    spec: v1.LLMServiceSpec,
+    now: str,
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> Obj:
+    """A worker whose group was removed gives up its flip in progress. It is marked retiring
+    first (fenced; its drain counts from the flip's fence), so it is not re-opened to new work
+    on its way out."""
+    md = pod["metadata"]
+    notes = md.get("annotations") or {}
+    text = notes.get(v1.ANNOTATION_FLIP)
+    if text is None:
+        return pod
+    if observe.RETIRE_SINCE not in notes:
+        since = notes.get(v1.ANNOTATION_FLIP_SINCE) or now
+        meta: Obj = {
+            "labels": {v1.LABEL_FENCED: "true"},
+            "annotations": {observe.RETIRE_SINCE: since},
+        }
+        pod = _patch_pod(kube, pod, meta)
+    why = (
+        f"abandon {md['name']}: flip {text!r} given up: its worker group "
+        f"{_group_of(pod)!r} is no longer in spec.workerGroups"
+    )
+    return abandon_flip(kube, workers, pod, spec.engine.grpc_port, why, event, decisions)
+
+
+def _removed_groups_held(
+    service: str, groups: set[str], held: Mapping[str, int]
+) -> set[tuple[str, str]]:
+    """The Deployments of removed groups whose workers are still draining: kept until they are
+    drained (`prune` deletes them then)."""
+    return {("Deployment", render.group_deployment_name(service, g)) for g in groups if held.get(g)}
+
+
 def _to_retire(
     pods: Mapping[str, Obj], surplus: Sequence[str], sizes: Mapping[str, int]
 ) -> set[str]:
@@ -710,7 +793,11 @@ def _retire(
                 "annotations": {observe.RETIRE_SINCE: now},
             }
             pod = pods[name] = _patch_pod(kube, pod, meta)
-            event("Normal", "Retiring", f"{name}: not needed by any pool; draining before removal")
+            if group in {g.name for g in spec.worker_groups}:
+                why = "not needed by any pool"
+            else:
+                why = f"its worker group {group!r} is no longer in spec.workerGroups"
+            event("Normal", "Retiring", f"{name}: {why}; draining before removal")
         address = observe.pod_address(pod, spec.engine.grpc_port)
         try:
             in_flight = workers.drain(address, timeout_s=settings.drain_wait_s)

@@ -598,3 +598,95 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
         e["reason"] == "FlipAbandoned" and prefill in e["message"] and "invalid" in e["message"]
         for e in kube.list("v1", "Event", NS)
     )
+
+
+def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
+    """Renaming (or removing) a worker group must not delete its workers with requests in
+    flight: they are fenced and drained like a scale-down, and their Deployment is deleted only
+    once they are drained (or `flipping.drainTimeoutSeconds` passed), with an Event and a status
+    decision saying so."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    busy, address = _a_prefill(kube)
+    workers.in_flight[address] = 2
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    out = run(kube, workers)
+    assert "deleted Deployment tiny-w" not in out.actions
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-v") is not None
+    for pod in kube.list("v1", "Pod", NS):
+        assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+        assert "splitserve.io/retire-since" in pod["metadata"]["annotations"]
+    assert ("drain", address) in workers.calls
+    assert any(
+        e["reason"] == "Retiring" and busy in e["message"] and "workerGroups" in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    retire = [d for d in svc["status"]["decisions"] if d["kind"] == "retire"]
+    assert retire
+    assert "tiny-w" in retire[-1]["message"]
+    # Still busy within the timeout: the Deployment stays.
+    out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:30Z")
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    # Drained: it goes.
+    workers.in_flight[address] = 0
+    out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:31Z")
+    assert "deleted Deployment tiny-w" in out.actions
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-v") is not None
+
+
+def test_a_removed_worker_group_goes_after_the_drain_timeout() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    _, address = _a_prefill(kube)
+    workers.in_flight[address] = 2
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:01:00Z")
+    assert "deleted Deployment tiny-w" in out.actions
+
+
+def test_a_flip_in_a_removed_worker_group_is_given_up_and_the_worker_stays_fenced() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
+    run(kube, workers)
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    notes = pod["metadata"]["annotations"]
+    assert v1.ANNOTATION_FLIP not in notes
+    assert notes["splitserve.io/retire-since"] == NOW  # the drain counts from the flip's fence
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    kinds = [d["kind"] for d in svc["status"]["decisions"]]
+    assert "abandon" in kinds
+    assert "retire" in kinds
+
+
+def test_a_worker_group_put_back_while_draining_keeps_its_workers() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    _, address = _a_prefill(kube)
+    workers.in_flight[address] = 2
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    _edit_spec(kube, {"workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    for pod in kube.list("v1", "Pod", NS):
+        assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+        assert "splitserve.io/retire-since" not in (pod["metadata"].get("annotations") or {})
