@@ -172,7 +172,7 @@ def reconcile(
         return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer, pki)
     except ConfigError as err:
         report_failure(kube, svc, "InvalidSpec", str(err), now, events)
-        _release_flips(kube, workers, svc, spec, events, now)
+        _release_workers(kube, workers, svc, spec, events, now)
         raise
     except KubeError as err:
         report_failure(kube, svc, err.reason, failure_message(err, spec, name), now, events)
@@ -586,7 +586,7 @@ def _abandon_unreadable_flips(
         pods[name] = abandon_flip(kube, workers, pod, spec.engine.grpc_port, why, event)
 
 
-def _release_flips(
+def _release_workers(
     kube: Kube,
     workers: WorkerClient,
     svc: Obj,
@@ -595,8 +595,8 @@ def _release_flips(
     now: str,
 ) -> None:
     """An invalid spec stops every decision, but no worker stays fenced for it: each flip in
-    progress is abandoned (`abandon_flip`). Best effort: a failure is logged, retried at the
-    next reconcile."""
+    progress is abandoned (`abandon_flip`) and each retirement rolled back (`_release_retired`).
+    Best effort: a failure is logged, retried at the next reconcile."""
     md = svc["metadata"]
     namespace, name = str(md["namespace"]), str(md["name"])
     port = spec.engine.grpc_port if spec is not None else _raw_grpc_port(svc)
@@ -615,8 +615,64 @@ def _release_flips(
                 "is invalid (no decisions until it is fixed)"
             )
             abandon_flip(kube, workers, dict(pod), port, why, event)
+        _release_retired(kube, workers, namespace, name, port, event)
     except KubeError as err:
         log.warning("%s/%s: cannot release flips: %s", namespace, name, err)
+
+
+def _release_retired(
+    kube: Kube,
+    workers: WorkerClient,
+    namespace: str,
+    service: str,
+    port: int,
+    event: Callable[[EventType, str, str], None],
+) -> None:
+    """Re-open the workers fenced for a scale-down (or a removed group) while the spec is
+    invalid: the Deployments keep their sizes then, so they would stay fenced. Only the drained
+    workers that their Deployment has already shrunk by (marked cheapest to delete, the
+    ReplicaSet deletes them) stay as they are. An unreachable worker is retried later."""
+    pods = [
+        dict(p)
+        for p in observe.live_pods(
+            kube.list("v1", "Pod", namespace, render.worker_selector(service))
+        )
+    ]
+    going: set[str] = set()
+    for group in sorted({_group_of(p) for p in pods if _retiring(p)}):
+        deployment_name = render.group_deployment_name(service, group)
+        deployment = kube.get("apps/v1", "Deployment", namespace, deployment_name)
+        in_group = [p for p in pods if _group_of(p) == group]
+        size = int(((deployment or {}).get("spec") or {}).get("replicas", len(in_group)))
+        marked = sorted(
+            observe.pod_name(p)
+            for p in in_group
+            if (p["metadata"].get("annotations") or {}).get(observe.DELETION_COST)
+            == observe.SURPLUS_COST
+        )
+        going.update(marked[: max(0, len(in_group) - size)])
+    for pod in pods:
+        pod_name = observe.pod_name(pod)
+        notes = pod["metadata"].get("annotations") or {}
+        if not _retiring(pod) or pod_name in going or v1.ANNOTATION_FLIP in notes:
+            continue
+        try:
+            if observe.pod_ready(pod):
+                workers.resume(observe.pod_address(pod, port))
+        except WorkerCallError as err:
+            log.warning("%s: resume failed, retrying later: %s", pod_name, err)
+            continue
+        meta: Obj = {
+            "labels": {v1.LABEL_FENCED: None},
+            "annotations": {observe.RETIRE_SINCE: None, observe.DELETION_COST: None},
+        }
+        _patch_pod(kube, pod, meta)
+        event(
+            "Normal",
+            "Kept",
+            f"{pod_name}: re-opened, its removal rolled back: the spec is invalid (no decisions "
+            "until it is fixed)",
+        )
 
 
 def _raw_grpc_port(svc: Mapping[str, Any]) -> int:

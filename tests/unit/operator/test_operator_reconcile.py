@@ -690,3 +690,84 @@ def test_a_worker_group_put_back_while_draining_keeps_its_workers() -> None:
     for pod in kube.list("v1", "Pod", NS):
         assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
         assert "splitserve.io/retire-since" not in (pod["metadata"].get("annotations") or {})
+
+
+def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
+    """A worker fenced for a scale-down must not stay fenced while the spec is invalid (the
+    Deployment keeps its size then): its retirement is rolled back and it is re-opened."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    for i in range(3):
+        workers.in_flight[f"10.0.0.{i + 1}:50051"] = 1
+    _ask_pools(kube, 1, 1)
+    run(kube, workers)
+    fenced = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    assert len(fenced) == 1
+    name = fenced[0]["metadata"]["name"]
+    address = f"{fenced[0]['status']['podIP']}:50051"
+    assert "splitserve.io/retire-since" in fenced[0]["metadata"]["annotations"]
+    _edit_spec(kube, {"pools": None})
+    workers.calls.clear()
+    with pytest.raises(ConfigError, match="pools"):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, name)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    notes = pod["metadata"].get("annotations") or {}
+    assert "splitserve.io/retire-since" not in notes
+    assert "controller.kubernetes.io/pod-deletion-cost" not in notes
+    assert ("resume", address) in workers.calls
+    assert any(
+        e["reason"] == "Kept" and name in e["message"] and "invalid" in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
+
+
+def test_an_invalid_spec_keeps_a_retiring_worker_it_cannot_reach_fenced_and_retries() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    for i in range(3):
+        workers.in_flight[f"10.0.0.{i + 1}:50051"] = 1
+    _ask_pools(kube, 1, 1)
+    run(kube, workers)
+    (pod,) = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    name, address = pod["metadata"]["name"], f"{pod['status']['podIP']}:50051"
+    _edit_spec(kube, {"pools": None})
+    workers.down.add(address)
+    with pytest.raises(ConfigError):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, name)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    workers.down.clear()
+    with pytest.raises(ConfigError):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, name)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+
+
+def test_an_invalid_spec_leaves_a_drained_worker_its_deployment_shrank_by() -> None:
+    """A drained surplus worker whose Deployment has already shrunk is the one the ReplicaSet
+    deletes: re-opening it (and dropping its deletion cost) would have another pod deleted."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    _ask_pools(kube, 1, 1)
+    run(kube, workers)
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 2
+    (pod,) = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    _edit_spec(kube, {"pools": None})
+    with pytest.raises(ConfigError):
+        run(kube, workers)
+    after = kube.get("v1", "Pod", NS, pod["metadata"]["name"])
+    assert after is not None
+    assert after["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    assert after["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] == "-100"
