@@ -167,15 +167,21 @@ def reconcile(
         return Outcome()
     events = events or Recorder()
     spec: v1.LLMServiceSpec | None = None
+    # What this pass did (assignments, flips, abandons, retirements), as it does it: a pass that
+    # fails later still records them in status.decisions.
+    decisions: list[str] = []
     try:
         spec = parse_spec(svc)
-        return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer, pki)
+        return _reconcile(
+            kube, workers, svc, spec, settings, now, events, coalescer, pki, decisions
+        )
     except ConfigError as err:
-        report_failure(kube, svc, "InvalidSpec", str(err), now, events)
+        report_failure(kube, svc, "InvalidSpec", str(err), now, events, decisions)
         _release_workers(kube, workers, svc, spec, events, now)
         raise
     except KubeError as err:
-        report_failure(kube, svc, err.reason, failure_message(err, spec, name), now, events)
+        message = failure_message(err, spec, name)
+        report_failure(kube, svc, err.reason, message, now, events, decisions)
         raise
 
 
@@ -188,8 +194,10 @@ def _reconcile(
     now: str,
     events: Recorder,
     coalescer: Coalescer | None,
-    pki: certs.Issuer | None = None,
+    pki: certs.Issuer | None,
+    decisions: list[str],
 ) -> Outcome:
+    """`decisions` receives each decision as it is carried out."""
     namespace, name = str(svc["metadata"]["namespace"]), str(svc["metadata"]["name"])
     ref = render.ServiceRef(name, namespace, str(svc["metadata"]["uid"]))
     out = Outcome()
@@ -224,7 +232,6 @@ def _reconcile(
     # Workers of a group no longer in the spec (removed, renamed) leave like a scale-down:
     # fenced and drained before their Deployment goes; no plan counts or moves them.
     leaving = _of_removed_groups(pods, spec)
-    decisions: list[str] = []
     for pod_name in sorted(leaving):
         pods[pod_name] = _leave_flip(kube, workers, pods[pod_name], spec, now, event, decisions)
     removed_groups = {_group_of(pods[n]) for n in leaving}
@@ -248,14 +255,14 @@ def _reconcile(
         log.info("%s/%s: %s", namespace, name, reason)
         if reason.startswith(("assign ", "flip ")):
             event("Normal", "Assigned" if reason.startswith("assign ") else "FlipStarted", reason)
-    abandoned: list[str] = []
+            decisions.append(reason)
     for pod_name, why in plan.abandon:
         pods[pod_name] = abandon_flip(
-            kube, workers, pods[pod_name], spec.engine.grpc_port, why, event, abandoned
+            kube, workers, pods[pod_name], spec.engine.grpc_port, why, event, decisions
         )
     for pod_name, progress in plan.steps:
         pods[pod_name] = run_flip(
-            kube, workers, pods[pod_name], progress, spec, settings, now, event, abandoned
+            kube, workers, pods[pod_name], progress, spec, settings, now, event, decisions
         )
     sizes = render.group_replicas(spec, desired)
     retire = _to_retire(pods, plan.surplus, sizes) | leaving
@@ -330,9 +337,6 @@ def _reconcile(
     job_name = render.model_cache_job_name(spec, ref)
     artifact = status.artifact_status(
         spec, ref, applied.get(("Job", job_name)) if job_name else None
-    )
-    decisions = (
-        [r for r in plan.reasons if r.startswith(("assign ", "flip "))] + abandoned + decisions
     )
     new_status = status.service_status(
         spec=spec,
@@ -447,16 +451,23 @@ def _removing(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str
 
 
 def report_failure(
-    kube: Kube, svc: Mapping[str, Any], reason: str, message: str, now: str, events: Recorder
+    kube: Kube,
+    svc: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: str,
+    events: Recorder,
+    decisions: Sequence[str] = (),
 ) -> None:
-    """A failed reconcile shows in status (`Ready=False`, `Degraded=True`) and as an Event.
+    """A failed reconcile shows in status (`Ready=False`, `Degraded=True`) and as an Event;
+    `decisions` (what the pass did before it failed) are added to `status.decisions`.
 
     Reporting is best effort: a status the API server refuses too is logged, not raised (the
     caller raises the original error).
     """
     md = svc["metadata"]
     previous = _previous_status(svc)
-    new = status.failed_status(previous, reason, message, now, md.get("generation"))
+    new = status.failed_status(previous, reason, message, now, md.get("generation"), decisions)
     new = new.model_copy(update={"observed_generation": md.get("generation")})
     events.post(kube, svc, "Warning", reason, message, now)
     try:

@@ -771,3 +771,49 @@ def test_an_invalid_spec_leaves_a_drained_worker_its_deployment_shrank_by() -> N
     assert after is not None
     assert after["metadata"]["labels"][v1.LABEL_FENCED] == "true"
     assert after["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] == "-100"
+
+
+class _PoolStatusFails(MemoryKube):
+    """An API server that refuses `LLMPool` status writes (a late step of every reconcile)."""
+
+    failing = False
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        if self.failing and kind == "LLMPool" and subresource == "status":
+            raise KubeError(500, "etcd timeout", f"patch LLMPool {name}")
+        return super().patch(api_version, kind, namespace, name, patch, subresource)
+
+
+def test_a_flip_started_in_a_pass_that_fails_later_is_in_the_decisions() -> None:
+    """The flip's fence is on the pod; a later write of the same pass fails: status.decisions
+    must still say which flip was started (it is not planned again: the next pass continues
+    it)."""
+    kube, workers = _PoolStatusFails(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
+    kube.failing = True
+    with pytest.raises(KubeError):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert svc["status"]["conditions"][0]["status"] == "False"  # Ready=False: it failed
+    flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
+    assert flips == [f"flip {prefill} prefill -> decode"]
+    kube.failing = False
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
+    assert flips == [f"flip {prefill} prefill -> decode"]
