@@ -211,6 +211,10 @@ def _reconcile(
         if owned_by(p, ref.uid) and p.get("spec", {}).get("role") in set(Role)
     }
     pool_replicas = {r: int(p["spec"].get("replicas", 0)) for r, p in pools.items()}
+    previous = _previous_status(svc)
+    entering = _entering_managed(spec, previous, pool_replicas)
+    if entering:
+        svc, spec = _adopt_live_sizes(kube, svc, spec, previous, entering, event, decisions)
     if coalescer is not None and spec.scaling.mode is not v1.ScalingMode.MANAGED:
         pool_replicas, out.settle_s = coalescer.replicas((namespace, name), pool_replicas)
     observed = render.Observed(
@@ -220,7 +224,6 @@ def _reconcile(
         internal_tls=pki is not None,
     )
     desired = render.desired_replicas(spec, observed)
-    previous = _previous_status(svc)
     overrides = _overrides(spec, name, pools, previous, svc["metadata"].get("generation"))
 
     # Roles first: pods marked as surplus before a Deployment shrinks are the ones it deletes.
@@ -358,6 +361,63 @@ def _reconcile(
         out.actions.append(f"status LLMService {name}")
     out.status = new_status
     return out
+
+
+def _entering_managed(
+    spec: v1.LLMServiceSpec,
+    previous: v1.LLMServiceStatus | None,
+    pool_replicas: Mapping[Role, int],
+) -> dict[Role, int]:
+    """{role: live size to take into the spec} when this reconcile enters Managed mode from
+    another (`status.scalingMode`): the pools' live sizes within the spec's min/max. Empty
+    otherwise, or when the spec already says so."""
+    before = previous.scaling_mode if previous is not None else None
+    if spec.scaling.mode is not v1.ScalingMode.MANAGED or before in (None, spec.scaling.mode):
+        return {}
+    out: dict[Role, int] = {}
+    for role, pool in spec.pools.items():
+        if role not in pool_replicas:
+            continue
+        live = max(pool.min_replicas, pool_replicas[role])
+        if pool.max_replicas is not None:
+            live = min(live, pool.max_replicas)
+        if live != pool.replicas:
+            out[role] = live
+    return out
+
+
+def _adopt_live_sizes(
+    kube: Kube,
+    svc: Obj,
+    spec: v1.LLMServiceSpec,
+    previous: v1.LLMServiceStatus | None,
+    sizes: Mapping[Role, int],
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> tuple[Obj, v1.LLMServiceSpec]:
+    """Write `sizes` into `spec.pools.<role>.replicas` (the field Managed mode acts on), so
+    Managed starts where the pools are and not at numbers left from before. Returns the
+    service and spec as written."""
+    md = svc["metadata"]
+    patch = {"spec": {"pools": {r.value: {"replicas": n} for r, n in sizes.items()}}}
+    try:
+        svc = kube.patch(*SERVICE, md["namespace"], md["name"], patch)
+    except KubeError as err:
+        raise err.about(f"patch LLMService {md['name']}") from err
+    before = previous.scaling_mode.value if previous and previous.scaling_mode else "?"
+    old = {r: getattr(spec.pools, r.value).replicas for r in sizes}
+    message = (
+        "scale "
+        + ", ".join(f"{r.value} {n}" for r, n in sizes.items())
+        + f": scaling.mode {before} -> Managed starts from the live LLMPool sizes (within "
+        "min/max), not from spec.pools ("
+        + ", ".join(f"{r.value}.replicas was {old[r]}" for r in sizes)
+        + ")"
+    )
+    log.info("%s/%s: %s", md["namespace"], md["name"], message)
+    event("Normal", "ManagedFromLiveSizes", message)
+    decisions.append(message)
+    return svc, parse_spec(svc)
 
 
 def render_group(manifest: Mapping[str, Any], spec: v1.LLMServiceSpec, service: str) -> str | None:

@@ -263,6 +263,7 @@ def service_status(
         router_endpoint=render.router_endpoint(spec, ref),
         conditions=conditions,
         model_artifact=artifact,
+        scaling_mode=spec.scaling.mode,
     )
 
 

@@ -817,3 +817,50 @@ def test_a_flip_started_in_a_pass_that_fails_later_is_in_the_decisions() -> None
     assert svc is not None
     flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
     assert flips == [f"flip {prefill} prefill -> decode"]
+
+
+def test_entering_managed_mode_starts_from_the_live_pool_sizes() -> None:
+    """External -> Managed: spec.pools.<role>.replicas still hold the numbers from before
+    External (1 prefill, 2 decode) while an HPA grew the pools to 3 and 5. The operator must
+    not shrink the pools to those old numbers: it takes the live sizes into the spec (the field
+    it owns in Managed mode) and says so."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(
+        kube,
+        scaling={"mode": "External"},
+        pools={
+            "prefill": {"replicas": 1, "maxReplicas": 4},
+            "decode": {"replicas": 2},
+        },
+    )
+    run(kube, workers)
+    _ask_pools(kube, 6, 5)  # prefill beyond its maxReplicas: 4 is taken
+    run(kube, workers)
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 11
+    _edit_spec(kube, {"scaling": {"mode": "Managed"}})
+    run(kube, workers)
+    pools = {r: kube.get(v1.API_VERSION, "LLMPool", NS, f"tiny-{r}") for r in ("prefill", "decode")}
+    assert {r: p["spec"]["replicas"] for r, p in pools.items() if p} == {
+        "prefill": 4,
+        "decode": 5,
+    }
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert svc["spec"]["pools"]["prefill"]["replicas"] == 4
+    assert svc["spec"]["pools"]["decode"]["replicas"] == 5
+    assert svc["status"]["scalingMode"] == "Managed"
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 9
+    scale = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "scale"]
+    assert scale
+    assert "External -> Managed" in scale[-1]
+    assert any(e["reason"] == "ManagedFromLiveSizes" for e in kube.list("v1", "Event", NS))
+    # Managed from now on: the spec decides, a later kubectl scale is reverted.
+    _edit_spec(kube, {"pools": {"decode": {"replicas": 3}}})
+    run(kube, workers)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 3
