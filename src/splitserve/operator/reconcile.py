@@ -271,10 +271,10 @@ def _reconcile(
     retire = _to_retire(pods, plan.surplus, sizes) | leaving
     drained, held = _retire(kube, workers, pods, retire, spec, settings, now, event)
     kept_groups = _removed_groups_held(name, removed_groups, held)
-    for group in starting:
+    for gone in starting:
         decisions.append(
-            f"retire worker group {group!r} (no longer in spec.workerGroups): its workers are "
-            f"drained before Deployment {render.group_deployment_name(name, group)} is deleted"
+            f"retire worker group {gone!r} (no longer in spec.workerGroups): its workers are "
+            f"drained before Deployment {render.group_deployment_name(name, gone)} is deleted"
         )
     _mark_surplus(kube, pods, drained)
 
@@ -312,11 +312,11 @@ def _reconcile(
             out.actions.append(f"{action} {manifest['kind']} {manifest['metadata']['name']}")
     pruned = prune(kube, ref, set(applied) | kept_groups)
     out.actions += pruned
-    for group in sorted(removed_groups):
-        deployment = render.group_deployment_name(name, group)
+    for gone in sorted(removed_groups):
+        deployment = render.group_deployment_name(name, gone)
         if f"deleted Deployment {deployment}" in pruned:
             decisions.append(
-                f"retire worker group {group!r}: its workers are drained; deleted Deployment "
+                f"retire worker group {gone!r}: its workers are drained; deleted Deployment "
                 f"{deployment}"
             )
 

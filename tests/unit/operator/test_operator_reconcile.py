@@ -740,15 +740,15 @@ def test_an_invalid_spec_keeps_a_retiring_worker_it_cannot_reach_fenced_and_retr
     workers.down.add(address)
     with pytest.raises(ConfigError):
         run(kube, workers)
-    pod = kube.get("v1", "Pod", NS, name)
-    assert pod is not None
-    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    kept = kube.get("v1", "Pod", NS, name)
+    assert kept is not None
+    assert kept["metadata"]["labels"][v1.LABEL_FENCED] == "true"
     workers.down.clear()
     with pytest.raises(ConfigError):
         run(kube, workers)
-    pod = kube.get("v1", "Pod", NS, name)
-    assert pod is not None
-    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    opened = kube.get("v1", "Pod", NS, name)
+    assert opened is not None
+    assert v1.LABEL_FENCED not in opened["metadata"]["labels"]
 
 
 def test_an_invalid_spec_leaves_a_drained_worker_its_deployment_shrank_by() -> None:
