@@ -176,8 +176,8 @@ def reconcile(
             kube, workers, svc, spec, settings, now, events, coalescer, pki, decisions
         )
     except ConfigError as err:
+        _release_workers(kube, workers, svc, spec, events, now, decisions)
         report_failure(kube, svc, "InvalidSpec", str(err), now, events, decisions)
-        _release_workers(kube, workers, svc, spec, events, now)
         raise
     except KubeError as err:
         message = failure_message(err, spec, name)
@@ -664,10 +664,12 @@ def _release_workers(
     spec: v1.LLMServiceSpec | None,
     events: Recorder,
     now: str,
+    decisions: list[str],
 ) -> None:
     """An invalid spec stops every decision, but no worker stays fenced for it: each flip in
-    progress is abandoned (`abandon_flip`) and each retirement rolled back (`_release_retired`).
-    Best effort: a failure is logged, retried at the next reconcile."""
+    progress is abandoned (`abandon_flip`) and each retirement rolled back (`_release_retired`);
+    `decisions` receives one line per worker released. Best effort: a failure is logged,
+    retried at the next reconcile."""
     md = svc["metadata"]
     namespace, name = str(md["namespace"]), str(md["name"])
     port = spec.engine.grpc_port if spec is not None else _raw_grpc_port(svc)
@@ -682,11 +684,11 @@ def _release_workers(
             if text is None:
                 continue
             why = (
-                f"{observe.pod_name(pod)}: flip {text!r} abandoned, worker re-opened: the spec "
-                "is invalid (no decisions until it is fixed)"
+                f"abandon {observe.pod_name(pod)}: flip {text!r} given up, worker re-opened: the "
+                "spec is invalid (no decisions until it is fixed)"
             )
-            abandon_flip(kube, workers, dict(pod), port, why, event)
-        _release_retired(kube, workers, namespace, name, port, event)
+            abandon_flip(kube, workers, dict(pod), port, why, event, decisions)
+        _release_retired(kube, workers, namespace, name, port, event, decisions)
     except KubeError as err:
         log.warning("%s/%s: cannot release flips: %s", namespace, name, err)
 
@@ -698,6 +700,7 @@ def _release_retired(
     service: str,
     port: int,
     event: Callable[[EventType, str, str], None],
+    decisions: list[str],
 ) -> None:
     """Re-open the workers fenced for a scale-down (or a removed group) while the spec is
     invalid: the Deployments keep their sizes then, so they would stay fenced. Only the drained
@@ -738,12 +741,12 @@ def _release_retired(
             "annotations": {observe.RETIRE_SINCE: None, observe.DELETION_COST: None},
         }
         _patch_pod(kube, pod, meta)
-        event(
-            "Normal",
-            "Kept",
+        why = (
             f"{pod_name}: re-opened, its removal rolled back: the spec is invalid (no decisions "
-            "until it is fixed)",
+            "until it is fixed)"
         )
+        event("Normal", "Kept", why)
+        decisions.append(f"keep {why}")
 
 
 def _raw_grpc_port(svc: Mapping[str, Any]) -> int:

@@ -598,6 +598,12 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
         e["reason"] == "FlipAbandoned" and prefill in e["message"] and "invalid" in e["message"]
         for e in kube.list("v1", "Event", NS)
     )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    abandon = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    assert len(abandon) == 1
+    assert prefill in abandon[0]
+    assert "invalid" in abandon[0]
 
 
 def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
@@ -723,6 +729,12 @@ def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
         e["reason"] == "Kept" and name in e["message"] and "invalid" in e["message"]
         for e in kube.list("v1", "Event", NS)
     )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    keep = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "keep"]
+    assert len(keep) == 1
+    assert name in keep[0]
+    assert "invalid" in keep[0]
 
 
 def test_an_invalid_spec_keeps_a_retiring_worker_it_cannot_reach_fenced_and_retries() -> None:
