@@ -235,16 +235,16 @@ def _reconcile(
     # Workers of a group no longer in the spec (removed, renamed) leave like a scale-down:
     # fenced and drained before their Deployment goes; no plan counts or moves them.
     leaving = _of_removed_groups(pods, spec)
-    for pod_name in sorted(leaving):
-        pods[pod_name] = _leave_flip(kube, workers, pods[pod_name], spec, now, event, decisions)
     removed_groups = {_group_of(pods[n]) for n in leaving}
-    starting = sorted(
+    starting = sorted(  # groups whose drain starts in this pass
         {
             _group_of(pods[n])
             for n in leaving
             if not _retiring(pods[n]) and observe.pod_ready(pods[n])
         }
     )
+    for pod_name in sorted(leaving):
+        pods[pod_name] = _leave_flip(kube, workers, pods[pod_name], spec, now, event, decisions)
     observed_workers = [observe.worker(p, spec) for n, p in pods.items() if n not in leaving]
     probe = flip.roles_to_probe(observed_workers, desired)
     queued = _queue_lengths(workers, pods, probe, spec)

@@ -876,3 +876,22 @@ def test_entering_managed_mode_starts_from_the_live_pool_sizes() -> None:
     pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
     assert pool is not None
     assert pool["spec"]["replicas"] == 3
+
+
+def test_a_removed_group_whose_only_serving_worker_was_flipping_says_it_drains() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
+    run(kube, workers)
+    for pod in kube.list("v1", "Pod", NS):
+        if pod["metadata"]["name"] != prefill:  # the other worker is not serving
+            not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+            kube.patch("v1", "Pod", NS, pod["metadata"]["name"], not_ready)
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    retire = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "retire"]
+    assert len(retire) == 1
+    assert "drained before Deployment tiny-w is deleted" in retire[0]
