@@ -129,10 +129,15 @@ certificates, in every watched namespace. */}}
 
 {{- define "splitserve.certManagerRules" -}}
 # cert-manager issues them (operator.certManager): Certificates the service owns; cert-manager
-# writes their Secrets, which only the pods mount.
+# writes their Secrets, which only the pods mount. When the service goes, the operator deletes
+# its Certificates, then their Secrets (cert-manager sets no ownerReference on them by default),
+# never reading a Secret.
 - apiGroups: ["cert-manager.io"]
   resources: ["certificates"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["delete"]
 {{- end -}}
 
 {{- define "splitserve.tlsRules" -}}

@@ -1546,6 +1546,8 @@ class LLMServiceStatus(Model):
     """Ready, Degraded, NotRoutable, ..."""
     model_artifact: ArtifactStatus | None = None
     """Where the weights are and whether the workers can load them (download progress)."""
+    scaling_mode: ScalingMode | None = None
+    """The `spec.scaling.mode` of the last reconcile (entering Managed starts at live sizes)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any, Final
 from cryptography import x509
 
 from splitserve.operator import render
-from splitserve.operator.kube import Kube, KubeError, Obj, apply
+from splitserve.operator.kube import Kube, KubeError, Obj, apply, owned_by
 from splitserve.security.ca import CA_FILE, CERT_FILE, KEY_FILE, Authority, role_dns, role_uri
 
 log = logging.getLogger(__name__)
@@ -283,6 +283,27 @@ class CertManagerIssuer:
             if action != "unchanged":
                 actions.append(f"{action} Certificate {render.tls_secret_name(ref.name, role)}")
         return actions
+
+
+def delete_cert_manager_secrets(kube: Kube, ref: render.ServiceRef) -> list[str]:
+    """When the service goes (its delete handler, before the finalizer is removed): delete its
+    `Certificate`s, then the Secrets cert-manager wrote for them. cert-manager sets no
+    ownerReference on those Secrets unless it runs with `--enable-certificate-owner-ref` (off by
+    default), so the garbage collector would leave the keys behind; the Certificate goes first
+    because cert-manager re-issues a Secret deleted under a live one. Only Certificates the
+    service owns, and the Secrets they name. Returns what it did."""
+    actions = []
+    for role in SERVICE_ROLES:
+        name = render.tls_secret_name(ref.name, role)
+        cert = kube.get(CERT_MANAGER_API, "Certificate", ref.namespace, name, live=True)
+        if cert is None or not owned_by(cert, ref.uid):
+            continue
+        secret = str((cert.get("spec") or {}).get("secretName") or name)
+        if kube.delete(CERT_MANAGER_API, "Certificate", ref.namespace, name):
+            actions.append(f"deleted Certificate {name}")
+        if kube.delete("v1", "Secret", ref.namespace, secret):
+            actions.append(f"deleted Secret {secret}")
+    return actions
 
 
 Issuer = Pki | CertManagerIssuer

@@ -466,8 +466,12 @@ def delete_service(
     if namespace is None:
         return
     op = _operator(memo)
+    ref = ServiceRef(name, namespace, uid)
     with op.service(namespace, name).lock:
-        for action in rc.delete_owned(op.kube(), ServiceRef(name, namespace, uid)):
+        actions = rc.delete_owned(op.kube(), ref)
+        if op.config.internal_tls_namespace is not None and op.config.cert_manager_issuer:
+            actions += certs.delete_cert_manager_secrets(op.kube(), ref)
+        for action in actions:
             logger.info(action)
     op.forget(namespace, name)
 

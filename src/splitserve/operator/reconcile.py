@@ -167,15 +167,21 @@ def reconcile(
         return Outcome()
     events = events or Recorder()
     spec: v1.LLMServiceSpec | None = None
+    # What this pass did (assignments, flips, abandons, retirements), as it does it: a pass that
+    # fails later still records them in status.decisions.
+    decisions: list[str] = []
     try:
         spec = parse_spec(svc)
-        return _reconcile(kube, workers, svc, spec, settings, now, events, coalescer, pki)
+        return _reconcile(
+            kube, workers, svc, spec, settings, now, events, coalescer, pki, decisions
+        )
     except ConfigError as err:
-        report_failure(kube, svc, "InvalidSpec", str(err), now, events)
-        _release_flips(kube, workers, svc, spec, events, now)
+        _release_workers(kube, workers, svc, spec, events, now, decisions)
+        report_failure(kube, svc, "InvalidSpec", str(err), now, events, decisions)
         raise
     except KubeError as err:
-        report_failure(kube, svc, err.reason, failure_message(err, spec, name), now, events)
+        message = failure_message(err, spec, name)
+        report_failure(kube, svc, err.reason, message, now, events, decisions)
         raise
 
 
@@ -188,8 +194,10 @@ def _reconcile(
     now: str,
     events: Recorder,
     coalescer: Coalescer | None,
-    pki: certs.Issuer | None = None,
+    pki: certs.Issuer | None,
+    decisions: list[str],
 ) -> Outcome:
+    """`decisions` receives each decision as it is carried out."""
     namespace, name = str(svc["metadata"]["namespace"]), str(svc["metadata"]["name"])
     ref = render.ServiceRef(name, namespace, str(svc["metadata"]["uid"]))
     out = Outcome()
@@ -203,6 +211,10 @@ def _reconcile(
         if owned_by(p, ref.uid) and p.get("spec", {}).get("role") in set(Role)
     }
     pool_replicas = {r: int(p["spec"].get("replicas", 0)) for r, p in pools.items()}
+    previous = _previous_status(svc)
+    entering = _entering_managed(spec, previous, pool_replicas)
+    if entering:
+        svc, spec = _adopt_live_sizes(kube, svc, spec, previous, entering, event, decisions)
     if coalescer is not None and spec.scaling.mode is not v1.ScalingMode.MANAGED:
         pool_replicas, out.settle_s = coalescer.replicas((namespace, name), pool_replicas)
     observed = render.Observed(
@@ -212,7 +224,6 @@ def _reconcile(
         internal_tls=pki is not None,
     )
     desired = render.desired_replicas(spec, observed)
-    previous = _previous_status(svc)
     overrides = _overrides(spec, name, pools, previous, svc["metadata"].get("generation"))
 
     # Roles first: pods marked as surplus before a Deployment shrinks are the ones it deletes.
@@ -221,7 +232,20 @@ def _reconcile(
         for p in observe.live_pods(kube.list("v1", "Pod", namespace, render.worker_selector(name)))
     }
     _abandon_unreadable_flips(kube, workers, pods, spec, event)
-    observed_workers = [observe.worker(p, spec) for p in pods.values()]
+    # Workers of a group no longer in the spec (removed, renamed) leave like a scale-down:
+    # fenced and drained before their Deployment goes; no plan counts or moves them.
+    leaving = _of_removed_groups(pods, spec)
+    removed_groups = {_group_of(pods[n]) for n in leaving}
+    starting = sorted(  # groups whose drain starts in this pass
+        {
+            _group_of(pods[n])
+            for n in leaving
+            if not _retiring(pods[n]) and observe.pod_ready(pods[n])
+        }
+    )
+    for pod_name in sorted(leaving):
+        pods[pod_name] = _leave_flip(kube, workers, pods[pod_name], spec, now, event, decisions)
+    observed_workers = [observe.worker(p, spec) for n, p in pods.items() if n not in leaving]
     probe = flip.roles_to_probe(observed_workers, desired)
     queued = _queue_lengths(workers, pods, probe, spec)
     plan = flip.plan(
@@ -234,18 +258,24 @@ def _reconcile(
         log.info("%s/%s: %s", namespace, name, reason)
         if reason.startswith(("assign ", "flip ")):
             event("Normal", "Assigned" if reason.startswith("assign ") else "FlipStarted", reason)
-    abandoned: list[str] = []
+            decisions.append(reason)
     for pod_name, why in plan.abandon:
         pods[pod_name] = abandon_flip(
-            kube, workers, pods[pod_name], spec.engine.grpc_port, why, event, abandoned
+            kube, workers, pods[pod_name], spec.engine.grpc_port, why, event, decisions
         )
     for pod_name, progress in plan.steps:
         pods[pod_name] = run_flip(
-            kube, workers, pods[pod_name], progress, spec, settings, now, event, abandoned
+            kube, workers, pods[pod_name], progress, spec, settings, now, event, decisions
         )
     sizes = render.group_replicas(spec, desired)
-    retire = _to_retire(pods, plan.surplus, sizes)
+    retire = _to_retire(pods, plan.surplus, sizes) | leaving
     drained, held = _retire(kube, workers, pods, retire, spec, settings, now, event)
+    kept_groups = _removed_groups_held(name, removed_groups, held)
+    for gone in starting:
+        decisions.append(
+            f"retire worker group {gone!r} (no longer in spec.workerGroups): its workers are "
+            f"drained before Deployment {render.group_deployment_name(name, gone)} is deleted"
+        )
     _mark_surplus(kube, pods, drained)
 
     if pki is not None:  # certificates before the pods that mount them
@@ -280,7 +310,15 @@ def _reconcile(
         applied[(manifest["kind"], manifest["metadata"]["name"])] = obj
         if action != "unchanged":
             out.actions.append(f"{action} {manifest['kind']} {manifest['metadata']['name']}")
-    out.actions += prune(kube, ref, set(applied))
+    pruned = prune(kube, ref, set(applied) | kept_groups)
+    out.actions += pruned
+    for gone in sorted(removed_groups):
+        deployment = render.group_deployment_name(name, gone)
+        if f"deleted Deployment {deployment}" in pruned:
+            decisions.append(
+                f"retire worker group {gone!r}: its workers are drained; deleted Deployment "
+                f"{deployment}"
+            )
 
     workers_now = [observe.worker(p, spec) for p in pods.values()]
     pool_states = status.pool_statuses(desired, workers_now)
@@ -303,7 +341,6 @@ def _reconcile(
     artifact = status.artifact_status(
         spec, ref, applied.get(("Job", job_name)) if job_name else None
     )
-    decisions = [r for r in plan.reasons if r.startswith(("assign ", "flip "))] + abandoned
     new_status = status.service_status(
         spec=spec,
         ref=ref,
@@ -324,6 +361,63 @@ def _reconcile(
         out.actions.append(f"status LLMService {name}")
     out.status = new_status
     return out
+
+
+def _entering_managed(
+    spec: v1.LLMServiceSpec,
+    previous: v1.LLMServiceStatus | None,
+    pool_replicas: Mapping[Role, int],
+) -> dict[Role, int]:
+    """{role: live size to take into the spec} when this reconcile enters Managed mode from
+    another (`status.scalingMode`): the pools' live sizes within the spec's min/max. Empty
+    otherwise, or when the spec already says so."""
+    before = previous.scaling_mode if previous is not None else None
+    if spec.scaling.mode is not v1.ScalingMode.MANAGED or before in (None, spec.scaling.mode):
+        return {}
+    out: dict[Role, int] = {}
+    for role, pool in spec.pools.items():
+        if role not in pool_replicas:
+            continue
+        live = max(pool.min_replicas, pool_replicas[role])
+        if pool.max_replicas is not None:
+            live = min(live, pool.max_replicas)
+        if live != pool.replicas:
+            out[role] = live
+    return out
+
+
+def _adopt_live_sizes(
+    kube: Kube,
+    svc: Obj,
+    spec: v1.LLMServiceSpec,
+    previous: v1.LLMServiceStatus | None,
+    sizes: Mapping[Role, int],
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> tuple[Obj, v1.LLMServiceSpec]:
+    """Write `sizes` into `spec.pools.<role>.replicas` (the field Managed mode acts on), so
+    Managed starts where the pools are and not at numbers left from before. Returns the
+    service and spec as written."""
+    md = svc["metadata"]
+    patch = {"spec": {"pools": {r.value: {"replicas": n} for r, n in sizes.items()}}}
+    try:
+        svc = kube.patch(*SERVICE, md["namespace"], md["name"], patch)
+    except KubeError as err:
+        raise err.about(f"patch LLMService {md['name']}") from err
+    before = previous.scaling_mode.value if previous and previous.scaling_mode else "?"
+    old = {r: getattr(spec.pools, r.value).replicas for r in sizes}
+    message = (
+        "scale "
+        + ", ".join(f"{r.value} {n}" for r, n in sizes.items())
+        + f": scaling.mode {before} -> Managed starts from the live LLMPool sizes (within "
+        "min/max), not from spec.pools ("
+        + ", ".join(f"{r.value}.replicas was {old[r]}" for r in sizes)
+        + ")"
+    )
+    log.info("%s/%s: %s", md["namespace"], md["name"], message)
+    event("Normal", "ManagedFromLiveSizes", message)
+    decisions.append(message)
+    return svc, parse_spec(svc)
 
 
 def render_group(manifest: Mapping[str, Any], spec: v1.LLMServiceSpec, service: str) -> str | None:
@@ -417,16 +511,23 @@ def _removing(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str
 
 
 def report_failure(
-    kube: Kube, svc: Mapping[str, Any], reason: str, message: str, now: str, events: Recorder
+    kube: Kube,
+    svc: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: str,
+    events: Recorder,
+    decisions: Sequence[str] = (),
 ) -> None:
-    """A failed reconcile shows in status (`Ready=False`, `Degraded=True`) and as an Event.
+    """A failed reconcile shows in status (`Ready=False`, `Degraded=True`) and as an Event;
+    `decisions` (what the pass did before it failed) are added to `status.decisions`.
 
     Reporting is best effort: a status the API server refuses too is logged, not raised (the
     caller raises the original error).
     """
     md = svc["metadata"]
     previous = _previous_status(svc)
-    new = status.failed_status(previous, reason, message, now, md.get("generation"))
+    new = status.failed_status(previous, reason, message, now, md.get("generation"), decisions)
     new = new.model_copy(update={"observed_generation": md.get("generation")})
     events.post(kube, svc, "Warning", reason, message, now)
     try:
@@ -556,17 +657,19 @@ def _abandon_unreadable_flips(
         pods[name] = abandon_flip(kube, workers, pod, spec.engine.grpc_port, why, event)
 
 
-def _release_flips(
+def _release_workers(
     kube: Kube,
     workers: WorkerClient,
     svc: Obj,
     spec: v1.LLMServiceSpec | None,
     events: Recorder,
     now: str,
+    decisions: list[str],
 ) -> None:
     """An invalid spec stops every decision, but no worker stays fenced for it: each flip in
-    progress is abandoned (`abandon_flip`). Best effort: a failure is logged, retried at the
-    next reconcile."""
+    progress is abandoned (`abandon_flip`) and each retirement rolled back (`_release_retired`);
+    `decisions` receives one line per worker released. Best effort: a failure is logged,
+    retried at the next reconcile."""
     md = svc["metadata"]
     namespace, name = str(md["namespace"]), str(md["name"])
     port = spec.engine.grpc_port if spec is not None else _raw_grpc_port(svc)
@@ -581,12 +684,69 @@ def _release_flips(
             if text is None:
                 continue
             why = (
-                f"{observe.pod_name(pod)}: flip {text!r} abandoned, worker re-opened: the spec "
-                "is invalid (no decisions until it is fixed)"
+                f"abandon {observe.pod_name(pod)}: flip {text!r} given up, worker re-opened: the "
+                "spec is invalid (no decisions until it is fixed)"
             )
-            abandon_flip(kube, workers, dict(pod), port, why, event)
+            abandon_flip(kube, workers, dict(pod), port, why, event, decisions)
+        _release_retired(kube, workers, namespace, name, port, event, decisions)
     except KubeError as err:
         log.warning("%s/%s: cannot release flips: %s", namespace, name, err)
+
+
+def _release_retired(
+    kube: Kube,
+    workers: WorkerClient,
+    namespace: str,
+    service: str,
+    port: int,
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> None:
+    """Re-open the workers fenced for a scale-down (or a removed group) while the spec is
+    invalid: the Deployments keep their sizes then, so they would stay fenced. Only the drained
+    workers that their Deployment has already shrunk by (marked cheapest to delete, the
+    ReplicaSet deletes them) stay as they are. An unreachable worker is retried later."""
+    pods = [
+        dict(p)
+        for p in observe.live_pods(
+            kube.list("v1", "Pod", namespace, render.worker_selector(service))
+        )
+    ]
+    going: set[str] = set()
+    for group in sorted({_group_of(p) for p in pods if _retiring(p)}):
+        deployment_name = render.group_deployment_name(service, group)
+        deployment = kube.get("apps/v1", "Deployment", namespace, deployment_name)
+        in_group = [p for p in pods if _group_of(p) == group]
+        size = int(((deployment or {}).get("spec") or {}).get("replicas", len(in_group)))
+        marked = sorted(
+            observe.pod_name(p)
+            for p in in_group
+            if (p["metadata"].get("annotations") or {}).get(observe.DELETION_COST)
+            == observe.SURPLUS_COST
+        )
+        going.update(marked[: max(0, len(in_group) - size)])
+    for pod in pods:
+        pod_name = observe.pod_name(pod)
+        notes = pod["metadata"].get("annotations") or {}
+        if not _retiring(pod) or pod_name in going or v1.ANNOTATION_FLIP in notes:
+            continue
+        try:
+            if observe.pod_ready(pod):
+                workers.resume(observe.pod_address(pod, port))
+        except WorkerCallError as err:
+            log.warning("%s: resume failed, retrying later: %s", pod_name, err)
+            continue
+        meta: Obj = {
+            "labels": {v1.LABEL_FENCED: None},
+            "annotations": {observe.RETIRE_SINCE: None, observe.DELETION_COST: None},
+        }
+        _patch_pod(kube, pod, meta)
+        why = (
+            f"{pod_name}: re-opened, its removal rolled back: the spec is invalid (no decisions "
+            "until it is fixed)"
+        )
+        event("Normal", "Kept", why)
+        decisions.append(f"keep {why}")
 
 
 def _raw_grpc_port(svc: Mapping[str, Any]) -> int:
@@ -638,6 +798,59 @@ def abandon_flip(
     if decisions is not None:
         decisions.append(why)
     return pod
+
+
+def _group_of(pod: Mapping[str, Any]) -> str:
+    return str((pod["metadata"].get("labels") or {}).get(v1.LABEL_GROUP, ""))
+
+
+def _retiring(pod: Mapping[str, Any]) -> bool:
+    return observe.RETIRE_SINCE in (pod["metadata"].get("annotations") or {})
+
+
+def _of_removed_groups(pods: Mapping[str, Obj], spec: v1.LLMServiceSpec) -> set[str]:
+    """Workers whose worker group is no longer in `spec.workerGroups` (removed or renamed)."""
+    groups = {g.name for g in spec.worker_groups}
+    return {n for n, p in pods.items() if _group_of(p) and _group_of(p) not in groups}
+
+
+def _leave_flip(
+    kube: Kube,
+    workers: WorkerClient,
+    pod: Obj,
+    spec: v1.LLMServiceSpec,
+    now: str,
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> Obj:
+    """A worker whose group was removed gives up its flip in progress. It is marked retiring
+    first (fenced; its drain counts from the flip's fence), so it is not re-opened to new work
+    on its way out."""
+    md = pod["metadata"]
+    notes = md.get("annotations") or {}
+    text = notes.get(v1.ANNOTATION_FLIP)
+    if text is None:
+        return pod
+    if observe.RETIRE_SINCE not in notes:
+        since = notes.get(v1.ANNOTATION_FLIP_SINCE) or now
+        meta: Obj = {
+            "labels": {v1.LABEL_FENCED: "true"},
+            "annotations": {observe.RETIRE_SINCE: since},
+        }
+        pod = _patch_pod(kube, pod, meta)
+    why = (
+        f"abandon {md['name']}: flip {text!r} given up: its worker group "
+        f"{_group_of(pod)!r} is no longer in spec.workerGroups"
+    )
+    return abandon_flip(kube, workers, pod, spec.engine.grpc_port, why, event, decisions)
+
+
+def _removed_groups_held(
+    service: str, groups: set[str], held: Mapping[str, int]
+) -> set[tuple[str, str]]:
+    """The Deployments of removed groups whose workers are still draining: kept until they are
+    drained (`prune` deletes them then)."""
+    return {("Deployment", render.group_deployment_name(service, g)) for g in groups if held.get(g)}
 
 
 def _to_retire(
@@ -710,7 +923,11 @@ def _retire(
                 "annotations": {observe.RETIRE_SINCE: now},
             }
             pod = pods[name] = _patch_pod(kube, pod, meta)
-            event("Normal", "Retiring", f"{name}: not needed by any pool; draining before removal")
+            if group in {g.name for g in spec.worker_groups}:
+                why = "not needed by any pool"
+            else:
+                why = f"its worker group {group!r} is no longer in spec.workerGroups"
+            event("Normal", "Retiring", f"{name}: {why}; draining before removal")
         address = observe.pod_address(pod, spec.engine.grpc_port)
         try:
             in_flight = workers.drain(address, timeout_s=settings.drain_wait_s)

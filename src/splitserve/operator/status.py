@@ -252,10 +252,7 @@ def service_status(
     # Conditions other writers own (the control loop's SLOAtRisk) are kept as they are.
     ours = {c.type for c in conditions}
     conditions += [c for c in prev.conditions if c.type not in ours]
-    new_decisions = [
-        v1.Decision(time=now, kind=d.split(" ", 1)[0], message=d[:1024]) for d in decisions
-    ]
-    kept = [*prev.decisions, *new_decisions][-MAX_DECISIONS:]
+    kept = _decided(prev.decisions, decisions, now)
     return v1.LLMServiceStatus(
         observed_generation=generation,
         pools=list(pools.values()),
@@ -266,6 +263,7 @@ def service_status(
         router_endpoint=render.router_endpoint(spec, ref),
         conditions=conditions,
         model_artifact=artifact,
+        scaling_mode=spec.scaling.mode,
     )
 
 
@@ -320,17 +318,32 @@ def artifact_status(
     )
 
 
+def _decided(
+    before: Sequence[v1.Decision], decisions: Sequence[str], now: str
+) -> list[v1.Decision]:
+    """The last `MAX_DECISIONS` of `before` and the new `decisions` (kind: the first word)."""
+    new = [v1.Decision(time=now, kind=d.split(" ", 1)[0], message=d[:1024]) for d in decisions]
+    return [*before, *new][-MAX_DECISIONS:]
+
+
 def failed_status(
     previous: v1.LLMServiceStatus | None,
     reason: str,
     message: str,
     now: str,
     generation: int | None,
+    decisions: Sequence[str] = (),
 ) -> v1.LLMServiceStatus:
-    """The last status with `Ready=False` and `Degraded=True` for a reconcile that failed."""
+    """The last status with `Ready=False` and `Degraded=True` for a reconcile that failed, with
+    the `decisions` it carried out before it failed."""
     prev = previous or v1.LLMServiceStatus()
     message = message[:4096]
     ready = _condition(prev.conditions, now, generation, "Ready", False, reason, message)
     degraded = _condition(prev.conditions, now, generation, "Degraded", True, reason, message)
     rest = [c for c in prev.conditions if c.type not in ("Ready", "Degraded")]
-    return prev.model_copy(update={"conditions": [ready, degraded, *rest]})
+    return prev.model_copy(
+        update={
+            "conditions": [ready, degraded, *rest],
+            "decisions": _decided(prev.decisions, decisions, now),
+        }
+    )

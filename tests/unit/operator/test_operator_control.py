@@ -632,3 +632,24 @@ def test_advice_is_withdrawn_when_the_loop_takes_over() -> None:
         pool = env.kube.get(v1.API_VERSION, "LLMPool", NS, f"svc-{role}")
         assert pool is not None
         assert "recommendedReplicas" not in (pool.get("status") or {}), role
+
+
+def test_the_loop_waits_for_the_reconcile_to_enter_managed_from_the_live_sizes() -> None:
+    """External -> Managed: until the reconcile has taken the live pool sizes into
+    spec.pools (status.scalingMode still External), the loop's `current` is the stale number
+    from before External; it must not write spec.pools from it."""
+    env = Env(mode="External")
+    env.tick(0.0)
+    for role in ("prefill", "decode"):  # an HPA grew both pools
+        env.kube.patch(v1.API_VERSION, "LLMPool", NS, f"svc-{role}", {"spec": {"replicas": 5}})
+    env.reconcile()
+    assert env.status()["scalingMode"] == "External"
+    env.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "svc", {"spec": {"scaling": {"mode": "Managed"}}}
+    )
+    for _ in range(3):
+        env.tick(n=300, prompt=2000, output=200)
+    assert env.pools_spec() == {"prefill": 1, "decode": 1}
+    env.reconcile()
+    assert env.pools_spec() == {"prefill": 5, "decode": 5}
+    assert env.status()["scalingMode"] == "Managed"

@@ -390,3 +390,51 @@ def test_start_up_handler_retries_after_the_back_off_healthz_names() -> None:
     reg = handlers.registry(handlers.OperatorConfig(interval_s=7))
     [start] = [h for h in reg._activities.get_all_handlers() if h.id == "startup"]
     assert start.backoff == handlers.STARTUP_RETRY_S
+
+
+def test_delete_handler_removes_the_secrets_cert_manager_wrote(kube: MemoryKube) -> None:
+    """cert-manager writes each Certificate's Secret without an ownerReference (unless it runs
+    with --enable-certificate-owner-ref, off by default), so the garbage collector would leave
+    the service's keys behind: the delete handler deletes the Certificates, then their Secrets
+    (in that order: cert-manager re-issues a Secret deleted under a live Certificate)."""
+    from splitserve.operator import certs
+
+    config = handlers.OperatorConfig(
+        workers=FakeWorkers(),
+        interval_s=0,
+        internal_tls_namespace=NS,
+        cert_manager_issuer=certs.IssuerRef("internal-ca"),
+    )
+    config.kube_factory = lambda: kube
+    memo = handlers.memo(config)
+    svc = create_service(kube)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    for role in certs.SERVICE_ROLES:  # as cert-manager writes them
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {
+                    "name": f"tiny-tls-{role}",
+                    "namespace": NS,
+                    "annotations": {"cert-manager.io/certificate-name": f"tiny-tls-{role}"},
+                },
+                "data": {"tls.crt": "", "tls.key": ""},
+            }
+        )
+    kube.create(  # another service's, or the user's: left alone
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "other-tls-worker", "namespace": NS},
+        }
+    )
+    kube.writes.clear()
+    handlers.delete_service(
+        name="tiny", namespace=NS, uid=svc["metadata"]["uid"], memo=memo, logger=LOG
+    )
+    left = [k for k in kube.objects if k[1] not in ("LLMService", "Event")]
+    assert left == [("v1", "Secret", NS, "other-tls-worker")]
+    deletes = [w for w in kube.writes if "tls-worker" in w]
+    assert deletes == ["DELETE Certificate tiny-tls-worker", "DELETE Secret tiny-tls-worker"]

@@ -598,3 +598,300 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
         e["reason"] == "FlipAbandoned" and prefill in e["message"] and "invalid" in e["message"]
         for e in kube.list("v1", "Event", NS)
     )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    abandon = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    assert len(abandon) == 1
+    assert prefill in abandon[0]
+    assert "invalid" in abandon[0]
+
+
+def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
+    """Renaming (or removing) a worker group must not delete its workers with requests in
+    flight: they are fenced and drained like a scale-down, and their Deployment is deleted only
+    once they are drained (or `flipping.drainTimeoutSeconds` passed), with an Event and a status
+    decision saying so."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    busy, address = _a_prefill(kube)
+    workers.in_flight[address] = 2
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    out = run(kube, workers)
+    assert "deleted Deployment tiny-w" not in out.actions
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-v") is not None
+    for pod in kube.list("v1", "Pod", NS):
+        assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+        assert "splitserve.io/retire-since" in pod["metadata"]["annotations"]
+    assert ("drain", address) in workers.calls
+    assert any(
+        e["reason"] == "Retiring" and busy in e["message"] and "workerGroups" in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    retire = [d for d in svc["status"]["decisions"] if d["kind"] == "retire"]
+    assert retire
+    assert "tiny-w" in retire[-1]["message"]
+    # Still busy within the timeout: the Deployment stays.
+    out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:30Z")
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    # Drained: it goes.
+    workers.in_flight[address] = 0
+    out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:31Z")
+    assert "deleted Deployment tiny-w" in out.actions
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-v") is not None
+
+
+def test_a_removed_worker_group_goes_after_the_drain_timeout() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    _, address = _a_prefill(kube)
+    workers.in_flight[address] = 2
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:01:00Z")
+    assert "deleted Deployment tiny-w" in out.actions
+
+
+def test_a_flip_in_a_removed_worker_group_is_given_up_and_the_worker_stays_fenced() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
+    run(kube, workers)
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    notes = pod["metadata"]["annotations"]
+    assert v1.ANNOTATION_FLIP not in notes
+    assert notes["splitserve.io/retire-since"] == NOW  # the drain counts from the flip's fence
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    kinds = [d["kind"] for d in svc["status"]["decisions"]]
+    assert "abandon" in kinds
+    assert "retire" in kinds
+
+
+def test_a_worker_group_put_back_while_draining_keeps_its_workers() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    _, address = _a_prefill(kube)
+    workers.in_flight[address] = 2
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    _edit_spec(kube, {"workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
+    for pod in kube.list("v1", "Pod", NS):
+        assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+        assert "splitserve.io/retire-since" not in (pod["metadata"].get("annotations") or {})
+
+
+def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
+    """A worker fenced for a scale-down must not stay fenced while the spec is invalid (the
+    Deployment keeps its size then): its retirement is rolled back and it is re-opened."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    for i in range(3):
+        workers.in_flight[f"10.0.0.{i + 1}:50051"] = 1
+    _ask_pools(kube, 1, 1)
+    run(kube, workers)
+    fenced = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    assert len(fenced) == 1
+    name = fenced[0]["metadata"]["name"]
+    address = f"{fenced[0]['status']['podIP']}:50051"
+    assert "splitserve.io/retire-since" in fenced[0]["metadata"]["annotations"]
+    _edit_spec(kube, {"pools": None})
+    workers.calls.clear()
+    with pytest.raises(ConfigError, match="pools"):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, name)
+    assert pod is not None
+    assert v1.LABEL_FENCED not in pod["metadata"]["labels"]
+    notes = pod["metadata"].get("annotations") or {}
+    assert "splitserve.io/retire-since" not in notes
+    assert "controller.kubernetes.io/pod-deletion-cost" not in notes
+    assert ("resume", address) in workers.calls
+    assert any(
+        e["reason"] == "Kept" and name in e["message"] and "invalid" in e["message"]
+        for e in kube.list("v1", "Event", NS)
+    )
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    keep = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "keep"]
+    assert len(keep) == 1
+    assert name in keep[0]
+    assert "invalid" in keep[0]
+
+
+def test_an_invalid_spec_keeps_a_retiring_worker_it_cannot_reach_fenced_and_retries() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, flipping={"drainTimeoutSeconds": 60})
+    add_pods(kube, 3)
+    run(kube, workers)
+    for i in range(3):
+        workers.in_flight[f"10.0.0.{i + 1}:50051"] = 1
+    _ask_pools(kube, 1, 1)
+    run(kube, workers)
+    (pod,) = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    name, address = pod["metadata"]["name"], f"{pod['status']['podIP']}:50051"
+    _edit_spec(kube, {"pools": None})
+    workers.down.add(address)
+    with pytest.raises(ConfigError):
+        run(kube, workers)
+    kept = kube.get("v1", "Pod", NS, name)
+    assert kept is not None
+    assert kept["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    workers.down.clear()
+    with pytest.raises(ConfigError):
+        run(kube, workers)
+    opened = kube.get("v1", "Pod", NS, name)
+    assert opened is not None
+    assert v1.LABEL_FENCED not in opened["metadata"]["labels"]
+
+
+def test_an_invalid_spec_leaves_a_drained_worker_its_deployment_shrank_by() -> None:
+    """A drained surplus worker whose Deployment has already shrunk is the one the ReplicaSet
+    deletes: re-opening it (and dropping its deletion cost) would have another pod deleted."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube)
+    add_pods(kube, 3)
+    run(kube, workers)
+    _ask_pools(kube, 1, 1)
+    run(kube, workers)
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 2
+    (pod,) = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    _edit_spec(kube, {"pools": None})
+    with pytest.raises(ConfigError):
+        run(kube, workers)
+    after = kube.get("v1", "Pod", NS, pod["metadata"]["name"])
+    assert after is not None
+    assert after["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    assert after["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] == "-100"
+
+
+class _PoolStatusFails(MemoryKube):
+    """An API server that refuses `LLMPool` status writes (a late step of every reconcile)."""
+
+    failing = False
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        if self.failing and kind == "LLMPool" and subresource == "status":
+            raise KubeError(500, "etcd timeout", f"patch LLMPool {name}")
+        return super().patch(api_version, kind, namespace, name, patch, subresource)
+
+
+def test_a_flip_started_in_a_pass_that_fails_later_is_in_the_decisions() -> None:
+    """The flip's fence is on the pod; a later write of the same pass fails: status.decisions
+    must still say which flip was started (it is not planned again: the next pass continues
+    it)."""
+    kube, workers = _PoolStatusFails(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
+    kube.failing = True
+    with pytest.raises(KubeError):
+        run(kube, workers)
+    pod = kube.get("v1", "Pod", NS, prefill)
+    assert pod is not None
+    assert pod["metadata"]["labels"][v1.LABEL_FENCED] == "true"
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert svc["status"]["conditions"][0]["status"] == "False"  # Ready=False: it failed
+    flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
+    assert flips == [f"flip {prefill} prefill -> decode"]
+    kube.failing = False
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
+    assert flips == [f"flip {prefill} prefill -> decode"]
+
+
+def test_entering_managed_mode_starts_from_the_live_pool_sizes() -> None:
+    """External -> Managed: spec.pools.<role>.replicas still hold the numbers from before
+    External (1 prefill, 2 decode) while an HPA grew the pools to 3 and 5. The operator must
+    not shrink the pools to those old numbers: it takes the live sizes into the spec (the field
+    it owns in Managed mode) and says so."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(
+        kube,
+        scaling={"mode": "External"},
+        pools={
+            "prefill": {"replicas": 1, "maxReplicas": 4},
+            "decode": {"replicas": 2},
+        },
+    )
+    run(kube, workers)
+    _ask_pools(kube, 6, 5)  # prefill beyond its maxReplicas: 4 is taken
+    run(kube, workers)
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 11
+    _edit_spec(kube, {"scaling": {"mode": "Managed"}})
+    run(kube, workers)
+    pools = {r: kube.get(v1.API_VERSION, "LLMPool", NS, f"tiny-{r}") for r in ("prefill", "decode")}
+    assert {r: p["spec"]["replicas"] for r, p in pools.items() if p} == {
+        "prefill": 4,
+        "decode": 5,
+    }
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    assert svc["spec"]["pools"]["prefill"]["replicas"] == 4
+    assert svc["spec"]["pools"]["decode"]["replicas"] == 5
+    assert svc["status"]["scalingMode"] == "Managed"
+    dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
+    assert dep is not None
+    assert dep["spec"]["replicas"] == 9
+    scale = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "scale"]
+    assert scale
+    assert "External -> Managed" in scale[-1]
+    assert any(e["reason"] == "ManagedFromLiveSizes" for e in kube.list("v1", "Event", NS))
+    # Managed from now on: the spec decides, a later kubectl scale is reverted.
+    _edit_spec(kube, {"pools": {"decode": {"replicas": 3}}})
+    run(kube, workers)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 3
+
+
+def test_a_removed_group_whose_only_serving_worker_was_flipping_says_it_drains() -> None:
+    kube, workers = MemoryKube(), FakeWorkers()
+    prefill, address = _start_flip_of_prefill(kube, workers)
+    workers.in_flight[address] = 1
+    _ask_pools(kube, 0, 2)
+    run(kube, workers)
+    for pod in kube.list("v1", "Pod", NS):
+        if pod["metadata"]["name"] != prefill:  # the other worker is not serving
+            not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+            kube.patch("v1", "Pod", NS, pod["metadata"]["name"], not_ready)
+    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    run(kube, workers)
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    retire = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "retire"]
+    assert len(retire) == 1
+    assert "drained before Deployment tiny-w is deleted" in retire[0]

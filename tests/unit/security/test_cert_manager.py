@@ -228,6 +228,13 @@ def test_the_chart_in_cert_manager_mode_grants_what_the_operator_calls() -> None
     assert certificate_calls  # the check at start, then the service's Certificates
     assert denied(certificate_calls, roles) == []
     assert not [c for c in kube.calls if "/secrets" in c.path]  # no Secret read or written
+    # The service deleted: its Certificates, then the Secrets cert-manager wrote for them.
+    kube.calls.clear()
+    svc = kube.inner.get("splitserve.io/v1alpha1", "LLMService", NS, "s")
+    assert svc is not None
+    certs.delete_cert_manager_secrets(kube, render.ServiceRef("s", NS, svc["metadata"]["uid"]))
+    assert [c.method for c in kube.calls if c.method == "DELETE"] == ["DELETE"] * 4
+    assert denied(kube.calls, roles) == []
     # The operator's own certificate, mounted where SPLITSERVE_TLS_DIR points.
     own = next(d for d in docs if d["kind"] == "Certificate")
     assert own["spec"]["uris"] == [f"splitserve://{certs.OPERATOR_SERVICE}/operator"]

@@ -12,6 +12,8 @@ Every `scaling.intervalSeconds` (a kopf daemon per service, `handlers.autoscale_
      owns in that mode); the reconcile then resizes the worker Deployments and carries out the
      flips with the existing fence -> drain -> SetRole -> relabel -> unfence machine
      (`policy.planner.flip`, a pool shrinking while another grows in the same group is a flip);
+     just after a switch from another mode, nothing until the reconcile has taken the live pool
+     sizes into `spec.pools` (`status.scalingMode` says Managed);
    - `External` and `Manual`: write only `status.recommendedReplicas` on each `LLMPool` (advice
      for an HPA / KEDA user or a person); never `replicas`;
    - signals missing or stale: no action, the reason recorded;
@@ -408,6 +410,11 @@ class Controller:
                         *POOL, ns, pool_name, {"status": {"recommendedReplicas": None}}, "status"
                     )
                     result.wrote.append(f"{pool_name} status.recommendedReplicas withdrawn")
+            last_mode = (svc.get("status") or {}).get("scalingMode")
+            if last_mode not in (None, v1.ScalingMode.MANAGED.value):
+                # Just switched from External / Manual: spec.pools may hold numbers from before;
+                # the reconcile first takes the live pool sizes into it (operator.reconcile).
+                return
             changes = {
                 r.value: {"replicas": p.desired}
                 for r, p in decision.pools.items()
