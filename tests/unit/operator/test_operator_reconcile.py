@@ -71,6 +71,18 @@ def _edit_spec(kube: MemoryKube, spec: dict[str, Any]) -> None:
     kube.patch(v1.API_VERSION, "LLMService", NS, "tiny", {"spec": spec})
 
 
+def _events(kube: MemoryKube, reason: str) -> list[dict[str, Any]]:
+    """The Events of `reason` the operator wrote in the namespace."""
+    return [e for e in kube.list("v1", "Event", NS) if e["reason"] == reason]
+
+
+def _decisions(kube: MemoryKube, kind: str) -> list[str]:
+    """The messages of the service's status.decisions of `kind`, oldest first."""
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    return [d["message"] for d in svc["status"]["decisions"] if d["kind"] == kind]
+
+
 def test_creates_children_and_is_idempotent() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
     make_service(kube)
@@ -460,10 +472,7 @@ def test_an_unreadable_flip_is_abandoned_without_leaving_the_worker_fenced() -> 
         "resume",
     ]
     assert roles(kube) == before
-    assert any(
-        e["reason"] == "FlipAbandoned" and fenced in e["message"]
-        for e in kube.list("v1", "Event", NS)
-    )
+    assert any(fenced in e["message"] for e in _events(kube, "FlipAbandoned"))
 
 
 def _start_flip_of_prefill(kube: MemoryKube, workers: FakeWorkers) -> tuple[str, str]:
@@ -509,15 +518,12 @@ def test_a_flip_whose_worker_stays_unreachable_is_abandoned_after_the_drain_time
     assert v1.ANNOTATION_FLIP not in notes
     assert v1.ANNOTATION_FLIP_SINCE not in notes
     assert any(
-        e["reason"] == "FlipAbandoned" and prefill in e["message"] and e["type"] == "Warning"
-        for e in kube.list("v1", "Event", NS)
+        prefill in e["message"] and e["type"] == "Warning" for e in _events(kube, "FlipAbandoned")
     )
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    abandon = [d for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    abandon = _decisions(kube, "abandon")
     assert abandon
-    assert prefill in abandon[-1]["message"]
-    assert "unreachable" in abandon[-1]["message"]
+    assert prefill in abandon[-1]
+    assert "unreachable" in abandon[-1]
 
 
 def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
@@ -559,15 +565,10 @@ def test_a_flip_into_a_role_the_spec_no_longer_allows_is_abandoned() -> None:
     # Its LLMPool wants no prefill worker and the group shrinks to 1: it is retired (fenced
     # and drained before removal), no longer flipping.
     assert "splitserve.io/retire-since" in notes
-    assert any(
-        e["reason"] == "FlipAbandoned" and prefill in e["message"]
-        for e in kube.list("v1", "Event", NS)
-    )
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    abandon = [d for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    assert any(prefill in e["message"] for e in _events(kube, "FlipAbandoned"))
+    abandon = _decisions(kube, "abandon")
     assert abandon
-    assert "no longer allows decode" in abandon[-1]["message"]
+    assert "no longer allows decode" in abandon[-1]
 
 
 def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fenced() -> None:
@@ -595,12 +596,10 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
     assert v1.ANNOTATION_FLIP_SINCE not in notes
     assert [c[0] for c in workers.calls if c[1] == address] == ["set_role", "resume"]
     assert any(
-        e["reason"] == "FlipAbandoned" and prefill in e["message"] and "invalid" in e["message"]
-        for e in kube.list("v1", "Event", NS)
+        prefill in e["message"] and "invalid" in e["message"]
+        for e in _events(kube, "FlipAbandoned")
     )
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    abandon = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "abandon"]
+    abandon = _decisions(kube, "abandon")
     assert len(abandon) == 1
     assert prefill in abandon[0]
     assert "invalid" in abandon[0]
@@ -627,14 +626,11 @@ def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
         assert "splitserve.io/retire-since" in pod["metadata"]["annotations"]
     assert ("drain", address) in workers.calls
     assert any(
-        e["reason"] == "Retiring" and busy in e["message"] and "workerGroups" in e["message"]
-        for e in kube.list("v1", "Event", NS)
+        busy in e["message"] and "workerGroups" in e["message"] for e in _events(kube, "Retiring")
     )
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    retire = [d for d in svc["status"]["decisions"] if d["kind"] == "retire"]
+    retire = _decisions(kube, "retire")
     assert retire
-    assert "tiny-w" in retire[-1]["message"]
+    assert "tiny-w" in retire[-1]
     # Still busy within the timeout: the Deployment stays.
     out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:00:30Z")
     assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
@@ -725,13 +721,8 @@ def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
     assert "splitserve.io/retire-since" not in notes
     assert "controller.kubernetes.io/pod-deletion-cost" not in notes
     assert ("resume", address) in workers.calls
-    assert any(
-        e["reason"] == "Kept" and name in e["message"] and "invalid" in e["message"]
-        for e in kube.list("v1", "Event", NS)
-    )
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    keep = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "keep"]
+    assert any(name in e["message"] and "invalid" in e["message"] for e in _events(kube, "Kept"))
+    keep = _decisions(kube, "keep")
     assert len(keep) == 1
     assert name in keep[0]
     assert "invalid" in keep[0]
@@ -821,13 +812,11 @@ def test_a_flip_started_in_a_pass_that_fails_later_is_in_the_decisions() -> None
     svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
     assert svc is not None
     assert svc["status"]["conditions"][0]["status"] == "False"  # Ready=False: it failed
-    flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
+    flips = _decisions(kube, "flip")
     assert flips == [f"flip {prefill} prefill -> decode"]
     kube.failing = False
     run(kube, workers)
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    flips = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "flip"]
+    flips = _decisions(kube, "flip")
     assert flips == [f"flip {prefill} prefill -> decode"]
 
 
@@ -866,10 +855,10 @@ def test_entering_managed_mode_starts_from_the_live_pool_sizes() -> None:
     dep = kube.get("apps/v1", "Deployment", NS, "tiny-w")
     assert dep is not None
     assert dep["spec"]["replicas"] == 9
-    scale = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "scale"]
+    scale = _decisions(kube, "scale")
     assert scale
     assert "External -> Managed" in scale[-1]
-    assert any(e["reason"] == "ManagedFromLiveSizes" for e in kube.list("v1", "Event", NS))
+    assert _events(kube, "ManagedFromLiveSizes")
     # Managed from now on: the spec decides, a later kubectl scale is reverted.
     _edit_spec(kube, {"pools": {"decode": {"replicas": 3}}})
     run(kube, workers)
@@ -890,8 +879,6 @@ def test_a_removed_group_whose_only_serving_worker_was_flipping_says_it_drains()
             kube.patch("v1", "Pod", NS, pod["metadata"]["name"], not_ready)
     _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
     run(kube, workers)
-    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
-    assert svc is not None
-    retire = [d["message"] for d in svc["status"]["decisions"] if d["kind"] == "retire"]
+    retire = _decisions(kube, "retire")
     assert len(retire) == 1
     assert "drained before Deployment tiny-w is deleted" in retire[0]
