@@ -15,6 +15,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from splitserve.aio import stop_task
 from splitserve.core.request import TokenLogprobs
 from splitserve.worker.engine import TokenDelta
 
@@ -78,13 +79,7 @@ async def coalesce(stream: AsyncIterator[TokenDelta]) -> AsyncGenerator[TokenDel
                 raise failure[0]
             return
     finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # we are being cancelled ourselves, not just the pump
+        await stop_task(task)  # a cancellation of our own that arrives meanwhile is kept
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()

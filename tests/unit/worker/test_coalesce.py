@@ -106,6 +106,32 @@ async def test_closing_early_closes_the_source() -> None:
     assert closed.is_set()
 
 
+async def test_a_cancelled_reader_closes_the_source_and_stays_cancelled() -> None:
+    """The task reading the stream is cancelled (its client went away) while it waits for the
+    next token: the source is still closed (an engine request is not left running), and the
+    reader ends cancelled."""
+    closed = asyncio.Event()
+    first = asyncio.Event()
+
+    async def source() -> AsyncIterator[TokenDelta]:
+        try:
+            yield TokenDelta((1,))
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+
+    async def read() -> None:
+        async for _ in coalesce(source()):
+            first.set()
+
+    reader = asyncio.create_task(read())
+    await first.wait()
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert closed.is_set()
+
+
 async def test_a_slow_grpc_reader_gets_fewer_messages_and_the_same_tokens(
     make_worker: WorkerFactory,
 ) -> None:
