@@ -95,6 +95,8 @@ class _Endpoint:
     unreachable_logged_s: float = float("-inf")
     unreachable_checks: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    revived: bool = False
+    """Added back while leaving: its channel stays open (a new `_Endpoint` holds it)."""
     """Set once it is removed and no request runs on it any more (its channel may close)."""
     """Times its channel was seen failing to connect (each at most one WARNING)."""
     view_key: tuple[object, ...] | None = field(default=None, repr=False)
@@ -188,6 +190,15 @@ class PoolView:
         eid = EndpointId(address)
         if eid in self._endpoints:
             return eid
+        leaving = self._leaving.pop(eid, None)
+        if leaving is not None:
+            # Back before its requests ended (a resync, a label flipped back): the same channel,
+            # so that the streams on it go on and new work shares its link.
+            leaving.revived = True
+            leaving.idle.set()
+            eid = self._add(eid, leaving.channel, leaving.stub, address)
+            self._endpoints[eid].inflight = leaving.inflight
+            return eid
         options = worker_channel_options(self._settings.link_window_bytes)
         channel = tls.aio_channel(address, options=options)
         stub: worker_pb2_grpc.WorkerAsyncStub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[assignment]
@@ -260,7 +271,8 @@ class PoolView:
         finally:
             if self._leaving.get(ep.id) is ep:
                 del self._leaving[ep.id]
-            await ep.channel.close()
+            if not ep.revived:
+                await ep.channel.close()
 
     def fence(self, eid: str) -> None:
         """Send no new work to `eid` (an operator is about to flip or drain it)."""

@@ -453,3 +453,37 @@ async def test_a_removed_worker_s_stream_that_outlives_the_grace_ends_with_an_er
         async with asyncio.timeout(10):
             await task
     assert [c.finish_reason for c in received] == [None]
+
+
+async def test_a_worker_removed_and_added_back_keeps_its_streams_in_flight(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """A discovery resync drops a worker and adds it back (same address) while a stream runs
+    on it: the stream keeps its tokens, and new requests run on the same worker again."""
+    hold = asyncio.Event()
+    d = await make_worker(Role.MIXED, hold=hold, hold_after=1)
+    stack = await make_stack(d)
+    got_one = asyncio.Event()
+    received: list[Chunk] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(
+            stack.dispatcher.open(_request(max_tokens=5)).chunks()
+        ) as cs:
+            async for chunk in cs:
+                received.append(chunk)
+                got_one.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(10):
+        await got_one.wait()
+    await stack.pool.remove(d.address)
+    stack.pool.add(d.address)
+    await stack.wait_ready()
+    hold.set()
+    second = await _run(stack.dispatcher.open(_request(max_tokens=3, rid="r2")))
+    async with asyncio.timeout(10):
+        await task
+    assert [t for c in received for t in c.token_ids] == list(COMPLETION[:5])
+    assert [t for c in second for t in c.token_ids] == list(COMPLETION[:3])
+    assert all(v.inflight == 0 for v in stack.pool.views())
