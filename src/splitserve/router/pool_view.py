@@ -94,12 +94,20 @@ class _Endpoint:
     unreachable_since_s: float = 0.0
     unreachable_logged_s: float = float("-inf")
     unreachable_checks: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    revived: bool = False
+    """Added back while leaving: its channel stays open (a new `_Endpoint` holds it)."""
+    """Set once it is removed and no request runs on it any more (its channel may close)."""
     """Times its channel was seen failing to connect (each at most one WARNING)."""
     view_key: tuple[object, ...] | None = field(default=None, repr=False)
     view: EndpointView | None = field(default=None, repr=False)
     """Its last snapshot (`PoolView._view`) and everything that snapshot was built from."""
 
 
+LEAVE_GRACE_S = 30.0
+"""A worker removed while requests run on it keeps its channel open until they finish, at most
+this long (a deleted pod lives through its termination grace period, 30 s by default); then the
+channel closes and what still runs on it ends with an error."""
 UNREACHABLE_LOG_EVERY_S = 60.0
 """An unreachable worker is logged at its first failure, then at most this often (pool clock)."""
 UNREACHABLE_RECHECK_S = 5.0
@@ -124,8 +132,13 @@ class PoolView:
         clock: Clock,
         settings: PoolSettings | None = None,
         metrics: RouterMetrics | None = None,
+        leave_grace_s: float = LEAVE_GRACE_S,
     ) -> None:
         self._clock = clock
+        self._leave_grace_s = leave_grace_s
+        self._leaving: dict[EndpointId, _Endpoint] = {}
+        """Removed endpoints whose requests still run (their channel closes when they end)."""
+        self._closers: set[asyncio.Task[None]] = set()
         self._settings = settings or PoolSettings()
         self._metrics = metrics
         self._endpoints: dict[EndpointId, _Endpoint] = {}
@@ -160,6 +173,10 @@ class PoolView:
         """Stop every load stream and close every channel."""
         for eid in list(self._endpoints):
             await self.remove(eid)
+        for ep in self._leaving.values():
+            ep.idle.set()  # shutting down: the router's own drain already ran
+        for task in list(self._closers):
+            await task
         if self.links is not None:
             await self.links.close()
         self._started = False
@@ -172,6 +189,15 @@ class PoolView:
             raise RuntimeError("PoolView.add before start()")
         eid = EndpointId(address)
         if eid in self._endpoints:
+            return eid
+        leaving = self._leaving.pop(eid, None)
+        if leaving is not None:
+            # Back before its requests ended (a resync, a label flipped back): the same channel,
+            # so that the streams on it go on and new work shares its link.
+            leaving.revived = True
+            leaving.idle.set()
+            eid = self._add(eid, leaving.channel, leaving.stub, address)
+            self._endpoints[eid].inflight = leaving.inflight
             return eid
         options = worker_channel_options(self._settings.link_window_bytes)
         channel = tls.aio_channel(address, options=options)
@@ -208,18 +234,45 @@ class PoolView:
     async def remove(self, eid: str) -> None:
         """Stop watching an endpoint and close its channel. Unknown ids are ignored.
 
-        Requests already running on it keep their own calls until they finish or fail.
+        No new request goes to it from now on. Requests already running on it keep the channel
+        until they finish, at most `leave_grace_s`; then it closes (and they end with an error).
         """
         ep = self._endpoints.pop(EndpointId(eid), None)
         if ep is None:
             return
+        ep.fenced = True
         if ep.task is not None:
             await stop_task(ep.task)
-        await ep.channel.close()
         self.ledger.forget(ep.id)
         await self.latency.forget(ep.id)
-        log.info("stopped watching worker %s", eid)
+        if ep.inflight == 0:
+            await ep.channel.close()
+            log.info("stopped watching worker %s", eid)
+        else:
+            log.info(
+                "stopped watching worker %s; its channel closes when its %d requests end "
+                "(at most %g s)", eid, ep.inflight, self._leave_grace_s,
+            )  # fmt: skip
+            self._leaving[ep.id] = ep
+            closer = asyncio.create_task(self._close_when_idle(ep), name=f"leave {eid}")
+            self._closers.add(closer)
+            closer.add_done_callback(self._closers.discard)
         self._notify()
+
+    async def _close_when_idle(self, ep: _Endpoint) -> None:
+        try:
+            async with asyncio.timeout(self._leave_grace_s):
+                await ep.idle.wait()
+        except TimeoutError:
+            log.warning(
+                "worker %s left the pool %g s ago with %d requests still running: closing its "
+                "channel", ep.id, self._leave_grace_s, ep.inflight,
+            )  # fmt: skip
+        finally:
+            if self._leaving.get(ep.id) is ep:
+                del self._leaving[ep.id]
+            if not ep.revived:
+                await ep.channel.close()
 
     def fence(self, eid: str) -> None:
         """Send no new work to `eid` (an operator is about to flip or drain it)."""
@@ -264,6 +317,12 @@ class PoolView:
             ep.inflight += 1
 
     def release(self, eid: str) -> None:
+        leaving = self._leaving.get(EndpointId(eid))
+        if leaving is not None and leaving.inflight > 0:
+            leaving.inflight -= 1
+            if leaving.inflight == 0:
+                leaving.idle.set()
+            return
         ep = self._endpoints.get(EndpointId(eid))
         if ep is not None and ep.inflight > 0:
             ep.inflight -= 1

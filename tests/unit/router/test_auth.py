@@ -188,3 +188,32 @@ async def test_metrics_on_their_own_port(make_router: ServerFactory) -> None:
         assert "splitserve_router" in r.text
         assert (await client.get(_url(server, "/metrics"))).status_code == 401
         assert (await client.get(_url(server, "/health"))).status_code == 200
+
+
+async def test_refused_bad_input_counts_against_the_rate_limit(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """A tenant's request is charged when it is admitted, before the body is checked (as
+    Envoy's rate limit filters count a request when its headers arrive): a 400 or 415 for bad
+    input still uses one of its `requestsPerMinute`, so bad requests are not free."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    a = {"authorization": f"Bearer {TEAM_A}"}
+    url = _url(server, "/v1/completions")
+    async with httpx.AsyncClient() as client:
+        r = await client.post(
+            url, content=b"{not json", headers={**a, "content-type": "application/json"}
+        )
+        assert r.status_code == 400, r.text
+        r = await client.post(
+            url,
+            content=b'{"model": "' + MODEL.encode() + b'"}',
+            headers={**a, "content-type": "text/plain"},
+        )
+        assert r.status_code == 415, r.text
+        r = await client.post(url, json=_body(), headers=a)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert m.requests("Generate") == []

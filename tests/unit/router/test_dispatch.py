@@ -388,3 +388,102 @@ async def test_closing_at_token_one_cancels_the_started_decode(
     await stack.dispatcher.drain_background()
     assert stack.sample("splitserve_router_inflight_requests") == 0
     assert all(v.inflight == 0 for v in stack.pool.views())
+
+
+async def test_a_worker_removed_by_discovery_keeps_its_streams_in_flight(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """Discovery drops a worker (pod deleted, label changed) while a stream runs on it: no new
+    request goes there, but the running stream gets all its tokens (the pod is still alive in
+    its termination grace period); the channel closes once nothing runs on it."""
+    hold = asyncio.Event()
+    d = await make_worker(Role.MIXED, hold=hold, hold_after=1)
+    stack = await make_stack(d)
+    got_one = asyncio.Event()
+    received: list[Chunk] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(
+            stack.dispatcher.open(_request(max_tokens=5)).chunks()
+        ) as cs:
+            async for chunk in cs:
+                received.append(chunk)
+                got_one.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(10):
+        await got_one.wait()
+    await stack.pool.remove(d.address)
+    assert stack.pool.ids() == []  # no new work is placed on it
+    with pytest.raises(NoEligibleEndpoint):
+        await _run(stack.dispatcher.open(_request(rid="r2")))
+    hold.set()
+    async with asyncio.timeout(10):
+        await task
+    assert [t for c in received for t in c.token_ids] == list(COMPLETION[:5])
+    assert received[-1].finish_reason is FinishReason.LENGTH
+    async with asyncio.timeout(10):
+        await stack.pool.close()
+
+
+async def test_a_removed_worker_s_stream_that_outlives_the_grace_ends_with_an_error(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """Past the leave grace the channel closes: the stream still running on it ends with an
+    error (the client's error event), never a silent truncation or a hang."""
+    d = await make_worker(Role.MIXED, hold=asyncio.Event(), hold_after=1)
+    stack = await make_stack(d)
+    stack.pool._leave_grace_s = 0.0
+    got_one = asyncio.Event()
+    received: list[Chunk] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(
+            stack.dispatcher.open(_request(max_tokens=5)).chunks()
+        ) as cs:
+            async for chunk in cs:
+                received.append(chunk)
+                got_one.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(10):
+        await got_one.wait()
+    await stack.pool.remove(d.address)
+    with pytest.raises(WorkersFailed):
+        async with asyncio.timeout(10):
+            await task
+    assert [c.finish_reason for c in received] == [None]
+
+
+async def test_a_worker_removed_and_added_back_keeps_its_streams_in_flight(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """A discovery resync drops a worker and adds it back (same address) while a stream runs
+    on it: the stream keeps its tokens, and new requests run on the same worker again."""
+    hold = asyncio.Event()
+    d = await make_worker(Role.MIXED, hold=hold, hold_after=1)
+    stack = await make_stack(d)
+    got_one = asyncio.Event()
+    received: list[Chunk] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(
+            stack.dispatcher.open(_request(max_tokens=5)).chunks()
+        ) as cs:
+            async for chunk in cs:
+                received.append(chunk)
+                got_one.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(10):
+        await got_one.wait()
+    await stack.pool.remove(d.address)
+    stack.pool.add(d.address)
+    await stack.wait_ready()
+    hold.set()
+    second = await _run(stack.dispatcher.open(_request(max_tokens=3, rid="r2")))
+    async with asyncio.timeout(10):
+        await task
+    assert [t for c in received for t in c.token_ids] == list(COMPLETION[:5])
+    assert [t for c in second for t in c.token_ids] == list(COMPLETION[:3])
+    assert all(v.inflight == 0 for v in stack.pool.views())
