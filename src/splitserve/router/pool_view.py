@@ -94,11 +94,11 @@ class _Endpoint:
     unreachable_since_s: float = 0.0
     unreachable_logged_s: float = float("-inf")
     unreachable_checks: int = 0
+    """Times its channel was seen failing to connect (each at most one WARNING)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    """Set once it is removed and no request runs on it any more (its channel may close)."""
     revived: bool = False
     """Added back while leaving: its channel stays open (a new `_Endpoint` holds it)."""
-    """Set once it is removed and no request runs on it any more (its channel may close)."""
-    """Times its channel was seen failing to connect (each at most one WARNING)."""
     view_key: tuple[object, ...] | None = field(default=None, repr=False)
     view: EndpointView | None = field(default=None, repr=False)
     """Its last snapshot (`PoolView._view`) and everything that snapshot was built from."""
