@@ -70,13 +70,16 @@ pytest: $(STAMP) $(TEST_DEPS)
 # beside them the compiled-build check and (unless SPLITSERVE_SKIP_VLLM) the vLLM venv build and
 # its contract tests, whose output goes to $(VLLM_LOG) and is shown when they end. pytest waits
 # for the vLLM venv (the harness smoke test uses it). The test runs print how long they took.
+# make starts prerequisites in the order listed: the vLLM venv build (mostly download) beside the
+# gates first, so that pytest, the longest step, starts as early as it can; the compiled check
+# and the vLLM tests then run beside it.
 SIDE_CHECKS := compiled-check test-vllm
 
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 test-lanes
 
 .PHONY: test-lanes test-side test-checks
-test-lanes: test-side pytest-after-checks
+test-lanes: $(PYTEST_AFTER) pytest-after-checks test-side
 
 test-side: $(filter compiled-check,$(CHECKS)) $(TEST_LANES)
 
