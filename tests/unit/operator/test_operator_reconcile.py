@@ -605,18 +605,25 @@ def test_an_invalid_spec_abandons_the_flip_in_progress_instead_of_leaving_it_fen
     assert "invalid" in abandon[0]
 
 
-def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
-    """Renaming (or removing) a worker group must not delete its workers with requests in
-    flight: they are fenced and drained like a scale-down, and their Deployment is deleted only
-    once they are drained (or `flipping.drainTimeoutSeconds` passed), with an Event and a status
-    decision saying so."""
-    kube, workers = MemoryKube(), FakeWorkers()
+def _rename_the_group_of_a_busy_prefill(kube: MemoryKube, workers: FakeWorkers) -> tuple[str, str]:
+    """Three workers in group "w" (drain timeout 60 s), the prefill one with 2 requests running;
+    then the spec renames the group to "v". Returns (that prefill pod, its address)."""
     make_service(kube, flipping={"drainTimeoutSeconds": 60})
     add_pods(kube, 3)
     run(kube, workers)
     busy, address = _a_prefill(kube)
     workers.in_flight[address] = 2
     _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    return busy, address
+
+
+def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
+    """Renaming (or removing) a worker group must not delete its workers with requests in
+    flight: they are fenced and drained like a scale-down, and their Deployment is deleted only
+    once they are drained (or `flipping.drainTimeoutSeconds` passed), with an Event and a status
+    decision saying so."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    busy, address = _rename_the_group_of_a_busy_prefill(kube, workers)
     out = run(kube, workers)
     assert "deleted Deployment tiny-w" not in out.actions
     assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
@@ -643,12 +650,7 @@ def test_a_removed_worker_group_is_drained_before_its_deployment_goes() -> None:
 
 def test_a_removed_worker_group_goes_after_the_drain_timeout() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
-    make_service(kube, flipping={"drainTimeoutSeconds": 60})
-    add_pods(kube, 3)
-    run(kube, workers)
-    _, address = _a_prefill(kube)
-    workers.in_flight[address] = 2
-    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    _rename_the_group_of_a_busy_prefill(kube, workers)
     run(kube, workers)
     assert kube.get("apps/v1", "Deployment", NS, "tiny-w") is not None
     out = rc.reconcile(kube, workers, NS, "tiny", SETTINGS, "2026-01-01T00:01:00Z")
@@ -679,12 +681,7 @@ def test_a_flip_in_a_removed_worker_group_is_given_up_and_the_worker_stays_fence
 
 def test_a_worker_group_put_back_while_draining_keeps_its_workers() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
-    make_service(kube, flipping={"drainTimeoutSeconds": 60})
-    add_pods(kube, 3)
-    run(kube, workers)
-    _, address = _a_prefill(kube)
-    workers.in_flight[address] = 2
-    _edit_spec(kube, {"workerGroups": [{"name": "v", "roles": ["prefill", "decode"]}]})
+    _rename_the_group_of_a_busy_prefill(kube, workers)
     run(kube, workers)
     _edit_spec(kube, {"workerGroups": [{"name": "w", "roles": ["prefill", "decode"]}]})
     run(kube, workers)

@@ -16,7 +16,7 @@ from splitserve.core.roles import Role
 from splitserve.router.dispatch import Chunk, Dispatch
 from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
 from splitserve.router.generation import GenerationParams
-from tests.unit.router.conftest import StackFactory, WorkerFactory
+from tests.unit.router.conftest import Stack, StackFactory, WorkerFactory
 
 COMPLETION = (10, 11, 12, 13, 14, 15, 16, 17)
 PROMPT = (1, 2, 3, 4)
@@ -390,15 +390,9 @@ async def test_closing_at_token_one_cancels_the_started_decode(
     assert all(v.inflight == 0 for v in stack.pool.views())
 
 
-async def test_a_worker_removed_by_discovery_keeps_its_streams_in_flight(
-    make_worker: WorkerFactory, make_stack: StackFactory
-) -> None:
-    """Discovery drops a worker (pod deleted, label changed) while a stream runs on it: no new
-    request goes there, but the running stream gets all its tokens (the pod is still alive in
-    its termination grace period); the channel closes once nothing runs on it."""
-    hold = asyncio.Event()
-    d = await make_worker(Role.MIXED, hold=hold, hold_after=1)
-    stack = await make_stack(d)
+async def _a_stream_under_way(stack: Stack) -> tuple[asyncio.Task[None], list[Chunk]]:
+    """A 5-token stream read in a task of its own, once its first chunk has arrived: the task
+    and the chunks it has received (so far)."""
     got_one = asyncio.Event()
     received: list[Chunk] = []
 
@@ -413,6 +407,19 @@ async def test_a_worker_removed_by_discovery_keeps_its_streams_in_flight(
     task = asyncio.create_task(consume())
     async with asyncio.timeout(10):
         await got_one.wait()
+    return task, received
+
+
+async def test_a_worker_removed_by_discovery_keeps_its_streams_in_flight(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """Discovery drops a worker (pod deleted, label changed) while a stream runs on it: no new
+    request goes there, but the running stream gets all its tokens (the pod is still alive in
+    its termination grace period); the channel closes once nothing runs on it."""
+    hold = asyncio.Event()
+    d = await make_worker(Role.MIXED, hold=hold, hold_after=1)
+    stack = await make_stack(d)
+    task, received = await _a_stream_under_way(stack)
     await stack.pool.remove(d.address)
     assert stack.pool.ids() == []  # no new work is placed on it
     with pytest.raises(NoEligibleEndpoint):
@@ -434,20 +441,7 @@ async def test_a_removed_worker_s_stream_that_outlives_the_grace_ends_with_an_er
     d = await make_worker(Role.MIXED, hold=asyncio.Event(), hold_after=1)
     stack = await make_stack(d)
     stack.pool._leave_grace_s = 0.0
-    got_one = asyncio.Event()
-    received: list[Chunk] = []
-
-    async def consume() -> None:
-        async with contextlib.aclosing(
-            stack.dispatcher.open(_request(max_tokens=5)).chunks()
-        ) as cs:
-            async for chunk in cs:
-                received.append(chunk)
-                got_one.set()
-
-    task = asyncio.create_task(consume())
-    async with asyncio.timeout(10):
-        await got_one.wait()
+    task, received = await _a_stream_under_way(stack)
     await stack.pool.remove(d.address)
     with pytest.raises(WorkersFailed):
         async with asyncio.timeout(10):
@@ -463,20 +457,7 @@ async def test_a_worker_removed_and_added_back_keeps_its_streams_in_flight(
     hold = asyncio.Event()
     d = await make_worker(Role.MIXED, hold=hold, hold_after=1)
     stack = await make_stack(d)
-    got_one = asyncio.Event()
-    received: list[Chunk] = []
-
-    async def consume() -> None:
-        async with contextlib.aclosing(
-            stack.dispatcher.open(_request(max_tokens=5)).chunks()
-        ) as cs:
-            async for chunk in cs:
-                received.append(chunk)
-                got_one.set()
-
-    task = asyncio.create_task(consume())
-    async with asyncio.timeout(10):
-        await got_one.wait()
+    task, received = await _a_stream_under_way(stack)
     await stack.pool.remove(d.address)
     stack.pool.add(d.address)
     await stack.wait_ready()
