@@ -691,10 +691,12 @@ def test_a_worker_group_put_back_while_draining_keeps_its_workers() -> None:
         assert "splitserve.io/retire-since" not in (pod["metadata"].get("annotations") or {})
 
 
-def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
-    """A worker fenced for a scale-down must not stay fenced while the spec is invalid (the
-    Deployment keeps its size then): its retirement is rolled back and it is re-opened."""
-    kube, workers = MemoryKube(), FakeWorkers()
+def _retire_one_of_three_busy_workers(
+    kube: MemoryKube, workers: FakeWorkers
+) -> tuple[dict[str, Any], str]:
+    """Three workers (drain timeout 60 s), each with a request running; the LLMPools then ask
+    for one prefill and one decode, so one worker is fenced to retire. Returns (that pod, its
+    address)."""
     make_service(kube, flipping={"drainTimeoutSeconds": 60})
     add_pods(kube, 3)
     run(kube, workers)
@@ -702,11 +704,17 @@ def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
         workers.in_flight[f"10.0.0.{i + 1}:50051"] = 1
     _ask_pools(kube, 1, 1)
     run(kube, workers)
-    fenced = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
-    assert len(fenced) == 1
-    name = fenced[0]["metadata"]["name"]
-    address = f"{fenced[0]['status']['podIP']}:50051"
-    assert "splitserve.io/retire-since" in fenced[0]["metadata"]["annotations"]
+    (pod,) = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
+    return pod, f"{pod['status']['podIP']}:50051"
+
+
+def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
+    """A worker fenced for a scale-down must not stay fenced while the spec is invalid (the
+    Deployment keeps its size then): its retirement is rolled back and it is re-opened."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    fenced, address = _retire_one_of_three_busy_workers(kube, workers)
+    name = fenced["metadata"]["name"]
+    assert "splitserve.io/retire-since" in fenced["metadata"]["annotations"]
     _edit_spec(kube, {"pools": None})
     workers.calls.clear()
     with pytest.raises(ConfigError, match="pools"):
@@ -727,15 +735,8 @@ def test_an_invalid_spec_re_opens_a_worker_being_retired() -> None:
 
 def test_an_invalid_spec_keeps_a_retiring_worker_it_cannot_reach_fenced_and_retries() -> None:
     kube, workers = MemoryKube(), FakeWorkers()
-    make_service(kube, flipping={"drainTimeoutSeconds": 60})
-    add_pods(kube, 3)
-    run(kube, workers)
-    for i in range(3):
-        workers.in_flight[f"10.0.0.{i + 1}:50051"] = 1
-    _ask_pools(kube, 1, 1)
-    run(kube, workers)
-    (pod,) = [p for p in kube.list("v1", "Pod", NS) if p["metadata"]["labels"].get(v1.LABEL_FENCED)]
-    name, address = pod["metadata"]["name"], f"{pod['status']['podIP']}:50051"
+    pod, address = _retire_one_of_three_busy_workers(kube, workers)
+    name = pod["metadata"]["name"]
     _edit_spec(kube, {"pools": None})
     workers.down.add(address)
     with pytest.raises(ConfigError):
