@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +42,17 @@ def up_ready(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.
         if time.monotonic() > deadline:
             raise TimeoutError("splitserve up did not become ready")
         time.sleep(0.1)
+
+
+def counted(read: Callable[[], list[float]], total: float, timeout_s: float = 10.0) -> list[float]:
+    """`read()` once its values add up to `total`, or as it stands after `timeout_s`.
+
+    A worker counts a stream in `splitserve_worker_requests_total` once the stream has closed,
+    which can be just after the client has its last token: a loaded CI run sampled 196 of 200.
+    """
+    deadline = time.monotonic() + timeout_s
+    values = read()
+    while sum(values) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+        values = read()
+    return values

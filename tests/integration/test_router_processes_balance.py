@@ -15,12 +15,13 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.integration.processes import ready, spawn
+from tests.integration.processes import counted, ready, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +36,10 @@ def _decode_requests_ok(metrics_port: int, kind: str) -> float:
     )
     match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def _requests_ok(workers: list[dict[str, Any]], kind: str) -> list[float]:
+    return [_decode_requests_ok(w["metrics_port"], kind) for w in workers]
 
 
 @pytest.fixture
@@ -91,7 +96,7 @@ def test_burst_splits_evenly_with_two_router_processes(
     statuses = asyncio.run(_burst(f"http://127.0.0.1:{info['port']}", 200))
     assert statuses == [200] * 200
     for kind, group in (("prefill", workers[:2]), ("decode", workers[2:])):
-        counts = [_decode_requests_ok(w["metrics_port"], kind) for w in group]
+        counts = counted(partial(_requests_ok, group, kind), 200)
         assert sum(counts) == 200, (kind, counts)
         for n in counts:
             assert 0.45 * 200 <= n <= 0.55 * 200, (kind, counts)

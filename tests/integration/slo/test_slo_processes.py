@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from tests.integration.processes import counted
 
 pytestmark = pytest.mark.integration
 
@@ -140,6 +142,10 @@ def _worker_count(w: dict[str, Any], kind: str) -> float:
     )
 
 
+def _worker_counts(ws: list[dict[str, Any]], kind: str) -> list[float]:
+    return [_worker_count(w, kind) for w in ws]
+
+
 def test_burst_of_200_splits_evenly_across_worker_processes(stack: Stack) -> None:
     ps = [stack.worker(f"p{i}", "prefill", 0.01) for i in range(2)]
     ds = [stack.worker(f"d{i}", "decode", 0.01) for i in range(2)]
@@ -155,7 +161,7 @@ def test_burst_of_200_splits_evenly_across_worker_processes(stack: Stack) -> Non
 
     assert asyncio.run(burst()) == [200] * 200
     for kind, workers in (("decode", ds), ("prefill", ps)):
-        counts = [_worker_count(w, kind) for w in workers]
+        counts = counted(partial(_worker_counts, workers, kind), 200)
         assert sum(counts) == 200, (kind, counts)
         for n in counts:
             assert 0.45 * 200 <= n <= 0.55 * 200, (kind, counts)
