@@ -56,6 +56,7 @@ from splitserve.policy.admission import (
 from splitserve.policy.placement import EndpointView
 from splitserve.policy.predict.tail import TailRatios
 from splitserve.router.errors import Overloaded
+from splitserve.router.metric_children import Children
 from splitserve.router.pool_view import PoolView
 from splitserve.router.slo import RequestSlo
 
@@ -89,6 +90,7 @@ class Admission:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
+        self._admission = Children(metrics.admission)  # per request (`metric_children`)
         self.tick_s = tick_s
         self.ttft_tail = ttft_tail if ttft_tail is not None else TailRatios()
         self.tightest_percentile = tightest_percentile
@@ -174,7 +176,7 @@ class Admission:
         if views is None:
             views = self.pool.views()
         if not self.settings.admission:
-            self.metrics.admission.labels(rs.label, "admitted").inc()
+            self._admission(rs.label, "admitted").inc()
             predicted_now = self.backlog_s(self._admitting_tokens + prompt_tokens, views)
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
@@ -195,7 +197,7 @@ class Admission:
         )
         for e in evicted:
             self._refuse(e, "shed", "pushed out of the full admission queue")
-        self.metrics.admission.labels(rs.label, verdict.outcome.value).inc()
+        self._admission(rs.label, verdict.outcome.value).inc()
         if verdict.outcome is Outcome.ADMITTED:
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens

@@ -62,6 +62,7 @@ from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFail
 from splitserve.router.fast_lane import FastLane
 from splitserve.router.kv_source import is_member, kv_source_problem
 from splitserve.router.ledger import Ledger
+from splitserve.router.metric_children import Children
 from splitserve.router.mux import MuxLink, MuxLinks, MuxStream
 from splitserve.router.pool_view import PoolView, UnknownEndpoint
 from splitserve.router.profiles import build_decider
@@ -277,6 +278,7 @@ class Dispatcher:
         `pool.link: stream`, the pool's own (its feeds share them: one socket per worker)."""
         self.clock = clock
         self.metrics = metrics
+        self.placements = Children(metrics.placements)  # per request (`metric_children`)
         self.settings = settings or DispatchSettings()
         self.decider = decider or default_decider(ledger=pool.ledger)
         self.canceller = Canceller(self.settings.cancel_timeout_s)
@@ -473,7 +475,7 @@ class Dispatch:
             tpot_target_s=tpot_target,
         )
         placement = d.decider.place(view, views)
-        d.metrics.placements.labels(placement.path.value, placement.reason).inc()
+        d.placements(placement.path.value, placement.reason).inc()
         by_id = {v.id: v for v in views}
         # Reserve at decision time: the next placement (even in this same instant) sees it.
         dv = by_id.get(placement.decode[0])

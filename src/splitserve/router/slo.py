@@ -30,6 +30,7 @@ from splitserve.policy.predict import HistoryPredictor, HistoryWindow, LengthQue
 from splitserve.policy.predict.bucketed import BucketedPredictor
 from splitserve.policy.predict.per_class import ClasslessPredictor, PerClassPredictor
 from splitserve.policy.predict.tail import TailRatios
+from splitserve.router.metric_children import Children
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,12 @@ class SloRuntime:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
+        # Per-request series, each child looked up once (`metric_children`).
+        self._prompt_length = Children(metrics.prompt_length)
+        self._output_length = Children(metrics.output_length)
+        self._prediction_error = Children(metrics.prediction_error)
+        self._slo_requests = Children(metrics.slo_requests)
+        self._slo_misses = Children(metrics.slo_misses)
         self.table = SloClassTable(
             (policy_class(c) for c in settings.classes), settings.default_class
         )
@@ -124,7 +131,7 @@ class SloRuntime:
         deadlines = deadlines_for(cls, request.arrival_s, overrides)
         query = LengthQuery(request.id, request.num_prompt_tokens, 0, request.sampling.max_tokens)
         predicted = self.predictor.predict(cls.name, query)
-        self.metrics.prompt_length.labels(cls.name).observe(request.num_prompt_tokens)
+        self._prompt_length(cls.name).observe(request.num_prompt_tokens)
         return RequestSlo(cls, self.table.label(cls.name), deadlines, predicted)
 
     def finished(
@@ -139,16 +146,14 @@ class SloRuntime:
     ) -> None:
         """Record a request that finished normally (`truncated`: cut by max_tokens or a stop
         string the router applied; such lengths do not teach the predictor)."""
-        m, label = self.metrics, rs.label
-        m.output_length.labels(label).observe(num_output_tokens)
-        m.prediction_error.labels(label).observe(
-            abs(rs.predicted_output_tokens - num_output_tokens)
-        )
+        label = rs.label
+        self._output_length(label).observe(num_output_tokens)
+        self._prediction_error(label).observe(abs(rs.predicted_output_tokens - num_output_tokens))
         if not truncated and num_output_tokens > 0:
             self.predictor.observe(rs.cls.name, request.num_prompt_tokens, num_output_tokens)
         ttft_ok, tpot_ok = rs.deadlines.met(ttft_s if ttft_s is not None else e2e_s, tpot_s, e2e_s)
-        m.slo_requests.labels(label, "met" if ttft_ok and tpot_ok else "missed").inc()
+        self._slo_requests(label, "met" if ttft_ok and tpot_ok else "missed").inc()
         if not ttft_ok:
-            m.slo_misses.labels(label, "ttft").inc()
+            self._slo_misses(label, "ttft").inc()
         if not tpot_ok:
-            m.slo_misses.labels(label, "tpot").inc()
+            self._slo_misses(label, "tpot").inc()
