@@ -152,6 +152,16 @@ class MuxStream:
         lane = self.lane
         if lane is None:
             return
+        items = self._items
+        if items and lane.held:
+            # The request's task wakes anyway: a chunk the lane did not take (the last one, as
+            # a rule) is queued behind the tokens it took from the same read. The tokens go
+            # back in front of it, where the lane found the queue empty, so the task's merged
+            # read (`_merge`) handles them with it: one event and one write instead of a lane
+            # write and a task write. What the task then does is what it does with the lane off.
+            items.appendleft(_TokenChunk(token_ids=lane.held))
+            lane.held.clear()
+            return
         try:
             lane.flush()
         except Exception as err:  # the reader serves every request: fail this one alone

@@ -15,6 +15,7 @@ from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.router.dispatch import Chunk, Dispatch
 from splitserve.router.errors import InvalidRequest, WorkersFailed
+from splitserve.router.fast_lane import FastLane
 from splitserve.router.mux import MuxStream
 from tests.fakes.fake_worker import Script
 from tests.unit.router.conftest import StackFactory, WorkerFactory
@@ -127,3 +128,65 @@ async def test_chunks_queued_together_are_read_as_one() -> None:
     stream._push(common_pb2.TokenChunk(finish_reason=common_pb2.FINISH_REASON_ERROR, error="x"))
     assert list((await stream.read()).token_ids) == [7]
     assert (await stream.read()).finish_reason == common_pb2.FINISH_REASON_ERROR
+
+
+async def test_tokens_the_lane_took_join_a_last_chunk_read_with_them() -> None:
+    """One read brings a mid-stream chunk (the fast lane takes it) and the last chunk (queued:
+    the task wakes for it). The lane writes nothing: its tokens go back in front of the last
+    chunk and the task reads both as one chunk (one event, one write, as with the lane off)."""
+
+    class _Link:
+        loop = asyncio.get_running_loop()
+        name = "w"
+
+        def __init__(self) -> None:
+            self._held: list[MuxStream] = []
+
+    class _Out:
+        writable = True
+
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write_chunk_now(self, body: bytes) -> None:
+            self.written.append(body)
+
+    class _Detok:
+        def push(self, token_ids: object) -> str:
+            return "text"
+
+    class _Fmt:
+        def delta_event(self, text: str, *, with_usage: bool) -> bytes:
+            return text.encode()
+
+    link, out = _Link(), _Out()
+    seen: list[tuple[int, ...]] = []
+    stream = MuxStream(link, 1, None, lambda: None)  # type: ignore[arg-type]
+    lane = FastLane()
+    lane.attach(stream, seen.append)
+    lane.out, lane.detok, lane.fmt = out, _Detok(), _Fmt()  # type: ignore[assignment]
+    reading = asyncio.ensure_future(stream.read())
+    await asyncio.sleep(0)  # the task is parked in `read`, nothing queued
+    stream._push(common_pb2.TokenChunk(token_ids=[1, 2]))
+    stream._push(
+        common_pb2.TokenChunk(token_ids=[3], finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    )
+    assert lane.taken == 1
+    assert link._held == [stream]
+    stream._flush_lane()  # the end of the read
+    assert out.written == []
+    assert seen == []
+    chunk = await reading
+    assert list(chunk.token_ids) == [1, 2, 3]
+    assert chunk.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    # A mid-stream chunk read alone is still the lane's.
+    stream = MuxStream(link, 2, None, lambda: None)  # type: ignore[arg-type]
+    lane.attach(stream, seen.append)
+    reading = asyncio.ensure_future(stream.read())
+    await asyncio.sleep(0)
+    stream._push(common_pb2.TokenChunk(token_ids=[4]))
+    stream._flush_lane()
+    assert out.written == [b"text"]
+    assert seen == [(4,)]
+    assert not reading.done()
+    reading.cancel()
