@@ -207,6 +207,8 @@ async def test_sampling_fields_reach_an_aggregated_worker(
     ("extra", "param"),
     [
         ({"logit_bias": {"x": 1}}, "logit_bias"),
+        # str.isdigit() is True for "²", which int() refuses: it was a 500.
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"999999": 1}}, "logit_bias"),
         ({"allowed_token_ids": []}, "allowed_token_ids"),
