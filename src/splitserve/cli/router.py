@@ -303,7 +303,7 @@ def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
     worker that never answers, with nothing logged)."""
     for value in values:
         host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise click.BadParameter(
                 f"{value!r}: expected HOST:PORT with a port from 1 to 65535", param_hint="--worker"
             )
