@@ -24,7 +24,7 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
-from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
     bind_errors_named,
     ready_file_option,
@@ -81,7 +81,13 @@ def router() -> None:
     help="A JSON file of worker endpoints, re-read at run time (what `splitserve up "
     "--autoscale` writes; docs/autoscaling.md).",
 )
-@click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
+@click.option(
+    "--model",
+    type=NonBlank(),
+    default="splitserve-sim",
+    show_default=True,
+    help="Served model name.",
+)
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path),

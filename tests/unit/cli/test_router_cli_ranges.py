@@ -38,6 +38,8 @@ from splitserve.cli import router as cli_router
         # Arabic-Indic 3) was taken and watched for ever as a worker at port 3.
         ("--worker", "127.0.0.1:\u00b2"),
         ("--worker", "127.0.0.1:\u0663"),
+        # was RouterConfig's pydantic block naming `model_name`, not the flag
+        ("--model", ""),
     ],
 )
 def test_a_value_it_cannot_honour_is_refused_naming_the_flag(
