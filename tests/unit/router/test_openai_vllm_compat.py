@@ -218,6 +218,9 @@ async def test_sampling_fields_reach_an_aggregated_worker(
         ({"min_p": 1.5}, "min_p"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"min_tokens": "3"}, "min_tokens"),
+        # beyond the proto's int32 / uint32: a ValueError building SamplingParams, a 500
+        ({"top_k": 99999999999}, "top_k"),
+        ({"min_tokens": 99999999999}, "min_tokens"),
     ],
 )
 async def test_bad_sampling_values_are_400(
