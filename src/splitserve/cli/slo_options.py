@@ -100,6 +100,23 @@ def slo_args(opts: dict[str, Any]) -> list[str]:
     return args
 
 
+def _read_yaml(path: Path) -> Any:
+    """The `--slo-config` file's content; one that is not UTF-8 text or not YAML is a usage error
+    naming the flag, the file and the line (it was yaml's or the codec's traceback)."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise click.BadParameter(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start})", param_hint="--slo-config"
+        ) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        why = getattr(err, "problem", None) or str(err).splitlines()[0]
+        message = f"{path}: not YAML{at}: {why}"
+        raise click.BadParameter(message, param_hint="--slo-config") from None
+
+
 def slo_settings(
     slo_classes: Sequence[str],
     default_slo_class: str | None,
@@ -111,7 +128,7 @@ def slo_settings(
     """(SLO settings or None when no SLO option was given, placement settings)."""
     file: dict[str, Any] = {}
     if slo_config is not None:
-        data = yaml.safe_load(slo_config.read_text())
+        data = _read_yaml(slo_config)
         if not isinstance(data, dict):
             raise click.BadParameter(f"{slo_config}: not a YAML mapping", param_hint="--slo-config")
         unknown = set(data) - {"sloClasses", "defaultSloClass", "router"}
