@@ -26,13 +26,12 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
-class NonBlank(click.ParamType):
+class NonBlank(click.types.StringParamType):
     """A string option that must hold more than white space (a model name: an empty one made
     `up` start its workers and then fail in the router's child, naming no flag)."""
 
-    name = "text"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not str(value).strip():
-            self.fail(f"{value!r} is empty.", param, ctx)
-        return value
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = super().convert(value, param, ctx)
+        if not text.strip():
+            self.fail(f"{text!r} is empty.", param, ctx)
+        return text
