@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
-import yaml
 from pydantic import ValidationError
 
 from splitserve.aio import stop_task
@@ -31,7 +30,7 @@ from splitserve.cli.process import (
     run_until_signalled,
     without_torch,
 )
-from splitserve.cli.slo_options import slo_options, slo_settings
+from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
@@ -481,10 +480,10 @@ def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
     Keys the file has and this router does not know are logged and ignored.
 
     Raises:
-        click.BadParameter: not a YAML mapping.
+        click.BadParameter: not UTF-8 text, not YAML, or not a YAML mapping.
         pydantic.ValidationError: a bad value.
     """
-    data = yaml.safe_load(path.read_text())
+    data = read_yaml(path, "--config")
     if not isinstance(data, dict):
         raise click.BadParameter(f"{path}: not a YAML mapping", param_hint="--config")
     parsed, ignored = RouterFile.from_configmap(data)

@@ -100,21 +100,20 @@ def slo_args(opts: dict[str, Any]) -> list[str]:
     return args
 
 
-def _read_yaml(path: Path) -> Any:
-    """The `--slo-config` file's content; one that is not UTF-8 text or not YAML is a usage error
-    naming the flag, the file and the line (it was yaml's or the codec's traceback)."""
+def read_yaml(path: Path, flag: str) -> Any:
+    """A YAML file's content; one that is not UTF-8 text or not YAML is a usage error naming
+    `flag`, the file and the line (it was yaml's or the codec's traceback)."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
         raise click.BadParameter(
-            f"{path}: not UTF-8 text ({err.reason} at byte {err.start})", param_hint="--slo-config"
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start})", param_hint=flag
         ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" (line {mark.line + 1})" if mark is not None else ""
         why = getattr(err, "problem", None) or str(err).splitlines()[0]
-        message = f"{path}: not YAML{at}: {why}"
-        raise click.BadParameter(message, param_hint="--slo-config") from None
+        raise click.BadParameter(f"{path}: not YAML{at}: {why}", param_hint=flag) from None
 
 
 def slo_settings(
@@ -128,7 +127,7 @@ def slo_settings(
     """(SLO settings or None when no SLO option was given, placement settings)."""
     file: dict[str, Any] = {}
     if slo_config is not None:
-        data = _read_yaml(slo_config)
+        data = read_yaml(slo_config, "--slo-config")
         if not isinstance(data, dict):
             raise click.BadParameter(f"{slo_config}: not a YAML mapping", param_hint="--slo-config")
         unknown = set(data) - {"sloClasses", "defaultSloClass", "router"}
