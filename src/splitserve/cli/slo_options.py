@@ -45,7 +45,23 @@ def parse_slo_class(text: str) -> v1.SloClassSpec:
     try:
         return v1.SloClassSpec.model_validate(values)
     except ValidationError as err:
-        raise click.BadParameter(str(err), param_hint="--slo-class") from err
+        raise click.BadParameter(_one_line(err), param_hint="--slo-class") from None
+
+
+def _one_line(err: ValidationError) -> str:
+    """Pydantic's errors as `key='value': message; ...` (it was pydantic's block, with its URL;
+    the value left out where it adds nothing: a missing or unknown key, a whole-class check)."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(map(str, e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if not loc:
+            parts.append(msg)
+        elif e["type"] in ("missing", "extra_forbidden"):
+            parts.append(f"{loc}: {msg}")
+        else:
+            parts.append(f"{loc}={e['input']!r}: {msg}")
+    return "; ".join(parts)
 
 
 def slo_options(f: F) -> F:
