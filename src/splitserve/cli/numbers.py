@@ -1,9 +1,11 @@
-"""Float options that refuse nan and inf.
+"""Option types: floats that refuse nan and inf (`FiniteFloat`), names that refuse blank
+values (`NonBlank`).
 
-click's `FloatRange` lets both through its bounds (nan compares false with every bound, inf is
-above every lower one), and `float` takes them as it takes any number; no flag of `splitserve`
-means anything by them, so every float option uses `FiniteFloat` and a bad value is a usage error
-naming the flag (exit 2) instead of a traceback or a table of nan deep inside a run.
+click's `FloatRange` lets nan and inf through its bounds (nan compares false with every bound,
+inf is above every lower one), and `float` takes them as it takes any number; no flag of
+`splitserve` means anything by them, so every float option uses `FiniteFloat` and a bad value is
+a usage error naming the flag (exit 2) instead of a traceback or a table of nan deep inside a
+run.
 """
 
 from __future__ import annotations
@@ -22,3 +24,14 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return rv
+
+
+class NonBlank(click.types.StringParamType):
+    """A string option that must hold more than white space (a model name: an empty one made
+    `up` start its workers and then fail in the router's child, naming no flag)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = super().convert(value, param, ctx)
+        if not text.strip():
+            self.fail(f"{text!r} is empty.", param, ctx)
+        return text

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
-import yaml
 from pydantic import ValidationError
 
 from splitserve.aio import stop_task
@@ -24,14 +23,14 @@ from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.cli import logs
-from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
     bind_errors_named,
     ready_file_option,
     run_until_signalled,
     without_torch,
 )
-from splitserve.cli.slo_options import slo_options, slo_settings
+from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
@@ -81,7 +80,13 @@ def router() -> None:
     help="A JSON file of worker endpoints, re-read at run time (what `splitserve up "
     "--autoscale` writes; docs/autoscaling.md).",
 )
-@click.option("--model", default="splitserve-sim", show_default=True, help="Served model name.")
+@click.option(
+    "--model",
+    type=NonBlank(),
+    default="splitserve-sim",
+    show_default=True,
+    help="Served model name.",
+)
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path),
@@ -303,7 +308,7 @@ def _worker_addresses(values: tuple[str, ...]) -> tuple[str, ...]:
     worker that never answers, with nothing logged)."""
     for value in values:
         host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise click.BadParameter(
                 f"{value!r}: expected HOST:PORT with a port from 1 to 65535", param_hint="--worker"
             )
@@ -475,10 +480,10 @@ def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
     Keys the file has and this router does not know are logged and ignored.
 
     Raises:
-        click.BadParameter: not a YAML mapping.
+        click.BadParameter: not UTF-8 text, not YAML, or not a YAML mapping.
         pydantic.ValidationError: a bad value.
     """
-    data = yaml.safe_load(path.read_text())
+    data = read_yaml(path, "--config")
     if not isinstance(data, dict):
         raise click.BadParameter(f"{path}: not a YAML mapping", param_hint="--config")
     parsed, ignored = RouterFile.from_configmap(data)

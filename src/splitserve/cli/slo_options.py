@@ -45,7 +45,23 @@ def parse_slo_class(text: str) -> v1.SloClassSpec:
     try:
         return v1.SloClassSpec.model_validate(values)
     except ValidationError as err:
-        raise click.BadParameter(str(err), param_hint="--slo-class") from err
+        raise click.BadParameter(_one_line(err), param_hint="--slo-class") from None
+
+
+def _one_line(err: ValidationError) -> str:
+    """Pydantic's errors as `key='value': message; ...` (it was pydantic's block, with its URL;
+    the value left out where it adds nothing: a missing or unknown key, a whole-class check)."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(map(str, e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if not loc:
+            parts.append(msg)
+        elif e["type"] in ("missing", "extra_forbidden"):
+            parts.append(f"{loc}: {msg}")
+        else:
+            parts.append(f"{loc}={e['input']!r}: {msg}")
+    return "; ".join(parts)
 
 
 def slo_options(f: F) -> F:
@@ -100,6 +116,22 @@ def slo_args(opts: dict[str, Any]) -> list[str]:
     return args
 
 
+def read_yaml(path: Path, flag: str) -> Any:
+    """A YAML file's content; one that is not UTF-8 text or not YAML is a usage error naming
+    `flag`, the file and the line (it was yaml's or the codec's traceback)."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise click.BadParameter(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start})", param_hint=flag
+        ) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        why = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise click.BadParameter(f"{path}: not YAML{at}: {why}", param_hint=flag) from None
+
+
 def slo_settings(
     slo_classes: Sequence[str],
     default_slo_class: str | None,
@@ -111,7 +143,7 @@ def slo_settings(
     """(SLO settings or None when no SLO option was given, placement settings)."""
     file: dict[str, Any] = {}
     if slo_config is not None:
-        data = yaml.safe_load(slo_config.read_text())
+        data = read_yaml(slo_config, "--slo-config")
         if not isinstance(data, dict):
             raise click.BadParameter(f"{slo_config}: not a YAML mapping", param_hint="--slo-config")
         unknown = set(data) - {"sloClasses", "defaultSloClass", "router"}

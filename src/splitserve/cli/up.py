@@ -26,7 +26,7 @@ import click
 
 from splitserve.api.router import PlacementSettings
 from splitserve.cli import logs
-from splitserve.cli.numbers import FiniteFloat
+from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import die_with_parent, without_torch
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
@@ -310,6 +310,7 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 )
 @click.option(
     "--model",
+    type=NonBlank(),
     default="splitserve-sim",
     show_default=True,
     help="sim: the served name; vllm: a Hugging Face model directory.",

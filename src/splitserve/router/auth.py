@@ -54,9 +54,18 @@ def load_key_file(path: Path) -> KeyFile:
     """Parse a key file (YAML or JSON).
 
     Raises:
-        ValueError: not a mapping, or an invalid tenant (named).
+        ValueError: not UTF-8 text, not YAML (the line named), not a mapping, or an invalid
+            tenant (named). (yaml's own errors were a traceback at start-up.)
     """
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        why = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path}: not YAML{at}: {why}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a mapping with `tenants`")
     try:

@@ -207,7 +207,7 @@ class OpenAiApi:
     def slo_header(self, http: HttpRequest) -> str:
         """The `x-slo-class` header ("" when absent: the default class); an empty one is a 400
         (as an unknown class is), not the default class taken silently."""
-        value = http.headers.get(_SLO_HEADER)
+        value = _one_header(http, _SLO_HEADER)
         if value is None:
             return ""
         if not value.strip():
@@ -324,10 +324,19 @@ def _with_headers(response: Response, headers: dict[str, str] | None) -> Respons
     return response
 
 
+def _one_header(http: HttpRequest, name: str) -> str | None:
+    """The header's value (None when absent); sent more than once, a 400 naming it (the first
+    value was taken and the others dropped without a word)."""
+    values = http.headers.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, f"{name}: sent {len(values)} times; send it once", param=name)
+    return values[0] if values else None
+
+
 def _slo_overrides(http: HttpRequest) -> tuple[tuple[str, str], ...]:
     out = []
     for header in _SLO_OVERRIDE_HEADERS:
-        value = http.headers.get(header)
+        value = _one_header(http, header)
         if value is None:
             continue
         try:

@@ -513,7 +513,8 @@ def sampler_knobs(req: wire.SamplingFields) -> SamplerKnobs:
     """The sampler fields of a request. Raises `ApiError` for malformed `logit_bias`."""
     bias: list[tuple[int, float]] = []
     for key, value in (req.logit_bias or {}).items():
-        if not key.isdigit():
+        # ASCII digits only: str.isdigit() also holds for "²", which int() refuses.
+        if not (key.isascii() and key.isdigit()):
             raise ApiError(400, f"logit_bias: {key!r} is not a token id", param="logit_bias")
         if not -100 <= value <= 100:
             raise ApiError(

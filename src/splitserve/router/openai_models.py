@@ -56,7 +56,7 @@ class SamplingFields(_Wire):
     """OpenAI's end-user label: accepted and not used (it has no effect in OpenAI's API either
     beyond abuse monitoring)."""
     # Sampling beyond OpenAI's (vLLM's extensions), passed to the engine's sampler.
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)  # the proto's int32
     """Sample from the k most likely tokens (0 or -1: all). `1` is greedy."""
     min_p: float | None = Field(None, ge=0, le=1)
     """Drop tokens less likely than `min_p` x the most likely token's probability."""
@@ -65,7 +65,7 @@ class SamplingFields(_Wire):
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     logit_bias: dict[str, float] | None = None
     """Token id (as a string, OpenAI's form) -> bias added to its logit, in [-100, 100]."""
-    min_tokens: int | None = Field(None, ge=0)
+    min_tokens: int | None = Field(None, ge=0, le=2**32 - 1)  # the proto's uint32
     """Generate at least this many tokens before an end-of-text token or stop token may end it."""
     bad_words: list[str] | None = None
     """Words (tokenized by the engine) that are never generated."""

@@ -131,7 +131,17 @@ class RouterServer:
         self._metrics_server: WSGIServer | None = None
 
     async def start(self) -> None:
-        """Load the tokenizer, watch the workers, open both ports. Returns once they listen."""
+        """Load the tokenizer, watch the workers, open both ports. Returns once they listen.
+        A start that fails part way (a busy HTTP or metrics port) stops what it had started
+        before raising: the gRPC server left listening was noise from its finalizer at exit
+        ("Error in sys.excepthook")."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
+
+    async def _start(self) -> None:
         tokenizer = self._tokenizer
         if tokenizer is None:
             tokenizer = await asyncio.to_thread(TextTokenizer.from_dir, self.config.tokenizer_dir)

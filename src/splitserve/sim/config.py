@@ -28,6 +28,7 @@ from splitserve.core.perf import (
 )
 from splitserve.core.request import SloClass
 from splitserve.core.roles import parse_role
+from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.workload import (
@@ -221,6 +222,8 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
                 latency = LinkedModel(latency, kv_link(cfg.kv_link), cfg.time_scale)
             except ValueError as err:
                 raise ConfigError(str(err)) from err
+    for index, pool in enumerate(cfg.pools):
+        _check_policy(index, pool)
     pools = tuple(
         PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
         for p in cfg.pools
@@ -228,6 +231,16 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
     return ClusterSpec(
         pools, kv_overlap=cfg.kv_overlap, load_report_interval_s=cfg.load_report_interval_s
     )
+
+
+def _check_policy(index: int, pool: PoolConfig) -> None:
+    """Build a pool's step policy once, so a parameter it does not take is a `ConfigError`
+    naming the pool (it was a TypeError traceback from inside the run); an unknown policy name
+    is the registry's own `ConfigError`."""
+    try:
+        make_batching_policy(pool.policy, **pool.policy_params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"pools[{index}] ({pool.name}).policy_params: {err}") from err
 
 
 def slo_classes(cfg: ScenarioConfig) -> dict[SloClassName, SloClass]:

@@ -341,52 +341,58 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         clock=SystemClock(),
     )
     service.pull_log = KvPullLog.from_env()  # SPLITSERVE_KV_PULL_LOG=<path>: per-pull log
-    await engine.start()
-    collector = getattr(engine, "metrics_collector", None)
-    if collector is not None:  # vLLM's own metrics, renamed through one mapping table
-        registry.register(collector())
-    native = getattr(engine, "native_metrics_collector", None)
-    if native is not None:  # and under vLLM's own names (`vllm:*`), as `vllm serve` has them
-        registry.register(native())
-    kv_warm = KvWarmService(engine, address) if isinstance(engine, KvPeerEngine) else None
-    if kv_warm is not None:  # KV pairs set up before requests (the router's WarmKv)
-        # A Decode's NIXL endpoint must be its source worker's own (docs/security.md).
-        service.kv_sources = kv_warm.sources = KvSources(release.channel)
-        worker_pb2_grpc.add_WorkerKvServicer_to_server(kv_warm, server)
-    health_server = None
+    kv_warm: KvWarmService | None = None
+    health_server: grpc.aio.Server | None = None
     health_port = None
-    if cfg.health_port is not None:
-        health_server, health_port = bind_health(cfg.host, cfg.health_port)
-    await start(server, service, health_server)
     link_server = None
-    if cfg.link_port is not None:
-        link_server, service.link_port = await link.start(service, cfg.host, cfg.link_port)
     metrics_port = None
     http_server = None
-    if cfg.metrics_port is not None:
-        http_server, _thread = start_http_server(cfg.metrics_port, cfg.host, registry)
-        metrics_port = http_server.server_port
-    log.info(
-        "worker %s (%s) serving on %s, metrics on %s",
-        service.identity.worker_id,
-        cfg.role,
-        address,
-        metrics_port,
-    )
-    if cfg.ready_file is not None:
-        _write_ready(
-            cfg.ready_file,
-            {
-                "address": address,
-                "port": port,
-                "metrics_port": metrics_port,
-                "health_port": health_port,
-                "link_port": service.link_port or None,
-                "pid": os.getpid(),
-                "role": cfg.role.value,
-            },
-        )
+    engine_started = False
+    # Everything started is stopped on the way out, also when start-up fails part way (a busy
+    # --metrics-port, say): the gRPC server left running was a traceback from its finalizer
+    # ("Event loop is closed") after the one-line error.
     try:
+        await engine.start()
+        engine_started = True
+        collector = getattr(engine, "metrics_collector", None)
+        if collector is not None:  # vLLM's own metrics, renamed through one mapping table
+            registry.register(collector())
+        native = getattr(engine, "native_metrics_collector", None)
+        if native is not None:  # and under vLLM's own names (`vllm:*`), as `vllm serve` has them
+            registry.register(native())
+        kv_warm = KvWarmService(engine, address) if isinstance(engine, KvPeerEngine) else None
+        if kv_warm is not None:  # KV pairs set up before requests (the router's WarmKv)
+            # A Decode's NIXL endpoint must be its source worker's own (docs/security.md).
+            service.kv_sources = kv_warm.sources = KvSources(release.channel)
+            worker_pb2_grpc.add_WorkerKvServicer_to_server(kv_warm, server)
+        if cfg.health_port is not None:
+            health_server, health_port = bind_health(cfg.host, cfg.health_port)
+        await start(server, service, health_server)
+        if cfg.link_port is not None:
+            link_server, service.link_port = await link.start(service, cfg.host, cfg.link_port)
+        if cfg.metrics_port is not None:
+            http_server, _thread = start_http_server(cfg.metrics_port, cfg.host, registry)
+            metrics_port = http_server.server_port
+        log.info(
+            "worker %s (%s) serving on %s, metrics on %s",
+            service.identity.worker_id,
+            cfg.role,
+            address,
+            metrics_port,
+        )
+        if cfg.ready_file is not None:
+            _write_ready(
+                cfg.ready_file,
+                {
+                    "address": address,
+                    "port": port,
+                    "metrics_port": metrics_port,
+                    "health_port": health_port,
+                    "link_port": service.link_port or None,
+                    "pid": os.getpid(),
+                    "role": cfg.role.value,
+                },
+            )
         if stop is None:
             await asyncio.Event().wait()
         else:
@@ -397,7 +403,8 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         await server.stop(grace=1.0)
         if health_server is not None:
             await health_server.stop(grace=None)
-        await engine.stop()
+        if engine_started:
+            await engine.stop()
         await release.close()
         if kv_warm is not None:
             await kv_warm.close()

@@ -5,7 +5,8 @@ Before: `--port -1`, `--port 70000`, `--grpc-port -5`, `--max-model-len 0`,
 `--default-max-tokens 0` and `--min-prompt-tokens-for-pd -1` were refused by RouterConfig's
 validation, naming its field (`http_port`, `placement.min_prompt_tokens_for_pd`) rather than the
 flag; `--worker notanaddress` (or `127.0.0.1:0`) was watched for ever as a worker that never
-answered, with nothing logged.
+answered, with nothing logged. `--worker 127.0.0.1:²` was a traceback (str.isdigit() holds
+for Unicode digits that int() refuses).
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from splitserve.cli import router as cli_router
         ("--worker", "127.0.0.1:70000"),
         ("--worker", ":50051"),
         ("--worker", "host:port"),
+        # Unicode digits: "²" passed str.isdigit() and int() raised (a traceback); "٣" (an
+        # Arabic-Indic 3) was taken and watched for ever as a worker at port 3.
+        ("--worker", "127.0.0.1:\u00b2"),
+        ("--worker", "127.0.0.1:\u0663"),
+        # was RouterConfig's pydantic block naming `model_name`, not the flag
+        ("--model", ""),
     ],
 )
 def test_a_value_it_cannot_honour_is_refused_naming_the_flag(

@@ -44,6 +44,9 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
         # measured on an H100: the default --sim-hardware a100-80g does not fit it
         (["--sim-latency-model", "vidur-h100"], "--sim-latency-model"),
         (["--tokenizer", "/nonexistent/tokenizer"], "--tokenizer"),
+        # up started both workers, then the router's child failed naming `model_name`
+        (["--model", ""], "--model"),
+        (["--model", " "], "--model"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:

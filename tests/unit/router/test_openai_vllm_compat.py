@@ -207,6 +207,8 @@ async def test_sampling_fields_reach_an_aggregated_worker(
     ("extra", "param"),
     [
         ({"logit_bias": {"x": 1}}, "logit_bias"),
+        # str.isdigit() is True for "²", which int() refuses: it was a 500.
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"999999": 1}}, "logit_bias"),
         ({"allowed_token_ids": []}, "allowed_token_ids"),
@@ -216,6 +218,9 @@ async def test_sampling_fields_reach_an_aggregated_worker(
         ({"min_p": 1.5}, "min_p"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"min_tokens": "3"}, "min_tokens"),
+        # beyond the proto's int32 / uint32: a ValueError building SamplingParams, a 500
+        ({"top_k": 99999999999}, "top_k"),
+        ({"min_tokens": 99999999999}, "min_tokens"),
     ],
 )
 async def test_bad_sampling_values_are_400(

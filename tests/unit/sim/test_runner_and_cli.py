@@ -284,3 +284,26 @@ def test_validate_refuses_speed_trace_and_run_steps_together(tmp_path: Path) -> 
     assert res.exit_code == 2, res.output
     assert "--speed-trace" in res.output
     assert "--run-steps" in res.output
+
+
+@pytest.mark.parametrize(
+    ("pool", "says"),
+    [
+        # a TypeError traceback from the policy's params dataclass, after the run had begun;
+        # a value it refuses was exit 1 naming no pool
+        ({"policy": "fcfs", "policy_params": {"bogus": 3}}, "bogus"),
+        ({"policy": "sarathi", "policy_params": {"chunk_tokens": 0}}, "chunk_tokens"),
+    ],
+)
+def test_a_step_policy_param_it_cannot_take_is_refused_naming_the_pool(
+    tmp_path: Path, pool: dict[str, object], says: str
+) -> None:
+    pools = [
+        {"name": "prefill", "role": "prefill", "replicas": 1},
+        {"name": "decode", "role": "decode", "replicas": 1, **pool},
+    ]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "pools[1] (decode).policy_params" in res.output
+    assert says in res.output
+    assert "Traceback" not in res.output
