@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated, Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from splitserve.api.v1alpha1 import Model, PullPolicy, ResourceRequirements
+
+NAMESPACE: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A namespace name (an RFC 1123 label)."""
+
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAMESPACE)]
 
 
 class ImageValues(Model):
@@ -59,8 +65,11 @@ class OperatorValues(Model):
     """Operator pods. One: the operator runs standalone (no peering), so it must not run twice."""
     log_level: LogLevel = LogLevel.INFO
     """Log level of the operator."""
-    watch_namespaces: list[str] = Field(default_factory=list)
-    """Namespaces to watch for LLMServices. Empty: the release namespace only."""
+    watch_namespaces: list[NamespaceName] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True}
+    )
+    """Namespaces to watch for LLMServices (distinct namespace names). Empty: the release
+    namespace only."""
     all_namespaces: bool = False
     """Watch every namespace (cluster-wide RBAC instead of per-namespace Roles)."""
     router_image: str = ""
@@ -83,6 +92,14 @@ class OperatorValues(Model):
     """Extra annotations of the operator pod."""
     metrics_port: int = Field(8080, ge=1, le=65535)
     """Port of the operator's liveness endpoint (`/healthz`)."""
+
+    @field_validator("watch_namespaces")
+    @classmethod
+    def _distinct(cls, namespaces: list[str]) -> list[str]:
+        repeated = sorted({ns for ns in namespaces if namespaces.count(ns) > 1})
+        if repeated:
+            raise ValueError(f"names a namespace more than once: {', '.join(repeated)}")
+        return namespaces
 
 
 class ServiceAccountValues(Model):
