@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Final
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from splitserve.api.v1alpha1 import Model, PullPolicy, ResourceRequirements
 
@@ -101,6 +101,20 @@ class OperatorValues(Model):
             raise ValueError(f"names a namespace more than once: {', '.join(repeated)}")
         return namespaces
 
+    @model_validator(mode="after")
+    def _consistent(self) -> OperatorValues:
+        if self.all_namespaces and self.watch_namespaces:
+            raise ValueError(
+                "watchNamespaces is unused with allNamespaces: true (every namespace is "
+                "watched); set one of them"
+            )
+        if self.cert_manager.enabled and not self.internal_tls:
+            raise ValueError(
+                "certManager.enabled needs internalTls: true (cert-manager issues the internal "
+                "TLS certificates)"
+            )
+        return self
+
 
 class ServiceAccountValues(Model):
     create: bool = True
@@ -166,3 +180,12 @@ class ChartValues(Model):
     """RBAC objects."""
     monitoring: MonitoringValues = Field(default_factory=MonitoringValues)
     """Prometheus scraping and Grafana dashboards."""
+
+    @model_validator(mode="after")
+    def _ports(self) -> ChartValues:
+        if self.operator.metrics_port == self.monitoring.operator_metrics_port:
+            raise ValueError(
+                f"operator.metricsPort and monitoring.operatorMetricsPort are both "
+                f"{self.operator.metrics_port}: the liveness endpoint and /metrics need a port each"
+            )
+        return self

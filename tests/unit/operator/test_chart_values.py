@@ -5,6 +5,8 @@ would leave unused, is refused at `helm install` (values.schema.json, generated 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +52,50 @@ def test_watch_namespaces_take_namespace_names() -> None:
         "0ps",
         "b" * 63,
     ]
+
+
+def _helm() -> str:
+    local = ROOT / ".venv/bin/helm"
+    helm = str(local) if local.exists() else shutil.which("helm")
+    if helm is None:
+        pytest.skip("helm is not installed (make helm)")
+    return helm
+
+
+def _template(*sets: str) -> subprocess.CompletedProcess[str]:
+    args = [_helm(), "template", "x", str(ROOT / "charts/splitserve"), "--namespace", "ops"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+
+
+CONTRADICTIONS = {
+    "watch-list-and-all": (
+        ("operator.allNamespaces=true", "operator.watchNamespaces={team-a}"),
+        {"operator": {"allNamespaces": True, "watchNamespaces": ["team-a"]}},
+        "operator.watchNamespaces",
+    ),
+    "cert-manager-without-tls": (
+        ("operator.internalTls=false", "operator.certManager.enabled=true"),
+        {"operator": {"internalTls": False, "certManager": {"enabled": True}}},
+        "operator.certManager.enabled",
+    ),
+    "one-port-twice": (
+        ("operator.metricsPort=9000", "monitoring.operatorMetricsPort=9000"),
+        {"operator": {"metricsPort": 9000}, "monitoring": {"operatorMetricsPort": 9000}},
+        "operator.metricsPort",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTRADICTIONS))
+def test_values_that_contradict_each_other_are_refused_naming_them(case: str) -> None:
+    """Each pair was rendered with one of its values unused (the watch list under
+    allNamespaces, cert-manager without internal TLS) or into an operator that cannot start
+    (liveness and /metrics on one port: the second bind fails)."""
+    sets, values, named = CONTRADICTIONS[case]
+    with pytest.raises(ValidationError, match=named.split(".")[-1]):
+        ChartValues.model_validate(values)
+    out = _template(*sets)
+    assert out.returncode != 0, out.stdout
+    assert named in out.stderr, out.stderr
