@@ -17,8 +17,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* app.kubernetes.io/name is always splitserve, whatever nameOverride: the workers'
+     NetworkPolicy admits the operator by it (LLMService networkPolicy.operatorLabels), and the
+     PodMonitor selects the operator and the workers by it. */}}
 {{- define "splitserve.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "splitserve.name" . }}
+app.kubernetes.io/name: splitserve
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}

@@ -12,8 +12,10 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.chart import ChartValues
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -99,3 +101,24 @@ def test_values_that_contradict_each_other_are_refused_naming_them(case: str) ->
     out = _template(*sets)
     assert out.returncode != 0, out.stdout
     assert named in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("name_override", ["", "llm"])
+def test_operator_pods_match_the_default_network_policy_and_pod_monitor(
+    name_override: str,
+) -> None:
+    """Workers admit the operator by `networkPolicy.operatorLabels` (default
+    `app.kubernetes.io/name: splitserve`, component operator) and the PodMonitor selects the same
+    name: `nameOverride` renames objects, never those labels (else every flip's RPC is
+    dropped by the workers' NetworkPolicy and the operator goes unscraped)."""
+    out = _template(f"nameOverride={name_override}", "monitoring.podMonitor.enabled=true")
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert v1.NetworkPolicySpec().operator_labels.items() <= labels.items()
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")["spec"]["selector"]
+    assert monitor["matchLabels"].items() <= labels.items()
+    if name_override:
+        assert deployment["metadata"]["name"] == f"x-{name_override}"
