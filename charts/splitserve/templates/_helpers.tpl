@@ -17,8 +17,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* app.kubernetes.io/name is always splitserve, whatever nameOverride: the workers'
+     NetworkPolicy admits the operator by it (LLMService networkPolicy.operatorLabels), and the
+     PodMonitor selects the operator and the workers by it. */}}
 {{- define "splitserve.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "splitserve.name" . }}
+app.kubernetes.io/name: splitserve
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
@@ -147,4 +150,19 @@ certificates, in every watched namespace. */}}
 {{- else }}
 {{ include "splitserve.internalTlsRules" . }}
 {{- end }}
+{{- end -}}
+
+{{/* Values that contradict each other (ChartValues refuses the same): fail naming them rather
+     than render one of them unused, or an operator that cannot start. */}}
+{{- define "splitserve.checkValues" -}}
+{{- $op := .Values.operator -}}
+{{- if and $op.allNamespaces $op.watchNamespaces -}}
+{{- fail "operator.watchNamespaces is unused with operator.allNamespaces: true (every namespace is watched); set one of them" -}}
+{{- end -}}
+{{- if and $op.certManager.enabled (not $op.internalTls) -}}
+{{- fail "operator.certManager.enabled needs operator.internalTls: true (cert-manager issues the internal TLS certificates); set internalTls or turn certManager off" -}}
+{{- end -}}
+{{- if eq (int $op.metricsPort) (int .Values.monitoring.operatorMetricsPort) -}}
+{{- fail (printf "operator.metricsPort and monitoring.operatorMetricsPort are both %d: the liveness endpoint and /metrics need a port each" (int $op.metricsPort)) -}}
+{{- end -}}
 {{- end -}}

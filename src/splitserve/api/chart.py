@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated, Final
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from splitserve.api.v1alpha1 import Model, PullPolicy, ResourceRequirements
+
+NAMESPACE: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A namespace name (an RFC 1123 label)."""
+
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAMESPACE)]
 
 
 class ImageValues(Model):
@@ -59,8 +65,11 @@ class OperatorValues(Model):
     """Operator pods. One: the operator runs standalone (no peering), so it must not run twice."""
     log_level: LogLevel = LogLevel.INFO
     """Log level of the operator."""
-    watch_namespaces: list[str] = Field(default_factory=list)
-    """Namespaces to watch for LLMServices. Empty: the release namespace only."""
+    watch_namespaces: list[NamespaceName] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True}
+    )
+    """Namespaces to watch for LLMServices (distinct namespace names). Empty: the release
+    namespace only."""
     all_namespaces: bool = False
     """Watch every namespace (cluster-wide RBAC instead of per-namespace Roles)."""
     router_image: str = ""
@@ -83,6 +92,28 @@ class OperatorValues(Model):
     """Extra annotations of the operator pod."""
     metrics_port: int = Field(8080, ge=1, le=65535)
     """Port of the operator's liveness endpoint (`/healthz`)."""
+
+    @field_validator("watch_namespaces")
+    @classmethod
+    def _distinct(cls, namespaces: list[str]) -> list[str]:
+        repeated = sorted({ns for ns in namespaces if namespaces.count(ns) > 1})
+        if repeated:
+            raise ValueError(f"names a namespace more than once: {', '.join(repeated)}")
+        return namespaces
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OperatorValues:
+        if self.all_namespaces and self.watch_namespaces:
+            raise ValueError(
+                "watchNamespaces is unused with allNamespaces: true (every namespace is "
+                "watched); set one of them"
+            )
+        if self.cert_manager.enabled and not self.internal_tls:
+            raise ValueError(
+                "certManager.enabled needs internalTls: true (cert-manager issues the internal "
+                "TLS certificates)"
+            )
+        return self
 
 
 class ServiceAccountValues(Model):
@@ -149,3 +180,12 @@ class ChartValues(Model):
     """RBAC objects."""
     monitoring: MonitoringValues = Field(default_factory=MonitoringValues)
     """Prometheus scraping and Grafana dashboards."""
+
+    @model_validator(mode="after")
+    def _ports(self) -> ChartValues:
+        if self.operator.metrics_port == self.monitoring.operator_metrics_port:
+            raise ValueError(
+                f"operator.metricsPort and monitoring.operatorMetricsPort are both "
+                f"{self.operator.metrics_port}: the liveness endpoint and /metrics need a port each"
+            )
+        return self

@@ -190,8 +190,8 @@ def _convert(node: JsonSchema, defs: Mapping[str, JsonSchema], *, openapi: bool)
         elif key == "exclusiveMaximum" and openapi:
             out["maximum"] = value
             out["exclusiveMaximum"] = True
-        elif key == "uniqueItems":
-            continue
+        elif key == "uniqueItems" and openapi:
+            continue  # structural schemas forbid it (x-kubernetes-list-type says it instead)
         else:
             out[key] = value
     if out.get("type") == "array" and openapi:

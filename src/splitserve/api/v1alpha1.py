@@ -1307,7 +1307,8 @@ class NetworkPolicySpec(Model):
     ignored there anyway) or where you manage your own."""
     router_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
     """Who may reach the router's HTTP and gRPC ports; empty: anyone (the router authenticates
-    clients with API keys, `router.apiKeySecret`)."""
+    clients with API keys, `router.apiKeySecret`). The operator's pods (`operatorLabels`) may
+    reach the HTTP port either way: its control loop scrapes the routers' `/metrics`."""
     operator_labels: dict[str, str] = Field(
         default_factory=lambda: {
             "app.kubernetes.io/name": "splitserve",

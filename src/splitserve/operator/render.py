@@ -239,7 +239,8 @@ def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]
     (`worker_link_port`) from the router pods; every worker port from the
     service's workers (KV transports: NIXL side channel, UCX / RDMA connections on ports they
     pick); the metrics port from `metricsFrom` (empty: anyone); the router's ports from
-    `routerFrom` (empty: anyone). Empty with `networkPolicy.enabled: false`."""
+    `routerFrom` (empty: anyone) and, with a `routerFrom`, its HTTP port from the operator too
+    (the control loop scrapes `/metrics`). Empty with `networkPolicy.enabled: false`."""
     np = spec.network_policy
     if not np.enabled:
         return []
@@ -273,13 +274,17 @@ def network_policies(spec: v1.LLMServiceSpec, ref: ServiceRef) -> list[Manifest]
             {"protocol": "TCP", "port": spec.router.grpc_port},
         ]
     }
+    router_rules = [router_rule]
     if np.router_from:
         router_rule["from"] = [_peer(p) for p in np.router_from]
+        # The control loop scrapes each router pod's /metrics on its HTTP port.
+        http_port = [{"protocol": "TCP", "port": spec.router.http_port}]
+        router_rules.append({"from": [operator], "ports": http_port})
     router_policy = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _meta(ref, router_name(ref.name), "router"),
-        "spec": {"podSelector": routers, "policyTypes": ["Ingress"], "ingress": [router_rule]},
+        "spec": {"podSelector": routers, "policyTypes": ["Ingress"], "ingress": router_rules},
     }
     return [worker_policy, router_policy]
 

@@ -7,7 +7,9 @@ accelerator, no model download). One LLMService goes through:
 
 create -> Ready -> two `kubectl scale` (prefill +1, decode -1) -> a flip (same pods, a role
 changes, none restarted) -> `kubectl scale` down -> exactly the drained pod removed -> delete
--> the finalizer runs and the owned objects go.
+-> the finalizer runs and the owned objects go. A second one is deleted with the operator
+scaled to 0: it stays on its finalizer until that is removed by hand, then the garbage
+collector removes what it owned.
 
 Needs: `TARGET=real`, `KUBECONFIG`, `kubectl` and `helm` on PATH (or in the venv: `make helm`),
 at least one schedulable node that can pull `$SPLITSERVE_IMAGE` (default: the chart's image)
@@ -44,6 +46,7 @@ IMAGE = os.environ.get("SPLITSERVE_IMAGE", "")
 """`repository:tag` of the splitserve image for the operator, router and sim workers."""
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_E2E_READY_TIMEOUT", "600"))
 SERVICE = "e2e"
+FINALIZER = f"{v1.GROUP}/finalizer"
 T = TypeVar("T")
 
 
@@ -264,3 +267,48 @@ def test_install_create_flip_shrink_delete(kube: RestKube, namespace: str) -> No
         return None if left else ["ok"]
 
     wait_for("the owned objects gone", none_left)
+
+
+def test_delete_without_the_operator_waits_on_the_finalizer(kube: RestKube, namespace: str) -> None:
+    """docs/operations.md, "Deleting a service while the operator is not running": with the
+    operator scaled to 0 a deleted LLMService stays (its finalizer); removing the finalizer by
+    hand lets it go, and the garbage collector removes what it owned (kmock has none)."""
+    ns, name = namespace, f"{SERVICE}-orphan"
+    body = service_body(ns)
+    body["metadata"]["name"] = name
+    body["spec"]["pools"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    kube.create(body)
+    deployment = render.group_deployment_name(name, "w")
+
+    def adopted() -> bool:
+        svc = kube.get(v1.API_VERSION, "LLMService", ns, name) or {}
+        finalizers = svc.get("metadata", {}).get("finalizers") or []
+        return (
+            FINALIZER in finalizers
+            and kube.get("apps/v1", "Deployment", ns, deployment) is not None
+        )
+
+    wait_for(f"the operator's finalizer on {name} and its Deployment", adopted)
+    operator = {
+        "app.kubernetes.io/instance": "splitserve",
+        "app.kubernetes.io/component": "operator",
+    }
+    run("kubectl", "-n", ns, "scale", "deployment/splitserve", "--replicas=0")
+    try:
+        wait_for("no operator pod", lambda: not kube.list("v1", "Pod", ns, operator) or None)
+        run("kubectl", "-n", ns, "delete", "llmservice", name, "--wait=false")
+        left = kube.get(v1.API_VERSION, "LLMService", ns, name)
+        assert left is not None, "deleted at once: the finalizer did not hold it"
+        assert left["metadata"].get("deletionTimestamp")
+        assert FINALIZER in left["metadata"]["finalizers"]
+        run(
+            "kubectl", "-n", ns, "patch", "llmservice", name, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}',
+        )  # fmt: skip
+        wait_for(f"{name} gone", lambda: kube.get(v1.API_VERSION, "LLMService", ns, name) is None)
+        wait_for(
+            f"{name}'s Deployment collected",
+            lambda: kube.get("apps/v1", "Deployment", ns, deployment) is None,
+        )
+    finally:
+        run("kubectl", "-n", ns, "scale", "deployment/splitserve", "--replicas=1")

@@ -75,11 +75,33 @@ def test_router_from_and_metrics_from_and_the_switch() -> None:
         }
     )
     pols = _policies(spec)
-    (rule,) = pols["llama-router"]["ingress"]
+    rule, _operator = pols["llama-router"]["ingress"]
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]
     assert {p["port"] for p in rule["ports"]} == {spec.router.http_port, spec.router.grpc_port}
     assert pols["llama-workers"]["ingress"][2]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
     assert _policies(make_spec(networkPolicy={"enabled": False})) == {}
+
+
+def test_router_from_still_admits_the_operators_scrape_of_router_metrics() -> None:
+    """The control loop (`metricsSource: Router`, the default) reads each router pod's
+    `/metrics` on its HTTP port: a `routerFrom` list must not cut the operator off, else every
+    Managed / Advise tick holds on "scrape failed". Only the HTTP port, only the operator."""
+    spec = make_spec(
+        router={"httpPort": 8088},
+        networkPolicy={"routerFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]},
+    )
+    rules = _policies(spec)["llama-router"]["ingress"]
+    operator = {"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_LABELS}}
+    assert {"from": [operator], "ports": [{"protocol": "TCP", "port": 8088}]} in rules
+    # Without routerFrom the one rule admits anyone already.
+    (open_rule,) = _policies(make_spec())["llama-router"]["ingress"]
+    assert "from" not in open_rule
+
+
+OPERATOR_LABELS = {
+    "app.kubernetes.io/name": "splitserve",
+    "app.kubernetes.io/component": "operator",
+}
 
 
 def test_workers_get_no_service_account_token_unless_given_an_account() -> None:
