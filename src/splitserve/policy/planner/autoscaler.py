@@ -624,17 +624,74 @@ def queue_trend(obs: Observation, last: tuple[int, int] | None) -> tuple[int, in
     return (q, last[1] + 1 if q > last[0] else 0)
 
 
+def drained_backlog(obs: Observation) -> tuple[int, int] | None:
+    """`(finished, arrived)` in the window when it drained a backlog that is gone now: more
+    requests finished than arrived (the rest arrived before the window, queued), and the
+    router's queue is known empty and no worker has a request waiting. None otherwise (an
+    unknown router queue or rate is not known to be drained)."""
+    if obs.router_queue != 0 or obs.arrival_rate_per_s is None:
+        return None
+    if any(p.queued for p in obs.pools.values()):
+        return None
+    finished = sum(c.requests for c in obs.classes)
+    arrived = math.floor(max(0.0, obs.arrival_rate_per_s) * obs.window_s + _EPS)
+    return (finished, arrived) if finished > arrived else None
+
+
+def _fresh_misses(c: ClassSignal, finished: int, arrived: int, params: AutoscalerParams) -> bool:
+    """Whether a class's misses in a drained window still count: the requests of the class that
+    arrived in the window (at most `arrived`) are at least `min_samples`, and even if every late
+    one (`finished − arrived`, arrived before the window) missed, the rest missed more than the
+    class allows (`1 − min(attainment target, percentile)` of them)."""
+    fresh = min(c.requests, arrived)
+    if fresh < params.min_samples or c.attainment is None:
+        return False
+    missed = round(c.requests * (1.0 - c.attainment))
+    fresh_missed = missed - min(c.requests, finished - arrived)
+    return fresh_missed > (1.0 - min(c.attainment_target, c.percentile)) * fresh + _EPS
+
+
+def late_misses(obs: Observation, params: AutoscalerParams) -> str:
+    """Why the window's SLO misses are not pressure ('' when they are, or there are none): they
+    are of a backlog that drained (`drained_backlog`), and the window's own arrivals cannot
+    account for them (`_fresh_misses`)."""
+    drained = drained_backlog(obs)
+    if drained is None:
+        return ""
+    finished, arrived = drained
+    names = [
+        c.name
+        for c in obs.class_at_risk()
+        if c.requests >= params.min_samples and not _fresh_misses(c, finished, arrived, params)
+    ]
+    if not names:
+        return ""
+    return (
+        f"SLO misses of class {', '.join(names)} not counted: a drained backlog "
+        f"({finished} finished, {arrived} arrived in the {obs.window_s:g} s window, "
+        "queues empty now)"
+    )
+
+
 def pressure_by_role(
     obs: Observation,
     params: AutoscalerParams,
     last_queue: tuple[int, int] | None = None,
 ) -> dict[Role, str]:
     """Which roles are under pressure, and why (SLO misses with enough samples, queues, the
-    router's queue growing since `last_queue`, the last tick's `queue_trend`)."""
+    router's queue growing since `last_queue`, the last tick's `queue_trend`).
+
+    The window counts a request when it finishes, so after a burst its queued requests miss in
+    the windows after it, when the load is gone. Once that backlog drained (`drained_backlog`:
+    more finished than arrived, every queue empty now), a class's misses count only if the
+    window's own arrivals account for them (`_fresh_misses`; `late_misses` says which do not)."""
     roles = tuple(obs.pools)
     out: dict[Role, list[str]] = {}
+    drained = drained_backlog(obs)
     for c in obs.classes:
         if c.requests < params.min_samples:
+            continue
+        if drained is not None and not _fresh_misses(c, *drained, params):
             continue
         pct = f"p{round(c.percentile * 100)}"
         ttft_role, tpot_role = _side("prefill", roles), _side("decode", roles)
@@ -812,6 +869,7 @@ def decide(
         work[Role.DECODE] = max(work[Role.DECODE], occupied)
         work_high[Role.DECODE] = max(work_high[Role.DECODE], occupied)
     pressure = pressure_by_role(obs, params, state.queue_trend)
+    late = late_misses(obs, params)
     since = state.since_s if state.since_s is not None else now
     watched_long_enough = now - since >= params.scale_down_stabilization_s - _EPS
     longest = params.scale_down_stabilization_s * params.max_backoff
@@ -912,6 +970,8 @@ def decide(
                 )
             else:
                 reason = f"{role.value} held at {cur}: {basis}"
+        if late and not why and kind is not Kind.BOUNDS:
+            reason += f"; {late}"
         if kind is Kind.SCALE_DOWN:
             last_down = now
         elif (
