@@ -9,7 +9,8 @@ count. A router whose counters went down restarted: its newest values count from
 Prometheus' `increase` does.
 
 Missing or stale data is explicit: no router answered, a router did not answer this time, the
-SLO metrics are absent (a router without them), or only one snapshot so far (rates need two).
+SLO metrics are absent (a router without them; an idle router that declares them with no
+sample yet is "no traffic yet", `Scrape`), or only one snapshot so far (rates need two).
 Each becomes a `SignalProblem`, and the policies then hold.
 
 The busiest sub-window's arrival rate (`Observation.arrival_rate_peak_per_s`, the autoscaler's
@@ -57,12 +58,28 @@ Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
 
 
-def parse(text: str) -> Samples:
-    """Every sample of a Prometheus text exposition, keyed by (sample name, sorted labels)."""
-    out: Samples = {}
+class Scrape(dict[tuple[str, Labels], float]):
+    """The samples of one router's own exposition (`parse`), and the metric families it
+    declares: a labelled counter has no sample before its first increment, so an idle router
+    declares `splitserve_router_admission_total` with no sample (no traffic yet), where a
+    router without the SLO metrics does not declare it. Samples read from Prometheus are a
+    plain dict: it keeps no series without a sample, so the two cannot be told apart there."""
+
+    declared: frozenset[str] = frozenset()
+
+
+def parse(text: str) -> Scrape:
+    """Every sample of a Prometheus text exposition, keyed by (sample name, sorted labels),
+    and the families it declares (`Scrape.declared`, counters under their `_total` name)."""
+    out = Scrape()
+    declared: set[str] = set()
     for family in text_string_to_metric_families(text):
+        declared.add(family.name)
+        if family.type == "counter":
+            declared.add(family.name + "_total")
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    out.declared = frozenset(declared)
     return out
 
 
@@ -261,6 +278,50 @@ class ClassTargets:
     attainment: float
 
 
+def _required_missing(routers: Mapping[str, Samples]) -> list[SignalProblem]:
+    """Routers without a sample of a `REQUIRED` family. One that declares the families
+    (`Scrape.declared`) has had no traffic (no admission sample) or no request finished yet
+    (no SLO result): a normal state, no problem at all beside a router that has both samples
+    (its zero is then known), else "no traffic yet". One that does not declare them lacks the
+    SLO metrics (misconfigured); from Prometheus (no declarations) it may be either."""
+    out: list[SignalProblem] = []
+    busy = any(all(_has(s, m) for m in REQUIRED) for s in routers.values())
+    for addr, samples in sorted(routers.items()):
+        absent = [m for m in REQUIRED if not _has(samples, m)]
+        if not absent:
+            continue
+        names = ", ".join(absent)
+        if isinstance(samples, Scrape) and all(m in samples.declared for m in absent):
+            if busy:
+                continue
+            why = "no traffic yet" if ADMISSION in absent else "no request finished yet"
+            out.append(
+                SignalProblem(
+                    f"router {addr}",
+                    SignalState.MISSING,
+                    f"{why} (no {names} sample; the router declares the metrics)",
+                )
+            )
+        elif isinstance(samples, Scrape):
+            out.append(
+                SignalProblem(
+                    f"router {addr}",
+                    SignalState.MISSING,
+                    f"no {names} (a router without the SLO metrics)",
+                )
+            )
+        else:
+            out.append(
+                SignalProblem(
+                    f"router {addr}",
+                    SignalState.MISSING,
+                    f"no {names} series in Prometheus (no traffic yet, or a router without "
+                    "the SLO metrics)",
+                )
+            )
+    return out
+
+
 class Window:
     """The snapshots of the last `window_s` of one service, and the Observation they give."""
 
@@ -308,16 +369,7 @@ class Window:
             problems.append(
                 SignalProblem("router metrics", SignalState.MISSING, "no ready router pod")
             )
-        for addr, samples in sorted(new.routers.items()):
-            absent = [m for m in REQUIRED if not _has(samples, m.removesuffix("_total") + "_total")]
-            if absent:
-                problems.append(
-                    SignalProblem(
-                        f"router {addr}",
-                        SignalState.MISSING,
-                        f"no {', '.join(absent)} (a router without the SLO metrics)",
-                    )
-                )
+        problems.extend(_required_missing(new.routers))
         old = self.snapshots[0] if len(self.snapshots) > 1 else None
         if old is None:
             problems.append(

@@ -1,0 +1,73 @@
+"""An idle router (no request yet) is "no traffic yet", not "a router without the SLO metrics".
+
+The router declares its metric families from start-up (obs.metrics `RouterMetrics`), but a
+labelled counter has no sample before its first request: the exposition carries the family's
+`# TYPE` line and nothing else. That is a normal state; only a router whose exposition lacks the
+families is misconfigured."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from splitserve.obs.metrics import RouterMetrics
+from splitserve.operator.control.signals import ClassTargets, Snapshot, Window, parse
+from splitserve.policy.planner.signals import SignalState
+from tests.fakes.router_metrics import FakeRouterMetrics
+
+ROUTER = "10.0.0.1:8000"
+CHAT = [ClassTargets("chat", 2.0, 0.1, 0.9, 0.9)]
+
+
+def _idle_text() -> str:
+    registry = CollectorRegistry()
+    RouterMetrics(registry)
+    return generate_latest(registry).decode()
+
+
+def _observe(*texts: str) -> list[str]:
+    w = Window(60.0, 30.0)
+    for i, text in enumerate(texts):
+        w.add(Snapshot(10.0 * i, {ROUTER: parse(text)}))
+    obs = w.observe(10.0 * (len(texts) - 1), CHAT, {})
+    assert not obs.usable
+    assert all(p.state is SignalState.MISSING for p in obs.problems)
+    return [str(p) for p in obs.problems]
+
+
+def test_an_idle_router_reads_no_traffic_yet() -> None:
+    idle = _idle_text()
+    problems = _observe(idle, idle)
+    assert not any("without the SLO metrics" in p for p in problems), problems
+    assert any(p.startswith(f"router {ROUTER}") and "no traffic yet" in p for p in problems)
+
+
+def test_a_router_admitting_but_with_no_request_finished_yet_is_not_misconfigured() -> None:
+    idle = _idle_text()
+    # Arrivals counted, no SLO result yet: the SLO family is declared with no sample.
+    text = idle.replace(
+        "# TYPE splitserve_router_admission_total counter\n",
+        "# TYPE splitserve_router_admission_total counter\n"
+        'splitserve_router_admission_total{outcome="admitted",slo_class="chat"} 3.0\n',
+    )
+    assert "admission_total{" in text
+    problems = _observe(text, text)
+    assert not any("without the SLO metrics" in p for p in problems), problems
+
+
+def test_an_idle_router_beside_a_busy_one_is_no_problem() -> None:
+    fake = FakeRouterMetrics()
+    idle = _idle_text()
+    w = Window(60.0, 30.0)
+    w.add(Snapshot(0.0, {ROUTER: parse(fake.text()), "10.0.0.2:8000": parse(idle)}))
+    fake.serve(20)
+    w.add(Snapshot(10.0, {ROUTER: parse(fake.text()), "10.0.0.2:8000": parse(idle)}))
+    obs = w.observe(10.0, CHAT, {})
+    assert obs.problems == ()
+    assert obs.classes[0].requests == 20
+
+
+def test_a_router_without_the_families_is_still_reported_as_such() -> None:
+    text = "# TYPE splitserve_router_requests_total counter\nsplitserve_router_requests_total 5\n"
+    problems = _observe(text, text)
+    assert any("without the SLO metrics" in p for p in problems)
+    assert not any("no traffic yet" in p for p in problems)
