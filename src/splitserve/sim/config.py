@@ -27,7 +27,7 @@ from splitserve.core.perf import (
     parse_profile_csv,
 )
 from splitserve.core.request import SloClass
-from splitserve.core.roles import parse_role
+from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
@@ -228,8 +228,23 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
         PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
         for p in cfg.pools
     )
+    _check_can_finish(pools)
     return ClusterSpec(
         pools, kv_overlap=cfg.kv_overlap, load_report_interval_s=cfg.load_report_interval_s
+    )
+
+
+def _check_can_finish(pools: Iterable[PoolSpec]) -> None:
+    """Every request ends on a decode-capable worker (decode or mixed; a decode worker also
+    prefills locally, so a cluster without prefill workers runs): without one, no request can
+    ever finish (the run printed 0 % attainment and exit 0), so the cluster is refused."""
+    pools = tuple(pools)
+    if any(p.role in (Role.DECODE, Role.MIXED) and p.replicas > 0 for p in pools):
+        return
+    have = ", ".join(f"{p.name} ({p.role.value} x{p.replicas})" for p in pools) or "no pool"
+    raise ConfigError(
+        "pools: no decode-capable worker (a pool with role decode or mixed and replicas >= 1), "
+        f"so no request could ever finish; have: {have}"
     )
 
 

@@ -307,3 +307,34 @@ def test_a_step_policy_param_it_cannot_take_is_refused_naming_the_pool(
     assert "pools[1] (decode).policy_params" in res.output
     assert says in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [
+        [{"name": "prefill", "role": "prefill", "replicas": 2}],
+        [
+            {"name": "prefill", "role": "prefill", "replicas": 1},
+            {"name": "decode", "role": "decode", "replicas": 0},
+        ],
+        [{"name": "mixed", "role": "mixed", "replicas": 0}],
+        [],
+    ],
+)
+def test_a_cluster_where_no_request_can_finish_is_refused(
+    tmp_path: Path, pools: list[dict[str, object]]
+) -> None:
+    """Without a decode-capable worker (decode or mixed, replicas >= 1) every request waited
+    forever: the run printed a summary with 0 % attainment and exit 0. (A decode-only cluster
+    is fine: decode workers prefill locally.)"""
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "no decode-capable worker" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_decode_only_cluster_still_runs(tmp_path: Path) -> None:
+    pools = [{"name": "decode", "role": "decode", "replicas": 1}]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 0, res.output
+    assert "| default | 40 |" in res.output
