@@ -10,8 +10,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from splitserve.obs.metrics import RouterMetrics
+from splitserve.operator.control.loop import held_key
 from splitserve.operator.control.signals import ClassTargets, Snapshot, Window, parse
-from splitserve.policy.planner.signals import SignalState
+from splitserve.policy.planner.signals import Observation, SignalState
 from tests.fakes.router_metrics import FakeRouterMetrics
 
 ROUTER = "10.0.0.1:8000"
@@ -71,3 +72,26 @@ def test_a_router_without_the_families_is_still_reported_as_such() -> None:
     problems = _observe(text, text)
     assert any("without the SLO metrics" in p for p in problems)
     assert not any("no traffic yet" in p for p in problems)
+
+
+def _window_obs(*texts: str) -> Observation:
+    w = Window(60.0, 30.0)
+    for i, text in enumerate(texts):
+        w.add(Snapshot(10.0 * i, {ROUTER: parse(text)}))
+    return w.observe(10.0 * (len(texts) - 1), CHAT, {})
+
+
+def test_the_first_arrivals_change_the_hold_that_up_and_the_operator_print() -> None:
+    """`up --autoscale` and the operator print a hold once per change of `held_key`: when the
+    first requests arrive (queued, none finished yet) the printed "no traffic yet" must give
+    way to what holds the loop now, not stay on screen while requests queue."""
+    idle = _idle_text()
+    busy = idle.replace(
+        "# TYPE splitserve_router_admission_total counter\n",
+        "# TYPE splitserve_router_admission_total counter\n"
+        'splitserve_router_admission_total{outcome="queued",slo_class="chat"} 60.0\n',
+    )
+    before, after = _window_obs(idle, idle), _window_obs(idle, busy)
+    assert any("no traffic yet" in str(p) for p in before.problems)
+    assert any("no request finished yet" in str(p) for p in after.problems)
+    assert held_key(before) != held_key(after)

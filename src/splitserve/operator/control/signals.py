@@ -294,10 +294,16 @@ def _required_missing(routers: Mapping[str, Samples]) -> list[SignalProblem]:
         if isinstance(samples, Scrape) and all(m in samples.declared for m in absent):
             if busy:
                 continue
-            why = "no traffic yet" if ADMISSION in absent else "no request finished yet"
+            # Distinct signals, so a hold printed once per change of the problems
+            # (`loop.held_key`) is printed again when the first requests arrive.
+            what, why = (
+                ("traffic", "no traffic yet")
+                if ADMISSION in absent
+                else ("SLO results", "no request finished yet")
+            )
             out.append(
                 SignalProblem(
-                    f"router {addr}",
+                    f"router {addr} {what}",
                     SignalState.MISSING,
                     f"{why} (no {names} sample; the router declares the metrics)",
                 )
