@@ -668,7 +668,7 @@ def late_misses(obs: Observation, params: AutoscalerParams) -> str:
         return ""
     return (
         f"SLO misses of class {', '.join(names)} not counted: a drained backlog "
-        f"({finished} finished, {arrived} arrived in the {obs.window_s:g} s window, "
+        f"({finished} finished, {arrived} arrived in the {obs.window_s:.0f} s window, "
         "queues empty now)"
     )
 

@@ -19,6 +19,7 @@ from splitserve.policy.planner.autoscaler import (
     AutoscalerState,
     Kind,
     decide,
+    late_misses,
     pressure_by_role,
 )
 from splitserve.policy.planner.signals import ClassSignal, Observation, PoolSignal, WorkerLoad
@@ -95,3 +96,10 @@ def test_a_drained_backlog_never_scales_a_pool_up(
     o = after_burst(rate, late + int(rate * WINDOW_S), attainment)
     d, _ = decide(o, AutoscalerState(since_s=0), PERF, PARAMS)
     assert all(p.kind is not Kind.SCALE_UP for p in d.pools.values())
+
+
+def test_the_reason_reads_the_window_in_whole_seconds() -> None:
+    # A live window spans the scrapes' times: 30.4513 s read "the 30.4513 s window".
+    o = after_burst(0.1, 40, 0.0)
+    o = Observation(o.time_s, 30.4513, 0.1, 1000, 200, o.classes, o.pools, router_queue=0)
+    assert "arrived in the 30 s window" in late_misses(o, PARAMS)
