@@ -95,3 +95,17 @@ def test_the_first_arrivals_change_the_hold_that_up_and_the_operator_print() -> 
     assert any("no traffic yet" in str(p) for p in before.problems)
     assert any("no request finished yet" in str(p) for p in after.problems)
     assert held_key(before) != held_key(after)
+
+
+def test_from_prometheus_an_idle_router_and_a_misconfigured_one_read_alike_and_say_so() -> None:
+    """Prometheus keeps no series without a sample: a pod with only its gauges (idle, or
+    without the SLO metrics) cannot be told apart, and the reason names both."""
+    pod = {("splitserve_router_inflight_requests", ()): 0.0}
+    w = Window(60.0, 30.0)
+    w.add(Snapshot(0.0, {"router-0": dict(pod)}))
+    w.add(Snapshot(10.0, {"router-0": dict(pod)}))
+    (problem,) = w.observe(10.0, CHAT, {}).problems
+    assert problem.signal == "router router-0"
+    assert "series in Prometheus (no traffic yet, or a router without the SLO metrics)" in str(
+        problem
+    )
