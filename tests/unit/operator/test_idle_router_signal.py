@@ -11,7 +11,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from splitserve.obs.metrics import RouterMetrics
 from splitserve.operator.control.loop import held_key
-from splitserve.operator.control.signals import ClassTargets, Snapshot, Window, parse
+from splitserve.operator.control.signals import (
+    ClassTargets,
+    Samples,
+    Snapshot,
+    Window,
+    parse,
+)
 from splitserve.policy.planner.signals import Observation, SignalState
 from tests.fakes.router_metrics import FakeRouterMetrics
 
@@ -100,7 +106,7 @@ def test_the_first_arrivals_change_the_hold_that_up_and_the_operator_print() -> 
 def test_from_prometheus_an_idle_router_and_a_misconfigured_one_read_alike_and_say_so() -> None:
     """Prometheus keeps no series without a sample: a pod with only its gauges (idle, or
     without the SLO metrics) cannot be told apart, and the reason names both."""
-    pod = {("splitserve_router_inflight_requests", ()): 0.0}
+    pod: Samples = {("splitserve_router_inflight_requests", ()): 0.0}
     w = Window(60.0, 30.0)
     w.add(Snapshot(0.0, {"router-0": dict(pod)}))
     w.add(Snapshot(10.0, {"router-0": dict(pod)}))
