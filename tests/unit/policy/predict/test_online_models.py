@@ -4,7 +4,7 @@ pull rate."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from splitserve.core.ids import RequestId
@@ -132,6 +132,7 @@ def test_pull_rate_of_several_pulls_in_one_report_weighs_them_by_tokens() -> Non
         max_size=30,
     )
 )
+@example([(0, 1.0), (1, 5e-324)])
 def test_pull_rate_stays_within_its_samples(steps: list[tuple[int, float]]) -> None:
     """Whatever the reports (growing, flat, restarting), the estimate is 0 or lies between the
     slowest and the fastest sample it took."""
@@ -140,10 +141,13 @@ def test_pull_rate_stays_within_its_samples(steps: list[tuple[int, float]]) -> N
     r.observe_totals(tokens, seconds)
     rates: list[float] = []
     for d_tokens, d_seconds in steps:
+        before = seconds
         tokens, seconds = tokens + d_tokens, seconds + d_seconds
         r.observe_totals(tokens, seconds)
-        if d_tokens > 0 and d_seconds > 0:
-            rates.append(d_tokens / d_seconds)
+        # The sample is what the totals show: a step below the total's float resolution
+        # (1.0 + 5e-324 == 1.0) adds no time, so it is no sample (it read as an infinite rate).
+        if d_tokens > 0 and seconds - before > 0:
+            rates.append(d_tokens / (seconds - before))
     if not rates:
         assert r.tokens_per_s == 0.0
     else:
