@@ -238,6 +238,17 @@ class WorkerMetrics:
             "KV-cache bytes pulled from prefill workers.",
             registry=registry,
         )
+        self.kv_holds_expired = Counter(
+            "splitserve_worker_kv_holds_expired",
+            "Prefilled KV held for a pull and freed unpulled when its hold "
+            "(kv_hold_timeout_s) ran out (simulated engine).",
+            registry=registry,
+        )
+        self.kv_release_retries = Counter(
+            "splitserve_worker_kv_release_retries",
+            "ReleaseKv calls a decode worker made again because the source answered too late.",
+            registry=registry,
+        )
         self.role_changes = Counter(
             "splitserve_worker_role_changes", "Run-time role changes (SetRole).", registry=registry
         )

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,14 @@ from splitserve.worker.engine import Engine
 from splitserve.worker.kv_pull_log import KvPullLog
 from splitserve.worker.kv_source import KvSources
 from splitserve.worker.kv_warm import KvPeerEngine, KvWarmService
-from splitserve.worker.server import WorkerIdentity, WorkerService, bind, bind_health, start
+from splitserve.worker.server import (
+    PULL_ID_METADATA,
+    WorkerIdentity,
+    WorkerService,
+    bind,
+    bind_health,
+    start,
+)
 from splitserve.worker.sim_engine import SimEngine, SimEngineConfig, ZeroDelay
 
 log = logging.getLogger(__name__)
@@ -104,6 +112,13 @@ class WorkerConfig:
 RELEASE_CHANNELS_MAX = 64
 """Most ReleaseKv channels a worker keeps open (least recently used ones are closed)."""
 RELEASE_CHANNEL_CLOSE_GRACE_S = 5.0
+RELEASE_ATTEMPT_TIMEOUT_S = 5.0
+"""How long one ReleaseKv attempt may take before it is made again."""
+RELEASE_ATTEMPTS = 4
+"""ReleaseKv attempts before a pull is given up (a late answer is asked again: the source
+answers a repeated release of the same pull as it answered the first, `WorkerService.ReleaseKv`);
+4 x 5 s stays
+within the default 30 s hold (`kv_hold_timeout_s`)."""
 
 
 class _ReleaseClient:
@@ -114,10 +129,27 @@ class _ReleaseClient:
     channel is closed with a grace period, so a call still using it finishes.
     """
 
-    def __init__(self, max_channels: int = RELEASE_CHANNELS_MAX) -> None:
+    def __init__(
+        self,
+        max_channels: int = RELEASE_CHANNELS_MAX,
+        attempt_timeout_s: float = RELEASE_ATTEMPT_TIMEOUT_S,
+        attempts: int = RELEASE_ATTEMPTS,
+        on_retry: Callable[[], None] | None = None,
+    ) -> None:
         if max_channels < 1:
             raise ValueError(f"max_channels must be >= 1, got {max_channels}")
+        if attempts < 1 or not attempt_timeout_s > 0:
+            raise ValueError(
+                f"attempts must be >= 1 and attempt_timeout_s > 0, got {attempts}, "
+                f"{attempt_timeout_s}"
+            )
         self.max_channels = max_channels
+        self.attempt_timeout_s = attempt_timeout_s
+        self.attempts = attempts
+        self.retries = 0
+        """ReleaseKv attempts made again after an answer came too late (DEADLINE_EXCEEDED)."""
+        self.on_retry = on_retry
+        """Told of each such attempt (the worker's `kv_release_retries` counter)."""
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -125,14 +157,37 @@ class _ReleaseClient:
         return len(self._channels)
 
     async def __call__(self, kv: KvHandle) -> bool | None:
-        """Whether the source held that KV (None: the handle names no source)."""
+        """Whether the source held that KV (None: the handle names no source).
+
+        A source that is slow to answer (a burst on a loaded machine: the release may well be
+        done there, only its answer late) is asked again, up to `attempts` times, with the same
+        pull id (`PULL_ID_METADATA`): the source answers `found` again for that pull. A source that
+        is gone (UNAVAILABLE) or any other error fails at once."""
         if not kv.source_address:
             return None
-        stub = worker_pb2_grpc.WorkerStub(self._channel(kv.source_address))
-        resp = await stub.ReleaseKv(
-            worker_pb2.ReleaseKvRequest(request_id=kv.source_request_id), timeout=5.0
-        )
-        return bool(resp.found)
+        msg = worker_pb2.ReleaseKvRequest(request_id=kv.source_request_id)
+        metadata = ((PULL_ID_METADATA, uuid.uuid4().hex),)
+        for attempt in range(1, self.attempts + 1):
+            stub = worker_pb2_grpc.WorkerStub(self._channel(kv.source_address))
+            try:
+                resp = await stub.ReleaseKv(msg, timeout=self.attempt_timeout_s, metadata=metadata)
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or attempt == self.attempts:
+                    raise
+                self.retries += 1
+                if self.on_retry is not None:
+                    self.on_retry()
+                log.warning(
+                    "ReleaseKv %s at %s: no answer in %g s (attempt %d of %d); asking again",
+                    kv.source_request_id,
+                    kv.source_address,
+                    self.attempt_timeout_s,
+                    attempt,
+                    self.attempts,
+                )
+                continue
+            return bool(resp.found)
+        raise AssertionError("unreachable")  # the last attempt returned or raised
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """The cached channel to `address` (opened if needed)."""
@@ -322,7 +377,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event | None = None) -> None:
         raise ConfigError(f"unknown engine {cfg.engine!r}; expected 'sim' or 'vllm'")
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry)
-    release = _ReleaseClient()
+    release = _ReleaseClient(on_retry=metrics.kv_release_retries.inc)
     server, port = bind(cfg.host, cfg.port)
     address = f"{advertised_host(cfg)}:{port}"
     engine: Engine

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -61,6 +62,12 @@ FINISH_TO_PB = {
     FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
+PULL_ID_METADATA: Final = "splitserve-pull-id"
+"""ReleaseKv metadata: one id per KV pull, the same on each attempt of that pull, so that a
+source asked again (its first answer came too late) answers as it did, and another pull of the
+same handle is still refused."""
+MAX_PULLS_REMEMBERED: Final = 4096
+"""Most released-for-a-pull requests a worker remembers for pulls asking again."""
 DEFAULT_LOAD_INTERVAL_S = 0.1
 MIN_LOAD_INTERVAL_S = 0.01
 """The shortest `WatchLoad` interval a caller may ask for: a shorter one would pin a core."""
@@ -160,10 +167,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         `kv_pull_seconds`: a router fits this worker's pull rate from their growth)."""
         if hasattr(engine, "on_kv_pull"):  # engines that report their KV pulls (Sim, vLLM)
             engine.on_kv_pull = self.kv_pulled
+        if hasattr(engine, "on_hold_expired"):  # engines that expire holds themselves (Sim)
+            engine.on_hold_expired = lambda _rid: self.metrics.kv_holds_expired.inc()
         if hasattr(engine, "on_step_time"):  # engines that time their own steps (VllmEngine)
             engine.on_step_time = self.step_ran
         self.owners = Owners()
         """Who started each request (`security.owners`): Cancel / ReleaseKv act only for it."""
+        self._pulls: OrderedDict[str, str] = OrderedDict()
+        """The pull id (`PULL_ID_METADATA`) of each request whose KV ReleaseKv freed, newest
+        last, at most `MAX_PULLS_REMEMBERED`."""
         self.kv_sources: KvSources | None = None
         """Checks a Decode's NIXL endpoint against its source's own (`worker.kv_source`)."""
         self.link_port = 0
@@ -474,9 +486,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 "refused ReleaseKv %s from %s: not its owner", request.request_id, context.peer()
             )
             return worker_pb2.ReleaseKvResponse(found=False)
-        found = await self.engine.release_kv(RequestId(request.request_id))
+        rid = request.request_id
+        pull_id = _metadata_value(context, PULL_ID_METADATA)
+        again = bool(pull_id) and self._pulls.get(rid) == pull_id
+        if pull_id and not again:
+            # Remembered before the release: this handler may be cancelled (the caller's
+            # deadline) once the KV is freed, and the pull's next attempt must find it.
+            self._pulls[rid] = pull_id
+            while len(self._pulls) > MAX_PULLS_REMEMBERED:
+                self._pulls.popitem(last=False)
+        found = await self.engine.release_kv(RequestId(rid))
         if found:
-            self.owners.forget(request.request_id)
+            self.owners.forget(rid)
+        elif again:
+            # The same pull asking again (our first answer reached it too late): it had the KV.
+            log.info("ReleaseKv %s asked again by the same pull: it was released for it", rid)
+            found = True
+        elif pull_id and self._pulls.get(rid) == pull_id:
+            del self._pulls[rid]  # nothing was released for this pull
         return worker_pb2.ReleaseKvResponse(found=found)
 
     # -- control --------------------------------------------------------------------------------
@@ -726,3 +753,12 @@ def _prefill_attributes(out: Any) -> dict[str, str | int | float]:
     if out.kv is not None:
         attrs["splitserve.kv_bytes"] = out.kv.num_bytes
     return attrs
+
+
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str:
+    """The value of invocation metadata `key` ("" when absent)."""
+    for item in context.invocation_metadata() or ():
+        if item[0] == key:
+            value = item[1]
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""

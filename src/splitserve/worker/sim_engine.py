@@ -127,6 +127,8 @@ class SimEngine:
         self._on_step = on_step
         self.on_kv_pull: Callable[[RequestId, int, float], None] | None = None
         """Told of each KV pull that succeeded: (request, bytes, seconds) (metrics, traces)."""
+        self.on_hold_expired: Callable[[RequestId], None] | None = None
+        """Told of each held KV freed unpulled when its hold ran out (a metric)."""
         self._core = EngineModel(
             policy,
             BlockManager(config.num_kv_blocks, config.block_size),
@@ -285,7 +287,13 @@ class SimEngine:
     async def _run(self) -> None:
         while True:
             for rid in self._core.expire_holds(self.clock.now_s()):
-                log.info("KV held for %s expired before a decode worker pulled it", rid)
+                log.warning(
+                    "KV held for %s expired before a decode worker pulled it (held %g s)",
+                    rid,
+                    self.config.kv_hold_timeout_s,
+                )
+                if self.on_hold_expired is not None:
+                    self.on_hold_expired(rid)
             step = self._core.schedule(self.clock.now_s())
             if step is None:
                 self._wake.clear()
