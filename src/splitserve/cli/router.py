@@ -218,7 +218,12 @@ def serve_cmd(
     logs.setup(log_level, "router", log_format)
     os.environ["SPLITSERVE_LOG_FORMAT"] = log_format  # --processes children log alike
     if config_json is not None:
-        config = RouterConfig.model_validate_json(config_json.read_text())
+        try:
+            config = RouterConfig.model_validate_json(config_json.read_text())
+        except ValidationError as err:  # was a traceback
+            raise click.BadParameter(
+                validation_lines(config_json, err), param_hint="--config-json"
+            ) from None
         _serve(config, ready_file, reuse_port, False, "--config-json (tokenizer_dir)")
         return
     if tokenizer is not None:

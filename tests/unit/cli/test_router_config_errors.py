@@ -21,3 +21,12 @@ def test_a_bad_value_in_the_config_file_is_one_line_per_problem(tmp_path: Path) 
     assert any("listen.http_port" in line and "'abc'" in line for line in lines), r.output
     assert any("listen.grpc_port" in line and "-1" in line for line in lines), r.output
     assert "--config" in r.output
+
+
+def test_a_bad_config_json_is_a_usage_error_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"model_name": 5}')
+    r = CliRunner().invoke(serve_cmd, ["--config-json", str(path)])
+    assert r.exit_code == 2, r.output
+    assert "model_name" in r.output
+    assert "validation error" not in r.output
