@@ -99,12 +99,15 @@ def plan(
         raise click.BadParameter(
             f"unknown hardware; valid: {', '.join(sorted(HARDWARE))}", param_hint="--hardware"
         )
-    try:
-        degrees = tuple(int(x) for x in tps.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter("comma-separated integers", param_hint="--tp") from None
-    if not degrees or min(degrees) < 1:
-        raise click.BadParameter("at least one degree >= 1", param_hint="--tp")
+    entries = [x.strip() for x in tps.split(",") if x.strip()]
+    if not entries:
+        raise click.BadParameter(f"no TP degree in {tps!r} (e.g. 1,2,4,8)", param_hint="--tp")
+    for entry in entries:  # name the bad entry: "1,0" is not "no degree >= 1"
+        if not re.fullmatch(r"[0-9]+", entry) or int(entry) < 1:
+            raise click.BadParameter(
+                f"{entry!r} in {tps!r}: every degree must be an integer >= 1", param_hint="--tp"
+            )
+    degrees = tuple(int(x) for x in entries)
     shape = MODELS[model]
     degrees_ok, refused = split_tps(shape.num_heads, shape.num_kv_heads, degrees)
     explicit = click.get_current_context().get_parameter_source("tps") not in (

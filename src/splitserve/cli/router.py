@@ -30,7 +30,7 @@ from splitserve.cli.process import (
     run_until_signalled,
     without_torch,
 )
-from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings
+from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings, validation_lines
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
@@ -218,7 +218,12 @@ def serve_cmd(
     logs.setup(log_level, "router", log_format)
     os.environ["SPLITSERVE_LOG_FORMAT"] = log_format  # --processes children log alike
     if config_json is not None:
-        config = RouterConfig.model_validate_json(config_json.read_text())
+        try:
+            config = RouterConfig.model_validate_json(config_json.read_text())
+        except ValidationError as err:  # was a traceback
+            raise click.BadParameter(
+                validation_lines(config_json, err), param_hint="--config-json"
+            ) from None
         _serve(config, ready_file, reuse_port, False, "--config-json (tokenizer_dir)")
         return
     if tokenizer is not None:
@@ -480,13 +485,16 @@ def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
     Keys the file has and this router does not know are logged and ignored.
 
     Raises:
-        click.BadParameter: not UTF-8 text, not YAML, or not a YAML mapping.
-        pydantic.ValidationError: a bad value.
+        click.BadParameter: not UTF-8 text, not YAML, not a YAML mapping, or a bad value
+            (one line per problem).
     """
     data = read_yaml(path, "--config")
     if not isinstance(data, dict):
         raise click.BadParameter(f"{path}: not a YAML mapping", param_hint="--config")
-    parsed, ignored = RouterFile.from_configmap(data)
+    try:
+        parsed, ignored = RouterFile.from_configmap(data)
+    except ValidationError as err:
+        raise click.BadParameter(validation_lines(path, err), param_hint="--config") from None
     if ignored:
         logging.getLogger(__name__).warning(
             "%s: ignoring keys this router does not know: %s", path, ", ".join(ignored)

@@ -132,6 +132,16 @@ def read_yaml(path: Path, flag: str) -> Any:
         raise click.BadParameter(f"{path}: not YAML{at}: {why}", param_hint=flag) from None
 
 
+def validation_lines(path: Path, err: ValidationError) -> str:
+    """One line per problem of `err` (a file's bad values): the file, the key path, what is
+    expected and the value given (was pydantic's multi-line block, with its URL)."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(map(str, e["loc"])) or "(top level)"
+        lines.append(f"{path}: {key}: {e['msg']} (got {e['input']!r})")
+    return "\n".join(lines)
+
+
 def slo_settings(
     slo_classes: Sequence[str],
     default_slo_class: str | None,

@@ -70,8 +70,20 @@ def load_key_file(path: Path) -> KeyFile:
         raise ValueError(f"{path}: not a mapping with `tenants`")
     try:
         return KeyFile.model_validate(data)
-    except pydantic.ValidationError as err:
-        raise ValueError(f"{path}: {err}") from None
+    except pydantic.ValidationError as err:  # one line per problem (was pydantic's block)
+        raise ValueError("\n".join(_problem(path, e) for e in err.errors())) from None
+
+
+def _problem(path: Path, error: Any) -> str:
+    """`path: key.path: why (got value)`; the value only where it is a plain scalar outside
+    `keys` / `key_sha256` (a key in clear, or a digest, is never echoed)."""
+    loc = tuple(str(part) for part in error["loc"])
+    line = f"{path}: {'.'.join(loc) or '(top level)'}: {error['msg']}"
+    value = error.get("input")
+    secret = any(part in ("keys", "key_sha256") for part in loc)
+    if not secret and isinstance(value, str | int | float | bool) and loc:
+        line += f" (got {value!r})"
+    return line
 
 
 class KeyStore:

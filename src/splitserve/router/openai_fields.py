@@ -211,8 +211,9 @@ CHAT: Final[dict[str, Field]] = {
     ),
     "top_logprobs": _refused_by_sim(
         _NO_LOGPROBS,
-        "0-20, with `logprobs: true` (more than 0 without it is a 400). As vLLM, the list "
-        "starts with the sampled token.",
+        "0-20, with `logprobs: true` (more than 0 without it is a 400; 0 without it asks for "
+        "nothing and is accepted on every engine, as vLLM). As vLLM, the list starts with the "
+        "sampled token.",
     ),
     "tools": _refused_by_sim(
         _NO_TOOLS,
@@ -319,7 +320,7 @@ def _used(req: wire.SamplingFields) -> Iterator[str]:
     if isinstance(req, wire.ChatCompletionRequest):
         if req.logprobs:
             yield "logprobs"
-        if req.top_logprobs is not None:
+        if req.top_logprobs:  # 0 asks for nothing (vLLM accepts it without `logprobs`)
             yield "top_logprobs"
         yield from _used_tools(req)
 

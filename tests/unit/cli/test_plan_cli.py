@@ -82,3 +82,25 @@ def test_one_request_is_refused_naming_requests() -> None:
     r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "1", "--tp", "1"])
     assert r.exit_code == 2, r.output
     assert "--requests" in r.output
+
+
+@pytest.mark.parametrize(
+    ("tps", "bad"),
+    [("1,0", "'0'"), ("1,-2", "'-2'"), ("0", "'0'"), ("a,1", "'a'"), ("1,2.5", "'2.5'")],
+)
+def test_a_bad_tp_degree_is_named(tps: str, bad: str) -> None:
+    # "1,0" used to say "at least one degree >= 1" although 1 is there: name the bad entry
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "20", "--tp", tps])
+    assert r.exit_code == 2, r.output
+    assert "--tp" in r.output
+    assert bad in r.output
+    assert "integer >= 1" in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("tps", ["", ",", " , "])
+def test_an_empty_tp_list_is_refused(tps: str) -> None:
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "20", "--tp", tps])
+    assert r.exit_code == 2, r.output
+    assert "--tp" in r.output
+    assert "no TP degree" in r.output

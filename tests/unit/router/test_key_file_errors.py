@@ -1,0 +1,32 @@
+"""A key file with bad values: one line per problem naming the file and the key path; a key
+in clear is never echoed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from splitserve.router.auth import load_key_file
+
+
+def test_a_bad_value_is_one_line_per_problem_and_no_key_is_echoed(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        "tenants:\n"
+        "  - name: 'bad name!'\n"
+        "    keys: [sekrit-key-1]\n"
+        "  - name: b\n"
+        "    keys: 12345678\n"
+    )
+    with pytest.raises(ValueError, match="tenants") as info:
+        load_key_file(path)
+    text = str(info.value)
+    assert "validation error" not in text
+    assert "errors.pydantic.dev" not in text
+    lines = text.splitlines()
+    assert all(line.startswith(f"{path}: ") for line in lines), text
+    assert any("tenants.0.name" in line and "'bad name!'" in line for line in lines), text
+    assert any("tenants.1.keys" in line for line in lines), text
+    assert "sekrit-key-1" not in text
+    assert "12345678" not in text
