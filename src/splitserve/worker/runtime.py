@@ -121,6 +121,15 @@ answers a repeated release of the same pull as it answered the first, `WorkerSer
 within the default 30 s hold (`kv_hold_timeout_s`)."""
 
 
+class ReleaseError(ConnectionError):
+    """ReleaseKv at a KV's source failed for good; `code` is the last attempt's gRPC status.
+    Its text says what happened in words the decode's ABORTED carries to the router's log."""
+
+    def __init__(self, message: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class _ReleaseClient:
     """Tells prefill workers their KV was pulled (ReleaseKv), one channel per source address.
 
@@ -162,7 +171,7 @@ class _ReleaseClient:
         A source that is slow to answer (a burst on a loaded machine: the release may well be
         done there, only its answer late) is asked again, up to `attempts` times, with the same
         pull id (`PULL_ID_METADATA`): the source answers `found` again for that pull. A source that
-        is gone (UNAVAILABLE) or any other error fails at once."""
+        is gone (UNAVAILABLE) or any other error fails at once. Raises `ReleaseError`."""
         if not kv.source_address:
             return None
         msg = worker_pb2.ReleaseKvRequest(request_id=kv.source_request_id)
@@ -173,7 +182,7 @@ class _ReleaseClient:
                 resp = await stub.ReleaseKv(msg, timeout=self.attempt_timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or attempt == self.attempts:
-                    raise
+                    raise self._failed(err, attempt) from err
                 self.retries += 1
                 if self.on_retry is not None:
                     self.on_retry()
@@ -188,6 +197,19 @@ class _ReleaseClient:
                 continue
             return bool(resp.found)
         raise AssertionError("unreachable")  # the last attempt returned or raised
+
+    def _failed(self, err: grpc.aio.AioRpcError, attempts: int) -> ReleaseError:
+        code = err.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            text = (
+                f"the source did not answer in {attempts} attempts of "
+                f"{self.attempt_timeout_s:g} s ({code.name})"
+            )
+        elif code == grpc.StatusCode.UNAVAILABLE:
+            text = f"the source is unreachable ({code.name}: {err.details()})"
+        else:
+            text = f"ReleaseKv failed at the source ({code.name}: {err.details()})"
+        return ReleaseError(text, code)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """The cached channel to `address` (opened if needed)."""

@@ -398,9 +398,12 @@ class SimEngine:
         try:
             held = await self._release_remote(kv)
         except Exception as err:
+            # The worker's release client raises a ConnectionError whose text says what happened
+            # (`worker.runtime.ReleaseFailed`); anything else is named by its type.
+            why = str(err) if isinstance(err, ConnectionError) else None
             return KvTransferError(
                 f"KV of request {kv.source_request_id!r} could not be read from "
-                f"{kv.source_address}: the source is unreachable ({type(err).__name__})"
+                f"{kv.source_address}: {why or f'the source is unreachable ({type(err).__name__})'}"
             )
         if held is False:
             return KvTransferError(

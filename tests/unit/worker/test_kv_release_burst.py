@@ -21,7 +21,7 @@ from splitserve._gen.v1 import common_pb2, worker_pb2
 from splitserve.core.ids import RequestId
 from splitserve.core.kv import KvHandle
 from splitserve.core.roles import Role
-from splitserve.worker.runtime import _ReleaseClient
+from splitserve.worker.runtime import ReleaseError, _ReleaseClient
 from splitserve.worker.server import PULL_ID_METADATA
 from tests.unit.worker.conftest import RunningWorker, WorkerFactory
 
@@ -122,12 +122,49 @@ async def test_a_gone_source_still_fails_at_once(make_worker: WorkerFactory) -> 
     client = _ReleaseClient(attempt_timeout_s=30.0, attempts=3)
     try:
         kv = KvHandle("sim", "127.0.0.1:1", RequestId("a"), 1, 0)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
+        with pytest.raises(ReleaseError) as info:
             await asyncio.wait_for(client(kv), 20)
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert str(info.value).startswith("the source is unreachable (UNAVAILABLE")
     finally:
         await client.close()
     assert client.retries == 0
+
+
+async def test_a_source_that_never_answers_is_named_as_such(make_worker: WorkerFactory) -> None:
+    """When every attempt runs out, the decode's ABORTED says the source did not answer, how
+    often and how long it was asked, and the status: not 'unreachable (AioRpcError)'."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    pre = await _prefill(p, "a")
+
+    async def never(request_id: RequestId) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    p.service.engine.release_kv = never  # type: ignore[method-assign]
+    client = _ReleaseClient(attempt_timeout_s=0.2, attempts=2)
+    d.service.engine._release_remote = client  # type: ignore[attr-defined]
+    try:
+        call = d.stub.Decode(
+            worker_pb2.DecodeRequest(
+                request_id="a",
+                prompt_token_ids=PROMPT,
+                first_token_id=pre.first_token_id,
+                sampling=common_pb2.SamplingParams(max_tokens=6),
+                kv=pre.kv,
+            )
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in call:
+                pass
+    finally:
+        await client.close()
+    assert info.value.code() == grpc.StatusCode.ABORTED
+    details = info.value.details() or ""
+    assert p.address in details
+    assert "the source did not answer in 2 attempts of 0.2 s (DEADLINE_EXCEEDED)" in details
+    assert client.retries == 1
 
 
 async def test_late_answers_and_expired_holds_are_counted(make_worker: WorkerFactory) -> None:
