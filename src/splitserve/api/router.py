@@ -259,8 +259,9 @@ class PoolFile(FileModel):
 class EngineFile(FileModel):
     """The engine the workers run (it decides the default tokenizer)."""
 
-    kind: str = "vllm"
-    """`vllm`: the tokenizer is the model's; `sim`: the local byte-level BPE unless given."""
+    kind: v1.EngineKind = v1.EngineKind.VLLM
+    """`vllm`: the tokenizer is the model's; `sim`: the local byte-level BPE unless given. Any
+    other value is refused (was taken as `vllm`)."""
 
 
 class RouterFile(FileModel):

@@ -208,6 +208,12 @@ def profile(
     else:
         if not address:
             raise click.UsageError("give --worker HOST:PORT (or --from-samples FILE)")
+        host, _, port = address.rpartition(":")
+        if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+            raise click.BadParameter(  # was 'no worker answers at ...' after a connect timeout
+                f"{address!r}: expected HOST:PORT with a port from 1 to 65535",
+                param_hint="--worker",
+            )
         grid = ProfileGrid(
             prefill_tokens=_ints(prefill_tokens, "--prefill-tokens"),
             prefill_batch_sizes=_ints(prefill_batch, "--prefill-batch"),

@@ -28,6 +28,15 @@ from splitserve.api.router import PlacementSettings, SloSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_FILE_KEYS = {  # SloSettings' fields -> the keys of --slo-config that set them
+    "classes": "sloClasses",
+    "default_class": "defaultSloClass",
+    "length_predictor": "router.lengthPredictor",
+    "queue_capacity": "router.admissionQueueCapacity",
+    "admission": "router.admission",
+    "max_outstanding_per_worker": "router.maxOutstandingPerWorker",
+    "unfitted_prefills_per_worker": "router.unfittedPrefillsPerWorker",
+}
 _BOOL = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
@@ -132,12 +141,18 @@ def read_yaml(path: Path, flag: str) -> Any:
         raise click.BadParameter(f"{path}: not YAML{at}: {why}", param_hint=flag) from None
 
 
-def validation_lines(path: Path, err: ValidationError) -> str:
+def validation_lines(
+    path: Path, err: ValidationError, prefix: str = "", names: dict[str, str] | None = None
+) -> str:
     """One line per problem of `err` (a file's bad values): the file, the key path, what is
-    expected and the value given (was pydantic's multi-line block, with its URL)."""
+    expected and the value given (was pydantic's multi-line block, with its URL). `prefix`
+    goes before every key path; `names` renames a top-level model field to the file's key."""
     lines = []
     for e in err.errors():
-        key = ".".join(map(str, e["loc"])) or "(top level)"
+        loc = [str(part) for part in e["loc"]]
+        if names and loc and loc[0] in names:
+            loc[0] = names[loc[0]]
+        key = prefix + ".".join(loc) or "(top level)"
         lines.append(f"{path}: {key}: {e['msg']} (got {e['input']!r})")
     return "\n".join(lines)
 
@@ -177,8 +192,15 @@ def slo_settings(
             f"{slo_config}: unknown router keys {sorted(unknown_router)}",
             param_hint="--slo-config",
         )
+    classes = []
+    for i, c in enumerate(file.get("sloClasses") or ()):
+        try:
+            classes.append(v1.SloClassSpec.model_validate(c))
+        except ValidationError as err:  # one line per problem (was pydantic's block)
+            assert slo_config is not None
+            why = validation_lines(slo_config, err, f"sloClasses.{i}.")
+            raise click.BadParameter(why, param_hint="--slo-config") from None
     try:
-        classes = [v1.SloClassSpec.model_validate(c) for c in file.get("sloClasses") or ()]
         classes += [parse_slo_class(c) for c in slo_classes]
         update: dict[str, Any] = {}
         if "placementProfile" in router or placement_profile:
@@ -205,5 +227,11 @@ def slo_settings(
             zero = type(n) is int and n == 0  # not False: a bool is refused as written
             slo["unfitted_prefills_per_worker"] = None if n is None or zero else n
         return SloSettings(**slo), placement
-    except (ValidationError, ValueError) as err:
+    except ValidationError as err:  # one line per problem (was pydantic's block)
+        if slo_config is not None:
+            why = validation_lines(slo_config, err, names=_FILE_KEYS)
+        else:
+            why = _one_line(err)
+        raise click.BadParameter(why, param_hint="--slo-class / --slo-config") from None
+    except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

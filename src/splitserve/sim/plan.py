@@ -97,9 +97,14 @@ def plan(
         pre = work_by_role(ROLES, rate, stats, setup.perf_model(Role.PREFILL), targets, params)
         dec = work_by_role(ROLES, rate, stats, setup.perf_model(Role.DECODE), targets, params)
         work = {Role.PREFILL: pre[Role.PREFILL], Role.DECODE: dec[Role.DECODE]}
-        pools = {r: max(1, math.ceil(work[r] / params.target_utilization)) for r in ROLES}
-        # a start past the limit is not simulated (building that many workers took minutes)
-        over = sum(pools.values()) > limit
+        # a start past the limit is not simulated (building that many workers took minutes);
+        # nor is work too large for a float (an OverflowError from ceil, `plan --rate 1e308`)
+        over = not all(math.isfinite(work[r]) for r in ROLES)
+        pools = {
+            r: limit + 1 if over else max(1, math.ceil(work[r] / params.target_utilization))
+            for r in ROLES
+        }
+        over = over or sum(pools.values()) > limit
         result: RunResult | None = None if over else run_static(items, setup, pools)
         while result is not None and result.attainment < slo.attainment:
             if sum(pools.values()) >= limit:

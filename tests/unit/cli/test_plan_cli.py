@@ -104,3 +104,14 @@ def test_an_empty_tp_list_is_refused(tps: str) -> None:
     assert r.exit_code == 2, r.output
     assert "--tp" in r.output
     assert "no TP degree" in r.output
+
+
+@pytest.mark.parametrize("rate", ["1e308", "1.7e308"])
+def test_a_rate_whose_work_overflows_is_no_candidate_not_a_traceback(rate: str) -> None:
+    # Before: OverflowError 'cannot convert float infinity to integer' from the pool sizing
+    # (1e300 already said 'no candidate met the attainment target').
+    r = CliRunner().invoke(plan, ["--rate", rate, "--requests", "10", "--tp", "1"])
+    assert r.exit_code == 1, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert "target not met up to the limit" in r.output
+    assert "no candidate met the attainment target" in r.output

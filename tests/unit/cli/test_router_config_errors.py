@@ -30,3 +30,14 @@ def test_a_bad_config_json_is_a_usage_error_not_a_traceback(tmp_path: Path) -> N
     assert r.exit_code == 2, r.output
     assert "model_name" in r.output
     assert "validation error" not in r.output
+
+
+def test_an_unknown_engine_kind_is_refused(tmp_path: Path) -> None:
+    # Before: any string was taken (`kind: simm` ran as vllm: the tokenizer of model.source).
+    path = tmp_path / "router.yaml"
+    path.write_text("model: {name: m, source: x}\nengine: {kind: simm}\n")
+    r = CliRunner().invoke(serve_cmd, ["--config", str(path), "--worker", "127.0.0.1:1"])
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if str(path) in line]
+    assert any("engine.kind" in line and "'simm'" in line for line in lines), r.output
+    assert "'vllm' or 'sim'" in r.output
