@@ -120,9 +120,10 @@ def test_file_router_switches_are_read_as_written(
 @pytest.mark.parametrize(
     ("router", "field"),
     [
-        ({"admission": "maybe"}, "admission"),  # bool("maybe") was True
-        ({"maxOutstandingPerWorker": 2.7}, "max_outstanding_per_worker"),  # int(2.7) was 2
-        ({"admissionQueueCapacity": 12.5}, "queue_capacity"),
+        # the key as the file spells it (user20b: not the SloSettings field name)
+        ({"admission": "maybe"}, r"router\.admission:"),  # bool("maybe") was True
+        ({"maxOutstandingPerWorker": 2.7}, r"router\.maxOutstandingPerWorker:"),  # int(2.7) was 2
+        ({"admissionQueueCapacity": 12.5}, r"router\.admissionQueueCapacity:"),
     ],
 )
 def test_file_router_values_that_cannot_be_read_are_refused(
