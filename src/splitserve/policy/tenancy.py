@@ -61,6 +61,9 @@ class Refusal:
     code: str
     message: str
     retry_after_s: float | None = None
+    limit: str = ""
+    """For a 429, the limit that refused it as OpenAI's error `type` names it: `requests`
+    (requests_per_minute) or `tokens` (tokens_per_minute); '' otherwise."""
 
 
 class TenantLimits:
@@ -121,15 +124,18 @@ class TenantLimits:
                     "rate_limit_exceeded",
                     f"the request asks for {tokens} tokens, more than the tenant's {name} "
                     f"({self.spec.tokens_per_minute:g}); lower max_tokens",
+                    limit="tokens",
                 )
         wait = max((w for _, w in waits), default=0.0)
         if wait > 0:
             which = ", ".join(n for n, w in waits if w > 0)
+            longest = max(waits, key=lambda nw: nw[1])[0]
             return Refusal(
                 429,
                 "rate_limit_exceeded",
                 f"rate limit reached for this API key ({which}); retry after {wait:.1f} s",
                 retry_after_s=wait,
+                limit="tokens" if longest == "tokens_per_minute" else "requests",
             )
         if self.requests is not None:
             self.requests.take(1, now)

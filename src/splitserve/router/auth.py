@@ -228,7 +228,8 @@ async def _answer(
 
 
 async def _refuse(send: Any, refusal: Refusal) -> None:
-    kind = "requests" if refusal.status == 429 else "invalid_request_error"
+    # OpenAI types a 429 by the limit (`requests` or `tokens`); other refusals are invalid requests
+    kind = (refusal.limit or "requests") if refusal.status == 429 else "invalid_request_error"
     headers = []
     if refusal.retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, math.ceil(refusal.retry_after_s))).encode()))

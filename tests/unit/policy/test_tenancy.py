@@ -79,3 +79,21 @@ def test_key_file_validation_names_the_problem() -> None:
         KeyFile(
             tenants=(TenantSpec(name="a", keys=("k" * 8,)), TenantSpec(name="a", keys=("j" * 8,)))
         )
+
+
+def test_a_429_says_which_limit_as_openai_types_it() -> None:
+    """OpenAI's 429 body types a request-rate limit `requests` and a token-rate limit `tokens`
+    (user20b: a tokens_per_minute refusal said `requests`). Both short: the longer wait."""
+    t = _tenant(requests_per_minute=1)
+    assert t.admit(10, 0.0) is None
+    assert _refused(t.admit(10, 0.0), 429).limit == "requests"
+    t = _tenant(tokens_per_minute=100)
+    assert _refused(t.admit(500, 0.0), 429).limit == "tokens"  # never fits
+    assert t.admit(80, 0.0) is None
+    assert _refused(t.admit(80, 0.0), 429).limit == "tokens"
+    t = _tenant(requests_per_minute=60, tokens_per_minute=100)
+    assert t.admit(90, 0.0) is None
+    refusal = _refused(t.admit(90, 0.0), 429)  # tokens wait 48 s; requests have room
+    assert refusal.limit == "tokens"
+    assert _tenant().model("m") is None
+    assert _refused(_tenant(models=("m1",)).model("m2"), 403).limit == ""

@@ -108,6 +108,7 @@ async def test_tenants_classes_models_and_rate_limits(
         assert r.status_code == 429
         assert int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert r.json()["error"]["type"] == "requests"  # requestsPerMinute (OpenAI's type)
     batch = server.registry.get_sample_value(
         "splitserve_router_requests_total",
         {"outcome": "ok", "path": "aggregated", "slo_class": "batch"},
@@ -217,3 +218,22 @@ async def test_refused_bad_input_counts_against_the_rate_limit(
         assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
     assert m.requests("Generate") == []
+
+
+async def test_a_token_rate_limit_429_is_typed_tokens(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """OpenAI types a token-rate 429 `tokens` (a request-rate one `requests`)."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f'tenants:\n  - name: t\n    keys: ["{KEY}"]\n    tokensPerMinute: 6\n')
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)))
+    h = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient() as client:
+        r = await client.post(_url(server, "/v1/completions"), json=_body(), headers=h)
+        assert r.status_code == 200, r.text  # 4 of 6 tokens
+        r = await client.post(_url(server, "/v1/completions"), json=_body(), headers=h)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["type"] == "tokens"
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert int(r.headers["retry-after"]) >= 1
