@@ -238,6 +238,10 @@ async def _refuse(send: Any, refusal: Refusal) -> None:
     )
 
 
+ALLOWED_MODELS_SCOPE: Final = "splitserve.allowed_models"
+"""The ASGI scope key under which a request of a tenant limited to some `models` carries them
+(absent: every model): `/v1/models` lists, and `/v1/models/{id}` finds, only those."""
+
 _MISSING = Refusal(
     401,
     "missing_api_key",
@@ -301,6 +305,8 @@ class AuthApp:
                 (_SLO_HEADER, slo_class.encode()),
             ]
         if scope["method"] != "POST" or scope["path"] not in _METERED_PATHS:
+            if tenant.spec.models and scope["path"].startswith("/v1/models"):
+                scope = {**scope, ALLOWED_MODELS_SCOPE: tenant.spec.models}
             await self.app(scope, receive, send)
             return
         messages, body = await self._read_body(receive)

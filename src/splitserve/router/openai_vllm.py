@@ -19,6 +19,7 @@ from starlette.requests import Request as HttpRequest
 
 import splitserve
 from splitserve.router import openai_models as wire
+from splitserve.router.auth import ALLOWED_MODELS_SCOPE
 from splitserve.router.openai_errors import ApiError
 from splitserve.router.openai_parse import parse_body, template_messages
 from splitserve.router.tokenizer import tools_chars
@@ -63,6 +64,11 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
     generator = api.generator
     tokenizer = generator.tokenizer
 
+    def visible(http: HttpRequest) -> bool:
+        """Whether the caller may see the served model (a tenant's `models`, router.auth)."""
+        allowed = http.scope.get(ALLOWED_MODELS_SCOPE)
+        return allowed is None or api.model_name in allowed
+
     def check_model(name: str | None) -> None:
         if name is not None and name != api.model_name:
             raise ApiError(
@@ -79,15 +85,19 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
             )
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(api, root)]}
+    async def models(http: HttpRequest) -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(api, root)] if visible(http) else []}
 
     @app.get("/v1/models/{model:path}")
-    async def one_model(model: str) -> Response:
+    async def one_model(model: str, http: HttpRequest) -> Response:
         try:
             check_model(model)
         except ApiError as err:
             return err.response()
+        if not visible(http):  # hidden from this tenant: as a model that does not exist
+            return ApiError(
+                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            ).response()
         return JSONResponse(model_card(api, root))
 
     @app.post("/tokenize")

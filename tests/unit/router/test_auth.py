@@ -237,3 +237,27 @@ async def test_a_token_rate_limit_429_is_typed_tokens(
         assert r.json()["error"]["type"] == "tokens"
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert int(r.headers["retry-after"]) >= 1
+
+
+async def test_v1_models_lists_only_the_models_a_tenant_may_call(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """A tenant whose `models` leave out the served model neither sees it in /v1/models nor
+    finds it at /v1/models/{id} (404, as for a model that does not exist): it could only get
+    403 calling it (user20b: it was listed)."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    a = {"authorization": f"Bearer {TEAM_A}"}  # models: [MODEL]
+    b = {"authorization": f"Bearer {TEAM_B}"}  # models: [another-model]
+    async with httpx.AsyncClient() as client:
+        r = await client.get(_url(server, "/v1/models"), headers=a)
+        assert [c["id"] for c in r.json()["data"]] == [MODEL]
+        assert (await client.get(_url(server, f"/v1/models/{MODEL}"), headers=a)).status_code == 200
+        r = await client.get(_url(server, "/v1/models"), headers=b)
+        assert r.status_code == 200
+        assert r.json() == {"object": "list", "data": []}
+        r = await client.get(_url(server, f"/v1/models/{MODEL}"), headers=b)
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "model_not_found"
