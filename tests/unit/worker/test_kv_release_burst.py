@@ -13,6 +13,7 @@ Over real SimEngines behind real grpc.aio servers (tests/unit/worker/conftest.py
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -37,6 +38,19 @@ async def _prefill(p: RunningWorker, rid: str) -> worker_pb2.PrefillResponse:
         )
     )
     return resp
+
+
+def _decode(d: RunningWorker, pre: worker_pb2.PrefillResponse) -> Any:
+    """Decode request "a" from `pre`'s KV on `d` (the stream call)."""
+    return d.stub.Decode(
+        worker_pb2.DecodeRequest(
+            request_id="a",
+            prompt_token_ids=PROMPT,
+            first_token_id=pre.first_token_id,
+            sampling=common_pb2.SamplingParams(max_tokens=6),
+            kv=pre.kv,
+        )
+    )
 
 
 def _answer_first_release_late(p: RunningWorker) -> list[str]:
@@ -99,15 +113,7 @@ async def test_a_decode_whose_release_answer_is_late_still_decodes(
     client = _ReleaseClient(attempt_timeout_s=0.5, attempts=3)
     d.service.engine._release_remote = client  # type: ignore[attr-defined]
     try:
-        call = d.stub.Decode(
-            worker_pb2.DecodeRequest(
-                request_id="a",
-                prompt_token_ids=PROMPT,
-                first_token_id=pre.first_token_id,
-                sampling=common_pb2.SamplingParams(max_tokens=6),
-                kv=pre.kv,
-            )
-        )
+        call = _decode(d, pre)
         tokens = [t for chunk in [c async for c in call] for t in chunk.token_ids]
         assert await call.code() == grpc.StatusCode.OK
     finally:
@@ -146,15 +152,7 @@ async def test_a_source_that_never_answers_is_named_as_such(make_worker: WorkerF
     client = _ReleaseClient(attempt_timeout_s=0.2, attempts=2)
     d.service.engine._release_remote = client  # type: ignore[attr-defined]
     try:
-        call = d.stub.Decode(
-            worker_pb2.DecodeRequest(
-                request_id="a",
-                prompt_token_ids=PROMPT,
-                first_token_id=pre.first_token_id,
-                sampling=common_pb2.SamplingParams(max_tokens=6),
-                kv=pre.kv,
-            )
-        )
+        call = _decode(d, pre)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             async for _ in call:
                 pass
