@@ -183,15 +183,17 @@ class LocalLoop:
                 self.log.append(f"flip {name} {f.source.value} -> {f.target.value}: {f.reason}")
             have[f.source] -= f.count
             have[f.target] += f.count
+        # One line per pool and action: the reason is the pool's, not each worker's.
         for role, p in decision.pools.items():
             delta = p.desired - have[role]
-            for _ in range(max(0, delta)):
-                name = self.fleet.start(role)
-                self.log.append(f"start {name} as {role.value}: {p.reason}")
+            started = [self.fleet.start(role) for _ in range(max(0, delta))]
+            if started:
+                self.log.append(f"start {', '.join(started)} as {role.value}: {p.reason}")
             if delta < 0:
-                for name in drain_order(pools[role])[:-delta]:
+                stopped = drain_order(pools[role])[:-delta]
+                for name in stopped:
                     self.fleet.stop(name)
-                    self.log.append(f"stop {name}: {p.reason}")
+                self.log.append(f"stop {', '.join(stopped)}: {p.reason}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -304,3 +304,27 @@ def test_a_pool_kept_at_max_under_pressure_is_printed_once_per_kind_of_reason() 
     assert "queue 20 (20 at the router)" in holds[0], holds
     assert "queue 25 (25 at the router)" in holds[1], holds
     assert fleet.calls == ["start prefill", "start decode"], fleet.calls
+
+
+def test_workers_started_in_one_tick_for_one_reason_are_one_line() -> None:
+    """A tick that starts several workers of a pool prints them on one line with the reason
+    once ("start w2, w3 as prefill: prefill 1 -> 3: ..."), not the same reason per worker."""
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _step_loop(fleet, router, now)
+    for n in (5, 5, 100, 100):
+        router.serve(n, "default", prompt=2000, output=100)
+        now[0] += STEP_PARAMS.interval_s
+        seen = len(fleet.calls)
+        loop.tick()
+        starts = [c for c in fleet.calls[seen:] if c.startswith("start")]
+        lines = [line for line in loop.log if line.startswith("start ")]
+        if len(starts) > 1:
+            break
+    assert len(starts) > 1, (fleet.calls, loop.log)  # the step started several at once
+    last = lines[-1]
+    assert last.startswith("start w"), loop.log
+    assert ", w" in last.split(" as ")[0], loop.log
+    reasons = [line.split(": ", 1)[1] for line in lines]
+    assert len(reasons) == len(set(reasons)), loop.log
