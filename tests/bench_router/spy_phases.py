@@ -98,7 +98,14 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "HTTP server (uvicorn, edge protocol, ASGI entry)",
-        ("uvicorn/", "httptools", "router/http_edge.py", "router/openai_api.py", "starlette/"),
+        (
+            "uvicorn/",
+            "httptools",
+            "router/http_edge.py",
+            "router/http_front.py",
+            "router/openai_api.py",
+            "starlette/",
+        ),
     ),
     ("threads (tokenizer pool, grpc poller)", ("threading.py",)),
     ("event loop (uvloop C code, scheduling)", ("run (asyncio/runners.py",)),

@@ -176,6 +176,14 @@ def edge_protocol(
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
+            self._edge_headers_read()
+            super().on_headers_complete()
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and cycle.scope is self.scope:  # (not an upgrade)
+                self.scope[STREAM_KEY] = EdgeStream(cycle)  # direct writes (`http_sse`)
+
+        def _edge_headers_read(self) -> None:
+            """The body's timer, and the request's `ClientLink` in its scope."""
             self._edge_header_bytes = 0
             self._edge_arm(body_s, _BODY)
             link = ClientLink()
@@ -183,10 +191,6 @@ def edge_protocol(
             if self._edge_links is None:
                 self._edge_links = []
             self._edge_links.append(link)  # answers complete in order (pipelining)
-            super().on_headers_complete()
-            cycle = getattr(self, "cycle", None)
-            if cycle is not None and cycle.scope is self.scope:  # (not an upgrade)
-                self.scope[STREAM_KEY] = EdgeStream(cycle)  # direct writes (`http_sse`)
 
         def on_message_complete(self) -> None:
             self._edge_cancel()

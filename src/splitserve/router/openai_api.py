@@ -468,15 +468,16 @@ class EdgeApp:
         self.fastapi = app
         self._hot = hot
 
+    @property
+    def hot_routes(self) -> dict[str, Handler]:
+        """The paths whose `POST` goes straight to its handler (`serve_hot`)."""
+        return dict(self._hot)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self._hot.get(scope["path"])
             if handler is not None:
-                try:
-                    response = await handler(HttpRequest(scope, receive, send))
-                except Exception as err:  # a bug: answer like FastAPI would, in our format
-                    response = api_error_from(err).response()
-                await response(scope, receive, send)
+                await serve_hot(handler, scope, receive, send)
                 return
         if scope["type"] == "http" and scope["method"] == "HEAD":
             # RFC 9110 9.3.2: HEAD is GET without the body (same status and headers, with GET's
@@ -485,6 +486,16 @@ class EdgeApp:
             await self.fastapi(scope, receive, _without_body(send))
             return
         await self.fastapi(scope, receive, send)
+
+
+async def serve_hot(handler: Handler, scope: Any, receive: Any, send: Any) -> None:
+    """One request of a hot route: its handler's answer (a bug's answered as FastAPI would, in
+    our format). Also called by the router's HTTP front (`http_front`) without the ASGI entry."""
+    try:
+        response = await handler(HttpRequest(scope, receive, send))
+    except Exception as err:
+        response = api_error_from(err).response()
+    await response(scope, receive, send)
 
 
 _ASKED_METHOD = "splitserve.asked_method"

@@ -41,6 +41,7 @@ from splitserve.router.grpc_service import RouterService
 from splitserve.router.http_backend import HttpWorker
 from splitserve.router.http_backend.discovery import BackendDiscovery
 from splitserve.router.http_edge import ConnectionCount, bind_tcp_socket, edge_protocol
+from splitserve.router.http_front import front_for
 from splitserve.router.kv_warm import KvPairWarmer
 from splitserve.router.loop_lag import LoopLagMonitor
 from splitserve.router.openai_api import create_app
@@ -249,8 +250,8 @@ class RouterServer:
             timeout_graceful_shutdown=round(self.config.edge.drain_grace_s + 2 * _CUT_S),
         )
         cfg.load()
-        cfg.http_protocol_class = edge_protocol(
-            cfg.http_protocol_class, self.config.edge, self.connections
+        cfg.http_protocol_class = front_for(
+            cfg, edge_protocol(cfg.http_protocol_class, self.config.edge, self.connections)
         )
         sock = bind_tcp_socket(
             self.config.http_host, self.config.http_port, reuse_port=self.reuse_port
