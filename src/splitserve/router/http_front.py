@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from splitserve.router.http_sse import STREAM_KEY, EdgeStream
@@ -37,11 +38,16 @@ _FORWARDED: Final = frozenset((b"x-forwarded-for", b"x-forwarded-proto"))
 
 
 def front_for(config: Any, edge: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
-    """`edge` with the front when uvicorn's `config` (loaded) serves a bare `EdgeApp` with no
-    root path and no concurrency limit; else `edge` itself."""
+    """`edge` with the front when uvicorn's `config` (loaded) serves a bare `EdgeApp` (at most
+    behind the proxy-headers middleware, which the front stands in for) with no root path and
+    no concurrency limit; else `edge` itself."""
     app = config.app
+    loaded = config.loaded_app
+    if isinstance(loaded, ProxyHeadersMiddleware):
+        loaded = loaded.app
     if (
         not isinstance(app, EdgeApp)
+        or loaded is not app
         or config.root_path
         or config.limit_concurrency is not None
         or getattr(config, "reset_contextvars", False)

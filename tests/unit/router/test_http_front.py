@@ -8,9 +8,13 @@ import asyncio
 import json
 import re
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from uvicorn.middleware.message_logger import MessageLoggerMiddleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from splitserve.api.auth import AuthSettings
 from splitserve.api.router import SloSettings
@@ -19,6 +23,8 @@ from splitserve.core.roles import Role
 from splitserve.router import http_front
 from splitserve.router import server as router_server
 from splitserve.router.auth import key_sha256_hex
+from splitserve.router.http_front import front_for
+from splitserve.router.openai_api import EdgeApp
 from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer
 from tests.fakes.fake_worker import FakeWorker
@@ -308,3 +314,22 @@ async def test_with_api_keys_every_request_takes_uvicorns_path(
         assert head.startswith(b"HTTP/1.1 401 ")
     finally:
         writer.close()
+
+
+def test_the_front_stands_in_only_for_the_proxy_headers_middleware() -> None:
+    class Edge(asyncio.Protocol):
+        pass
+
+    app = EdgeApp(FastAPI(), {})
+
+    def config(loaded: Any, **settings: Any) -> Any:
+        base = {"root_path": "", "limit_concurrency": None, "reset_contextvars": False}
+        return SimpleNamespace(app=app, loaded_app=loaded, **{**base, **settings})
+
+    assert front_for(config(app), Edge).__name__ == "FrontEdge"
+    assert front_for(config(ProxyHeadersMiddleware(app)), Edge).__name__ == "FrontEdge"
+    # Any other wrapper (uvicorn's message logger at TRACE level, say) would be skipped.
+    assert front_for(config(MessageLoggerMiddleware(app)), Edge) is Edge
+    assert front_for(config(app, root_path="/api"), Edge) is Edge
+    assert front_for(config(app, limit_concurrency=10), Edge) is Edge
+    assert front_for(config(app, reset_contextvars=True), Edge) is Edge
