@@ -872,11 +872,20 @@ def decide(
     backlog = obs.router_queue or 0
     extra = backlog_rate(backlog, params)
     work = work_by_role(roles, rate_f + extra, stats, perf, tgt, params, lengths[2])
+    sized: set[Role] = set()
     if blind:
-        # Known: the prefill pool's work, when the window has prompts. Every other pool's work
-        # needs the output lengths: 0 here (the pool acts on its queue, never scales down).
-        sized = Role.PREFILL if obs.mean_prompt_tokens is not None else None
-        work = {r: (w if r is sized else 0.0) for r, w in work.items()}
+        # Known: the prefill pool's work, when the window has prompts, and what the decode
+        # workers hold now (their occupancy, the router's queue included: each request will
+        # be decoded). A mixed pool's work needs the output lengths: unknown, 0 here (it acts
+        # on its queue only and keeps its size).
+        if obs.mean_prompt_tokens is not None and Role.PREFILL in work:
+            sized.add(Role.PREFILL)
+        if Role.DECODE in work and Role.PREFILL in work:
+            sized.add(Role.DECODE)
+            work[Role.DECODE] = decode_occupancy(
+                obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s, waiting=backlog
+            )
+        work = {r: (w if r in sized else 0.0) for r, w in work.items()}
     work_high = work
     if params.band_z > 0 and not blind:
         high = noisy_rate(rate_f, rate, obs.window_s, params.band_z) + extra
@@ -931,8 +940,8 @@ def decide(
         # Never recommend scaling down below what this tick scales up to (pressure can lift the
         # up target above the model's scale-down count): the window then holds the new size.
         down_now = max(down_now, up_target)
-        if blind:
-            down_now = max(down_now, p.current)  # no scale-down on a work not known
+        if blind and role not in sized:
+            down_now = max(down_now, p.current)  # no headroom on a work not known
         history.append((now, role, down_now))
         down_target = max(h[2] for h in history if h[1] is role and h[0] > window_start - _EPS)
         seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
@@ -946,12 +955,15 @@ def decide(
             f"tokens: {w:.2f} worker-equivalents"
         )
         if blind:
-            basis = (
-                f"forecast {rate_f:.3g} req/s ({seen}), prompt {stats.mean_prompt_tokens:.0f} "
-                f"tokens: {w:.2f} worker-equivalents"
-                if role is sized
-                else f"{role.value} not sized without output lengths"
-            )
+            if role is Role.PREFILL and role in sized:
+                basis = (
+                    f"forecast {rate_f:.3g} req/s ({seen}), prompt "
+                    f"{stats.mean_prompt_tokens:.0f} tokens: {w:.2f} worker-equivalents"
+                )
+            elif role in sized:
+                basis = f"decode workers hold {w:.2f} worker-equivalents (output lengths unknown)"
+            else:
+                basis = f"{role.value} not sized without output lengths"
         cur = p.current
         if b.clamp(cur) != cur:
             desired, kind = b.clamp(cur), Kind.BOUNDS

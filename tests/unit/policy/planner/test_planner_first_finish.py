@@ -6,8 +6,10 @@ model; but the arrivals, their prompts (the router counts a prompt at arrival) a
 waiting at the router's gate are known. Before, the loop held ("no request finished yet") while
 the router's queue grew: a probe of `up --autoscale` saw 23 s of no action. Now the prefill side
 is sized as always (its work needs only the prompts), a queue above `queue_per_worker` per worker
-or one growing at consecutive ticks adds a worker to the side it waits for, decode adds one on its
-own workers' queue, and nothing scales down. A truly idle router still holds."""
+or one growing at consecutive ticks adds a worker to the side it waits for, decode acts on its
+own workers' queue and on what they hold (their occupancy, the router's queue included), an
+idle decode worker can still be flipped to prefill, and nothing scales down. A truly idle router
+still holds."""
 
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def blind(
     time_s: float = 100.0,
     ready: dict[Role, int] | None = None,
 ) -> Observation:
-    """Requests arriving and queued at the router, none finished yet: no output length."""
+    """Requests arriving and queued at the router, none finished yet: no output length. Each
+    worker runs one request (KV 10 %)."""
     ready = ready or {}
     pools = {
         Role.PREFILL: PoolSignal(
@@ -94,8 +97,9 @@ def test_a_router_queue_before_the_first_finish_adds_prefill_and_says_why() -> N
     assert p.reason.startswith("prefill 1 -> ")
     assert "no request finished yet" in p.reason
     assert "router queue 40" in p.reason
-    # Decode: no output length known, no queue of its own: kept, not guessed.
+    # Decode: no output length known, idle workers: kept, not guessed.
     assert d.pools[Role.DECODE].desired == 1
+    assert "decode workers hold" in d.pools[Role.DECODE].reason
     assert any(line.startswith("router queue 40 waiting") for line in d.at_risk), d.at_risk
 
 
@@ -203,8 +207,6 @@ def test_before_the_first_finish_sizes_stay_in_bounds_and_never_fall(
     for role, p in d.pools.items():
         assert 1 <= p.desired <= 8
         assert p.desired >= p.current, (role, p.reason)
-    # Decode grows only on its own queue, one worker a tick.
-    assert d.pools[Role.DECODE].desired <= decode + 1
     # More waiting at the router never means fewer prefill workers.
     more = blind(
         rate,
@@ -215,9 +217,25 @@ def test_before_the_first_finish_sizes_stay_in_bounds_and_never_fall(
         decode_queued=decode_queued,
     )
     d2, _ = decide(more, AutoscalerState(), PERF, PARAMS)
-    assert d2.pools[Role.PREFILL].desired >= d.pools[Role.PREFILL].desired
+    for role in (Role.PREFILL, Role.DECODE):
+        assert d2.pools[role].desired >= d.pools[role].desired
 
 
 def test_default_params_act_the_same_way() -> None:
     d, _ = decide(blind(1.0, 40), AutoscalerState(), PERF, AutoscalerParams())
     assert d.pools[Role.PREFILL].desired > 1
+
+
+def test_an_idle_decode_worker_is_flipped_to_prefill_before_the_first_finish() -> None:
+    """What the decode workers hold is known before any request finishes: with one of two
+    idle, the prefill side's need is met by a flip (cheaper than a cold start), as it is once
+    requests finish; the decode pool itself does not scale down."""
+    from splitserve.policy.planner.flipper import plan_flips
+
+    obs = blind(1.0, 40, decode=2)
+    d, _ = decide(obs, AutoscalerState(), PERF, PARAMS)
+    assert d.pools[Role.DECODE].kind is Kind.HOLD
+    assert d.pools[Role.DECODE].desired == 2
+    d, flips = plan_flips(d, obs, [(Role.DECODE, Role.PREFILL)], 1)
+    assert [(f.source, f.target, f.count) for f in flips] == [(Role.DECODE, Role.PREFILL, 1)]
+    assert d.desired == {Role.PREFILL: 2, Role.DECODE: 1}
