@@ -823,11 +823,14 @@ def decide(
     acts on what it knows (`before_first_finish`): the prefill side is sized from the arrival
     rate, the router's queue and the prompts as always (its work needs no output length);
     queue pressure (the router's queue above `queue_per_worker` per worker or growing, a
-    pool's own queue) adds a worker per tick as always; decode, whose work needs the output
-    lengths, acts on its own queue only; nothing scales down, and the window of watching that
-    a scale-down needs starts at the first usable observation. Each reason starts with "no
-    request finished yet". Without any change or pressure the decision is a hold as before
-    (`Decision.held`), but the state keeps the rate's forecast and the queue's trend.
+    pool's own queue) adds a worker per tick as always; decode, whose modelled work needs the
+    output lengths, is sized from what its workers hold (`decode_occupancy`, the router's
+    queue counted, read at the prompt's context), so an idle decode worker is headroom the
+    flipper may use; a mixed pool acts on its queue only; nothing scales down, and the window
+    of watching that a scale-down needs starts at the first usable observation. Each reason
+    starts with "no request finished yet". Without any change or pressure the decision is a
+    hold as before (`Decision.held`), but the state keeps the rate's forecast and the queue's
+    trend.
     """
     now = obs.time_s
     bounds = {r: Bounds(p.min_replicas, p.max_replicas) for r, p in obs.pools.items()}
