@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -421,12 +421,11 @@ def observe(
     prompts = np.array([r.item.num_prompt_tokens for r in arrived], dtype=float)
     prompt = float(prompts.mean()) if arrived else None
     cv2 = float(prompts.var() / prompts.mean() ** 2) if len(prompts) > 1 and prompt else None
-    outs = [r.num_output_tokens for r in finished]
-    output = (
-        float(np.mean(outs))
-        if outs
-        else (float(np.mean([r.item.num_output_tokens for r in arrived])) if arrived else None)
-    )
+    # Output lengths only of finished requests, as the router counts them (at the finish):
+    # none finished in the window is unknown here (`run_autoscaled` keeps the last known mix,
+    # as the live `Window` does), never the true lengths of requests still in flight.
+    outs = [r.num_output_tokens for r in finished if r.finish_s is not None]
+    output = float(np.mean(outs)) if outs else None
     shed_by_class: dict[str, int] = {}
     for r in arrived:
         if r.dropped.startswith(SHED):
@@ -531,7 +530,8 @@ def run_autoscaled(
     end = items[-1].arrival_s if items else 0.0
     t = 0.0
     next_tick = params.interval_s
-    last_lengths: tuple[float, float] = (1.0, 1.0)
+    last_lengths: tuple[float, float] | None = None
+    finished_any = False
     num_scale = 0
     reaction: float | None = None
     flip_pairs = [(Role.PREFILL, Role.DECODE), (Role.DECODE, Role.PREFILL)]
@@ -547,10 +547,14 @@ def run_autoscaled(
         next_tick += params.interval_s
         finished = _finished_since(cluster, t - setup.window_s)
         obs = observe(cluster, fleet, t, setup, finished, gate)
-        if obs.mean_prompt_tokens is None or obs.mean_output_tokens is None:
-            obs = _with_lengths(obs, last_lengths)
-        else:
+        finished_any = finished_any or bool(finished)
+        if obs.mean_prompt_tokens is not None and obs.mean_output_tokens is not None:
             last_lengths = (obs.mean_prompt_tokens, obs.mean_output_tokens)
+        elif last_lengths is not None:
+            obs = _with_lengths(obs, last_lengths)
+        elif not finished_any and any(r.item.arrival_s <= t for r in cluster.requests):
+            # Arrivals and none finished yet: what the live router's metrics show then.
+            obs = replace(obs, no_finish_yet=True)
         decision, state = decide(obs, state, perf, params)
         in_flight = sum(1 for _, target in fleet.draining if target is not None)
         decision, flips = plan_flips(
@@ -611,9 +615,10 @@ def run_autoscaled(
 
 
 def _with_lengths(obs: Observation, lengths: tuple[float, float]) -> Observation:
-    from dataclasses import replace
-
-    return replace(obs, mean_prompt_tokens=lengths[0], mean_output_tokens=lengths[1])
+    """The window's lengths, each missing one the last known (the live `Window`'s rule)."""
+    prompt = obs.mean_prompt_tokens if obs.mean_prompt_tokens is not None else lengths[0]
+    output = obs.mean_output_tokens if obs.mean_output_tokens is not None else lengths[1]
+    return replace(obs, mean_prompt_tokens=prompt, mean_output_tokens=output)
 
 
 def _act(

@@ -328,3 +328,27 @@ def test_workers_started_in_one_tick_for_one_reason_are_one_line() -> None:
     assert ", w" in last.split(" as ")[0], loop.log
     reasons = [line.split(": ", 1)[1] for line in lines]
     assert len(reasons) == len(set(reasons)), loop.log
+
+
+def test_a_router_queue_before_the_first_finish_starts_a_prefill_worker() -> None:
+    """`up --autoscale` with requests queued at the router and none finished yet (no SLO
+    result, no output length): before, the loop held ("no request finished yet") while the
+    queue grew; now the queue, known before any request finishes, starts a prefill worker,
+    and the line says why. A router with no traffic at all still only holds."""
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _up_loop(fleet, lambda: generate_latest(registry).decode(), now, 1.0, window_s=10.0)
+    for queued in (0, 0, 40):
+        if queued:
+            metrics.admission.labels("default", "queued").inc(queued)
+            for _ in range(queued):
+                metrics.prompt_length.labels("default").observe(500)
+            metrics.queue_depth.labels("default").set(queued)
+        now[0] += 5.0
+        loop.tick()
+    assert any("no traffic yet" in line for line in loop.log), loop.log
+    assert fleet.calls[2:] == ["start prefill"], loop.log
+    assert loop.log[-1].startswith("start w2 as prefill: prefill 1 -> 2: no request finished yet")
+    assert "router queue 40" in loop.log[-1]

@@ -87,20 +87,78 @@ def _window_obs(*texts: str) -> Observation:
     return w.observe(10.0 * (len(texts) - 1), CHAT, {})
 
 
+def _queued(text: str, n: int, router_queue: int | None = None) -> str:
+    """`text` with `n` requests counted at arrival (queued at the gate, their prompts
+    observed) and none finished: no SLO result, no output length."""
+    out = text.replace(
+        "# TYPE splitserve_router_admission_total counter\n",
+        "# TYPE splitserve_router_admission_total counter\n"
+        f'splitserve_router_admission_total{{outcome="queued",slo_class="chat"}} {n}.0\n',
+    )
+    out = out.replace(
+        "# TYPE splitserve_router_prompt_length_tokens histogram\n",
+        "# TYPE splitserve_router_prompt_length_tokens histogram\n"
+        f'splitserve_router_prompt_length_tokens_bucket{{le="+Inf",slo_class="chat"}} {n}.0\n'
+        f'splitserve_router_prompt_length_tokens_count{{slo_class="chat"}} {n}.0\n'
+        f'splitserve_router_prompt_length_tokens_sum{{slo_class="chat"}} {2000 * n}.0\n',
+    )
+    if router_queue is not None:
+        out = out.replace(
+            "# TYPE splitserve_router_queue_depth gauge\n",
+            "# TYPE splitserve_router_queue_depth gauge\n"
+            f'splitserve_router_queue_depth{{slo_class="chat"}} {router_queue}.0\n',
+        )
+    return out
+
+
 def test_the_first_arrivals_change_the_hold_that_up_and_the_operator_print() -> None:
     """`up --autoscale` and the operator print a hold once per change of `held_key`: when the
     first requests arrive (queued, none finished yet) the printed "no traffic yet" must give
-    way to what holds the loop now, not stay on screen while requests queue."""
+    way to what the loop knows now, not stay on screen while requests queue."""
     idle = _idle_text()
-    busy = idle.replace(
-        "# TYPE splitserve_router_admission_total counter\n",
-        "# TYPE splitserve_router_admission_total counter\n"
-        'splitserve_router_admission_total{outcome="queued",slo_class="chat"} 60.0\n',
-    )
+    busy = _queued(idle, 60)
     before, after = _window_obs(idle, idle), _window_obs(idle, busy)
     assert any("no traffic yet" in str(p) for p in before.problems)
-    assert any("no request finished yet" in str(p) for p in after.problems)
+    assert after.no_finish_yet
+    assert "no request finished yet" in after.why_unusable()
     assert held_key(before) != held_key(after)
+
+
+def test_arrivals_before_the_first_finish_are_no_problem_but_a_known_state() -> None:
+    """Requests arrived and queue at the router, none finished: the rate, the prompts and the
+    queue are known, the output lengths and SLO results not. Not a missing signal that holds
+    the loop (it acts on the queue, `autoscaler.before_first_finish`): `no_finish_yet`. An idle
+    second router beside it is no problem either (its zero is known, it declares the
+    metrics)."""
+    idle = _idle_text()
+    w = Window(60.0, 30.0)
+    w.add(Snapshot(0.0, {ROUTER: parse(idle), "10.0.0.2:8000": parse(idle)}))
+    w.add(Snapshot(10.0, {ROUTER: parse(_queued(idle, 60, 40)), "10.0.0.2:8000": parse(idle)}))
+    obs = w.observe(10.0, CHAT, {})
+    assert obs.problems == ()
+    assert obs.no_finish_yet
+    assert obs.arrival_rate_per_s == 6.0
+    assert obs.mean_prompt_tokens == 2000.0
+    assert obs.mean_output_tokens is None
+    assert obs.router_queue == 40
+    assert obs.classes[0].requests == 0
+    # Once a request finished (its SLO result and output length counted): a usable window.
+    done = _queued(idle, 61, 39).replace(
+        "# TYPE splitserve_router_slo_requests_total counter\n",
+        "# TYPE splitserve_router_slo_requests_total counter\n"
+        'splitserve_router_slo_requests_total{result="met",slo_class="chat"} 1.0\n',
+    )
+    done = done.replace(
+        "# TYPE splitserve_router_output_length_tokens histogram\n",
+        "# TYPE splitserve_router_output_length_tokens histogram\n"
+        'splitserve_router_output_length_tokens_bucket{le="+Inf",slo_class="chat"} 1.0\n'
+        'splitserve_router_output_length_tokens_count{slo_class="chat"} 1.0\n'
+        'splitserve_router_output_length_tokens_sum{slo_class="chat"} 100.0\n',
+    )
+    w.add(Snapshot(20.0, {ROUTER: parse(done), "10.0.0.2:8000": parse(idle)}))
+    obs = w.observe(20.0, CHAT, {})
+    assert obs.usable, obs.why_unusable()
+    assert not obs.no_finish_yet
 
 
 def test_from_prometheus_an_idle_router_and_a_misconfigured_one_read_alike_and_say_so() -> None:

@@ -653,3 +653,23 @@ def test_the_loop_waits_for_the_reconcile_to_enter_managed_from_the_live_sizes()
     env.reconcile()
     assert env.pools_spec() == {"prefill": 5, "decode": 5}
     assert env.status()["scalingMode"] == "Managed"
+
+
+def test_a_router_queue_before_the_first_finish_scales_prefill() -> None:
+    """Requests queued at the router, none finished yet: the operator's loop scales the prefill
+    pool on the queue (it held before, "no request finished yet"), records why, and keeps
+    decode (no output length to size it by)."""
+    env = Env()
+    env.tick(0.0)
+    env.router.admission.labels("chat", "queued").inc(40)
+    for _ in range(40):
+        env.router.prompt.labels("chat").observe(1000)
+    env.router.queue.labels("chat").set(40)
+    result = env.tick()
+    assert not result.decision.held, result.decision.held
+    assert env.pools_spec() == {"prefill": 2, "decode": 1}
+    scale = [d for d in env.status()["decisions"] if d["kind"] == "scale"]
+    assert scale[-1]["message"].startswith("prefill 1 -> 2: no request finished yet"), scale
+    assert scale[-1]["inputs"]["routerQueue"] == "40"
+    assert env.condition("SLOAtRisk")["status"] == "True"
+    assert env.condition("SLOAtRisk")["message"].startswith("router queue 40 waiting")

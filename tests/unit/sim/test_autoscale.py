@@ -20,6 +20,7 @@ from splitserve.sim.autoscale import (
     run_static,
     step_workload,
 )
+from splitserve.sim.workload import WorkItem
 
 PAIRS = [(1500, 200), (3000, 150), (800, 100)]
 SETUP = Setup(
@@ -143,3 +144,22 @@ def test_warm_attainment_counts_only_requests_after_the_warm_up() -> None:
     assert early  # the warm-up excludes some requests
     none_after = run_static(early, replace(SETUP, warmup_s=1e9), {Role.PREFILL: 1, Role.DECODE: 1})
     assert none_after.warm_attainment is None
+
+
+def test_before_the_first_finish_the_loop_sees_no_output_length_and_acts_on_the_queue() -> None:
+    """The simulated loop sees what the live one sees: an output length only once a request
+    finished (the router counts it at the finish). Before, the simulator gave the loop the true
+    output lengths of requests still in flight, so the state the live loop is in before the
+    first finish ("no request finished yet") was never simulated. A burst of long requests at
+    the start: nothing finishes by the first tick, the router's queue is long, and the loop
+    scales prefill on it and says so."""
+    items = tuple(WorkItem(0.1 * i, 4000, 800) for i in range(30))
+    r = run_autoscaled(items, SETUP)
+    first = r.ticks[0]
+    assert first.attainment is None  # nothing finished in the first window
+    assert any(
+        a.startswith("prefill 1 -> ") and "no request finished yet" in a for a in first.actions
+    ), first.actions
+    # No output length: decode is sized by what its workers hold, not by a guessed length.
+    decode = [a for a in first.actions if a.startswith("decode ")]
+    assert all("decode workers hold" in a for a in decode), decode

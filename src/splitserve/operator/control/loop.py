@@ -689,6 +689,8 @@ def held_key(obs: Observation) -> str:
     keys = [f"{p.signal} {p.state.value}" for p in obs.problems]
     if not keys and obs.arrival_rate_per_s is None:
         keys.append("arrival rate missing")
+    if not keys and obs.no_finish_yet and obs.mean_output_tokens is None:
+        keys.append("no request finished yet")
     if not keys and (obs.mean_prompt_tokens is None or obs.mean_output_tokens is None):
         keys.append("length mix missing")
     return ", ".join(keys)

@@ -11,7 +11,9 @@ Prometheus' `increase` does.
 Missing or stale data is explicit: no router answered, a router did not answer this time, the
 SLO metrics are absent (a router without them; an idle router that declares them with no
 sample yet is "no traffic yet", `Scrape`), or only one snapshot so far (rates need two).
-Each becomes a `SignalProblem`, and the policies then hold.
+Each becomes a `SignalProblem`, and the policies then hold. Arrivals counted with no request
+finished yet are not a problem but a known state (`Observation.no_finish_yet`: no SLO result
+and no output length yet), on which the autoscaler acts through the router's queue.
 
 The busiest sub-window's arrival rate (`Observation.arrival_rate_peak_per_s`, the autoscaler's
 burst headroom) comes from the admission counter's values over the window (`busiest_rate`):
@@ -278,20 +280,39 @@ class ClassTargets:
     attainment: float
 
 
-def _required_missing(routers: Mapping[str, Samples]) -> list[SignalProblem]:
-    """Routers without a sample of a `REQUIRED` family. One that declares the families
-    (`Scrape.declared`) has had no traffic (no admission sample) or no request finished yet
-    (no SLO result): a normal state, no problem at all beside a router that has both samples
-    (its zero is then known), else "no traffic yet". One that does not declare them lacks the
-    SLO metrics (misconfigured); from Prometheus (no declarations) it may be either."""
+def _declares(samples: Samples, absent: Sequence[str]) -> bool:
+    return isinstance(samples, Scrape) and all(m in samples.declared for m in absent)
+
+
+def _required_missing(routers: Mapping[str, Samples]) -> tuple[list[SignalProblem], bool]:
+    """Routers without a sample of a `REQUIRED` family, and whether no request finished yet.
+
+    One that declares the families (`Scrape.declared`) has had no traffic (no admission
+    sample) or no request finished yet (no SLO result): a normal state, no problem at all
+    beside a router that has both samples (its zero is then known). When no router finished a
+    request but one counted arrivals (each declaring the families), that is no problem either
+    but `True`: the rate, prompts and queue are known, the SLO results and output lengths not
+    (`Observation.no_finish_yet`; the autoscaler acts on the queue). Only when none counted an
+    arrival is it "no traffic yet". One that does not declare them lacks the SLO metrics
+    (misconfigured); from Prometheus (no declarations) it may be either, and stays a problem."""
     out: list[SignalProblem] = []
     busy = any(all(_has(s, m) for m in REQUIRED) for s in routers.values())
+    declared = [
+        s for s in routers.values() if _declares(s, [m for m in REQUIRED if not _has(s, m)])
+    ]
+    arriving = (
+        not busy
+        and len(declared) == len(routers) > 0
+        and any(_has(s, ADMISSION) for s in routers.values())
+    )
+    if arriving:
+        return [], True
     for addr, samples in sorted(routers.items()):
         absent = [m for m in REQUIRED if not _has(samples, m)]
         if not absent:
             continue
         names = ", ".join(absent)
-        if isinstance(samples, Scrape) and all(m in samples.declared for m in absent):
+        if _declares(samples, absent):
             if busy:
                 continue
             # Distinct signals, so a hold printed once per change of the problems
@@ -325,7 +346,7 @@ def _required_missing(routers: Mapping[str, Samples]) -> list[SignalProblem]:
                     "the SLO metrics)",
                 )
             )
-    return out
+    return out, False
 
 
 class Window:
@@ -375,7 +396,8 @@ class Window:
             problems.append(
                 SignalProblem("router metrics", SignalState.MISSING, "no ready router pod")
             )
-        problems.extend(_required_missing(new.routers))
+        missing, no_finish_yet = _required_missing(new.routers)
+        problems.extend(missing)
         old = self.snapshots[0] if len(self.snapshots) > 1 else None
         if old is None:
             problems.append(
@@ -460,6 +482,7 @@ class Window:
             arrival_rate_peak_window_s=peak_window,
             peak_problem=peak_problem,
             prompt_tokens_cv2=cv2,
+            no_finish_yet=no_finish_yet and output is None,
         )
 
     def _peak(

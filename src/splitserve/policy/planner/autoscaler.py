@@ -818,10 +818,24 @@ def decide(
 
     An unusable observation (missing / stale signals) changes nothing, not even the state,
     except for pools outside their bounds, which are still brought back within them.
+
+    Before the first request finishes (`Observation.no_finish_yet`, no other problem) the loop
+    acts on what it knows (`before_first_finish`): the prefill side is sized from the arrival
+    rate, the router's queue and the prompts as always (its work needs no output length);
+    queue pressure (the router's queue above `queue_per_worker` per worker or growing, a
+    pool's own queue) adds a worker per tick as always; decode, whose modelled work needs the
+    output lengths, is sized from what its workers hold (`decode_occupancy`, the router's
+    queue counted, read at the prompt's context), so an idle decode worker is headroom the
+    flipper may use; a mixed pool acts on its queue only; nothing scales down, and the window
+    of watching that a scale-down needs starts at the first usable observation. Each reason
+    starts with "no request finished yet". Without any change or pressure the decision is a
+    hold as before (`Decision.held`), but the state keeps the rate's forecast and the queue's
+    trend.
     """
     now = obs.time_s
     bounds = {r: Bounds(p.min_replicas, p.max_replicas) for r, p in obs.pools.items()}
-    if not obs.usable:
+    blind = before_first_finish(obs)
+    if not obs.usable and not blind:
         why = obs.why_unusable()
         held: dict[Role, PoolDecision] = {}
         for role, p in obs.pools.items():
@@ -835,8 +849,6 @@ def decide(
             held[role] = PoolDecision(role, p.current, want, kind, reason)
         return Decision(now, held, held=why), state
     assert obs.arrival_rate_per_s is not None
-    assert obs.mean_prompt_tokens is not None
-    assert obs.mean_output_tokens is not None
 
     rate = max(0.0, obs.arrival_rate_per_s)
     forecast = state.forecast.update(rate, params)
@@ -849,7 +861,12 @@ def decide(
     burst = burst_rate(rate, obs.arrival_rate_peak_per_s, params.burst_weight, noise)
     rate_f = max(burst, forecast.ahead(params))
     rising = params.hold_down_on_rise and state.sized_rate is not None and rate_f > state.sized_rate
-    lengths = _smooth_lengths(obs, state.lengths, params.length_alpha)
+    if blind:
+        # No output length yet: only the prefill side's work (prompts) is sized; a placeholder
+        # output length that no sized number below reads.
+        lengths = (obs.mean_prompt_tokens or 0.0, 1.0, obs.prompt_tokens_cv2)
+    else:
+        lengths = _smooth_lengths(obs, state.lengths, params.length_alpha)
     stats = LengthStats(max(0.0, lengths[0]), max(1.0, lengths[1]))
     tgt = targets or Targets.of(obs.classes)
     roles = tuple(obs.pools)
@@ -858,11 +875,25 @@ def decide(
     backlog = obs.router_queue or 0
     extra = backlog_rate(backlog, params)
     work = work_by_role(roles, rate_f + extra, stats, perf, tgt, params, lengths[2])
+    sized: set[Role] = set()
+    if blind:
+        # Known: the prefill pool's work, when the window has prompts, and what the decode
+        # workers hold now (their occupancy, the router's queue included: each request will
+        # be decoded). A mixed pool's work needs the output lengths: unknown, 0 here (it acts
+        # on its queue only and keeps its size).
+        if obs.mean_prompt_tokens is not None and Role.PREFILL in work:
+            sized.add(Role.PREFILL)
+        if Role.DECODE in work and Role.PREFILL in work:
+            sized.add(Role.DECODE)
+            work[Role.DECODE] = decode_occupancy(
+                obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s, waiting=backlog
+            )
+        work = {r: (w if r in sized else 0.0) for r, w in work.items()}
     work_high = work
-    if params.band_z > 0:
+    if params.band_z > 0 and not blind:
         high = noisy_rate(rate_f, rate, obs.window_s, params.band_z) + extra
         work_high = work_by_role(roles, high, stats, perf, tgt, params, lengths[2])
-    if params.occupancy_floor and Role.DECODE in work:
+    if params.occupancy_floor and Role.DECODE in work and not blind:
         occupied = decode_occupancy(
             obs.pools.get(Role.DECODE), stats, perf, tgt.tpot_s, waiting=backlog
         )
@@ -870,8 +901,10 @@ def decide(
         work_high[Role.DECODE] = max(work_high[Role.DECODE], occupied)
     pressure = pressure_by_role(obs, params, state.queue_trend)
     late = late_misses(obs, params)
-    since = state.since_s if state.since_s is not None else now
-    watched_long_enough = now - since >= params.scale_down_stabilization_s - _EPS
+    since = state.since_s if state.since_s is not None or blind else now
+    watched_long_enough = (
+        since is not None and now - since >= params.scale_down_stabilization_s - _EPS
+    )
     longest = params.scale_down_stabilization_s * params.max_backoff
     history = [h for h in state.history if h[0] > now - longest - _EPS]
     backoff: list[tuple[Role, float, float, float | None]] = []
@@ -910,6 +943,8 @@ def decide(
         # Never recommend scaling down below what this tick scales up to (pressure can lift the
         # up target above the model's scale-down count): the window then holds the new size.
         down_now = max(down_now, up_target)
+        if blind and role not in sized:
+            down_now = max(down_now, p.current)  # no headroom on a work not known
         history.append((now, role, down_now))
         down_target = max(h[2] for h in history if h[1] is role and h[0] > window_start - _EPS)
         seen = f"observed {rate:.3g}" + (f", burst {burst:.3g}" if burst > rate else "")
@@ -922,6 +957,16 @@ def decide(
             f"prompt {stats.mean_prompt_tokens:.0f} / output {stats.mean_output_tokens:.0f} "
             f"tokens: {w:.2f} worker-equivalents"
         )
+        if blind:
+            if role is Role.PREFILL and role in sized:
+                basis = (
+                    f"forecast {rate_f:.3g} req/s ({seen}), prompt "
+                    f"{stats.mean_prompt_tokens:.0f} tokens: {w:.2f} worker-equivalents"
+                )
+            elif role in sized:
+                basis = f"decode workers hold {w:.2f} worker-equivalents (output lengths unknown)"
+            else:
+                basis = f"{role.value} not sized without output lengths"
         cur = p.current
         if b.clamp(cur) != cur:
             desired, kind = b.clamp(cur), Kind.BOUNDS
@@ -972,6 +1017,9 @@ def decide(
                 reason = f"{role.value} held at {cur}: {basis}"
         if late and not why and kind is not Kind.BOUNDS:
             reason += f"; {late}"
+        if blind and kind is not Kind.BOUNDS:
+            head, _, tail = reason.partition(": ")
+            reason = f"{head}: {NO_FINISH_YET}; {tail}"
         if kind is Kind.SCALE_DOWN:
             last_down = now
         elif (
@@ -991,7 +1039,8 @@ def decide(
         pools[role] = PoolDecision(role, cur, desired, kind, reason, w, up_target, down_target, why)
 
     at_risk = _risk_lines(obs, pools)
-    smoothed = lengths if params.length_alpha < 1 else None
+    # Before the first finish the lengths are a placeholder: the smoothed mix stays as it was.
+    smoothed = state.lengths if blind else (lengths if params.length_alpha < 1 else None)
     new_state = AutoscalerState(
         forecast,
         since,
@@ -1002,7 +1051,31 @@ def decide(
         queue_trend(obs, state.queue_trend),
         rate_f,
     )
-    return Decision(now, pools, "", at_risk, rate, rate_f), new_state
+    held_why = ""
+    if blind and not any(p.desired != p.current or p.pressure for p in pools.values()):
+        # Nothing to act on yet: a hold, as before, but with the state's forecast and queue
+        # trend kept (growth is seen from the next tick on).
+        held_why = obs.why_unusable()
+        pools = {
+            r: replace(p, kind=Kind.NO_SIGNAL, reason=f"{r.value} held at {p.current}: {held_why}")
+            for r, p in pools.items()
+        }
+    return Decision(now, pools, held_why, at_risk, rate, rate_f), new_state
+
+
+NO_FINISH_YET = "no request finished yet"
+
+
+def before_first_finish(obs: Observation) -> bool:
+    """Whether the autoscaler acts on an observation without output lengths: requests arrived
+    and none finished yet (`Observation.no_finish_yet`), no signal missing or stale otherwise,
+    and the arrival rate known."""
+    return (
+        obs.no_finish_yet
+        and not obs.problems
+        and obs.arrival_rate_per_s is not None
+        and obs.mean_output_tokens is None
+    )
 
 
 def _risk_lines(obs: Observation, pools: Mapping[Role, PoolDecision]) -> tuple[str, ...]:

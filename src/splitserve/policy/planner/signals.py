@@ -170,6 +170,13 @@ class Observation:
     peak_problem: SignalProblem | None = None
     """Why `arrival_rate_peak_per_s` is None, where an edge tried to measure it. Unlike
     `problems` it does not stop the policies (the mean is still known); they record it."""
+    no_finish_yet: bool = False
+    """Requests arrived but none has finished yet (at any router, since they started): no SLO
+    result and no output length exist yet (`mean_output_tokens` is None), while the arrival
+    rate, the prompts (counted at arrival) and the router's queue are known. Not a problem that
+    stops the policies: the autoscaler acts on what is known (`autoscaler.decide`: prefill
+    sized from the rate and prompts, queue pressure, no scale-down). False for a router with no
+    traffic at all ("no traffic yet", a `problems` entry: nothing to act on)."""
 
     @property
     def usable(self) -> bool:
@@ -185,7 +192,9 @@ class Observation:
         parts = [str(p) for p in self.problems]
         if self.arrival_rate_per_s is None:
             parts.append("arrival rate unknown")
-        if self.mean_prompt_tokens is None or self.mean_output_tokens is None:
+        if self.no_finish_yet and self.mean_output_tokens is None:
+            parts.append("no request finished yet (output lengths and SLO results unknown)")
+        elif self.mean_prompt_tokens is None or self.mean_output_tokens is None:
             parts.append("length mix unknown")
         return "; ".join(parts)
 
