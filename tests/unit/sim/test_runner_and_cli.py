@@ -157,6 +157,22 @@ def test_bench_refuses_values_it_would_not_honour(args: list[str], flag: str) ->
     assert flag in res.output
 
 
+@pytest.mark.parametrize("workers", ["10001", "100000000"])
+def test_bench_refuses_more_workers_than_its_limit(
+    monkeypatch: pytest.MonkeyPatch, workers: str
+) -> None:
+    # --workers 100000000 built a cluster of 10^8 simulated workers for ever (no output, no
+    # end); refused before the trace is read
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started: no limit on --workers")
+
+    monkeypatch.setattr("splitserve.sim.bench.load_trace", started)
+    res = CliRunner().invoke(sim, ["bench", "--workers", workers])
+    assert res.exit_code == 2, res.output
+    assert "--workers" in res.output
+    assert "10000" in res.output
+
+
 @pytest.mark.parametrize("target", ["0", "-1"])
 def test_validate_refuses_a_target_that_no_error_can_meet(tmp_path: Path, target: str) -> None:
     rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
