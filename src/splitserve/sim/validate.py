@@ -172,6 +172,15 @@ def parse_recording(lines: Iterable[str]) -> Recording:
     return Recording(tuple(out), skipped)
 
 
+def _median_error(metric: str, error: float) -> str:
+    """`ttft 3.1 %`; a metric no request can be scored on (TPOT when every output is one token)
+    says so (it printed `tpot nan %`)."""
+    name = metric.removesuffix("_s")
+    if math.isnan(error):
+        return f"{name} n/a (no request has a measured {name} above 0 and a simulated one)"
+    return f"{name} {error * 100:.1f} %"
+
+
 @dataclass(frozen=True, slots=True)
 class Pair:
     """One request: measured and simulated."""
@@ -265,10 +274,7 @@ class Validation:
                 rows,
             ),
             "\nPer-request median |error|: "
-            + ", ".join(
-                f"{m.removesuffix('_s')} {self.median_abs_rel_error(m) * 100:.1f} %"
-                for m in METRICS
-            )
+            + ", ".join(_median_error(m, self.median_abs_rel_error(m)) for m in METRICS)
             + "\n",
         ]
         return "".join(out)

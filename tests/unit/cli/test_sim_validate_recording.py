@@ -85,3 +85,16 @@ def test_an_inconsistent_or_unknown_field_is_refused_naming_the_line(
     last = res.output.strip().splitlines()[-1]
     assert last.startswith(f"Error: Invalid value for 'RECORDING': {rec}: "), res.output
     assert words in last
+
+
+def test_a_recording_of_one_token_outputs_says_tpot_is_not_measured(tmp_path: Path) -> None:
+    # printed 'tpot nan %' (no request has a TPOT when every output is one token)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
+    rec = tmp_path / "r.jsonl"
+    rec.write_text(f"{_line(output_tokens=1, ttft_s=0.1, latency_s=0.1)}\n")
+    res = CliRunner().invoke(
+        sim, ["validate", str(rec), "--cluster", str(tmp_path / "cluster.yaml")]
+    )
+    assert res.exit_code == 0, res.output
+    assert "nan" not in res.output
+    assert "tpot n/a (no request has a measured tpot above 0 and a simulated one)" in res.output
