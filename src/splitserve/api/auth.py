@@ -25,6 +25,11 @@ from pydantic.alias_generators import to_camel
 SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 
+SECRET_KEYS = frozenset({"keys", "keySha256", "key_sha256"})
+"""Keys whose values (keys in clear, their digests) a validation error never echoes
+(`api.validation.validation_lines`); both spellings, as pydantic names the one the file used."""
+
+
 class FileModel(BaseModel):
     """Base of the router's file models (`router.yaml`, the API-key file): frozen, strict about
     unknown keys, camelCase keys (snake_case accepted too)."""

@@ -208,6 +208,7 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     import yaml
     from pydantic import ValidationError
 
+    from splitserve.api.v1alpha1 import API_VERSION
     from splitserve.operator.render import dump_manifests, render_documents
 
     try:
@@ -227,4 +228,8 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
         raise click.ClickException(f"{source.name}: {err}") from None
     for note in notes:
         click.echo(note, err=True)
+    if not manifests:  # printed nothing, exit 0 (a typo in kind: only the note above)
+        raise click.ClickException(
+            f"{source.name}: no LLMService (apiVersion {API_VERSION}) in the file"
+        )
     click.echo(dump_manifests(manifests), nl=False)

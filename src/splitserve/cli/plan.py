@@ -14,6 +14,11 @@ from splitserve.cli.numbers import FiniteFloat
 
 _POSITIVE = FiniteFloat(min=0, min_open=True)
 
+MAX_REQUESTS = 20_000
+"""`--requests` at most: the bundled Azure conversation trace (19,365 rows) fits. The search
+simulates the workload once per candidate pool size for every TP degree (about a minute per
+10,000 requests per degree on a 2-core machine); a count with no bound ran for ever."""
+
 
 @click.command()
 @click.option("--model", default="llama-2-13b", show_default=True, help="Model preset.")
@@ -41,10 +46,11 @@ _POSITIVE = FiniteFloat(min=0, min_open=True)
 @click.option(
     "--requests",
     "num_requests",
-    type=click.IntRange(min=2),
+    type=click.IntRange(min=2, max=MAX_REQUESTS),
     default=1000,
     show_default=True,
-    help="Requests to simulate (the first N of a trace); at least 2, one arrival has no rate.",
+    help="Requests to simulate (the first N of a trace); at least 2, one arrival has no rate; "
+    f"at most {MAX_REQUESTS} (the search simulates them many times).",
 )
 @click.option("--ttft-ms", type=_POSITIVE, default=2000.0, show_default=True)
 @click.option("--tpot-ms", type=_POSITIVE, default=100.0, show_default=True)
@@ -59,7 +65,9 @@ _POSITIVE = FiniteFloat(min=0, min_open=True)
     help="Search the prefill and the decode pool's TP separately (every pair of --tp degrees; "
     "DistServe Alg. 1). A plan with two TPs has one worker group per role (no flips).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Lengths' seed."
+)
 def plan(
     model: str,
     hardware: str,

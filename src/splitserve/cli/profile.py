@@ -227,6 +227,7 @@ def profile(
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
         )
+        _check_fits(grid)
         try:
             samples, stats, reported = asyncio.run(
                 profile_worker(
@@ -249,6 +250,28 @@ def profile(
     )
     for path in files:
         click.echo(f"wrote {path}")
+
+
+def _check_fits(grid: ProfileGrid) -> None:
+    """A usage error naming the flags when no prefill or no decode probe fits the limits (was
+    exit 1 after connecting, naming only --max-batch-tokens / --max-model-len)."""
+    problems = []
+    if not grid.prefill_cells():
+        problems.append(
+            "no prefill probe fits: each needs --prefill-tokens <= --max-batch-tokens "
+            f"({grid.max_batch_tokens}), --prefill-batch <= --max-num-seqs "
+            f"({grid.max_num_seqs}), and --prefill-tokens / --prefill-batch tokens per request "
+            f"from {grid.min_prompt_tokens} to below --max-model-len ({grid.max_model_len})"
+        )
+    if not grid.decode_cells():
+        problems.append(
+            "no decode probe fits: each needs --decode-batch <= --max-num-seqs "
+            f"({grid.max_num_seqs}) and --decode-context + --decode-tokens "
+            f"({grid.decode_tokens}) + its prefill steps + 3 <= --max-model-len "
+            f"({grid.max_model_len})"
+        )
+    if problems:
+        raise click.UsageError("; ".join(problems))
 
 
 _MEASURING = frozenset(

@@ -18,10 +18,11 @@ import click
 from pydantic import ValidationError
 
 from splitserve.aio import stop_task
-from splitserve.api.auth import AuthSettings
+from splitserve.api.auth import SECRET_KEYS, AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
+from splitserve.api.validation import validation_lines
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
@@ -30,7 +31,7 @@ from splitserve.cli.process import (
     run_until_signalled,
     without_torch,
 )
-from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings, validation_lines
+from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
@@ -222,7 +223,7 @@ def serve_cmd(
             config = RouterConfig.model_validate_json(config_json.read_text())
         except ValidationError as err:  # was a traceback
             raise click.BadParameter(
-                validation_lines(config_json, err), param_hint="--config-json"
+                validation_lines(config_json, err, secret=SECRET_KEYS), param_hint="--config-json"
             ) from None
         _serve(config, ready_file, reuse_port, False, "--config-json (tokenizer_dir)")
         return
@@ -494,7 +495,9 @@ def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
     try:
         parsed, ignored = RouterFile.from_configmap(data)
     except ValidationError as err:
-        raise click.BadParameter(validation_lines(path, err), param_hint="--config") from None
+        raise click.BadParameter(
+            validation_lines(path, err, secret=SECRET_KEYS), param_hint="--config"
+        ) from None
     if ignored:
         logging.getLogger(__name__).warning(
             "%s: ignoring keys this router does not know: %s", path, ", ".join(ignored)

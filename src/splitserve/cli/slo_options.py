@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings, SloSettings
+from splitserve.api.validation import validation_lines
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -139,22 +140,6 @@ def read_yaml(path: Path, flag: str) -> Any:
         at = f" (line {mark.line + 1})" if mark is not None else ""
         why = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise click.BadParameter(f"{path}: not YAML{at}: {why}", param_hint=flag) from None
-
-
-def validation_lines(
-    path: Path, err: ValidationError, prefix: str = "", names: dict[str, str] | None = None
-) -> str:
-    """One line per problem of `err` (a file's bad values): the file, the key path, what is
-    expected and the value given (was pydantic's multi-line block, with its URL). `prefix`
-    goes before every key path; `names` renames a top-level model field to the file's key."""
-    lines = []
-    for e in err.errors():
-        loc = [str(part) for part in e["loc"]]
-        if names and loc and loc[0] in names:
-            loc[0] = names[loc[0]]
-        key = prefix + ".".join(loc) or "(top level)"
-        lines.append(f"{path}: {key}: {e['msg']} (got {e['input']!r})")
-    return "\n".join(lines)
 
 
 def slo_settings(

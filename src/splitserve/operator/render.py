@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -704,6 +705,12 @@ DRY_RUN_UID: Final = "00000000-0000-0000-0000-000000000000"
 """The owner UID in a dry run (the API server assigns the real one)."""
 
 
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+"""A Kubernetes object name (RFC 1123 subdomain), what the API server demands of an LLMService."""
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+"""A namespace name (RFC 1123 label)."""
+
+
 def render_documents(
     docs: list[Any], namespace: str | None, router_image: str, uid: str = DRY_RUN_UID
 ) -> tuple[list[Manifest], list[str]]:
@@ -726,7 +733,19 @@ def render_documents(
         meta = doc.get("metadata") or {}
         if not isinstance(meta.get("name"), str) or not meta["name"]:
             raise ValueError(f"document {i}: LLMService without metadata.name")
+        name = meta["name"]
+        if len(name) > 253 or not re.fullmatch(_DNS_SUBDOMAIN, name):  # rendered Bad_Name!-*
+            raise ValueError(
+                f"document {i}: metadata.name {name!r} is not a Kubernetes object name (lower-"
+                "case letters, digits, '-' and '.', starting and ending with a letter or digit, "
+                "at most 253): the API server refuses it"
+            )
         ns = meta.get("namespace") or namespace or "default"
+        if not isinstance(ns, str) or len(ns) > 63 or not re.fullmatch(_DNS_LABEL, ns):
+            raise ValueError(
+                f"document {i}: namespace {ns!r} is not a Kubernetes namespace name (lower-case "
+                "letters, digits and '-', at most 63)"
+            )
         spec = v1.LLMServiceSpec.model_validate(doc.get("spec") or {})
         out += render(spec, Observed(ServiceRef(meta["name"], ns, uid), router_image=router_image))
     return out, notes

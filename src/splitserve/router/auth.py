@@ -26,7 +26,8 @@ import pydantic
 import yaml
 from grpc import aio
 
-from splitserve.api.auth import AuthSettings, KeyFile, TenantSpec
+from splitserve.api.auth import SECRET_KEYS, AuthSettings, KeyFile, TenantSpec
+from splitserve.api.validation import validation_lines
 from splitserve.core.clock import Clock
 from splitserve.policy.tenancy import Refusal, TenantLimits, TenantRules
 from splitserve.router.openai_errors import error_body
@@ -71,19 +72,7 @@ def load_key_file(path: Path) -> KeyFile:
     try:
         return KeyFile.model_validate(data)
     except pydantic.ValidationError as err:  # one line per problem (was pydantic's block)
-        raise ValueError("\n".join(_problem(path, e) for e in err.errors())) from None
-
-
-def _problem(path: Path, error: Any) -> str:
-    """`path: key.path: why (got value)`; the value only where it is a plain scalar outside
-    `keys` / `key_sha256` (a key in clear, or a digest, is never echoed)."""
-    loc = tuple(str(part) for part in error["loc"])
-    line = f"{path}: {'.'.join(loc) or '(top level)'}: {error['msg']}"
-    value = error.get("input")
-    secret = any(part in ("keys", "key_sha256") for part in loc)
-    if not secret and isinstance(value, str | int | float | bool) and loc:
-        line += f" (got {value!r})"
-    return line
+        raise ValueError(validation_lines(path, err, secret=SECRET_KEYS)) from None
 
 
 class KeyStore:

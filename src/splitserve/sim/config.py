@@ -47,7 +47,18 @@ from splitserve.sim.workload import (
 )
 
 _T = TypeVar("_T")
-_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+_STRICT = ConfigDict(
+    frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+)
+"""No field means anything by nan or inf (`rate_per_s: .inf` ran with every arrival at 0)."""
+
+MAX_REQUESTS = 1_000_000
+"""A workload's `num_requests` / `trace.max_requests` at most: one run simulates about 5,000
+requests per second of CPU, so this is minutes (a goodput search runs it several times);
+without a bound `num_requests: 1000000000` ran for ever."""
+
+MAX_REPLICAS = 10_000
+"""A pool's `replicas` at most (the router scores every worker for every request)."""
 
 
 class PoolConfig(BaseModel):
@@ -55,7 +66,7 @@ class PoolConfig(BaseModel):
     name: str
     role: str
     """prefill | decode | mixed"""
-    replicas: int = Field(1, ge=0)
+    replicas: int = Field(1, ge=0, le=MAX_REPLICAS)
     tp: int = Field(1, ge=1)
     """GPUs per worker (tensor parallel)."""
     policy: str = "fcfs"
@@ -81,7 +92,7 @@ class TraceConfig(BaseModel):
     """Azure LLM 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
     time_scale: float = Field(1.0, gt=0)
     """Multiplies arrival offsets (0.5 replays twice as fast); ignored when a rate is set."""
-    max_requests: int | None = Field(None, ge=1)
+    max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
 
 
 class WorkloadConfig(BaseModel):
@@ -91,13 +102,13 @@ class WorkloadConfig(BaseModel):
     """Arrival rate; for a trace, rescales its timestamps to this mean rate."""
     cv: float = Field(1.0, gt=0)
     """Gamma arrivals' coefficient of variation."""
-    num_requests: int = Field(500, ge=1)
+    num_requests: int = Field(500, ge=1, le=MAX_REQUESTS)
     preset: str | None = None
     """sharegpt | humaneval | longbench (lengths; see `sim.workload.PRESETS`)."""
     prompt: LengthConfig | None = None
     output: LengthConfig | None = None
     trace: TraceConfig | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     slo_class: str = "default"
 
 

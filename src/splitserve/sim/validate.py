@@ -91,6 +91,9 @@ def _tokens(row: dict[str, object], key: str, line: int) -> int:
 _REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "latency_s")
 """The columns every recorded request needs (`tpot_s`, `id`, `outcome` are optional)."""
 
+_FIELDS = (*_REQUIRED, "tpot_s", "id", "outcome", "path")
+"""Every field of the format (what the router's request log writes); any other is refused."""
+
 
 def parse_recording(lines: Iterable[str]) -> Recording:
     """Recorded requests (JSON lines, or CSV with a header), sorted by arrival."""
@@ -121,11 +124,21 @@ def parse_recording(lines: Iterable[str]) -> Recording:
             )
         rows, line_of = [], []
         for r in reader:
-            rows.append(dict(r))
             line_of.append(numbered[reader.line_num - 1][0])  # (the row's last line)
+            if None in r:  # csv.DictReader's key for the values beyond the header's columns
+                raise ValueError(
+                    f"recording line {line_of[-1]}: more values than the header has columns"
+                )
+            rows.append(dict(r))
     out: list[Recorded] = []
     skipped = 0
     for i, (n, row) in enumerate(zip(line_of, rows, strict=True), 1):  # n: the file's line
+        unknown = [k for k in row if k not in _FIELDS]
+        if unknown:  # was ignored without a word (a typo such as tpot_ms)
+            raise ValueError(
+                f"recording line {n}: unknown field {unknown[0]!r} (the format's fields: "
+                f"{', '.join(_FIELDS)})"
+            )
         if str(row.get("outcome") or "ok") != "ok":
             skipped += 1
             continue
@@ -134,6 +147,11 @@ def parse_recording(lines: Iterable[str]) -> Recording:
         output = _tokens(row, "output_tokens", n)
         ttft = _num(row, "ttft_s", n)
         latency = _num(row, "latency_s", n)
+        if ttft > latency:  # was replayed as measured
+            raise ValueError(
+                f"recording line {n}: 'ttft_s' ({ttft:g}) is after 'latency_s' ({latency:g}): "
+                "the first token cannot come after the last"
+            )
         tpot = _opt(row, "tpot_s", n)
         if tpot is None and output > 1:
             tpot = (latency - ttft) / (output - 1)
@@ -152,6 +170,15 @@ def parse_recording(lines: Iterable[str]) -> Recording:
         raise ValueError("the recording holds no completed (`ok`) requests")
     out.sort(key=lambda r: r.arrival_s)
     return Recording(tuple(out), skipped)
+
+
+def _median_error(metric: str, error: float) -> str:
+    """`ttft 3.1 %`; a metric no request can be scored on (TPOT when every output is one token)
+    says so (it printed `tpot nan %`)."""
+    name = metric.removesuffix("_s")
+    if math.isnan(error):
+        return f"{name} n/a (no request has a measured {name} above 0 and a simulated one)"
+    return f"{name} {error * 100:.1f} %"
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,10 +274,7 @@ class Validation:
                 rows,
             ),
             "\nPer-request median |error|: "
-            + ", ".join(
-                f"{m.removesuffix('_s')} {self.median_abs_rel_error(m) * 100:.1f} %"
-                for m in METRICS
-            )
+            + ", ".join(_median_error(m, self.median_abs_rel_error(m)) for m in METRICS)
             + "\n",
         ]
         return "".join(out)

@@ -115,3 +115,27 @@ def test_a_rate_whose_work_overflows_is_no_candidate_not_a_traceback(rate: str) 
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     assert "target not met up to the limit" in r.output
     assert "no candidate met the attainment target" in r.output
+
+
+@pytest.mark.parametrize("n", ["20001", "1000000000"])
+def test_a_request_count_over_the_limit_is_refused_naming_the_flag_and_limit(
+    n: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --requests 1000000000 was simulated without a bound (about 5 ms per request per TP
+    # degree per search step: years); refused before any workload is built or searched
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the workload was built: no limit on --requests")
+
+    monkeypatch.setattr("splitserve.sim.workload.synthetic", started)
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", n, "--tp", "1"])
+    assert r.exit_code == 2, r.output
+    assert "--requests" in r.output
+    assert "20000" in r.output
+
+
+def test_a_negative_seed_is_refused_naming_the_flag() -> None:
+    # was numpy's 'ValueError: expected non-negative integer' traceback (exit 1)
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "20", "--tp", "1", "--seed", "-1"])
+    assert r.exit_code == 2, r.output
+    assert "--seed" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception

@@ -58,3 +58,43 @@ def test_a_malformed_recording_is_one_line_naming_file_and_line(
     last = res.output.strip().splitlines()[-1]
     assert last.startswith(f"Error: Invalid value for 'RECORDING': {rec}: "), res.output
     assert words in last
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        # a first token after the last one: replayed as measured (ttft error 99.6 %, exit 0)
+        (f"{OK}\n{_line(ttft_s=0.5, latency_s=0.1)}\n", "line 2: 'ttft_s' (0.5) is after"),
+        (f"{HEADER}\n0,4,2,0.1,0.2\n1,4,2,3,2\n", "line 3: 'ttft_s' (3) is after"),
+        # a field the format does not have was ignored without a word (a typo: tpot_ms)
+        (f"{OK}\n{_line(tpot_ms=20)}\n", "line 2: unknown field 'tpot_ms'"),
+        (f"{HEADER},bogus\n0,4,2,0.1,0.2,1\n", "line 2: unknown field 'bogus'"),
+        (f"{HEADER}\n0,4,2,0.1,0.2\n0,4,2,0.1,0.2,9\n", "line 3: more values than the header"),
+    ],
+)
+def test_an_inconsistent_or_unknown_field_is_refused_naming_the_line(
+    tmp_path: Path, content: str, words: str
+) -> None:
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
+    rec = tmp_path / ("r.csv" if content.startswith(HEADER) else "r.jsonl")
+    rec.write_text(content)
+    res = CliRunner().invoke(
+        sim, ["validate", str(rec), "--cluster", str(tmp_path / "cluster.yaml")]
+    )
+    assert res.exit_code == 2, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Invalid value for 'RECORDING': {rec}: "), res.output
+    assert words in last
+
+
+def test_a_recording_of_one_token_outputs_says_tpot_is_not_measured(tmp_path: Path) -> None:
+    # printed 'tpot nan %' (no request has a TPOT when every output is one token)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
+    rec = tmp_path / "r.jsonl"
+    rec.write_text(f"{_line(output_tokens=1, ttft_s=0.1, latency_s=0.1)}\n")
+    res = CliRunner().invoke(
+        sim, ["validate", str(rec), "--cluster", str(tmp_path / "cluster.yaml")]
+    )
+    assert res.exit_code == 0, res.output
+    assert "nan" not in res.output
+    assert "tpot n/a (no request has a measured tpot above 0 and a simulated one)" in res.output

@@ -163,3 +163,33 @@ def test_render_cli_refuses_broken_files(tmp_path: Path, text: str, needle: str)
     result = CliRunner().invoke(operator, ["render", "-f", str(f)])
     assert result.exit_code == 1
     assert needle in result.output
+
+
+@pytest.mark.parametrize(
+    ("meta", "needle"),
+    [
+        ("{name: Bad_Name!}", "metadata.name 'Bad_Name!'"),  # rendered objects named Bad_Name!-*
+        ("{name: ok, namespace: Not_A_Namespace}", "namespace 'Not_A_Namespace'"),
+    ],
+)
+def test_render_cli_refuses_a_name_the_api_server_refuses(
+    tmp_path: Path, meta: str, needle: str
+) -> None:
+    doc = yaml.safe_load((ROOT / "deploy/examples/llmservice-sim.yaml").read_text())
+    f = tmp_path / "x.yaml"
+    doc["metadata"] = yaml.safe_load(meta)
+    f.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert needle in result.output
+    assert "apiVersion" not in result.stdout
+
+
+@pytest.mark.parametrize("text", ["", "apiVersion: splitserve.io/v1alpha1\nkind: LLMServic\n"])
+def test_render_cli_refuses_a_file_without_an_llmservice(tmp_path: Path, text: str) -> None:
+    # printed nothing and exit 0 (a typo in kind: only a note on stderr)
+    f = tmp_path / "x.yaml"
+    f.write_text(text)
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert "no LLMService" in result.output

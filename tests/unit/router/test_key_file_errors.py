@@ -30,3 +30,16 @@ def test_a_bad_value_is_one_line_per_problem_and_no_key_is_echoed(tmp_path: Path
     assert any("tenants.1.keys" in line for line in lines), text
     assert "sekrit-key-1" not in text
     assert "12345678" not in text
+
+
+@pytest.mark.parametrize("digests", ["12345678", "[12345678]"])
+def test_a_bad_digest_under_the_files_camel_case_spelling_is_not_echoed(
+    tmp_path: Path, digests: str
+) -> None:
+    # the check looked for 'key_sha256' in the key path; pydantic names the file's spelling,
+    # 'keySha256', so the digest was echoed ('(got 12345678)')
+    path = tmp_path / "keys.yaml"
+    path.write_text(f"tenants:\n  - name: a\n    keySha256: {digests}\n")
+    with pytest.raises(ValueError, match="keySha256") as info:
+        load_key_file(path)
+    assert "12345678" not in str(info.value)

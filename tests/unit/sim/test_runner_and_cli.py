@@ -157,6 +157,22 @@ def test_bench_refuses_values_it_would_not_honour(args: list[str], flag: str) ->
     assert flag in res.output
 
 
+@pytest.mark.parametrize("workers", ["10001", "100000000"])
+def test_bench_refuses_more_workers_than_its_limit(
+    monkeypatch: pytest.MonkeyPatch, workers: str
+) -> None:
+    # --workers 100000000 built a cluster of 10^8 simulated workers for ever (no output, no
+    # end); refused before the trace is read
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started: no limit on --workers")
+
+    monkeypatch.setattr("splitserve.sim.bench.load_trace", started)
+    res = CliRunner().invoke(sim, ["bench", "--workers", workers])
+    assert res.exit_code == 2, res.output
+    assert "--workers" in res.output
+    assert "10000" in res.output
+
+
 @pytest.mark.parametrize("target", ["0", "-1"])
 def test_validate_refuses_a_target_that_no_error_can_meet(tmp_path: Path, target: str) -> None:
     rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
@@ -338,3 +354,41 @@ def test_a_decode_only_cluster_still_runs(tmp_path: Path) -> None:
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
     assert res.exit_code == 0, res.output
     assert "| default | 40 |" in res.output
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"seed": -1}, "workload.seed=-1"),  # was exit 1 'expected non-negative integer'
+        ({"rate_per_s": float("inf")}, "workload.rate_per_s=inf"),  # ran: every arrival at 0
+        ({"cv": float("inf")}, "workload.cv=inf"),
+        ({"num_requests": 10**9}, "workload.num_requests=1000000000"),  # simulated for ever
+    ],
+)
+def test_a_workload_number_out_of_range_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: dict[str, object], named: str
+) -> None:
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    cfg = _scenario(tmp_path, workload={**SCENARIO["workload"], **change})  # type: ignore[dict-item]
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert named in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_pool_of_more_replicas_than_the_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # replicas: 100000000 built 10^8 simulated workers for ever
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    pools = [{"name": "prefill", "role": "prefill", "replicas": 10**8}, SCENARIO["pools"][1]]  # type: ignore[index]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "pools.0.replicas=100000000" in res.output
+    assert "10000" in res.output

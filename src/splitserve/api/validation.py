@@ -1,0 +1,40 @@
+"""A file's pydantic validation errors as one line per problem (shared by the CLI's config files
+and the router's API key file; was one copy in each).
+
+`path: key.path: why (got value)`: the file, the key path as the file writes it, pydantic's
+message, and the value given. The value is echoed only when it is a plain scalar (a missing
+key's "value" is the whole mapping around it) and no part of its key path is one of `secret`
+(a key in clear, or its digest, is never printed, whichever spelling the file used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def validation_lines(
+    path: Path,
+    err: ValidationError,
+    prefix: str = "",
+    names: Mapping[str, str] | None = None,
+    secret: Collection[str] = (),
+) -> str:
+    """One line per problem of `err`, joined by newlines. `prefix` goes before every key path;
+    `names` renames a top-level model field to the file's key; a value whose key path holds a
+    name in `secret` is never echoed (give both spellings, `keySha256` and `key_sha256`)."""
+    lines = []
+    for e in err.errors():
+        loc = [str(part) for part in e["loc"]]
+        hidden = any(part in secret for part in loc)
+        if names and loc and loc[0] in names:
+            loc[0] = names[loc[0]]
+        key = prefix + ".".join(loc) or "(top level)"
+        line = f"{path}: {key}: {e['msg']}"
+        value = e.get("input")
+        if loc and not hidden and isinstance(value, str | int | float | bool):
+            line += f" (got {value!r})"
+        lines.append(line)
+    return "\n".join(lines)
