@@ -86,7 +86,20 @@ def reproduce_cmd(
 ) -> None:
     """Re-run PAPER's headline comparison and print paper vs ours."""
     from splitserve.sim import runner
+    from splitserve.sim.reproductions import CASES, PARALLEL
 
+    if jobs > 1 and paper not in PARALLEL:
+        raise click.BadParameter(
+            f"{jobs}: {paper}'s reproduction runs in one process; --jobs acts on "
+            f"{', '.join(sorted(PARALLEL))}",
+            param_hint="'--jobs'",
+        )
+    if cases != "default" and paper not in CASES:
+        raise click.BadParameter(
+            f"{cases}: {paper}'s reproduction has no cases mode; --cases acts on "
+            f"{', '.join(sorted(CASES))}",
+            param_hint="'--cases'",
+        )
     try:
         repro = runner.run_reproduction(paper, quick, out_dir, latency, jobs, cases)
     except ValueError as err:

@@ -200,7 +200,8 @@ def test_cases_all_is_refused_for_papers_without_cases() -> None:
     with pytest.raises(ValueError, match="--cases all: tetriinfer"):
         run_reproduction("tetriinfer", True, None, cases="all")
     res = CliRunner().invoke(sim, ["reproduce", "accelgen", "--quick", "--cases", "all"])
-    assert res.exit_code != 0
+    assert res.exit_code == 2  # a usage error, as for any other bad flag
+    assert "Invalid value for '--cases'" in res.output
     assert "--cases acts on bros" in res.output
 
 

@@ -77,7 +77,8 @@ def test_cli_refuses_jobs_it_cannot_use() -> None:
     from splitserve.cli.sim import sim
 
     res = CliRunner().invoke(sim, ["reproduce", "tetriinfer", "--quick", "--jobs", "2"])
-    assert res.exit_code != 0
+    assert res.exit_code == 2  # a usage error, as for any other bad flag
+    assert "Invalid value for '--jobs'" in res.output
     assert "--jobs acts on alise, bros, distserve" in res.output
     res = CliRunner().invoke(sim, ["reproduce", "distserve", "--quick", "--jobs", "0"])
     assert res.exit_code == 2
