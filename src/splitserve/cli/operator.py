@@ -209,13 +209,18 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     from pydantic import ValidationError
 
     from splitserve.api.v1alpha1 import API_VERSION
+    from splitserve.cli.slo_options import yaml_problem
     from splitserve.operator.render import dump_manifests, render_documents
 
     try:
         docs = list(yaml.safe_load_all(source.read()))
         manifests, notes = render_documents(docs, namespace, router_image)
+    except UnicodeDecodeError as err:
+        raise click.ClickException(
+            f"{source.name}: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
     except yaml.YAMLError as err:
-        raise click.ClickException(f"{source.name}: not YAML: {err}") from err
+        raise click.ClickException(f"{source.name}: {yaml_problem(err)}") from None
     except ValidationError as err:
         lines = [
             f"  spec.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"

@@ -136,10 +136,15 @@ def read_yaml(path: Path, flag: str) -> Any:
             f"{path}: not UTF-8 text ({err.reason} at byte {err.start})", param_hint=flag
         ) from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        why = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise click.BadParameter(f"{path}: not YAML{at}: {why}", param_hint=flag) from None
+        raise click.BadParameter(f"{path}: {yaml_problem(err)}", param_hint=flag) from None
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """'not YAML (line N): what' in one line (yaml's own report is several, with a caret)."""
+    mark = getattr(err, "problem_mark", None)
+    at = f" (line {mark.line + 1})" if mark is not None else ""
+    why = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"not YAML{at}: {why}"
 
 
 def slo_settings(

@@ -154,7 +154,7 @@ def test_render_cli_is_the_operators_render() -> None:
     [
         ("apiVersion: splitserve.io/v1alpha1\nkind: LLMService\nspec: {}\n", "metadata.name"),
         ("- a\n- b\n", "not a Kubernetes object"),
-        ("a: [\n", "not YAML"),
+        ("a: [\n", "not YAML (line 2): expected the node content, but found '<stream end>'"),
     ],
 )
 def test_render_cli_refuses_broken_files(tmp_path: Path, text: str, needle: str) -> None:
@@ -163,6 +163,15 @@ def test_render_cli_refuses_broken_files(tmp_path: Path, text: str, needle: str)
     result = CliRunner().invoke(operator, ["render", "-f", str(f)])
     assert result.exit_code == 1
     assert needle in result.output
+    assert len(result.output.strip().splitlines()) == 1  # was yaml's four-line report
+
+
+def test_render_cli_names_the_file_that_is_not_utf8(tmp_path: Path) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_bytes(b"\xff\xfe a")
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1
+    assert result.output.strip().endswith("x.yaml: not UTF-8 text (invalid start byte at byte 0)")
 
 
 @pytest.mark.parametrize(
