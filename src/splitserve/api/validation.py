@@ -5,6 +5,9 @@ and the router's API key file; was one copy in each).
 message, and the value given. The value is echoed only when it is a plain scalar (a missing
 key's "value" is the whole mapping around it) and no part of its key path is one of `secret`
 (a key in clear, or its digest, is never printed, whichever spelling the file used).
+
+`one_line` is the same errors in one line (`key=value: why; ...`) for a flag's value or a
+scenario file, and `yaml_problem` yaml's own (several-line) report as one line.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 
 
@@ -38,3 +42,27 @@ def validation_lines(
             line += f" (got {value!r})"
         lines.append(line)
     return "\n".join(lines)
+
+
+def one_line(err: ValidationError) -> str:
+    """Pydantic's errors as `key=value: why; ...` (it was pydantic's block, with its URL; the
+    value left out where it adds nothing: a missing or unknown key, a whole-model check)."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(map(str, e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if not loc:
+            parts.append(msg)
+        elif e["type"] in ("missing", "extra_forbidden"):
+            parts.append(f"{loc}: {msg}")
+        else:
+            parts.append(f"{loc}={e['input']!r}: {msg}")
+    return "; ".join(parts)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """`not YAML (line N): what` in one line (yaml's own report is several, with a caret)."""
+    mark = getattr(err, "problem_mark", None)
+    at = f" (line {mark.line + 1})" if mark is not None else ""
+    why = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"not YAML{at}: {why}"

@@ -209,7 +209,7 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     from pydantic import ValidationError
 
     from splitserve.api.v1alpha1 import API_VERSION
-    from splitserve.cli.slo_options import yaml_problem
+    from splitserve.api.validation import yaml_problem
     from splitserve.operator.render import dump_manifests, render_documents
 
     try:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings, SloSettings
-from splitserve.api.validation import validation_lines
+from splitserve.api.validation import one_line, validation_lines, yaml_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,23 +55,7 @@ def parse_slo_class(text: str) -> v1.SloClassSpec:
     try:
         return v1.SloClassSpec.model_validate(values)
     except ValidationError as err:
-        raise click.BadParameter(_one_line(err), param_hint="--slo-class") from None
-
-
-def _one_line(err: ValidationError) -> str:
-    """Pydantic's errors as `key='value': message; ...` (it was pydantic's block, with its URL;
-    the value left out where it adds nothing: a missing or unknown key, a whole-class check)."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(map(str, e["loc"]))
-        msg = str(e["msg"]).removeprefix("Value error, ")
-        if not loc:
-            parts.append(msg)
-        elif e["type"] in ("missing", "extra_forbidden"):
-            parts.append(f"{loc}: {msg}")
-        else:
-            parts.append(f"{loc}={e['input']!r}: {msg}")
-    return "; ".join(parts)
+        raise click.BadParameter(one_line(err), param_hint="--slo-class") from None
 
 
 def slo_options(f: F) -> F:
@@ -137,14 +121,6 @@ def read_yaml(path: Path, flag: str) -> Any:
         ) from None
     except yaml.YAMLError as err:
         raise click.BadParameter(f"{path}: {yaml_problem(err)}", param_hint=flag) from None
-
-
-def yaml_problem(err: yaml.YAMLError) -> str:
-    """'not YAML (line N): what' in one line (yaml's own report is several, with a caret)."""
-    mark = getattr(err, "problem_mark", None)
-    at = f" (line {mark.line + 1})" if mark is not None else ""
-    why = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return f"not YAML{at}: {why}"
 
 
 def slo_settings(
@@ -221,7 +197,7 @@ def slo_settings(
         if slo_config is not None:
             why = validation_lines(slo_config, err, names=_FILE_KEYS)
         else:
-            why = _one_line(err)
+            why = one_line(err)
         raise click.BadParameter(why, param_hint="--slo-class / --slo-config") from None
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err

@@ -27,7 +27,7 @@ import yaml
 from grpc import aio
 
 from splitserve.api.auth import SECRET_KEYS, AuthSettings, KeyFile, TenantSpec
-from splitserve.api.validation import validation_lines
+from splitserve.api.validation import validation_lines, yaml_problem
 from splitserve.core.clock import Clock
 from splitserve.policy.tenancy import Refusal, TenantLimits, TenantRules
 from splitserve.router.openai_errors import error_body
@@ -63,10 +63,7 @@ def load_key_file(path: Path) -> KeyFile:
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        why = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"{path}: not YAML{at}: {why}") from None
+        raise ValueError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a mapping with `tenants`")
     try:

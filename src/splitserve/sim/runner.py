@@ -17,6 +17,7 @@ from typing import Any, Final, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from splitserve.api.validation import one_line, yaml_problem
 from splitserve.core.errors import ConfigError
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.config import (
@@ -64,10 +65,7 @@ def _mapping(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:  # was the parser's traceback
-        where = getattr(err, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        why = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: not YAML{at}: {why}") from None
+        raise ConfigError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: not a mapping of keys (got {type(raw).__name__})")
     return raw
@@ -78,16 +76,6 @@ def _validated(path: Path, model: type[_M]) -> _M:
         return model.model_validate(_mapping(path))
     except ValidationError as err:  # one line per bad key (was pydantic's block, with its URL)
         raise ConfigError(f"{path}: {one_line(err)}") from None
-
-
-def one_line(err: ValidationError) -> str:
-    """Pydantic's errors as `key.path=value: message; ...` (the value left out when missing)."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(map(str, e["loc"])) or "(top level)"
-        value = "" if e["type"] in ("missing", "extra_forbidden") else f"={e['input']!r}"
-        parts.append(f"{loc}{value}: {e['msg']}")
-    return "; ".join(parts)
 
 
 def _lines(path_text: str | None, base: Path, key: str = "") -> list[str] | None:

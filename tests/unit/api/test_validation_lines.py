@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.api.validation import validation_lines
@@ -79,3 +79,44 @@ def test_prefix_and_names_say_the_key_as_the_file_writes_it() -> None:
 def test_a_whole_model_problem_says_top_level() -> None:
     text = validation_lines(Path("f.yaml"), _error([1]))
     assert text.startswith("f.yaml: (top level): ")
+
+
+def test_one_line_joins_the_problems_and_echoes_only_values_that_say_something() -> None:
+    from splitserve.api.validation import one_line
+
+    class Pool(BaseModel, extra="forbid"):
+        replicas: int
+        name: str
+
+        @model_validator(mode="after")
+        def _named(self) -> Pool:
+            if self.name == "bad":
+                raise ValueError("name 'bad' is taken")
+            return self
+
+    with pytest.raises(ValidationError) as bad:
+        Pool.model_validate({"replicas": "many", "extra": 1})
+    assert one_line(bad.value) == (
+        "replicas='many': Input should be a valid integer, unable to parse string as an integer; "
+        "name: Field required; extra: Extra inputs are not permitted"
+    )
+    with pytest.raises(ValidationError) as whole:
+        Pool.model_validate({"replicas": 1, "name": "bad"})
+    assert one_line(whole.value) == "name 'bad' is taken"  # no "Value error, ", no empty key
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a: [\n", "not YAML (line 2): expected the node content, but found '<stream end>'"),
+        ("a: b: c\n", "not YAML (line 1): mapping values are not allowed here"),
+    ],
+)
+def test_yaml_problem_is_one_line_with_the_line(text: str, expected: str) -> None:
+    import yaml
+
+    from splitserve.api.validation import yaml_problem
+
+    with pytest.raises(yaml.YAMLError) as err:
+        yaml.safe_load(text)
+    assert yaml_problem(err.value) == expected
