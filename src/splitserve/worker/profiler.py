@@ -214,6 +214,11 @@ class Profiler:
                 )
             await self.stub.SetRole(worker_pb2.SetRoleRequest(role=common_pb2.ROLE_MIXED))
             restore = report.role
+        elif self.set_mixed:
+            role = common_pb2.Role.Name(report.role).removeprefix("ROLE_").lower()
+            self.progress(
+                f"--set-mixed: a {role} worker runs Generate already; its role is left as it is"
+            )
         watch: grpc.aio.UnaryStreamCall[worker_pb2.WatchStepsRequest, worker_pb2.StepSample]
         watch = None
         reader: asyncio.Task[None] | None = None

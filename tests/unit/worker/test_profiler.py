@@ -214,6 +214,27 @@ async def test_prefill_worker_needs_set_mixed_and_is_restored(
     assert worker.service.role is Role.PREFILL
 
 
+async def test_set_mixed_on_a_worker_that_can_generate_says_nothing_was_switched(
+    make_worker: WorkerFactory,
+) -> None:
+    # the flag did nothing and said nothing on a mixed or decode worker
+    worker = await make_worker(Role.DECODE, sim_time_scale=1.0)
+    tiny = ProfileGrid(
+        prefill_tokens=(128,),
+        prefill_batch_sizes=(1,),
+        decode_batch_sizes=(1,),
+        decode_contexts=(32,),
+        decode_tokens=3,
+        repeats=1,
+        extra_repeats=0,
+        warmup=0,
+    )
+    said: list[str] = []
+    await Profiler(worker.stub, tiny, set_mixed=True, progress=said.append).run()
+    assert "--set-mixed: a decode worker runs Generate already; its role is left as it is" in said
+    assert worker.service.role is Role.DECODE
+
+
 async def test_steps_method_recovers_the_roofline_exactly(make_worker: WorkerFactory) -> None:
     """With the worker's own step samples the cells are the sim engine's priced steps, exactly
     (no gRPC, client or event-loop time in them), and the table built from them is within 3 %
