@@ -193,23 +193,26 @@ async def test_cli_writes_samples_table_and_fit_and_rebuilds_from_samples(
     assert summary["fit"]["mape_heldout"] is None  # nothing held out: null, not NaN
 
 
+TINY = ProfileGrid(
+    prefill_tokens=(128,),
+    prefill_batch_sizes=(1,),
+    decode_batch_sizes=(1,),
+    decode_contexts=(32,),
+    decode_tokens=3,
+    repeats=1,
+    extra_repeats=0,
+    warmup=0,
+)
+"""One prefill and one decode cell: enough to see a role or a method chosen."""
+
+
 async def test_prefill_worker_needs_set_mixed_and_is_restored(
     make_worker: WorkerFactory,
 ) -> None:
     worker = await make_worker(Role.PREFILL, sim_time_scale=1.0)
-    tiny = ProfileGrid(
-        prefill_tokens=(128,),
-        prefill_batch_sizes=(1,),
-        decode_batch_sizes=(1,),
-        decode_contexts=(32,),
-        decode_tokens=3,
-        repeats=1,
-        extra_repeats=0,
-        warmup=0,
-    )
     with pytest.raises(ProfileError, match="set-mixed"):
-        await Profiler(worker.stub, tiny).run()
-    samples = await Profiler(worker.stub, tiny, set_mixed=True).run()
+        await Profiler(worker.stub, TINY).run()
+    samples = await Profiler(worker.stub, TINY, set_mixed=True).run()
     assert [s.kind for s in samples] == ["prefill", "decode"]
     assert worker.service.role is Role.PREFILL
 
@@ -219,18 +222,8 @@ async def test_set_mixed_on_a_worker_that_can_generate_says_nothing_was_switched
 ) -> None:
     # the flag did nothing and said nothing on a mixed or decode worker
     worker = await make_worker(Role.DECODE, sim_time_scale=1.0)
-    tiny = ProfileGrid(
-        prefill_tokens=(128,),
-        prefill_batch_sizes=(1,),
-        decode_batch_sizes=(1,),
-        decode_contexts=(32,),
-        decode_tokens=3,
-        repeats=1,
-        extra_repeats=0,
-        warmup=0,
-    )
     said: list[str] = []
-    await Profiler(worker.stub, tiny, set_mixed=True, progress=said.append).run()
+    await Profiler(worker.stub, TINY, set_mixed=True, progress=said.append).run()
     assert "--set-mixed: a decode worker runs Generate already; its role is left as it is" in said
     assert worker.service.role is Role.DECODE
 
@@ -271,19 +264,9 @@ async def test_auto_falls_back_to_client_timing_without_watch_steps(
     engine = worker.service.engine
     assert isinstance(engine, SimEngine)
     engine.steps = None  # an engine that cannot report steps: WatchSteps is UNIMPLEMENTED
-    tiny = ProfileGrid(
-        prefill_tokens=(128,),
-        prefill_batch_sizes=(1,),
-        decode_batch_sizes=(1,),
-        decode_contexts=(32,),
-        decode_tokens=3,
-        repeats=1,
-        extra_repeats=0,
-        warmup=0,
-    )
     with pytest.raises(ProfileError, match="WatchSteps"):
-        await Profiler(worker.stub, tiny, method="steps").run()
-    profiler = Profiler(worker.stub, tiny)
+        await Profiler(worker.stub, TINY, method="steps").run()
+    profiler = Profiler(worker.stub, TINY)
     samples = await profiler.run()
     assert profiler.stats.method == "outside"
     assert not profiler.steps
