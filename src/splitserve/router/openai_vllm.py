@@ -69,11 +69,14 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
         allowed = http.scope.get(ALLOWED_MODELS_SCOPE)
         return allowed is None or api.model_name in allowed
 
+    def no_such_model(name: str) -> ApiError:
+        return ApiError(
+            404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+        )
+
     def check_model(name: str | None) -> None:
         if name is not None and name != api.model_name:
-            raise ApiError(
-                404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
-            )
+            raise no_such_model(name)
 
     def check_chars(num_chars: int, param: str) -> None:
         if num_chars > generator.max_prompt_chars:
@@ -90,14 +93,9 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
 
     @app.get("/v1/models/{model:path}")
     async def one_model(model: str, http: HttpRequest) -> Response:
-        try:
-            check_model(model)
-        except ApiError as err:
-            return err.response()
-        if not visible(http):  # hidden from this tenant: as a model that does not exist
-            return ApiError(
-                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
-            ).response()
+        # a model hidden from this tenant answers as one that does not exist
+        if model != api.model_name or not visible(http):
+            return no_such_model(model).response()
         return JSONResponse(model_card(api, root))
 
     @app.post("/tokenize")
