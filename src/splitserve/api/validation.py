@@ -7,7 +7,8 @@ key's "value" is the whole mapping around it) and no part of its key path is one
 (a key in clear, or its digest, is never printed, whichever spelling the file used).
 
 `one_line` is the same errors in one line (`key=value: why; ...`) for a flag's value or a
-scenario file, and `yaml_problem` yaml's own (several-line) report as one line.
+scenario file, `yaml_problem` yaml's own (several-line) report as one line, and `utf8_problem`
+a file that is not text.
 """
 
 from __future__ import annotations
@@ -66,3 +67,8 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     at = f" (line {mark.line + 1})" if mark is not None else ""
     why = getattr(err, "problem", None) or str(err).splitlines()[0]
     return f"not YAML{at}: {why}"
+
+
+def utf8_problem(err: UnicodeDecodeError) -> str:
+    """`not UTF-8 text (why at byte N)`: a file that is not text (the codec's own message)."""
+    return f"not UTF-8 text ({err.reason} at byte {err.start})"

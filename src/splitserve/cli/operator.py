@@ -209,16 +209,14 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     from pydantic import ValidationError
 
     from splitserve.api.v1alpha1 import API_VERSION
-    from splitserve.api.validation import yaml_problem
+    from splitserve.api.validation import utf8_problem, yaml_problem
     from splitserve.operator.render import dump_manifests, render_documents
 
     try:
         docs = list(yaml.safe_load_all(source.read()))
         manifests, notes = render_documents(docs, namespace, router_image)
     except UnicodeDecodeError as err:
-        raise click.ClickException(
-            f"{source.name}: not UTF-8 text ({err.reason} at byte {err.start})"
-        ) from None
+        raise click.ClickException(f"{source.name}: {utf8_problem(err)}") from None
     except yaml.YAMLError as err:
         raise click.ClickException(f"{source.name}: {yaml_problem(err)}") from None
     except ValidationError as err:

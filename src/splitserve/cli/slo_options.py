@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings, SloSettings
-from splitserve.api.validation import one_line, validation_lines, yaml_problem
+from splitserve.api.validation import one_line, utf8_problem, validation_lines, yaml_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -116,9 +116,7 @@ def read_yaml(path: Path, flag: str) -> Any:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
-        raise click.BadParameter(
-            f"{path}: not UTF-8 text ({err.reason} at byte {err.start})", param_hint=flag
-        ) from None
+        raise click.BadParameter(f"{path}: {utf8_problem(err)}", param_hint=flag) from None
     except yaml.YAMLError as err:
         raise click.BadParameter(f"{path}: {yaml_problem(err)}", param_hint=flag) from None
 

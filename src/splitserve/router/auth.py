@@ -27,7 +27,7 @@ import yaml
 from grpc import aio
 
 from splitserve.api.auth import SECRET_KEYS, AuthSettings, KeyFile, TenantSpec
-from splitserve.api.validation import validation_lines, yaml_problem
+from splitserve.api.validation import utf8_problem, validation_lines, yaml_problem
 from splitserve.core.clock import Clock
 from splitserve.policy.tenancy import Refusal, TenantLimits, TenantRules
 from splitserve.router.openai_errors import error_body
@@ -61,7 +61,7 @@ def load_key_file(path: Path) -> KeyFile:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{path}: {utf8_problem(err)}") from None
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict):

@@ -399,7 +399,7 @@ class SimEngine:
             held = await self._release_remote(kv)
         except Exception as err:
             # The worker's release client raises a ConnectionError whose text says what happened
-            # (`worker.runtime.ReleaseFailed`); anything else is named by its type.
+            # (`worker.runtime.ReleaseError`); anything else is named by its type.
             why = str(err) if isinstance(err, ConnectionError) else None
             return KvTransferError(
                 f"KV of request {kv.source_request_id!r} could not be read from "
