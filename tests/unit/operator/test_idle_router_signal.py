@@ -173,3 +173,24 @@ def test_from_prometheus_an_idle_router_and_a_misconfigured_one_read_alike_and_s
     assert "series in Prometheus (no traffic yet, or a router without the SLO metrics)" in str(
         problem
     )
+
+
+def test_from_prometheus_a_router_with_arrivals_and_no_request_finished_yet_is_no_finish_yet() -> (
+    None
+):
+    """Prometheus keeps no declarations, but a pod with admission series is a router with the
+    SLO metrics (`RouterMetrics` exports both families, always together): with arrivals counted
+    and no SLO result yet it is the state the loop acts on (`no_finish_yet`), as from a direct
+    scrape, not a missing signal that holds it until the first request finishes."""
+    idle = _idle_text()
+    # What a Prometheus instant query returns: the samples only (`parse` minus `declared`).
+    before: Samples = dict(parse(idle))
+    after: Samples = dict(parse(_queued(idle, 60, 40)))
+    w = Window(60.0, 30.0)
+    w.add(Snapshot(0.0, {"router-0": before}))
+    w.add(Snapshot(10.0, {"router-0": after}))
+    obs = w.observe(10.0, CHAT, {})
+    assert obs.problems == ()
+    assert obs.no_finish_yet
+    assert obs.arrival_rate_per_s == 6.0
+    assert obs.router_queue == 40

@@ -281,7 +281,15 @@ class ClassTargets:
 
 
 def _declares(samples: Samples, absent: Sequence[str]) -> bool:
-    return isinstance(samples, Scrape) and all(m in samples.declared for m in absent)
+    """Whether the router behind `samples` exports the `absent` families (without a sample).
+
+    A direct scrape says so (`Scrape.declared`). Prometheus keeps no declarations, but the
+    admission counter and the SLO results are one set (`obs.metrics.RouterMetrics` exports
+    them together), so a pod with an admission series has the SLO metrics: only its results
+    can be missing (none finished yet). Without one it may be idle or misconfigured."""
+    if isinstance(samples, Scrape):
+        return all(m in samples.declared for m in absent)
+    return ADMISSION not in absent and _has(samples, ADMISSION)
 
 
 def _required_missing(routers: Mapping[str, Samples]) -> tuple[list[SignalProblem], bool]:
@@ -294,7 +302,8 @@ def _required_missing(routers: Mapping[str, Samples]) -> tuple[list[SignalProble
     but `True`: the rate, prompts and queue are known, the SLO results and output lengths not
     (`Observation.no_finish_yet`; the autoscaler acts on the queue). Only when none counted an
     arrival is it "no traffic yet". One that does not declare them lacks the SLO metrics
-    (misconfigured); from Prometheus (no declarations) it may be either, and stays a problem."""
+    (misconfigured); from Prometheus (no declarations) a pod with admission series declares
+    them (`_declares`), one without may be idle or misconfigured, and stays a problem."""
     out: list[SignalProblem] = []
     busy = any(all(_has(s, m) for m in REQUIRED) for s in routers.values())
     declared = [
