@@ -53,7 +53,17 @@ from splitserve.obs.dashboards import DASHBOARDS
 from splitserve.obs.dashboards.model import RATE
 from splitserve.operator import handlers
 from splitserve.operator.control import runtime
-from splitserve.operator.control.loop import http_get
+from splitserve.operator.control.loop import http_get, prometheus_admissions, prometheus_samples
+from splitserve.operator.control.signals import (
+    ADMISSION,
+    SLO_REQUESTS,
+    TPOT,
+    TTFT,
+    ClassTargets,
+    Snapshot,
+    Window,
+    parse,
+)
 from splitserve.operator.kube import RestKube
 from splitserve.operator.reconcile import Settings
 from splitserve.policy.planner.signals import WorkerLoad
@@ -72,6 +82,10 @@ SLO_CONFIG = {
     "defaultSloClass": "interactive",
 }
 LONG_PROMPT = " ".join(f"word{i} alpha beta gamma" for i in range(300))
+# The labels the router's scrape carries, as a PodMonitor's would for a service "obs".
+PROM_NAMESPACE = "default"
+PROM_SERVICE = "obs"
+PROM_ROUTER_POD = f"{PROM_SERVICE}-router-0"
 # Recording rules whose series may be empty in this scenario, and why.
 EMPTY_RULES: dict[str, str] = {}
 
@@ -390,7 +404,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "scrape_configs": [
                 {
                     "job_name": "router",
-                    "static_configs": [{"targets": [f"127.0.0.1:{router['port']}"]}],
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{router['port']}"],
+                            # What a PodMonitor's scrape adds, for the operator's queries
+                            # (`scaling.metricsSource: Prometheus`).
+                            "labels": {"namespace": PROM_NAMESPACE, "pod": PROM_ROUTER_POD},
+                        }
+                    ],
                 },
                 {"job_name": "workers", "static_configs": [{"targets": targets}]},
                 {
@@ -548,3 +569,40 @@ def test_render_dashboards_as_png(run: Run, tmp_path: Path) -> None:
     for p in files:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert p.stat().st_size > 20_000
+
+
+def test_the_operator_reads_the_routers_slo_series_from_prometheus(run: Run) -> None:
+    """`scaling.metricsSource: Prometheus`: the operator's two queries (`prometheus_samples`,
+    `prometheus_admissions`) against the real Prometheus of this run find the router's pod and
+    return its SLO counters and histograms as a direct scrape of the router reads them, and
+    the window built from them observes the same classes as one built from direct scrapes."""
+    router_metrics = run.base_url.removesuffix("/v1") + "/metrics"
+    families = (ADMISSION, SLO_REQUESTS, TTFT + "_bucket", TPOT + "_bucket")
+    deadline = time.monotonic() + 30
+    while True:
+        direct = parse(http_get(router_metrics))
+        routers = prometheus_samples(run.prometheus_url, PROM_NAMESPACE, PROM_SERVICE)
+        from_prom = routers.get(PROM_ROUTER_POD, {})
+        want = {k: v for k, v in direct.items() if k[0] in families}
+        got = {k: v for k, v in from_prom.items() if k[0] in families}
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)  # one scrape behind
+    assert list(routers) == [PROM_ROUTER_POD]
+    assert want, "the scenario counted no SLO series"
+    assert got == want
+    at = time.time()
+    raw = prometheus_admissions(run.prometheus_url, PROM_NAMESPACE, PROM_SERVICE, 600.0, at)
+    last = {k: pts[-1][1] for k, pts in raw.items()}
+    assert sum(last.values()) == sum(v for (n, _), v in direct.items() if n == ADMISSION)
+    classes = [ClassTargets(c["name"], c["ttftMs"] / 1e3, c["tpotMs"] / 1e3, 0.9, 0.9)
+               for c in SLO_CONFIG["sloClasses"]]  # fmt: skip
+    observed = []
+    for samples in (direct, from_prom):
+        w = Window(600.0, 600.0)
+        w.add(Snapshot(0.0, {"r": {}}))
+        w.add(Snapshot(10.0, {"r": samples}))
+        obs = w.observe(10.0, classes, {})
+        observed.append([(c.name, c.requests, c.attainment, c.ttft_s) for c in obs.classes])
+    assert observed[0] == observed[1]
+    assert any(requests > 0 for _, requests, _, _ in observed[0])
