@@ -1038,6 +1038,7 @@ def decide(
         backoff.append((role, mult, mult_since if mult_since is not None else now, last_down))
         pools[role] = PoolDecision(role, cur, desired, kind, reason, w, up_target, down_target, why)
 
+    pools = _keep_one_finisher(pools, bounds, rate, backlog, blind)
     at_risk = _risk_lines(obs, pools)
     # Before the first finish the lengths are a placeholder: the smoothed mix stays as it was.
     smoothed = state.lengths if blind else (lengths if params.length_alpha < 1 else None)
@@ -1064,6 +1065,64 @@ def decide(
 
 
 NO_FINISH_YET = "no request finished yet"
+
+
+def _keep_one_finisher(
+    pools: dict[Role, PoolDecision],
+    bounds: Mapping[Role, Bounds],
+    rate: float,
+    backlog: int,
+    blind: bool,
+) -> dict[Role, PoolDecision]:
+    """At least one worker that can finish a request (decode or mixed) while requests arrive
+    or wait at the router.
+
+    Prefill workers only hand their KV on, so a service whose decode-capable pools are all at
+    zero answers every request 503, and before the first finish nothing would size decode
+    (its work needs the output lengths): from zero (`minReplicas: 0` everywhere, an idle
+    service scaled to zero, the loop restarted) the loop added prefill workers and never a
+    decode one. So when requests arrive (or wait) and no decode-capable pool is wanted at one
+    or more, one is raised to one, decode where a prefill pool hands off to it, else mixed,
+    within its max; it is also kept out of the flipper's headroom. An idle service (no
+    arrival in the window, no queue) may still scale to zero where the bounds allow it."""
+    finishers = [r for r in (Role.DECODE, Role.MIXED) if r in pools]
+    if (rate <= 0 and backlog <= 0) or any(pools[r].desired >= 1 for r in finishers):
+        return pools
+    for role in finishers:
+        b = bounds[role]
+        if b.clamp(1) < 1:
+            continue  # max 0: this pool may not run
+        p = pools[role]
+        demand = f"{rate:.3g} req/s arriving" + (
+            f", {backlog} waiting at the router" if backlog else ""
+        )
+        if p.current >= 1:
+            kind = Kind.HOLD
+            reason = (
+                f"{role.value} held at {p.current}: the last worker that can finish a request "
+                f"({demand}; prefill workers only hand off)"
+            )
+        else:
+            kind = Kind.SCALE_UP
+            reason = (
+                f"{role.value} 0 -> 1: no worker can finish a request ({demand}; prefill "
+                "workers only hand off)"
+            )
+        if blind:
+            head, _, tail = reason.partition(": ")
+            reason = f"{head}: {NO_FINISH_YET}; {tail}"
+        desired = max(1, p.desired)
+        pools = dict(pools)
+        pools[role] = replace(
+            p,
+            desired=desired,
+            kind=kind,
+            reason=reason,
+            up_target=max(p.up_target, 1),
+            down_target=max(p.down_target, 1),
+        )
+        return pools
+    return pools
 
 
 def before_first_finish(obs: Observation) -> bool:
