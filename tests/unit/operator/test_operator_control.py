@@ -673,3 +673,31 @@ def test_a_router_queue_before_the_first_finish_scales_prefill() -> None:
     assert scale[-1]["inputs"]["routerQueue"] == "40"
     assert env.condition("SLOAtRisk")["status"] == "True"
     assert env.condition("SLOAtRisk")["message"].startswith("router queue 40 waiting")
+
+
+def test_from_zero_the_loop_starts_a_decode_worker_before_any_request_finished() -> None:
+    """`minReplicas: 0` (the default) and both pools at zero, as after scaling an idle service
+    to zero and restarting the operator: arrivals waiting at the router make the loop start a
+    decode worker (the one role that finishes requests) beside the prefill one, and say why."""
+    env = Env(
+        pools={
+            "prefill": {"replicas": 0, "minReplicas": 0, "maxReplicas": 6},
+            "decode": {"replicas": 0, "minReplicas": 0, "maxReplicas": 6},
+        }
+    )
+    for i in range(2):  # no worker pod at zero replicas: no load report either
+        env.kube.delete("v1", "Pod", NS, f"svc-w-{i}")
+    env.reconcile()
+    env.tick(0.0)
+    env.router.admission.labels("chat", "queued").inc(5)
+    for _ in range(5):
+        env.router.prompt.labels("chat").observe(200)
+    env.router.queue.labels("chat").set(5)
+    result = env.tick()
+    assert not result.decision.held, result.decision.held
+    assert env.pools_spec() == {"prefill": 1, "decode": 1}
+    messages = [d["message"] for d in env.status()["decisions"] if d["kind"] == "scale"]
+    assert any(
+        m.startswith("decode 0 -> 1: no request finished yet; no worker can finish a request")
+        for m in messages
+    ), messages
