@@ -97,6 +97,8 @@ class LocalLoop:
     """Which signals were missing or stale at the last hold (`held_key`; "": no hold)."""
     last_kept: dict[Role, str] = field(default_factory=dict)
     """Per pool, the last printed hold under pressure, its numbers masked (`_kept_key`)."""
+    last_unstoppable: dict[Role, str] = field(default_factory=dict)
+    """Per pool, the last printed scale-down that found no worker to stop (`_kept_key`)."""
 
     def __post_init__(self) -> None:
         self.window = Window(self.window_s, max_age_s=2 * self.params.interval_s + 5)
@@ -190,10 +192,35 @@ class LocalLoop:
             if started:
                 self.log.append(f"start {', '.join(started)} as {role.value}: {p.reason}")
             if delta < 0:
-                stopped = drain_order(pools[role])[:-delta]
-                for name in stopped:
-                    self.fleet.stop(name)
-                self.log.append(f"stop {', '.join(stopped)}: {p.reason}")
+                self._stop(pools[role], -delta, p.reason)
+            else:
+                self.last_unstoppable[role] = ""
+
+    def _stop(self, pool: PoolSignal, count: int, reason: str) -> None:
+        """Stop `count` of the pool's workers, emptiest first. Only workers that reported their
+        load can be picked: when none did (starting, or not answering), the line says so once
+        per kind of reason (was "stop : <reason>" on every tick); when fewer than `count` did,
+        it says how many of them were stopped."""
+        stopped = drain_order(pool)[:count]
+        for name in stopped:
+            self.fleet.stop(name)
+        silent = pool.current - len(pool.workers)
+        if not stopped:
+            key = _kept_key(reason)
+            if key != self.last_unstoppable.get(pool.role, ""):
+                self.log.append(
+                    f"stop: no {pool.role.value} worker to stop ({silent} not reporting their "
+                    f"load: starting or not answering): {reason}"
+                )
+            self.last_unstoppable[pool.role] = key
+            return
+        self.last_unstoppable[pool.role] = ""
+        part = (
+            ""
+            if len(stopped) == count
+            else f" ({len(stopped)} of {count}: {silent} not reporting their load)"
+        )
+        self.log.append(f"stop {', '.join(stopped)}{part}: {reason}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,8 +233,12 @@ class Generator:
         if num_prompt == 0:
             raise InvalidRequest("the prompt must not be empty", "prompt")
         vocab = self.tokenizer.vocab_size
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops, not a genexpr
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
+        high = max(prompt_token_ids)  # max / min: C loops, not a genexpr
+        bad = high if high >= vocab else min(prompt_token_ids)
+        if not 0 <= bad < vocab:  # named, as vLLM names it ("Token id N is out of vocabulary")
+            raise InvalidRequest(
+                f"prompt: token id {bad} is outside the vocabulary [0, {vocab})", "prompt"
+            )
         max_tokens = params.max_tokens
         room = self.max_model_len - num_prompt
         if max_tokens is None:  # like vLLM: until end of text or the context limit

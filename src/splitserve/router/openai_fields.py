@@ -146,7 +146,12 @@ COMMON: Final[dict[str, Field]] = {
 
 COMPLETION: Final[dict[str, Field]] = {
     **COMMON,
-    "prompt": Field("acts", "acts", "One prompt: text or token ids (a list of one is accepted)."),
+    "prompt": Field(
+        "acts",
+        "acts",
+        "One prompt: text or token ids (a list of one is accepted). A token id outside the "
+        "tokenizer's vocabulary is a 400 naming it.",
+    ),
     "echo": _refused("echo is not supported", "`false` is accepted."),
     "logprobs": _refused_by_sim(
         _NO_LOGPROBS,

@@ -6,9 +6,10 @@ on a `ClusterSpec`), and the comparison (`Validation`): per request, simulated v
 the p50 / p90 / p99 of each metric, measured vs simulated, with their relative error.
 
 Required fields per request: `arrival_s`, `prompt_tokens`, `output_tokens`, `ttft_s`,
-`latency_s`; `tpot_s` may be empty / null for one-token outputs (and is derived from latency and
-TTFT when absent); `id` and `outcome` are optional (rows whose outcome is not `ok` are skipped and
-counted). Pure: takes lines, returns values; the runner reads and writes files.
+`latency_s`; `tpot_s` is empty / null for one-token outputs (and is derived from latency and
+TTFT when absent; when given, `ttft_s + tpot_s * (output_tokens - 1)` may not pass `latency_s` by
+more than `tpot_tolerance_s`); `id` and `outcome` are optional (rows whose outcome is not `ok`
+are skipped and counted). Pure: takes lines, returns values; the runner reads and writes files.
 """
 
 from __future__ import annotations
@@ -88,6 +89,32 @@ def _tokens(row: dict[str, object], key: str, line: int) -> int:
     return int(out)
 
 
+def tpot_tolerance_s(output_tokens: int) -> float:
+    """How far `ttft_s + tpot_s * (output_tokens - 1)` may pass `latency_s`, in seconds.
+
+    The router's request log (`router.request_log`) computes all three from the same three
+    readings of one clock, so they agree exactly but for its rounding to 6 decimals: at most
+    0.5 us on `ttft_s` and on `latency_s`, and 0.5 us on `tpot_s` times `output_tokens - 1`,
+    0.5 us * (output_tokens + 1) in all. Twice that leaves room for float arithmetic."""
+    return 1e-6 * (output_tokens + 1)
+
+
+def _check_tpot(tpot: float, ttft: float, latency: float, output: int, line: int) -> None:
+    """A `tpot_s` the recorded times cannot have had is refused (it was replayed as measured)."""
+    if output == 1:
+        raise ValueError(
+            f"recording line {line}: 'tpot_s' ({tpot:g}) given for a one-token output: there is "
+            "no time between output tokens; leave it empty / null"
+        )
+    end = ttft + tpot * (output - 1)
+    if end - latency > tpot_tolerance_s(output):
+        raise ValueError(
+            f"recording line {line}: 'tpot_s' ({tpot:g}) * {output - 1} after 'ttft_s' "
+            f"({ttft:g}) ends at {end:g} s, after 'latency_s' ({latency:g}) by more than "
+            f"{tpot_tolerance_s(output):g} s: the output cannot end after the request"
+        )
+
+
 _REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "latency_s")
 """The columns every recorded request needs (`tpot_s`, `id`, `outcome` are optional)."""
 
@@ -155,6 +182,8 @@ def parse_recording(lines: Iterable[str]) -> Recording:
         tpot = _opt(row, "tpot_s", n)
         if tpot is None and output > 1:
             tpot = (latency - ttft) / (output - 1)
+        elif tpot is not None:
+            _check_tpot(tpot, ttft, latency, output, n)
         out.append(
             Recorded(
                 str(row.get("id") or f"line{i}"),

@@ -352,3 +352,44 @@ def test_a_router_queue_before_the_first_finish_starts_a_prefill_worker() -> Non
     assert fleet.calls[2:] == ["start prefill"], loop.log
     assert loop.log[-1].startswith("start w2 as prefill: prefill 1 -> 2: no request finished yet")
     assert "router queue 40" in loop.log[-1]
+
+
+class _SilentDecode(Loads):
+    """Loads where the decode workers (addresses in `silent`) do not answer."""
+
+    def __init__(self, silent: set[str]) -> None:
+        self.silent = silent
+
+    def load(self, address: str) -> WorkerLoad:
+        if address in self.silent:
+            raise OSError("unreachable")
+        return super().load(address)
+
+
+def test_a_scale_down_with_no_worker_to_stop_says_so_once() -> None:
+    """A pool to shrink whose workers report no load (none can be picked to stop) printed
+    "stop : <reason>" on every tick; now a line says no worker could be stopped and why,
+    once per kind of reason, and nothing is stopped."""
+    from splitserve.cli.autoscale_local import AutoscaleThread
+
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    fleet.start(Role.DECODE)
+    fleet.start(Role.DECODE)  # 1 prefill, 3 decode: two more than light load needs
+    decode = {w.address for w in fleet.workers() if w.role is Role.DECODE}
+    now = [0.0]
+    loop = _step_loop(fleet, router, now)
+    loop.loads = _SilentDecode(decode)
+    printed: list[str] = []
+    thread = AutoscaleThread(loop, STEP_PARAMS.interval_s, printed.append)
+    for _ in range(20):  # light load, past the 30 s stabilization window
+        router.serve(2, "default", prompt=200, output=50)
+        now[0] += STEP_PARAMS.interval_s
+        thread.run_once()
+    assert not any(c.startswith("stop") for c in fleet.calls), fleet.calls
+    stops = [line for line in printed if line.startswith("autoscale: stop")]
+    assert stops, printed
+    assert not any(line.startswith("autoscale: stop :") for line in printed), printed
+    assert len(stops) == 1, printed
+    assert stops[0].startswith("autoscale: stop: no decode worker to stop (3 not reporting"), stops
+    assert "): decode 3 -> " in stops[0], stops  # the pool's reason follows

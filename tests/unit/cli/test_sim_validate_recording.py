@@ -70,6 +70,18 @@ def test_a_malformed_recording_is_one_line_naming_file_and_line(
         (f"{OK}\n{_line(tpot_ms=20)}\n", "line 2: unknown field 'tpot_ms'"),
         (f"{HEADER},bogus\n0,4,2,0.1,0.2,1\n", "line 2: unknown field 'bogus'"),
         (f"{HEADER}\n0,4,2,0.1,0.2\n0,4,2,0.1,0.2,9\n", "line 3: more values than the header"),
+        # tpot_s was not cross-checked: replayed as measured (its error against a TPOT the run
+        # cannot have had)
+        (
+            f"{OK}\n{_line(output_tokens=1, latency_s=0.1, tpot_s=0.05)}\n",
+            "line 2: 'tpot_s' (0.05)",
+        ),
+        (f"{OK}\n{_line(output_tokens=11, tpot_s=0.2)}\n", "line 2: 'tpot_s' (0.2) * 10"),
+        (f"{HEADER},tpot_s\n0,4,2,0.1,0.2,\n0,4,3,0.1,0.2,0.06\n", "line 3: 'tpot_s' (0.06)"),
+        # already refused: a negative or nan tpot_s
+        (f"{OK}\n{_line(tpot_s=-0.1)}\n", "line 2: 'tpot_s' must be finite and >= 0"),
+        (f"{OK}\n{_line(tpot_s='NaN')}\n", "line 2: 'tpot_s' must be finite and >= 0"),
+        (f"{HEADER},tpot_s\n0,4,2,0.1,0.2,nan\n", "line 2: 'tpot_s' must be finite and >= 0"),
     ],
 )
 def test_an_inconsistent_or_unknown_field_is_refused_naming_the_line(

@@ -195,7 +195,9 @@ def _bad(status: int, message: str, param: str | None = None, code: str | None =
         ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]},
          _bad(400, "one prompt", "prompt")),
         ("/v1/completions", {"model": MODEL, "prompt": ""}, _bad(400, "empty", "prompt")),
-        ("/v1/completions", {"model": MODEL, "prompt": [99999]}, _bad(400, "token ids", "prompt")),
+        # the bad id is named, as vLLM names it ("Token id 99999 is out of vocabulary")
+        ("/v1/completions", {"model": MODEL, "prompt": [5, 99999, 7]},
+         _bad(400, "token id 99999 is outside the vocabulary [0, 4096)", "prompt")),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 100},
          _bad(400, "maximum context length is 64", "max_tokens")),
         ("/v1/completions", {"model": MODEL, "prompt": list(range(64))},

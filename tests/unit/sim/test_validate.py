@@ -8,6 +8,7 @@ router's request log is a valid recording; JSON lines and CSV read the same; row
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,22 @@ def test_router_request_log_is_a_recording(tmp_path: Path) -> None:
     assert a.ttft_s == pytest.approx(0.2)
     assert a.tpot_s == pytest.approx(0.2)  # (1.0 - 0.2) / 4
     assert rec.requests[1].tpot_s is None
+
+
+def test_the_router_s_rounded_times_pass_the_tpot_check(tmp_path: Path) -> None:
+    """The request log rounds ttft_s, tpot_s and latency_s to 6 decimals each: whatever the
+    clock's readings and the output length, `tpot_tolerance_s` covers what that rounding does to
+    ttft_s + tpot_s * (output_tokens - 1), so splitserve's own recordings are never refused."""
+    rng = random.Random(7)
+    log = RequestLog(tmp_path / "r.jsonl")
+    for i in range(2000):
+        arrival = rng.uniform(0, 1e5)
+        first = arrival + rng.uniform(0, 5)
+        n = rng.choice((2, 3, rng.randrange(2, 100), rng.randrange(2, 40000)))
+        log.record(str(i), arrival, 8, n, first, first + rng.uniform(0, 60), "pd", "ok")
+    log.close()
+    rec = parse_recording((tmp_path / "r.jsonl").read_text().splitlines())
+    assert len(rec.requests) == 2000
 
 
 def test_csv_and_json_lines_read_the_same() -> None:

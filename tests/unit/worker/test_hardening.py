@@ -119,6 +119,78 @@ async def test_an_empty_prompt_is_invalid_argument(make_worker: WorkerFactory) -
     assert "prompt_token_ids" in details
 
 
+# -- token ids outside the vocabulary ---------------------------------------------------------
+
+
+def _with_ids(**ids: Any) -> common_pb2.SamplingParams:
+    params = sampling()
+    for name, value in ids.items():
+        if name == "logit_bias":
+            params.logit_bias.update(value)
+        else:
+            getattr(params, name).extend(value)
+    return params
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "field", "bad"),
+    [
+        ([5, 999_999_999], sampling(), "prompt_token_ids", 999_999_999),
+        ([4096], sampling(), "prompt_token_ids", 4096),
+        (PROMPT, _with_ids(stop_token_ids=[7, 4096]), "sampling.stop_token_ids", 4096),
+        (PROMPT, _with_ids(allowed_token_ids=[5000]), "sampling.allowed_token_ids", 5000),
+        (PROMPT, _with_ids(logit_bias={9000: 1.0}), "sampling.logit_bias", 9000),
+    ],
+)
+@pytest.mark.parametrize("rpc", ["Prefill", "Generate", "Decode"])
+async def test_a_token_id_outside_the_vocabulary_is_invalid_argument_naming_the_field(
+    make_worker: WorkerFactory,
+    prompt: list[int],
+    params: common_pb2.SamplingParams,
+    field: str,
+    bad: int,
+    rpc: str,
+) -> None:
+    """The sim engine took any id (its vocabulary is 4096 here) and generated from it; the
+    router refuses such ids with a 400, a direct gRPC client got tokens."""
+    w = await make_worker(Role.MIXED)
+    call: Any
+    if rpc == "Prefill":
+        call = w.stub.Prefill(
+            worker_pb2.PrefillRequest(request_id="v", prompt_token_ids=prompt, sampling=params)
+        )
+    elif rpc == "Generate":
+        call = w.stub.Generate(
+            worker_pb2.GenerateRequest(request_id="v", prompt_token_ids=prompt, sampling=params)
+        )
+    else:
+        kv = common_pb2.KvHandle(
+            transport="sim", source_address=w.address, source_request_id="p", num_tokens=len(prompt)
+        )
+        call = w.stub.Decode(
+            worker_pb2.DecodeRequest(
+                request_id="v", prompt_token_ids=prompt, first_token_id=9, sampling=params, kv=kv
+            )
+        )
+    code, details = await _status(call)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert f"{field}: token id {bad} is outside this worker's vocabulary [0, 4096)" in details
+    assert w.service.engine.in_flight == 0
+
+
+async def test_a_decode_s_first_token_outside_the_vocabulary_is_invalid_argument(
+    make_worker: WorkerFactory,
+) -> None:
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    pre = await _prefill(p, "a")
+    pre.first_token_id = 4096
+    code, details = await _status(_decode(d, "a", pre))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "first_token_id: token id 4096 is outside this worker's vocabulary [0, 4096)" in details
+    assert d.service.engine.in_flight == 0
+
+
 # -- sampling values ----------------------------------------------------------------------------
 
 

@@ -1,20 +1,20 @@
-"""`splitserve profile` against real sim-engine workers over real gRPC.
+"""`splitserve profile` against real sim-engine workers.
 
-The accuracy test runs `splitserve profile --worker` against a sim worker in its own process
-(`splitserve worker serve --engine sim`: llama-2-7b on an A100, steps of 10-85 ms). The sim
-engine sleeps each step for the roofline's price of that step, so the profile must give the
-roofline back: every measured cell, and the table built from them on batch shapes that were
-never probed, within TOL_REL of the roofline plus TOL_ABS_S. The absolute part is the sim
-worker's own per-step overhead, which the roofline does not price (asyncio sleeps overshoot by
-up to 1 ms because epoll waits in whole milliseconds; the worker's event loop relays every
-token of a step before it wakes for the next), plus scheduling noise on a shared machine;
-measured here: +0.5 to +2 ms. A worker in the test's own event loop would add the client's
-work to every step (~0.25 ms per stream), which is why that test uses a separate process.
+The accuracy tests profile a sim worker (llama-2-7b on an A100, steps of 10-85 ms) whose engine
+sleeps each step for the roofline's price of that step, so the profile must give the roofline
+back: every measured cell, and the table built from them on batch shapes that were never
+probed, within TOL_REL of the roofline plus TOL_ABS_S. `auto` (the worker's own step samples)
+runs `splitserve profile --worker` against `splitserve worker serve --engine sim` in its own
+process over gRPC. `outside` (client timing) runs the worker and the profiler in one event loop
+on virtual time (`tests/fakes/virtual_time.py`): timed in real time it measured the worker's
+per-step overhead (asyncio sleeps overshoot by up to 1 ms; the event loop relays every token of
+a step before it wakes for the next) plus the machine's scheduling noise, and failed under load.
 The other tests use in-process workers (tests/unit/worker/conftest.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
@@ -26,8 +26,10 @@ from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import CollectorRegistry
 
 from splitserve.cli.profile import profile
+from splitserve.core.clock import SystemClock
 from splitserve.core.perf import HARDWARE, MODELS, BatchShape, RooflineModel, parse_profile_csv
 from splitserve.core.perf.samples import (
     Measurement,
@@ -39,7 +41,10 @@ from splitserve.core.perf.samples import (
     table_csv,
 )
 from splitserve.core.roles import Role
+from splitserve.obs.metrics import WorkerMetrics
 from splitserve.worker.profiler import ProfileError, ProfileGrid, Profiler, _Call
+from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
+from splitserve.worker.server import WorkerIdentity, WorkerService
 from splitserve.worker.sim_engine import SimEngine
 from tests.unit.worker.conftest import WorkerFactory
 
@@ -100,16 +105,70 @@ def sim_worker_process(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.parametrize("method", ["outside", "auto"])
 def test_profile_of_sim_worker_recovers_the_roofline(
-    sim_worker_process: str, tmp_path: Path, method: str
+    sim_worker_process: str, tmp_path: Path
 ) -> None:
+    """`splitserve profile --worker` (method auto: the worker's own step samples) against a sim
+    worker process over gRPC."""
     out = tmp_path / "profile"
     result = CliRunner().invoke(
         profile,
-        ["--worker", sim_worker_process, "--out", str(out), "--method", method, *GRID_ARGS],
+        ["--worker", sim_worker_process, "--out", str(out), "--method", "auto", *GRID_ARGS],
     )
     assert result.exit_code == 0, result.output
+    _check_recovers_the_roofline(out, "auto")
+
+
+def test_outside_timing_recovers_the_roofline_in_virtual_time(tmp_path: Path) -> None:
+    """The client-timed method (`--method outside`) against a sim worker whose steps sleep the
+    roofline's price, on virtual time: the profiler's clock is the event loop's, which moves
+    only by the worker's sleeps, so what it measures is the priced steps and its own logic
+    (gating, spreads, windows), not the machine's load.
+
+    Before, this ran as `[outside]` above, timing a worker process in real time: under load
+    (CI rehearsal, load ~4 on 2 cores) scheduling delays beyond TOL_ABS_S failed it. Real-time
+    accuracy is for benchmarks to measure, not tests (docs/profiling.md, "Accuracy")."""
+    from splitserve.cli.profile import _write
+    from tests.fakes.virtual_time import DirectStub, VirtualTimeLoop
+
+    async def run() -> tuple[list[Measurement], Any]:
+        cfg = WorkerConfig(
+            role=Role.MIXED,
+            sim_model_shape="llama-2-7b",
+            sim_hardware="a100-80g",
+            sim_num_kv_blocks=4096,
+        )
+        release = _ReleaseClient()
+        metrics = WorkerMetrics(CollectorRegistry())
+        engine = build_sim_engine(cfg, "direct:1", release, metrics)
+        service = WorkerService(
+            engine, Role.MIXED, WorkerIdentity("w", "direct:1"), metrics, SystemClock()
+        )
+        await engine.start()
+        try:
+            loop = asyncio.get_running_loop()
+            profiler = Profiler(
+                cast(Any, DirectStub(service)), GRID, method="outside", timer=loop.time
+            )
+            return await profiler.run(), profiler.stats
+        finally:
+            await engine.stop()
+            await release.close()
+
+    loop = VirtualTimeLoop()
+    try:
+        samples, stats = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    out = tmp_path / "profile"
+    out.mkdir()
+    _write(out, samples, "virtual-time sim worker", stats, 4)
+    _check_recovers_the_roofline(out, "outside")
+
+
+def _check_recovers_the_roofline(out: Path, method: str) -> None:
+    """Every cell, and the table on shapes never probed, within the tolerance of the roofline;
+    the fit good at the default gate."""
     samples = parse_samples_csv((out / "samples.csv").read_text().splitlines())
     summary = json.loads((out / "fit.json").read_text())
     if method == "auto":  # the sim worker serves WatchSteps: exact shapes and priced times
