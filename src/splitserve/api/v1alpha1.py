@@ -1081,7 +1081,15 @@ class RouterSpec(Model):
                     " || (has(self.exposeWithoutKeys) && self.exposeWithoutKeys)",
                     "message": "serviceType NodePort or LoadBalancer exposes the router outside "
                     "the cluster: set apiKeySecret (or exposeWithoutKeys: true)",
-                }
+                },
+                {
+                    "rule": "!has(self.exposeWithoutKeys) || !self.exposeWithoutKeys || "
+                    "(has(self.serviceType) && self.serviceType != 'ClusterIP'"
+                    " && !has(self.apiKeySecret))",
+                    "message": "exposeWithoutKeys: true acts only with serviceType NodePort or "
+                    "LoadBalancer and no apiKeySecret (with keys the router still demands "
+                    "them): remove it",
+                },
             ]
         }
     )
@@ -1128,7 +1136,8 @@ class RouterSpec(Model):
     client (it logs a warning)."""
     expose_without_keys: bool = False
     """Allow `serviceType` NodePort or LoadBalancer without `apiKeySecret` (an open router
-    reachable from outside the cluster); refused otherwise."""
+    reachable from outside the cluster); refused otherwise. `true` is refused where it would do
+    nothing: with `serviceType` ClusterIP, or next to an `apiKeySecret` (the keys still apply)."""
     backends: list[StockBackendSpec] = Field(default_factory=list, max_length=256)
     """Stock `vllm serve` servers the router also places requests on, P/D included (rendered
     as `backends:` in router.yaml; docs/engines.md, "Stock vllm serve servers as workers")."""
@@ -1147,6 +1156,19 @@ class RouterSpec(Model):
             raise ValueError(
                 f"router.serviceType {self.service_type.value} exposes the router outside the "
                 "cluster: set router.apiKeySecret (or router.exposeWithoutKeys: true)"
+            )
+        if self.expose_without_keys and (
+            self.service_type is ServiceType.CLUSTER_IP or self.api_key_secret
+        ):
+            raise ValueError(
+                "router.exposeWithoutKeys: true acts only with serviceType NodePort or "
+                "LoadBalancer and no apiKeySecret ("
+                + (
+                    "serviceType is ClusterIP"
+                    if self.service_type is ServiceType.CLUSTER_IP
+                    else "with apiKeySecret the router still demands keys"
+                )
+                + "): remove it"
             )
         return self
 

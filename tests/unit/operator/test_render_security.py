@@ -129,6 +129,7 @@ def test_workers_get_no_service_account_token_unless_given_an_account() -> None:
         ({"serviceType": "NodePort"}, False),
         ({"serviceType": "LoadBalancer", "apiKeySecret": "keys"}, True),
         ({"serviceType": "NodePort", "exposeWithoutKeys": True}, True),
+        ({"serviceType": "NodePort", "exposeWithoutKeys": False}, False),
     ],
 )
 def test_exposing_the_router_needs_keys_in_pydantic_and_cel(
@@ -149,6 +150,37 @@ def test_exposing_the_router_needs_keys_in_pydantic_and_cel(
     if not ok:
         with pytest.raises(ValueError, match="apiKeySecret"):
             v1.LLMServiceSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize(
+    "router",
+    [
+        {"exposeWithoutKeys": True},
+        {"serviceType": "ClusterIP", "exposeWithoutKeys": True},
+        {"serviceType": "LoadBalancer", "apiKeySecret": "keys", "exposeWithoutKeys": True},
+    ],
+    ids=["cluster-ip-default", "cluster-ip", "with-keys"],
+)
+def test_expose_without_keys_where_it_does_nothing_is_refused_in_pydantic_and_cel(
+    router: dict[str, Any],
+) -> None:
+    """`exposeWithoutKeys: true` acts only on an exposed Service without `apiKeySecret`: on a
+    ClusterIP Service it was ignored, and next to an `apiKeySecret` it read as "no keys needed"
+    while the router still demanded them."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    spec = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        "router": router,
+    }
+    assert pydantic_accepts(spec) is False
+    assert cel_accepts(spec) is False
+    with pytest.raises(ValueError, match="exposeWithoutKeys"):
+        v1.LLMServiceSpec.model_validate(spec)
 
 
 def test_model_download_job_gets_no_service_account_token() -> None:
