@@ -431,7 +431,9 @@ async def test_a_token_range_beyond_the_worker_s_vocabulary_is_refused_before_pr
         TokenRangeError, match=r"HIGH 999999999 is beyond the worker.s vocabulary of 4096"
     ):
         await Profiler(worker.stub, GRID, token_range=(0, 999_999_999)).run()
-    assert worker.service.engine.num_steps == 0  # nothing was probed
+    engine = worker.service.engine
+    assert isinstance(engine, SimEngine)
+    assert engine.num_steps == 0  # nothing was probed
     samples = await Profiler(worker.stub, TINY, token_range=(16, 4096)).run()
     assert samples  # up to the vocabulary's end is fine
 
