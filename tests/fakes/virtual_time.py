@@ -44,7 +44,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self._virtual.now
 
 
-class Aborted(grpc.aio.AioRpcError):
+class Aborted(grpc.aio.AioRpcError):  # type: ignore[misc]  # (grpc is untyped)
+    """A handler's `context.abort`, raised as a gRPC client sees it."""
+
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         empty = grpc.aio.Metadata()
         super().__init__(code, empty, empty, details)
@@ -92,19 +94,19 @@ class DirectStub:
     def Generate(  # noqa: N802 - the stub's names
         self, request: worker_pb2.GenerateRequest, **_: Any
     ) -> _Stream:
-        return _Stream(self.service.Generate(request, _Context()))  # type: ignore[arg-type]
+        return _Stream(self.service.Generate(request, _Context()))
 
     def WatchLoad(  # noqa: N802
         self, request: worker_pb2.WatchLoadRequest, **_: Any
     ) -> _Stream:
-        return _Stream(self.service.WatchLoad(request, _Context()))  # type: ignore[arg-type]
+        return _Stream(self.service.WatchLoad(request, _Context()))
 
     async def Cancel(  # noqa: N802
         self, request: worker_pb2.CancelRequest, **_: Any
     ) -> worker_pb2.CancelResponse:
-        return await self.service.Cancel(request, _Context())  # type: ignore[arg-type]
+        return await self.service.Cancel(request, _Context())
 
     async def SetRole(  # noqa: N802
         self, request: worker_pb2.SetRoleRequest, **_: Any
     ) -> worker_pb2.SetRoleResponse:
-        return await self.service.SetRole(request, _Context())  # type: ignore[arg-type]
+        return await self.service.SetRole(request, _Context())

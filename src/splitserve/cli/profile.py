@@ -39,6 +39,7 @@ from splitserve.worker.profiler import (
     ProfileError,
     ProfileGrid,
     ProfileStats,
+    TokenRangeError,
     profile_worker,
 )
 
@@ -132,7 +133,8 @@ def _token_range(text: str) -> tuple[int, int]:
     "--token-range",
     default="16:1000",
     show_default=True,
-    help="Prompt token ids are drawn from [LOW, HIGH): within the model's vocabulary.",
+    help="Prompt token ids are drawn from [LOW, HIGH): within the model's vocabulary (a "
+    "usage error beyond the vocabulary a worker reports).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -240,6 +242,8 @@ def profile(
                     method=method,
                 )
             )
+        except TokenRangeError as err:
+            raise click.BadParameter(str(err), param_hint="--token-range") from err
         except ProfileError as err:
             raise click.ClickException(str(err)) from err
         source = f"worker {address}"
