@@ -3,9 +3,10 @@ subcommand accepts (with a value from its choices where the flag has choices), c
 the click parsers without running anything.
 
 Read: README.md, docs/**/*.md and the operator/, router/, worker/ READMEs; fenced code blocks
-(with `\\` continuations joined) and inline `code` spans. A command ends at `#`, `&&`, `||`, `;`,
-`|`, `--` (what follows `--` goes to vLLM) or a word opening a parenthesis (prose); `[`/`]`
-around optional parts are dropped, and placeholders (`...`, `<x>`, `$X`, upper-case names such
+(with `\\` continuations joined) and inline `code` spans (which may wrap onto the next line,
+not out of a table row). A command ends at `#`, `&&`, `||`, `;`, `|`, `--` (what follows `--`
+goes to vLLM) or a word opening a parenthesis (prose); `[`/`]` around optional parts are
+dropped, `{a,b}` lists alternatives, and placeholders (`...`, `<x>`, `$X`, upper-case names such
 as PAPER or DIR) stand for any value. Lines that name splitserve without running the command
 (a pip or Helm line) are skipped by EXCEPTIONS below, each with its reason.
 """
@@ -53,12 +54,20 @@ class Shown:
 
 
 def _commands(text: str) -> list[str]:
-    """The command lines of one Markdown file: fenced lines (continuations joined), inline spans."""
+    """The command lines of one Markdown file: fenced lines (continuations joined), and inline
+    spans of the prose, a paragraph at a time (a span may wrap onto the next line)."""
     out: list[str] = []
     in_fence = False
     pending = ""
+    paragraph: list[str] = []
+
+    def spans() -> None:
+        out.extend(m.group(1) for m in INLINE.finditer(" ".join(paragraph)))
+        paragraph.clear()
+
     for line in text.splitlines():
         if FENCE.match(line):
+            spans()
             in_fence = not in_fence
             pending = ""
             continue
@@ -69,8 +78,15 @@ def _commands(text: str) -> list[str]:
                 continue
             pending = ""
             out.append(joined)
+        elif line.lstrip().startswith("|"):  # a table row: its spans end in its cells
+            spans()
+            paragraph.append(line.strip())
+            spans()
+        elif line.strip():
+            paragraph.append(line.strip())
         else:
-            out.extend(m.group(1) for m in INLINE.finditer(line))
+            spans()
+    spans()
     return out
 
 
@@ -110,6 +126,8 @@ def _check_value(param: click.Parameter, value: str, where: str) -> list[str]:
     if not isinstance(param.type, click.Choice) or _is_placeholder(value):
         return []
     choices = {str(c) for c in param.type.choices}
+    if value.startswith("{") and value.endswith("}"):  # `{distserve,splitwise,...}`: each
+        value = value[1:-1].replace(",", "|")
     bad = [v for v in value.split("|") if v not in choices]
     return [f"{where}: {param.name}={v!r} is not one of {sorted(choices)}" for v in bad]
 
@@ -185,6 +203,8 @@ def test_the_docs_show_commands() -> None:
         ("splitserve up --prefil 2", ["`splitserve up` has no option --prefil"]),
         ("splitserve sim reproduce PAPER [--quick] [--latency roofline|gpu]", []),
         ("splitserve sim reproduce distserve --latency cpu", ["not one of"]),
+        ("splitserve sim reproduce {distserve,bros}", []),
+        ("splitserve sim reproduce {distserve,vidur}", ["'vidur' is not one of"]),
         ("splitserve sim reproduc x", ["has no subcommand 'reproduc'"]),
         ("splitserve up --engine vllm --model DIR -- --dtype bfloat16", []),
         ("splitserve up --autoscale=1", ["is a flag and takes no value"]),
