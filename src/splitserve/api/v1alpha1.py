@@ -564,18 +564,41 @@ class NixlBackend(StrEnum):
 class KvTransferSpec(Model):
     """How vLLM workers move KV caches (NIXL). Applies to `engine.kind: vllm` only."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.backend) || self.backend == 'UCX'"
+                    " || !has(self.transports) || size(self.transports) == 0",
+                    "message": "transports: UCX transports need backend UCX",
+                },
+                {
+                    "rule": "!has(self.backend) || self.backend == 'UCX' || !has(self.netDevices)",
+                    "message": "netDevices: UCX_NET_DEVICES needs backend UCX (LIBFABRIC never "
+                    "reads it)",
+                },
+                {
+                    "rule": "!has(self.rdmaCount) || self.rdmaCount == 1 || has(self.rdmaResource)",
+                    "message": "rdmaCount: counts rdmaResource devices; set rdmaResource too",
+                },
+            ]
+        }
+    )
+
     backend: NixlBackend = NixlBackend.UCX
     """NIXL transfer backend."""
     transports: list[KvTransport] = Field(default_factory=list, max_length=3)
     """UCX transports to allow (`UCX_TLS`), besides shared memory and CUDA staging copies.
     Empty: UCX picks among everything it finds."""
     net_devices: str | None = Field(None, max_length=1024, pattern=r"^[-_.:,A-Za-z0-9]+$")
-    """`UCX_NET_DEVICES`: the NICs to use (e.g. `mlx5_0:1,mlx5_1:1`). Left out: all."""
+    """`UCX_NET_DEVICES`: the NICs to use (e.g. `mlx5_0:1,mlx5_1:1`). Left out: all. Backend UCX
+    only."""
     rdma_resource: str | None = Field(None, max_length=253)
     """Extended resource of the RDMA device plugin each worker requests
     (e.g. `rdma/rdma_shared_device_a`, `rdma/ib`, `vpc.amazonaws.com/efa`)."""
     rdma_count: int = Field(1, ge=1, le=64)
-    """How many `rdmaResource` devices each worker requests."""
+    """How many `rdmaResource` devices each worker requests (refused other than 1 without
+    `rdmaResource`)."""
     ipc_lock: bool | None = None
     """Add the `IPC_LOCK` capability (RDMA pins memory). Left out: when `transports` has `rdma`
     or `rdmaResource` is set."""
@@ -591,6 +614,16 @@ class KvTransferSpec(Model):
             raise ValueError("kvTransfer.transports: entries must be distinct")
         if self.backend is NixlBackend.LIBFABRIC and self.transports:
             raise ValueError("kvTransfer.transports: UCX transports need backend UCX")
+        if self.backend is NixlBackend.LIBFABRIC and self.net_devices is not None:
+            raise ValueError(
+                "kvTransfer.netDevices: UCX_NET_DEVICES needs backend UCX (LIBFABRIC never "
+                "reads it)"
+            )
+        if self.rdma_count != 1 and self.rdma_resource is None:
+            raise ValueError(
+                f"kvTransfer.rdmaCount: {self.rdma_count} counts rdmaResource devices; set "
+                "rdmaResource too (no device is requested without it)"
+            )
         return self
 
     @property

@@ -382,6 +382,39 @@ def test_kv_transfer_tcp_has_no_ipc_lock_and_libfabric_has_no_ucx_tls() -> None:
         make_spec(kvTransfer={"backend": "LIBFABRIC", "transports": ["tcp"]})
 
 
+@pytest.mark.parametrize(
+    ("kv", "named"),
+    [
+        ({"rdmaCount": 2}, "kvTransfer.rdmaCount"),
+        ({"backend": "LIBFABRIC", "netDevices": "mlx5_0:1"}, "kvTransfer.netDevices"),
+        ({"backend": "LIBFABRIC", "transports": ["tcp"]}, "kvTransfer.transports"),
+    ],
+    ids=["rdma-count-without-resource", "net-devices-with-libfabric", "transports-libfabric"],
+)
+def test_kv_transfer_settings_that_would_do_nothing_are_refused_in_pydantic_and_cel(
+    kv: dict[str, Any], named: str
+) -> None:
+    """`rdmaCount` counts `rdmaResource` devices (none requested without one: the count was
+    ignored); `netDevices` is `UCX_NET_DEVICES`, which the LIBFABRIC backend never reads."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    spec = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        "kvTransfer": kv,
+    }
+    assert pydantic_accepts(spec) is False
+    assert cel_accepts(spec) is False
+    with pytest.raises(ValidationError, match=named):
+        v1.LLMServiceSpec.model_validate(spec)
+    ok = {**spec, "kvTransfer": {"rdmaCount": 2, "rdmaResource": "rdma/ib", "netDevices": "x"}}
+    assert pydantic_accepts(ok)
+    assert cel_accepts(ok)
+
+
 def test_vllm_cpu_workers_keep_their_kv_cache_in_huge_pages() -> None:
     """vLLM on a CPU group gets THP_MEM_ALLOC_ENABLE=1 (torch's huge pages for the KV cache);
     GPU groups and the simulated engine do not; a user's own engine.env value replaces it."""
