@@ -240,15 +240,31 @@ class CacheAccessMode(StrEnum):
 class ModelCacheSpec(Model):
     """A shared read-many volume holding the weights: downloaded once, then read by every pod."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.claimName) || (!has(self.size)"
+                    " && !has(self.storageClassName)"
+                    " && (!has(self.accessMode) || self.accessMode == 'ReadWriteMany'))",
+                    "message": "size, storageClassName, accessMode: settings of the claim the "
+                    "operator creates; with claimName none is created: remove them",
+                }
+            ]
+        }
+    )
+
     claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
     """An existing PersistentVolumeClaim to use. Left out: the operator creates
     `<service>-model-cache` (owned by the service: deleted with it)."""
     size: Quantity | None = None
-    """Size of the claim the operator creates (required without `claimName`)."""
+    """Size of the claim the operator creates (required without `claimName`, refused with it)."""
     storage_class_name: str | None = Field(None, max_length=253)
-    """Storage class of the claim the operator creates. Left out: the cluster's default."""
+    """Storage class of the claim the operator creates (refused with `claimName`). Left out: the
+    cluster's default."""
     access_mode: CacheAccessMode = CacheAccessMode.READ_WRITE_MANY
-    """Access mode of the claim the operator creates."""
+    """Access mode of the claim the operator creates (`ReadWriteOnce` refused with `claimName`:
+    the given claim's own mode applies)."""
     mount_path: str = Field("/models", min_length=2, max_length=1024, pattern=r"^/[^:]*$")
     """Where the cache is mounted in the download Job and (read-only) in worker pods."""
     download_image: str | None = Field(None, max_length=1024)
@@ -263,6 +279,21 @@ class ModelCacheSpec(Model):
             raise ValueError(
                 "model.cache.downloadPod.resourceClaims: the download needs no devices"
             )
+        if self.claim_name is not None:
+            given = [
+                f"model.cache.{name}"
+                for name, unused in (
+                    ("size", self.size is not None),
+                    ("storageClassName", self.storage_class_name is not None),
+                    ("accessMode", self.access_mode is not CacheAccessMode.READ_WRITE_MANY),
+                )
+                if unused
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: settings of the claim the operator creates; with "
+                    f"model.cache.claimName {self.claim_name!r} none is created: remove them"
+                )
         if self.claim_name is None and self.size is None:
             raise ValueError("model.cache.size: required when the operator creates the claim")
         if self.size is not None and not re.match(QUANTITY, str(self.size)):

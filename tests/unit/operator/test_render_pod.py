@@ -586,6 +586,42 @@ def test_given_claim_is_used_not_created_and_a_new_revision_is_a_new_job() -> No
     )
 
 
+@pytest.mark.parametrize(
+    ("cache", "named"),
+    [
+        ({"claimName": "shared-models", "size": "200Gi"}, "model.cache.size"),
+        (
+            {"claimName": "shared-models", "storageClassName": "fast"},
+            "model.cache.storageClassName",
+        ),
+        ({"claimName": "shared-models", "accessMode": "ReadWriteOnce"}, "model.cache.accessMode"),
+    ],
+    ids=["size", "storage-class", "access-mode"],
+)
+def test_settings_of_the_created_claim_are_refused_with_a_given_claim(
+    cache: dict[str, Any], named: str
+) -> None:
+    """`size`, `storageClassName` and `accessMode` describe the claim the operator creates;
+    with `claimName` none is created and they were ignored."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    spec = {
+        "model": {"name": "m", "source": "hf://a/b@v1", "cache": cache},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+    }
+    assert pydantic_accepts(spec) is False
+    assert cel_accepts(spec) is False
+    with pytest.raises(ValidationError, match=named):
+        v1.LLMServiceSpec.model_validate(spec)
+    for ok in ({"claimName": "shared-models", "accessMode": "ReadWriteMany"}, {"size": "1Gi"}):
+        good = {**spec, "model": {**spec["model"], "cache": ok}}
+        assert pydantic_accepts(good)
+        assert cel_accepts(good)
+
+
 def test_hf_without_cache_downloads_in_each_pod() -> None:
     spec = make_spec(model={"name": "m", "source": "hf://a/b@v3"})
     c = worker_pod(spec)["containers"][0]
