@@ -825,6 +825,11 @@ class WorkerGroup(Model):
                     " || self.tensorParallel <= self.gpus",
                     "message": "tensorParallel: needs at least as many gpus per pod",
                 },
+                {
+                    "rule": "!has(self.gpuResource) || self.gpuResource == 'nvidia.com/gpu'"
+                    " || (has(self.gpus) && self.gpus > 0)",
+                    "message": "gpuResource: names what gpus requests; set gpus too",
+                },
             ]
         }
     )
@@ -838,7 +843,7 @@ class WorkerGroup(Model):
     gpus: int = Field(0, ge=0, le=64)
     """Accelerators per pod (requested as `gpuResource`)."""
     gpu_resource: str = Field("nvidia.com/gpu", min_length=1, max_length=253)
-    """Extended resource name of the accelerator."""
+    """Extended resource name of the accelerator (another than the default needs `gpus`)."""
     tensor_parallel: int = Field(1, ge=1, le=64)
     """Tensor-parallel degree of the engine in each pod."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
@@ -866,6 +871,11 @@ class WorkerGroup(Model):
             raise ValueError(
                 f"workerGroups[{self.name}].nodes: multi-node workers (LeaderWorkerSet) are not "
                 "supported yet; keep tensorParallel within one node's GPUs (nodes: 1)"
+            )
+        if self.gpu_resource != "nvidia.com/gpu" and not self.gpus:
+            raise ValueError(
+                f"workerGroups[{self.name}].gpuResource: {self.gpu_resource!r} names what gpus "
+                "requests, and gpus is 0 (nothing is requested): set gpus too"
             )
         if self.node_selector and self.pod.node_selector:
             raise ValueError(

@@ -415,6 +415,32 @@ def test_kv_transfer_settings_that_would_do_nothing_are_refused_in_pydantic_and_
     assert cel_accepts(ok)
 
 
+def test_gpu_resource_without_gpus_is_refused_in_pydantic_and_cel() -> None:
+    """`gpuResource` names what `gpus` requests; with no gpus nothing is requested and it was
+    ignored (a group meant for AMD or TPU nodes silently ran on CPU-only pods)."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    def spec(group: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": {"name": "m", "source": "s"},
+            "engine": {"image": "i"},
+            "workerGroups": [{"name": "gpu", "roles": ["decode"], **group}],
+            "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        }
+
+    bad = spec({"gpuResource": "amd.com/gpu"})
+    assert pydantic_accepts(bad) is False
+    assert cel_accepts(bad) is False
+    with pytest.raises(ValidationError, match=r"workerGroups\[gpu\]\.gpuResource"):
+        v1.LLMServiceSpec.model_validate(bad)
+    good = spec({"gpuResource": "amd.com/gpu", "gpus": 1})
+    assert pydantic_accepts(good)
+    assert cel_accepts(good)
+    pod = worker_pod(v1.LLMServiceSpec.model_validate(good))
+    assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "1"
+
+
 def test_vllm_cpu_workers_keep_their_kv_cache_in_huge_pages() -> None:
     """vLLM on a CPU group gets THP_MEM_ALLOC_ENABLE=1 (torch's huge pages for the KV cache);
     GPU groups and the simulated engine do not; a user's own engine.env value replaces it."""
