@@ -632,8 +632,9 @@ def test_settings_of_the_created_claim_are_refused_with_a_given_claim(
     pytest.importorskip("celpy")
     from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
 
-    spec = {
-        "model": {"name": "m", "source": "hf://a/b@v1", "cache": cache},
+    model: dict[str, Any] = {"name": "m", "source": "hf://a/b@v1"}
+    spec: dict[str, Any] = {
+        "model": {**model, "cache": cache},
         "engine": {"image": "i"},
         "workerGroups": [{"name": "w", "roles": ["decode"]}],
         "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
@@ -643,7 +644,7 @@ def test_settings_of_the_created_claim_are_refused_with_a_given_claim(
     with pytest.raises(ValidationError, match=named):
         v1.LLMServiceSpec.model_validate(spec)
     for ok in ({"claimName": "shared-models", "accessMode": "ReadWriteMany"}, {"size": "1Gi"}):
-        good = {**spec, "model": {**spec["model"], "cache": ok}}
+        good = {**spec, "model": {**model, "cache": ok}}
         assert pydantic_accepts(good)
         assert cel_accepts(good)
 
