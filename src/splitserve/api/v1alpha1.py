@@ -302,6 +302,28 @@ class ModelCacheSpec(Model):
 
 
 class Toleration(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.operator) || self.operator != 'Exists'"
+                    " || !has(self.value) || self.value == ''",
+                    "message": "tolerations[].value: must be empty with operator Exists",
+                },
+                {
+                    "rule": "(has(self.key) && self.key != '')"
+                    " || (has(self.operator) && self.operator == 'Exists')",
+                    "message": "tolerations[].key: required unless operator is Exists",
+                },
+                {
+                    "rule": "!has(self.tolerationSeconds)"
+                    " || (has(self.effect) && self.effect == 'NoExecute')",
+                    "message": "tolerations[].effect: tolerationSeconds needs effect NoExecute",
+                },
+            ]
+        }
+    )
+
     key: str | None = Field(None, max_length=316)
     """Taint key (left out with `operator: Exists`: every taint)."""
     operator: Literal["Exists", "Equal"] | None = None
@@ -312,6 +334,17 @@ class Toleration(Model):
     """Taint effect to tolerate (left out: all)."""
     toleration_seconds: int | None = Field(None, ge=0)
     """`NoExecute`: how long the pod stays after the taint appears."""
+
+    @model_validator(mode="after")
+    def _as_kubernetes(self) -> Toleration:
+        # What the API server refuses in a pod: the Deployment would never get one.
+        if self.operator == "Exists" and self.value:
+            raise ValueError("tolerations[].value: must be empty with operator Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("tolerations[].key: required unless operator is Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerations[].effect: tolerationSeconds needs effect NoExecute")
+        return self
 
 
 class TopologySpread(Model):

@@ -289,6 +289,44 @@ def test_bad_pod_settings_are_refused(pod: dict[str, Any], needle: str) -> None:
         make_spec(workerGroups=[{"name": "g", "roles": ["prefill", "decode"], "pod": pod}])
 
 
+@pytest.mark.parametrize(
+    ("toleration", "named"),
+    [
+        ({"key": "k", "operator": "Exists", "value": "v"}, "value"),
+        ({"value": "v"}, "key"),
+        ({"key": "k", "operator": "Equal", "value": "v", "tolerationSeconds": 60}, "effect"),
+    ],
+    ids=["value-with-exists", "equal-without-key", "seconds-without-no-execute"],
+)
+def test_tolerations_the_api_server_refuses_in_a_pod_are_refused_in_the_spec(
+    toleration: dict[str, Any], named: str
+) -> None:
+    """Each was accepted here and rendered into a Deployment whose pods the API server refuses
+    (the ReplicaSet retries forever, no worker starts); now pydantic and CEL refuse it."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    def spec(t: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": {"name": "m", "source": "s"},
+            "engine": {"image": "i"},
+            "workerGroups": [{"name": "w", "roles": ["decode"], "pod": {"tolerations": [t]}}],
+            "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        }
+
+    assert pydantic_accepts(spec(toleration)) is False
+    assert cel_accepts(spec(toleration)) is False
+    with pytest.raises(ValidationError, match=rf"tolerations\[\]\.{named}"):
+        v1.LLMServiceSpec.model_validate(spec(toleration))
+    for ok in (
+        {"operator": "Exists"},
+        {"key": "k", "value": "v"},
+        {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+    ):
+        assert pydantic_accepts(spec(ok))
+        assert cel_accepts(spec(ok))
+
+
 def test_router_cannot_take_a_service_account() -> None:
     with pytest.raises(ValidationError, match=r"router\.pod\.serviceAccountName"):
         make_spec(router={"pod": {"serviceAccountName": "x"}})
