@@ -240,15 +240,31 @@ class CacheAccessMode(StrEnum):
 class ModelCacheSpec(Model):
     """A shared read-many volume holding the weights: downloaded once, then read by every pod."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.claimName) || (!has(self.size)"
+                    " && !has(self.storageClassName)"
+                    " && (!has(self.accessMode) || self.accessMode == 'ReadWriteMany'))",
+                    "message": "size, storageClassName, accessMode: settings of the claim the "
+                    "operator creates; with claimName none is created: remove them",
+                }
+            ]
+        }
+    )
+
     claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
     """An existing PersistentVolumeClaim to use. Left out: the operator creates
     `<service>-model-cache` (owned by the service: deleted with it)."""
     size: Quantity | None = None
-    """Size of the claim the operator creates (required without `claimName`)."""
+    """Size of the claim the operator creates (required without `claimName`, refused with it)."""
     storage_class_name: str | None = Field(None, max_length=253)
-    """Storage class of the claim the operator creates. Left out: the cluster's default."""
+    """Storage class of the claim the operator creates (refused with `claimName`). Left out: the
+    cluster's default."""
     access_mode: CacheAccessMode = CacheAccessMode.READ_WRITE_MANY
-    """Access mode of the claim the operator creates."""
+    """Access mode of the claim the operator creates (`ReadWriteOnce` refused with `claimName`:
+    the given claim's own mode applies)."""
     mount_path: str = Field("/models", min_length=2, max_length=1024, pattern=r"^/[^:]*$")
     """Where the cache is mounted in the download Job and (read-only) in worker pods."""
     download_image: str | None = Field(None, max_length=1024)
@@ -263,6 +279,21 @@ class ModelCacheSpec(Model):
             raise ValueError(
                 "model.cache.downloadPod.resourceClaims: the download needs no devices"
             )
+        if self.claim_name is not None:
+            given = [
+                f"model.cache.{name}"
+                for name, unused in (
+                    ("size", self.size is not None),
+                    ("storageClassName", self.storage_class_name is not None),
+                    ("accessMode", self.access_mode is not CacheAccessMode.READ_WRITE_MANY),
+                )
+                if unused
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: settings of the claim the operator creates; with "
+                    f"model.cache.claimName {self.claim_name!r} none is created: remove them"
+                )
         if self.claim_name is None and self.size is None:
             raise ValueError("model.cache.size: required when the operator creates the claim")
         if self.size is not None and not re.match(QUANTITY, str(self.size)):
@@ -271,6 +302,28 @@ class ModelCacheSpec(Model):
 
 
 class Toleration(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.operator) || self.operator != 'Exists'"
+                    " || !has(self.value) || self.value == ''",
+                    "message": "tolerations[].value: must be empty with operator Exists",
+                },
+                {
+                    "rule": "(has(self.key) && self.key != '')"
+                    " || (has(self.operator) && self.operator == 'Exists')",
+                    "message": "tolerations[].key: required unless operator is Exists",
+                },
+                {
+                    "rule": "!has(self.tolerationSeconds)"
+                    " || (has(self.effect) && self.effect == 'NoExecute')",
+                    "message": "tolerations[].effect: tolerationSeconds needs effect NoExecute",
+                },
+            ]
+        }
+    )
+
     key: str | None = Field(None, max_length=316)
     """Taint key (left out with `operator: Exists`: every taint)."""
     operator: Literal["Exists", "Equal"] | None = None
@@ -281,6 +334,17 @@ class Toleration(Model):
     """Taint effect to tolerate (left out: all)."""
     toleration_seconds: int | None = Field(None, ge=0)
     """`NoExecute`: how long the pod stays after the taint appears."""
+
+    @model_validator(mode="after")
+    def _as_kubernetes(self) -> Toleration:
+        # What the API server refuses in a pod: the Deployment would never get one.
+        if self.operator == "Exists" and self.value:
+            raise ValueError("tolerations[].value: must be empty with operator Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("tolerations[].key: required unless operator is Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerations[].effect: tolerationSeconds needs effect NoExecute")
+        return self
 
 
 class TopologySpread(Model):
@@ -564,18 +628,41 @@ class NixlBackend(StrEnum):
 class KvTransferSpec(Model):
     """How vLLM workers move KV caches (NIXL). Applies to `engine.kind: vllm` only."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.backend) || self.backend == 'UCX'"
+                    " || !has(self.transports) || size(self.transports) == 0",
+                    "message": "transports: UCX transports need backend UCX",
+                },
+                {
+                    "rule": "!has(self.backend) || self.backend == 'UCX' || !has(self.netDevices)",
+                    "message": "netDevices: UCX_NET_DEVICES needs backend UCX (LIBFABRIC never "
+                    "reads it)",
+                },
+                {
+                    "rule": "!has(self.rdmaCount) || self.rdmaCount == 1 || has(self.rdmaResource)",
+                    "message": "rdmaCount: counts rdmaResource devices; set rdmaResource too",
+                },
+            ]
+        }
+    )
+
     backend: NixlBackend = NixlBackend.UCX
     """NIXL transfer backend."""
     transports: list[KvTransport] = Field(default_factory=list, max_length=3)
     """UCX transports to allow (`UCX_TLS`), besides shared memory and CUDA staging copies.
     Empty: UCX picks among everything it finds."""
     net_devices: str | None = Field(None, max_length=1024, pattern=r"^[-_.:,A-Za-z0-9]+$")
-    """`UCX_NET_DEVICES`: the NICs to use (e.g. `mlx5_0:1,mlx5_1:1`). Left out: all."""
+    """`UCX_NET_DEVICES`: the NICs to use (e.g. `mlx5_0:1,mlx5_1:1`). Left out: all. Backend UCX
+    only."""
     rdma_resource: str | None = Field(None, max_length=253)
     """Extended resource of the RDMA device plugin each worker requests
     (e.g. `rdma/rdma_shared_device_a`, `rdma/ib`, `vpc.amazonaws.com/efa`)."""
     rdma_count: int = Field(1, ge=1, le=64)
-    """How many `rdmaResource` devices each worker requests."""
+    """How many `rdmaResource` devices each worker requests (refused other than 1 without
+    `rdmaResource`)."""
     ipc_lock: bool | None = None
     """Add the `IPC_LOCK` capability (RDMA pins memory). Left out: when `transports` has `rdma`
     or `rdmaResource` is set."""
@@ -591,6 +678,16 @@ class KvTransferSpec(Model):
             raise ValueError("kvTransfer.transports: entries must be distinct")
         if self.backend is NixlBackend.LIBFABRIC and self.transports:
             raise ValueError("kvTransfer.transports: UCX transports need backend UCX")
+        if self.backend is NixlBackend.LIBFABRIC and self.net_devices is not None:
+            raise ValueError(
+                "kvTransfer.netDevices: UCX_NET_DEVICES needs backend UCX (LIBFABRIC never "
+                "reads it)"
+            )
+        if self.rdma_count != 1 and self.rdma_resource is None:
+            raise ValueError(
+                f"kvTransfer.rdmaCount: {self.rdma_count} counts rdmaResource devices; set "
+                "rdmaResource too (no device is requested without it)"
+            )
         return self
 
     @property
@@ -761,6 +858,11 @@ class WorkerGroup(Model):
                     " || self.tensorParallel <= self.gpus",
                     "message": "tensorParallel: needs at least as many gpus per pod",
                 },
+                {
+                    "rule": "!has(self.gpuResource) || self.gpuResource == 'nvidia.com/gpu'"
+                    " || (has(self.gpus) && self.gpus > 0)",
+                    "message": "gpuResource: names what gpus requests; set gpus too",
+                },
             ]
         }
     )
@@ -774,7 +876,7 @@ class WorkerGroup(Model):
     gpus: int = Field(0, ge=0, le=64)
     """Accelerators per pod (requested as `gpuResource`)."""
     gpu_resource: str = Field("nvidia.com/gpu", min_length=1, max_length=253)
-    """Extended resource name of the accelerator."""
+    """Extended resource name of the accelerator (another than the default needs `gpus`)."""
     tensor_parallel: int = Field(1, ge=1, le=64)
     """Tensor-parallel degree of the engine in each pod."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
@@ -802,6 +904,11 @@ class WorkerGroup(Model):
             raise ValueError(
                 f"workerGroups[{self.name}].nodes: multi-node workers (LeaderWorkerSet) are not "
                 "supported yet; keep tensorParallel within one node's GPUs (nodes: 1)"
+            )
+        if self.gpu_resource != "nvidia.com/gpu" and not self.gpus:
+            raise ValueError(
+                f"workerGroups[{self.name}].gpuResource: {self.gpu_resource!r} names what gpus "
+                "requests, and gpus is 0 (nothing is requested): set gpus too"
             )
         if self.node_selector and self.pod.node_selector:
             raise ValueError(

@@ -289,6 +289,44 @@ def test_bad_pod_settings_are_refused(pod: dict[str, Any], needle: str) -> None:
         make_spec(workerGroups=[{"name": "g", "roles": ["prefill", "decode"], "pod": pod}])
 
 
+@pytest.mark.parametrize(
+    ("toleration", "named"),
+    [
+        ({"key": "k", "operator": "Exists", "value": "v"}, "value"),
+        ({"value": "v"}, "key"),
+        ({"key": "k", "operator": "Equal", "value": "v", "tolerationSeconds": 60}, "effect"),
+    ],
+    ids=["value-with-exists", "equal-without-key", "seconds-without-no-execute"],
+)
+def test_tolerations_the_api_server_refuses_in_a_pod_are_refused_in_the_spec(
+    toleration: dict[str, Any], named: str
+) -> None:
+    """Each was accepted here and rendered into a Deployment whose pods the API server refuses
+    (the ReplicaSet retries forever, no worker starts); now pydantic and CEL refuse it."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    def spec(t: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": {"name": "m", "source": "s"},
+            "engine": {"image": "i"},
+            "workerGroups": [{"name": "w", "roles": ["decode"], "pod": {"tolerations": [t]}}],
+            "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        }
+
+    assert pydantic_accepts(spec(toleration)) is False
+    assert cel_accepts(spec(toleration)) is False
+    with pytest.raises(ValidationError, match=rf"tolerations\[\]\.{named}"):
+        v1.LLMServiceSpec.model_validate(spec(toleration))
+    for ok in (
+        {"operator": "Exists"},
+        {"key": "k", "value": "v"},
+        {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+    ):
+        assert pydantic_accepts(spec(ok))
+        assert cel_accepts(spec(ok))
+
+
 def test_router_cannot_take_a_service_account() -> None:
     with pytest.raises(ValidationError, match=r"router\.pod\.serviceAccountName"):
         make_spec(router={"pod": {"serviceAccountName": "x"}})
@@ -380,6 +418,65 @@ def test_kv_transfer_tcp_has_no_ipc_lock_and_libfabric_has_no_ucx_tls() -> None:
     assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     with pytest.raises(ValidationError, match="UCX transports need backend UCX"):
         make_spec(kvTransfer={"backend": "LIBFABRIC", "transports": ["tcp"]})
+
+
+@pytest.mark.parametrize(
+    ("kv", "named"),
+    [
+        ({"rdmaCount": 2}, "kvTransfer.rdmaCount"),
+        ({"backend": "LIBFABRIC", "netDevices": "mlx5_0:1"}, "kvTransfer.netDevices"),
+        ({"backend": "LIBFABRIC", "transports": ["tcp"]}, "kvTransfer.transports"),
+    ],
+    ids=["rdma-count-without-resource", "net-devices-with-libfabric", "transports-libfabric"],
+)
+def test_kv_transfer_settings_that_would_do_nothing_are_refused_in_pydantic_and_cel(
+    kv: dict[str, Any], named: str
+) -> None:
+    """`rdmaCount` counts `rdmaResource` devices (none requested without one: the count was
+    ignored); `netDevices` is `UCX_NET_DEVICES`, which the LIBFABRIC backend never reads."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    spec = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        "kvTransfer": kv,
+    }
+    assert pydantic_accepts(spec) is False
+    assert cel_accepts(spec) is False
+    with pytest.raises(ValidationError, match=named):
+        v1.LLMServiceSpec.model_validate(spec)
+    ok = {**spec, "kvTransfer": {"rdmaCount": 2, "rdmaResource": "rdma/ib", "netDevices": "x"}}
+    assert pydantic_accepts(ok)
+    assert cel_accepts(ok)
+
+
+def test_gpu_resource_without_gpus_is_refused_in_pydantic_and_cel() -> None:
+    """`gpuResource` names what `gpus` requests; with no gpus nothing is requested and it was
+    ignored (a group meant for AMD or TPU nodes silently ran on CPU-only pods)."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    def spec(group: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": {"name": "m", "source": "s"},
+            "engine": {"image": "i"},
+            "workerGroups": [{"name": "gpu", "roles": ["decode"], **group}],
+            "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+        }
+
+    bad = spec({"gpuResource": "amd.com/gpu"})
+    assert pydantic_accepts(bad) is False
+    assert cel_accepts(bad) is False
+    with pytest.raises(ValidationError, match=r"workerGroups\[gpu\]\.gpuResource"):
+        v1.LLMServiceSpec.model_validate(bad)
+    good = spec({"gpuResource": "amd.com/gpu", "gpus": 1})
+    assert pydantic_accepts(good)
+    assert cel_accepts(good)
+    pod = worker_pod(v1.LLMServiceSpec.model_validate(good))
+    assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "1"
 
 
 def test_vllm_cpu_workers_keep_their_kv_cache_in_huge_pages() -> None:
@@ -551,6 +648,43 @@ def test_given_claim_is_used_not_created_and_a_new_revision_is_a_new_job() -> No
     assert render.model_cache_job_name(spec_for("v1"), REF) != render.model_cache_job_name(
         spec_for("v2"), REF
     )
+
+
+@pytest.mark.parametrize(
+    ("cache", "named"),
+    [
+        ({"claimName": "shared-models", "size": "200Gi"}, "model.cache.size"),
+        (
+            {"claimName": "shared-models", "storageClassName": "fast"},
+            "model.cache.storageClassName",
+        ),
+        ({"claimName": "shared-models", "accessMode": "ReadWriteOnce"}, "model.cache.accessMode"),
+    ],
+    ids=["size", "storage-class", "access-mode"],
+)
+def test_settings_of_the_created_claim_are_refused_with_a_given_claim(
+    cache: dict[str, Any], named: str
+) -> None:
+    """`size`, `storageClassName` and `accessMode` describe the claim the operator creates;
+    with `claimName` none is created and they were ignored."""
+    pytest.importorskip("celpy")
+    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+
+    model: dict[str, Any] = {"name": "m", "source": "hf://a/b@v1"}
+    spec: dict[str, Any] = {
+        "model": {**model, "cache": cache},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+    }
+    assert pydantic_accepts(spec) is False
+    assert cel_accepts(spec) is False
+    with pytest.raises(ValidationError, match=named):
+        v1.LLMServiceSpec.model_validate(spec)
+    for ok in ({"claimName": "shared-models", "accessMode": "ReadWriteMany"}, {"size": "1Gi"}):
+        good = {**spec, "model": {**model, "cache": ok}}
+        assert pydantic_accepts(good)
+        assert cel_accepts(good)
 
 
 def test_hf_without_cache_downloads_in_each_pod() -> None:
