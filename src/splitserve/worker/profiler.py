@@ -75,10 +75,6 @@ class ProfileError(Exception):
     """The worker cannot be profiled (busy, wrong role, refused a probe, ...)."""
 
 
-class TokenRangeError(ProfileError):
-    """The token range reaches beyond the worker's vocabulary (the CLI: a usage error)."""
-
-
 @dataclass(frozen=True, slots=True)
 class ProfileGrid:
     """What to measure. Cells that do not fit the limits are left out."""
@@ -209,12 +205,6 @@ class Profiler:
 
     async def run(self) -> list[Measurement]:
         report = await self._load()
-        high = self.token_range[1]
-        if report.vocab_size and high > report.vocab_size:  # the worker would refuse the ids
-            raise TokenRangeError(
-                f"HIGH {high} is beyond the worker's vocabulary of {report.vocab_size} token ids "
-                f"(want LOW:HIGH with HIGH <= {report.vocab_size})"
-            )
         restore: common_pb2.Role.ValueType | None = None
         if report.role not in (common_pb2.ROLE_MIXED, common_pb2.ROLE_DECODE):
             if not self.set_mixed:

@@ -275,8 +275,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _check_token_ids(self, field: str, ids: Sequence[int]) -> None:
         """Token ids must be the engine's (when it says its `vocab_size`): the sim engine took
         any id and generated from it; a router refuses them with a 400 before they get here."""
-        vocab = self._vocab_size()
-        if not ids or not vocab:
+        vocab = getattr(self.engine, "vocab_size", 0)
+        if not ids or not isinstance(vocab, int) or vocab <= 0:
             return
         high = max(ids)  # max / min: C loops (a prompt can be long), no generator
         bad = high if high >= vocab else min(ids)
@@ -560,13 +560,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             link_port=self.link_port,
             kv_pulled_tokens=self.kv_pulled_tokens,
             kv_pull_seconds=self.kv_pull_seconds,
-            vocab_size=self._vocab_size(),
         )
-
-    def _vocab_size(self) -> int:
-        """The engine's vocabulary (0: it does not say, as the vLLM engine)."""
-        vocab = getattr(self.engine, "vocab_size", 0)
-        return vocab if isinstance(vocab, int) and vocab > 0 else 0
 
     async def WatchLoad(  # noqa: N802
         self, request: worker_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext

@@ -42,13 +42,7 @@ from splitserve.core.perf.samples import (
 )
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
-from splitserve.worker.profiler import (
-    ProfileError,
-    ProfileGrid,
-    Profiler,
-    TokenRangeError,
-    _Call,
-)
+from splitserve.worker.profiler import ProfileError, ProfileGrid, Profiler, _Call
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 from splitserve.worker.server import WorkerIdentity, WorkerService
 from splitserve.worker.sim_engine import SimEngine
@@ -418,35 +412,3 @@ async def test_rejected_prefill_probes_never_delay_past_the_gates_step(
     assert profiler.stats.rejected == 12
     assert profiler.stats.gate_tokens == 2048  # doubled once, then held at the budget
     assert profiler._gate_delay_s <= 0.5 * 0.008  # half the 2048-token gate's step
-
-
-async def test_a_token_range_beyond_the_worker_s_vocabulary_is_refused_before_probing(
-    make_worker: WorkerFactory,
-) -> None:
-    """`--token-range 0:999999999` against a sim worker ran (its engine took any id); the worker
-    now says its vocabulary in its load reports and the profiler refuses the range up front."""
-    worker = await make_worker(Role.MIXED)
-    assert worker.service.load_report().vocab_size == 4096
-    with pytest.raises(
-        TokenRangeError, match=r"HIGH 999999999 is beyond the worker.s vocabulary of 4096"
-    ):
-        await Profiler(worker.stub, GRID, token_range=(0, 999_999_999)).run()
-    engine = worker.service.engine
-    assert isinstance(engine, SimEngine)
-    assert engine.num_steps == 0  # nothing was probed
-    samples = await Profiler(worker.stub, TINY, token_range=(16, 4096)).run()
-    assert samples  # up to the vocabulary's end is fine
-
-
-def test_the_cli_makes_it_a_usage_error_naming_token_range(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def refuse(*_: Any, **__: Any) -> Any:
-        raise TokenRangeError("HIGH 5000 is beyond the worker's vocabulary of 4096")
-
-    monkeypatch.setattr("splitserve.cli.profile.profile_worker", refuse)
-    result = CliRunner().invoke(
-        profile, ["--worker", "127.0.0.1:1", "--out", str(tmp_path), "--token-range", "0:5000"]
-    )
-    assert result.exit_code == 2, result.output
-    assert "Invalid value for --token-range: HIGH 5000 is beyond" in result.output

@@ -343,7 +343,6 @@ class LoadReport(_message.Message):
     LINK_PORT_FIELD_NUMBER: _builtins.int
     KV_PULLED_TOKENS_FIELD_NUMBER: _builtins.int
     KV_PULL_SECONDS_FIELD_NUMBER: _builtins.int
-    VOCAB_SIZE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     role: Global___Role.ValueType
     num_waiting: _builtins.int
@@ -375,11 +374,6 @@ class LoadReport(_message.Message):
     NIXL handshake included). 0 / 0: no pull yet, or a worker older than these fields.
     """
     kv_pull_seconds: _builtins.float
-    vocab_size: _builtins.int
-    """The token ids the worker takes are in [0, vocab_size) (others are INVALID_ARGUMENT); 0: not
-    known (a vLLM worker, or a worker older than this field). `splitserve profile` checks its
-    --token-range against it.
-    """
     def __init__(
         self,
         *,
@@ -399,11 +393,10 @@ class LoadReport(_message.Message):
         link_port: _builtins.int = ...,
         kv_pulled_tokens: _builtins.int = ...,
         kv_pull_seconds: _builtins.float = ...,
-        vocab_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_pull_seconds", b"kv_pull_seconds", "kv_pulled_tokens", b"kv_pulled_tokens", "link_port", b"link_port", "model", b"model", "num_kv_held", b"num_kv_held", "num_pending_prefill_tokens", b"num_pending_prefill_tokens", "num_running", b"num_running", "num_waiting", b"num_waiting", "role", b"role", "seq", b"seq", "vocab_size", b"vocab_size", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_free", b"kv_blocks_free", "kv_blocks_total", b"kv_blocks_total", "kv_pull_seconds", b"kv_pull_seconds", "kv_pulled_tokens", b"kv_pulled_tokens", "link_port", b"link_port", "model", b"model", "num_kv_held", b"num_kv_held", "num_pending_prefill_tokens", b"num_pending_prefill_tokens", "num_running", b"num_running", "num_waiting", b"num_waiting", "role", b"role", "seq", b"seq", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
