@@ -120,8 +120,6 @@ class SimEngine:
         self.max_model_len = config.max_model_len or 0
         """The context limit the worker server enforces (0: none)."""
         self.kv_bytes_per_token = config.kv_bytes_per_token
-        self.vocab_size = tokens.vocab_size
-        """Token ids it takes are in [0, vocab_size) (the worker server refuses others)."""
         """KV bytes of one token (0: unknown): the worker server caps a handle's bytes by it."""
         self.latency = latency
         self.clock = clock

@@ -14,7 +14,6 @@ from splitserve._gen.v1 import worker_pb2_grpc
 from splitserve.core.clock import SystemClock
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
-from splitserve.router.tokenizer import DEFAULT_VOCAB_SIZE
 from splitserve.worker.kv_warm import KvWarmService
 from splitserve.worker.runtime import WorkerConfig, _ReleaseClient, build_sim_engine
 from splitserve.worker.server import WorkerIdentity, WorkerService, bind, start
@@ -44,9 +43,7 @@ async def make_worker() -> AsyncIterator[WorkerFactory]:
         params: dict[str, Any] = {
             "sim_time_scale": 0.05,
             "sim_num_kv_blocks": 512,
-            # The router's default tokenizer's (`build_default_tokenizer`), as `up` passes its
-            # tokenizer's: the worker refuses ids outside its vocabulary.
-            "vocab_size": DEFAULT_VOCAB_SIZE,
+            "vocab_size": 1000,
         }
         params.update(overrides)
         cfg = WorkerConfig(role=role, **params)
