@@ -1351,7 +1351,9 @@ class FlippingSpec(Model):
     enabled: bool = True
     """Move workers between roles (fence, drain, SetRole, relabel, unfence) to keep pool sizes."""
     max_concurrent: int = Field(1, ge=1, le=100)
-    """At most this many workers of the service are being flipped at once."""
+    """At most this many workers of the service are being flipped at once. Read only while
+    `enabled` is true (with flipping off no flip starts; the schema's default fills the field
+    either way, so a value set with `enabled: false` cannot be told apart and is not refused)."""
     drain_timeout_seconds: float = Field(120.0, gt=0, le=3600)
     """How long a flip waits for in-flight work; then it switches anyway (work in flight finishes
     under the old role). A flip whose worker does not answer (drain, SetRole or resume failing)
@@ -1373,7 +1375,9 @@ class PlannerSpec(Model):
     mode: PlannerMode = PlannerMode.OFF
     """Whether the slow planner (P:D ratio, group shapes) runs, and whether it acts."""
     interval_seconds: float = Field(600.0, gt=0, le=86400)
-    """How often the planner runs."""
+    """How often the planner runs. Read only when `mode` is Advise or Apply (with Off the planner
+    does not run; the schema's default fills the field either way, so a value set with `mode:
+    Off` cannot be told apart and is not refused)."""
 
 
 def _pool_has_group(role: Role) -> JsonValue:
