@@ -57,6 +57,17 @@ def cel_accepts(spec: JsonNode) -> bool:
     return True
 
 
+def decode_spec(**fields: Any) -> dict[str, Any]:
+    """The smallest valid spec (one decode pool), with `fields` added or replaced."""
+    spec: dict[str, Any] = {
+        "model": {"name": "m", "source": "s"},
+        "engine": {"image": "i"},
+        "workerGroups": [{"name": "w", "roles": ["decode"]}],
+        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
+    }
+    return {**spec, **fields}
+
+
 def pydantic_accepts(spec: JsonNode) -> bool:
     try:
         v1.LLMServiceSpec.model_validate(spec)

@@ -435,15 +435,9 @@ def test_kv_transfer_settings_that_would_do_nothing_are_refused_in_pydantic_and_
     """`rdmaCount` counts `rdmaResource` devices (none requested without one: the count was
     ignored); `netDevices` is `UCX_NET_DEVICES`, which the LIBFABRIC backend never reads."""
     pytest.importorskip("celpy")
-    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+    from tests.unit.api.test_api_cel import cel_accepts, decode_spec, pydantic_accepts
 
-    spec = {
-        "model": {"name": "m", "source": "s"},
-        "engine": {"image": "i"},
-        "workerGroups": [{"name": "w", "roles": ["decode"]}],
-        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
-        "kvTransfer": kv,
-    }
+    spec = decode_spec(kvTransfer=kv)
     assert pydantic_accepts(spec) is False
     assert cel_accepts(spec) is False
     with pytest.raises(ValidationError, match=named):

@@ -136,15 +136,9 @@ def test_exposing_the_router_needs_keys_in_pydantic_and_cel(
     router: dict[str, Any], ok: bool
 ) -> None:
     pytest.importorskip("celpy")
-    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+    from tests.unit.api.test_api_cel import cel_accepts, decode_spec, pydantic_accepts
 
-    spec = {
-        "model": {"name": "m", "source": "s"},
-        "engine": {"image": "i"},
-        "workerGroups": [{"name": "w", "roles": ["decode"]}],
-        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
-        "router": router,
-    }
+    spec = decode_spec(router=router)
     assert pydantic_accepts(spec) is ok
     assert cel_accepts(spec) is ok
     if not ok:
@@ -168,15 +162,9 @@ def test_expose_without_keys_where_it_does_nothing_is_refused_in_pydantic_and_ce
     ClusterIP Service it was ignored, and next to an `apiKeySecret` it read as "no keys needed"
     while the router still demanded them."""
     pytest.importorskip("celpy")
-    from tests.unit.api.test_api_cel import cel_accepts, pydantic_accepts
+    from tests.unit.api.test_api_cel import cel_accepts, decode_spec, pydantic_accepts
 
-    spec = {
-        "model": {"name": "m", "source": "s"},
-        "engine": {"image": "i"},
-        "workerGroups": [{"name": "w", "roles": ["decode"]}],
-        "pools": {"decode": {"replicas": 1, "minReplicas": 0}},
-        "router": router,
-    }
+    spec = decode_spec(router=router)
     assert pydantic_accepts(spec) is False
     assert cel_accepts(spec) is False
     with pytest.raises(ValueError, match="exposeWithoutKeys"):
