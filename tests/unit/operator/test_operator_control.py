@@ -117,6 +117,14 @@ class Env:
         self.clock.t += advance
         return self.controller.tick(NS, "svc")
 
+    def queue_at_router(self, n: int, prompt_tokens: int) -> None:
+        """`n` requests of class chat counted on arrival and waiting at the router's gate (their
+        prompts observed), none finished."""
+        self.router.admission.labels("chat", "queued").inc(n)
+        for _ in range(n):
+            self.router.prompt.labels("chat").observe(prompt_tokens)
+        self.router.queue.labels("chat").set(n)
+
     def svc(self) -> dict[str, Any]:
         obj = self.kube.get(v1.API_VERSION, "LLMService", NS, "svc")
         assert obj is not None
@@ -661,10 +669,7 @@ def test_a_router_queue_before_the_first_finish_scales_prefill() -> None:
     decode (no output length to size it by)."""
     env = Env()
     env.tick(0.0)
-    env.router.admission.labels("chat", "queued").inc(40)
-    for _ in range(40):
-        env.router.prompt.labels("chat").observe(1000)
-    env.router.queue.labels("chat").set(40)
+    env.queue_at_router(40, 1000)
     result = env.tick()
     assert not result.decision.held, result.decision.held
     assert env.pools_spec() == {"prefill": 2, "decode": 1}
@@ -689,10 +694,7 @@ def test_from_zero_the_loop_starts_a_decode_worker_before_any_request_finished()
         env.kube.delete("v1", "Pod", NS, f"svc-w-{i}")
     env.reconcile()
     env.tick(0.0)
-    env.router.admission.labels("chat", "queued").inc(5)
-    for _ in range(5):
-        env.router.prompt.labels("chat").observe(200)
-    env.router.queue.labels("chat").set(5)
+    env.queue_at_router(5, 200)
     result = env.tick()
     assert not result.decision.held, result.decision.held
     assert env.pools_spec() == {"prefill": 1, "decode": 1}
