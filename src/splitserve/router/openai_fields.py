@@ -357,13 +357,42 @@ def _used_tools(req: wire.ChatCompletionRequest) -> Iterator[str]:
             yield "messages.tool_call_id"
 
 
+_REFUSABLE: Final = frozenset(
+    (
+        "response_format",
+        "structured_outputs",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "echo",
+        "suffix",
+        "best_of",
+    )
+)
+"""The top-level fields `_used` reads (besides the chat messages' `tool_calls` and
+`tool_call_id`): a request that sets none of them has them all at their defaults, which use
+nothing."""
+
+
 def refusal(req: wire.SamplingFields, engines: Sequence[str]) -> ApiError | None:
     """A 400 naming the first field of `req` that the serving engines cannot honour."""
+    if req.model_fields_set.isdisjoint(_REFUSABLE) and not _history_tools(req):
+        return None  # `_used` finds nothing (most requests): the same answer, cheaper
     name = _offending(req, engines)
     if name is None:
         return None
     table = CHAT if isinstance(req, wire.ChatCompletionRequest) else COMPLETION
     return _refuse(name, table, engines)
+
+
+def _history_tools(req: wire.SamplingFields) -> bool:
+    """Does a chat message carry `tool_calls` or `tool_call_id` (what `_used_tools` reads of
+    the messages)?"""
+    if not isinstance(req, wire.ChatCompletionRequest):
+        return False
+    return any(m.tool_calls or m.tool_call_id is not None for m in req.messages)
 
 
 def _refuse(name: str, table: dict[str, Field], engines: Sequence[str]) -> ApiError:
@@ -515,8 +544,30 @@ def _check_guide(kind: str, value: Any) -> None:
         raise ApiError(400, f"{param} must be {what}", param=param)
 
 
+_KNOB_FIELDS: Final = frozenset(
+    (
+        "logit_bias",
+        "allowed_token_ids",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "bad_words",
+        "stop_token_ids",
+    )
+)
+"""The fields `sampler_knobs` reads."""
+_NO_KNOBS: Final = SamplerKnobs()
+"""What `sampler_knobs` builds for a request that sets none of `_KNOB_FIELDS` (each at its
+default, None): the engine's defaults."""
+
+
 def sampler_knobs(req: wire.SamplingFields) -> SamplerKnobs:
     """The sampler fields of a request. Raises `ApiError` for malformed `logit_bias`."""
+    if req.model_fields_set.isdisjoint(_KNOB_FIELDS):
+        return _NO_KNOBS  # what the lines below build then (most requests), built once
     bias: list[tuple[int, float]] = []
     for key, value in (req.logit_bias or {}).items():
         # ASCII digits only: str.isdigit() also holds for "²", which int() refuses.

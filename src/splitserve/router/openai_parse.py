@@ -39,7 +39,8 @@ def parse_body(
     """`body` validated as `model`; a 400 naming the first bad field. Unknown fields are a 400
     too, unless `allow_unknown` (`edge.allow_unknown_fields`): then they are dropped."""
     try:
-        return model.model_validate(body)
+        # `model.model_validate(body)` without its Python wrapper (which passes these defaults)
+        return model.__pydantic_validator__.validate_python(body)
     except pydantic.ValidationError as err:
         errors = err.errors()
         unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
