@@ -56,8 +56,8 @@ def build(tokenizer: TextTokenizer) -> tuple[openai_api.EdgeApp, Generator]:
     pool = PoolView([], clock=clock, metrics=metrics)
     slo = SloSettings(
         classes=(
-            SloClassSpec(name="interactive", ttftMs=1000, tpotMs=100, priority=10),
-            SloClassSpec(name="batch", ttftMs=10000, tpotMs=500, sheddable=True),
+            SloClassSpec(name="interactive", ttft_ms=1000, tpot_ms=100, priority=10),
+            SloClassSpec(name="batch", ttft_ms=10000, tpot_ms=500, sheddable=True),
         ),
         default_class="interactive",
     )
@@ -123,7 +123,7 @@ def time_route(
         return best / number * 1e6
 
     real = openai_api.OpenAiApi.serve
-    openai_api.OpenAiApi.serve = _empty_serve  # type: ignore[method-assign,assignment]
+    openai_api.OpenAiApi.serve = _empty_serve  # type: ignore[method-assign]
     try:
         return asyncio.run(run())
     finally:
@@ -160,7 +160,9 @@ def main() -> None:
         "orjson.loads(body)": best(lambda: orjson.loads(raw), n * 10, args.repeat),
         "model_validate(dict)": best(lambda: model.model_validate(body), n * 10, args.repeat),
         "parse_body (loads + validate)": best(
-            lambda: parse_body(model, orjson.loads(raw), allow_unknown=False), n * 10
+            lambda: parse_body(model, orjson.loads(raw), allow_unknown=False),
+            n * 10,
+            args.repeat,
         ),
         "refusal": best(lambda: refusal(req, ("sim",)), n * 10, args.repeat),
         "sampler_knobs": best(lambda: sampler_knobs(req), n * 10, args.repeat),
