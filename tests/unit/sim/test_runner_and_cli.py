@@ -392,3 +392,51 @@ def test_a_pool_of_more_replicas_than_the_limit_is_refused(
     assert res.exit_code == 2, res.output
     assert "pools.0.replicas=100000000" in res.output
     assert "10000" in res.output
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        # exit 1 'need 0 < low_rate < high_rate' after the scenario's run, naming no key
+        ({"goodput": {"low_rate": 8.0, "high_rate": 1.0}}, "goodput"),
+        ({"goodput": {"low_rate": 5.0, "high_rate": 5.0}}, "goodput"),
+        # with a goodput search: a StopIteration traceback; without: an empty class table
+        ({"slo_classes": []}, "slo_classes"),
+        # the workload's class was not declared: its requests were scored against nothing (an
+        # empty class table, exit 0; a goodput search saw attainment 0 at every rate)
+        ({"slo_classes": [{"name": "other", "ttft_ms": 50, "tpot_ms": 20}]}, "slo_class"),
+        # the second class of one name silently replaced the first
+        (
+            {
+                "slo_classes": [
+                    {"name": "default", "ttft_ms": 50, "tpot_ms": 20},
+                    {"name": "default", "ttft_ms": 500, "tpot_ms": 200},
+                ]
+            },
+            "slo_classes",
+        ),
+    ],
+)
+def test_a_scenario_whose_classes_or_goodput_cannot_be_scored_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: dict[str, object], named: str
+) -> None:
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, **change))])
+    assert res.exit_code == 2, res.output
+    assert named in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_workload_of_a_declared_class_other_than_the_first_runs(tmp_path: Path) -> None:
+    classes = [
+        {"name": "interactive", "ttft_ms": 50, "tpot_ms": 20},
+        {"name": "batch", "ttft_ms": 5000, "tpot_ms": 200},
+    ]
+    work = {**SCENARIO["workload"], "slo_class": "batch"}  # type: ignore[dict-item]
+    cfg = _scenario(tmp_path, slo_classes=classes, workload=work)
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "| batch | 40 |" in res.output
