@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -440,3 +441,39 @@ def test_a_workload_of_a_declared_class_other_than_the_first_runs(tmp_path: Path
     res = CliRunner().invoke(sim, ["run", str(cfg)])
     assert res.exit_code == 0, res.output
     assert "| batch | 40 |" in res.output
+
+
+def _validate_args(tmp_path: Path) -> list[str]:
+    rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
+    rows = [
+        {"arrival_s": 1.0 + i, "prompt_tokens": 32, "output_tokens": 4, "ttft_s": 0.01}
+        | {"latency_s": 0.05}
+        for i in range(3)
+    ]
+    rec.write_text("".join(f"{json.dumps(r)}\n" for r in rows))
+    cluster.write_text("model: tiny\npools: [{name: mixed, role: mixed, replicas: 1}]\n")
+    return ["validate", str(rec), "--cluster", str(cluster)]
+
+
+@pytest.mark.parametrize(
+    ("files", "flag", "named"),
+    [
+        # each was exit 1 naming neither the option nor (for the speed trace) the file
+        ({"speed.jsonl": '{"t_s": 1}\n'}, "--speed-trace", "speed.jsonl"),
+        ({}, "--run-steps", "no <worker>.steps.csv"),
+        ({"mixed-0.steps.csv": "not,a,steps,file\n"}, "--run-steps", "mixed-0.steps.csv"),
+    ],
+)
+def test_validate_names_the_option_of_a_run_file_it_cannot_read(
+    tmp_path: Path, files: dict[str, str], flag: str, named: str
+) -> None:
+    where = tmp_path / "given"
+    where.mkdir()
+    for name, text in files.items():
+        (where / name).write_text(text)
+    target = where / "speed.jsonl" if flag == "--speed-trace" else where
+    res = CliRunner().invoke(sim, [*_validate_args(tmp_path), flag, str(target)])
+    assert res.exit_code == 2, res.output
+    assert flag in res.output
+    assert named in res.output
+    assert "Traceback" not in res.output
