@@ -20,7 +20,7 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def _snippet() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     shown = [b for b in blocks if "chat.completions.create" in b]
     assert len(shown) == 1, "the README shows one chat-completion snippet"
     return shown[0]
