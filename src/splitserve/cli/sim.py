@@ -237,6 +237,9 @@ def validate_cmd(
             run_speed_steps,
             run_handoff,
         )
+    except runner.RunFileError as err:  # was exit 1 naming neither the option nor the file
+        flag = {"speed_trace": "--speed-trace", "run_steps": "--run-steps"}[err.source]
+        raise click.BadParameter(str(err), param_hint=flag) from None
     except (ConfigError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(text)

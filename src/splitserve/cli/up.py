@@ -315,7 +315,12 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     show_default=True,
     help="sim: the served name; vllm: a Hugging Face model directory.",
 )
-@click.option("--served-model-name", default="", help="Name clients send. Default: --model.")
+@click.option(
+    "--served-model-name",
+    type=NonBlank(),
+    default=None,
+    help="Name clients send. Default: --model.",
+)
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path, exists=True, file_okay=False),

@@ -114,7 +114,9 @@ COMMON: Final[dict[str, Field]] = {
     "min_tokens": Field(
         "acts",
         "accepted",
-        "In P/D the prefill worker's first token counts (it cannot end the request early).",
+        "In P/D the prefill worker's first token counts (it cannot end the request early). "
+        "Above `max_tokens` (chat: `max_completion_tokens` when set) it is a 400, as vLLM "
+        "refuses it.",
     ),
     "bad_words": _SAMPLER,
     "allowed_token_ids": _SAMPLER,
@@ -580,6 +582,19 @@ def sampler_knobs(req: wire.SamplingFields) -> SamplerKnobs:
         bias.append((int(key), value))
     if req.allowed_token_ids is not None and not req.allowed_token_ids:
         raise ApiError(400, "allowed_token_ids must not be empty", param="allowed_token_ids")
+    # As vLLM's SamplingParams refuses it (was served, the vLLM worker clamping min_tokens to
+    # the limit). The limit the request runs under: max_completion_tokens wins in chat.
+    limit_field, limit = "max_tokens", req.max_tokens
+    completion_limit: int | None = getattr(req, "max_completion_tokens", None)
+    if completion_limit is not None:
+        limit_field, limit = "max_completion_tokens", completion_limit
+    if req.min_tokens is not None and limit is not None and req.min_tokens > limit:
+        raise ApiError(
+            400,
+            f"min_tokens: must be less than or equal to {limit_field} ({limit}), "
+            f"got {req.min_tokens}",
+            param="min_tokens",
+        )
     return SamplerKnobs(
         top_k=req.top_k or 0,
         min_p=req.min_p or 0.0,

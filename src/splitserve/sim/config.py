@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitserve.core.errors import ConfigError
 from splitserve.core.ids import PoolName, SloClassName
@@ -127,6 +127,16 @@ class GoodputConfig(BaseModel):
     high_rate: float = Field(gt=0)
     tolerance: float = Field(0.05, gt=0)
 
+    @model_validator(mode="after")
+    def _rates_in_order(self) -> GoodputConfig:
+        # was exit 1 'need 0 < low_rate < high_rate' after the scenario's own run, naming no key
+        if self.low_rate >= self.high_rate:
+            raise ValueError(
+                f"low_rate ({self.low_rate:g}) must be below high_rate ({self.high_rate:g}): "
+                "the search starts between them"
+            )
+        return self
+
 
 class ClusterConfig(BaseModel):
     """The cluster half of a scenario: model, hardware, latency pricing and pools (what
@@ -166,6 +176,24 @@ class ScenarioConfig(ClusterConfig):
     )
     goodput: GoodputConfig | None = None
     """When set, also search the highest rate meeting the first class's attainment target."""
+
+    @model_validator(mode="after")
+    def _workload_class_declared(self) -> ScenarioConfig:
+        """Every request is scored against its class: the workload's class must be declared,
+        once. (An undeclared one scored nothing: an empty class table and, with `goodput`,
+        attainment 0 at every rate; `slo_classes: []` with `goodput` was a StopIteration
+        traceback; a repeated name silently replaced the earlier class.)"""
+        names = [s.name for s in self.slo_classes]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"slo_classes: class {repeated[0]!r} is declared more than once")
+        if self.workload.slo_class not in names:
+            raise ValueError(
+                f"workload.slo_class {self.workload.slo_class!r} is not among slo_classes "
+                f"({', '.join(names) or 'none declared'}): its requests would be scored "
+                "against no target"
+            )
+        return self
 
 
 def _pick(table: Mapping[str, Any], name: str, what: str) -> Any:

@@ -56,6 +56,15 @@ class ScenarioOutput:
     files: tuple[Path, ...]
 
 
+class RunFileError(ValueError):
+    """A file of the recorded run that cannot be read: `source` says which input it came
+    through (`speed_trace` or `run_steps`), so the command can name its option."""
+
+    def __init__(self, source: str, message: str) -> None:
+        super().__init__(message)
+        self.source = source
+
+
 def load_scenario(path: Path) -> ScenarioConfig:
     """The scenario in `path`; a file that is not one is a one-line `ConfigError`."""
     return _validated(path, ScenarioConfig)
@@ -225,13 +234,28 @@ def run_validation(
     side_by_side = False
     note = ""
     if speed_trace is not None:
-        with speed_trace.open() as f:
-            speed = parse_speed_trace(f)
+        try:
+            with speed_trace.open() as f:
+                speed = parse_speed_trace(f)
+        except ValueError as err:
+            raise RunFileError("speed_trace", f"{speed_trace}: {err}") from None
         note = f"Steps scaled by the machine's speed from {speed_trace.name}.\n\n"
     if run_steps is not None:
-        cal = calibrate_from_dir(
-            spec, rec, run_steps, run_speed, run_gaps, run_overheads, run_speed_steps, run_handoff
-        )
+        try:
+            cal = calibrate_from_dir(
+                spec,
+                rec,
+                run_steps,
+                run_speed,
+                run_gaps,
+                run_overheads,
+                run_speed_steps,
+                run_handoff,
+            )
+        except RunFileError:
+            raise
+        except ValueError as err:  # a step log or kv_pulls.jsonl it cannot read
+            raise RunFileError("run_steps", str(err)) from None
         spec, pool_speed, overhead = cal.spec, cal.pool_speed, cal.request_overhead_s
         cold = cal.first_request_extra_s
         side_by_side = cal.side_by_side_transfers
@@ -263,7 +287,7 @@ def calibrate_from_dir(
     recorded without it says so in the report: the link prices the transfers)."""
     files = sorted(run_steps.glob("*.steps.csv"))
     if not files:
-        raise ValueError(f"no <worker>.steps.csv in {run_steps}")
+        raise RunFileError("run_steps", f"no <worker>.steps.csv in {run_steps}")
     steps = {}
     for path in files:
         try:

@@ -47,6 +47,9 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
         # up started both workers, then the router's child failed naming `model_name`
         (["--model", ""], "--model"),
         (["--model", " "], "--model"),
+        # "" silently served --model's name; " " started the stack under a blank name
+        (["--served-model-name", ""], "--served-model-name"),
+        (["--served-model-name", " "], "--served-model-name"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:

@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,87 @@ def test_a_pool_of_more_replicas_than_the_limit_is_refused(
     assert res.exit_code == 2, res.output
     assert "pools.0.replicas=100000000" in res.output
     assert "10000" in res.output
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        # exit 1 'need 0 < low_rate < high_rate' after the scenario's run, naming no key
+        ({"goodput": {"low_rate": 8.0, "high_rate": 1.0}}, "goodput"),
+        ({"goodput": {"low_rate": 5.0, "high_rate": 5.0}}, "goodput"),
+        # with a goodput search: a StopIteration traceback; without: an empty class table
+        ({"slo_classes": []}, "slo_classes"),
+        # the workload's class was not declared: its requests were scored against nothing (an
+        # empty class table, exit 0; a goodput search saw attainment 0 at every rate)
+        ({"slo_classes": [{"name": "other", "ttft_ms": 50, "tpot_ms": 20}]}, "slo_class"),
+        # the second class of one name silently replaced the first
+        (
+            {
+                "slo_classes": [
+                    {"name": "default", "ttft_ms": 50, "tpot_ms": 20},
+                    {"name": "default", "ttft_ms": 500, "tpot_ms": 200},
+                ]
+            },
+            "slo_classes",
+        ),
+    ],
+)
+def test_a_scenario_whose_classes_or_goodput_cannot_be_scored_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: dict[str, object], named: str
+) -> None:
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, **change))])
+    assert res.exit_code == 2, res.output
+    assert named in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_workload_of_a_declared_class_other_than_the_first_runs(tmp_path: Path) -> None:
+    classes = [
+        {"name": "interactive", "ttft_ms": 50, "tpot_ms": 20},
+        {"name": "batch", "ttft_ms": 5000, "tpot_ms": 200},
+    ]
+    work = {**SCENARIO["workload"], "slo_class": "batch"}  # type: ignore[dict-item]
+    cfg = _scenario(tmp_path, slo_classes=classes, workload=work)
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "| batch | 40 |" in res.output
+
+
+def _validate_args(tmp_path: Path) -> list[str]:
+    rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"
+    rows = [
+        {"arrival_s": 1.0 + i, "prompt_tokens": 32, "output_tokens": 4, "ttft_s": 0.01}
+        | {"latency_s": 0.05}
+        for i in range(3)
+    ]
+    rec.write_text("".join(f"{json.dumps(r)}\n" for r in rows))
+    cluster.write_text("model: tiny\npools: [{name: mixed, role: mixed, replicas: 1}]\n")
+    return ["validate", str(rec), "--cluster", str(cluster)]
+
+
+@pytest.mark.parametrize(
+    ("files", "flag", "named"),
+    [
+        # each was exit 1 naming neither the option nor (for the speed trace) the file
+        ({"speed.jsonl": '{"t_s": 1}\n'}, "--speed-trace", "speed.jsonl"),
+        ({}, "--run-steps", "no <worker>.steps.csv"),
+        ({"mixed-0.steps.csv": "not,a,steps,file\n"}, "--run-steps", "mixed-0.steps.csv"),
+    ],
+)
+def test_validate_names_the_option_of_a_run_file_it_cannot_read(
+    tmp_path: Path, files: dict[str, str], flag: str, named: str
+) -> None:
+    where = tmp_path / "given"
+    where.mkdir()
+    for name, text in files.items():
+        (where / name).write_text(text)
+    target = where / "speed.jsonl" if flag == "--speed-trace" else where
+    res = CliRunner().invoke(sim, [*_validate_args(tmp_path), flag, str(target)])
+    assert res.exit_code == 2, res.output
+    assert flag in res.output
+    assert named in res.output
+    assert "Traceback" not in res.output
