@@ -414,3 +414,70 @@ def test_backend_discovery_settings_reach_the_router(tmp_path: Path) -> None:
         8443,
         "https",
     )
+
+
+def test_an_edit_of_an_llmpools_bounds_is_put_back_and_said() -> None:
+    """The LLMPool's minReplicas / maxReplicas are written from the service's pools: an edit of
+    them on the LLMPool is put back at the next reconcile, with a Warning Event and the
+    SpecApplied condition naming the field and where to change it (it was put back silently).
+    A change of the service's bounds reaches the pool with no such warning."""
+    kube, workers = MemoryKube(), FakeWorkers()
+    make_service(kube, pools={"prefill": {"replicas": 1}, "decode": {"replicas": 2}})
+    add_pods(kube, 3)
+    run(kube, workers)
+    run(kube, workers)
+
+    def pool() -> dict[str, Any]:
+        obj = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+        assert obj is not None
+        spec: dict[str, Any] = obj["spec"]
+        return spec
+
+    def warnings() -> list[str]:
+        """The BoundsReverted Events (beside the one the SpecApplied transition posts)."""
+        return [
+            e["message"]
+            for e in kube.list("v1", "Event", NS)
+            if e["reason"] == "BoundsReverted" and not e["message"].startswith("SpecApplied=")
+        ]
+
+    def applied() -> dict[str, Any]:
+        svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+        assert svc is not None
+        return next(c for c in svc["status"]["conditions"] if c["type"] == "SpecApplied")
+
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {"spec": {"pools": {"decode": {"maxReplicas": 4}}}},
+    )
+    run(kube, workers)
+    assert (pool()["minReplicas"], pool()["maxReplicas"]) == (0, 4)
+    assert warnings() == []
+    assert applied()["status"] == "True"
+
+    kube.patch(
+        v1.API_VERSION, "LLMPool", NS, "tiny-decode", {"spec": {"minReplicas": 2, "maxReplicas": 9}}
+    )
+    run(kube, workers)
+    assert (pool()["minReplicas"], pool()["maxReplicas"]) == (0, 4)
+    [message] = warnings()
+    assert "LLMPool tiny-decode spec.minReplicas 2, spec.maxReplicas 9" in message
+    assert "put back to 0, 4" in message
+    assert "spec.pools.decode" in message
+    assert (applied()["status"], applied()["reason"]) == ("False", "BoundsReverted")
+    run(kube, workers)  # still explained, not warned again ...
+    assert applied()["reason"] == "BoundsReverted"
+    assert len(warnings()) == 1
+    kube.patch(
+        v1.API_VERSION,
+        "LLMService",
+        NS,
+        "tiny",
+        {"spec": {"pools": {"decode": {"maxReplicas": 5}}}},
+    )
+    run(kube, workers)  # ... until the service changes
+    assert applied()["status"] == "True"
+    assert len(warnings()) == 1
