@@ -1688,15 +1688,31 @@ class LLMServiceStatus(Model):
 # LLMPool
 
 
+def _immutable(field: str) -> JsonValue:
+    """A CEL transition rule: the API server refuses a change of `field` (pydantic sees one
+    object only; the operator never changes these, it names the pool after them)."""
+    return {
+        "rule": "self == oldSelf",
+        "message": f"{field} cannot change: the operator creates each LLMPool for one "
+        "LLMService and role (`<service>-<role>`); edit the LLMService's spec.pools instead",
+    }
+
+
 class LLMPoolSpec(Model):
     """The size of one role of one `LLMService`. Scale it with `kubectl scale llmpool/...`."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_MIN_MAX_RULE]})
 
-    service: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
-    """The `LLMService` this pool belongs to (same namespace)."""
-    role: Role
-    """The role of the pool's workers."""
+    service: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL,
+        json_schema_extra={"x-kubernetes-validations": [_immutable("service")]},
+    )
+    """The `LLMService` this pool belongs to (same namespace). Set by the operator; a change is
+    refused."""
+    role: Role = Field(json_schema_extra={"x-kubernetes-validations": [_immutable("role")]})
+    """The role of the pool's workers. Set by the operator; a change is refused."""
     replicas: int = Field(0, ge=0, le=10000)
     """Desired workers in the role (the `/scale` subresource's `spec.replicas`)."""
     min_replicas: int = Field(0, ge=0, le=10000)

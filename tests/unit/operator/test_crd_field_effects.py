@@ -481,3 +481,26 @@ def test_an_edit_of_an_llmpools_bounds_is_put_back_and_said() -> None:
     run(kube, workers)  # ... until the service changes
     assert applied()["status"] == "True"
     assert len(warnings()) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "old", "new"), [("service", "tiny", "other"), ("role", "decode", "prefill")]
+)
+def test_an_llmpools_service_and_role_cannot_change(field: str, old: str, new: str) -> None:
+    """The operator writes an LLMPool's service and role once, from its name, and puts an edit
+    back at the next reconcile (silently, it was); the API server now refuses the edit, naming
+    the field (a CEL transition rule: `oldSelf` is the stored object)."""
+    celpy = pytest.importorskip("celpy")
+    from splitserve.api import crds
+
+    node = crds.openapi_schema(crds.LLM_POOL)["properties"]["spec"]["properties"][field]
+    rules = node.get("x-kubernetes-validations", [])
+    assert rules, f"spec.{field} has no rule"
+    env = celpy.Environment()
+    for rule in rules:
+        assert field in rule["message"]
+        program = env.program(env.compile(rule["rule"]))
+        same = {"self": celpy.json_to_cel(old), "oldSelf": celpy.json_to_cel(old)}
+        changed = {"self": celpy.json_to_cel(new), "oldSelf": celpy.json_to_cel(old)}
+        assert program.evaluate(same)
+        assert not program.evaluate(changed)
