@@ -504,3 +504,69 @@ def test_an_llmpools_service_and_role_cannot_change(field: str, old: str, new: s
         changed = {"self": celpy.json_to_cel(new), "oldSelf": celpy.json_to_cel(old)}
         assert program.evaluate(same)
         assert not program.evaluate(changed)
+
+
+@pytest.mark.parametrize(
+    ("network_policy", "named"),
+    [
+        ({"enabled": False, "routerFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}, "routerFrom"),
+        ({"enabled": False, "metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}, "metricsFrom"),
+        ({"enabled": False, "operatorLabels": {"app": "my-operator"}}, "operatorLabels"),
+    ],
+    ids=["router-from", "metrics-from", "operator-labels"],
+)
+def test_network_policy_settings_beside_enabled_false_are_refused(
+    network_policy: dict[str, Any], named: str
+) -> None:
+    """With `networkPolicy.enabled: false` no NetworkPolicy is rendered, so routerFrom,
+    metricsFrom and operatorLabels did nothing (accepted silently); both sides refuse them,
+    naming the field. The default operatorLabels beside false is no setting: accepted."""
+    pytest.importorskip("celpy")
+    from pydantic import ValidationError
+
+    from tests.unit.api.test_api_cel import cel_accepts, decode_spec, pydantic_accepts
+
+    spec = decode_spec(networkPolicy=network_policy)
+    assert cel_accepts(spec) is False
+    with pytest.raises(ValidationError, match=rf"networkPolicy\.{named}: read only with"):
+        v1.LLMServiceSpec.model_validate(spec)
+    for ok in (
+        {**network_policy, "enabled": True},
+        {"enabled": False},
+        {"enabled": False, "operatorLabels": dict(v1.OPERATOR_LABELS)},
+    ):
+        assert cel_accepts(decode_spec(networkPolicy=ok)), ok
+        assert pydantic_accepts(decode_spec(networkPolicy=ok)), ok
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"name": "m", "source": "org/m", "revision": "v1"},
+        {"name": "m", "source": "hf://org/m@v1"},
+        {"name": "m", "source": "org/m@v1"},
+    ],
+    ids=["revision", "hf-at-revision", "bare-at-revision"],
+)
+def test_a_model_revision_with_the_sim_engine_is_refused(model: dict[str, Any]) -> None:
+    """The sim engine loads no weights and its router the local tokenizer (unless
+    model.tokenizer): a revision was passed to nothing. Both sides refuse it, naming it; the
+    same model with vLLM passes, and a sim source without a revision too."""
+    pytest.importorskip("celpy")
+    from pydantic import ValidationError
+
+    from tests.unit.api.test_api_cel import cel_accepts, decode_spec, pydantic_accepts
+
+    sim = decode_spec(model=model, engine={"image": "i", "kind": "sim"})
+    assert cel_accepts(sim) is False
+    with pytest.raises(ValidationError, match=r"model\.revision: the sim engine"):
+        v1.LLMServiceSpec.model_validate(sim)
+    vllm = decode_spec(model=model, engine={"image": "i", "kind": "vllm"})
+    assert cel_accepts(vllm)
+    assert pydantic_accepts(vllm)
+    for source in ("org/m", "hf://org/m", "pvc://claim/m", "oci://reg/m@sha256:ab", "/w"):
+        plain = decode_spec(
+            model={"name": "m", "source": source}, engine={"image": "i", "kind": "sim"}
+        )
+        assert cel_accepts(plain), source
+        assert pydantic_accepts(plain), source
