@@ -292,7 +292,7 @@ def test_flipping_settings_reach_the_flip_planner() -> None:
     maxConcurrent 2 both flip in one pass; with maxConcurrent 1 one flips first; with flipping
     disabled none flips (the pools change size by pods only)."""
 
-    def flipped(flipping: dict[str, Any]) -> list[str | None]:
+    def flipped(flipping: dict[str, Any]) -> list[str]:
         kube, workers = MemoryKube(), FakeWorkers()
         make_service(
             kube, pools={"prefill": {"replicas": 1}, "decode": {"replicas": 3}}, flipping=flipping
@@ -570,3 +570,24 @@ def test_a_model_revision_with_the_sim_engine_is_refused(model: dict[str, Any]) 
         )
         assert cel_accepts(plain), source
         assert pydantic_accepts(plain), source
+
+
+def test_the_attainment_target_decides_slo_at_risk() -> None:
+    """80 % of the class's requests meet their SLO: at risk against a 95 % target, not against
+    70 % (the observed latencies are well within the targets either way)."""
+
+    def at_risk(attainment: float) -> dict[str, Any]:
+        env = Env(
+            sloClasses=[{"name": "chat", "ttftMs": 2000, "tpotMs": 100, "attainment": attainment}]
+        )
+        env.tick(0.0)
+        for _ in range(2):
+            env.router.serve(16, met=False, prompt=500, output=100)
+            env.tick(n=64, prompt=500, output=100)
+        assert env.status()["sloClasses"][0]["attainment"] == 0.8
+        return env.condition("SLOAtRisk")
+
+    assert at_risk(0.7)["status"] == "False"
+    risky = at_risk(0.95)
+    assert risky["status"] == "True"
+    assert risky["message"].startswith("class chat: attainment 80.0% < 95%")
