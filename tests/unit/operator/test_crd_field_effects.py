@@ -164,22 +164,25 @@ def test_group_resources_and_node_selector_reach_the_worker_pod() -> None:
 # --- pools -----------------------------------------------------------------------------------
 
 
-def test_pool_bounds_reach_the_llmpools() -> None:
+@pytest.mark.parametrize("role", ["prefill", "decode", "mixed"])
+def test_pool_bounds_reach_the_llmpools(role: str) -> None:
+    """Each role's pool: replicas, minReplicas and maxReplicas on its LLMPool, replicas in the
+    size of the group serving it; maxReplicas left out stays out."""
+    other = "decode" if role != "decode" else "prefill"
     spec = make_spec(
-        pools={
-            "prefill": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4},
-            "decode": {"replicas": 1},
-        }
+        workerGroups=[{"name": "gpu", "roles": [role, other], "gpus": 1}],
+        pools={role: {"replicas": 2, "minReplicas": 1, "maxReplicas": 4}, other: {"replicas": 3}},
     )
     out = objects(spec)
-    assert out[("LLMPool", "llama-prefill")]["spec"] == {
+    assert out[("LLMPool", f"llama-{role}")]["spec"] == {
         "service": "llama",
-        "role": "prefill",
+        "role": role,
         "replicas": 2,
         "minReplicas": 1,
         "maxReplicas": 4,
     }
-    assert "maxReplicas" not in out[("LLMPool", "llama-decode")]["spec"]
+    assert "maxReplicas" not in out[("LLMPool", f"llama-{other}")]["spec"]
+    assert out[("Deployment", "llama-gpu")]["spec"]["replicas"] == 5
 
 
 # --- SLO classes -----------------------------------------------------------------------------
