@@ -734,7 +734,9 @@ class ModelSpec(Model):
     tokenizer: str | None = Field(None, max_length=1024)
     """Tokenizer repository id or path, when it differs from `source`."""
     auth_secret: SecretKeyRef | None = None
-    """Secret key holding the Hugging Face token (`HF_TOKEN` in the download Job and workers)."""
+    """Secret key holding the Hugging Face token (`HF_TOKEN` in the download Job, the workers and
+    the router). With `engine.kind: sim` only the router reads it, for a Hugging Face
+    `tokenizer`: refused without one."""
     cache: ModelCacheSpec | None = None
     """Download an `hf://` model once into a shared volume; workers then load it without network."""
 
@@ -1417,6 +1419,14 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
         "nothing (engine.kind vllm)",
     },
     {
+        "rule": "!has(self.engine.kind) || self.engine.kind != 'sim' || !has(self.model.authSecret)"
+        " || (has(self.model.tokenizer) && self.model.tokenizer != ''"
+        " && !self.model.tokenizer.startsWith('/'))",
+        "message": "model.authSecret: the sim engine downloads nothing and its router reads "
+        "HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): remove it, or "
+        "name the tokenizer's repository",
+    },
+    {
         "rule": "!has(self.planner) || !has(self.planner.mode) || self.planner.mode != 'Apply'"
         " || (has(self.scaling) && has(self.scaling.mode) && self.scaling.mode == 'Manual')",
         "message": "planner.mode Apply needs scaling.mode Manual (Managed: the autoscaler sizes "
@@ -1596,6 +1606,13 @@ class LLMServiceSpec(Model):
                     "model.revision: the sim engine loads no weights and its router the local "
                     "tokenizer, so a revision (model.revision, or @revision in model.source) is "
                     "read by nothing (engine.kind vllm)"
+                )
+            tokenizer = self.model.tokenizer
+            if self.model.auth_secret is not None and (not tokenizer or tokenizer[0] == "/"):
+                raise ValueError(
+                    "model.authSecret: the sim engine downloads nothing and its router reads "
+                    "HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): "
+                    "remove it, or name the tokenizer's repository"
                 )
             # Its workers refuse arguments after `--` (`worker serve`); they were ignored.
             given = ["engine.args"] if self.engine.args else []

@@ -594,3 +594,35 @@ def test_the_attainment_target_decides_slo_at_risk() -> None:
     risky = at_risk(0.95)
     assert risky["status"] == "True"
     assert risky["message"].startswith("class chat: attainment 80.0% < 95%")
+
+
+def test_an_auth_secret_the_sim_engine_never_reads_is_refused() -> None:
+    """With the sim engine the workers download nothing and the router loads the local
+    tokenizer unless model.tokenizer names a Hugging Face repository: HF_TOKEN was mounted for
+    nothing. Both sides refuse model.authSecret then; with a hub tokenizer (the router
+    downloads it) or with vLLM it acts."""
+    pytest.importorskip("celpy")
+    from pydantic import ValidationError
+
+    from tests.unit.api.test_api_cel import cel_accepts, decode_spec, pydantic_accepts
+
+    secret = {"name": "hf", "key": "token"}
+    sim = {"image": "i", "kind": "sim"}
+    for tokenizer in (None, "/tok"):
+        model = {"name": "m", "source": "org/m", "authSecret": secret}
+        if tokenizer is not None:
+            model["tokenizer"] = tokenizer
+        spec = decode_spec(model=model, engine=sim)
+        assert cel_accepts(spec) is False, tokenizer
+        with pytest.raises(ValidationError, match=r"model\.authSecret: the sim engine"):
+            v1.LLMServiceSpec.model_validate(spec)
+    hub = decode_spec(
+        model={"name": "m", "source": "org/m", "authSecret": secret, "tokenizer": "org/tok"},
+        engine=sim,
+    )
+    vllm = decode_spec(model={"name": "m", "source": "org/m", "authSecret": secret})
+    for ok in (hub, vllm):
+        assert cel_accepts(ok), ok
+        assert pydantic_accepts(ok), ok
+    router = router_pod(v1.LLMServiceSpec.model_validate(hub))
+    assert env_of(router["containers"][0])["HF_TOKEN"] == {"secretKeyRef": secret}
