@@ -351,6 +351,7 @@ def reference_markdown(kinds: tuple[Kind, ...] = KINDS) -> str:
         "The same text is served by `kubectl explain`"
         " (e.g. `kubectl explain llmservice.spec.pools`).",
         "Cross-field rules are enforced by the API server (CEL) and listed under each kind.",
+        "What each field does, and the test that shows it: [crd-fields.md](crd-fields.md).",
         "",
     ]
     for kind in kinds:

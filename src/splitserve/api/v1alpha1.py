@@ -729,11 +729,14 @@ class ModelSpec(Model):
     `oci://registry/repository:tag` (an image volume) or `file:///path` in the pod. Without a
     scheme: a Hugging Face repository id, or an absolute path."""
     revision: str | None = Field(None, max_length=253)
-    """Revision (branch, tag or commit) of `source`; every worker of the service must share it."""
+    """Revision (branch, tag or commit) of `source`; every worker of the service must share it.
+    vLLM only: refused with `engine.kind: sim` (as an `@revision` in `source` is)."""
     tokenizer: str | None = Field(None, max_length=1024)
     """Tokenizer repository id or path, when it differs from `source`."""
     auth_secret: SecretKeyRef | None = None
-    """Secret key holding the Hugging Face token (`HF_TOKEN` in the download Job and workers)."""
+    """Secret key holding the Hugging Face token (`HF_TOKEN` in the download Job, the workers and
+    the router). With `engine.kind: sim` only the router reads it, for a Hugging Face
+    `tokenizer`: refused without one."""
     cache: ModelCacheSpec | None = None
     """Download an `hf://` model once into a shared volume; workers then load it without network."""
 
@@ -1407,6 +1410,23 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
         "engine.kind vllm only; the sim engine takes none",
     },
     {
+        "rule": "!has(self.engine.kind) || self.engine.kind != 'sim' || ("
+        "!has(self.model.revision) && !(self.model.source.contains('@') && "
+        "(self.model.source.startsWith('hf://') || (!self.model.source.contains('://')"
+        " && !self.model.source.startsWith('/')))))",
+        "message": "model.revision: the sim engine loads no weights and its router the local "
+        "tokenizer, so a revision (model.revision, or @revision in model.source) is read by "
+        "nothing (engine.kind vllm)",
+    },
+    {
+        "rule": "!has(self.engine.kind) || self.engine.kind != 'sim' || !has(self.model.authSecret)"
+        " || (has(self.model.tokenizer) && self.model.tokenizer != ''"
+        " && !self.model.tokenizer.startsWith('/'))",
+        "message": "model.authSecret: the sim engine downloads nothing and its router reads "
+        "HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): remove it, or "
+        "name the tokenizer's repository",
+    },
+    {
         "rule": "!has(self.planner) || !has(self.planner.mode) || self.planner.mode != 'Apply'"
         " || (has(self.scaling) && has(self.scaling.mode) && self.scaling.mode == 'Manual')",
         "message": "planner.mode Apply needs scaling.mode Manual (Managed: the autoscaler sizes "
@@ -1432,26 +1452,73 @@ class NetworkPeer(Model):
     """Addresses in this range."""
 
 
+OPERATOR_LABELS: Final = {
+    "app.kubernetes.io/name": "splitserve",
+    "app.kubernetes.io/component": "operator",
+}
+"""The chart's operator pod labels: `networkPolicy.operatorLabels`' default."""
+
+# With `enabled: false` nothing reads the peers: refused unless left out (or the default).
+_NETWORK_POLICY_OFF: Final = (
+    "!has(self.enabled) || self.enabled || ("
+    "(!has(self.routerFrom) || size(self.routerFrom) == 0)"
+    " && (!has(self.metricsFrom) || size(self.metricsFrom) == 0)"
+    " && (!has(self.operatorLabels) || (size(self.operatorLabels) == 2"
+    + "".join(f" && '{k}' in self.operatorLabels" for k in OPERATOR_LABELS)
+    + "".join(f" && self.operatorLabels['{k}'] == '{v}'" for k, v in OPERATOR_LABELS.items())
+    + ")))"
+)
+
+
 class NetworkPolicySpec(Model):
     """The NetworkPolicies the operator renders for the service (docs/security.md)."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": _NETWORK_POLICY_OFF,
+                    "message": "routerFrom, metricsFrom, operatorLabels: read only with enabled "
+                    "true (with false no NetworkPolicy is rendered): remove them or set enabled: "
+                    "true",
+                }
+            ]
+        }
+    )
+
     enabled: bool = True
     """Render them; false for clusters without a NetworkPolicy controller (they would be
-    ignored there anyway) or where you manage your own."""
+    ignored there anyway) or where you manage your own. With false, `routerFrom`, `metricsFrom`
+    and a non-default `operatorLabels` are refused (nothing reads them)."""
     router_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
     """Who may reach the router's HTTP and gRPC ports; empty: anyone (the router authenticates
     clients with API keys, `router.apiKeySecret`). The operator's pods (`operatorLabels`) may
     reach the HTTP port either way: its control loop scrapes the routers' `/metrics`."""
-    operator_labels: dict[str, str] = Field(
-        default_factory=lambda: {
-            "app.kubernetes.io/name": "splitserve",
-            "app.kubernetes.io/component": "operator",
-        }
-    )
+    operator_labels: dict[str, str] = Field(default_factory=lambda: dict(OPERATOR_LABELS))
     """Labels of the operator's pods (any namespace): they may reach the workers' gRPC port."""
     metrics_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
     """Who may scrape the workers' metrics port; empty: anyone (metrics carry no prompt or
     user data)."""
+
+    @model_validator(mode="after")
+    def _read_only_when_enabled(self) -> NetworkPolicySpec:
+        if self.enabled:
+            return self
+        given = [
+            f"networkPolicy.{name}"
+            for name, unused in (
+                ("routerFrom", bool(self.router_from)),
+                ("metricsFrom", bool(self.metrics_from)),
+                ("operatorLabels", self.operator_labels != OPERATOR_LABELS),
+            )
+            if unused
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: read only with networkPolicy.enabled true (with false no "
+                "NetworkPolicy is rendered): remove them or set enabled: true"
+            )
+        return self
 
 
 class TracingSpec(Model):
@@ -1533,6 +1600,20 @@ class LLMServiceSpec(Model):
                 raise ValueError("kvTransfer: the sim engine moves no KV caches (engine.kind vllm)")
             if self.model.cache is not None:
                 raise ValueError("model.cache: the sim engine loads no weights (engine.kind vllm)")
+            source = self.model.parsed_source()
+            if self.model.revision is not None or source.revision is not None:
+                raise ValueError(
+                    "model.revision: the sim engine loads no weights and its router the local "
+                    "tokenizer, so a revision (model.revision, or @revision in model.source) is "
+                    "read by nothing (engine.kind vllm)"
+                )
+            tokenizer = self.model.tokenizer
+            if self.model.auth_secret is not None and (not tokenizer or tokenizer[0] == "/"):
+                raise ValueError(
+                    "model.authSecret: the sim engine downloads nothing and its router reads "
+                    "HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): "
+                    "remove it, or name the tokenizer's repository"
+                )
             # Its workers refuse arguments after `--` (`worker serve`); they were ignored.
             given = ["engine.args"] if self.engine.args else []
             given += [
@@ -1688,15 +1769,31 @@ class LLMServiceStatus(Model):
 # LLMPool
 
 
+def _immutable(field: str) -> JsonValue:
+    """A CEL transition rule: the API server refuses a change of `field` (pydantic sees one
+    object only; the operator never changes these, it names the pool after them)."""
+    return {
+        "rule": "self == oldSelf",
+        "message": f"{field} cannot change: the operator creates each LLMPool for one "
+        "LLMService and role (`<service>-<role>`); edit the LLMService's spec.pools instead",
+    }
+
+
 class LLMPoolSpec(Model):
     """The size of one role of one `LLMService`. Scale it with `kubectl scale llmpool/...`."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_MIN_MAX_RULE]})
 
-    service: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
-    """The `LLMService` this pool belongs to (same namespace)."""
-    role: Role
-    """The role of the pool's workers."""
+    service: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL,
+        json_schema_extra={"x-kubernetes-validations": [_immutable("service")]},
+    )
+    """The `LLMService` this pool belongs to (same namespace). Set by the operator; a change is
+    refused."""
+    role: Role = Field(json_schema_extra={"x-kubernetes-validations": [_immutable("role")]})
+    """The role of the pool's workers. Set by the operator; a change is refused."""
     replicas: int = Field(0, ge=0, le=10000)
     """Desired workers in the role (the `/scale` subresource's `spec.replicas`)."""
     min_replicas: int = Field(0, ge=0, le=10000)

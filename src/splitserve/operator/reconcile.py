@@ -288,6 +288,11 @@ def _reconcile(
         if group is not None and held.get(group):
             # Drain first: the Deployment shrinks only by the workers already drained.
             manifest["spec"]["replicas"] += held[group]
+        if manifest["kind"] == "LLMPool":
+            edited = _bounds_edited(manifest, pools.get(Role(manifest["spec"]["role"])))
+            if edited is not None:
+                event("Warning", "BoundsReverted", edited)
+                overrides.append(("BoundsReverted", edited))
         if manifest["kind"] == "LLMPool" and spec.scaling.mode is v1.ScalingMode.MANAGED:
             role = Role(manifest["spec"]["role"])
             have = pool_replicas.get(role)
@@ -430,6 +435,33 @@ def render_group(manifest: Mapping[str, Any], spec: v1.LLMServiceSpec, service: 
     return None
 
 
+_BOUNDS: Final = ("minReplicas", "maxReplicas")
+
+
+def _bounds_edited(manifest: Obj, live: Obj | None) -> str | None:
+    """Why an `LLMPool`'s `minReplicas` / `maxReplicas` are being put back, if someone else
+    edited them: they are written from the service's `spec.pools.<role>`. The pool's spec
+    changed since the operator last wrote its status (`observedGeneration` behind `generation`:
+    not the operator's own write) and a bound differs from the service's."""
+    if live is None:
+        return None
+    seen = (live.get("status") or {}).get("observedGeneration")
+    if seen is None or seen == live["metadata"].get("generation"):
+        return None
+    have, want = live.get("spec") or {}, manifest["spec"]
+    changed = [k for k in _BOUNDS if have.get(k) != want.get(k)]
+    if not changed:
+        return None
+    name, role = manifest["metadata"]["name"], manifest["spec"]["role"]
+    edits = ", ".join(f"spec.{k} {have.get(k, 'unset')}" for k in changed)
+    back = ", ".join(str(want.get(k, "unset")) for k in changed)
+    verb = "was" if len(changed) == 1 else "were"
+    return (
+        f"LLMPool {name} {edits} {verb} put back to {back}: a pool's bounds come from the "
+        f"LLMService's spec.pools.{role}; edit the LLMService to change them"
+    )
+
+
 def _overrides(
     spec: v1.LLMServiceSpec,
     service: str,
@@ -458,7 +490,7 @@ def _overrides(
                 )
     # A revert stays explained until the service changes.
     for c in previous.conditions if previous else []:
-        kept = c.type == "SpecApplied" and c.reason == "ScaleReverted"
+        kept = c.type == "SpecApplied" and c.reason in ("ScaleReverted", "BoundsReverted")
         if kept and c.observed_generation == generation:
             out.append((c.reason, c.message))
     return out
@@ -466,7 +498,8 @@ def _overrides(
 
 WARNING_REASONS: Final = frozenset(
     {*status.HINTS, "InvalidSpec", "Forbidden", "Invalid", "BadRequest", "NotFound", "Conflict"}
-    | {"ApiError", "ServerError", "TooManyRequests", "ScaleReverted", "PoolReplicasDecide"}
+    | {"ApiError", "ServerError", "TooManyRequests", "ScaleReverted", "BoundsReverted"}
+    | {"PoolReplicasDecide"}
 )
 
 

@@ -84,7 +84,12 @@ def test_the_sim_engine_still_takes_its_own_flags(started: list[Any]) -> None:
 def _spec(kind: str) -> v1.LLMServiceSpec:
     return v1.LLMServiceSpec.model_validate(
         {
-            "model": {"name": "m", "source": "hf://a/b@v3", "tokenizer": "a/b"},
+            # The sim engine refuses a revision (it loads no weights): vLLM's only.
+            "model": {
+                "name": "m",
+                "source": "hf://a/b@v3" if kind == "vllm" else "hf://a/b",
+                "tokenizer": "a/b",
+            },
             "engine": {"kind": kind, "image": "img:1"},
             "workerGroups": [{"name": "g", "roles": ["prefill", "decode"], "gpus": 1}],
             "pools": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
@@ -93,8 +98,8 @@ def _spec(kind: str) -> v1.LLMServiceSpec:
 
 
 def test_the_operators_sim_worker_command_line_is_accepted(started: list[Any]) -> None:
-    """A sim LLMService with a revision and a tokenizer (the router's) renders no vLLM-only
-    flag for its workers, so they start; a vLLM one keeps them."""
+    """A sim LLMService with a tokenizer (the router's) renders no vLLM-only flag for its
+    workers, so they start; a vLLM one (with a revision) keeps them."""
     sim = _spec("sim")
     args = render.worker_args(sim, sim.worker_groups[0])
     assert not [a for a in args if a.startswith(("--revision", "--tokenizer", "--nixl-port"))]

@@ -26,6 +26,10 @@ def make_spec(**overrides: Any) -> v1.LLMServiceSpec:
     return v1.LLMServiceSpec.model_validate(spec)
 
 
+SIM_MODEL: dict[str, Any] = {"name": "llama-8b", "source": "hf://meta/llama"}
+"""`make_spec`'s model without its revision: the sim engine refuses one (it loads no weights)."""
+
+
 def objects(spec: v1.LLMServiceSpec) -> dict[tuple[str, str], render.Manifest]:
     return {
         (m["kind"], m["metadata"]["name"]): m for m in render.render(spec, render.Observed(REF))
@@ -480,7 +484,7 @@ def test_vllm_cpu_workers_keep_their_kv_cache_in_huge_pages() -> None:
     env = env_of(worker_pod(make_spec(**cpu), "cpu")["containers"][0])
     assert env["THP_MEM_ALLOC_ENABLE"] == "1"
     assert "THP_MEM_ALLOC_ENABLE" not in env_of(worker_pod(make_spec())["containers"][0])
-    sim = make_spec(**cpu, engine={"kind": "sim", "image": "img:1"})
+    sim = make_spec(**cpu, engine={"kind": "sim", "image": "img:1"}, model=SIM_MODEL)
     assert "THP_MEM_ALLOC_ENABLE" not in env_of(worker_pod(sim, "cpu")["containers"][0])
     own = make_spec(
         **cpu,
@@ -521,14 +525,16 @@ def test_sim_engine_refuses_engine_args_naming_each_field() -> None:
         {"name": "b", "roles": ["decode"]},
     ]
     with pytest.raises(ValidationError) as err:
-        make_spec(engine={**base, "args": ["--max-model-len", "8"]}, workerGroups=groups)
+        make_spec(
+            engine={**base, "args": ["--max-model-len", "8"]}, workerGroups=groups, model=SIM_MODEL
+        )
     assert validate.spec_errors(err.value) == [
         "spec: engine.args, workerGroups[a].engineArgs: engine arguments apply to engine.kind "
         "vllm only; the sim engine takes none"
     ]
     with pytest.raises(ValidationError, match=r"^(?s:.*)workerGroups\[a\]\.engineArgs: engine"):
-        make_spec(engine=base, workerGroups=groups)
-    assert make_spec(engine=base).engine.args == []
+        make_spec(engine=base, workerGroups=groups, model=SIM_MODEL)
+    assert make_spec(engine=base, model=SIM_MODEL).engine.args == []
     vllm = make_spec(engine={"image": "i", "args": ["--max-model-len", "8"]}, workerGroups=groups)
     assert worker_pod(vllm, "a")["containers"][0]["args"][-4:] == [
         "--",
