@@ -128,6 +128,15 @@ class DispatchSettings(BaseModel):
     one refuses the early Decode with INVALID_ARGUMENT; if that answer comes before the prefill's,
     the router sends the ordinary Decode, but if it comes after, the request fails as refused.
     Set by `router serve --early-decode`; not in `router.yaml` or the LLMService CRD."""
+    cold_start_wait_s: float = Field(0.0, ge=0, le=86400)
+    """Longest a request that finds no decode-capable worker ready (none at all; only workers
+    starting, not ready, fenced or draining; only prefill workers) is held for one to become
+    ready, within `request_timeout_s` (`router.cold_start`). 0: refused at once (503), as
+    before. `router serve --cold-start-wait-s`, router.yaml `admission.coldStartWaitSeconds`
+    (the LLMService's `router.coldStartWaitSeconds`)."""
+    cold_start_max_held: int = Field(1024, ge=0, le=1_000_000)
+    """Requests held so at most; beyond it a request is refused at once (503 naming the bound).
+    `router serve --cold-start-max-held`, router.yaml `admission.coldStartMaxHeld`."""
 
 
 class DiscoverySettings(PodWatchSettings):
@@ -247,6 +256,11 @@ class AdmissionFile(FileModel):
     unfitted_prefills_per_worker: int | None = Field(4, ge=1)
     """`SloSettings.unfitted_prefills_per_worker`: the cap per prefill-capable worker before a
     prefill rate is fitted; null: no cap."""
+    cold_start_wait_seconds: float = Field(0.0, ge=0, le=86400)
+    """`DispatchSettings.cold_start_wait_s`: how long a request is held for a decode-capable
+    worker to become ready (0: a 503 at once)."""
+    cold_start_max_held: int = Field(1024, ge=0, le=1_000_000)
+    """`DispatchSettings.cold_start_max_held`: the requests held so at most."""
 
 
 class PoolFile(FileModel):
@@ -341,10 +355,18 @@ class RouterFile(FileModel):
                 unfitted_prefills_per_worker=self.admission.unfitted_prefills_per_worker,
             ),
             "pool": PoolSettings(link=self.pool.link.value),
+            "dispatch": DispatchSettings(
+                cold_start_wait_s=self.admission.cold_start_wait_seconds,
+                cold_start_max_held=self.admission.cold_start_max_held,
+            ),
             "edge": EdgeSettings(**self.edge.settings_fields()),
             "backends": self.backends,
             "backend_discovery": self.backend_discovery,
         }
+        if "dispatch" in overrides:  # likewise
+            flags = overrides.pop("dispatch")
+            flags = flags.model_dump() if isinstance(flags, BaseModel) else dict(flags)
+            values["dispatch"] = values["dispatch"].model_copy(update=flags)
         if "placement" in overrides:  # flags override single fields, the file the rest
             flags = overrides.pop("placement")
             flags = flags.model_dump() if isinstance(flags, BaseModel) else dict(flags)

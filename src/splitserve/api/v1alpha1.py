@@ -1228,6 +1228,14 @@ class RouterSpec(Model):
     start, a worker just added), admission holds arrivals beyond this many requests in flight or
     reserved per such worker, in all (router.yaml `admission.unfittedPrefillsPerWorker`). 0: no
     cap then (every arrival is admitted until a rate is fitted: the gate before the cap)."""
+    cold_start_wait_seconds: int | None = Field(None, ge=0, le=3600)
+    """How long the router holds a request that finds no decode or mixed worker ready (the
+    pools scaled to zero, the first worker still starting, all fenced or draining) for one to
+    become ready, before a 503 (router.yaml `admission.coldStartWaitSeconds`; held requests
+    count as waiting at the router, so the autoscaler sees them as demand). At most
+    `admissionQueueCapacity` requests are held. Left out: 300 where the service can scale to
+    zero (every decode and mixed pool at `minReplicas: 0`, `scaling.mode` Managed or
+    External), else 0. 0: a 503 at once. docs/operations.md "Scale to zero"."""
     worker_link: WorkerLink = WorkerLink.STREAM
     """How the router's per-token traffic (`Multiplex`) reaches the workers: `grpc`, over the
     workers' gRPC port; `stream`, over their link port (the first free port from 50053, always

@@ -115,6 +115,22 @@ def router() -> None:
     help="A worker with no next token for this long is treated as dead (request moved).",
 )
 @click.option(
+    "--cold-start-wait-s",
+    type=FiniteFloat(min=0, max=86400),
+    default=None,
+    help="Hold a request that finds no decode-capable worker ready (none yet, all starting, "
+    "fenced or draining, only prefill workers) up to this long for one to become ready, "
+    'instead of a 503 at once (a pool scaled to zero; docs/operations.md "Scale to zero"). '
+    "Default 0 (a 503 at once), or the config file's admission.coldStartWaitSeconds.",
+)
+@click.option(
+    "--cold-start-max-held",
+    type=click.IntRange(0, 1_000_000),
+    default=None,
+    help="Requests held for a cold start at most; beyond it a 503 at once naming the bound. "
+    "Default 1024, or the config file's admission.coldStartMaxHeld.",
+)
+@click.option(
     "--early-decode",
     is_flag=True,
     default=False,
@@ -196,6 +212,8 @@ def serve_cmd(
     default_max_tokens: int | None,
     min_prompt_tokens_for_pd: int,
     token_stall_timeout_s: float,
+    cold_start_wait_s: float | None,
+    cold_start_max_held: int | None,
     early_decode: bool,
     ready_file: Path | None,
     processes: int,
@@ -250,10 +268,7 @@ def serve_cmd(
             "min_prompt_tokens_for_pd",
             {"min_prompt_tokens_for_pd": min_prompt_tokens_for_pd},
         ),
-        "dispatch": (
-            "token_stall_timeout_s",
-            DispatchSettings(token_stall_timeout_s=token_stall_timeout_s),
-        ),
+        "dispatch": ("token_stall_timeout_s", {"token_stall_timeout_s": token_stall_timeout_s}),
     }
     try:
         if config_file is None:
@@ -291,8 +306,13 @@ def serve_cmd(
             update["slo"] = slo
         if link is not None:
             update["pool"] = config.pool.model_copy(update={"link": link})  # a Choice
-        if early_decode:
-            update["dispatch"] = config.dispatch.model_copy(update={"early_decode": True})
+        dispatch: dict[str, Any] = {"early_decode": True} if early_decode else {}
+        if cold_start_wait_s is not None:
+            dispatch["cold_start_wait_s"] = cold_start_wait_s
+        if cold_start_max_held is not None:
+            dispatch["cold_start_max_held"] = cold_start_max_held
+        if dispatch:
+            update["dispatch"] = config.dispatch.model_copy(update=dispatch)
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err

@@ -254,6 +254,8 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
         router_args += slo_args(opts)
         if opts.get("token_stall_timeout_s"):
             router_args += ["--token-stall-timeout-s", str(opts["token_stall_timeout_s"])]
+        if opts.get("cold_start_wait_s") is not None:
+            router_args += ["--cold-start-wait-s", str(opts["cold_start_wait_s"])]
         if opts.get("autoscale"):  # the router follows a workers file the loop rewrites
             from splitserve.router.discovery import EndpointState, workers_file_text
 
@@ -378,6 +380,14 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     default=None,
     help="Router: a worker with no next token for this long is treated as dead. "
     "Default: the router's.",
+)
+@click.option(
+    "--cold-start-wait-s",
+    type=FiniteFloat(min=0, max=86400),
+    default=None,
+    help="Router: hold a request that finds no decode or mixed worker ready up to this long "
+    "for one to become ready, instead of a 503 at once (a worker restarting). Default: the "
+    "router's (0: a 503 at once).",
 )
 @click.option(
     "--autoscale",

@@ -99,14 +99,15 @@ class RouterMetrics:
         )
         self.queue_depth = Gauge(
             "splitserve_router_queue_depth",
-            "Requests waiting in the router's EDF admission queue.",
+            "Requests waiting at the router: in its EDF admission queue, or held for a "
+            "decode-capable worker to become ready (cold start).",
             ["slo_class"],
             registry=registry,
         )
         self.queued_prompt_tokens = Gauge(
             "splitserve_router_queued_prompt_tokens",
-            "Prompt tokens of the requests waiting in the router's EDF admission queue "
-            "(the prefill work waiting at the gate).",
+            "Prompt tokens of the requests waiting at the router (admission queue and "
+            "cold-start holds: the prefill work waiting at the gate).",
             ["slo_class"],
             registry=registry,
         )
@@ -168,6 +169,20 @@ class RouterMetrics:
             "splitserve_router_unavailable",
             "Requests answered 503, by the condition that caused it.",
             ["condition"],
+            registry=registry,
+        )
+        self.cold_start_held = Gauge(
+            "splitserve_router_cold_start_held_requests",
+            "Requests held now for a decode-capable worker to become ready (cold start; also "
+            "in splitserve_router_queue_depth).",
+            registry=registry,
+        )
+        self.cold_start = Counter(
+            "splitserve_router_cold_start",
+            "Requests that found no decode-capable worker ready while the cold-start wait is "
+            "on, by how it ended: served, timed_out, dropped (client left), shutdown, refused "
+            "(not held: the bound was reached).",
+            ["outcome"],
             registry=registry,
         )
         self.loop_lag = Histogram(

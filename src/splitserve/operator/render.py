@@ -522,6 +522,24 @@ ROUTER_STOP_MARGIN_S: Final = 5
 """Seconds the router pods' termination grace exceeds `router.edge.drainGraceSeconds`."""
 
 
+SCALE_FROM_ZERO_WAIT_S: Final = 300
+"""The router's cold-start wait when `router.coldStartWaitSeconds` is left out and the service
+can scale to zero: long enough for the autoscaler's tick, a pod's start and a model's load."""
+
+
+def cold_start_wait_s(spec: v1.LLMServiceSpec) -> int:
+    """`router.coldStartWaitSeconds`, or where it is left out: `SCALE_FROM_ZERO_WAIT_S` when
+    every decode-capable pool may be at zero (minReplicas 0) and an autoscaler may bring one
+    back (scaling Managed or External), else 0 (a 503 at once, as with people scaling)."""
+    if spec.router.cold_start_wait_seconds is not None:
+        return spec.router.cold_start_wait_seconds
+    finishers = [p for p in (spec.pools.decode, spec.pools.mixed) if p is not None]
+    to_zero = bool(finishers) and all(p.min_replicas == 0 for p in finishers)
+    if to_zero and spec.scaling.mode is not v1.ScalingMode.MANUAL:
+        return SCALE_FROM_ZERO_WAIT_S
+    return 0
+
+
 def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
     """What the router reads from its ConfigMap (`router.yaml`)."""
     classes = [c.wire() for c in spec.slo_classes]
@@ -553,6 +571,9 @@ def router_config(spec: v1.LLMServiceSpec, ref: ServiceRef) -> dict[str, Any]:
             "queueCapacity": spec.router.admission_queue_capacity,
             # 0 in the CRD (which has no nulls) is the router's null: no cap before a fit.
             "unfittedPrefillsPerWorker": spec.router.unfitted_prefills_per_worker or None,
+            # Requests held while no decode-capable worker is ready (scale from zero).
+            "coldStartWaitSeconds": cold_start_wait_s(spec),
+            "coldStartMaxHeld": spec.router.admission_queue_capacity,
         },
         "pool": {"link": spec.router.worker_link.value},
         "sloClasses": classes,

@@ -167,16 +167,21 @@ class Admission:
         prompt_tokens: int,
         rs: RequestSlo,
         views: list[EndpointView] | None,
+        *,
+        counted: bool = False,
     ) -> tuple[float | None, bool]:
         """`enter`, deciding on `views` (the pool's snapshot taken by the caller in this same
         step: one snapshot serves admission and placement instead of four); also says whether
         the request went on at once (True: `views` still describe the pool, nothing ran
-        between) or waited in the queue (False: take a new snapshot)."""
+        between) or waited in the queue (False: take a new snapshot). `counted`: the arrival
+        was counted already (`count_arrival`: a request held for a cold start), so this
+        decision is not counted again."""
         now_s = self.clock.now_s()
         if views is None:
             views = self.pool.views()
         if not self.settings.admission:
-            self._admission(rs.label, "admitted").inc()
+            if not counted:
+                self._admission(rs.label, "admitted").inc()
             predicted_now = self.backlog_s(self._admitting_tokens + prompt_tokens, views)
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
@@ -197,7 +202,8 @@ class Admission:
         )
         for e in evicted:
             self._refuse(e, "shed", "pushed out of the full admission queue")
-        self._admission(rs.label, verdict.outcome.value).inc()
+        if not counted:
+            self._admission(rs.label, verdict.outcome.value).inc()
         if verdict.outcome is Outcome.ADMITTED:
             self._admitting_requests += 1
             self._admitting_tokens += prompt_tokens
@@ -224,6 +230,11 @@ class Admission:
             raise
         self.metrics.queue_wait.labels(rs.label).observe(self.clock.now_s() - now_s)
         return waiter.predicted_s, False
+
+    def count_arrival(self, slo_class: str, outcome: str) -> None:
+        """Count an arrival decided outside the gate (a request held for a cold start waits at
+        the router: `queued`); its later `enter_with(counted=True)` is not counted again."""
+        self._admission(slo_class, outcome).inc()
 
     def placed(self, prompt_tokens: int) -> None:
         """The request admitted by `enter` is placed (its reservations now count)."""

@@ -58,6 +58,7 @@ from splitserve.policy.placement.slo import predicted_pull_s, predicted_tpot_s
 from splitserve.router import messages
 from splitserve.router.admission import Admission
 from splitserve.router.cancel import Canceller
+from splitserve.router.cold_start import ColdStartHold, can_serve
 from splitserve.router.errors import InvalidRequest, RequestTimeout, WorkersFailed
 from splitserve.router.fast_lane import FastLane
 from splitserve.router.kv_source import is_member, kv_source_problem
@@ -292,6 +293,14 @@ class Dispatcher:
             ttft_tail=self.slo.ttft_tail,
             tightest_percentile=self.slo.tightest_percentile,
         )
+        self.hold = ColdStartHold(
+            pool,
+            clock=clock,
+            metrics=metrics,
+            wait_s=self.settings.cold_start_wait_s,
+            max_held=self.settings.cold_start_max_held,
+        )
+        """Requests held while no decode-capable worker is ready (`router.cold_start`)."""
         self.rebalancer: LiveRebalancer | None = None
         """Aladdin's Alg. 2, with the `aladdin` placement profile."""
         if placement is not None and placement.profile is v1.PlacementProfile.ALADDIN:
@@ -306,6 +315,10 @@ class Dispatcher:
         """Wait for the cancels still going out (at shutdown, and in tests)."""
         await self.canceller.drain()
         await self.admission.close()
+
+    def close_holds(self) -> int:
+        """Router shutdown: answer the requests held for a cold start (`ColdStartHold.close`)."""
+        return self.hold.close()
 
     async def close(self) -> None:
         """Close the workers' multiplexed streams (at shutdown, after the requests ended)."""
@@ -379,8 +392,12 @@ class Dispatch:
             # One snapshot of the pool for admission and placement (they run in the same step
             # unless the request waits in the queue; then placement takes a new one).
             views = d.pool.views()
+            held = False
+            if d.hold.enabled and not can_serve(views):
+                await self._hold()
+                held, views = True, d.pool.views()
             predicted, at_once = await d.admission.enter_with(
-                self.request.id, self.request.num_prompt_tokens, self.slo, views
+                self.request.id, self.request.num_prompt_tokens, self.slo, views, counted=held
             )
             self._admitted = (d.clock.now_s(), predicted)
             try:
@@ -449,6 +466,19 @@ class Dispatch:
             # The exception's traceback holds this frame, whose `error` holds the exception: a
             # cycle that would leave the whole request to the garbage collector.
             error = None
+
+    async def _hold(self) -> None:
+        """Wait (bounded) for a decode-capable worker (`router.cold_start`). The request counts
+        as an arrival waiting at the router (`admission_total{outcome="queued"}`) now; once it
+        goes on, its deadlines run from then: the hold does not count against admission's TTFT
+        test or placement's budgets (a request is not shed only because it waited for a cold
+        start), while its attainment is still measured from its arrival."""
+        d, rs = self._d, self.slo
+        d.admission.count_arrival(rs.label, "queued")
+        await d.hold.wait(
+            self.request.id, self.request.num_prompt_tokens, rs.label, self._remaining_s()
+        )
+        self.slo = d.slo.restamped(rs, self.request, d.clock.now_s())
 
     def _place(self, views: list[EndpointView] | None = None) -> Placement:
         """Place on `views` (the pool's snapshot admission decided on; None: take one now)."""

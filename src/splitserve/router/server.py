@@ -276,6 +276,10 @@ class RouterServer:
         error event, a whole one is a 503, a gRPC call UNAVAILABLE), close worker channels."""
         grace = self.config.edge.drain_grace_s if grace_s is None else grace_s
         self.draining = True
+        # Requests held for a cold start would wait out the grace for a worker this router
+        # will not use: answered now (503), so that their clients retry elsewhere.
+        if held := self.dispatcher.close_holds():
+            log.info("shutting down: answered %d requests held for a cold start", held)
         if self._http is not None:
             self._http.should_exit = True  # closes the listener, then waits for connections
         grpc_stop = None

@@ -11,7 +11,7 @@ the router's metric contract.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from splitserve.api import v1alpha1 as v1
@@ -133,6 +133,13 @@ class SloRuntime:
         predicted = self.predictor.predict(cls.name, query)
         self._prompt_length(cls.name).observe(request.num_prompt_tokens)
         return RequestSlo(cls, self.table.label(cls.name), deadlines, predicted)
+
+    def restamped(self, rs: RequestSlo, request: Request, now_s: float) -> RequestSlo:
+        """`rs` with its deadlines run from `now_s` instead of the arrival (a request held for a
+        cold start, once it goes on). The attainment test stays honest: `Deadlines.met` adds
+        the latencies measured from the arrival to the new origin."""
+        overrides = self.table.check_overrides(rs.cls, overrides_of(request))
+        return replace(rs, deadlines=deadlines_for(rs.cls, now_s, overrides))
 
     def finished(
         self,
