@@ -15,7 +15,7 @@ from splitserve.api.router import DispatchSettings, SloSettings
 from splitserve.api.v1alpha1 import SloClassSpec
 from splitserve.core.clock import SystemClock
 from splitserve.core.errors import NoEligibleEndpoint
-from splitserve.core.ids import RequestId
+from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.request import Request, SamplingSpec
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import RouterMetrics
@@ -205,7 +205,11 @@ def test_a_held_requests_deadlines_run_from_its_release() -> None:
     chat = SloClassSpec(name="chat", ttft_ms=500, tpot_ms=50, sheddable=True)
     rt = SloRuntime(SloSettings(classes=(chat,)), SystemClock(), RouterMetrics(CollectorRegistry()))
     req = Request(
-        RequestId("r"), (1, 2), SamplingSpec(max_tokens=4), arrival_s=100.0, slo_class="chat"
+        RequestId("r"),
+        (1, 2),
+        SamplingSpec(max_tokens=4),
+        arrival_s=100.0,
+        slo_class=SloClassName("chat"),
     )
     rs = rt.for_request(req)
     assert rs.deadlines.ttft_deadline_s == pytest.approx(100.5)
