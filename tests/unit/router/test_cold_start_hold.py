@@ -220,3 +220,38 @@ def test_a_held_requests_deadlines_run_from_its_release() -> None:
     # 30 s held + 0.2 s to the first token, measured from the arrival: a miss.
     assert later.deadlines.met(30.2, 0.01, 30.3) == (False, True)
     assert later.deadlines.met(0.2, 0.01, 0.3) == (True, True)
+
+
+async def test_held_requests_are_the_demand_that_scales_decode_from_zero(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """The operator's loop, on this router's /metrics with requests held and every pool at
+    zero (a prefill worker only), starts a decode worker: the held requests are its demand."""
+    from splitserve.policy.planner.aladdin import AladdinPerfModel
+    from splitserve.policy.planner.autoscaler import AutoscalerState, Kind, decide, live_params
+    from splitserve.policy.planner.signals import PoolSignal
+
+    p = await make_worker(Role.PREFILL)
+    stack = await make_stack(p, dispatch=HOLD)
+    before = signals.parse(generate_latest(stack.registry).decode())
+    tasks = [asyncio.create_task(_run(stack.dispatcher.open(_request(f"r{i}")))) for i in range(3)]
+    await _held(stack, 3)
+    held = signals.parse(generate_latest(stack.registry).decode())
+    window = signals.Window(60.0, 30.0)
+    window.add(signals.Snapshot(0.0, {"router": before}))
+    window.add(signals.Snapshot(10.0, {"router": held}))
+    pools = {r: PoolSignal(r, 0, 0, 0, 4, ()) for r in (Role.PREFILL, Role.DECODE)}
+    default = signals.ClassTargets("default", 2.0, 0.2, 0.9, 0.9)
+    obs = window.observe(10.0, [default], pools)
+    assert obs.router_queue == 3
+    assert obs.arrival_rate_per_s is not None
+    assert obs.arrival_rate_per_s > 0
+    decision, _ = decide(obs, AutoscalerState(), AladdinPerfModel(), live_params(5.0, 60.0))
+    assert (decision.pools[Role.DECODE].kind, decision.pools[Role.DECODE].desired) == (
+        Kind.SCALE_UP,
+        1,
+    )
+    assert "3 waiting at the router" in decision.pools[Role.DECODE].reason
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
