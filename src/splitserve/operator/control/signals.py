@@ -234,7 +234,13 @@ def histogram_cv2(samples: Samples, name: str) -> float | None:
     corner reads lower: a body of ~20-token prompts with a very wide spread (lognormal μ 3-3.5,
     σ 1.3-2.5, cv² ~40-60, a few prompts of thousands of tokens dominating the second moment
     from the top of the widest buckets) reads down to 0.67× (3,000 draws: 0.07 % below 0.7×,
-    1st percentile 0.83×; found by the hypothesis test in a clean-clone run, 2026-11-27).
+    1st percentile 0.83×; found by the hypothesis test in a clean-clone run, 2026-11-27). A
+    second corner reads lower still: a narrow body just above a bucket's lower bound with 1 %
+    far outliers (lognormal μ 7, σ 0.06, i.e. ~1,100 tokens in the (1024, 2048] bucket, and 1 %
+    near 22,000 tokens) reads 0.55-0.6× (1.14 for 1.93): the body's mean is read at its bucket's
+    midpoint, ~1.4× high, which shrinks the outliers' relative spread (found by hypothesis,
+    2026-11-28; reading the mean from the exact `_sum` would fix it, not done: it moves every
+    reading and the control loop's evaluation would have to be re-run).
     Approximations: a light spread inside one or two buckets reads high (a constant length
     0.11 instead of 0, 500-1,500 tokens uniform 0.24 instead of 0.08; a narrow body with 1 %
     far outliers up to 2.1×: more prefill headroom); a tail heavier than exponential beyond
