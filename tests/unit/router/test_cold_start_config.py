@@ -14,6 +14,7 @@ from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import RouterConfig, RouterFile
 from splitserve.cli import router as cli_router
 from splitserve.operator import render
+from tests.unit.operator.test_render_pod import make_spec
 
 REF = render.ServiceRef(name="llama", namespace="ml", uid="uid-1")
 
@@ -69,17 +70,6 @@ def test_a_bad_wait_is_a_usage_error_naming_the_flag(bad: str) -> None:
     assert "--cold-start-wait-s" in result.output
 
 
-def _spec(**overrides: Any) -> v1.LLMServiceSpec:
-    spec: dict[str, Any] = {
-        "model": {"name": "llama-8b", "source": "meta/llama"},
-        "engine": {"kind": "vllm", "image": "img:1"},
-        "workerGroups": [{"name": "h100", "roles": ["prefill", "decode"], "gpus": 1}],
-        "pools": {"prefill": {"replicas": 2}, "decode": {"replicas": 3}},
-    }
-    spec.update(overrides)
-    return v1.LLMServiceSpec.model_validate(spec)
-
-
 def _rendered(spec: v1.LLMServiceSpec) -> tuple[dict[str, Any], RouterConfig]:
     out = {(m["kind"], m["metadata"]["name"]): m for m in render.render(spec, render.Observed(REF))}
     text = out[("ConfigMap", "llama-router")]["data"]["router.yaml"]
@@ -101,17 +91,17 @@ def _rendered(spec: v1.LLMServiceSpec) -> tuple[dict[str, Any], RouterConfig]:
     ],
 )
 def test_the_operator_renders_the_routers_wait(overrides: dict[str, Any], wait_s: int) -> None:
-    admission, config = _rendered(_spec(**overrides))
+    admission, config = _rendered(make_spec(**overrides))
     assert admission["coldStartWaitSeconds"] == wait_s
     assert config.dispatch.cold_start_wait_s == wait_s
 
 
 def test_the_bound_is_the_admission_queue_capacity() -> None:
-    admission, config = _rendered(_spec(router={"admissionQueueCapacity": 7}))
+    admission, config = _rendered(make_spec(router={"admissionQueueCapacity": 7}))
     assert admission["coldStartMaxHeld"] == 7
     assert config.dispatch.cold_start_max_held == 7
 
 
 def test_the_crd_refuses_a_negative_wait() -> None:
     with pytest.raises(ValueError, match="coldStartWaitSeconds"):
-        _spec(router={"coldStartWaitSeconds": -1})
+        make_spec(router={"coldStartWaitSeconds": -1})
