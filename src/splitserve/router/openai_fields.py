@@ -204,7 +204,15 @@ _SEE_PARENT = Field("acts", "refused", "As its parent.")
 
 CHAT: Final[dict[str, Field]] = {
     **COMMON,
-    "messages": Field("acts", "acts", "Rendered with the model's chat template."),
+    "messages": Field(
+        "acts",
+        "acts",
+        "Rendered with the model's chat template. Text content only (a string or `text` "
+        "parts; other part types are a 400 naming the part, e.g. `messages[0].content[1].type`). "
+        "As OpenAI's API (vLLM accepts these): a `system`, `developer`, `user` or `tool` "
+        "message without content, an `assistant` message with neither content nor "
+        "`tool_calls`, and an empty list of parts are a 400 naming `messages[i].content`.",
+    ),
     **_MESSAGE_FIELDS,
     "messages.tool_calls": _refused_by_sim(_NO_TOOLS, ""),
     "messages.tool_call_id": _refused_by_sim(_NO_TOOLS, ""),

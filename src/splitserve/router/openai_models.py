@@ -172,23 +172,46 @@ class ChatMessage(_Wire):
     """Which call a `tool` message answers, passed to the chat template."""
 
     def text(self) -> str:
-        """The message content as one string (text parts joined)."""
+        """The message content as one string (text parts joined).
+
+        Raises:
+            ContentError: content OpenAI's API refuses (none for a role that needs it, an empty
+                list of parts) or that this router cannot serve (a part other than text); its
+                `path` is the field's path within the message (`content[2].text`).
+        """
         if self.content is None:
+            if self.role != "assistant":
+                raise ContentError("content", f"a {self.role} message needs content")
+            if not self.tool_calls:
+                raise ContentError("content", "an assistant message needs content or tool_calls")
             return ""
         if isinstance(self.content, str):
             return self.content
-        for part in self.content:
+        if not self.content:
+            raise ContentError("content", "an empty list (give at least one content part)")
+        for j, part in enumerate(self.content):
             if part.type != "text":
-                raise ValueError(f"content parts of type {part.type!r} are not supported")
+                raise ContentError(
+                    f"content[{j}].type", f"content parts of type {part.type!r} are not supported"
+                )
             if part.text is None:
-                raise ValueError("a content part of type 'text' needs `text`")
+                raise ContentError(f"content[{j}].text", "a content part of type 'text' needs it")
             for media in ("image_url", "input_audio"):  # would be dropped: refused, named
                 if getattr(part, media) is not None:
-                    raise ValueError(
-                        f"a content part of type 'text' cannot carry `{media}` "
-                        "(images and audio are not supported)"
+                    raise ContentError(
+                        f"content[{j}].{media}",
+                        "a content part of type 'text' cannot carry it "
+                        "(images and audio are not supported)",
                     )
         return "".join(part.text or "" for part in self.content)
+
+
+class ContentError(ValueError):
+    """A message's content refused; `path` is where, within the message (`content[0].text`)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class ChatCompletionRequest(SamplingFields):

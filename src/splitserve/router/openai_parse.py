@@ -18,18 +18,20 @@ def template_messages(messages: list[wire.ChatMessage]) -> list[dict[str, Any]]:
     """Chat messages as the chat template gets them (text content; `name`, `tool_calls` and
     `tool_call_id` when given, as vLLM passes them: `openai_tools.history_calls`)."""
     out: list[dict[str, Any]] = []
-    try:
-        for i, m in enumerate(messages):
-            msg: dict[str, Any] = {"role": m.role, "content": m.text()}
-            if m.name is not None:
-                msg["name"] = m.name
-            if m.tool_calls:
-                msg["tool_calls"] = history_calls(m.tool_calls, i)
-            if m.tool_call_id is not None:
-                msg["tool_call_id"] = m.tool_call_id
-            out.append(msg)
-    except ValueError as err:
-        raise ApiError(400, str(err), param="messages") from err
+    for i, m in enumerate(messages):
+        try:
+            content = m.text()
+        except wire.ContentError as err:
+            param = f"messages[{i}].{err.path}"
+            raise ApiError(400, f"{param}: {err}", param=param) from err
+        msg: dict[str, Any] = {"role": m.role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = history_calls(m.tool_calls, i)
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
     return out
 
 

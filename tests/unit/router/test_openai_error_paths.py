@@ -14,7 +14,7 @@ import pytest
 from splitserve.core.roles import Role
 from splitserve.router import openai_models as wire
 from splitserve.router.openai_errors import ApiError
-from splitserve.router.openai_parse import parse_body
+from splitserve.router.openai_parse import parse_body, template_messages
 from tests.unit.router.conftest import MODEL, StackFactory, WorkerFactory
 
 USER = {"role": "user", "content": "x"}
@@ -74,3 +74,54 @@ async def test_over_http(make_worker: WorkerFactory, make_stack: StackFactory) -
         r = await client.post("/v1/chat/completions", json=bad)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "messages[0].content"
+
+
+def _template_error(messages: list[dict[str, Any]]) -> ApiError:
+    req = parse_body(wire.ChatCompletionRequest, _chat(messages=messages), allow_unknown=False)
+    with pytest.raises(ApiError) as caught:
+        template_messages(req.messages)
+    assert caught.value.status == 400
+    return caught.value
+
+
+TEXT = {"type": "text", "text": "x"}
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        # content parts: the part's own path (was `messages` for all of them)
+        ([USER, {"role": "user", "content": [TEXT, {"type": "image_url"}]}],
+         "messages[1].content[1].type", "'image_url' are not supported"),
+        ([{"role": "user", "content": [{"type": "text"}]}],
+         "messages[0].content[0].text", "needs it"),
+        ([{"role": "user", "content": [TEXT, {**TEXT, "input_audio": {"data": "x"}}]}],
+         "messages[0].content[1].input_audio", "audio"),
+        # content OpenAI's API requires (vLLM accepts these; OpenAI answers 400)
+        ([{"role": "user", "content": None}], "messages[0].content", "a user message needs"),
+        ([{"role": "user"}], "messages[0].content", "a user message needs"),
+        ([{"role": "system", "content": None}, USER], "messages[0].content", "a system message"),
+        ([USER, {"role": "tool", "tool_call_id": "c1"}], "messages[1].content", "a tool message"),
+        ([{"role": "user", "content": []}], "messages[0].content", "an empty list"),
+        ([USER, {"role": "assistant", "content": []}], "messages[1].content", "an empty list"),
+        ([USER, {"role": "assistant"}], "messages[1].content", "content or tool_calls"),
+    ],
+)  # fmt: skip
+def test_content_errors_name_the_path_within_the_message(
+    messages: list[dict[str, Any]], param: str, words: str
+) -> None:
+    err = _template_error(messages)
+    assert err.param == param
+    assert err.message.startswith(f"{param}: "), err.message
+    assert words in err.message
+
+
+def test_an_assistant_message_with_tool_calls_needs_no_content() -> None:
+    messages: list[dict[str, Any]] = [
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    req = parse_body(wire.ChatCompletionRequest, _chat(messages=messages), allow_unknown=False)
+    assert [m["content"] for m in template_messages(req.messages)] == ["x", "", "ok"]
