@@ -171,7 +171,10 @@ class RouterConfig(BaseModel):
     model_name: str = Field(min_length=1)
     """The served model name; requests naming another model get 404."""
     tokenizer_dir: str = Field(min_length=1)
-    """Directory holding the Hugging Face tokenizer files of the model."""
+    """Directory holding the Hugging Face tokenizer files of the model (or a hub id)."""
+    tokenizer_revision: str | None = Field(None, min_length=1)
+    """The hub revision to load `tokenizer_dir` at, when it is a hub id: the one the workers
+    load the model at (`model.revision` / `hf://org/repo@rev`). None: the hub's default."""
     worker_addresses: tuple[str, ...] = ()
     """gRPC addresses (host:port) of the workers; more can be added at run time."""
     http_host: str = "0.0.0.0"
@@ -333,11 +336,21 @@ class RouterFile(FileModel):
     def tokenizer_dir(self) -> str:
         return self.model.tokenizer or self.model.source
 
+    def tokenizer_revision(self) -> str | None:
+        """The revision the workers load, when the tokenizer is the `hf://` source's repository
+        (as the operator renders it: vLLM then loads that tokenizer at the model's revision
+        too). None for an explicit `model.tokenizer` other than the source's repository."""
+        src = self.model.parsed_source()
+        if src.kind is not v1.SourceKind.HF or self.tokenizer_dir() != src.location:
+            return None
+        return src.revision or self.model.revision
+
     def router_config(self, **overrides: Any) -> RouterConfig:
         """The `RouterConfig` this file describes; `overrides` (RouterConfig fields) win."""
         values: dict[str, Any] = {
             "model_name": self.model.name,
             "tokenizer_dir": self.tokenizer_dir(),
+            "tokenizer_revision": self.tokenizer_revision(),
             "http_host": self.listen.host,
             "grpc_host": self.listen.host,
             "http_port": self.listen.http_port,

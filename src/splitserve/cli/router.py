@@ -376,7 +376,7 @@ def _router_tokenizer(config: RouterConfig, flag: str) -> TextTokenizer:
     """The router's tokenizer, loaded before anything starts: a hub id it cannot load or a
     directory without tokenizer files is a usage error naming `flag` (it was transformers'
     traceback from inside the server's start-up)."""
-    return TextTokenizer(load_tokenizer(config.tokenizer_dir, flag))
+    return TextTokenizer(load_tokenizer(config.tokenizer_dir, flag, config.tokenizer_revision))
 
 
 def _serve(
@@ -526,4 +526,6 @@ def config_from_file(path: Path, overrides: dict[str, Any]) -> RouterConfig:
         from splitserve.cli.up import default_tokenizer_path
 
         overrides = {**overrides, "tokenizer_dir": str(default_tokenizer_path())}
+    if "tokenizer_dir" in overrides:  # another tokenizer than the file's: not its revision
+        overrides = {**overrides, "tokenizer_revision": None}
     return parsed.router_config(**overrides)

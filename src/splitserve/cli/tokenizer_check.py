@@ -78,14 +78,17 @@ def refusal(value: str, err: BaseException) -> str:
     )
 
 
-def load_tokenizer(value: str | os.PathLike[str], flag: str) -> Any:
-    """`AutoTokenizer.from_pretrained(value)`, or a `click.BadParameter` naming `flag`.
+def load_tokenizer(value: str | os.PathLike[str], flag: str, revision: str | None = None) -> Any:
+    """`AutoTokenizer.from_pretrained(value, revision=revision)`, or a `click.BadParameter`
+    naming `flag` (a revision matters for a hub id only; a directory has one version).
 
     `flag` is what the user set (`--tokenizer`, `--model`, or a config file's field)."""
     from transformers import AutoTokenizer
 
     text = os.fspath(value)
     try:
-        return AutoTokenizer.from_pretrained(text)
+        if revision is None:
+            return AutoTokenizer.from_pretrained(text)
+        return AutoTokenizer.from_pretrained(text, revision=revision)
     except LOAD_ERRORS as err:
         raise click.BadParameter(refusal(text, err), param_hint=flag) from None

@@ -145,7 +145,9 @@ class RouterServer:
     async def _start(self) -> None:
         tokenizer = self._tokenizer
         if tokenizer is None:
-            tokenizer = await asyncio.to_thread(TextTokenizer.from_dir, self.config.tokenizer_dir)
+            tokenizer = await asyncio.to_thread(
+                TextTokenizer.from_dir, self.config.tokenizer_dir, self.config.tokenizer_revision
+            )
         generator = Generator(
             self.dispatcher,
             tokenizer,

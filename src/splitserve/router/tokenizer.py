@@ -131,11 +131,14 @@ class TextTokenizer:
             self._template_vars = dict(hf.special_tokens_map)
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike[str]) -> TextTokenizer:
-        """Load the tokenizer files under `path` (tokenizer.json, tokenizer_config.json, ...)."""
+    def from_dir(cls, path: str | os.PathLike[str], revision: str | None = None) -> TextTokenizer:
+        """Load the tokenizer files under `path` (tokenizer.json, tokenizer_config.json, ...);
+        a hub id at `revision` (None: the hub's default)."""
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(os.fspath(path)))
+        if revision is None:
+            return cls(AutoTokenizer.from_pretrained(os.fspath(path)))
+        return cls(AutoTokenizer.from_pretrained(os.fspath(path), revision=revision))
 
     @property
     def vocab_size(self) -> int:
