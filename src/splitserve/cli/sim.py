@@ -202,16 +202,20 @@ def validate_cmd(
     from splitserve.core.errors import ConfigError
     from splitserve.sim import runner
 
-    if (
-        not run_speed
-        or not run_gaps
-        or not run_overheads
-        or run_speed_steps != 1
-        or not run_handoff
-    ) and run_steps is None:
+    needing = [
+        flag
+        for flag, given in (
+            ("--no-run-speed", not run_speed),
+            ("--no-run-gaps", not run_gaps),
+            ("--no-run-overheads", not run_overheads),
+            ("--run-speed-steps", run_speed_steps != 1),
+            ("--no-run-handoff", not run_handoff),
+        )
+        if given
+    ]
+    if needing and run_steps is None:  # named: the ones given (was all five, whichever)
         raise click.UsageError(
-            "--no-run-speed, --no-run-gaps, --no-run-overheads, --run-speed-steps, "
-            "--no-run-handoff need --run-steps"
+            f"{', '.join(needing)} {'needs' if len(needing) == 1 else 'need'} --run-steps"
         )
     if speed_trace is not None and run_steps is not None:  # was exit 1 after reading the files
         raise click.UsageError(

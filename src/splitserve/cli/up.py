@@ -132,7 +132,7 @@ class Stack:
                     pending.remove(child)
             if pending and time.monotonic() > deadline:
                 names = ", ".join(c.name for c in pending)
-                raise click.ClickException(f"not ready after {timeout_s:.0f} s: {names}")
+                raise click.ClickException(f"not ready after {timeout_s:g} s: {names}")
             time.sleep(0.05)
 
     def first_exited(self) -> Child | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NoReturn
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -96,3 +97,12 @@ def test_with_api_keys_the_benchmark_hint_says_how_to_send_one(var: str) -> None
     """`vllm bench serve` sends OPENAI_API_KEY; without it every request was a 401."""
     hint = up_module.benchmark_hint("http://h:1", {var: "sk-something"})
     assert "export OPENAI_API_KEY=" in hint
+
+
+def test_the_ready_timeout_message_shows_the_timeout_given(tmp_path: Path) -> None:
+    """`--ready-timeout-s 0.001` was reported as "not ready after 0 s"."""
+    from splitserve.cli.up import Child, Stack
+
+    child = Child("worker-0", [], tmp_path / "w.log", tmp_path / "w.ready")
+    with pytest.raises(click.ClickException, match=r"not ready after 0\.001 s: worker-0"):
+        Stack(tmp_path).wait_ready([child], 0.001)

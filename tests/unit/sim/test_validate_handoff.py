@@ -227,4 +227,8 @@ def test_cli_charges_the_handoff_and_switches_it_off(tmp_path: Path) -> None:
     assert "kv_pulls.jsonl: kv pulls line 1" in bad.output
     alone = CliRunner().invoke(sim, [*args[:4], "--no-run-handoff"])
     assert alone.exit_code != 0
-    assert "--no-run-handoff need --run-steps" in alone.output
+    assert "--no-run-handoff needs --run-steps" in alone.output
+    assert "--no-run-speed" not in alone.output  # the flags given, not all five
+    two = CliRunner().invoke(sim, [*args[:4], "--no-run-gaps", "--no-run-handoff"])
+    assert two.exit_code != 0
+    assert "--no-run-gaps, --no-run-handoff need --run-steps" in two.output
