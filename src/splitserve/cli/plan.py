@@ -200,6 +200,18 @@ def plan(
         )
     best = candidates[0]
     if best.result is None:
+        need = max(w.num_prompt_tokens + w.num_output_tokens for w in items)
+        room, top_tp = max(
+            (planner.kv_room_tokens(model, hardware, t), t)
+            for c in candidates
+            for t in c.tps.values()
+        )
+        if need > room:  # was the bare sentence below: the search could not tell why
+            raise click.ClickException(
+                f"no candidate met the attainment target: the longest request needs KV for "
+                f"{need:,} tokens (prompt and output), and one {model} worker at the largest "
+                f"TP searched ({top_tp} on {hardware}) holds {room:,}: no pool size can serve it"
+            )
         raise click.ClickException("no candidate met the attainment target")
     click.echo(
         f"\n# predicted attainment {best.result.attainment:.2%} on {len(items)} simulated "

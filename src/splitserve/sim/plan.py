@@ -59,6 +59,14 @@ def fits(model: str, hardware: str, tp: int) -> bool:
     return RooflineModel(shape, HARDWARE[hardware], tp=tp).kv_capacity_tokens() > 0
 
 
+def kv_room_tokens(model: str, hardware: str, tp: int) -> int:
+    """The KV one simulated worker of TP `tp` holds, in tokens (as `Setup.template` sizes it): a
+    request needing more (prompt and output) can never be served."""
+    setup = Setup(model=model, hardware=hardware, tp=tp, classes=())
+    t = setup.template()
+    return t.num_blocks * t.block_size
+
+
 def plan(
     items: Sequence[WorkItem],
     model: str,

@@ -139,3 +139,13 @@ def test_a_negative_seed_is_refused_naming_the_flag() -> None:
     assert r.exit_code == 2, r.output
     assert "--seed" in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+
+
+def test_requests_no_worker_can_hold_are_named() -> None:
+    # Before: only 'no candidate met the attainment target', as for a load too high
+    r = CliRunner().invoke(
+        plan, ["--rate", "2", "--requests", "20", "--tp", "1,2", "--prompt-median", "3000000"]
+    )
+    assert r.exit_code == 1, r.output
+    assert "the longest request needs KV for 1,049,224 tokens" in r.output
+    assert "largest TP searched (2 on a100-80g) holds 144,000" in r.output
