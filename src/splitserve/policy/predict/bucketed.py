@@ -9,14 +9,16 @@ powers of two (prompt lengths span orders of magnitude); output bins are `output
 wide (the paper's even bins), or, with `log_bins_per_octave` = k > 0, log-spaced: k bins per
 doubling of the length (bin b holds the lengths n with floor(k log2 n) = b), so a short answer
 is not reported at the middle of a 64-token bin (a 7-token answer: 32 with even bins; with
-k = 2, its bin holds 6 and 7). The prediction is the *median* output bin among bins that can still
-hold the answer (upper edge > generated tokens), reported at its midpoint; a prompt bin with fewer
+k = 2, its bin holds 6 and 7). The prediction is the `quantile` (default 0.5: the *median*) output
+bin among bins that can still hold the answer (upper edge > generated tokens), reported at its
+midpoint (a lower quantile is the pessimistic side for a cost spread over the answer's gaps, such
+as a KV pull; the optimistic one for anything sized by the length); a prompt bin with fewer
 than `min_samples` observations, or with no bin left above the generated length, defers to the
 table over all prompts, and when that has nothing either the answer is `max_tokens`. This is a
 documented stand-in, not the paper's retrieval model.
 
 Invariants tested: predictions lie in [max(1, generated), max_tokens]; with one dominant output
-bin per prompt bin, the prediction lands in it.
+bin per prompt bin, the prediction lands in it; predictions rise (weakly) with `quantile`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class BucketedParams:
     log_bins_per_octave: int = 0
     """0: even output bins of `output_bin_tokens`; k >= 1: k log-spaced bins per doubling
     (`output_bin_tokens` is then unused)."""
+    quantile: float = 0.5
+    """Which output bin is reported: the first (in length order) whose cumulative count reaches
+    this share of the live bins' total; 0.5 is the median bin, lower is shorter."""
 
     def __post_init__(self) -> None:
         if self.output_bin_tokens < 1 or self.min_samples < 1:
@@ -45,6 +50,8 @@ class BucketedParams:
             raise ValueError(
                 f"log_bins_per_octave must be >= 0 (0: even bins), got {self.log_bins_per_octave}"
             )
+        if not 0.0 < self.quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
 
 
 def prompt_bin(num_prompt_tokens: int) -> int:
@@ -92,13 +99,14 @@ class BucketedPredictor:
         if own is not None and own.total() >= self.params.min_samples:
             tables.insert(0, own)
         for table in tables:
-            got = self._median_live_bin(table, query.num_generated_tokens)
+            got = self._quantile_live_bin(table, query.num_generated_tokens)
             if got is not None:
                 return clamp_prediction(got, query)
         return clamp_prediction(query.max_tokens, query)
 
-    def _median_live_bin(self, table: Counter[int], done_tokens: int) -> int | None:
-        """Midpoint of the median bin among bins that hold a length above `done_tokens`."""
+    def _quantile_live_bin(self, table: Counter[int], done_tokens: int) -> int | None:
+        """Midpoint of the `quantile` bin among bins that hold a length above `done_tokens`."""
+        q = self.params.quantile
         if not self.params.log_bins_per_octave:  # even bins: no range calls
             width = self.params.output_bin_tokens
             live = sorted((b, n) for b, n in table.items() if (b + 1) * width > done_tokens)
@@ -106,7 +114,7 @@ class BucketedPredictor:
             seen = 0
             for b, n in live:
                 seen += n
-                if 2 * seen >= total:
+                if seen >= q * total:
                     return b * width + (width + 1) // 2
             return None
         ranges = {b: self.bin_range(b) for b in table}
@@ -115,7 +123,7 @@ class BucketedPredictor:
         seen = 0
         for b, n in live:
             seen += n
-            if 2 * seen >= total:
+            if seen >= q * total:
                 first, end = ranges[b]
                 return (first + end) // 2
         return None

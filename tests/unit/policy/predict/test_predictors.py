@@ -8,7 +8,8 @@ Invariants:
 4. cold start fills half the window with the cap;
 5. the bucketed model lands in the dominant output bin of a prompt bin, and defers to the global
    table while a prompt bin is thin; with log-spaced bins, each length lies in its bin's range,
-   bins rise with the length, and the prediction lands in the dominant length's bin;
+   bins rise with the length, and the prediction lands in the dominant length's bin; the
+   reported bin rises (weakly) with `quantile`, and a low quantile reports the short answers;
 6. the oracle returns the truth (clipped), and max_tokens for unknown ids;
 7. `make_predictor` builds each by name; the noisy oracle's mean relative error is the one set
    (it is the one predictor allowed past `max_tokens`: in the simulator that is the truth).
@@ -48,6 +49,10 @@ def _predictors(history: list[int]) -> list[OutputLengthPredictor]:
     bucketed = BucketedPredictor(BucketedParams(output_bin_tokens=100, min_samples=2))
     logs = [
         BucketedPredictor(BucketedParams(min_samples=2, log_bins_per_octave=k)) for k in (1, 2, 4)
+    ]
+    logs += [
+        BucketedPredictor(BucketedParams(min_samples=2, log_bins_per_octave=k, quantile=q))
+        for k, q in ((0, 0.1), (2, 0.25), (2, 1.0))
     ]
     for i, n in enumerate(history):
         window.add(n)
@@ -191,6 +196,62 @@ def test_log_bins_report_a_short_answer_near_its_length() -> None:
     assert log.predict(q) == 7
     with pytest.raises(ValueError, match="log_bins_per_octave"):
         BucketedParams(log_bins_per_octave=-1)
+
+
+@given(
+    st.integers(0, 4),
+    st.lists(st.tuples(st.integers(0, 9000), st.integers(1, 5000)), max_size=40),
+    queries,
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 1.0),
+)
+def test_bucketed_quantile_is_monotone(
+    k: int,
+    seen: list[tuple[int, int]],
+    query: LengthQuery,
+    q1: float,
+    q2: float,
+) -> None:
+    """Same observations, same query: a higher `quantile` never predicts a shorter answer, and
+    every prediction stays within [max(1, generated), max_tokens]."""
+    lo, hi = sorted((max(q1, 1e-6), max(q2, 1e-6)))
+    low = BucketedPredictor(BucketedParams(min_samples=3, log_bins_per_octave=k, quantile=lo))
+    high = BucketedPredictor(BucketedParams(min_samples=3, log_bins_per_octave=k, quantile=hi))
+    for prompt, n in seen:
+        low.observe(prompt, n)
+        high.observe(prompt, n)
+    a, b = low.predict(query), high.predict(query)
+    assert a <= b
+    for got in (a, b):
+        assert max(1, query.num_generated_tokens) <= got
+        assert got <= max(query.max_tokens, query.num_generated_tokens, 1)
+
+
+def test_bucketed_low_quantile_reports_the_short_answers() -> None:
+    """The code trace's shape (output length independent of the prompt: a fifth of the answers
+    at 6-8 tokens, the median near 13): the default (even 64-token bins, median) reports 32;
+    log bins (k = 2) report the median's bin 12-15 as 14, the first quartile's (8-11) as 10,
+    and the first decile's (6-7) as 7."""
+    answers = [6, 7, 7, 8, 9, 10, 12, 13, 13, 14, 16, 20, 24, 30, 40, 55, 60, 90, 120, 250]
+    models = {
+        name: BucketedPredictor(params)
+        for name, params in (
+            ("default", BucketedParams()),
+            ("log-median", BucketedParams(log_bins_per_octave=2)),
+            ("log-q25", BucketedParams(log_bins_per_octave=2, quantile=0.25)),
+            ("log-q10", BucketedParams(log_bins_per_octave=2, quantile=0.1)),
+        )
+    }
+    for prompt in (100, 3000, 7000):
+        for n in answers:
+            for model in models.values():
+                model.observe(prompt, n)
+    q = LengthQuery(RequestId("a"), 4000, 0, 4096)
+    got = {name: model.predict(q) for name, model in models.items()}
+    assert got == {"default": 32, "log-median": 14, "log-q25": 10, "log-q10": 7}
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="quantile"):
+            BucketedParams(quantile=bad)
 
 
 def test_oracle() -> None:
