@@ -91,7 +91,12 @@ COMMON: Final[dict[str, Field]] = {
     ),
     "stream_options.include_usage": _ACTS,
     "stream_options.continuous_usage_stats": _ACTS,
-    "ignore_eos": _ACTS,
+    "ignore_eos": Field(
+        "acts",
+        "accepted",
+        "vLLM's extension: keep generating past end-of-text tokens. The simulated engine's "
+        "synthetic tokens never end the text by themselves, so there it changes nothing.",
+    ),
     "user": Field("accepted", "accepted"),
     "top_k": _SAMPLER,
     "min_p": _SAMPLER,
