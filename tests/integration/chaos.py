@@ -147,7 +147,7 @@ def chaos_stack(cfg: ChaosConfig) -> Iterator[ChaosStack]:
     for stale in run_dir.glob("*.ready.json"):
         stale.unlink()
     tokenizer = default_tokenizer_path()
-    vocab, first, clean = tokenizer_vocab(tokenizer)
+    vocab, first, clean, _eos = tokenizer_vocab(tokenizer)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     up_log = run_dir / "up.out"
     argv = [
@@ -226,9 +226,13 @@ def prompts(cfg: ChaosConfig, tokens: SyntheticTokens) -> list[list[int]]:
 async def _one(
     stubs: Sequence[router_pb2_grpc.RouterStub], o: Outcome, prompt: list[int], cfg: ChaosConfig
 ) -> None:
+    # ignore_eos: every stream runs to max_tokens, so the check below needs only the token
+    # hash (a hand-over's prompt draws a new answer length as well as new tokens).
     request = router_pb2.RouterGenerateRequest(
         prompt_token_ids=router_pb2.TokenIds(ids=prompt),
-        sampling=common_pb2.SamplingParams(max_tokens=cfg.max_tokens, temperature=0.0),
+        sampling=common_pb2.SamplingParams(
+            max_tokens=cfg.max_tokens, temperature=0.0, ignore_eos=True
+        ),
     )
     for attempt in range(2):
         replica = (o.replica + attempt) % len(stubs)

@@ -26,6 +26,7 @@ import grpc
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.processes import up_ready
 
@@ -177,6 +178,37 @@ def test_chat_is_disaggregated_over_both_roles(stack: Stack, client: openai.Open
         slo_class="default",
     )
     assert routed >= n
+
+
+def test_answers_end_by_themselves_unless_ignore_eos(client: openai.OpenAI) -> None:
+    """The README's call without `max_tokens`: the simulated engine ends the answer with the
+    tokenizer's end of text (finish `stop`, well short of the context limit), across P/D;
+    `ignore_eos` runs the same tokens on to `max_tokens`; `min_tokens` moves the end."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+    ended = client.chat.completions.create(model=MODEL, messages=messages, temperature=0.0)
+    assert ended.choices[0].finish_reason == "stop"
+    assert ended.usage is not None
+    n = ended.usage.completion_tokens  # the end-of-text token counts, its text is left out
+    assert 2 <= n < 1000
+    text = ended.choices[0].message.content
+    assert text
+    on = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0.0,
+        max_tokens=n + 20,
+        extra_body={"ignore_eos": True},
+    )
+    assert on.choices[0].finish_reason == "length"
+    assert on.usage is not None
+    assert on.usage.completion_tokens == n + 20
+    assert (on.choices[0].message.content or "").startswith(text)
+    later = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0.0, extra_body={"min_tokens": n + 5}
+    )
+    assert later.choices[0].finish_reason == "stop"
+    assert later.usage is not None
+    assert later.usage.completion_tokens == n + 6
 
 
 def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:

@@ -32,6 +32,7 @@ from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.core.roles import Role
+from splitserve.policy.batching.tokens import DEFAULT_ANSWER_TOKENS
 
 TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
 _PORT: Final = click.IntRange(0, 65535)
@@ -195,6 +196,8 @@ def worker_args(role: str, name: str, opts: dict[str, Any]) -> list[str]:
         *(["--sim-kv-blocks", str(opts["sim_kv_blocks"])] if opts["sim_kv_blocks"] else []),
         *("--sim-max-model-len", str(opts["max_model_len"])),
         *(["--token-ids-file", str(opts["token_ids_file"])] if opts.get("token_ids_file") else []),
+        *("--eos-token-id", str(-1 if opts.get("eos_token_id") is None else opts["eos_token_id"])),
+        *("--sim-answer-tokens", str(opts["sim_answer_tokens"])),
     ]
 
 
@@ -358,6 +361,15 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     help="KV blocks per simulated worker. Default: from the hardware's memory.",
 )
 @click.option(
+    "--sim-answer-tokens",
+    type=click.IntRange(min=0),
+    default=DEFAULT_ANSWER_TOKENS,
+    show_default=True,
+    help="Median answer length of the simulated engines (lognormal per prompt): an answer "
+    "ends with the tokenizer's end-of-text token there unless the request sets ignore_eos; "
+    "0: answers run to max_tokens.",
+)
+@click.option(
     "--run-dir",
     type=click.Path(path_type=Path),
     default=None,
@@ -482,9 +494,15 @@ def up(**opts: Any) -> None:
     else:
         tokenizer_dir = opts["tokenizer"] or default_tokenizer_path()
         opts["max_model_len"] = opts["max_model_len"] or 4096
-        opts["vocab_size"], opts["first_token_id"], clean_ids = tokenizer_vocab(
-            tokenizer_dir, "--tokenizer"
+        opts["vocab_size"], opts["first_token_id"], clean_ids, opts["eos_token_id"] = (
+            tokenizer_vocab(tokenizer_dir, "--tokenizer")
         )
+        if opts["sim_answer_tokens"] and opts["eos_token_id"] is None:
+            raise click.BadParameter(
+                f"the tokenizer {tokenizer_dir} has no end-of-text token to end answers with; "
+                "give --sim-answer-tokens 0 (answers run to max_tokens)",
+                param_hint="--sim-answer-tokens",
+            )
         if clean_ids:
             opts["token_ids_file"] = run_dir / "token_ids.json"
             opts["token_ids_file"].write_text(json.dumps(clean_ids))
@@ -555,6 +573,7 @@ _SIM_OPTIONS: Final = (
     "sim_time_scale",
     "sim_latency_model",
     "sim_kv_blocks",
+    "sim_answer_tokens",
 )
 
 
@@ -642,10 +661,13 @@ def default_tokenizer_path() -> Path:
     return default_tokenizer_dir(cache / "tokenizer")
 
 
-def tokenizer_vocab(path: Path, flag: str = "--tokenizer") -> tuple[int, int, list[int]]:
+def tokenizer_vocab(
+    path: Path, flag: str = "--tokenizer"
+) -> tuple[int, int, list[int], int | None]:
     """What simulated engines may emit so every token decodes to text.
 
-    Returns (end, first, clean ids): the id range [first, end) between the special tokens (they
+    Returns (end, first, clean ids, end-of-text id): the id range [first, end) between the
+    special tokens (they
     sit at the bottom of some vocabularies, ours, and at the top of others, Llama 3), and the ids
     in it that decode on their own to printable text. Byte-level BPE vocabularies hold tokens for
     lone UTF-8 bytes; drawn at random they would show as U+FFFD. A path no tokenizer loads from
@@ -663,4 +685,5 @@ def tokenizer_vocab(path: Path, flag: str = "--tokenizer") -> tuple[int, int, li
         text = str(tok.decode([i]))
         if text.strip() and "\ufffd" not in text and text.isprintable():
             clean.append(i)
-    return end, first, clean
+    eos = tok.eos_token_id
+    return end, first, clean, None if eos is None else int(eos)

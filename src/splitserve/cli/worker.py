@@ -16,6 +16,11 @@ from splitserve.cli.up import check_sim_options
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import BATCHING
+from splitserve.policy.batching.tokens import (
+    DEFAULT_ANSWER_SIGMA,
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_EOS_TOKEN_ID,
+)
 from splitserve.worker.runtime import WorkerConfig, serve, vllm_engine_kwargs
 
 
@@ -123,6 +128,29 @@ _PORT = click.IntRange(0, 65535)
     default=None,
     help="JSON list of token ids simulated engines may emit (default: the id range).",
 )
+@click.option(
+    "--eos-token-id",
+    type=click.IntRange(min=-1),
+    default=DEFAULT_EOS_TOKEN_ID,
+    show_default=True,
+    help="Sim engine: the end-of-text id it emits where an answer ends (the default tokenizer's "
+    "<|end_of_text|>); -1: answers never end by themselves.",
+)
+@click.option(
+    "--sim-answer-tokens",
+    type=click.IntRange(min=0),
+    default=DEFAULT_ANSWER_TOKENS,
+    show_default=True,
+    help="Sim engine: median answer length (lognormal per prompt; the answer then ends with "
+    "--eos-token-id unless the request sets ignore_eos); 0: answers run to max_tokens.",
+)
+@click.option(
+    "--sim-answer-sigma",
+    type=FiniteFloat(min=0, max=4),
+    default=DEFAULT_ANSWER_SIGMA,
+    show_default=True,
+    help="Sim engine: log-space spread of the answer length.",
+)
 @click.option("--batching", default="fcfs", show_default=True, help="Step policy name.")
 @click.option("--batching-params", default="{}", help="JSON object of step-policy params.")
 @logs.log_level_option()
@@ -154,6 +182,9 @@ def serve_cmd(
     vocab_size: int,
     first_token_id: int,
     token_ids_file: Path | None,
+    eos_token_id: int,
+    sim_answer_tokens: int,
+    sim_answer_sigma: float,
     batching: str,
     batching_params: str,
     log_level: str,
@@ -194,6 +225,16 @@ def serve_cmd(
         raise click.BadParameter(
             f"token ids must lie in [0, --vocab-size {vocab_size})", param_hint="--token-ids-file"
         )
+    if eos_token_id >= vocab_size:
+        raise click.BadParameter(
+            f"{eos_token_id} is not below --vocab-size {vocab_size}", param_hint="--eos-token-id"
+        )
+    if sim_answer_tokens and eos_token_id < 0:
+        raise click.BadParameter(
+            "answers that end need an end-of-text id: give --eos-token-id, or "
+            "--sim-answer-tokens 0",
+            param_hint="--sim-answer-tokens",
+        )
     _check_batching(batching, params)
     if engine == "vllm" and tokenizer:  # vLLM loads it at start-up: a traceback there
         load_tokenizer(tokenizer, "--tokenizer")
@@ -226,6 +267,9 @@ def serve_cmd(
         vocab_size=vocab_size,
         first_token_id=first_token_id,
         token_ids=token_ids,
+        eos_token_id=None if eos_token_id < 0 else eos_token_id,
+        sim_answer_tokens=sim_answer_tokens,
+        sim_answer_sigma=sim_answer_sigma,
         nixl_port=nixl_port,
         batching_policy=batching,
         batching_params=params,
@@ -251,6 +295,9 @@ SIM_ONLY: tuple[str, ...] = (
     "vocab_size",
     "first_token_id",
     "token_ids_file",
+    "eos_token_id",
+    "sim_answer_tokens",
+    "sim_answer_sigma",
 )
 """`worker serve` options only the simulated engine reads (vLLM ignored them silently)."""
 

@@ -93,9 +93,10 @@ COMMON: Final[dict[str, Field]] = {
     "stream_options.continuous_usage_stats": _ACTS,
     "ignore_eos": Field(
         "acts",
-        "accepted",
-        "vLLM's extension: keep generating past end-of-text tokens. The simulated engine's "
-        "synthetic tokens never end the text by themselves, so there it changes nothing.",
+        "acts",
+        "The simulated engine ends each answer with its tokenizer's end-of-text token at a "
+        "length drawn per prompt (`--sim-answer-tokens`, median 128); with `ignore_eos` it runs "
+        "to `max_tokens` instead.",
     ),
     "user": Field("accepted", "accepted"),
     "top_k": _SAMPLER,
@@ -118,10 +119,11 @@ COMMON: Final[dict[str, Field]] = {
     ),
     "min_tokens": Field(
         "acts",
-        "accepted",
+        "acts",
         "In P/D the prefill worker's first token counts (it cannot end the request early). "
         "Above `max_tokens` (chat: `max_completion_tokens` when set) it is a 400, as vLLM "
-        "refuses it.",
+        "refuses it. The simulated engine moves its end of text to the first position allowed "
+        "and keeps stop token ids out of the positions before it.",
     ),
     "bad_words": _SAMPLER,
     "allowed_token_ids": _SAMPLER,

@@ -34,7 +34,12 @@ from splitserve.core.roles import Role
 from splitserve.obs.metrics import VllmLoadCollector, VllmSeries, WorkerMetrics
 from splitserve.policy.batching.builtin import make_batching_policy
 from splitserve.policy.batching.engine import Step, StepResult
-from splitserve.policy.batching.tokens import SyntheticTokens
+from splitserve.policy.batching.tokens import (
+    DEFAULT_ANSWER_SIGMA,
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_EOS_TOKEN_ID,
+    SyntheticTokens,
+)
 from splitserve.security import tls
 from splitserve.worker import link
 from splitserve.worker.engine import Engine
@@ -101,6 +106,12 @@ class WorkerConfig:
     """Synthetic tokens are drawn from [first_token_id, vocab_size): skips special tokens."""
     token_ids: tuple[int, ...] = ()
     """When given, synthetic tokens are drawn from these ids only."""
+    eos_token_id: int | None = DEFAULT_EOS_TOKEN_ID
+    """The end-of-text id the simulated engine emits where an answer ends; None: never."""
+    sim_answer_tokens: int = DEFAULT_ANSWER_TOKENS
+    """Median answer length of the simulated engine (lognormal per prompt); 0: answers run to
+    `max_tokens`."""
+    sim_answer_sigma: float = DEFAULT_ANSWER_SIGMA
     batching_policy: str = "fcfs"
     batching_params: dict[str, Any] = field(default_factory=dict)
     kv_hold_timeout_s: float = 30.0
@@ -300,7 +311,14 @@ def build_sim_engine(
         ),
         policy,
         latency,
-        SyntheticTokens(cfg.vocab_size, cfg.first_token_id, cfg.token_ids),
+        SyntheticTokens(
+            cfg.vocab_size,
+            cfg.first_token_id,
+            cfg.token_ids,
+            eos_id=cfg.eos_token_id,
+            answer_median=cfg.sim_answer_tokens if cfg.eos_token_id is not None else 0,
+            answer_sigma=cfg.sim_answer_sigma,
+        ),
         clock,
         release_remote=release,
         on_step=on_step,

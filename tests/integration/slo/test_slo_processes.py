@@ -184,7 +184,9 @@ def test_full_pool_queues_the_unsheddable_and_sheds_the_sheddable(stack: Stack) 
         # completion, closed by the client once the others are in: a short head could finish
         # on a slow machine before the batch requests arrive and leave them room).
         async with httpx.AsyncClient(timeout=180) as client:
-            async with client.stream("POST", url, json=_body(max_tokens=2000, stream=True)) as head:
+            async with client.stream(
+                "POST", url, json=_body(max_tokens=2000, stream=True, ignore_eos=True)
+            ) as head:
                 lines = head.aiter_lines()  # held: a dropped iterator closes the stream
                 async for line in lines:
                     if line.startswith("data: "):

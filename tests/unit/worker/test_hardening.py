@@ -23,7 +23,8 @@ PROMPT = list(range(20, 84))
 
 
 def sampling(max_tokens: int = 6, **kw: float) -> common_pb2.SamplingParams:
-    params = common_pb2.SamplingParams(max_tokens=max_tokens)
+    """`ignore_eos`: answers run to `max_tokens`, as these tests count on."""
+    params = common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for name, value in kw.items():
         setattr(params, name, value)
     return params

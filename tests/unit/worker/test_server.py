@@ -16,7 +16,9 @@ PROMPT = list(range(20, 84))
 
 
 def sampling(max_tokens: int = 6) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(max_tokens=max_tokens)
+    """`ignore_eos`: these tests count on answers that run to `max_tokens` (the simulated
+    engine otherwise ends them at a length drawn per prompt, `test_answer_end.py`)."""
+    return common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
 
 async def collect(call: Any) -> tuple[list[int], list[int]]:

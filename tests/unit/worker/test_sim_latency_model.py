@@ -50,6 +50,8 @@ def test_up_passes_the_option_to_simulated_workers() -> None:
         "first_token_id": 16,
         "sim_kv_blocks": None,
         "max_model_len": 4096,
+        "eos_token_id": 1,
+        "sim_answer_tokens": 128,
     }
     args = worker_args("prefill", "p0", opts)
     assert args[args.index("--sim-latency-model") + 1] == "vidur-h100"

@@ -91,6 +91,8 @@ class _Seq:
     """`request.num_prompt_tokens`, cached (read on every step)."""
     predicted: int | None = None
     """The engine predictor's total output length (None without a predictor)."""
+    end: int = -1
+    """Output position of the end-of-text token the synthetic tokens place (-1: none)."""
     swapped_tokens: int = 0
     """KV tokens parked in host memory: all computed ones while swapped out, the tail of its
     computed tokens after a partial checkpoint (0 otherwise, and once swapped back in)."""
@@ -292,11 +294,13 @@ class EngineModel:
             else self.tokens.key(request.prompt_token_ids, request.sampling.seed)
         )
         seq = _Seq(request, mode, key, num_prompt=request.num_prompt_tokens)
+        if self.tokens is not None:
+            seq.end = self.tokens.end_index(key, request.sampling)
         if mode is RequestMode.DECODE:
             if first_token_id is None:
                 raise ValueError("a decode request needs the first token from its prefill")
             s = request.sampling
-            if s.max_tokens <= 1 or first_token_id in s.stop_token_ids:
+            if s.max_tokens <= 1 or seq.end == 0 or first_token_id in s.stop_token_ids:
                 raise ValueError("nothing to decode: the request finished at its first token")
             seq.output_ids.append(first_token_id)
         if self.predictor is not None:
@@ -484,9 +488,7 @@ class EngineModel:
             if self.tokens is None:
                 seq.output_ids.extend([0] * steps_done)
             else:
-                seq.output_ids.extend(
-                    self.tokens.token(seq.key, base + i) for i in range(steps_done)
-                )
+                seq.output_ids.extend(self._token_at(seq, base + i) for i in range(steps_done))
             seq.num_computed += steps_done
             self._must_grow(rid, seq.num_computed + 1)
         contexts = tuple([c + steps_done for c in step.batch.decode_contexts])
@@ -863,8 +865,9 @@ class EngineModel:
 
         Only for policies declaring `steady_decode = True`: with nothing waiting and every running
         sequence decoding one token, they decide the same batch again until a sequence finishes
-        or blocks run short. The run ends at the first finish (by max_tokens; never with stop
-        tokens in play) and is cut so every sequence's block growth fits the free blocks.
+        or blocks run short. The run ends at the first finish (by max_tokens or the synthetic
+        end of text; never with stop tokens in play) and is cut so every sequence's block growth
+        fits the free blocks.
         """
         if not getattr(self.policy, "steady_decode", False):
             return 1
@@ -875,6 +878,8 @@ class EngineModel:
             if self.tokens is not None and sampling.stop_token_ids:
                 return 1
             k = min(k, sampling.max_tokens - len(seq.output_ids))
+            if seq.end >= 0:
+                k = min(k, seq.end - len(seq.output_ids) + 1)
         free = self.blocks.num_free
         size = self.blocks.block_size
         held = self.blocks.held.get
@@ -904,18 +909,24 @@ class EngineModel:
             seq.output_ids.extend([0] * (repeat - 1))
         else:
             base = len(seq.output_ids)
-            seq.output_ids.extend(self.tokens.token(seq.key, base + i) for i in range(repeat - 1))
+            seq.output_ids.extend(self._token_at(seq, base + i) for i in range(repeat - 1))
         return self._sample(seq)
+
+    def _token_at(self, seq: _Seq, index: int) -> int:
+        assert self.tokens is not None
+        return self.tokens.at(seq.key, index, seq.request.sampling, seq.end)
 
     def _sample(self, seq: _Seq) -> TokenEvent:
         outputs = seq.output_ids
         index = len(outputs)
         tokens = self.tokens
-        token = 0 if tokens is None else tokens.token(seq.key, index)
+        token = 0 if tokens is None else tokens.at(seq.key, index, seq.request.sampling, seq.end)
         outputs.append(token)
         sampling = seq.request.sampling
         reason: FinishReason | None = None
-        if tokens is not None and token in sampling.stop_token_ids:
+        if index == seq.end or (
+            tokens is not None and index >= sampling.min_tokens and token in sampling.stop_token_ids
+        ):
             reason = FinishReason.STOP
         elif index + 1 >= sampling.max_tokens:
             reason = FinishReason.LENGTH
