@@ -640,7 +640,7 @@ def benchmark_hint(base_url: str, env: Mapping[str, str] = os.environ) -> str:
     return (
         f"benchmark it: vllm bench serve --base-url {base_url} --backend openai "
         "--endpoint /v1/completions --dataset-name random --random-input-len 128 "
-        "--random-output-len 32 --num-prompts 50 (docs/benchmarks.md)\n"
+        "--random-output-len 32 --num-prompts 50 --ignore-eos (docs/benchmarks.md)\n"
         + (
             "  the router requires an API key (SPLITSERVE_API_KEY / _FILE): export "
             "OPENAI_API_KEY=<one of its keys> first, vllm bench serve sends it\n"
