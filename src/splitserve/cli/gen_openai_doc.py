@@ -152,7 +152,7 @@ def render() -> str:
         "`structured_outputs` (400 naming the engine). It ends each answer as a model does,",
         "with the tokenizer's end-of-text token, at a length drawn per prompt and seed (the same",
         "on prefill and decode workers): lognormal around `splitserve up --sim-answer-tokens`",
-        "(median 128 tokens, an assumption rather than a measurement; 0: answers run to",
+        "(median 128 tokens, fitted to the bundled Azure conversation trace; 0: answers run to",
         "`max_tokens`). Harnesses that want exact output lengths send `ignore_eos`, as with vLLM.",
         "",
         "Defaults are vLLM's: without `max_tokens` a completion runs to end of text or the",

@@ -13,6 +13,8 @@ Invariants:
 
 from __future__ import annotations
 
+import csv
+import math
 import statistics
 
 import pytest
@@ -24,7 +26,12 @@ from splitserve.core.kv import BlockManager
 from splitserve.core.request import FinishReason, Request, SamplingSpec
 from splitserve.policy.batching import EngineModel, FcfsParams, FcfsPolicy
 from splitserve.policy.batching.engine import RequestMode
-from splitserve.policy.batching.tokens import SyntheticTokens
+from splitserve.policy.batching.tokens import (
+    DEFAULT_ANSWER_SIGMA,
+    DEFAULT_ANSWER_TOKENS,
+    SyntheticTokens,
+)
+from splitserve.sim.traces import bundled_trace
 
 EOS = 1
 ENDING = SyntheticTokens(vocab_size=1000, first_id=10, eos_id=EOS, answer_median=12)
@@ -172,6 +179,25 @@ def test_pd_split_and_fused_runs_end_where_aggregated_does(
     assert decoded[0] == first.token_id
     assert same(decoded, whole)
     assert decoded_reason is reason
+
+
+def test_the_defaults_are_the_conversation_traces() -> None:
+    """`DEFAULT_ANSWER_TOKENS` / `DEFAULT_ANSWER_SIGMA` say they are the bundled Azure
+    conversation trace's median and log spread: held to the trace, and the engine's draws hold
+    the same median."""
+    with bundled_trace("conv").open() as f:
+        lengths = [int(row["GeneratedTokens"]) for row in csv.DictReader(f)]
+    lengths = [n for n in lengths if n > 0]
+    assert abs(statistics.median(lengths) - DEFAULT_ANSWER_TOKENS) <= 2
+    logs = [math.log(n) for n in lengths]
+    assert abs(statistics.pstdev(logs) - DEFAULT_ANSWER_SIGMA) <= 0.01
+    t = SyntheticTokens(
+        4096, 16, eos_id=EOS, answer_median=DEFAULT_ANSWER_TOKENS, answer_sigma=DEFAULT_ANSWER_SIGMA
+    )
+    drawn = [t.answer_length(t.key((i, 2 * i + 1), None)) for i in range(4000)]
+    assert abs(statistics.median(drawn) - DEFAULT_ANSWER_TOKENS) <= 8
+    spread = statistics.pstdev(math.log(n) for n in drawn)
+    assert abs(spread - DEFAULT_ANSWER_SIGMA) <= 0.05
 
 
 def test_bad_settings_are_refused() -> None:
