@@ -6,6 +6,8 @@ changed nothing there and a request without `max_tokens` ran to the context limi
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,26 @@ def test_up_refuses_it_with_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert r.exit_code == 2, r.output
     assert "--sim-answer-tokens" in r.output
     assert args is None
+
+
+def test_up_with_a_tokenizer_without_end_of_text(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tokenizer with no end-of-text token cannot end simulated answers: refused naming
+    --sim-answer-tokens, and accepted with --sim-answer-tokens 0 (the workers get -1)."""
+    tok = tmp_path / "tok"
+    shutil.copytree(default_tokenizer_path(), tok)
+    cfg = json.loads((tok / "tokenizer_config.json").read_text())
+    del cfg["eos_token"]
+    (tok / "tokenizer_config.json").write_text(json.dumps(cfg))
+    r, args = _up_worker_args(monkeypatch, tmp_path, "--tokenizer", str(tok))
+    assert r.exit_code == 2, r.output
+    assert "--sim-answer-tokens" in r.output
+    assert "no end-of-text token" in r.output
+    assert args is None
+    r, args = _up_worker_args(
+        monkeypatch, tmp_path, "--tokenizer", str(tok), "--sim-answer-tokens", "0"
+    )
+    assert r.exit_code == 0, r.output
+    assert _value(args, "--eos-token-id") == "-1"
+    assert _value(args, "--sim-answer-tokens") == "0"
