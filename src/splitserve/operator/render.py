@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import yaml
@@ -378,6 +378,10 @@ def worker_deployment(
     selector = worker_selector(ref.name, group.name)
     labels = {**service_labels(ref.name, "worker"), **selector}
     art = podspec.artifact(spec, ref.name)
+    if spec.engine.kind is v1.EngineKind.SIM:
+        # The simulated engine loads no weights: a `pvc://` claim or `oci://` image it would
+        # never read must not hold its pods (a claim that does not exist keeps them Pending).
+        art = replace(art, volumes=[], mounts=[])
     volumes, mounts = podspec.volumes_and_mounts(art, podspec.shm_size(group))
     kv = spec.kv_transfer if spec.engine.kind is v1.EngineKind.VLLM else None
     ports = [

@@ -732,6 +732,21 @@ def test_in_place_sources_mount_read_only(
     assert status.artifact_status(spec, REF, None).phase is v1.ArtifactPhase.READY
 
 
+@pytest.mark.parametrize("source", ["pvc://models/meta/llama", "oci://ghcr.io/org/w:1"])
+def test_sim_workers_mount_no_model_volume(source: str) -> None:
+    """The simulated engine loads no weights: its pods do not wait for a claim or an image
+    volume they would never read (before: mounted, so a missing claim kept them Pending)."""
+    spec = make_spec(
+        model={"name": "m", "source": source}, engine={"kind": "sim", "image": "img:1"}
+    )
+    pod = worker_pod(spec)
+    c = pod["containers"][0]
+    assert "model" not in [v["name"] for v in pod.get("volumes", [])]
+    assert "model" not in [m["name"] for m in c.get("volumeMounts", [])]
+    assert "initContainers" not in pod
+    assert "model" not in [v["name"] for v in router_pod(spec).get("volumes", [])]
+
+
 @pytest.mark.parametrize(
     ("job_status", "phase"),
     [
