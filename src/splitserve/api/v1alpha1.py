@@ -732,11 +732,13 @@ class ModelSpec(Model):
     """Revision (branch, tag or commit) of `source`; every worker of the service must share it.
     vLLM only: refused with `engine.kind: sim` (as an `@revision` in `source` is)."""
     tokenizer: str | None = Field(None, max_length=1024)
-    """Tokenizer repository id or path, when it differs from `source`."""
+    """Tokenizer repository id or path, when it differs from `source`. With `engine.kind: sim`
+    the router tokenizes with it and the workers draw their tokens from its vocabulary and end
+    answers with its end-of-text token (without it: the local default tokenizer)."""
     auth_secret: SecretKeyRef | None = None
     """Secret key holding the Hugging Face token (`HF_TOKEN` in the download Job, the workers and
-    the router). With `engine.kind: sim` only the router reads it, for a Hugging Face
-    `tokenizer`: refused without one."""
+    the router). With `engine.kind: sim` the router and the workers read it only to fetch a
+    Hugging Face `tokenizer`: refused without one."""
     cache: ModelCacheSpec | None = None
     """Download an `hf://` model once into a shared volume; workers then load it without network."""
 
@@ -1430,9 +1432,9 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
         "rule": "!has(self.engine.kind) || self.engine.kind != 'sim' || !has(self.model.authSecret)"
         " || (has(self.model.tokenizer) && self.model.tokenizer != ''"
         " && !self.model.tokenizer.startsWith('/'))",
-        "message": "model.authSecret: the sim engine downloads nothing and its router reads "
-        "HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): remove it, or "
-        "name the tokenizer's repository",
+        "message": "model.authSecret: the sim engine downloads no weights; its router and "
+        "workers read HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): "
+        "remove it, or name the tokenizer's repository",
     },
     {
         "rule": "!has(self.planner) || !has(self.planner.mode) || self.planner.mode != 'Apply'"
@@ -1618,9 +1620,9 @@ class LLMServiceSpec(Model):
             tokenizer = self.model.tokenizer
             if self.model.auth_secret is not None and (not tokenizer or tokenizer[0] == "/"):
                 raise ValueError(
-                    "model.authSecret: the sim engine downloads nothing and its router reads "
-                    "HF_TOKEN only to fetch a Hugging Face model.tokenizer (none is given): "
-                    "remove it, or name the tokenizer's repository"
+                    "model.authSecret: the sim engine downloads no weights; its router and "
+                    "workers read HF_TOKEN only to fetch a Hugging Face model.tokenizer (none "
+                    "is given): remove it, or name the tokenizer's repository"
                 )
             # Its workers refuse arguments after `--` (`worker serve`); they were ignored.
             given = ["engine.args"] if self.engine.args else []

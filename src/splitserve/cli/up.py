@@ -662,7 +662,7 @@ def default_tokenizer_path() -> Path:
 
 
 def tokenizer_vocab(
-    path: Path, flag: str = "--tokenizer"
+    path: str | os.PathLike[str], flag: str = "--tokenizer"
 ) -> tuple[int, int, list[int], int | None]:
     """What simulated engines may emit so every token decodes to text.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import click
@@ -12,7 +13,7 @@ from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
-from splitserve.cli.up import check_sim_options
+from splitserve.cli.up import check_sim_options, tokenizer_vocab
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import BATCHING
@@ -22,6 +23,8 @@ from splitserve.policy.batching.tokens import (
     DEFAULT_EOS_TOKEN_ID,
 )
 from splitserve.worker.runtime import WorkerConfig, serve, vllm_engine_kwargs
+
+log = logging.getLogger(__name__)
 
 
 @click.group()
@@ -53,7 +56,10 @@ _PORT = click.IntRange(0, 65535)
 @click.option(
     "--tokenizer",
     default="",
-    help="vLLM: tokenizer directory or hub id, if not the model's (loaded once to check it).",
+    help="Tokenizer directory or hub id. vLLM: if not the model's (loaded once to check it). "
+    "Sim: the engine draws its tokens from this vocabulary (the ids between its special "
+    "tokens that decode to printable text) and ends answers with its end-of-text token, "
+    "in place of --vocab-size, --first-token-id, --token-ids-file and --eos-token-id.",
 )
 @click.option("--revision", default="", help="Model revision (vLLM).")
 @click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
@@ -216,6 +222,10 @@ def serve_cmd(
         token_ids = tuple(int(i) for i in ids)
     except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
         raise click.BadParameter(str(err), param_hint="--token-ids-file") from err
+    if engine == "sim" and tokenizer:
+        vocab_size, first_token_id, token_ids, eos_token_id, sim_answer_tokens = _sim_vocabulary(
+            tokenizer, sim_answer_tokens
+        )
     if first_token_id >= vocab_size:  # these two were tracebacks at start-up
         raise click.BadParameter(
             f"{first_token_id} is not below --vocab-size {vocab_size}",
@@ -224,10 +234,6 @@ def serve_cmd(
     if any(not 0 <= i < vocab_size for i in token_ids):
         raise click.BadParameter(
             f"token ids must lie in [0, --vocab-size {vocab_size})", param_hint="--token-ids-file"
-        )
-    if eos_token_id >= vocab_size:
-        raise click.BadParameter(
-            f"{eos_token_id} is not below --vocab-size {vocab_size}", param_hint="--eos-token-id"
         )
     if sim_answer_tokens and eos_token_id < 0:
         raise click.BadParameter(
@@ -283,7 +289,7 @@ def serve_cmd(
         run_until_signalled(lambda stop: serve(cfg, stop))
 
 
-VLLM_ONLY: tuple[str, ...] = ("nixl_port", "revision", "tokenizer")
+VLLM_ONLY: tuple[str, ...] = ("nixl_port", "revision")
 """`worker serve` options only the vLLM engine reads (the sim engine ignored them silently)."""
 SIM_ONLY: tuple[str, ...] = (
     "sim_shape",
@@ -300,6 +306,46 @@ SIM_ONLY: tuple[str, ...] = (
     "sim_answer_sigma",
 )
 """`worker serve` options only the simulated engine reads (vLLM ignored them silently)."""
+
+
+_FROM_TOKENIZER: tuple[str, ...] = (
+    "vocab_size",
+    "first_token_id",
+    "token_ids_file",
+    "eos_token_id",
+)
+"""Simulated-engine settings that `--tokenizer` sets."""
+
+
+def _sim_vocabulary(
+    tokenizer: str, answer_tokens: int
+) -> tuple[int, int, tuple[int, ...], int, int]:
+    """(vocab size, first id, allowed ids, end-of-text id, answer median) for a simulated engine
+    from its tokenizer, as `splitserve up` derives them. Refused: one of `_FROM_TOKENIZER` given
+    too, or answers that end (`--sim-answer-tokens` given) with no end-of-text token."""
+    ctx = click.get_current_context()
+    explicit = click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT
+    given = [
+        "--" + n.replace("_", "-")
+        for n in _FROM_TOKENIZER
+        if ctx.get_parameter_source(n) in explicit
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)}: set by --tokenizer for the sim engine (its vocabulary and "
+            "end-of-text token); give one or the other"
+        )
+    vocab, first, clean, eos = tokenizer_vocab(tokenizer, "--tokenizer")
+    if eos is None:
+        if answer_tokens and ctx.get_parameter_source("sim_answer_tokens") in explicit:
+            raise click.BadParameter(
+                f"the tokenizer {tokenizer} has no end-of-text token to end answers with; "
+                "give --sim-answer-tokens 0 (answers run to max_tokens)",
+                param_hint="--sim-answer-tokens",
+            )
+        log.warning("tokenizer %s has no end-of-text token: answers run to max_tokens", tokenizer)
+        return vocab, first, tuple(clean), -1, 0
+    return vocab, first, tuple(clean), eos, answer_tokens
 
 
 def _check_engine_flags(engine: str) -> None:

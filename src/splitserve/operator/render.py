@@ -357,7 +357,7 @@ def worker_args(spec: v1.LLMServiceSpec, group: v1.WorkerGroup) -> list[str]:
         args.append(f"--revision={art.revision_arg}")
     if spec.kv_transfer is not None and vllm:
         args.append(f"--nixl-port={spec.kv_transfer.side_channel_port}")
-    if spec.model.tokenizer and vllm:
+    if spec.model.tokenizer:  # sim: its vocabulary and end of text are the router's
         args.append(f"--tokenizer={spec.model.tokenizer}")
     params = json.loads(spec.engine.batching_params)
     if spec.engine.batching != v1.BatchingPolicyName.FCFS or params:

@@ -74,7 +74,6 @@ def test_answers_that_never_end(served: list[WorkerConfig]) -> None:
     ("args", "flag"),
     [
         (["--eos-token-id", "-1"], "--sim-answer-tokens"),  # answers that end need an id
-        (["--eos-token-id", "4096"], "--eos-token-id"),  # beyond --vocab-size
         (["--sim-answer-sigma", "9"], "--sim-answer-sigma"),
     ],
 )
@@ -137,11 +136,7 @@ def test_up_with_a_tokenizer_without_end_of_text(
 ) -> None:
     """A tokenizer with no end-of-text token cannot end simulated answers: refused naming
     --sim-answer-tokens, and accepted with --sim-answer-tokens 0 (the workers get -1)."""
-    tok = tmp_path / "tok"
-    shutil.copytree(default_tokenizer_path(), tok)
-    cfg = json.loads((tok / "tokenizer_config.json").read_text())
-    del cfg["eos_token"]
-    (tok / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = _no_eos_tokenizer(tmp_path)
     r, args = _up_worker_args(monkeypatch, tmp_path, "--tokenizer", str(tok))
     assert r.exit_code == 2, r.output
     assert "--sim-answer-tokens" in r.output
@@ -153,3 +148,50 @@ def test_up_with_a_tokenizer_without_end_of_text(
     assert r.exit_code == 0, r.output
     assert _value(args, "--eos-token-id") == "-1"
     assert _value(args, "--sim-answer-tokens") == "0"
+
+
+def _no_eos_tokenizer(tmp_path: Path) -> Path:
+    tok = tmp_path / "tok"
+    shutil.copytree(default_tokenizer_path(), tok)
+    cfg = json.loads((tok / "tokenizer_config.json").read_text())
+    del cfg["eos_token"]
+    (tok / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return tok
+
+
+def test_sim_worker_takes_its_vocabulary_from_a_tokenizer(served: list[WorkerConfig]) -> None:
+    """`worker serve --engine sim --tokenizer X` (what the operator renders for a service with
+    `model.tokenizer`): the ids it draws and its end of text are X's, as `up` derives them."""
+    tok = default_tokenizer_path()
+    r = CliRunner().invoke(worker, ["serve", "--engine", "sim", "--tokenizer", str(tok)])
+    assert r.exit_code == 0, r.output
+    vocab, first, clean, eos = tokenizer_vocab(tok)
+    cfg = served[0]
+    assert (cfg.vocab_size, cfg.first_token_id, cfg.token_ids) == (vocab, first, tuple(clean))
+    assert (cfg.eos_token_id, cfg.sim_answer_tokens) == (eos, DEFAULT_ANSWER_TOKENS)
+
+
+@pytest.mark.parametrize("flag", ["--vocab-size", "--first-token-id", "--eos-token-id"])
+def test_sim_worker_refuses_a_tokenizer_and_what_it_sets(
+    served: list[WorkerConfig], flag: str
+) -> None:
+    args = ["serve", "--engine", "sim", "--tokenizer", str(default_tokenizer_path()), flag, "3"]
+    r = CliRunner().invoke(worker, args)
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+    assert "set by --tokenizer" in r.output
+    assert served == []
+
+
+def test_sim_worker_with_a_tokenizer_without_end_of_text(
+    served: list[WorkerConfig], tmp_path: Path
+) -> None:
+    tok = str(_no_eos_tokenizer(tmp_path))
+    r = CliRunner().invoke(worker, ["serve", "--engine", "sim", "--tokenizer", tok])
+    assert r.exit_code == 0, r.output
+    assert (served[0].eos_token_id, served[0].sim_answer_tokens) == (None, 0)
+    args = ["serve", "--engine", "sim", "--tokenizer", tok, "--sim-answer-tokens", "5"]
+    r = CliRunner().invoke(worker, args)
+    assert r.exit_code == 2, r.output
+    assert "--sim-answer-tokens" in r.output
+    assert len(served) == 1

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from splitserve.api import v1alpha1 as v1
 from splitserve.cli import worker as worker_cli
+from splitserve.cli.up import default_tokenizer_path
 from splitserve.cli.worker import worker
 from splitserve.operator import render
 
@@ -28,7 +29,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 @pytest.mark.parametrize(
     "args",
-    [["--revision", "X"], ["--nixl-port", "5600"], ["--nixl-port", "0"], ["--tokenizer", "/t"]],
+    [["--revision", "X"], ["--nixl-port", "5600"], ["--nixl-port", "0"]],
 )
 def test_vllm_only_flags_refused_with_the_sim_engine(args: list[str]) -> None:
     r = CliRunner().invoke(worker, ["serve", "--engine", "sim", *args])
@@ -81,14 +82,14 @@ def test_the_sim_engine_still_takes_its_own_flags(started: list[Any]) -> None:
     assert len(started) == 1
 
 
-def _spec(kind: str) -> v1.LLMServiceSpec:
+def _spec(kind: str, tokenizer: str = "a/b") -> v1.LLMServiceSpec:
     return v1.LLMServiceSpec.model_validate(
         {
             # The sim engine refuses a revision (it loads no weights): vLLM's only.
             "model": {
                 "name": "m",
                 "source": "hf://a/b@v3" if kind == "vllm" else "hf://a/b",
-                "tokenizer": "a/b",
+                "tokenizer": tokenizer,
             },
             "engine": {"kind": kind, "image": "img:1"},
             "workerGroups": [{"name": "g", "roles": ["prefill", "decode"], "gpus": 1}],
@@ -99,10 +100,13 @@ def _spec(kind: str) -> v1.LLMServiceSpec:
 
 def test_the_operators_sim_worker_command_line_is_accepted(started: list[Any]) -> None:
     """A sim LLMService with a tokenizer (the router's) renders no vLLM-only flag for its
-    workers, so they start; a vLLM one (with a revision) keeps them."""
-    sim = _spec("sim")
+    workers, so they start, and gives them the tokenizer (their vocabulary and end of text);
+    a vLLM one (with a revision) keeps its flags."""
+    tok = str(default_tokenizer_path())  # a directory: nothing is downloaded here
+    sim = _spec("sim", tok)
     args = render.worker_args(sim, sim.worker_groups[0])
-    assert not [a for a in args if a.startswith(("--revision", "--tokenizer", "--nixl-port"))]
+    assert not [a for a in args if a.startswith(("--revision", "--nixl-port"))]
+    assert f"--tokenizer={tok}" in args
     r = CliRunner().invoke(worker, args[1:])
     assert r.exit_code == 0, r.output
     assert len(started) == 1

@@ -83,8 +83,10 @@ class SyntheticTokens:
             raise ValueError(f"answer_sigma must be in [0, 4], got {self.answer_sigma}")
         if self.answer_median and self.eos_id is None:
             raise ValueError("an answer length needs the end-of-text id (eos_id)")
-        if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
-            raise ValueError(f"eos_id must lie in [0, {self.vocab_size}), got {self.eos_id}")
+        if self.eos_id is not None and self.eos_id < 0:
+            # Not bounded by vocab_size: that bounds the drawn ids, and some vocabularies keep
+            # their special tokens above them (Llama 3's end of text is 128001 of 128000 + 256).
+            raise ValueError(f"eos_id must be >= 0, got {self.eos_id}")
 
     def key(self, prompt_token_ids: Sequence[int], seed: int | None) -> int:
         h = _mix(len(prompt_token_ids) ^ ((seed or 0) << 1))

@@ -204,6 +204,8 @@ def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="eos_id"):
         SyntheticTokens(vocab_size=100, answer_median=10)
     with pytest.raises(ValueError, match="eos_id"):
-        SyntheticTokens(vocab_size=100, eos_id=100, answer_median=10)
+        SyntheticTokens(vocab_size=100, eos_id=-2, answer_median=10)
+    above = SyntheticTokens(vocab_size=100, eos_id=128, answer_median=10)  # specials on top
+    assert above.at(above.key((1,), None), 0, SamplingSpec(max_tokens=5), 0) == 128
     with pytest.raises(ValueError, match="answer_median"):
         SyntheticTokens(vocab_size=100, eos_id=1, answer_median=-1)
