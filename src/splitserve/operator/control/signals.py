@@ -239,8 +239,10 @@ def histogram_cv2(samples: Samples, name: str) -> float | None:
     far outliers (lognormal μ 7, σ 0.06, i.e. ~1,100 tokens in the (1024, 2048] bucket, and 1 %
     near 22,000 tokens) reads 0.55-0.6× (1.14 for 1.93): the body's mean is read at its bucket's
     midpoint, ~1.4× high, which shrinks the outliers' relative spread (found by hypothesis,
-    2026-11-28; reading the mean from the exact `_sum` would fix it, not done: it moves every
-    reading and the control loop's evaluation would have to be re-run).
+    2026-11-28). Fitting one in-bucket position to the exact `_sum` instead of the midpoints does
+    not fix it (tried 2026-11-29: the corner still reads 0.51× at worst in a grid of it, since one
+    position cannot put the body at its bucket's bottom and the outliers a third of the way up
+    theirs; over 3,000 random cases the worst reading moved from 0.746× to 0.756×): not adopted.
     Approximations: a light spread inside one or two buckets reads high (a constant length
     0.11 instead of 0, 500-1,500 tokens uniform 0.24 instead of 0.08; a narrow body with 1 %
     far outliers up to 2.1×: more prefill headroom); a tail heavier than exponential beyond
