@@ -497,12 +497,9 @@ def up(**opts: Any) -> None:
         opts["vocab_size"], opts["first_token_id"], clean_ids, opts["eos_token_id"] = (
             tokenizer_vocab(tokenizer_dir, "--tokenizer")
         )
-        if opts["sim_answer_tokens"] and opts["eos_token_id"] is None:
-            raise click.BadParameter(
-                f"the tokenizer {tokenizer_dir} has no end-of-text token to end answers with; "
-                "give --sim-answer-tokens 0 (answers run to max_tokens)",
-                param_hint="--sim-answer-tokens",
-            )
+        opts["sim_answer_tokens"] = answer_tokens_for(
+            tokenizer_dir, opts["eos_token_id"], opts["sim_answer_tokens"]
+        )
         if clean_ids:
             opts["token_ids_file"] = run_dir / "token_ids.json"
             opts["token_ids_file"].write_text(json.dumps(clean_ids))
@@ -659,6 +656,29 @@ def default_tokenizer_path() -> Path:
 
     cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", Path.home() / ".cache" / "splitserve"))
     return default_tokenizer_dir(cache / "tokenizer")
+
+
+def answer_tokens_for(
+    tokenizer: str | os.PathLike[str], eos: int | None, answer_tokens: int
+) -> int:
+    """The median answer length simulated engines can use with `tokenizer`: `answer_tokens`,
+    or 0 (answers run to max_tokens, said on stderr) when it has no end-of-text token to end
+    them with. A `--sim-answer-tokens` the user gave is refused then, naming it."""
+    if eos is not None or not answer_tokens:
+        return answer_tokens
+    source = click.get_current_context().get_parameter_source("sim_answer_tokens")
+    if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+        raise click.BadParameter(
+            f"the tokenizer {os.fspath(tokenizer)} has no end-of-text token to end answers "
+            "with; give --sim-answer-tokens 0 (answers run to max_tokens)",
+            param_hint="--sim-answer-tokens",
+        )
+    click.echo(
+        f"warning: the tokenizer {os.fspath(tokenizer)} has no end-of-text token: simulated "
+        "answers run to max_tokens",
+        err=True,
+    )
+    return 0
 
 
 def tokenizer_vocab(

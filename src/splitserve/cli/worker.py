@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import click
@@ -13,7 +12,7 @@ from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.process import bind_errors_named, ready_file_option, run_until_signalled
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
-from splitserve.cli.up import check_sim_options, tokenizer_vocab
+from splitserve.cli.up import answer_tokens_for, check_sim_options, tokenizer_vocab
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import BATCHING
@@ -23,8 +22,6 @@ from splitserve.policy.batching.tokens import (
     DEFAULT_EOS_TOKEN_ID,
 )
 from splitserve.worker.runtime import WorkerConfig, serve, vllm_engine_kwargs
-
-log = logging.getLogger(__name__)
 
 
 @click.group()
@@ -320,9 +317,9 @@ _FROM_TOKENIZER: tuple[str, ...] = (
 def _sim_vocabulary(
     tokenizer: str, answer_tokens: int
 ) -> tuple[int, int, tuple[int, ...], int, int]:
-    """(vocab size, first id, allowed ids, end-of-text id, answer median) for a simulated engine
-    from its tokenizer, as `splitserve up` derives them. Refused: one of `_FROM_TOKENIZER` given
-    too, or answers that end (`--sim-answer-tokens` given) with no end-of-text token."""
+    """(vocab size, first id, allowed ids, end-of-text id (-1: none), answer median) for a
+    simulated engine from its tokenizer, as `splitserve up` derives them (`answer_tokens_for`).
+    Refused: one of `_FROM_TOKENIZER` given too."""
     ctx = click.get_current_context()
     explicit = click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT
     given = [
@@ -336,16 +333,8 @@ def _sim_vocabulary(
             "end-of-text token); give one or the other"
         )
     vocab, first, clean, eos = tokenizer_vocab(tokenizer, "--tokenizer")
-    if eos is None:
-        if answer_tokens and ctx.get_parameter_source("sim_answer_tokens") in explicit:
-            raise click.BadParameter(
-                f"the tokenizer {tokenizer} has no end-of-text token to end answers with; "
-                "give --sim-answer-tokens 0 (answers run to max_tokens)",
-                param_hint="--sim-answer-tokens",
-            )
-        log.warning("tokenizer %s has no end-of-text token: answers run to max_tokens", tokenizer)
-        return vocab, first, tuple(clean), -1, 0
-    return vocab, first, tuple(clean), eos, answer_tokens
+    answers = answer_tokens_for(tokenizer, eos, answer_tokens)
+    return vocab, first, tuple(clean), -1 if eos is None else eos, answers
 
 
 def _check_engine_flags(engine: str) -> None:

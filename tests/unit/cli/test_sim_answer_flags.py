@@ -134,20 +134,22 @@ def test_up_refuses_it_with_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_up_with_a_tokenizer_without_end_of_text(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A tokenizer with no end-of-text token cannot end simulated answers: refused naming
-    --sim-answer-tokens, and accepted with --sim-answer-tokens 0 (the workers get -1)."""
+    """A tokenizer with no end-of-text token cannot end simulated answers: they run to
+    max_tokens (the workers get --sim-answer-tokens 0 and --eos-token-id -1, and `up` says
+    so); a --sim-answer-tokens the user gave is refused, naming it."""
     tok = _no_eos_tokenizer(tmp_path)
     r, args = _up_worker_args(monkeypatch, tmp_path, "--tokenizer", str(tok))
+    assert r.exit_code == 0, r.output
+    assert "no end-of-text token" in r.output
+    assert _value(args, "--eos-token-id") == "-1"
+    assert _value(args, "--sim-answer-tokens") == "0"
+    r, args = _up_worker_args(
+        monkeypatch, tmp_path, "--tokenizer", str(tok), "--sim-answer-tokens", "5"
+    )
     assert r.exit_code == 2, r.output
     assert "--sim-answer-tokens" in r.output
     assert "no end-of-text token" in r.output
     assert args is None
-    r, args = _up_worker_args(
-        monkeypatch, tmp_path, "--tokenizer", str(tok), "--sim-answer-tokens", "0"
-    )
-    assert r.exit_code == 0, r.output
-    assert _value(args, "--eos-token-id") == "-1"
-    assert _value(args, "--sim-answer-tokens") == "0"
 
 
 def _no_eos_tokenizer(tmp_path: Path) -> Path:
