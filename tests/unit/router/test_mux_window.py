@@ -3,9 +3,10 @@
 behind and never when it keeps up.
 
 A real `grpc.aio` server runs the worker's `mux.serve` over a fake service whose Decode yields
-chunks when the test says so; the client is a channel with the router's options. No timing: the
-test orders the steps with events (read a message before releasing the next chunk; release
-every chunk before reading).
+chunks when the test says so; the client is a channel with the router's options. The test
+orders the steps with events (read a message before releasing the next chunk; release every
+chunk before reading); the only timing is a 2 ms pause between released chunks when reading
+behind, so the worker's writer had the chance to send each and the window is what holds them.
 """
 
 from __future__ import annotations
