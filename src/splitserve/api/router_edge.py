@@ -24,10 +24,11 @@ class EdgeSettings(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024)
     """Largest HTTP request body; a larger one is refused with 413 before it is read in full."""
     max_prompt_chars: int | None = Field(None, ge=1)
-    """Longest prompt, in characters (all chat message contents and tool definitions' JSON
-    together), checked before
-    tokenizing. None: 32 x `max_model_len` (no tokenizer packs 32 characters into every token,
-    so a longer prompt cannot fit the context anyway)."""
+    """Longest prompt, in characters (all chat message contents, 32 per message for its turn's
+    markup, and tool definitions' JSON together), checked before tokenizing; a chat's message
+    count is checked against it before its body is validated. None: 32 x `max_model_len` (no
+    tokenizer packs 32 characters into every token, and every chat template gives a message a
+    token of its own, so a longer prompt cannot fit the context anyway)."""
     max_stop_strings: int = Field(16, ge=0)
     """Most stop strings per request (OpenAI allows 4)."""
     max_stop_string_chars: int = Field(1024, ge=1)

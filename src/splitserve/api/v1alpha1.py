@@ -1112,8 +1112,9 @@ class RouterEdgeSpec(Model):
     max_body_bytes: int | None = Field(None, ge=1024, le=1 << 34)
     """Largest HTTP request body in bytes; a larger one gets 413 (router default 8 MiB)."""
     max_prompt_chars: int | None = Field(None, ge=1)
-    """Longest prompt in characters, checked before tokenizing; a longer one gets 400 (router
-    default: 32 x the model's context length)."""
+    """Longest prompt in characters (a chat's contents, 32 per message for its markup, and its
+    tools), checked before tokenizing; a longer one gets 400 (router default: 32 x the model's
+    context length)."""
     max_stop_strings: int | None = Field(None, ge=0, le=10_000)
     """Most stop strings per request (router default 16)."""
     max_stop_string_chars: int | None = Field(None, ge=1)

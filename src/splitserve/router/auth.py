@@ -277,7 +277,7 @@ class AuthApp:
             )
             return
         header = _header(scope, _SLO_HEADER)
-        asked = header or ""
+        asked = (header or "").strip()  # as the app reads it: whitespace around it is not it
         slo_class, refusal = tenant.slo_class(asked)
         if refusal is not None:
             await _refuse(send, refusal)

@@ -369,9 +369,12 @@ class Dispatch:
     def num_output_tokens(self) -> int:
         return self._stats.num_output_tokens
 
-    def stop(self) -> None:
-        """Mark that the router ends this request on purpose (stop string) before closing it."""
+    def stop(self, unused_tokens: int = 0) -> None:
+        """Mark that the router ends this request on purpose (stop string) before closing it.
+        `unused_tokens`: tokens of the last chunk after the one that completed the stop string;
+        they are not the answer's and do not count in its usage (vLLM stops at that token)."""
         self._stopped = True
+        self._stats.num_output_tokens -= unused_tokens
 
     # -- the flow --------------------------------------------------------------------------
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.clock import Clock
@@ -18,12 +19,18 @@ from splitserve.core.request import FinishReason, Request, SamplingSpec, TokenLo
 from splitserve.policy.admission import SloOverrides, UnknownSloClass
 from splitserve.policy.admission.classes import BadOverride
 from splitserve.router.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer
-from splitserve.router.dispatch import Dispatcher
+from splitserve.router.dispatch import Chunk, Dispatcher
 from splitserve.router.errors import InvalidRequest, RouterShuttingDown
 from splitserve.router.fast_lane import FastLane, enabled_from_env
 from splitserve.router.request_log import RequestLog
 from splitserve.router.stops import StopStrings
-from splitserve.router.tokenizer import MessageLike, TextTokenizer, Tokenizing, tools_chars
+from splitserve.router.tokenizer import (
+    MESSAGE_CHARS,
+    MessageLike,
+    TextTokenizer,
+    Tokenizing,
+    chat_chars,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +197,14 @@ class Generator:
 
     def _check_chars(self, num_chars: int, param: str) -> None:
         if num_chars > self.max_prompt_chars:
+            what = (
+                f"the messages count {num_chars} characters (contents, {MESSAGE_CHARS} a "
+                "message for its markup, tool definitions)"
+                if param == "messages"
+                else f"the prompt has {num_chars} characters"
+            )
             raise InvalidRequest(
-                f"the prompt has {num_chars} characters, more than the {self.max_prompt_chars} "
+                f"{what}, more than the {self.max_prompt_chars} "
                 "this router tokenizes (edge.max_prompt_chars); it cannot fit the model's "
                 f"context of {self.max_model_len} tokens",
                 param,
@@ -202,6 +215,25 @@ class Generator:
         self._check_chars(len(text), param)
         return await self.tokenizing.encode(text)
 
+    def check_message_count(self, body: Mapping[str, Any]) -> None:
+        """A request body's `messages`, counted before it is validated: more than can fit the
+        model's context (`MESSAGE_CHARS` each against `edge.max_prompt_chars`) is a 400 at once,
+        so a body of many tiny messages does not hold the event loop in validation and the chat
+        template.
+
+        Raises:
+            InvalidRequest: too many messages.
+        """
+        messages = body.get("messages")
+        if isinstance(messages, list) and len(messages) * MESSAGE_CHARS > self.max_prompt_chars:
+            raise InvalidRequest(
+                f"{len(messages)} messages cannot fit: each counts at least {MESSAGE_CHARS} "
+                f"characters for its markup against the {self.max_prompt_chars} this router "
+                f"tokenizes (edge.max_prompt_chars; the model's context is {self.max_model_len} "
+                "tokens)",
+                "messages",
+            )
+
     async def encode_chat(
         self, messages: Sequence[MessageLike], tools: Sequence[MessageLike] | None = None
     ) -> list[int]:
@@ -210,8 +242,7 @@ class Generator:
         Raises:
             InvalidRequest: too long, or the chat template rejected the messages.
         """
-        size = sum(len(m.get("content") or "") for m in messages)
-        self._check_chars(size + tools_chars(tools), "messages")
+        self._check_chars(chat_chars(messages, tools), "messages")
         try:
             return await self.tokenizing.chat(messages, tools)
         except ValueError as err:
@@ -337,6 +368,8 @@ class Generator:
         )
         stops = StopStrings(stop) if stop else None
         stop_ids = frozenset(request.sampling.stop_token_ids)
+        # Output tokens whose text cannot end a stop string yet (`min_tokens`, as vLLM).
+        guard_left = request.sampling.min_tokens if stops is not None else 0
         if lane is not None and stops is None:
             # Stop strings need this task (the cut, `dispatch.stop()`): no lane with them.
             lane.detok = detok
@@ -372,19 +405,38 @@ class Generator:
                         # As vLLM's detokenizer (stop-terminated, `include_stop_str_in_output`
                         # off): the stop token's text is left out; it counts in the usage.
                         ids = ids[:-1]
-                    text = detok.push(ids)
                     if stops is None:
+                        text = detok.push(ids)
                         if reason is not None:
                             text += detok.flush()
                     else:
-                        text = stops.feed(text)
+                        # token by token, so that the answer ends at the token that completed
+                        # a stop string even when several came in one chunk
+                        text = ""
+                        used = len(ids)
+                        for k in range(len(ids)):
+                            piece = detok.push(ids[k : k + 1])
+                            # the first `min_tokens` tokens' text cannot end a match
+                            text += stops.feed(piece, len(piece) if guard_left > k else 0)
+                            if stops.hit is not None:
+                                used = k + 1
+                                break
+                        guard_left = max(0, guard_left - used)
                         if stops.hit is None and reason is not None:
                             text += stops.feed(detok.flush())
                             text += stops.flush()  # may still find a stop string in the tail
                         if stops.hit is not None:
                             # Ends here; leaving the `async with` closes the dispatch,
                             # cancelling workers.
-                            dispatch.stop()
+                            unused = len(chunk.token_ids) - used
+                            dispatch.stop(unused)
+                            if unused:
+                                ids = ids[:used]
+                                chunk = Chunk(
+                                    chunk.token_ids[:used],
+                                    chunk.finish_reason,
+                                    chunk.logprobs[:used],
+                                )
                             reason = FinishReason.STOP
                             log.debug("request %s hit stop string %r", request.id, stops.hit)
                     if reason is None:

@@ -243,7 +243,7 @@ class OpenAiApi:
                 "(leave the header out for the default class)",
                 param=_SLO_HEADER,
             )
-        return value
+        return value.strip()  # optional whitespace around a field value is not part of it
 
     async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
         prompt: Any = req.prompt
@@ -403,6 +403,9 @@ def create_app(
     harnesses load the tokenizer from); None: the served name."""
     api = OpenAiApi(generator, pool, model_name=model_name, registry=registry, unix_time=unix_time)
     app = FastAPI(title="splitserve router", docs_url=None, redoc_url=None, openapi_url=None)
+    # `/v1/chat/completions/` is an unknown route (404), not a 307 to an `http://` URL built
+    # from the client's Host header (wrong behind TLS or an ingress)
+    app.router.redirect_slashes = False
     _add_error_handlers(app)
     add_vllm_routes(app, api, root=model_root or model_name)
 
@@ -436,7 +439,11 @@ def create_app(
     async def chat_completions(http: HttpRequest) -> Response | SseResponse | EdgeSseResponse:
         client_id = client_request_id(http)
         try:
-            req = await api.read_body(http, wire.ChatCompletionRequest)
+            body = await api.read_json_object(http)
+            generator.check_message_count(body)
+            req = parse_body(
+                wire.ChatCompletionRequest, body, allow_unknown=generator.edge.allow_unknown_fields
+            )
             api.check_common(req)
             max_tokens = req.max_completion_tokens or req.max_tokens
             params = api.params(req, max_tokens, http)
@@ -448,9 +455,11 @@ def create_app(
             fmt.with_logprobs(params.logprobs, generator.tokenizer)
             try:
                 request = generator.build_request(fmt.response_id, prompt, params)
-            except InvalidRequest as err:  # name the length field the client sent
+            except InvalidRequest as err:  # name the field the client sent
                 if err.param == "max_tokens" and req.max_completion_tokens is not None:
                     err.param = "max_completion_tokens"
+                elif err.param == "prompt":  # the prompt a chat's messages rendered to
+                    err.param = "messages"
                 raise
         except ApiError as err:
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))

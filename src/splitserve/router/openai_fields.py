@@ -178,8 +178,9 @@ _MESSAGE_FIELDS: Final[dict[str, Field]] = {
     "messages.content": Field(
         "acts",
         "acts",
-        "Text, or text parts (each with `text`); image and audio parts, and a text part "
-        "carrying `image_url` or `input_audio`, are refused (400).",
+        "Text, or text parts (each with `text`; the parts' texts joined with newlines, as "
+        "vLLM joins them for a chat template that reads `content` as a string); image and "
+        "audio parts, and a text part carrying `image_url` or `input_audio`, are refused (400).",
     ),
     "messages.content.type": _ACTS,
     "messages.content.text": _ACTS,

@@ -165,7 +165,8 @@ class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    """Passed to the chat template (templates that know it use it)."""
+    """Passed to the chat template (templates that know it use it; the default tokenizer's, which
+    `make run` serves, writes it after the role in the turn's header)."""
     tool_calls: list[ToolCall] | None = None
     """The calls an assistant message made (tool-call history), passed to the chat template."""
     tool_call_id: str | None = None
@@ -203,7 +204,9 @@ class ChatMessage(_Wire):
                         "a content part of type 'text' cannot carry it "
                         "(images and audio are not supported)",
                     )
-        return "".join(part.text or "" for part in self.content)
+        # one text per part, joined with newlines: what vLLM hands a chat template that reads
+        # `content` as a string (`chat_utils`), so both render the same prompt
+        return "\n".join(part.text or "" for part in self.content)
 
 
 class ContentError(ValueError):

@@ -20,9 +20,10 @@ from starlette.requests import Request as HttpRequest
 import splitserve
 from splitserve.router import openai_models as wire
 from splitserve.router.auth import ALLOWED_MODELS_SCOPE
+from splitserve.router.errors import InvalidRequest
 from splitserve.router.openai_errors import ApiError
 from splitserve.router.openai_parse import parse_body, template_messages
-from splitserve.router.tokenizer import tools_chars
+from splitserve.router.tokenizer import chat_chars
 
 if TYPE_CHECKING:
     from splitserve.router.openai_api import OpenAiApi
@@ -104,14 +105,17 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
         try:
             body = await api.read_json_object(http)
             if "messages" in body:
+                try:
+                    generator.check_message_count(body)
+                except InvalidRequest as err:
+                    raise ApiError(400, str(err), param="messages") from err
                 chat: wire.TokenizeChatRequest = parse_body(
                     wire.TokenizeChatRequest, body, allow_unknown=allow
                 )
                 check_model(chat.model)
                 messages = template_messages(chat.messages)
                 tools = [t.model_dump(exclude_none=True) for t in chat.tools or ()] or None
-                size = sum(len(m["content"]) for m in messages) + tools_chars(tools)
-                check_chars(size, "messages")
+                check_chars(chat_chars(messages, tools), "messages")
                 if tools and not tokenizer.template_reads_tools:
                     raise ApiError(
                         400,

@@ -40,7 +40,8 @@ _CHAT_TEMPLATE: Final = (
     "</tool_call>:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|eot_id|>"
     "{% endif %}"
     "{% for message in messages %}"
-    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "<|start_header_id|>{{ message['role'] }}"
+    "{% if message['name'] %} {{ message['name'] }}{% endif %}<|end_header_id|>\n\n"
     "{{ message['content'] | trim }}"
     "{% for call in message['tool_calls'] or [] %}<tool_call>"
     "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
@@ -48,8 +49,9 @@ _CHAT_TEMPLATE: Final = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
-"""Llama-3-style turns; with `tools`, a system turn listing them, and an assistant's calls written
-in the `hermes` markup (so `edge.tool_call_parser: hermes` reads the model's)."""
+"""Llama-3-style turns (a message's `name`, when given, after its role in the header); with
+`tools`, a system turn listing them, and an assistant's calls written in the `hermes` markup (so
+`edge.tool_call_parser: hermes` reads the model's)."""
 
 # Modules present (as `name.py` or `name/__init__.py`) in every supported Python; the order is
 # part of the training input, so the tokenizer is the same on every machine with that Python.
@@ -337,6 +339,24 @@ def _escape(content: str, specials: Sequence[str]) -> str:
     return pattern.sub(lambda m: f"{_ESC_OPEN}{index[m.group(0)]}{_ESC_CLOSE}", content)
 
 
+MESSAGE_CHARS: Final = 32
+"""What a chat message counts against `edge.max_prompt_chars` beyond its content: its turn's
+markup. Every chat template gives a message at least one token of its own (its role header or
+separator), and no tokenizer packs more than 32 characters into a token (the default limit's
+premise), so a chat of more than `max_model_len` messages is refused before it is rendered."""
+
+
+def chat_chars(
+    messages: Sequence[MessageLike], tools: Sequence[Mapping[str, Any]] | None = None
+) -> int:
+    """A chat's size against `edge.max_prompt_chars` and the inline-tokenizing bound: its
+    contents, `MESSAGE_CHARS` per message, and its tool definitions' JSON."""
+    size = MESSAGE_CHARS * len(messages)
+    for m in messages:
+        size += len(m.get("content") or "")
+    return size + tools_chars(tools)
+
+
 def tools_chars(tools: Sequence[Mapping[str, Any]] | None) -> int:
     """How many characters tool definitions add to a chat prompt (their JSON's length): counted
     with the messages against `edge.max_prompt_chars`."""
@@ -367,7 +387,7 @@ class Tokenizing:
     async def chat(
         self, messages: Sequence[MessageLike], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> list[int]:
-        size = sum(len(m.get("content") or "") for m in messages) + tools_chars(tools)
+        size = chat_chars(messages, tools)
         return await self._run(
             size, lambda: self.tokenizer.apply_chat_template(messages, tools=tools)
         )
@@ -433,6 +453,7 @@ def default_tokenizer_dir(cache_dir: str | os.PathLike[str]) -> Path:
     """
     dest = Path(cache_dir)
     if (dest / "tokenizer.json").is_file():
+        _refresh_chat_template(dest)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
@@ -448,3 +469,35 @@ def default_tokenizer_dir(cache_dir: str | os.PathLike[str]) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("built the default tokenizer in %s", dest)
     return dest
+
+
+def _refresh_chat_template(dest: Path) -> None:
+    """Bring a cached default tokenizer's chat template up to this version's (the BPE itself
+    does not change; the template did: a message's `name`). Replaced atomically, so a process
+    reading it sees the old file or the new one."""
+    jinja = dest / "chat_template.jinja"
+    config = dest / "tokenizer_config.json"
+    if jinja.is_file():
+        if jinja.read_text(encoding="utf-8") == _CHAT_TEMPLATE:
+            return
+        _write_atomic(jinja, _CHAT_TEMPLATE)
+    elif config.is_file():
+        data = json.loads(config.read_text(encoding="utf-8"))
+        if data.get("chat_template") == _CHAT_TEMPLATE:
+            return
+        data["chat_template"] = _CHAT_TEMPLATE
+        _write_atomic(config, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    else:
+        return
+    log.info("updated the default tokenizer's chat template in %s", dest)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

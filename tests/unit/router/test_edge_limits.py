@@ -316,3 +316,41 @@ async def test_hot_routes_bypass_fastapi_but_keep_its_answers(
         r = await client.post(_url(server, COMPLETIONS), json={"model": MODEL, "prompt": [1]})
         assert r.status_code == 500  # a bug still gets an OpenAI-style body
         assert r.json()["error"]["type"] == "server_error"
+
+
+async def test_many_tiny_messages_are_refused_before_validation_and_rendering(
+    make_router: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body of 200,000 empty messages (6.6 MB) counted 0 characters: it passed the prompt
+    limit, was validated and rendered on the event loop (2.2 s, every other client stalled) and
+    only then refused by the context length. Each message now counts `MESSAGE_CHARS` for its
+    markup, and the count is checked before the body is validated."""
+    server = await make_router(max_model_len=256)  # 8,192 characters: 256 messages at most
+    tokenizer = server._generator.tokenizer if server._generator else None
+    assert tokenizer is not None
+    calls: list[str] = []
+    monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **k: calls.append("chat"))
+    empty = [{"role": "user", "content": ""}] * 257
+    not_even_messages = [0] * 257  # a count refusal, not a validation error: checked first
+    async with httpx.AsyncClient() as client:
+        for messages in (empty, not_even_messages):
+            for path, extra in ((CHAT, {"model": MODEL}), ("/tokenize", {})):
+                r = await client.post(_url(server, path), json={**extra, "messages": messages})
+                assert r.status_code == 400, r.text
+                error = r.json()["error"]
+                assert error["param"] == "messages"
+                assert "257 messages cannot fit" in error["message"]
+                assert "edge.max_prompt_chars" in error["message"]
+        # under the count, the size counts the markup too: 200 messages of 20 characters
+        many = [{"role": "user", "content": "m" * 20}] * 200
+        r = await client.post(_url(server, CHAT), json={"model": MODEL, "messages": many})
+        assert r.status_code == 400
+        assert "the messages count 10400 characters" in r.json()["error"]["message"]
+    assert calls == []
+
+
+def test_chat_chars_counts_each_messages_markup() -> None:
+    from splitserve.router.tokenizer import MESSAGE_CHARS, chat_chars
+
+    assert chat_chars([{"role": "user", "content": ""}] * 3) == 3 * MESSAGE_CHARS
+    assert chat_chars([{"role": "assistant", "content": None}, {"content": "abc"}]) == 2 * 32 + 3

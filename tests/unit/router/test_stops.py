@@ -78,3 +78,44 @@ def test_output_is_text_cut_at_first_stop(text: str, stops: list[str], cuts: lis
     out, hit = _feed_all(stops, pieces)
     assert out == want
     assert (hit is not None) == bool(found)
+
+
+def _guarded_want(text: str, stops: list[str], guard: int) -> tuple[str, bool]:
+    """vLLM's reading: a match counts only if it ends after the first `guard` characters."""
+    found = [i for i in (text.find(s, max(0, guard - len(s) + 1)) for s in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+def test_a_stop_string_inside_the_guarded_text_is_kept() -> None:
+    matcher = StopStrings([" co"])
+    assert matcher.feed(" co", guarded=3) == " co"
+    assert matcher.feed("nsidered co") == "nsidered"
+    assert matcher.hit == " co"
+
+
+def test_a_match_that_starts_in_the_guarded_text_cuts_where_it_starts() -> None:
+    matcher = StopStrings(["abc"])
+    assert matcher.feed("xab", guarded=3) == "x"  # "ab" may still become "abc"
+    assert matcher.feed("c tail") == ""
+    assert matcher.hit == "abc"
+
+
+@given(
+    text=st.text(_alphabet, max_size=40),
+    stops=st.lists(st.text(_alphabet, min_size=1, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 40), max_size=10),
+    guard=st.integers(0, 40),
+)
+def test_guarded_text_cannot_end_a_match(
+    text: str, stops: list[str], cuts: list[int], guard: int
+) -> None:
+    guard = min(guard, len(text))
+    bounds = [0, *sorted({c for c in cuts if c <= len(text)}), len(text)]
+    matcher = StopStrings(stops)
+    out = ""
+    for a, b in itertools.pairwise(bounds):
+        out += matcher.feed(text[a:b], guarded=max(0, min(b, guard) - a))
+    out += matcher.flush()
+    want, hit = _guarded_want(text, stops, guard)
+    assert out == want
+    assert (matcher.hit is not None) == hit

@@ -165,3 +165,37 @@ def test_grouped_special_scan_agrees_with_a_scan_of_every_text() -> None:
         want = any(t and t in text for t in specials)
         assert _spells_grouped([{"content": text}], groups) is want, text
         assert _spells_grouped({text: 1}, groups) is want, text  # keys count
+
+
+def test_a_cached_default_tokenizer_gets_this_versions_chat_template(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A cache built by an earlier version keeps its BPE and gets the current template (it
+    learnt to render a message's `name`), in either place transformers keeps it; nothing is
+    rebuilt, and an up-to-date cache is not written."""
+    import shutil
+
+    for where in ("chat_template.jinja", "tokenizer_config.json"):
+        cache = tmp_path / where / "tokenizer"
+        shutil.copytree(tokenizer_dir, cache)
+        old = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+        jinja = cache / "chat_template.jinja"
+        config = cache / "tokenizer_config.json"
+        if where == "chat_template.jinja":
+            assert jinja.is_file(), "this transformers keeps the template in its own file"
+            jinja.write_text(old, encoding="utf-8")
+        else:
+            jinja.unlink(missing_ok=True)
+            data = json.loads(config.read_text(encoding="utf-8"))
+            data["chat_template"] = old
+            config.write_text(json.dumps(data), encoding="utf-8")
+        bpe = (cache / "tokenizer.json").read_bytes()
+        assert default_tokenizer_dir(cache) == cache
+        tok = TextTokenizer.from_dir(cache)
+        ids = tok.apply_chat_template([{"role": "user", "content": "hi", "name": "bob"}])
+        assert "user bob<|end_header_id|>" in tok.decode(ids, skip_special_tokens=False)
+        assert (cache / "tokenizer.json").read_bytes() == bpe
+        stamp = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+        assert default_tokenizer_dir(cache) == cache
+        assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamp
+        assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []
