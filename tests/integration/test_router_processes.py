@@ -94,3 +94,51 @@ def test_two_router_processes_share_the_port_survive_a_death_and_drain(
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
     assert supervisor.wait(60) == 0
+
+
+def _two_free_ports() -> int:
+    """A port P with P + 1 free as well (bound and released: another process may take them in
+    between, which only makes the test fail loudly)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_each_process_serves_its_own_metrics_port(tmp_path: Path) -> None:
+    """`--processes 2 --metrics-port P`: process i on P + i. Before, both bound P and the second
+    process failed to start ("Address already in use"), so the router never came up."""
+    env = {**os.environ, "SPLITSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    port = _two_free_ports()
+    router = spawn(
+        ["router", "serve", "--port", "0", "--grpc-port", "0", "--processes", "2",
+         "--metrics-port", str(port), "--ready-file", str(tmp_path / "r.json")],
+        tmp_path / "router.log",
+        env,
+    )  # fmt: skip
+    try:
+        info = ready(tmp_path / "r.json", router)
+        assert info["metrics_ports"] == [port, port + 1]
+        assert len(info["pids"]) == 2
+        for p in info["metrics_ports"]:
+            r = httpx.get(f"http://127.0.0.1:{p}/metrics", timeout=10)
+            assert r.status_code == 200
+            assert "splitserve_router_" in r.text
+    finally:
+        router.send_signal(signal.SIGTERM)
+        try:
+            router.wait(60)
+        except subprocess.TimeoutExpired:
+            router.kill()
+            router.wait()

@@ -65,7 +65,9 @@ class SloSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("slo classes: names must be unique")
         if self.default_class is not None and self.default_class not in (names or ["default"]):
-            raise ValueError(f"default SLO class {self.default_class!r} is not one of {names}")
+            raise ValueError(
+                f"default SLO class {self.default_class!r} is not one of {names or ['default']}"
+            )
         return self
 
 
@@ -376,14 +378,15 @@ class RouterFile(FileModel):
             "backends": self.backends,
             "backend_discovery": self.backend_discovery,
         }
-        if "dispatch" in overrides:  # likewise
-            flags = overrides.pop("dispatch")
-            flags = flags.model_dump() if isinstance(flags, BaseModel) else dict(flags)
-            values["dispatch"] = values["dispatch"].model_copy(update=flags)
-        if "placement" in overrides:  # flags override single fields, the file the rest
-            flags = overrides.pop("placement")
-            flags = flags.model_dump() if isinstance(flags, BaseModel) else dict(flags)
-            values["placement"] = values["placement"].model_copy(update=flags)
+        for section in ("dispatch", "placement", "edge"):
+            if section in overrides:  # flags override single fields, the file the rest
+                flags = overrides.pop(section)
+                flags = (
+                    flags.model_dump(exclude_unset=True)  # only the fields the flags set
+                    if isinstance(flags, BaseModel)
+                    else dict(flags)
+                )
+                values[section] = values[section].model_copy(update=flags)
         values.update(overrides)
         return RouterConfig(**values)
 

@@ -22,7 +22,7 @@ from splitserve.api.auth import SECRET_KEYS, AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
-from splitserve.api.validation import validation_lines
+from splitserve.api.validation import one_line, validation_lines
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
@@ -183,7 +183,8 @@ def router() -> None:
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve /metrics on this port instead of the HTTP port (which then needs a key for it).",
+    help="Serve /metrics on this port instead of the HTTP port (which then needs a key for "
+    "it). With --processes N: process i on this port + i (each process's own metrics).",
 )
 @click.option(
     "--link",
@@ -367,7 +368,11 @@ def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:
     for value in values:
         try:
             out.append(parse_backend_flag(value))
-        except ValueError as err:  # pydantic's ValidationError is one
+        except ValidationError as err:  # one line (was pydantic's block, with its URL)
+            raise click.BadParameter(
+                f"{value!r}: {one_line(err)}", param_hint="--backend"
+            ) from None
+        except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--backend") from err
     return tuple(out)
 
@@ -399,6 +404,7 @@ def _serve(
                 "host": host,
                 "port": server.http_port,
                 "grpc_port": server.grpc_port,
+                "metrics_port": server.metrics_port,
                 "pid": os.getpid(),
             }
             tmp = ready_file.with_suffix(".tmp")

@@ -7,7 +7,9 @@ SIGINT forwards the signal so each child drains (`edge.drain_grace_s`). Its read
 the children once all of them listen.
 
 Each child is a whole router with its own view of the pool: the workers' load reports are
-shared, the in-flight work a child reserves is its own.
+shared, the in-flight work a child reserves is its own. Metrics are per process too: with a
+`metrics_port` P, child i serves its `/metrics` on P + i (0: each on a free port of its own), so
+every process can be scraped; the ready file lists them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def _reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _child_config(config: RouterConfig, index: int) -> RouterConfig:
+    """Child `index`'s configuration: its own metrics port (P + index; 0 stays 0)."""
+    if not config.metrics_port:
+        return config
+    return config.model_copy(update={"metrics_port": config.metrics_port + index})
+
+
 class _Child:
     def __init__(self, index: int, config_file: Path, work: Path) -> None:
         self.index = index
@@ -76,7 +85,16 @@ class _Child:
 
 
 def supervise(config: RouterConfig, processes: int, ready_file: Path | None) -> None:
-    """Run `processes` router processes until SIGTERM / SIGINT (then drain them all)."""
+    """Run `processes` router processes until SIGTERM / SIGINT (then drain them all).
+
+    Raises:
+        SystemExit: the metrics ports P .. P + processes - 1 do not fit below 65536.
+    """
+    if config.metrics_port and config.metrics_port + processes - 1 > 65535:
+        raise SystemExit(
+            f"--metrics-port {config.metrics_port} with --processes {processes}: process i "
+            "serves its metrics on the port + i, past 65535"
+        )
     reserved = [_reserve(config.http_host, config.http_port)]
     updates: dict[str, object] = {"http_port": reserved[0].getsockname()[1]}
     if config.grpc_port is not None:
@@ -94,9 +112,11 @@ def supervise(config: RouterConfig, processes: int, ready_file: Path | None) -> 
 
     with tempfile.TemporaryDirectory(prefix="splitserve-router-") as tmp:
         work = Path(tmp)
-        config_file = work / "config.json"
-        config_file.write_text(resolved.model_dump_json())
-        children = [_Child(i, config_file, work) for i in range(processes)]
+        children = []
+        for i in range(processes):
+            config_file = work / f"config-{i}.json"
+            config_file.write_text(_child_config(resolved, i).model_dump_json())
+            children.append(_Child(i, config_file, work))
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         for child in children:
@@ -160,6 +180,7 @@ def _wait_ready(children: list[_Child], config: RouterConfig, ready_file: Path |
             "grpc_port": config.grpc_port,
             "pid": os.getpid(),
             "pids": [c.proc.pid for c in children if c.proc is not None],
+            "metrics_ports": [i.get("metrics_port") for i in infos if i is not None],
         }
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))

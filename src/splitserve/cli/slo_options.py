@@ -15,6 +15,7 @@ Classes given as flags come after the file's.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +50,14 @@ def parse_slo_class(text: str) -> v1.SloClassSpec:
         key, eq, value = item.partition("=")
         if not eq:
             raise click.BadParameter(f"{item!r}: expected key=value", param_hint="--slo-class")
+        key = key.strip()
+        if key == "name":  # was: silently replaced NAME
+            raise click.BadParameter(
+                f"{text!r}: the class's name is the part before ':', not a key",
+                param_hint="--slo-class",
+            )
+        if key in values:  # was: the last value silently won
+            raise click.BadParameter(f"{text!r}: {key} given twice", param_hint="--slo-class")
         values[key] = (
             _BOOL.get(value.lower(), value) if key in ("sheddable", "allowOverrides") else value
         )
@@ -141,7 +150,21 @@ def slo_settings(
                 f"{slo_config}: unknown keys {sorted(unknown)}", param_hint="--slo-config"
             )
         file = data
-    router = dict(file.get("router") or {})
+    router_value = file.get("router") or {}
+    if not isinstance(router_value, dict):  # was dict("abc")'s traceback
+        raise click.BadParameter(
+            f"{slo_config}: router: must be a mapping of router settings, got "
+            f"{type(router_value).__name__}",
+            param_hint="--slo-config",
+        )
+    router = dict(router_value)
+    file_classes = file.get("sloClasses") or []
+    if not isinstance(file_classes, list):  # was iterating an int
+        raise click.BadParameter(
+            f"{slo_config}: sloClasses: must be a list of classes, got "
+            f"{type(file_classes).__name__}",
+            param_hint="--slo-config",
+        )
     unknown_router = set(router) - {
         "placementProfile",
         "disaggregation",
@@ -157,7 +180,7 @@ def slo_settings(
             param_hint="--slo-config",
         )
     classes = []
-    for i, c in enumerate(file.get("sloClasses") or ()):
+    for i, c in enumerate(file_classes):
         try:
             classes.append(v1.SloClassSpec.model_validate(c))
         except ValidationError as err:  # one line per problem (was pydantic's block)
@@ -167,10 +190,14 @@ def slo_settings(
     try:
         classes += [parse_slo_class(c) for c in slo_classes]
         update: dict[str, Any] = {}
-        if "placementProfile" in router or placement_profile:
-            update["profile"] = v1.PlacementProfile(placement_profile or router["placementProfile"])
-        if "disaggregation" in router or disaggregation:
-            update["disaggregation"] = v1.Disaggregation(disaggregation or router["disaggregation"])
+        if placement_profile:
+            update["profile"] = v1.PlacementProfile(placement_profile)
+        elif "placementProfile" in router:
+            update["profile"] = _file_enum(v1.PlacementProfile, router, "placementProfile")
+        if disaggregation:
+            update["disaggregation"] = v1.Disaggregation(disaggregation)
+        elif "disaggregation" in router:
+            update["disaggregation"] = _file_enum(v1.Disaggregation, router, "disaggregation")
         placement = placement.model_copy(update=update)
         default = default_slo_class or file.get("defaultSloClass")
         if not classes and default is None and not router:
@@ -179,7 +206,7 @@ def slo_settings(
         # read ("maybe", 2.7) instead of bool() / int() turning "false" into True or 2.7 into 2.
         slo: dict[str, Any] = {"classes": tuple(classes), "default_class": default}
         if "lengthPredictor" in router:
-            slo["length_predictor"] = v1.LengthPredictor(router["lengthPredictor"])
+            slo["length_predictor"] = _file_enum(v1.LengthPredictor, router, "lengthPredictor")
         if "admissionQueueCapacity" in router:
             slo["queue_capacity"] = router["admissionQueueCapacity"]
         if "admission" in router:  # local switch (benchmarks): false = the wave-1 router
@@ -199,3 +226,19 @@ def slo_settings(
         raise click.BadParameter(why, param_hint="--slo-class / --slo-config") from None
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--slo-class / --slo-config") from err
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _file_enum(kind: type[_E], router: dict[str, Any], key: str) -> _E:
+    """`router[key]` as `kind`; a value it does not have is a 400-like usage error naming
+    `router.<key>` and the values it may take (was "'bogus' is not a valid PlacementProfile")."""
+    value = router[key]
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(str(m.value) for m in kind)
+        raise click.BadParameter(
+            f"router.{key}: {value!r} is not one of {known}", param_hint="--slo-config"
+        ) from None

@@ -756,6 +756,8 @@ def render_documents(
             )
             continue
         meta = doc.get("metadata") or {}
+        if not isinstance(meta, dict):  # was an AttributeError's traceback
+            raise ValueError(f"document {i}: metadata must be a mapping")
         if not isinstance(meta.get("name"), str) or not meta["name"]:
             raise ValueError(f"document {i}: LLMService without metadata.name")
         name = meta["name"]

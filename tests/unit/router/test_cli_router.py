@@ -82,3 +82,16 @@ def test_early_decode_flag_reaches_the_dispatch_settings(
         result = CliRunner().invoke(cli_router.router, [*args, *extra])
         assert result.exit_code == 0, result.output
         assert seen.pop().dispatch.early_decode is want  # type: ignore[attr-defined]
+
+
+def test_a_bad_backend_url_is_one_line() -> None:
+    """Was pydantic's multi-line block with its documentation URL."""
+    from click.testing import CliRunner
+
+    from splitserve.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["router", "serve", "--backend", "ftp://x"])
+    assert result.exit_code == 2
+    assert "--backend: 'ftp://x': url='ftp://x': backend url 'ftp://x': expected" in result.output
+    assert "errors.pydantic.dev" not in result.output
+    assert "validation error" not in result.output

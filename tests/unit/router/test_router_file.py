@@ -44,3 +44,19 @@ def test_sim_service_router_gets_the_local_tokenizer(
     config = config_from_file(path, {})
     assert Path(config.tokenizer_dir).is_relative_to(tmp_path / "cache")
     assert (Path(config.tokenizer_dir) / "tokenizer.json").is_file()
+
+
+def test_edge_flags_override_single_fields_of_the_files_edge(tmp_path: Path) -> None:
+    """`router serve --config FILE --edge K=V` changes K only; before, the flag's whole
+    `EdgeSettings` replaced the file's, so `edge.maxBodyBytes: 1024` fell back to 8 MiB."""
+    from splitserve.cli.router import edge_settings
+
+    data = {**_file("vllm", "/tok"), "edge": {"maxBodyBytes": 1024, "idleTimeoutSeconds": 7}}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plain = config_from_file(path, {}).edge
+    assert (plain.max_body_bytes, plain.idle_timeout_s) == (1024, 7)
+    edge = config_from_file(path, {"edge": edge_settings(("header_timeout_s=5",))}).edge
+    assert (edge.max_body_bytes, edge.idle_timeout_s, edge.header_timeout_s) == (1024, 7, 5)
+    again = config_from_file(path, {"edge": edge_settings(("max_body_bytes=2048",))}).edge
+    assert (again.max_body_bytes, again.idle_timeout_s) == (2048, 7)

@@ -134,3 +134,41 @@ def test_file_router_values_that_cannot_be_read_are_refused(
     with pytest.raises(click.BadParameter, match=field) as err:
         slo_settings([], None, f, None, None, PlacementSettings())
     assert err.value.param_hint == "--slo-class / --slo-config"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"router": "abc"}, r"router: must be a mapping of router settings, got str"),
+        ({"router": [1, 2]}, r"router: must be a mapping of router settings, got list"),
+        ({"sloClasses": 5}, r"sloClasses: must be a list of classes, got int"),
+        ({"router": {"placementProfile": "bogus"}}, r"router\.placementProfile: 'bogus' is not"),
+        ({"router": {"disaggregation": "Often"}}, r"router\.disaggregation: 'Often' is not"),
+        ({"router": {"lengthPredictor": None}}, r"router\.lengthPredictor: None is not one of"),
+    ],
+)
+def test_file_shapes_that_cannot_be_read_are_refused_naming_the_key(
+    tmp_path: Path, data: dict[str, object], message: str
+) -> None:
+    """Each was a Python traceback (`dict('abc')`, iterating an int) or an enum's message that
+    named no key."""
+    f = tmp_path / "slo.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(click.BadParameter, match=message):
+        slo_settings([], None, f, None, None, PlacementSettings())
+
+
+def test_a_class_flag_refuses_name_and_repeated_keys() -> None:
+    """`x:name=y,...` silently renamed the class y; `ttftMs=500,...,ttftMs=600` took 600."""
+    with pytest.raises(click.BadParameter, match="the class's name is the part before ':'"):
+        parse_slo_class("x:name=y,ttftMs=500,tpotMs=50")
+    with pytest.raises(click.BadParameter, match="ttftMs given twice"):
+        parse_slo_class("x:ttftMs=500,tpotMs=50,ttftMs=600")
+
+
+def test_a_default_class_without_classes_names_the_implicit_one() -> None:
+    with pytest.raises(click.BadParameter, match=r"is not one of \['default'\]"):
+        slo_settings([], "nope", None, None, None, PlacementSettings())
+    settings, _ = slo_settings([], "default", None, None, None, PlacementSettings())
+    assert settings is not None
+    assert settings.default_class == "default"
