@@ -18,6 +18,7 @@ import click
 from pydantic import ValidationError
 
 from splitserve.aio import stop_task
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.auth import SECRET_KEYS, AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
@@ -317,6 +318,7 @@ def serve_cmd(
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
+    _refuse_inert_flags(ctx, config, cold_start_max_held, early_decode)
     try:
         settle_gc = gc_tuning.enabled_from_env()
     except ValueError as err:
@@ -361,6 +363,33 @@ def _check_tokenizer_dir(path: Path) -> None:
     raise click.BadParameter(
         f"{text!r} {what}: expected a Hugging Face tokenizer directory", param_hint="--tokenizer"
     )
+
+
+def _refuse_inert_flags(
+    ctx: click.Context, config: RouterConfig, cold_start_max_held: int | None, early_decode: bool
+) -> None:
+    """Flags that could not act with the rest of the configuration: refused, named, instead of
+    accepted without effect."""
+    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    if (
+        ctx.get_parameter_source("min_prompt_tokens_for_pd") in given
+        and config.placement.disaggregation is v1.Disaggregation.NEVER
+    ):
+        raise click.UsageError(
+            "--min-prompt-tokens-for-pd has no effect with disaggregation Never (no request is "
+            "split); leave it out or choose Auto"
+        )
+    if cold_start_max_held is not None and not config.dispatch.cold_start_wait_s:
+        raise click.UsageError(
+            "--cold-start-max-held has no effect without a cold-start wait: give "
+            "--cold-start-wait-s too (the wait is 0: no request is held)"
+        )
+    multiplexed = config.worker_addresses or config.workers_file or config.discovery
+    if early_decode and config.backends and not multiplexed:
+        raise click.UsageError(
+            "--early-decode acts on Multiplex links to splitserve workers; with only --backend "
+            "(stock vLLM servers) it has nothing to act on"
+        )
 
 
 def _backends(values: tuple[str, ...]) -> tuple[HttpBackend, ...]:

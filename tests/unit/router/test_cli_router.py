@@ -95,3 +95,37 @@ def test_a_bad_backend_url_is_one_line() -> None:
     assert "--backend: 'ftp://x': url='ftp://x': backend url 'ftp://x': expected" in result.output
     assert "errors.pydantic.dev" not in result.output
     assert "validation error" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--disaggregation", "Never", "--min-prompt-tokens-for-pd", "64"],
+         "--min-prompt-tokens-for-pd has no effect with disaggregation Never"),
+        (["--cold-start-max-held", "5"], "--cold-start-max-held has no effect without"),
+        (["--backend", "http://127.0.0.1:9", "--early-decode"],
+         "--early-decode acts on Multiplex links"),
+    ],
+)  # fmt: skip
+def test_flags_that_cannot_act_are_refused(args: list[str], message: str) -> None:
+    """Each was accepted and did nothing (a new-user probe)."""
+    from splitserve.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["router", "serve", "--port", "0", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_the_same_flags_where_they_act_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitserve.cli.main import cli
+
+    served: list[object] = []
+    monkeypatch.setattr(cli_router, "_serve", lambda config, *a, **k: served.append(config))
+    for args in (
+        ["--disaggregation", "Always", "--min-prompt-tokens-for-pd", "64"],
+        ["--cold-start-wait-s", "5", "--cold-start-max-held", "5"],
+        ["--worker", "127.0.0.1:9", "--backend", "http://127.0.0.1:9", "--early-decode"],
+    ):
+        result = CliRunner().invoke(cli, ["router", "serve", "--port", "0", *args])
+        assert result.exit_code == 0, result.output
+    assert len(served) == 3
