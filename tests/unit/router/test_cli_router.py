@@ -107,10 +107,13 @@ def test_a_bad_backend_url_is_one_line() -> None:
          "--early-decode acts on Multiplex links"),
     ],
 )  # fmt: skip
-def test_flags_that_cannot_act_are_refused(args: list[str], message: str) -> None:
+def test_flags_that_cannot_act_are_refused(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each was accepted and did nothing (a new-user probe)."""
     from splitserve.cli.main import cli
 
+    monkeypatch.setattr(cli_router, "_serve", lambda *a, **k: None)  # never serve
     result = CliRunner().invoke(cli, ["router", "serve", "--port", "0", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
