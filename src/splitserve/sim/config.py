@@ -11,7 +11,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from splitserve.core.errors import ConfigError
 from splitserve.core.ids import PoolName, SloClassName
@@ -74,16 +83,65 @@ class PoolConfig(BaseModel):
     policy_params: dict[str, Any] = Field(default_factory=dict)
 
 
+def _applicable_only(
+    model: BaseModel, keys: frozenset[str], handler: SerializerFunctionWrapHandler
+) -> dict[str, Any]:
+    """`model`'s dump without the keys that do not act for it (their defaults): a dumped
+    scenario (`config.yaml`) shows what the run used and loads again (a key that does not act
+    is refused when written)."""
+    dumped: dict[str, Any] = handler(model)
+    return {k: v for k, v in dumped.items() if k in keys}
+
+
+_LENGTH_KEYS: dict[str, frozenset[str]] = {
+    "fixed": frozenset({"kind", "tokens"}),
+    "uniform": frozenset({"kind", "low_tokens", "high_tokens"}),
+    "lognormal": frozenset({"kind", "median_tokens", "sigma", "min_tokens", "max_tokens"}),
+}
+"""The keys each length `kind` reads; any other key written beside it is refused (a fixed
+length's `median_tokens`, `sigma` or `low_tokens` was silently ignored)."""
+
+
 class LengthConfig(BaseModel):
     model_config = _STRICT
     kind: Literal["fixed", "uniform", "lognormal"]
     tokens: int | None = None
+    """fixed"""
     low_tokens: int | None = None
+    """uniform"""
     high_tokens: int | None = None
+    """uniform"""
     median_tokens: float | None = None
+    """lognormal"""
     sigma: float = 1.0
+    """lognormal"""
     min_tokens: int = 1
+    """lognormal"""
     max_tokens: int = 1 << 20
+    """lognormal"""
+
+    @field_validator(
+        "tokens",
+        "low_tokens",
+        "high_tokens",
+        "median_tokens",
+        "sigma",
+        "min_tokens",
+        "max_tokens",
+    )
+    @classmethod
+    def _read_by_the_kind(cls, value: _T, info: ValidationInfo) -> _T:
+        # Runs only on keys the file writes (not on defaults); `kind` is validated first.
+        kind = info.data.get("kind")
+        name = info.field_name
+        if value is not None and kind in _LENGTH_KEYS and name not in _LENGTH_KEYS[kind]:
+            reads = ", ".join(sorted(_LENGTH_KEYS[kind] - {"kind"}))
+            raise ValueError(f"{name} does not apply to a {kind} length (it reads {reads})")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _applicable_only(self, _LENGTH_KEYS[self.kind], handler)
 
 
 class TraceConfig(BaseModel):
@@ -91,8 +149,33 @@ class TraceConfig(BaseModel):
     path: str
     """Azure LLM 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
     time_scale: float = Field(1.0, gt=0)
-    """Multiplies arrival offsets (0.5 replays twice as fast); ignored when a rate is set."""
+    """Multiplies arrival offsets (0.5 replays twice as fast); refused beside the workload's
+    `rate_per_s`, which sets the pace instead."""
     max_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
+    """Replay only the trace's first this many rows; unset: every row."""
+
+
+_SYNTHETIC_KEYS = frozenset(
+    {"arrival", "rate_per_s", "num_requests", "preset", "prompt", "output", "seed", "slo_class"}
+)
+_ARRIVAL_KEYS: dict[str, frozenset[str]] = {
+    "poisson": _SYNTHETIC_KEYS,
+    "gamma": _SYNTHETIC_KEYS | {"cv"},
+    "trace": frozenset({"arrival", "rate_per_s", "trace", "slo_class"}),
+}
+"""The workload keys each `arrival` reads; any other key written beside it is refused (they
+were silently ignored: a poisson workload's `cv` or `trace`, a trace's `preset`, `seed`, `cv`,
+and `num_requests`, which cut the trace to its 500 default)."""
+
+_WHY_NOT: dict[str, str] = {
+    "cv": "cv shapes gamma arrivals only",
+    "trace": "trace is replayed only with `arrival: trace`",
+    "num_requests": "a trace replays every row; cap it with `trace.max_requests`",
+    "seed": "a trace replay draws nothing at random",
+    "preset": "a trace gives every request's lengths",
+    "prompt": "a trace gives every request's lengths",
+    "output": "a trace gives every request's lengths",
+}
 
 
 class WorkloadConfig(BaseModel):
@@ -101,15 +184,59 @@ class WorkloadConfig(BaseModel):
     rate_per_s: float | None = Field(None, gt=0)
     """Arrival rate; for a trace, rescales its timestamps to this mean rate."""
     cv: float = Field(1.0, gt=0)
-    """Gamma arrivals' coefficient of variation."""
+    """Gamma arrivals' coefficient of variation (gamma only)."""
     num_requests: int = Field(500, ge=1, le=MAX_REQUESTS)
+    """Requests drawn (poisson, gamma); a trace replays its rows (`trace.max_requests`)."""
     preset: str | None = None
-    """sharegpt | humaneval | longbench (lengths; see `sim.workload.PRESETS`)."""
+    """sharegpt | humaneval | longbench (lengths; see `sim.workload.PRESETS`); or `prompt` and
+    `output`, not both."""
     prompt: LengthConfig | None = None
     output: LengthConfig | None = None
     trace: TraceConfig | None = None
+    """`arrival: trace` only."""
     seed: int = Field(0, ge=0)
+    """Seeds the draws of arrivals and lengths (poisson, gamma)."""
     slo_class: str = "default"
+
+    @field_validator(
+        "rate_per_s", "cv", "num_requests", "preset", "prompt", "output", "trace", "seed"
+    )
+    @classmethod
+    def _read_by_the_arrival(cls, value: _T, info: ValidationInfo) -> _T:
+        # Runs only on keys the file writes (not on defaults), in field order: `arrival`,
+        # `rate_per_s` and `preset` are validated before the keys checked against them.
+        if value is None:
+            return value
+        arrival = info.data.get("arrival")
+        name = info.field_name or ""
+        if arrival in _ARRIVAL_KEYS and name not in _ARRIVAL_KEYS[arrival]:
+            raise ValueError(f"{name} does not apply to {arrival} arrivals ({_WHY_NOT[name]})")
+        if name in ("prompt", "output") and info.data.get("preset") is not None:
+            raise ValueError(
+                f"set either `preset` or `prompt` and `output`, not both (preset "
+                f"{info.data['preset']!r} gives the lengths, so {name} would be ignored)"
+            )
+        if (
+            name == "trace"
+            and isinstance(value, TraceConfig)
+            and "time_scale" in value.model_fields_set
+            and info.data.get("rate_per_s") is not None
+        ):
+            raise ValueError(
+                "trace.time_scale does not apply beside rate_per_s (the rate rescales the "
+                "trace's timestamps to its mean, whatever their scale): set one of them"
+            )
+        return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        keys = _ARRIVAL_KEYS[self.arrival]
+        if self.preset is not None:
+            keys -= {"prompt", "output"}
+        dumped = _applicable_only(self, keys, handler)
+        if self.rate_per_s is not None and isinstance(dumped.get("trace"), dict):
+            dumped["trace"] = {k: v for k, v in dumped["trace"].items() if k != "time_scale"}
+        return dumped
 
 
 class SloConfig(BaseModel):
@@ -332,9 +459,15 @@ def build_workload(
     if w.arrival == "trace":
         if w.trace is None or trace_lines is None:
             raise ConfigError("a trace workload needs `trace.path`")
-        items = parse_azure_trace(
-            trace_lines, w.trace.time_scale, cls, w.trace.max_requests or w.num_requests
-        )
+        try:
+            items = parse_azure_trace(trace_lines, w.trace.time_scale, cls, w.trace.max_requests)
+        except ValueError as err:  # was exit 1 with the parser's message, naming no file
+            raise ConfigError(f"workload.trace.path {w.trace.path!r}: {err}") from err
+        if not items:  # ran an empty simulation, exit 0
+            raise ConfigError(
+                f"workload.trace.path {w.trace.path!r}: no request in the trace (no row with "
+                "ContextTokens and GeneratedTokens >= 1)"
+            )
         return scale_to_rate(items, rate) if rate else items
     if rate is None:
         raise ConfigError(f"{w.arrival} arrivals need `rate_per_s`")

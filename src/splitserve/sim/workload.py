@@ -218,10 +218,12 @@ def parse_azure_trace(
 ) -> tuple[WorkItem, ...]:
     """Parse the Azure LLM inference 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
 
-    Arrival times are relative to the first row and multiplied by `time_scale` (0.5 replays the
-    trace twice as fast). Rows with a zero length are skipped (the trace has some), blank lines
-    too; anything else that is not a row (an empty file, a short row, a timestamp or length that
-    does not parse, a negative length) is a ValueError naming the line.
+    Arrival times are relative to the earliest row read (the rows need not be in time order;
+    they are returned sorted by arrival) and multiplied by `time_scale` (0.5 replays the trace
+    twice as fast). `max_requests` keeps the first that many usable rows in file order. Rows
+    with a zero length are skipped (the trace has some), blank lines too; anything else that is
+    not a row (an empty file, a short row, a timestamp or length that does not parse, a negative
+    length) is a ValueError naming the line.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
@@ -235,10 +237,10 @@ def parse_azure_trace(
     except ValueError:
         raise ValueError(f"not an Azure LLM trace header: {header}") from None
     width = max(i_ts, i_ctx, i_gen) + 1
-    items: list[WorkItem] = []
+    rows: list[tuple[datetime, int, int]] = []
     t0: datetime | None = None
     for number, line in enumerate(it, start=2):
-        if max_requests is not None and len(items) >= max_requests:
+        if max_requests is not None and len(rows) >= max_requests:
             break
         if not line.strip():
             continue
@@ -259,10 +261,18 @@ def parse_azure_trace(
                 raise ValueError(f"line {number}: {column} {n} is negative")
             lengths.append(n)
         ctx, gen = lengths
-        t0 = ts if t0 is None else t0
+        # The earliest row (a skipped one too) is time 0: measured from the first row, a later
+        # row stamped before it was refused with `arrival_s must be >= 0, got -1.0`.
+        t0 = ts if t0 is None else min(t0, ts)
         if ctx < 1 or gen < 1:
             continue
-        items.append(WorkItem((ts - t0).total_seconds() * time_scale, ctx, gen, slo_class))
+        rows.append((ts, ctx, gen))
+    if t0 is None:
+        return ()
+    items = (
+        WorkItem((ts - t0).total_seconds() * time_scale, ctx, gen, slo_class)
+        for ts, ctx, gen in rows
+    )
     return tuple(sorted(items, key=lambda w: w.arrival_s))
 
 
