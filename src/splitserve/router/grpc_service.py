@@ -49,6 +49,27 @@ GRPC_SAMPLING_FIELDS: Final = frozenset(
 (INVALID_ARGUMENT naming it), never dropped."""
 
 
+_GRPC_NAMES: Final = {"x-slo-class": "slo_class"}
+"""HTTP names in the shared request path's errors, as the gRPC request spells the field."""
+
+
+def _named_for_grpc(err: SplitserveError, request: router_pb2.RouterGenerateRequest) -> str:
+    """`err`'s message with the field it names as this request spells it (`slo_class`, not the
+    HTTP header; `prompt_token_ids` when the caller sent ids, not `prompt`)."""
+    message = str(err)
+    param = getattr(err, "param", None)
+    if not isinstance(err, InvalidRequest) or not param:
+        return message
+    name = _GRPC_NAMES.get(param)
+    if param == "prompt" and request.WhichOneof("input") == "prompt_token_ids":
+        name = "prompt_token_ids"
+    if name is None:
+        return message
+    if message.startswith(f"{param}:"):
+        return name + message[len(param) :]
+    return f"{name}: {message}"
+
+
 class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(self, generator: Generator) -> None:
         self.generator = generator
@@ -88,8 +109,15 @@ class RouterService(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.RouterGenerateRequest, context: Any
     ) -> AsyncGenerator[router_pb2.RouterGenerateChunk, None]:
         try:
-            stops = self.generator.check_stops(request.stop)
-            req = await self._request(request)
+            try:
+                stops = self.generator.check_stops(request.stop)
+                req = await self._request(request)
+            except SplitserveError:  # refused before dispatch: counted as on HTTP
+                dispatcher = self.generator.dispatcher
+                table = dispatcher.slo.table
+                slo = table.label(request.slo_class or table.default.name)
+                dispatcher.metrics.requests.labels("rejected", "none", slo).inc()
+                raise
             label = request.request_id or req.id
             if request.request_id:
                 log.debug("gRPC request %s is the caller's %r", req.id, request.request_id)
@@ -109,4 +137,4 @@ class RouterService(router_pb2_grpc.RouterServicer):
                     yield out
         except SplitserveError as err:
             log.info("router Generate failed: %s", err)
-            await context.abort(status_for(err), str(err))
+            await context.abort(status_for(err), _named_for_grpc(err, request))

@@ -56,7 +56,13 @@ class RouterGenerateRequest(_message.Message):
     @_builtins.property
     def prompt_token_ids(self) -> Global___TokenIds: ...
     @_builtins.property
-    def sampling(self) -> _common_pb2.SamplingParams: ...
+    def sampling(self) -> _common_pb2.SamplingParams:
+        """Absent: temperature 1.0, top_p 1.0, no seed. Given: its fields as sent, so an unset
+        temperature is 0 (greedy), as vLLM reads temperature 0; top_p 0 reads as unset (1.0).
+        Only max_tokens, temperature, top_p, seed, seeded and ignore_eos are taken; any other field
+        set is refused (INVALID_ARGUMENT naming it). The OpenAI HTTP API takes the rest.
+        """
+
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
