@@ -65,6 +65,8 @@ class Kind:
     columns: tuple[PrinterColumn, ...]
     scale: bool = False
     categories: tuple[str, ...] = ("splitserve",)
+    rules: tuple[dict[str, str], ...] = ()
+    """CEL rules on the whole object (`self.metadata.name` is readable there)."""
 
     @property
     def singular(self) -> str:
@@ -90,6 +92,13 @@ LLM_SERVICE: Final = Kind(
     ),
     spec=v1.LLMServiceSpec,
     status=v1.LLMServiceStatus,
+    rules=(
+        {
+            "rule": f"self.metadata.name.size() <= 63 && "
+            f"self.metadata.name.matches('^{v1.SERVICE_NAME_PATTERN}$')",
+            "message": v1.SERVICE_NAME_RULE,
+        },
+    ),
     columns=(
         PrinterColumn("Model", "string", ".spec.model.name", "Served model name"),
         PrinterColumn("Prefill", "string", ".status.summary.prefill", "Prefill ready/desired"),
@@ -222,7 +231,7 @@ def openapi_schema(kind: Kind) -> JsonSchema:
     spec = structural_schema(kind.spec)
     status = structural_schema(kind.status)
     status.pop("default", None)
-    return {
+    out: JsonSchema = {
         "type": "object",
         "description": kind.description,
         "required": ["spec"],
@@ -234,6 +243,9 @@ def openapi_schema(kind: Kind) -> JsonSchema:
             "status": status,
         },
     }
+    if kind.rules:
+        out["x-kubernetes-validations"] = [dict(r) for r in kind.rules]
+    return out
 
 
 def crd(kind: Kind) -> dict[str, Any]:

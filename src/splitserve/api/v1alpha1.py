@@ -36,6 +36,23 @@ GROUP: Final = "splitserve.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 
+SERVICE_NAME_PATTERN: Final = "[a-z]([-a-z0-9]*[a-z0-9])?"
+"""An LLMService's name: an RFC 1035 label of at most 63 characters, because its Service (a
+Service name is such a label) and every child's `splitserve.io/service` label (a label value has
+at most 63 characters) carry it."""
+SERVICE_NAME_RULE: Final = (
+    "metadata.name must be at most 63 lower-case letters, digits and '-', starting with a "
+    "letter and ending with a letter or digit: the service's Service and its labels carry it"
+)
+
+
+def service_name_problem(name: str) -> str | None:
+    """Why `name` cannot name an LLMService (`SERVICE_NAME_RULE`), or None."""
+    if len(name) > 63 or not re.fullmatch(SERVICE_NAME_PATTERN, name):
+        return f"metadata.name {name!r}: {SERVICE_NAME_RULE.removeprefix('metadata.name ')}"
+    return None
+
+
 DNS_LABEL: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """RFC 1035 label: what Kubernetes accepts in names that become Service and Deployment names."""
 CLASS_NAME: Final = r"^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$"
@@ -1409,9 +1426,10 @@ _SERVICE_CEL: Final[list[JsonValue]] = [
         "message": "workerGroups: `router` is reserved (the router's Deployment)",
     },
     {
-        "rule": "!has(self.defaultSloClass) || (has(self.sloClasses) && "
-        "self.sloClasses.exists(c, c.name == self.defaultSloClass))",
-        "message": "defaultSloClass must name one of sloClasses",
+        "rule": "!has(self.defaultSloClass) || ((has(self.sloClasses) && "
+        "size(self.sloClasses) > 0) ? self.sloClasses.exists(c, c.name == self.defaultSloClass)"
+        " : self.defaultSloClass == 'default')",
+        "message": "defaultSloClass must name one of sloClasses (without classes: `default`)",
     },
     {
         "rule": "!has(self.engine.kind) || self.engine.kind != 'sim' || ("
@@ -1654,7 +1672,9 @@ class LLMServiceSpec(Model):
         classes = [c.name for c in self.slo_classes]
         if len(set(classes)) != len(classes):
             raise ValueError("sloClasses: class names must be unique")
-        if self.default_slo_class is not None and self.default_slo_class not in classes:
+        if self.default_slo_class is not None and self.default_slo_class not in (
+            classes or ["default"]  # no classes: the one class `default`
+        ):
             raise ValueError(
                 f"defaultSloClass: {self.default_slo_class!r} is not one of sloClasses"
             )

@@ -26,6 +26,7 @@ from typing import Any, Final
 import yaml
 
 from splitserve.api import v1alpha1 as v1
+from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.roles import Role
 from splitserve.operator import otel, podspec
 
@@ -661,8 +662,10 @@ def router_manifests(spec: v1.LLMServiceSpec, observed: Observed) -> list[Manife
         "volumes": [{"name": "config", "configMap": {"name": name}}],
     }
     drain = spec.router.edge.drain_grace_seconds
-    if drain is not None:  # the kubelet must not kill the router before its drain ends
-        router_pod["terminationGracePeriodSeconds"] = int(drain) + 1 + ROUTER_STOP_MARGIN_S
+    if drain is None:  # the router's own default: the pod's default grace (30 s) equals it
+        drain = EdgeSettings.model_fields["drain_grace_s"].default
+    # the kubelet must not kill the router before its drain ends
+    router_pod["terminationGracePeriodSeconds"] = int(drain) + 1 + ROUTER_STOP_MARGIN_S
     if spec.router.api_key_secret:
         router_pod["volumes"].append(
             {"name": "api-keys", "secret": {"secretName": spec.router.api_key_secret}}
@@ -730,8 +733,6 @@ DRY_RUN_UID: Final = "00000000-0000-0000-0000-000000000000"
 """The owner UID in a dry run (the API server assigns the real one)."""
 
 
-_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-"""A Kubernetes object name (RFC 1123 subdomain), what the API server demands of an LLMService."""
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 """A namespace name (RFC 1123 label)."""
 
@@ -761,12 +762,9 @@ def render_documents(
         if not isinstance(meta.get("name"), str) or not meta["name"]:
             raise ValueError(f"document {i}: LLMService without metadata.name")
         name = meta["name"]
-        if len(name) > 253 or not re.fullmatch(_DNS_SUBDOMAIN, name):  # rendered Bad_Name!-*
-            raise ValueError(
-                f"document {i}: metadata.name {name!r} is not a Kubernetes object name (lower-"
-                "case letters, digits, '-' and '.', starting and ending with a letter or digit, "
-                "at most 253): the API server refuses it"
-            )
+        problem = v1.service_name_problem(name)  # rendered Bad_Name!-*, my.svc, 1abc, 70 chars
+        if problem is not None:  # the CRD's rule: the API server refuses it
+            raise ValueError(f"document {i}: {problem}")
         ns = meta.get("namespace") or namespace or "default"
         if not isinstance(ns, str) or len(ns) > 63 or not re.fullmatch(_DNS_LABEL, ns):
             raise ValueError(

@@ -151,6 +151,16 @@ def _not_routable(
     generating = sum(p.ready for r, p in pools.items() if r.can_generate)
     if generating:
         return False, "Routable", f"{generating} decode/mixed worker(s) ready"
+    if any(r.can_generate for r in pools) and not any(
+        p.desired for r, p in pools.items() if r.can_generate
+    ):  # on purpose: not a quota, image or scheduling problem
+        return (
+            True,
+            "NoDecodeWorkers",
+            "the decode and mixed pools are sized to 0: "
+            + ", ".join(f"{r.value} {p.ready}/{p.desired}" for r, p in pools.items())
+            + " (raise spec.pools.decode or .mixed replicas to serve)",
+        )
     selector = render.selector_string(render.worker_selector(service))
     if pods.total == 0:
         return (
@@ -205,13 +215,16 @@ def service_status(
     short = [
         f"{r.value} {p.ready}/{p.desired} ready" for r, p in pools.items() if p.ready < p.desired
     ]
-    router_ready = router is not None and router.ready >= min(router.desired, 1)
+    router_ready = router is not None and router.ready >= 1  # desired 0 is no router either
     if router is not None and router.ready < router.desired:
         short.append(f"router {router.ready}/{router.desired} ready")
     blocked, nr_reason, nr_message = _not_routable(ref.name, ref.namespace, pools, pods)
+    if not blocked and router is not None and router.desired == 0 and router.ready == 0:
+        blocked, nr_reason = True, "NoRouter"
+        nr_message = "spec.router.replicas is 0: no router pod serves the service"
     if blocked:
         ready_reason, ready_message = nr_reason, nr_message
-    elif not router_ready:
+    elif not router_ready:  # (router replicas 0 is `NoRouter` above)
         ready_reason = "RouterNotReady"
         ready_message = (
             f"no ready router pod: kubectl describe deployment -n {ref.namespace} "

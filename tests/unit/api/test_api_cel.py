@@ -137,7 +137,7 @@ def specs(draw: st.DrawFn) -> JsonNode:
     classes = draw(st.lists(slo, max_size=2, unique_by=lambda c: c["name"]))
     if classes:
         spec["sloClasses"] = classes
-    default = draw(st.one_of(st.none(), st.sampled_from(["a", "b"])))
+    default = draw(st.one_of(st.none(), st.sampled_from(["a", "b", "default"])))
     if default is not None:
         spec["defaultSloClass"] = default
     planner = draw(st.one_of(st.none(), st.sampled_from(["Off", "Advise", "Apply"])))
@@ -192,3 +192,40 @@ def test_prometheus_url_is_refused_where_it_would_be_ignored() -> None:
     spec = {**base, "scaling": {"metricsSource": "Prometheus", "prometheusUrl": url}}
     assert cel_accepts(spec), spec
     assert pydantic_accepts(spec), spec
+
+
+ROOT_RULES = [
+    ENV.program(ENV.compile(r["rule"]))
+    for r in crds.openapi_schema(crds.LLM_SERVICE).get("x-kubernetes-validations", [])
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("tiny", True), ("llama-3-8b", True), ("a" * 63, True), ("a" * 64, False),
+     ("my.svc", False), ("1abc", False), ("a-", False), ("Big", False)],
+)  # fmt: skip
+def test_the_crds_name_rule_agrees_with_the_operator(name: str, ok: bool) -> None:
+    """The API server (the CRD's root rule) and `operator render` refuse the same names."""
+    assert ROOT_RULES, "the LLMService CRD has a rule on metadata.name"
+    obj = celpy.json_to_cel({"metadata": {"name": name}})
+    assert all(bool(p.evaluate({"self": obj})) for p in ROOT_RULES) is ok
+    assert (v1.service_name_problem(name) is None) is ok
+
+
+@pytest.mark.parametrize(
+    ("classes", "default", "ok"),
+    [(None, "default", True), (None, "a", False), ([], "default", True),
+     ([{"name": "a", "ttftMs": 100, "tpotMs": 10, "percentile": 0.9, "attainment": 0.9}],
+      "default", False)],
+)  # fmt: skip
+def test_default_class_without_classes_is_the_implicit_default(
+    classes: list[JsonNode] | None, default: str, ok: bool
+) -> None:
+    """A service without classes has one, `default` (the field's doc, the router): naming it
+    was refused by both (a new-user probe)."""
+    spec = decode_spec(defaultSloClass=default)
+    if classes is not None:
+        spec["sloClasses"] = classes
+    assert cel_accepts(spec) is ok
+    assert pydantic_accepts(spec) is ok

@@ -67,7 +67,9 @@ def test_no_edge_keeps_the_router_defaults_and_the_file_unchanged(tmp_path: Path
     assert router_reads({}, tmp_path) == EdgeSettings()
     assert "edge" not in rendered({}, "ConfigMap")["data"][CONFIG_KEY]
     pod = rendered({}, "Deployment")["spec"]["template"]["spec"]
-    assert "terminationGracePeriodSeconds" not in pod
+    # longer than the router's default drain (30 s): Kubernetes' own default grace is 30 s too,
+    # so without it the kubelet killed the router as its drain ended (a new-user probe)
+    assert pod["terminationGracePeriodSeconds"] == EdgeSettings().drain_grace_s + 1 + 5
 
 
 def test_every_edge_limit_is_settable_from_the_crd() -> None:

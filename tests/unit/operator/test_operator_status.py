@@ -105,3 +105,36 @@ def test_transition_time_moves_only_on_change() -> None:
     broken = compute(workers[:1], status.PodCounts(1, 1, 0), previous=first, now="t3")
     assert conds(broken)["Ready"].last_transition_time == "t3"
     assert conds(broken)["Degraded"].last_transition_time == "t3"
+
+
+def test_no_router_is_not_ready_and_not_routable() -> None:
+    """`router.replicas: 0` reported Ready=True and Routable (0 >= min(0, 1)) while nothing
+    could serve a request (a new-user probe)."""
+    workers = [WorkerObs("a", PD, Role.PREFILL), WorkerObs("b", PD, Role.DECODE)]
+    c = conds(compute(workers, status.PodCounts(2, 2, 0), status.DeploymentObs("r", 0, 0)))
+    assert c["Ready"].status is v1.ConditionStatus.FALSE
+    assert c["Ready"].reason == "NoRouter"
+    assert c["NotRoutable"].status is v1.ConditionStatus.TRUE
+    assert "spec.router.replicas is 0" in c["NotRoutable"].message
+
+
+def test_pools_sized_to_zero_say_so() -> None:
+    """Scale-to-zero said "matched 0 pods ... check ... for quota, image or scheduling errors"
+    (a new-user probe): the pods are missing on purpose."""
+    st = status.service_status(
+        spec=SPEC,
+        ref=REF,
+        desired={Role.PREFILL: 0, Role.DECODE: 0},
+        workers=[],
+        pods=status.PodCounts(),
+        router=ROUTER_OK,
+        previous=None,
+        now="t1",
+        generation=3,
+    )
+    c = conds(st)
+    assert c["NotRoutable"].status is v1.ConditionStatus.TRUE
+    assert c["NotRoutable"].reason == "NoDecodeWorkers"
+    assert "sized to 0" in c["NotRoutable"].message
+    assert "quota" not in c["NotRoutable"].message
+    assert c["Ready"].reason == "NoDecodeWorkers"

@@ -178,6 +178,11 @@ def test_render_cli_names_the_file_that_is_not_utf8(tmp_path: Path) -> None:
     ("meta", "needle"),
     [
         ("{name: Bad_Name!}", "metadata.name 'Bad_Name!'"),  # rendered objects named Bad_Name!-*
+        # a Service name and a label value: 'my.svc' and '1abc' were rendered, a 64-character
+        # name as a label value (the API server refuses those children part-way, a probe)
+        ("{name: my.svc}", "metadata.name 'my.svc': must be at most 63"),
+        ("{name: 1abc}", "metadata.name '1abc'"),
+        ("{name: " + "a" * 64 + "}", "metadata.name '" + "a" * 64 + "'"),
         ("{name: ok, namespace: Not_A_Namespace}", "namespace 'Not_A_Namespace'"),
     ],
 )
