@@ -225,6 +225,7 @@ def _reconcile(
     )
     desired = render.desired_replicas(spec, observed)
     overrides = _overrides(spec, name, pools, previous, svc["metadata"].get("generation"))
+    overrides += render.group_coverage_problems(spec, desired)
 
     # Roles first: pods marked as surplus before a Deployment shrinks are the ones it deletes.
     pods = {
@@ -499,7 +500,7 @@ def _overrides(
 WARNING_REASONS: Final = frozenset(
     {*status.HINTS, "InvalidSpec", "Forbidden", "Invalid", "BadRequest", "NotFound", "Conflict"}
     | {"ApiError", "ServerError", "TooManyRequests", "ScaleReverted", "BoundsReverted"}
-    | {"PoolReplicasDecide"}
+    | {"PoolReplicasDecide", "PoolsNotSized", "GroupServesNoPool"}
 )
 
 

@@ -212,6 +212,53 @@ def group_replicas(spec: v1.LLMServiceSpec, desired: Mapping[Role, int]) -> dict
     return out
 
 
+def group_coverage_problems(
+    spec: v1.LLMServiceSpec, desired: Mapping[Role, int]
+) -> list[tuple[str, str]]:
+    """(reason, message) for worker groups and pools that `group_replicas` cannot size: a pool
+    whose workers no group without a fixed size adds, beyond what the fixed groups hold
+    (`PoolsNotSized`), and a group without a fixed size that serves no pool, so it runs 0 pods
+    forever (`GroupServesNoPool`). Said in status (`SpecApplied=False`) rather than left as a
+    Deployment at 0 or a pool below its size that nothing explains."""
+    out: list[tuple[str, str]] = []
+    sized = {
+        role: next((g for g in spec.worker_groups if role in g.roles and g.replicas is None), None)
+        for role in desired
+    }
+    unsized = {role: n for role, n in desired.items() if n > 0 and sized[role] is None}
+    if unsized:
+        fixed = [
+            g
+            for g in spec.worker_groups
+            if g.replicas is not None and any(r in g.roles for r in unsized)
+        ]
+        need = sum(unsized.values())
+        have = sum(g.replicas or 0 for g in fixed)
+        if need > have:
+            roles = ", ".join(f"{r.value} {n}" for r, n in unsized.items())
+            holders = ", ".join(f"{g.name} ({g.replicas})" for g in fixed) or "none"
+            out.append(
+                (
+                    "PoolsNotSized",
+                    f"spec.pools want {roles} workers, but every group that takes those roles "
+                    f"has a fixed replicas ({holders}: {have} pods in all), so {need - have} "
+                    "can never run: leave replicas out on one of them, or add a group",
+                )
+            )
+    first = {g.name for g in sized.values() if g is not None}
+    for i, g in enumerate(spec.worker_groups):
+        if g.replicas is None and g.name not in first:
+            out.append(
+                (
+                    "GroupServesNoPool",
+                    f"workerGroups[{i}] ({g.name}) serves no pool, so it runs 0 pods: each pool "
+                    "is served by the first group that takes its role without a fixed replicas "
+                    f"(pools: {', '.join(r.value for r in desired) or 'none'})",
+                )
+            )
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Manifests
 
@@ -772,7 +819,10 @@ def render_documents(
                 "letters, digits and '-', at most 63)"
             )
         spec = v1.LLMServiceSpec.model_validate(doc.get("spec") or {})
-        out += render(spec, Observed(ServiceRef(meta["name"], ns, uid), router_image=router_image))
+        observed = Observed(ServiceRef(meta["name"], ns, uid), router_image=router_image)
+        out += render(spec, observed)
+        for reason, message in group_coverage_problems(spec, desired_replicas(spec, observed)):
+            notes.append(f"document {i}: warning {reason}: {message}")
     return out, notes
 
 
