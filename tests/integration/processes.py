@@ -4,6 +4,7 @@ wait for its ready file."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,18 @@ def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[b
         return subprocess.Popen(
             [sys.executable, "-m", "splitserve", *args], stdout=out, stderr=out, env=env
         )
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    """SIGTERM (the process drains), then SIGKILL if it is still running after `timeout_s`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def ready(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.integration.processes import ready, spawn
+from tests.integration.processes import ready, spawn, stop
 
 pytestmark = pytest.mark.integration
 
@@ -44,13 +44,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[dict[str, Any], subprocess.Popen[byt
         yield ready(tmp_path / "r.json", router), router
     finally:
         for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)
 
 
 def _complete(base: str, **extra: Any) -> dict[str, Any]:
@@ -136,9 +130,4 @@ def test_each_process_serves_its_own_metrics_port(tmp_path: Path) -> None:
             assert r.status_code == 200
             assert "splitserve_router_" in r.text
     finally:
-        router.send_signal(signal.SIGTERM)
-        try:
-            router.wait(60)
-        except subprocess.TimeoutExpired:
-            router.kill()
-            router.wait()
+        stop(router)
