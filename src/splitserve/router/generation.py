@@ -215,6 +215,13 @@ class Generator:
         self._check_chars(len(text), param)
         return await self.tokenizing.encode(text)
 
+    def count_refused(self, slo_class: str | None) -> None:
+        """Count a request refused before dispatch (outcome `rejected`, path `none`), labelled
+        with the class it asked for: a declared class, or `other`. HTTP and gRPC alike."""
+        table = self.dispatcher.slo.table
+        label = table.label(slo_class or table.default.name)
+        self.dispatcher.metrics.requests.labels("rejected", "none", label).inc()
+
     def check_message_count(self, body: Mapping[str, Any]) -> None:
         """A request body's `messages`, counted before it is validated: more than can fit the
         model's context (`MESSAGE_CHARS` each against `edge.max_prompt_chars`) is a 400 at once,

@@ -113,10 +113,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 stops = self.generator.check_stops(request.stop)
                 req = await self._request(request)
             except SplitserveError:  # refused before dispatch: counted as on HTTP
-                dispatcher = self.generator.dispatcher
-                table = dispatcher.slo.table
-                slo = table.label(request.slo_class or table.default.name)
-                dispatcher.metrics.requests.labels("rejected", "none", slo).inc()
+                self.generator.count_refused(request.slo_class)
                 raise
             label = request.request_id or req.id
             if request.request_id:

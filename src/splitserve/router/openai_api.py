@@ -188,9 +188,7 @@ class OpenAiApi:
     ) -> Response:
         """Answer a request refused before dispatch, counting it (outcome `rejected`, labelled
         with the class it asked for: a declared class, or `other`)."""
-        table = self.generator.dispatcher.slo.table
-        label = table.label(slo_header or table.default.name)
-        self.generator.dispatcher.metrics.requests.labels("rejected", "none", label).inc()
+        self.generator.count_refused(slo_header)
         response = err.response()
         if err.status == 413:
             response.headers["connection"] = "close"  # do not read the rest of the body
