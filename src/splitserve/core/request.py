@@ -5,8 +5,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
 
 from splitserve.core.ids import RequestId, SloClassName
+
+_U64: Final = 1 << 64
+
+
+def seed_bits(seed: int) -> int:
+    """A sampler seed (vLLM takes any int64, as OpenAI's API does) as the wire's uint64: the
+    int64's two's-complement bits, so a negative seed reaches the engine unchanged."""
+    if not -(1 << 63) <= seed < 1 << 63:
+        raise ValueError(f"seed must be a 64-bit signed integer, got {seed}")
+    return seed % _U64
+
+
+def seed_of_bits(bits: int) -> int:
+    """The int64 seed whose bits the wire's uint64 carries (inverse of `seed_bits`)."""
+    return bits - _U64 if bits >= 1 << 63 else bits
 
 
 class FinishReason(StrEnum):

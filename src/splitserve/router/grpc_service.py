@@ -16,7 +16,7 @@ import grpc
 
 from splitserve._gen.v1 import common_pb2, router_pb2, router_pb2_grpc
 from splitserve.core.errors import NoEligibleEndpoint, SplitserveError
-from splitserve.core.request import FinishReason, Request
+from splitserve.core.request import FinishReason, Request, seed_of_bits
 from splitserve.router.errors import InvalidRequest, Overloaded, RequestTimeout
 from splitserve.router.generation import GenerationParams, Generator
 
@@ -97,7 +97,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 max_tokens=s.max_tokens or None,
                 temperature=s.temperature,
                 top_p=s.top_p or 1.0,  # 0 is out of range: read it as "unset"
-                seed=s.seed if s.seed or s.seeded else None,
+                seed=seed_of_bits(s.seed) if s.seed or s.seeded else None,
                 ignore_eos=s.ignore_eos,
                 slo_class=params.slo_class,
             )

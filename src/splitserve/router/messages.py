@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from splitserve._gen.v1 import common_pb2, worker_pb2
-from splitserve.core.request import FinishReason, Request, TokenLogprobs
+from splitserve.core.request import FinishReason, Request, TokenLogprobs, seed_bits
 
 FINISH_FROM_PB: Final = {
     common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
@@ -29,7 +29,7 @@ def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
         max_tokens=max(max_tokens, 1),
         temperature=s.temperature,
         top_p=s.top_p,
-        seed=s.seed or 0,
+        seed=seed_bits(s.seed or 0),
         stop_token_ids=s.stop_token_ids,
         ignore_eos=s.ignore_eos,
         top_k=s.top_k,

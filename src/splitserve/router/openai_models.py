@@ -45,7 +45,7 @@ class SamplingFields(_Wire):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # vLLM's int64
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1)
     stream: bool | None = False

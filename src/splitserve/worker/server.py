@@ -28,7 +28,13 @@ from splitserve.core.errors import CapacityError, KvTransferError
 from splitserve.core.ids import RequestId, SloClassName
 from splitserve.core.kv import KvHandle
 from splitserve.core.perf.protocol import BatchShape
-from splitserve.core.request import FinishReason, Request, SamplingSpec, TokenLogprobs
+from splitserve.core.request import (
+    FinishReason,
+    Request,
+    SamplingSpec,
+    TokenLogprobs,
+    seed_of_bits,
+)
 from splitserve.core.roles import Role
 from splitserve.obs.metrics import WorkerMetrics
 from splitserve.obs.tracing import WorkerSpan, child_span, end_span, span_event
@@ -93,7 +99,7 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
         max_tokens=pb.max_tokens or 16,
         temperature=pb.temperature,
         top_p=pb.top_p or 1.0,
-        seed=pb.seed if pb.seeded or pb.seed else None,
+        seed=seed_of_bits(pb.seed) if pb.seeded or pb.seed else None,
         stop_token_ids=tuple(pb.stop_token_ids),
         ignore_eos=pb.ignore_eos,
         top_k=pb.top_k,

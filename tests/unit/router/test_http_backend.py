@@ -120,6 +120,17 @@ async def test_sampled_pd_uses_one_seed_on_both_halves(
     assert d.calls == ["decode"]
 
 
+async def test_a_negative_seed_reaches_vllm_serve_as_sent(
+    make_fake: FakeFactory, make_router: ServerFactory
+) -> None:
+    """vLLM serve takes any int64 seed; the HTTP backend passes the client's, negative too
+    (it was masked to 63 bits: -1 became 2**63 - 1, another random stream)."""
+    p, d = await make_fake(model="m"), await make_fake(model="m")
+    pd = await _router(make_router, f"prefill={p.url}", f"decode={d.url}")
+    await _stream(pd, PROMPT, max_tokens=3, temperature=0.8, seed=-5)
+    assert p.bodies[0]["seed"] == d.bodies[0]["seed"] == -5
+
+
 async def test_prefill_failure_falls_back_to_aggregated_on_the_decode_server(
     make_fake: FakeFactory, make_router: ServerFactory, tokenizer: TextTokenizer
 ) -> None:

@@ -16,6 +16,7 @@ from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.roles import Role
 from splitserve.router import openai_fields, openai_models
 from splitserve.router.tokenizer import TextTokenizer
+from splitserve.worker.server import sampling_from_pb
 from tests.unit.router.conftest import MODEL, ServerFactory, StackFactory, WorkerFactory
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
@@ -189,6 +190,29 @@ async def test_sampling_fields_reach_prefill_and_decode(
     _check_sampling(decode.sampling, tokenizer)
 
 
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1])
+async def test_any_int64_seed_reaches_the_engine_as_sent(
+    make_worker: WorkerFactory, make_stack: StackFactory, seed: int
+) -> None:
+    """vLLM takes any int64 seed (negative too); the worker protocol's uint64 carries its
+    two's-complement bits and the worker gives the engine the seed the client sent."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    stack = await make_stack(p, d)
+    async with stack.client() as client:
+        r = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "seed": seed},
+        )
+    assert r.status_code == 200, r.text
+    [prefill] = p.requests("Prefill")
+    [decode] = d.requests("Decode")
+    for pb in (prefill.sampling, decode.sampling):
+        assert pb.seeded
+        assert pb.seed == seed % 2**64
+        assert sampling_from_pb(pb).seed == seed
+
+
 async def test_sampling_fields_reach_an_aggregated_worker(
     make_worker: WorkerFactory, make_stack: StackFactory, tokenizer: TextTokenizer
 ) -> None:
@@ -221,6 +245,9 @@ async def test_sampling_fields_reach_an_aggregated_worker(
         # beyond the proto's int32 / uint32: a ValueError building SamplingParams, a 500
         ({"top_k": 99999999999}, "top_k"),
         ({"min_tokens": 99999999999}, "min_tokens"),
+        # vLLM's range for a seed is int64's
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
     ],
 )
 async def test_bad_sampling_values_are_400(

@@ -146,6 +146,14 @@ async def test_grpc_generate(
         assert [t for c in chunks for t in c.token_ids] == tokenizer.encode(TEXT)[:3]
         assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
 
+        # The seed's uint64 carries an int64's bits (-3 here), passed on to the worker as sent.
+        seeded = router_pb2.RouterGenerateRequest(
+            prompt="Say it", sampling=common_pb2.SamplingParams(seed=2**64 - 3, max_tokens=2)
+        )
+        chunks = [c async for c in stub.Generate(seeded)]
+        assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert m.requests("Generate")[-1].sampling.seed == 2**64 - 3
+
         with pytest.raises(aio.AioRpcError) as err:
             _ = [c async for c in stub.Generate(router_pb2.RouterGenerateRequest())]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

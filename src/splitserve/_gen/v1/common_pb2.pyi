@@ -113,7 +113,9 @@ class SamplingParams(_message.Message):
     temperature: _builtins.float
     top_p: _builtins.float
     seed: _builtins.int
-    """0 = unseeded."""
+    """The seed's int64 two's-complement bits (vLLM and OpenAI take any int64, negative too);
+    0 without `seeded` = unseeded.
+    """
     ignore_eos: _builtins.bool
     top_k: _builtins.int
     """The sampler's other knobs (vLLM's SamplingParams); zero values change nothing.

@@ -19,6 +19,7 @@ from typing import Any, Final
 from prometheus_client.parser import text_string_to_metric_families
 
 from splitserve._gen.v1 import common_pb2
+from splitserve.core.request import seed_of_bits
 from splitserve.core.roles import Role
 
 PREFILL_KV_PARAMS: Final[Mapping[str, Any]] = {
@@ -82,7 +83,7 @@ def completion_body(
         "top_p": s.top_p if 0 < s.top_p <= 1 else 1.0,
     }
     if s.seeded:
-        body["seed"] = s.seed & _INT63
+        body["seed"] = seed_of_bits(s.seed)
     elif seed is not None and s.temperature > 0:
         body["seed"] = seed
     if s.stop_token_ids:
