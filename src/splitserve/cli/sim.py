@@ -5,6 +5,7 @@ Thin: parses options and calls `splitserve.sim.runner` / `splitserve.sim.bench`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -359,6 +360,17 @@ def bundled_trace(kind: str) -> Path:
     return bundled(kind)
 
 
+def _progress_to_stderr() -> Callable[[str], None]:
+    """Each run's start on stderr with the seconds since the command began (the report itself
+    goes to stdout only when every run is done, minutes later at full length)."""
+    start = time.monotonic()
+
+    def say(what: str) -> None:
+        click.echo(f"[{time.monotonic() - start:6.0f} s] {what}", err=True)
+
+    return say
+
+
 @sim.command("autoscale")
 @click.option(
     "--scenario",
@@ -502,7 +514,13 @@ def autoscale_cmd(
         if sheddable:
             setup = replace(setup, classes=tuple(replace(c, sheddable=True) for c in setup.classes))
     report = autoscale_eval.run(
-        names, lines, setup=setup, quick=quick, search=not no_search, plots=bool(out_dir)
+        names,
+        lines,
+        setup=setup,
+        quick=quick,
+        search=not no_search,
+        plots=bool(out_dir),
+        progress=_progress_to_stderr(),
     )
     click.echo(report.markdown)
     if out_dir is not None:

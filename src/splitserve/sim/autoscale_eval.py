@@ -438,13 +438,26 @@ def evaluate(
     search: bool = True,
     planned: bool = True,
     with_oracle: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
+    """The loop and the static yardsticks on one scenario. `progress` hears each run as it
+    starts (a full-length run takes minutes; the caller decides where to show it)."""
+    say = progress or (lambda _: None)
+    name = scenario.name
     loop_setup = setup if scenario.initial is None else replace(setup, initial=scenario.initial)
+    say(f"{name}: the loop ({len(scenario.items)} requests)")
     auto = run_autoscaled(scenario.items, loop_setup, step_at_s=scenario.step_at_s)
+    say(f"{name}: static-peak {_fmt_pools(auto.peak_workers)}")
     peak = run_static(scenario.items, setup, auto.peak_workers, "static-peak")
     target = min(c.attainment for c in setup.classes)
+    if search:
+        say(f"{name}: static-best (searching the cheapest static pools; the slow part)")
     best = min_static(scenario.items, setup, target, auto.peak_workers) if search else None
+    if planned:
+        say(f"{name}: static-planned")
     plan = planned_static(scenario.items, setup, target) if planned else None
+    if with_oracle:
+        say(f"{name}: oracle")
     orc = oracle(scenario.items, setup, plan) if with_oracle else None
     return Evaluation(scenario, auto, peak, best, plan, orc)
 
@@ -684,9 +697,13 @@ def run(
     quick: bool = False,
     search: bool = True,
     plots: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
     setup = setup or Setup()
-    evals = tuple(evaluate(build_scenario(n, trace_lines, quick), setup, search) for n in names)
+    evals = tuple(
+        evaluate(build_scenario(n, trace_lines, quick), setup, search, progress=progress)
+        for n in names
+    )
     pngs = {f"autoscale_{e.scenario.name}.png": plot_png(e) for e in evals} if plots else {}
     return Report(markdown(evals, setup), pngs, evals)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from splitserve.cli.sim import bundled_trace, sim
@@ -84,7 +86,17 @@ def test_reversals_counts_direction_changes_within_a_window() -> None:
 def test_eval_report_has_every_column_and_a_png() -> None:
     scenario = autoscale_eval.build_scenario("step-5x", lines, quick=True)
     short = autoscale_eval.Scenario(scenario.name, scenario.items[:300], 120.0, scenario.note)
-    e = autoscale_eval.evaluate(short, SETUP, search=False)
+    heard: list[str] = []
+    e = autoscale_eval.evaluate(short, SETUP, search=False, progress=heard.append)
+    # Each run is announced as it starts (a full-length evaluation prints its report minutes
+    # later; `sim autoscale` writes these to stderr meanwhile).
+    assert [h.split(": ")[1].split(" ")[0] for h in heard] == [
+        "the",
+        "static-peak",
+        "static-planned",
+        "oracle",
+    ]
+    assert heard[0] == "step-5x: the loop (300 requests)"
     md = autoscale_eval.markdown([e], SETUP)
     assert "| step-5x | autoscaled |" in md
     assert "| step-5x | static-peak |" in md
@@ -92,6 +104,19 @@ def test_eval_report_has_every_column_and_a_png() -> None:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert e.static_peak.peak_workers == e.autoscaled.peak_workers
     assert set(e.autoscaled.peak_workers) == {Role.PREFILL, Role.DECODE}
+
+
+def test_cli_reports_each_run_as_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_run(names: object, lines: object, **kw: Any) -> autoscale_eval.Report:
+        kw["progress"]("step-5x: the loop (10 requests)")
+        return autoscale_eval.Report("| the report |")
+
+    monkeypatch.setattr(autoscale_eval, "run", fake_run)
+    result = CliRunner().invoke(sim, ["autoscale", "--scenario", "step-5x", "--no-search"])
+    assert result.exit_code == 0, result.output
+    assert "s] step-5x: the loop (10 requests)" in result.stderr
+    assert "the loop" not in result.stdout
+    assert "| the report |" in result.stdout
 
 
 def test_cli_rejects_unknown_scenario() -> None:
