@@ -110,6 +110,11 @@ def edge_protocol(
         _edge_timer: asyncio.TimerHandle | None = None
         _edge_phase = _IDLE
         _edge_header_bytes = 0
+        _edge_quiet_bytes = 0
+        """Bytes read in a request's body phase since the parser last gave body or a chunk
+        (chunk framing, a trailer line being read: the parser keeps it in memory)."""
+        _edge_trailer_bytes = 0
+        """The request's trailers read whole (the parser keeps them): bounded like a head."""
         _edge_counted = False
         _edge_links: list[ClientLink] | None = None
         """The `ClientLink` of each request of this connection still being answered."""
@@ -161,7 +166,19 @@ def edge_protocol(
                         "headers_too_large",
                     )
                     return
+            if self._edge_phase == _BODY:
+                self._edge_quiet_bytes += len(data)
             super().data_received(data)
+            if self._edge_phase == _BODY and (
+                max(self._edge_quiet_bytes, self._edge_trailer_bytes) > MAX_HEADER_BYTES
+            ):
+                self._edge_refuse(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"the request's chunk framing and trailers exceed {MAX_HEADER_BYTES} bytes",
+                    "headers_too_large",
+                )
+                return
             sock = self._edge_sock
             if 0 < self._edge_phase < _SERVING and sock is not None and quickack is not None:
                 # Part of a request is here and the rest is awaited: ACK at once, or a client
@@ -182,9 +199,39 @@ def edge_protocol(
             if cycle is not None and cycle.scope is self.scope:  # (not an upgrade)
                 self.scope[STREAM_KEY] = EdgeStream(cycle)  # direct writes (`http_sse`)
 
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self._edge_phase == _BODY:  # a trailer
+                self._edge_trailer_bytes += len(name) + len(value) + 4
+            super().on_header(name, value)
+
+        def on_body(self, body: bytes) -> None:
+            self._edge_quiet_bytes = 0
+            super().on_body(body)
+
+        def on_chunk_header(self) -> None:  # httptools calls it when the protocol has it
+            self._edge_quiet_bytes = 0
+
+        def on_chunk_complete(self) -> None:
+            self._edge_quiet_bytes = 0
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes its parser refuses (bad framing, a bad header), as
+            the router's other refusals: an OpenAI error body, not `text/plain`."""
+            self.transport.write(
+                error_response(
+                    400,
+                    "Bad Request",
+                    "the request is not valid HTTP/1.1 (its framing or a header)",
+                    "invalid_request_error",
+                    "invalid_http",
+                )
+            )
+            self.transport.close()
+
         def _edge_headers_read(self) -> None:
             """The body's timer, and the request's `ClientLink` in its scope."""
             self._edge_header_bytes = 0
+            self._edge_quiet_bytes = self._edge_trailer_bytes = 0
             self._edge_arm(body_s, _BODY)
             link = ClientLink()
             self.scope[SCOPE_KEY] = link  # the app runs later (a task), with this scope
@@ -236,7 +283,13 @@ def edge_protocol(
 
         def _edge_refuse(self, status: int, reason: str, message: str, code: str) -> None:
             self._edge_cancel()
+            # Answered before its body arrived (a 401, a 413): uvicorn reads and drops the rest;
+            # a limit on that rest only closes (a second answer is one nobody asked for).
+            answered = self._edge_phase == _BODY and self._edge_answered()
             self._edge_phase = _SERVING
+            if answered:  # this request has its answer: close without another
+                self.transport.close()
+                return
             cycle = getattr(self, "cycle", None)
             if cycle is not None and not cycle.response_complete:
                 # The app is waiting for the body: tell it the client is gone.
@@ -249,6 +302,10 @@ def edge_protocol(
                 error_response(status, reason, message, "invalid_request_error", code)
             )
             self.transport.close()
+
+        def _edge_answered(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is not None and bool(cycle.response_complete)
 
     EdgeProtocol.__name__ = EdgeProtocol.__qualname__ = f"Edge{base.__name__}"
     return EdgeProtocol

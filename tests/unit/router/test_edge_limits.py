@@ -15,8 +15,10 @@ import pytest
 from grpc import aio
 
 from splitserve._gen.v1 import router_pb2, router_pb2_grpc
+from splitserve.api.auth import AuthSettings
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.roles import Role
+from splitserve.router.auth import key_sha256_hex
 from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer
 from tests.unit.router.conftest import MODEL, ServerFactory, WorkerFactory
@@ -354,3 +356,61 @@ def test_chat_chars_counts_each_messages_markup() -> None:
 
     assert chat_chars([{"role": "user", "content": ""}] * 3) == 3 * MESSAGE_CHARS
     assert chat_chars([{"role": "assistant", "content": None}, {"content": "abc"}]) == 2 * 32 + 3
+
+
+async def test_trailers_are_bounded_like_a_head(make_router: ServerFactory) -> None:
+    """A chunked body's trailers are kept in memory by the parser: past the head's limit the
+    request is refused (they were read without bound until the body's timer, 300 MB in 0.6 s)."""
+    server = await make_router()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n"
+    )
+    writer.write(b"x-t: " + b"a" * 4000 + b"\r\n" * 1)
+    for _ in range(17):  # 68 KB of trailer lines (no end: the router waits for more)
+        writer.write(b"x-t: " + b"a" * 4000 + b"\r\n")
+    await writer.drain()
+    async with asyncio.timeout(10):
+        raw = await reader.read()
+    writer.close()
+    status, answer = _status_and_body(raw)
+    assert status == 431
+    assert "trailers" in answer["error"]["message"]
+    # Small trailers are accepted, as are many small chunks: the request reaches dispatch (and
+    # this router has no worker: 503).
+    chunks = b"".join(b"1\r\n" + bytes([c]) + b"\r\n" for c in body)
+    ok = await _raw(
+        server,
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        + chunks
+        + b"0\r\nx-t: 1\r\n\r\n",
+    )
+    assert _status_and_body(ok)[0] == 503, ok[:300]
+
+
+async def test_an_early_answer_gets_no_second_one(make_router: ServerFactory) -> None:
+    """A request answered before its body arrived (a 401 without a key) gets that one answer:
+    the body's timer then closes the connection without writing a 408 nobody asked for (a
+    keep-alive client or proxy would take it for the next request's)."""
+    server = await make_router(
+        edge=EdgeSettings(body_timeout_s=0.3),
+        auth=AuthSettings(key_sha256=(key_sha256_hex("sk-edge-test-key"),)),
+    )
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 56\r\n\r\n{"
+    raw = await _raw(server, head)
+    assert raw.startswith(b"HTTP/1.1 401"), raw
+    assert raw.count(b"HTTP/1.1 ") == 1, raw
+
+
+async def test_bytes_the_parser_refuses_get_an_openai_error(make_router: ServerFactory) -> None:
+    server = await make_router()
+    raw = await _raw(
+        server,
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    )
+    status, answer = _status_and_body(raw)
+    assert status == 400
+    assert answer["error"]["code"] == "invalid_http"
