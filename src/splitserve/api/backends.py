@@ -19,7 +19,9 @@ from splitserve.core.roles import Role
 class HttpBackend(BaseModel):
     """One stock `vllm serve` server."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     url: str = Field(min_length=1)
     """Base URL of the server's OpenAI API, e.g. `http://10.0.0.5:8000` (no path)."""
@@ -72,6 +74,7 @@ class PodWatchSettings(BaseModel):
         frozen=True,
         extra="forbid",
         use_attribute_docstrings=True,
+        allow_inf_nan=False,
         alias_generator=to_camel,
         validate_by_name=True,
         validate_by_alias=True,

@@ -22,7 +22,9 @@ from splitserve.api.router_edge import EdgeSettings
 class PlacementSettings(BaseModel):
     """How the router places requests on prefill and decode workers."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     min_prompt_tokens_for_pd: int = Field(1, ge=0)
     """Prompts shorter than this run aggregated on one decode (or mixed) worker (`Auto`)."""
@@ -35,7 +37,9 @@ class PlacementSettings(BaseModel):
 class SloSettings(BaseModel):
     """SLO classes and admission (the service's `sloClasses`, `defaultSloClass`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     classes: tuple[v1.SloClassSpec, ...] = ()
     """The classes; empty: one class `default` (TTFT 2 s, TPOT 200 ms, not sheddable)."""
@@ -74,7 +78,9 @@ class SloSettings(BaseModel):
 class PoolSettings(BaseModel):
     """How the router watches its workers."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     load_interval_s: float = Field(0.1, ge=0.01, le=3600)
     """Interval the router asks workers to push load reports at (workers refuse less than
@@ -111,7 +117,9 @@ class PoolSettings(BaseModel):
 class DispatchSettings(BaseModel):
     """Timeouts of the P/D flow."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     request_timeout_s: float = Field(600.0, gt=0)
     """Longest a request may run end to end before the router gives up and cancels it."""
@@ -168,7 +176,9 @@ class DiscoverySettings(PodWatchSettings):
 class RouterConfig(BaseModel):
     """Everything `splitserve router serve` needs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     model_name: str = Field(min_length=1)
     """The served model name; requests naming another model get 404."""

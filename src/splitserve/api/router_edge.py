@@ -19,7 +19,9 @@ TOOL_CALL_PARSERS: Final = ("hermes", "llama3_json", "pythonic")
 class EdgeSettings(BaseModel):
     """Limits and timeouts of the router's client-facing edge (per router process)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     max_body_bytes: int = Field(8 << 20, ge=1024)
     """Largest HTTP request body; a larger one is refused with 413 before it is read in full."""

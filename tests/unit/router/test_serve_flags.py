@@ -39,3 +39,18 @@ def test_a_hub_id_is_left_to_the_loader(tmp_path: Path, monkeypatch: pytest.Monk
     for value in ("../tok", "a/b/c", "/abs/tok"):
         with pytest.raises(click.BadParameter, match="does not exist"):
             _check_tokenizer_dir(Path(value))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--edge", "idle_timeout_s=inf"),  # was an OverflowError at start (uvicorn rounds it)
+        ("--edge", "body_timeout_s=nan"),
+    ],
+)
+def test_non_finite_settings_are_refused_by_name(flag: str, value: str) -> None:
+    code, output = _serve(flag, value)
+    assert code == 2, output
+    assert f"Invalid value for {flag}" in output
+    assert value.split("=")[0] in output
+    assert "finite" in output
