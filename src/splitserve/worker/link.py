@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from splitserve._gen.v1 import worker_pb2
 from splitserve.core.frames import FrameError, FrameSplitter, frame
@@ -137,6 +138,8 @@ async def _requests(
                 yield worker_pb2.MuxRequest.FromString(payload)
     except (ConnectionError, FrameError) as err:
         log.warning("stream link: %s", err)
+    except DecodeError as err:  # a peer that speaks something else: its own problem, no trace
+        log.warning("stream link: a frame is not a MuxRequest (%s); closing the link", err)
     except Exception:
         log.exception("stream link: a request could not be read")
     pump.cancel()

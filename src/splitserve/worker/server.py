@@ -132,13 +132,22 @@ def kv_to_pb(kv: KvHandle) -> common_pb2.KvHandle:
 
 
 def kv_from_pb(pb: common_pb2.KvHandle) -> KvHandle:
+    """The handle of a `Decode`. Raises `ValueError` when `params_json` is not a JSON object."""
+    params = None
+    if pb.params_json:
+        try:
+            params = json.loads(pb.params_json)
+        except ValueError as exc:  # json's errors and bad UTF-8 alike
+            raise ValueError(f"kv.params_json is not JSON: {exc}") from None
+        if not isinstance(params, dict):
+            raise ValueError("kv.params_json must be a JSON object")
     return KvHandle(
         transport=pb.transport,
         source_address=pb.source_address,
         source_request_id=RequestId(pb.source_request_id),
         num_tokens=pb.num_tokens,
         num_bytes=pb.num_bytes,
-        params=json.loads(pb.params_json) if pb.params_json else None,
+        params=params,
     )
 
 
@@ -375,7 +384,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if not request.HasField("kv"):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "decode needs a KV handle")
             req = await self._request(context, request)
-        kv = kv_from_pb(kv_pb)
+        try:
+            kv = kv_from_pb(kv_pb)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         problem = kv_handle_problem(kv, req.num_prompt_tokens, self.engine)
         if problem is not None:
             log.warning("refused a KV handle from %s: %s", context.peer(), problem)

@@ -383,3 +383,19 @@ def test_router_serve_link_flag_sets_pool_link(
     bad = run("--link", "tcp")
     assert bad.exit_code != 0
     assert "--link" in bad.output
+
+
+async def test_a_frame_that_is_no_request_is_a_warning_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(frame(b"\xff\xff\xff\xff"))  # not a MuxRequest
+    pump = asyncio.create_task(asyncio.sleep(3600))
+    got = [r async for r in worker_link._requests(reader, pump)]
+    await asyncio.sleep(0)
+    assert got == []
+    assert pump.cancelled()
+    [record] = [r for r in caplog.records if "stream link" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert record.exc_info is None
+    assert "not a MuxRequest" in record.getMessage()

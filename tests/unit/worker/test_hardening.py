@@ -195,6 +195,21 @@ async def test_a_handle_of_another_transport_or_length_is_refused(
     assert "kv.num_tokens" in details
 
 
+@pytest.mark.parametrize("params_json", ["{not json", "[1, 2]", "5"])
+async def test_a_handle_whose_params_are_no_json_object_is_refused(
+    make_worker: WorkerFactory, params_json: str
+) -> None:
+    """It was UNKNOWN ("Unexpected JSONDecodeError") with a traceback in the worker's log."""
+    p = await make_worker(Role.PREFILL)
+    d = await make_worker(Role.DECODE)
+    pre = await _prefill(p, "a")
+    pre.kv.params_json = params_json
+    code, details = await _status(_decode(d, "a", pre))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "kv.params_json" in details
+    assert d.service.engine.in_flight == 0
+
+
 async def test_an_unknown_handle_fails_the_decode_with_a_clear_error(
     make_worker: WorkerFactory,
 ) -> None:
