@@ -6,8 +6,10 @@ ready and the stream is re-opened with exponential back-off; the re-opened call 
 channel to connect, and channels retry every <= 0.5 s, so a restarted worker is re-admitted within
 about a second of listening. A report older than `stale_after_s` is not trusted: while its stream
 stays up the endpoint stays ready, but its load is the router's own view (its in-flight and
-reserved work, `Ledger`) instead of the stale report; that is logged at WARNING and counted
-(`splitserve_router_stale_load_fallbacks_total`), never silently turned into a 503. Each view
+reserved work, `Ledger`) instead of the stale report, and placement ranks it after every worker
+whose reports are fresh (a frozen worker gets new work only when no other can take it); that is
+logged at WARNING and counted (`splitserve_router_stale_load_fallbacks_total`), never silently
+turned into a 503. Each view
 carries the reservations placed on the worker and not yet started (so simultaneous placements see
 each other) and the latency model fitted for it (`LatencyBook`, from the worker's `WatchSteps`
 step stream, and its KV pull rate from the pull totals in its load reports), with the prompt
@@ -448,6 +450,7 @@ class PoolView:
                 decode_step_per_seq_s=per,
                 kv_pull_tokens_per_s=pull_rate,
                 pending_pull_tokens=pull_tokens,
+                stale=True,
             )
         return EndpointView(
             id=ep.id,

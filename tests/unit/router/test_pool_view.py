@@ -156,6 +156,7 @@ async def test_stale_reports_fall_back_to_the_routers_own_view(
         clock.advance(1.9)
         fresh = pool.view(d.address)
         assert fresh.ready
+        assert not fresh.stale
         assert fresh.inflight == 1
         clock.advance(0.2)
         with caplog.at_level(logging.WARNING, logger="splitserve.router.pool_view"):
@@ -163,6 +164,7 @@ async def test_stale_reports_fall_back_to_the_routers_own_view(
             pool.view(d.address)  # logged and counted once per episode
         assert stale.ready
         assert stale.accepts_work
+        assert stale.stale  # placement ranks it after every fresh worker
         assert stale.inflight == 1  # the router's own view
         assert stale.num_running == 0
         assert stale.num_waiting == 0

@@ -49,6 +49,9 @@ class EndpointView:
     pending_pull_tokens: Final[int]
     """Prompt tokens whose KV will be pulled into this worker before a pull placed now (split
     requests placed here and not yet pulled); 0 when the owner does not count them."""
+    stale: Final[bool]
+    """The worker's load reports stopped while its connection stayed up (frozen, or starved of
+    CPU): its load is the owner's own guess. Ranked after every worker with fresh reports."""
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class EndpointView:
         decode_step_per_seq_s: float = 0.0,
         kv_pull_tokens_per_s: float = 0.0,
         pending_pull_tokens: int = 0,
+        stale: bool = False,
     ) -> None:
         self.id = id
         self.role = role
@@ -87,6 +91,7 @@ class EndpointView:
         self.decode_step_per_seq_s = decode_step_per_seq_s
         self.kv_pull_tokens_per_s = kv_pull_tokens_per_s
         self.pending_pull_tokens = pending_pull_tokens
+        self.stale = stale
 
     @property
     def batch(self) -> int:

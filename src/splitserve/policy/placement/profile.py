@@ -65,11 +65,18 @@ class Profile:
         return totals
 
     def rank(self, req: RequestView, eps: Sequence[EndpointView]) -> list[EndpointId]:
-        """Eligible endpoints, best first. Empty when every endpoint was filtered out."""
+        """Eligible endpoints, best first; those whose load reports went stale after every
+        fresh one (a frozen worker gets new work only when no other can take it). Empty when
+        every endpoint was filtered out."""
         if self._fused is not None:
-            return self._rank_fused(req, eps, self._fused)
-        eligible = self.eligible(req, eps)
-        return self.picker.order(self.totals(req, eligible)) if eligible else []
+            ranked = self._rank_fused(req, eps, self._fused)
+        else:
+            eligible = self.eligible(req, eps)
+            ranked = self.picker.order(self.totals(req, eligible)) if eligible else []
+        stale = [e.id for e in eps if e.stale]
+        if not stale or len(ranked) < 2:
+            return ranked
+        return [i for i in ranked if i not in stale] + [i for i in ranked if i in stale]
 
     def _rank_fused(
         self,

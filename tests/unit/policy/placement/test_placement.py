@@ -93,6 +93,23 @@ def test_prefill_prefers_fewest_pending_tokens() -> None:
     assert decider().place(REQ, eps).prefill[0] == "p2"
 
 
+def test_workers_with_stale_reports_rank_after_every_fresh_one() -> None:
+    """A frozen worker looks idle in the router's own view; it was ranked first and its
+    requests waited the whole stall timeout. Now it is a last resort, never dropped."""
+    eps = [
+        ep("d1", num_running=5),
+        ep("d2", stale=True),
+        ep("p1", Role.PREFILL, stale=True),
+        ep("p2", Role.PREFILL, pending_prefill_tokens=5000),
+    ]
+    p = decider().place(REQ, eps)
+    assert p.decode == ("d1", "d2")
+    assert p.prefill == ("p2", "p1")
+    # Every worker stale (a machine starved of CPU): placement goes on from the own view.
+    alone = decider().place(REQ, [ep("d2", stale=True), ep("d3", stale=True, num_running=1)])
+    assert alone.decode == ("d2", "d3")
+
+
 def test_ties_break_by_id_for_reproducibility() -> None:
     eps = [ep("d2"), ep("d1"), ep("d3")]
     assert decider().place(REQ, eps).decode == ("d1", "d2", "d3")
