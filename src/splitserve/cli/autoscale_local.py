@@ -310,9 +310,18 @@ class ProcessFleet:
     # -- Fleet -----------------------------------------------------------------------------
 
     def workers(self) -> Sequence[LocalWorker]:
+        """Every member; ready: serving and not exited (one the supervisor is restarting
+        counts in its pool, not as ready)."""
+        from splitserve.cli.supervise import State
+
         with self.lock:
             return [
-                LocalWorker(name, m.role, str(m.child.info.get("address", "")), m.serving)
+                LocalWorker(
+                    name,
+                    m.role,
+                    str(m.child.info.get("address", "")),
+                    m.serving and self.supervisor.state_of(m.child) in (State.RUNNING, None),
+                )
                 for name, m in self.members.items()
             ]
 
@@ -330,10 +339,20 @@ class ProcessFleet:
     def poll(self) -> None:
         """Started workers that became ready join the router (and the supervisor); ones that
         exited before they were ready are dropped. Called often by `up`'s main loop."""
+        from splitserve.cli.supervise import State
+
         with self.lock:
-            joined = False
+            changed = False
             for name, m in list(self.members.items()):
                 if m.serving:
+                    if self.supervisor.state_of(m.child) is State.DOWN:
+                        # Marked down (`--on-exit down`, or too many quick crashes): out of
+                        # the router and of its pool, so the loop sees the pool as it is
+                        # (below its minimum, it starts another).
+                        del self.members[name]
+                        self._forget(m.child)
+                        changed = True
+                        self.echo(f"autoscale: {name} is down: out of the router and its pool")
                     continue
                 code = m.child.exited()
                 if code is not None:
@@ -348,9 +367,9 @@ class ProcessFleet:
                     m.child.info = json.loads(m.child.ready_file.read_text())
                     m.serving = True
                     self.supervisor.watch(m.child)
-                    joined = True
+                    changed = True
                     self.echo(f"autoscale: {name} is ready ({m.child.info['address']})")
-            if joined:
+            if changed:
                 self.publish(wait=False)
 
     def stop(self, name: str) -> None:

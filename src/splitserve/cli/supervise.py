@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -111,7 +111,7 @@ class Supervisor:
                 if w.state is State.STARTING and w.child.ready_file.exists():
                     w.child.info = json.loads(w.child.ready_file.read_text())
                     w.state = State.RUNNING
-                    self.echo(f"{w.child.name} is ready again ({w.child.info.get('address', '')})")
+                    self.echo(f"{w.child.name} is ready again ({_where(w.child.info)})")
             elif w.state is State.WAITING and now >= w.restart_at_s:
                 self.stack.respawn(w.child)
                 w.history.restarts += 1
@@ -124,6 +124,13 @@ class Supervisor:
         tail = w.child.log_tail()
         if action.kind == "stop":
             self.echo(f"{name} exited ({code}); stopping. Log tail:\n{tail}")
+            return False
+        if action.kind == "down" and name == "router":
+            # Every request crosses it: nothing serves without it.
+            self.echo(
+                f"router exited ({code}) and is marked down ({w.history.restarts} restarts so "
+                f"far); nothing serves without it: stopping. Log tail:\n{tail}"
+            )
             return False
         if action.kind == "down":
             w.state = State.DOWN
@@ -144,8 +151,20 @@ class Supervisor:
         """Stop supervising a process that is being stopped on purpose (`--autoscale`)."""
         self.watched = [w for w in self.watched if w.child is not child]
 
+    def state_of(self, child: Child) -> State | None:
+        """The process's state; None when it is not supervised (not started by `up`, or
+        stopped on purpose)."""
+        return next((w.state for w in self.watched if w.child is child), None)
+
     def states(self) -> dict[str, str]:
         return {w.child.name: w.state.value for w in self.watched}
+
+
+def _where(info: dict[str, Any]) -> str:
+    """Where a ready process listens: a worker's `address`, the router's HTTP host:port."""
+    if "address" in info:
+        return str(info["address"])
+    return f"{info.get('host', '')}:{info.get('port', '')}"
 
 
 def respawn_args(child_args: list[str], info: dict[str, object], role: str) -> list[str]:

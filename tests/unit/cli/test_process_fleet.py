@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from splitserve.cli.autoscale_local import ProcessFleet
+from splitserve.cli.supervise import State
 from splitserve.cli.up import Child
 from splitserve.core.roles import Role
 
@@ -40,6 +41,10 @@ class FakeStack:
 class FakeSupervisor:
     def __init__(self) -> None:
         self.watched: list[str] = []
+        self.state: dict[str, State] = {}
+
+    def state_of(self, child: Child) -> State | None:
+        return self.state.get(child.name, State.RUNNING)
 
     def watch(self, child: Child) -> None:
         self.watched.append(child.name)
@@ -120,6 +125,22 @@ def test_start_joins_the_router_only_when_ready(fleet: tuple[ProcessFleet, Any])
     assert [w.ready for w in f.workers() if w.name == name] == [True]
     assert "127.0.0.1:3" in path.read_text()
     assert supervisor.watched == [name]
+
+
+def test_a_worker_marked_down_leaves_the_router_and_its_pool(
+    fleet: tuple[ProcessFleet, Any],
+) -> None:
+    """A worker the supervisor gave up on was still counted as serving and kept in the
+    router's file: the loop never replaced it and every request got 503."""
+    f, (stack, supervisor, path) = fleet
+    supervisor.state["prefill-0"] = State.WAITING  # exited, restarting: in its pool, not ready
+    supervisor.state["decode-1"] = State.DOWN
+    assert [(w.name, w.ready) for w in f.workers()] == [("prefill-0", False), ("decode-1", False)]
+    f.poll()
+    assert [w.name for w in f.workers()] == ["prefill-0"]
+    assert "127.0.0.1:2" not in path.read_text()
+    assert "127.0.0.1:1" in path.read_text()
+    assert [c.name for c in stack.children] == ["prefill-0"]
 
 
 def test_stop_fences_drains_then_leaves_the_router_then_stops(

@@ -144,3 +144,28 @@ def test_supervisor_stop_and_down_policies(tmp_path: Path) -> None:
     stop = Supervisor(_FakeStack([b]), "stop", lambda _m: None)  # type: ignore[arg-type]
     b.code = 1
     assert not stop.tick()
+
+
+def test_a_router_marked_down_stops_the_stack(tmp_path: Path) -> None:
+    """Nothing serves without the router: `up` kept running its workers alone, /health dead."""
+    router = _FakeChild("router", tmp_path / "router.ready.json")
+    worker = _FakeChild("decode-0", tmp_path / "decode-0.ready.json")
+    messages: list[str] = []
+    sup = Supervisor(_FakeStack([worker, router]), "down", messages.append)  # type: ignore[arg-type]
+    router.code = 1
+    assert not sup.tick()
+    assert "nothing serves without it: stopping" in messages[-1]
+
+
+def test_a_restarted_router_is_ready_again_at_its_http_address(tmp_path: Path) -> None:
+    now = [0.0]
+    router = _FakeChild("router", tmp_path / "router.ready.json")
+    messages: list[str] = []
+    sup = Supervisor(_FakeStack([router]), "restart", messages.append, clock=lambda: now[0])  # type: ignore[arg-type]
+    router.code = -9
+    assert sup.tick()
+    now[0] = 2.0
+    assert sup.tick()
+    router.ready_file.write_text(json.dumps({"host": "127.0.0.1", "port": 8000, "grpc_port": 1}))
+    assert sup.tick()
+    assert messages[-1] == "router is ready again (127.0.0.1:8000)"  # was "()"
