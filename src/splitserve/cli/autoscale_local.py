@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
@@ -176,7 +176,13 @@ class LocalLoop:
         pools: dict[Role, PoolSignal],
     ) -> None:
         if decision.held:
-            return
+            # Signals missing or stale: no sizing, no flips; only a pool outside its min / max
+            # is brought back (a worker marked down leaves its pool below the minimum, and no
+            # request can finish while it is empty, so no signal would ever come).
+            bounds = [p for p in decision.pools.values() if p.kind is Kind.BOUNDS]
+            if not bounds:
+                return
+            decision, flips = replace(decision, pools={p.role: p for p in bounds}), ()
         have = {r: p.current for r, p in pools.items()}
         for f in flips:
             names = list(f.workers) or list(drain_order(pools[f.source]))

@@ -393,3 +393,24 @@ def test_a_scale_down_with_no_worker_to_stop_says_so_once() -> None:
     assert len(stops) == 1, printed
     assert stops[0].startswith("autoscale: stop: no decode worker to stop (3 not reporting"), stops
     assert "): decode 3 -> " in stops[0], stops  # the pool's reason follows
+
+
+def test_a_pool_below_its_minimum_is_refilled_while_signals_are_missing() -> None:
+    """A worker marked down leaves its pool empty; no request can finish, so no signal comes:
+    the loop held forever and every request got 503. Bounds need no signal."""
+    router = FakeRouterMetrics()
+    fleet = FakeFleet()
+    now = [0.0]
+    loop = _step_loop(fleet, router, now)
+    loop.get = lambda url: (_ for _ in ()).throw(OSError("connection refused"))
+    [decode] = [n for n, w in fleet.ws.items() if w.role is Role.DECODE]
+    del fleet.ws[decode]  # marked down: out of the fleet
+    now[0] += STEP_PARAMS.interval_s
+    decision, flips = loop.tick()
+    assert decision.held
+    assert not flips
+    assert fleet.calls == ["start prefill", "start decode", "start decode"]
+    assert any(line.startswith("start ") and "as decode" in line for line in loop.log), loop.log
+    now[0] += STEP_PARAMS.interval_s
+    loop.tick()  # the started worker counts in its pool (not ready yet): no second one
+    assert fleet.calls.count("start decode") == 2
