@@ -361,10 +361,12 @@ _GRPC_STATUS: Final = {
 
 class RouterAuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """API keys on the gRPC `Router` service: `authorization: Bearer <key>` metadata, then the
-    tenant's SLO class (the request's `slo_class`) and limits (`sampling.max_tokens`)."""
+    tenant's SLO class (the request's `slo_class`), model (a request names none: the served
+    one, `model_name`) and limits (`sampling.max_tokens`)."""
 
-    def __init__(self, store: KeyStore, *, default_max_tokens: int) -> None:
+    def __init__(self, store: KeyStore, *, model_name: str, default_max_tokens: int) -> None:
         self.store = store
+        self.model_name = model_name
         self.default_max_tokens = default_max_tokens
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
@@ -379,12 +381,15 @@ class RouterAuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             log.info("refused gRPC %s: %s", details.method, refusal.code)
             return refused(handler, grpc.StatusCode.UNAUTHENTICATED, refusal.message)
         store = self.store
+        model_name = self.model_name
         default_tokens = self.default_max_tokens
 
         async def check(request: Any, context: Any) -> None:
             if request is None or not hasattr(request, "slo_class"):
                 return
             slo_class, refusal = tenant.slo_class(request.slo_class)
+            if refusal is None:
+                refusal = tenant.model(model_name)
             if refusal is None:
                 request.slo_class = slo_class
                 asked = request.sampling.max_tokens if request.HasField("sampling") else 0

@@ -173,7 +173,11 @@ class RouterServer:
             interceptors = []
             if self.keys is not None:
                 interceptors.append(
-                    RouterAuthInterceptor(self.keys, default_max_tokens=self._charged_max_tokens())
+                    RouterAuthInterceptor(
+                        self.keys,
+                        model_name=self.config.model_name,
+                        default_max_tokens=self._charged_max_tokens(),
+                    )
                 )
             self._grpc = aio.server(
                 options=[("grpc.so_reuseport", int(self.reuse_port))], interceptors=interceptors

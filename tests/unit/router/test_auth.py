@@ -261,3 +261,23 @@ async def test_v1_models_lists_only_the_models_a_tenant_may_call(
         r = await client.get(_url(server, f"/v1/models/{MODEL}"), headers=b)
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "model_not_found"
+
+
+async def test_grpc_generate_refuses_a_tenant_whose_models_leave_out_the_served_model(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """gRPC requests name no model: the served one is theirs, and a tenant whose `models`
+    leave it out is refused (PERMISSION_DENIED naming it) as over HTTP (it streamed)."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    req = router_pb2.RouterGenerateRequest(prompt_token_ids=router_pb2.TokenIds(ids=[1, 2]))
+    async with aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        md = (("authorization", f"Bearer {TEAM_B}"),)  # models: [another-model]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [c async for c in stub.Generate(req, metadata=md)]
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert MODEL in (err.value.details() or "")
+    assert m.requests("Generate") == []
