@@ -7,7 +7,8 @@ without a restart (a Kubernetes Secret mounted as a volume is updated in place b
 `AuthApp` wraps the router's ASGI app: every path except `OPEN_PATHS` needs
 `Authorization: Bearer <key>` (401 without one or with an unknown one, OpenAI's bodies); then
 the tenant's SLO class (403; a request without `x-slo-class` runs in the tenant's first class),
-model (403) and rate / token limits (429 with `Retry-After`) apply. `RouterAuthInterceptor` does
+model (403) and rate / token limits (429 with `Retry-After`) apply (to the completions, and
+to `/tokenize` / `/detokenize` as one request of no tokens). `RouterAuthInterceptor` does
 the same for the gRPC `Router` service with the key in the `authorization` metadata.
 """
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics"})
 """Answered without a key: probes and Prometheus (they carry no prompt or user data)."""
 _METERED_PATHS: Final = frozenset({"/v1/completions", "/v1/chat/completions"})
+_TOKENIZER_PATHS: Final = frozenset({"/tokenize", "/detokenize"})
+"""Charged one request and no tokens; the model is the served one when the body names none."""
 _SLO_HEADER: Final = b"x-slo-class"
 DEFAULT_TENANT: Final = "default"
 
@@ -245,6 +248,7 @@ class AuthApp:
         app: Any,
         store: KeyStore,
         *,
+        model_name: str,
         default_max_tokens: int,
         max_body_bytes: int,
         open_paths: frozenset[str] = OPEN_PATHS,
@@ -254,6 +258,7 @@ class AuthApp:
         self.app = app
         self.open_paths = open_paths
         self.store = store
+        self.model_name = model_name
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
 
@@ -290,13 +295,16 @@ class AuthApp:
                 *(h for h in scope["headers"] if h[0].lower() != _SLO_HEADER),
                 (_SLO_HEADER, slo_class.encode()),
             ]
-        if scope["method"] != "POST" or scope["path"] not in _METERED_PATHS:
+        tokenizer = scope["path"] in _TOKENIZER_PATHS
+        if scope["method"] != "POST" or not (tokenizer or scope["path"] in _METERED_PATHS):
             if tenant.spec.models and scope["path"].startswith("/v1/models"):
                 scope = {**scope, ALLOWED_MODELS_SCOPE: tenant.spec.models}
             await self.app(scope, receive, send)
             return
         messages, body = await self._read_body(receive)
         model, tokens = self._model_and_tokens(body)
+        if tokenizer:
+            model, tokens = model or self.model_name, 0
         refusal = None if model is None else tenant.model(model)
         if refusal is None:
             refusal = tenant.admit(tokens, self.store.clock.now_s())

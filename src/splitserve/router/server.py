@@ -237,6 +237,7 @@ class RouterServer:
         return AuthApp(
             app,
             self.keys,
+            model_name=self.config.model_name,
             default_max_tokens=self._charged_max_tokens(),
             max_body_bytes=self.config.edge.max_body_bytes,
             open_paths=open_paths,

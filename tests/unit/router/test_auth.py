@@ -281,3 +281,31 @@ async def test_grpc_generate_refuses_a_tenant_whose_models_leave_out_the_served_
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert MODEL in (err.value.details() or "")
     assert m.requests("Generate") == []
+
+
+async def test_tokenize_and_detokenize_follow_the_tenants_models_and_request_rate(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """`/tokenize` and `/detokenize` (tokenizer CPU, at the client's cost) apply the tenant's
+    `models` (the served one when the body names none; 403 as for completions) and count
+    against its `requestsPerMinute` (they were 200 for any tenant, without limit)."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    a = {"authorization": f"Bearer {TEAM_A}"}  # models: [MODEL], 2 requests a minute
+    b = {"authorization": f"Bearer {TEAM_B}"}  # models: [another-model]
+    async with httpx.AsyncClient() as client:
+        for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+            for named in ({}, {"model": MODEL}):
+                r = await client.post(_url(server, path), json={**body, **named}, headers=b)
+                assert r.status_code == 403, (path, named, r.text)
+                assert r.json()["error"]["code"] == "model_not_allowed"
+                assert MODEL in r.json()["error"]["message"]
+        r = await client.post(_url(server, "/tokenize"), json={"prompt": "hi"}, headers=a)
+        assert r.status_code == 200, r.text
+        r = await client.post(_url(server, "/detokenize"), json={"tokens": [1]}, headers=a)
+        assert r.status_code == 200, r.text
+        r = await client.post(_url(server, "/tokenize"), json={"prompt": "hi"}, headers=a)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["type"] == "requests"
