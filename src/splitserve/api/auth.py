@@ -16,6 +16,7 @@ tenants:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Final
 
@@ -78,6 +79,12 @@ class TenantSpec(FileModel):
                 )
         return self
 
+    def digests(self) -> frozenset[str]:
+        """The hex SHA-256 digests of the tenant's keys, given in clear or as digests."""
+        return frozenset(
+            (*(hashlib.sha256(k.encode()).hexdigest() for k in self.keys), *self.key_sha256)
+        )
+
 
 class KeyFile(FileModel):
     """The whole key file."""
@@ -90,6 +97,12 @@ class KeyFile(FileModel):
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
+        owners: dict[str, str] = {}
+        for tenant in self.tenants:
+            for digest in tenant.digests():
+                owner = owners.setdefault(digest, tenant.name)
+                if owner != tenant.name:
+                    raise ValueError(f"tenants {owner!r} and {tenant.name!r} share a key")
         return self
 
 

@@ -36,7 +36,7 @@ from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
-from splitserve.router.auth import key_sha256_hex, load_key_file
+from splitserve.router.auth import key_sha256_hex, load_key_file, tenant_specs
 from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer
 
@@ -500,12 +500,17 @@ def auth_settings(
             raise click.BadParameter("a key must be 8 or more characters", param_hint="--api-key")
         digests.append(key_sha256_hex(key))
     key_file = str(api_key_file) if api_key_file is not None else base.key_file
+    settings = base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})
     if key_file is not None:
         try:
-            load_key_file(Path(key_file))
+            file = load_key_file(Path(key_file))
         except (OSError, ValueError) as err:
             raise click.BadParameter(str(err), param_hint="--api-key-file") from err
-    return base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})
+        try:
+            tenant_specs(settings, file)  # as the router builds its tenants (was a traceback)
+        except ValueError as err:
+            raise click.BadParameter(f"{key_file}: {err}", param_hint="--api-key-file") from None
+    return settings
 
 
 def edge_settings(values: tuple[str, ...]) -> EdgeSettings:

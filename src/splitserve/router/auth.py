@@ -75,6 +75,29 @@ def load_key_file(path: Path) -> KeyFile:
         raise ValueError(validation_lines(path, err, secret=SECRET_KEYS)) from None
 
 
+def tenant_specs(settings: AuthSettings, file: KeyFile | None) -> list[TenantSpec]:
+    """The tenants a `KeyStore` serves: `default` for the `--api-key` keys, then the file's.
+
+    Raises:
+        ValueError: next to `--api-key` keys, a tenant of the file named `default` or holding
+            one of those keys (the tenant named, never the key).
+    """
+    given = frozenset(settings.key_sha256)
+    specs = [TenantSpec(name=DEFAULT_TENANT, key_sha256=settings.key_sha256)] if given else []
+    for spec in file.tenants if file is not None else ():
+        if given and spec.name == DEFAULT_TENANT:
+            raise ValueError(
+                f"tenant {DEFAULT_TENANT!r} is reserved for the --api-key / SPLITSERVE_API_KEY "
+                "keys: rename it"
+            )
+        if spec.digests() & given:
+            raise ValueError(
+                f"tenant {spec.name!r} holds a key also given with --api-key / SPLITSERVE_API_KEY"
+            )
+        specs.append(spec)
+    return specs
+
+
 class KeyStore:
     """Key digests -> tenants, reloaded from the key file when it changes."""
 
@@ -100,14 +123,7 @@ class KeyStore:
 
     def _rebuild(self, file: KeyFile | None) -> None:
         now = self.clock.now_s()
-        specs: list[TenantSpec] = []
-        if self.settings.key_sha256:
-            specs.append(TenantSpec(name=DEFAULT_TENANT, key_sha256=self.settings.key_sha256))
-        if file is not None:
-            specs.extend(file.tenants)
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"tenant {DEFAULT_TENANT!r} is reserved for --api-key keys")
+        specs = tenant_specs(self.settings, file)
         digests: dict[bytes, TenantLimits] = {}
         tenants: dict[str, TenantLimits] = {}
         for spec in specs:
@@ -125,13 +141,8 @@ class KeyStore:
             else:
                 limits = TenantLimits(rules, now)
             tenants[spec.name] = limits
-            for digest in (
-                *(key_digest(k) for k in spec.keys),
-                *(bytes.fromhex(h) for h in spec.key_sha256),
-            ):
-                if digest in digests:
-                    raise ValueError(f"a key of tenant {spec.name!r} is also another tenant's")
-                digests[digest] = limits
+            for digest in spec.digests():  # unique across tenants (`tenant_specs`, `KeyFile`)
+                digests[bytes.fromhex(digest)] = limits
         self._digests = digests
         self._tenants = tenants
 

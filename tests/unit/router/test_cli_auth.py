@@ -79,3 +79,31 @@ def test_key_file_from_flag_and_from_router_yaml(
     result = _run([f"--config={path}"])
     assert result.exit_code != 0
     assert "keys or keySha256" in result.output
+
+
+def test_key_conflicts_are_usage_errors_not_tracebacks(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    """Two tenants sharing a key, or a tenant named `default` next to `--api-key`, stopped the
+    router's start with a traceback (`KeyStore`); the CLI refuses them, naming the flag."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"tenants: [{{name: x, keys: [{KEY}]}}, {{name: y, keys: [{KEY}]}}]\n")
+    result = _run([f"--config={_router_yaml(tmp_path)}", f"--api-key-file={keys}"])
+    assert result.exit_code == 2, result.output
+    assert "--api-key-file" in result.output
+    assert "'x' and 'y' share a key" in result.output
+    assert KEY not in result.output
+    keys.write_text(f"tenants: [{{name: default, keys: [{KEY}]}}]\n")
+    result = _run(
+        [f"--config={_router_yaml(tmp_path)}", f"--api-key-file={keys}", "--api-key=sk-other-key1"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--api-key" in result.output
+    assert "'default'" in result.output
+    keys.write_text(f"tenants: [{{name: a, keys: [{KEY}]}}]\n")
+    config = f"--config={_router_yaml(tmp_path)}"
+    result = _run([config, f"--api-key-file={keys}", f"--api-key={KEY}"])
+    assert result.exit_code == 2, result.output
+    assert "'a'" in result.output
+    assert KEY not in result.output
+    assert not captured
