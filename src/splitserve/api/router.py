@@ -70,6 +70,11 @@ class SloSettings(BaseModel):
             )
         return self
 
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The service's classes by name (`default` when it declares none)."""
+        return tuple(c.name for c in self.classes) or ("default",)
+
 
 class PoolSettings(BaseModel):
     """How the router watches its workers."""

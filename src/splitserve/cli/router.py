@@ -299,7 +299,7 @@ def serve_cmd(
             config.placement,
         )
         update: dict[str, Any] = {"placement": placement}
-        auth = auth_settings(config.auth, api_keys, api_key_file)
+        auth = auth_settings(config.auth, api_keys, api_key_file, (slo or config.slo).class_names)
         if auth != config.auth:
             update["auth"] = auth
         if metrics_port is not None:
@@ -491,9 +491,13 @@ def _use_uvloop() -> None:
 
 
 def auth_settings(
-    base: AuthSettings, api_keys: tuple[str, ...], api_key_file: Path | None
+    base: AuthSettings,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
+    slo_classes: tuple[str, ...],
 ) -> AuthSettings:
-    """`base` (the config file's) plus `--api-key` (hashed here) and `--api-key-file`."""
+    """`base` (the config file's) plus `--api-key` (hashed here) and `--api-key-file`, whose
+    tenants are checked as the router will (`slo_classes`: the service's)."""
     digests = [*base.key_sha256]
     for key in api_keys:
         if len(key) < 8 or any(c.isspace() for c in key):
@@ -507,7 +511,7 @@ def auth_settings(
         except (OSError, ValueError) as err:
             raise click.BadParameter(str(err), param_hint="--api-key-file") from err
         try:
-            tenant_specs(settings, file)  # as the router builds its tenants (was a traceback)
+            tenant_specs(settings, file, slo_classes)  # as the router will (was a traceback)
         except ValueError as err:
             raise click.BadParameter(f"{key_file}: {err}", param_hint="--api-key-file") from None
     return settings

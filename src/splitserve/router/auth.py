@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import logging
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
@@ -75,12 +76,15 @@ def load_key_file(path: Path) -> KeyFile:
         raise ValueError(validation_lines(path, err, secret=SECRET_KEYS)) from None
 
 
-def tenant_specs(settings: AuthSettings, file: KeyFile | None) -> list[TenantSpec]:
+def tenant_specs(
+    settings: AuthSettings, file: KeyFile | None, slo_classes: Collection[str]
+) -> list[TenantSpec]:
     """The tenants a `KeyStore` serves: `default` for the `--api-key` keys, then the file's.
 
     Raises:
         ValueError: next to `--api-key` keys, a tenant of the file named `default` or holding
-            one of those keys (the tenant named, never the key).
+            one of those keys (the tenant named, never the key); a tenant's `sloClasses` not
+            among the service's `slo_classes` (its requests would all be 400s).
     """
     given = frozenset(settings.key_sha256)
     specs = [TenantSpec(name=DEFAULT_TENANT, key_sha256=settings.key_sha256)] if given else []
@@ -94,6 +98,11 @@ def tenant_specs(settings: AuthSettings, file: KeyFile | None) -> list[TenantSpe
             raise ValueError(
                 f"tenant {spec.name!r} holds a key also given with --api-key / SPLITSERVE_API_KEY"
             )
+        if unknown := [c for c in spec.slo_classes if c not in slo_classes]:
+            raise ValueError(
+                f"tenant {spec.name!r}: sloClasses {', '.join(map(repr, unknown))} not among "
+                f"the service's SLO classes ({', '.join(slo_classes)})"
+            )
         specs.append(spec)
     return specs
 
@@ -101,9 +110,13 @@ def tenant_specs(settings: AuthSettings, file: KeyFile | None) -> list[TenantSpe
 class KeyStore:
     """Key digests -> tenants, reloaded from the key file when it changes."""
 
-    def __init__(self, settings: AuthSettings, clock: Clock) -> None:
+    def __init__(
+        self, settings: AuthSettings, clock: Clock, *, slo_classes: Collection[str]
+    ) -> None:
+        """`slo_classes`: the service's (a tenant's `sloClasses` must be among them)."""
         self.settings = settings
         self.clock = clock
+        self.slo_classes = tuple(slo_classes)
         self._digests: dict[bytes, TenantLimits] = {}
         self._tenants: dict[str, TenantLimits] = {}
         self._file = None if settings.key_file is None else Path(settings.key_file)
@@ -123,7 +136,7 @@ class KeyStore:
 
     def _rebuild(self, file: KeyFile | None) -> None:
         now = self.clock.now_s()
-        specs = tenant_specs(self.settings, file)
+        specs = tenant_specs(self.settings, file, self.slo_classes)
         digests: dict[bytes, TenantLimits] = {}
         tenants: dict[str, TenantLimits] = {}
         for spec in specs:

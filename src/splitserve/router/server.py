@@ -127,7 +127,7 @@ class RouterServer:
         self.draining = False
         self.keys: KeyStore | None = None
         if config.auth.enabled:
-            self.keys = KeyStore(config.auth, self.clock)
+            self.keys = KeyStore(config.auth, self.clock, slo_classes=config.slo.class_names)
         self.metrics_port: int | None = None
         self._metrics_server: WSGIServer | None = None
 

@@ -123,7 +123,7 @@ async def test_key_file_is_reloaded_without_a_restart(
     keys = tmp_path / "keys.yaml"
     keys.write_text(KEYS_YAML)
     auth = AuthSettings(key_file=str(keys), reload_interval_s=0.01)
-    server = await make_router(m.address, auth=auth)
+    server = await make_router(m.address, auth=auth, slo=CLASSES)
     url = _url(server, "/v1/models")
     new_key = "sk-rotated-0123456789"
     async with httpx.AsyncClient() as client:

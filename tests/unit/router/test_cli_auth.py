@@ -3,6 +3,8 @@ interface a `--config` router binds (issue 19 items 1 and 5)."""
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +12,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from splitserve.api.auth import AuthSettings
 from splitserve.api.router import RouterConfig
 from splitserve.cli import router as cli_router
-from splitserve.router.auth import key_sha256_hex
+from splitserve.core.clock import ManualClock
+from splitserve.router.auth import KeyStore, key_sha256_hex
 
 KEY = "sk-cli-0123456789"
 
@@ -107,3 +111,45 @@ def test_key_conflicts_are_usage_errors_not_tracebacks(
     assert "'a'" in result.output
     assert KEY not in result.output
     assert not captured
+
+
+def test_a_tenants_slo_classes_must_be_the_services(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    """docs/security.md's own tenant (`sloClasses: [interactive, batch]`) on a service with only
+    the class `default`: every request was a 400 for a class the client never asked for."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"tenants: [{{name: t, keys: [{KEY}], sloClasses: [interactive, batch]}}]\n")
+    config = f"--config={_router_yaml(tmp_path)}"
+    result = _run([config, f"--api-key-file={keys}"])
+    assert result.exit_code == 2, result.output
+    assert "tenant 't'" in result.output
+    assert "sloClasses" in result.output
+    assert "'interactive'" in result.output
+    assert "default" in result.output
+    classes = [
+        "--slo-class=interactive:ttftMs=300,tpotMs=40",
+        "--slo-class=batch:ttftMs=9000,tpotMs=900",
+    ]
+    result = _run([config, f"--api-key-file={keys}", *classes])
+    assert result.exit_code == 0, result.output
+    assert captured[-1].auth.key_file == str(keys)
+
+
+def test_a_reload_with_unknown_slo_classes_keeps_the_old_keys(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"tenants: [{{name: t, keys: [{KEY}], sloClasses: [default]}}]\n")
+    clock = ManualClock()
+    store = KeyStore(AuthSettings(key_file=str(keys)), clock, slo_classes=("default",))
+    keys.write_text(f"tenants: [{{name: t, keys: [{KEY}], sloClasses: [gold]}}]\n")
+    st = keys.stat()
+    os.utime(keys, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    clock.advance(10)
+    with caplog.at_level(logging.ERROR, logger="splitserve.router.auth"):
+        tenant = store.authenticate(f"Bearer {KEY}")
+    assert tenant is not None
+    assert tenant.spec.slo_classes == ("default",)
+    assert store.reloads == 0
+    assert any("'gold'" in r.getMessage() for r in caplog.records), caplog.text
