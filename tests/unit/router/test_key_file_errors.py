@@ -43,3 +43,16 @@ def test_a_bad_digest_under_the_files_camel_case_spelling_is_not_echoed(
     with pytest.raises(ValueError, match="keySha256") as info:
         load_key_file(path)
     assert "12345678" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["key", "apiKey", "secret"])
+def test_the_value_of_a_misspelled_field_is_not_echoed(tmp_path: Path, field: str) -> None:
+    # `key: sk-...` (for `keys`) was echoed to stderr and, on a reload, into the router's log:
+    # `tenants.0.key: Extra inputs are not permitted (got 'sk-leaky-secret1')`
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        f"tenants:\n  - name: a\n    keys: [sk-good-key-1]\n    {field}: sk-leaky-secret1\n"
+    )
+    with pytest.raises(ValueError, match=f"tenants.0.{field}: Extra inputs") as info:
+        load_key_file(path)
+    assert "sk-leaky" not in str(info.value)
