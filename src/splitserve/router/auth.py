@@ -356,7 +356,8 @@ class AuthApp:
 
     def _model_and_tokens(self, body: bytes | None) -> tuple[str | None, int]:
         """The body's `model` and completion budget; (None, default) when the body does not
-        parse (the app answers that 400, after the rate limit charged the default budget)."""
+        parse (the app answers that 400, after the rate limit charged the default budget); no
+        tokens for a budget that is not a positive int (the app's 400 names it)."""
         if body is None:
             return None, self.default_max_tokens
         try:
@@ -366,9 +367,16 @@ class AuthApp:
         if not isinstance(data, dict):
             return None, self.default_max_tokens
         model = data.get("model")
-        budget = data.get("max_completion_tokens") or data.get("max_tokens")
-        tokens = budget if isinstance(budget, int) and budget > 0 else self.default_max_tokens
+        budgets = [data.get(k) for k in ("max_completion_tokens", "max_tokens")]
+        if any(b is not None and not _positive_int(b) for b in budgets):
+            tokens = 0
+        else:
+            tokens = budgets[0] or budgets[1] or self.default_max_tokens
         return (model if isinstance(model, str) else None), tokens
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _replay(messages: list[Any], receive: Any) -> Any:

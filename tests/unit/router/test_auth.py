@@ -309,3 +309,23 @@ async def test_tokenize_and_detokenize_follow_the_tenants_models_and_request_rat
         r = await client.post(_url(server, "/tokenize"), json={"prompt": "hi"}, headers=a)
         assert r.status_code == 429, r.text
         assert r.json()["error"]["type"] == "requests"
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "8"])
+async def test_an_invalid_max_tokens_is_the_apps_400_and_charges_no_tokens(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path, bad: object
+) -> None:
+    """`max_tokens: 0` (or -5, 1.5) was charged the router's default budget, and refused with a
+    429 saying the request asks for that many tokens."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f'tenants:\n  - name: t\n    keys: ["{KEY}"]\n    tokensPerMinute: 10\n')
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)))
+    h = {"authorization": f"Bearer {KEY}"}
+    url = _url(server, "/v1/completions")
+    async with httpx.AsyncClient() as client:
+        r = await client.post(url, json=_body(max_tokens=bad), headers=h)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "max_tokens"
+        r = await client.post(url, json=_body(max_tokens=10), headers=h)
+        assert r.status_code == 200, r.text  # the bad request took none of the 10 tokens
