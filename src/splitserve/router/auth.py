@@ -295,8 +295,8 @@ class AuthApp:
         if tenant is None:
             missing = _MISSING if not authorization else _WRONG
             client = scope.get("client") or ("?", 0)
-            log.info(
-                "refused %s %s from %s: %s", scope["method"], scope["path"], client[0], missing.code
+            log.info(  # %r: the path is the client's (a %0a in it wrote a line of its own)
+                "refused %s %r from %s: %s", scope["method"], scope["path"], client[0], missing.code
             )
             await _answer(
                 send,
@@ -418,7 +418,7 @@ class RouterAuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         tenant = self.store.authenticate(authorization)
         if tenant is None:
             refusal = _MISSING if not authorization else _WRONG
-            log.info("refused gRPC %s: %s", details.method, refusal.code)
+            log.info("refused gRPC %r: %s", details.method, refusal.code)
             return refused(handler, grpc.StatusCode.UNAUTHENTICATED, refusal.message)
         store = self.store
         model_name = self.model_name

@@ -329,3 +329,19 @@ async def test_an_invalid_max_tokens_is_the_apps_400_and_charges_no_tokens(
         assert r.json()["error"]["param"] == "max_tokens"
         r = await client.post(url, json=_body(max_tokens=10), headers=h)
         assert r.status_code == 200, r.text  # the bad request took none of the 10 tokens
+
+
+async def test_a_refused_path_cannot_forge_a_log_line(
+    make_router: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client without a key wrote a line of its own into the router's log with a `%0a` in
+    the path (`refused GET /v1/x` + newline + a fake ERROR record)."""
+    server = await make_router(auth=AuthSettings(key_sha256=(key_sha256_hex(KEY),)))
+    forged = "2026-11-29 07:30:00,000 ERROR router splitserve.router.auth: FORGED"
+    with caplog.at_level(logging.INFO, logger="splitserve.router.auth"):
+        async with httpx.AsyncClient() as client:
+            r = await client.get(_url(server, "/v1/x%0a" + forged.replace(" ", "%20")))
+    assert r.status_code == 401
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refused
+    assert all("\n" not in m and "FORGED" in m for m in refused), refused
