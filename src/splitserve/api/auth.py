@@ -24,6 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
+API_KEY: Final = re.compile(r"[!-~]{8,}")
+"""A bearer key: visible ASCII (an HTTP header is read as latin-1, a key hashed as UTF-8: any
+other character could never match)."""
+API_KEY_RULE: Final = "a key must be 8 or more visible ASCII characters (no spaces)"
 
 
 SECRET_KEYS = frozenset({"keys", "keySha256", "key_sha256"})
@@ -72,11 +76,8 @@ class TenantSpec(FileModel):
         for digest in self.key_sha256:
             if not SHA256_HEX.fullmatch(digest):
                 raise ValueError(f"tenant {self.name!r}: keySha256 entries are 64 hex digits")
-        for key in self.keys:
-            if len(key) < 8 or any(c.isspace() for c in key):
-                raise ValueError(
-                    f"tenant {self.name!r}: a key must be 8 or more characters, no spaces"
-                )
+        if not all(API_KEY.fullmatch(key) for key in self.keys):
+            raise ValueError(f"tenant {self.name!r}: keys: {API_KEY_RULE}")
         return self
 
     def digests(self) -> frozenset[str]:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from splitserve.aio import stop_task
 from splitserve.api import v1alpha1 as v1
-from splitserve.api.auth import SECRET_KEYS, AuthSettings
+from splitserve.api.auth import API_KEY, API_KEY_RULE, SECRET_KEYS, AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
@@ -500,8 +500,8 @@ def auth_settings(
     tenants are checked as the router will (`slo_classes`: the service's)."""
     digests = [*base.key_sha256]
     for key in api_keys:
-        if len(key) < 8 or any(c.isspace() for c in key):
-            raise click.BadParameter("a key must be 8 or more characters", param_hint="--api-key")
+        if not API_KEY.fullmatch(key):
+            raise click.BadParameter(API_KEY_RULE, param_hint="--api-key")
         digests.append(key_sha256_hex(key))
     key_file = str(api_key_file) if api_key_file is not None else base.key_file
     settings = base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})

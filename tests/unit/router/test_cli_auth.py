@@ -153,3 +153,13 @@ def test_a_reload_with_unknown_slo_classes_keeps_the_old_keys(
     assert tenant.spec.slo_classes == ("default",)
     assert store.reloads == 0
     assert any("'gold'" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_an_api_key_that_is_not_visible_ascii_is_a_usage_error(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    result = _run([f"--config={_router_yaml(tmp_path)}", "--api-key=sk-ключ-12345"])
+    assert result.exit_code == 2, result.output
+    assert "--api-key" in result.output
+    assert "visible ASCII" in result.output
+    assert not captured

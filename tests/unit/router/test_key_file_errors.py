@@ -56,3 +56,13 @@ def test_the_value_of_a_misspelled_field_is_not_echoed(tmp_path: Path, field: st
     with pytest.raises(ValueError, match=f"tenants.0.{field}: Extra inputs") as info:
         load_key_file(path)
     assert "sk-leaky" not in str(info.value)
+
+
+def test_a_key_that_is_not_visible_ascii_is_refused(tmp_path: Path) -> None:
+    # it loaded, but could never authenticate: the header is read as latin-1, the key hashed
+    # as UTF-8
+    path = tmp_path / "keys.yaml"
+    path.write_text('tenants:\n  - name: a\n    keys: ["sk-ключ-12345"]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"keys: .*visible ASCII") as info:
+        load_key_file(path)
+    assert "ключ" not in str(info.value)
