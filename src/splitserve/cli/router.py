@@ -27,6 +27,7 @@ from splitserve.api.validation import one_line, validation_lines
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
+    API_KEY_ENV,
     bind_errors_named,
     ready_file_option,
     run_until_signalled,
@@ -247,6 +248,12 @@ def serve_cmd(
             ) from None
         _serve(config, ready_file, reuse_port, False, "--config-json (tokenizer_dir)")
         return
+    given = ctx.get_parameter_source("api_keys") is click.core.ParameterSource.COMMANDLINE
+    if given and set(os.environ.get(API_KEY_ENV, "").split()) - set(api_keys):
+        raise click.BadParameter(  # the variable's keys were silently left out
+            f"{API_KEY_ENV} is set too, to other keys: give the keys one way",
+            param_hint="--api-key",
+        )
     if tokenizer is not None:
         _check_tokenizer_dir(tokenizer)
         tokenizer_flag = "--tokenizer"

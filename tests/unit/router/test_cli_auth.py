@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,46 @@ def test_an_api_key_that_is_not_visible_ascii_is_a_usage_error(
     assert "--api-key" in result.output
     assert "visible ASCII" in result.output
     assert not captured
+
+
+class _Popen:
+    """Records the environment a child would get (inherited when `env` is not given)."""
+
+    envs: list[dict[str, str]]
+
+    def __init__(self, *_: Any, env: dict[str, str] | None = None, **__: Any) -> None:
+        _Popen.envs.append(dict(os.environ if env is None else env))
+
+
+def test_children_that_do_not_read_the_key_do_not_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--processes N` children (their configuration holds the digest) and `up`'s workers
+    inherited SPLITSERVE_API_KEY in clear; `up`'s router still gets it (it hashes it)."""
+    from splitserve.cli import router_processes, up
+
+    monkeypatch.setenv("SPLITSERVE_API_KEY", KEY)
+    _Popen.envs = []
+    monkeypatch.setattr(subprocess, "Popen", _Popen)  # what both modules call
+    router_processes._Child(0, tmp_path / "config-0.json", tmp_path).start()
+    stack = up.Stack(tmp_path)
+    stack.spawn("decode-0", ["worker", "serve"])
+    stack.spawn("router", ["router", "serve"])
+    child, worker, up_router = _Popen.envs
+    assert "SPLITSERVE_API_KEY" not in child
+    assert "SPLITSERVE_API_KEY" not in worker
+    assert up_router["SPLITSERVE_API_KEY"] == KEY
+
+
+def test_api_key_flag_and_env_with_other_keys_is_a_usage_error(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    """The environment's keys were silently ignored when --api-key was given."""
+    config = f"--config={_router_yaml(tmp_path)}"
+    result = _run([config, f"--api-key={KEY}"], env={"SPLITSERVE_API_KEY": "sk-other-key-1"})
+    assert result.exit_code == 2, result.output
+    assert "--api-key" in result.output
+    assert "SPLITSERVE_API_KEY" in result.output
+    assert not captured
+    result = _run([config, f"--api-key={KEY}"], env={"SPLITSERVE_API_KEY": KEY})
+    assert result.exit_code == 0, result.output
