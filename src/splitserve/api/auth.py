@@ -20,7 +20,7 @@ import hashlib
 import re
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
@@ -90,21 +90,26 @@ class TenantSpec(FileModel):
 class KeyFile(FileModel):
     """The whole key file."""
 
-    tenants: tuple[TenantSpec, ...] = Field(min_length=1)
-    """The tenants; key digests must be unique across them."""
+    tenants: tuple[TenantSpec, ...]
+    """The tenants (one at least); names and key digests must be unique across them."""
 
-    @model_validator(mode="after")
-    def _unique(self) -> KeyFile:
-        names = [t.name for t in self.tenants]
+    @field_validator("tenants")
+    @classmethod
+    def _unique(cls, tenants: tuple[TenantSpec, ...]) -> tuple[TenantSpec, ...]:
+        # checked once every tenant is valid (`Field(min_length=1)` added a false "not 0" line
+        # to a bad tenant's)
+        if not tenants:
+            raise ValueError("at least one tenant")
+        names = [t.name for t in tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
         owners: dict[str, str] = {}
-        for tenant in self.tenants:
+        for tenant in tenants:
             for digest in tenant.digests():
                 owner = owners.setdefault(digest, tenant.name)
                 if owner != tenant.name:
                     raise ValueError(f"tenants {owner!r} and {tenant.name!r} share a key")
-        return self
+        return tenants
 
 
 class AuthSettings(BaseModel):

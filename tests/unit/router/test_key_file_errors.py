@@ -66,3 +66,15 @@ def test_a_key_that_is_not_visible_ascii_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"keys: .*visible ASCII") as info:
         load_key_file(path)
     assert "ключ" not in str(info.value)
+
+
+def test_a_bad_tenant_adds_no_line_saying_there_are_none(tmp_path: Path) -> None:
+    # every error came with `tenants: Tuple should have at least 1 item after validation, not 0`
+    path = tmp_path / "keys.yaml"
+    path.write_text("tenants:\n  - name: a\n")
+    with pytest.raises(ValueError, match="keys or keySha256") as info:
+        load_key_file(path)
+    assert len(str(info.value).splitlines()) == 1, info.value
+    path.write_text("tenants: []\n")
+    with pytest.raises(ValueError, match=r"tenants: .*at least one tenant"):
+        load_key_file(path)
