@@ -306,7 +306,9 @@ def serve_cmd(
             config.placement,
         )
         update: dict[str, Any] = {"placement": placement}
-        auth = auth_settings(config.auth, api_keys, api_key_file, (slo or config.slo).class_names)
+        auth = auth_settings(
+            config.auth, api_keys, api_key_file, (slo or config.slo).class_names, config_file
+        )
         if auth != config.auth:
             update["auth"] = auth
         if metrics_port is not None:
@@ -502,25 +504,30 @@ def auth_settings(
     api_keys: tuple[str, ...],
     api_key_file: Path | None,
     slo_classes: tuple[str, ...],
+    config_file: Path | None = None,
 ) -> AuthSettings:
-    """`base` (the config file's) plus `--api-key` (hashed here) and `--api-key-file`, whose
-    tenants are checked as the router will (`slo_classes`: the service's)."""
+    """`base` (the config file's, `config_file`) plus `--api-key` (hashed here) and
+    `--api-key-file`, whose tenants are checked as the router will (`slo_classes`: the
+    service's)."""
     digests = [*base.key_sha256]
     for key in api_keys:
         if not API_KEY.fullmatch(key):
             raise click.BadParameter(API_KEY_RULE, param_hint="--api-key")
         digests.append(key_sha256_hex(key))
     key_file = str(api_key_file) if api_key_file is not None else base.key_file
+    hint = (
+        "--api-key-file" if api_key_file is not None else f"auth.keyFile of --config {config_file}"
+    )
     settings = base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})
     if key_file is not None:
         try:
             file = load_key_file(Path(key_file))
         except (OSError, ValueError) as err:
-            raise click.BadParameter(str(err), param_hint="--api-key-file") from err
+            raise click.BadParameter(str(err), param_hint=hint) from err
         try:
             tenant_specs(settings, file, slo_classes)  # as the router will (was a traceback)
         except ValueError as err:
-            raise click.BadParameter(f"{key_file}: {err}", param_hint="--api-key-file") from None
+            raise click.BadParameter(f"{key_file}: {err}", param_hint=hint) from None
     return settings
 
 

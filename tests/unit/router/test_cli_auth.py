@@ -207,3 +207,16 @@ def test_api_key_flag_and_env_with_other_keys_is_a_usage_error(
     assert not captured
     result = _run([config, f"--api-key={KEY}"], env={"SPLITSERVE_API_KEY": KEY})
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("where", ["missing.yaml", "."])
+def test_a_bad_key_file_from_router_yaml_names_auth_key_file(
+    tmp_path: Path, captured: list[RouterConfig], where: str
+) -> None:
+    # it said `Invalid value for --api-key-file`, a flag nobody gave
+    path = _router_yaml(tmp_path, auth={"keyFile": str(tmp_path / where)})
+    result = _run([f"--config={path}"])
+    assert result.exit_code == 2, result.output
+    assert "auth.keyFile" in result.output
+    assert str(path) in result.output
+    assert "--api-key-file" not in result.output
