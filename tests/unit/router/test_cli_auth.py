@@ -220,3 +220,28 @@ def test_a_bad_key_file_from_router_yaml_names_auth_key_file(
     assert "auth.keyFile" in result.output
     assert str(path) in result.output
     assert "--api-key-file" not in result.output
+
+
+def test_router_yaml_sets_the_key_files_reload_interval(
+    tmp_path: Path, captured: list[RouterConfig]
+) -> None:
+    """docs/security.md named a setting (`auth.reload_interval_s`) nothing accepted."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"tenants: [{{name: a, keys: [{KEY}]}}]\n")
+    path = _router_yaml(tmp_path, auth={"keyFile": str(keys), "reloadIntervalSeconds": 30})
+    result = _run([f"--config={path}"])
+    assert result.exit_code == 0, result.output
+    auth = captured[-1].auth
+    assert auth.reload_interval_s == 30
+    clock = ManualClock()
+    store = KeyStore(auth, clock, slo_classes=("default",))
+    assert store.authenticate(f"Bearer {KEY}") is not None  # checked at 0 s
+    new_key = "sk-rotated-0123456789"
+    keys.write_text(f"tenants: [{{name: a, keys: [{new_key}]}}]\n")
+    st = keys.stat()
+    os.utime(keys, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    clock.advance(10)  # not checked yet: the key loaded before still works
+    assert store.authenticate(f"Bearer {KEY}") is not None
+    clock.advance(25)
+    assert store.authenticate(f"Bearer {KEY}") is None
+    assert store.authenticate(f"Bearer {new_key}") is not None
