@@ -16,13 +16,18 @@ tenants:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
+API_KEY: Final = re.compile(r"[!-~]{8,}")
+"""A bearer key: visible ASCII (an HTTP header is read as latin-1, a key hashed as UTF-8: any
+other character could never match)."""
+API_KEY_RULE: Final = "a key must be 8 or more visible ASCII characters (no spaces)"
 
 
 SECRET_KEYS = frozenset({"keys", "keySha256", "key_sha256"})
@@ -71,26 +76,40 @@ class TenantSpec(FileModel):
         for digest in self.key_sha256:
             if not SHA256_HEX.fullmatch(digest):
                 raise ValueError(f"tenant {self.name!r}: keySha256 entries are 64 hex digits")
-        for key in self.keys:
-            if len(key) < 8 or any(c.isspace() for c in key):
-                raise ValueError(
-                    f"tenant {self.name!r}: a key must be 8 or more characters, no spaces"
-                )
+        if not all(API_KEY.fullmatch(key) for key in self.keys):
+            raise ValueError(f"tenant {self.name!r}: keys: {API_KEY_RULE}")
         return self
+
+    def digests(self) -> frozenset[str]:
+        """The hex SHA-256 digests of the tenant's keys, given in clear or as digests."""
+        return frozenset(
+            (*(hashlib.sha256(k.encode()).hexdigest() for k in self.keys), *self.key_sha256)
+        )
 
 
 class KeyFile(FileModel):
     """The whole key file."""
 
-    tenants: tuple[TenantSpec, ...] = Field(min_length=1)
-    """The tenants; key digests must be unique across them."""
+    tenants: tuple[TenantSpec, ...]
+    """The tenants (one at least); names and key digests must be unique across them."""
 
-    @model_validator(mode="after")
-    def _unique(self) -> KeyFile:
-        names = [t.name for t in self.tenants]
+    @field_validator("tenants")
+    @classmethod
+    def _unique(cls, tenants: tuple[TenantSpec, ...]) -> tuple[TenantSpec, ...]:
+        # checked once every tenant is valid (`Field(min_length=1)` added a false "not 0" line
+        # to a bad tenant's)
+        if not tenants:
+            raise ValueError("at least one tenant")
+        names = [t.name for t in tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
-        return self
+        owners: dict[str, str] = {}
+        for tenant in tenants:
+            for digest in tenant.digests():
+                owner = owners.setdefault(digest, tenant.name)
+                if owner != tenant.name:
+                    raise ValueError(f"tenants {owner!r} and {tenant.name!r} share a key")
+        return tenants
 
 
 class AuthSettings(BaseModel):

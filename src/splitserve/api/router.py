@@ -74,6 +74,11 @@ class SloSettings(BaseModel):
             )
         return self
 
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The service's classes by name (`default` when it declares none)."""
+        return tuple(c.name for c in self.classes) or ("default",)
+
 
 class PoolSettings(BaseModel):
     """How the router watches its workers."""
@@ -250,6 +255,8 @@ class AuthFile(FileModel):
 
     key_file: str | None = None
     """The key file (docs/security.md); re-read when it changes."""
+    reload_interval_seconds: float = Field(2.0, gt=0, le=3600)
+    """`AuthSettings.reload_interval_s`: how often the key file's modification time is checked."""
 
 
 class PlacementFile(FileModel):
@@ -367,7 +374,9 @@ class RouterFile(FileModel):
             "grpc_host": self.listen.host,
             "http_port": self.listen.http_port,
             "grpc_port": self.listen.grpc_port,
-            "auth": AuthSettings(key_file=self.auth.key_file),
+            "auth": AuthSettings(
+                key_file=self.auth.key_file, reload_interval_s=self.auth.reload_interval_seconds
+            ),
             "discovery": self.discovery,
             "placement": PlacementSettings(
                 profile=self.placement.profile, disaggregation=self.placement.disaggregation

@@ -3,8 +3,9 @@ and the router's API key file; was one copy in each).
 
 `path: key.path: why (got value)`: the file, the key path as the file writes it, pydantic's
 message, and the value given. The value is echoed only when it is a plain scalar (a missing
-key's "value" is the whole mapping around it) and no part of its key path is one of `secret`
-(a key in clear, or its digest, is never printed, whichever spelling the file used).
+key's "value" is the whole mapping around it), its key is one the file may have (an unknown
+key may be a misspelled secret: `key: sk-...` for `keys`) and no part of its key path is one of
+`secret` (a key in clear, or its digest, is never printed, whichever spelling the file used).
 
 `one_line` is the same errors in one line (`key=value: why; ...`) for a flag's value or a
 scenario file, `yaml_problem` yaml's own (several-line) report as one line, and `utf8_problem`
@@ -29,11 +30,12 @@ def validation_lines(
 ) -> str:
     """One line per problem of `err`, joined by newlines. `prefix` goes before every key path;
     `names` renames a top-level model field to the file's key; a value whose key path holds a
-    name in `secret` is never echoed (give both spellings, `keySha256` and `key_sha256`)."""
+    name in `secret`, or under an unknown key, is never echoed (give both spellings, `keySha256`
+    and `key_sha256`)."""
     lines = []
     for e in err.errors():
         loc = [str(part) for part in e["loc"]]
-        hidden = any(part in secret for part in loc)
+        hidden = e["type"] == "extra_forbidden" or any(part in secret for part in loc)
         if names and loc and loc[0] in names:
             loc[0] = names[loc[0]]
         key = prefix + ".".join(loc) or "(top level)"

@@ -6,14 +6,25 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Final
 
 import click
 
 _PR_SET_PDEATHSIG = 1
+
+API_KEY_ENV: Final = "SPLITSERVE_API_KEY"
+"""The router's API keys in clear (`router serve --api-key`'s variable)."""
+
+
+def env_without_api_key() -> dict[str, str]:
+    """This process's environment less `API_KEY_ENV`: for children that do not read it (a
+    `--processes` child has the digest in its configuration; workers use no key)."""
+    return {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
 
 
 _BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from splitserve.aio import stop_task
 from splitserve.api import v1alpha1 as v1
-from splitserve.api.auth import SECRET_KEYS, AuthSettings
+from splitserve.api.auth import API_KEY, API_KEY_RULE, SECRET_KEYS, AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
 from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
 from splitserve.api.router_edge import EdgeSettings
@@ -27,6 +27,7 @@ from splitserve.api.validation import one_line, validation_lines
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
+    API_KEY_ENV,
     bind_errors_named,
     ready_file_option,
     run_until_signalled,
@@ -36,7 +37,7 @@ from splitserve.cli.slo_options import read_yaml, slo_options, slo_settings
 from splitserve.cli.tls_option import tls_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.router import gc_tuning
-from splitserve.router.auth import key_sha256_hex, load_key_file
+from splitserve.router.auth import key_sha256_hex, load_key_file, tenant_specs
 from splitserve.router.server import RouterServer
 from splitserve.router.tokenizer import TextTokenizer
 
@@ -247,6 +248,12 @@ def serve_cmd(
             ) from None
         _serve(config, ready_file, reuse_port, False, "--config-json (tokenizer_dir)")
         return
+    given = ctx.get_parameter_source("api_keys") is click.core.ParameterSource.COMMANDLINE
+    if given and set(os.environ.get(API_KEY_ENV, "").split()) - set(api_keys):
+        raise click.BadParameter(  # the variable's keys were silently left out
+            f"{API_KEY_ENV} is set too, to other keys: give the keys one way",
+            param_hint="--api-key",
+        )
     if tokenizer is not None:
         _check_tokenizer_dir(tokenizer)
         tokenizer_flag = "--tokenizer"
@@ -299,7 +306,9 @@ def serve_cmd(
             config.placement,
         )
         update: dict[str, Any] = {"placement": placement}
-        auth = auth_settings(config.auth, api_keys, api_key_file)
+        auth = auth_settings(
+            config.auth, api_keys, api_key_file, (slo or config.slo).class_names, config_file
+        )
         if auth != config.auth:
             update["auth"] = auth
         if metrics_port is not None:
@@ -491,21 +500,35 @@ def _use_uvloop() -> None:
 
 
 def auth_settings(
-    base: AuthSettings, api_keys: tuple[str, ...], api_key_file: Path | None
+    base: AuthSettings,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
+    slo_classes: tuple[str, ...],
+    config_file: Path | None = None,
 ) -> AuthSettings:
-    """`base` (the config file's) plus `--api-key` (hashed here) and `--api-key-file`."""
+    """`base` (the config file's, `config_file`) plus `--api-key` (hashed here) and
+    `--api-key-file`, whose tenants are checked as the router will (`slo_classes`: the
+    service's)."""
     digests = [*base.key_sha256]
     for key in api_keys:
-        if len(key) < 8 or any(c.isspace() for c in key):
-            raise click.BadParameter("a key must be 8 or more characters", param_hint="--api-key")
+        if not API_KEY.fullmatch(key):
+            raise click.BadParameter(API_KEY_RULE, param_hint="--api-key")
         digests.append(key_sha256_hex(key))
     key_file = str(api_key_file) if api_key_file is not None else base.key_file
+    hint = (
+        "--api-key-file" if api_key_file is not None else f"auth.keyFile of --config {config_file}"
+    )
+    settings = base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})
     if key_file is not None:
         try:
-            load_key_file(Path(key_file))
+            file = load_key_file(Path(key_file))
         except (OSError, ValueError) as err:
-            raise click.BadParameter(str(err), param_hint="--api-key-file") from err
-    return base.model_copy(update={"key_sha256": tuple(digests), "key_file": key_file})
+            raise click.BadParameter(str(err), param_hint=hint) from err
+        try:
+            tenant_specs(settings, file, slo_classes)  # as the router will (was a traceback)
+        except ValueError as err:
+            raise click.BadParameter(f"{key_file}: {err}", param_hint=hint) from None
+    return settings
 
 
 def edge_settings(values: tuple[str, ...]) -> EdgeSettings:

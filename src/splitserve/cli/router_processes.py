@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from splitserve.api.router import RouterConfig
-from splitserve.cli.process import die_with_parent
+from splitserve.cli.process import die_with_parent, env_without_api_key
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class _Child:
             "--ready-file",
             str(self.ready_file),
         ]
-        self.proc = subprocess.Popen(args, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(args, env=env_without_api_key(), preexec_fn=die_with_parent)
 
     def info(self) -> dict[str, object] | None:
         if not self.ready_file.exists():

@@ -27,7 +27,12 @@ import click
 from splitserve.api.router import PlacementSettings
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
-from splitserve.cli.process import die_with_parent, without_torch
+from splitserve.cli.process import (
+    API_KEY_ENV,
+    die_with_parent,
+    env_without_api_key,
+    without_torch,
+)
 from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
 from splitserve.cli.tokenizer_check import load_tokenizer
@@ -86,13 +91,15 @@ class Stack:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.children: list[Child] = []
-        self.env = dict(os.environ)
+        self.env = env_without_api_key()  # the router alone gets the keys (`spawn`)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.hurry = False
         """Set (a second Ctrl-C) to stop the workers without waiting for the router's drain."""
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         ready = self.run_dir / f"{name}.ready.json"
+        if name == "router" and API_KEY_ENV in os.environ:
+            env = {API_KEY_ENV: os.environ[API_KEY_ENV], **(env or {})}
         child = Child(name, [], self.run_dir / f"{name}.log", ready, args=args, env=env or {})
         self._start(child, args)
         self.children.append(child)

@@ -63,7 +63,7 @@ class Refusal:
     retry_after_s: float | None = None
     limit: str = ""
     """For a 429, the limit that refused it as OpenAI's error `type` names it: `requests`
-    (requests_per_minute) or `tokens` (tokens_per_minute); '' otherwise."""
+    (requestsPerMinute) or `tokens` (tokensPerMinute); '' otherwise."""
 
 
 class TenantLimits:
@@ -112,11 +112,11 @@ class TenantLimits:
 
     def admit(self, tokens: int, now: float) -> Refusal | None:
         """Charge one request and `tokens` completion tokens, or refuse (429) without charging."""
-        waits = []
+        waits = []  # named as the key file writes the limits
         if self.requests is not None:
-            waits.append(("requests_per_minute", self.requests.wait_s(1, now)))
+            waits.append(("requestsPerMinute", self.requests.wait_s(1, now)))
         if self.tokens is not None:
-            waits.append(("tokens_per_minute", self.tokens.wait_s(tokens, now)))
+            waits.append(("tokensPerMinute", self.tokens.wait_s(tokens, now)))
         for name, wait in waits:
             if math.isinf(wait):
                 return Refusal(
@@ -135,7 +135,7 @@ class TenantLimits:
                 "rate_limit_exceeded",
                 f"rate limit reached for this API key ({which}); retry after {wait:.1f} s",
                 retry_after_s=wait,
-                limit="tokens" if longest == "tokens_per_minute" else "requests",
+                limit="tokens" if longest == "tokensPerMinute" else "requests",
             )
         if self.requests is not None:
             self.requests.take(1, now)

@@ -7,7 +7,8 @@ without a restart (a Kubernetes Secret mounted as a volume is updated in place b
 `AuthApp` wraps the router's ASGI app: every path except `OPEN_PATHS` needs
 `Authorization: Bearer <key>` (401 without one or with an unknown one, OpenAI's bodies); then
 the tenant's SLO class (403; a request without `x-slo-class` runs in the tenant's first class),
-model (403) and rate / token limits (429 with `Retry-After`) apply. `RouterAuthInterceptor` does
+model (403) and rate / token limits (429 with `Retry-After`) apply (to the completions, and
+to `/tokenize` / `/detokenize` as one request of no tokens). `RouterAuthInterceptor` does
 the same for the gRPC `Router` service with the key in the `authorization` metadata.
 """
 
@@ -17,6 +18,7 @@ import hashlib
 import hmac
 import logging
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics"})
 """Answered without a key: probes and Prometheus (they carry no prompt or user data)."""
 _METERED_PATHS: Final = frozenset({"/v1/completions", "/v1/chat/completions"})
+_TOKENIZER_PATHS: Final = frozenset({"/tokenize", "/detokenize"})
+"""Charged one request and no tokens; the model is the served one when the body names none."""
 _SLO_HEADER: Final = b"x-slo-class"
 DEFAULT_TENANT: Final = "default"
 
@@ -72,12 +76,47 @@ def load_key_file(path: Path) -> KeyFile:
         raise ValueError(validation_lines(path, err, secret=SECRET_KEYS)) from None
 
 
+def tenant_specs(
+    settings: AuthSettings, file: KeyFile | None, slo_classes: Collection[str]
+) -> list[TenantSpec]:
+    """The tenants a `KeyStore` serves: `default` for the `--api-key` keys, then the file's.
+
+    Raises:
+        ValueError: next to `--api-key` keys, a tenant of the file named `default` or holding
+            one of those keys (the tenant named, never the key); a tenant's `sloClasses` not
+            among the service's `slo_classes` (its requests would all be 400s).
+    """
+    given = frozenset(settings.key_sha256)
+    specs = [TenantSpec(name=DEFAULT_TENANT, key_sha256=settings.key_sha256)] if given else []
+    for spec in file.tenants if file is not None else ():
+        if given and spec.name == DEFAULT_TENANT:
+            raise ValueError(
+                f"tenant {DEFAULT_TENANT!r} is reserved for the --api-key / SPLITSERVE_API_KEY "
+                "keys: rename it"
+            )
+        if spec.digests() & given:
+            raise ValueError(
+                f"tenant {spec.name!r} holds a key also given with --api-key / SPLITSERVE_API_KEY"
+            )
+        if unknown := [c for c in spec.slo_classes if c not in slo_classes]:
+            raise ValueError(
+                f"tenant {spec.name!r}: sloClasses {', '.join(map(repr, unknown))} not among "
+                f"the service's SLO classes ({', '.join(slo_classes)})"
+            )
+        specs.append(spec)
+    return specs
+
+
 class KeyStore:
     """Key digests -> tenants, reloaded from the key file when it changes."""
 
-    def __init__(self, settings: AuthSettings, clock: Clock) -> None:
+    def __init__(
+        self, settings: AuthSettings, clock: Clock, *, slo_classes: Collection[str]
+    ) -> None:
+        """`slo_classes`: the service's (a tenant's `sloClasses` must be among them)."""
         self.settings = settings
         self.clock = clock
+        self.slo_classes = tuple(slo_classes)
         self._digests: dict[bytes, TenantLimits] = {}
         self._tenants: dict[str, TenantLimits] = {}
         self._file = None if settings.key_file is None else Path(settings.key_file)
@@ -97,14 +136,7 @@ class KeyStore:
 
     def _rebuild(self, file: KeyFile | None) -> None:
         now = self.clock.now_s()
-        specs: list[TenantSpec] = []
-        if self.settings.key_sha256:
-            specs.append(TenantSpec(name=DEFAULT_TENANT, key_sha256=self.settings.key_sha256))
-        if file is not None:
-            specs.extend(file.tenants)
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"tenant {DEFAULT_TENANT!r} is reserved for --api-key keys")
+        specs = tenant_specs(self.settings, file, self.slo_classes)
         digests: dict[bytes, TenantLimits] = {}
         tenants: dict[str, TenantLimits] = {}
         for spec in specs:
@@ -122,13 +154,8 @@ class KeyStore:
             else:
                 limits = TenantLimits(rules, now)
             tenants[spec.name] = limits
-            for digest in (
-                *(key_digest(k) for k in spec.keys),
-                *(bytes.fromhex(h) for h in spec.key_sha256),
-            ):
-                if digest in digests:
-                    raise ValueError(f"a key of tenant {spec.name!r} is also another tenant's")
-                digests[digest] = limits
+            for digest in spec.digests():  # unique across tenants (`tenant_specs`, `KeyFile`)
+                digests[bytes.fromhex(digest)] = limits
         self._digests = digests
         self._tenants = tenants
 
@@ -245,6 +272,7 @@ class AuthApp:
         app: Any,
         store: KeyStore,
         *,
+        model_name: str,
         default_max_tokens: int,
         max_body_bytes: int,
         open_paths: frozenset[str] = OPEN_PATHS,
@@ -254,6 +282,7 @@ class AuthApp:
         self.app = app
         self.open_paths = open_paths
         self.store = store
+        self.model_name = model_name
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
 
@@ -266,8 +295,8 @@ class AuthApp:
         if tenant is None:
             missing = _MISSING if not authorization else _WRONG
             client = scope.get("client") or ("?", 0)
-            log.info(
-                "refused %s %s from %s: %s", scope["method"], scope["path"], client[0], missing.code
+            log.info(  # %r: the path is the client's (a %0a in it wrote a line of its own)
+                "refused %s %r from %s: %s", scope["method"], scope["path"], client[0], missing.code
             )
             await _answer(
                 send,
@@ -290,13 +319,16 @@ class AuthApp:
                 *(h for h in scope["headers"] if h[0].lower() != _SLO_HEADER),
                 (_SLO_HEADER, slo_class.encode()),
             ]
-        if scope["method"] != "POST" or scope["path"] not in _METERED_PATHS:
+        tokenizer = scope["path"] in _TOKENIZER_PATHS
+        if scope["method"] != "POST" or not (tokenizer or scope["path"] in _METERED_PATHS):
             if tenant.spec.models and scope["path"].startswith("/v1/models"):
                 scope = {**scope, ALLOWED_MODELS_SCOPE: tenant.spec.models}
             await self.app(scope, receive, send)
             return
         messages, body = await self._read_body(receive)
         model, tokens = self._model_and_tokens(body)
+        if tokenizer:
+            model, tokens = model or self.model_name, 0
         refusal = None if model is None else tenant.model(model)
         if refusal is None:
             refusal = tenant.admit(tokens, self.store.clock.now_s())
@@ -324,7 +356,8 @@ class AuthApp:
 
     def _model_and_tokens(self, body: bytes | None) -> tuple[str | None, int]:
         """The body's `model` and completion budget; (None, default) when the body does not
-        parse (the app answers that 400, after the rate limit charged the default budget)."""
+        parse (the app answers that 400, after the rate limit charged the default budget); no
+        tokens for a budget that is not a positive int (the app's 400 names it)."""
         if body is None:
             return None, self.default_max_tokens
         try:
@@ -334,9 +367,16 @@ class AuthApp:
         if not isinstance(data, dict):
             return None, self.default_max_tokens
         model = data.get("model")
-        budget = data.get("max_completion_tokens") or data.get("max_tokens")
-        tokens = budget if isinstance(budget, int) and budget > 0 else self.default_max_tokens
+        budgets = [data.get(k) for k in ("max_completion_tokens", "max_tokens")]
+        if any(b is not None and not _positive_int(b) for b in budgets):
+            tokens = 0
+        else:
+            tokens = budgets[0] or budgets[1] or self.default_max_tokens
         return (model if isinstance(model, str) else None), tokens
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _replay(messages: list[Any], receive: Any) -> Any:
@@ -361,10 +401,12 @@ _GRPC_STATUS: Final = {
 
 class RouterAuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """API keys on the gRPC `Router` service: `authorization: Bearer <key>` metadata, then the
-    tenant's SLO class (the request's `slo_class`) and limits (`sampling.max_tokens`)."""
+    tenant's SLO class (the request's `slo_class`), model (a request names none: the served
+    one, `model_name`) and limits (`sampling.max_tokens`)."""
 
-    def __init__(self, store: KeyStore, *, default_max_tokens: int) -> None:
+    def __init__(self, store: KeyStore, *, model_name: str, default_max_tokens: int) -> None:
         self.store = store
+        self.model_name = model_name
         self.default_max_tokens = default_max_tokens
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
@@ -376,15 +418,18 @@ class RouterAuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         tenant = self.store.authenticate(authorization)
         if tenant is None:
             refusal = _MISSING if not authorization else _WRONG
-            log.info("refused gRPC %s: %s", details.method, refusal.code)
+            log.info("refused gRPC %r: %s", details.method, refusal.code)
             return refused(handler, grpc.StatusCode.UNAUTHENTICATED, refusal.message)
         store = self.store
+        model_name = self.model_name
         default_tokens = self.default_max_tokens
 
         async def check(request: Any, context: Any) -> None:
             if request is None or not hasattr(request, "slo_class"):
                 return
             slo_class, refusal = tenant.slo_class(request.slo_class)
+            if refusal is None:
+                refusal = tenant.model(model_name)
             if refusal is None:
                 request.slo_class = slo_class
                 asked = request.sampling.max_tokens if request.HasField("sampling") else 0

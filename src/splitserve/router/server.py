@@ -127,7 +127,7 @@ class RouterServer:
         self.draining = False
         self.keys: KeyStore | None = None
         if config.auth.enabled:
-            self.keys = KeyStore(config.auth, self.clock)
+            self.keys = KeyStore(config.auth, self.clock, slo_classes=config.slo.class_names)
         self.metrics_port: int | None = None
         self._metrics_server: WSGIServer | None = None
 
@@ -173,7 +173,11 @@ class RouterServer:
             interceptors = []
             if self.keys is not None:
                 interceptors.append(
-                    RouterAuthInterceptor(self.keys, default_max_tokens=self._charged_max_tokens())
+                    RouterAuthInterceptor(
+                        self.keys,
+                        model_name=self.config.model_name,
+                        default_max_tokens=self._charged_max_tokens(),
+                    )
                 )
             self._grpc = aio.server(
                 options=[("grpc.so_reuseport", int(self.reuse_port))], interceptors=interceptors
@@ -233,6 +237,7 @@ class RouterServer:
         return AuthApp(
             app,
             self.keys,
+            model_name=self.config.model_name,
             default_max_tokens=self._charged_max_tokens(),
             max_body_bytes=self.config.edge.max_body_bytes,
             open_paths=open_paths,

@@ -113,7 +113,8 @@ class Authority:
         hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
         days: int = 90,
     ) -> tuple[bytes, bytes]:
-        """A certificate for `role` of `service` (client and server use), PEM cert and key."""
+        """A certificate for `role` of `service` (client and server use), PEM cert and key;
+        valid `days`, but never past the CA's own end (a chain fails from then on)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
         key = ec.generate_private_key(ec.SECP256R1())
@@ -141,7 +142,7 @@ class Authority:
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=days))
+            .not_valid_after(min(now + dt.timedelta(days=days), self.cert.not_valid_after_utc))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(

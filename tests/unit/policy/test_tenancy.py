@@ -97,3 +97,13 @@ def test_a_429_says_which_limit_as_openai_types_it() -> None:
     assert refusal.limit == "tokens"
     assert _tenant().model("m") is None
     assert _refused(_tenant(models=("m1",)).model("m2"), 403).limit == ""
+
+
+def test_a_429_names_the_limit_as_the_key_file_writes_it() -> None:
+    # it said requests_per_minute / tokens_per_minute; the file's keys are camelCase
+    t = _tenant(requests_per_minute=1, tokens_per_minute=100)
+    assert "tokensPerMinute (100)" in _refused(t.admit(500, 0.0), 429).message
+    assert t.admit(10, 0.0) is None
+    message = _refused(t.admit(10, 0.0), 429).message
+    assert "(requestsPerMinute)" in message
+    assert "_per_minute" not in message

@@ -123,7 +123,7 @@ async def test_key_file_is_reloaded_without_a_restart(
     keys = tmp_path / "keys.yaml"
     keys.write_text(KEYS_YAML)
     auth = AuthSettings(key_file=str(keys), reload_interval_s=0.01)
-    server = await make_router(m.address, auth=auth)
+    server = await make_router(m.address, auth=auth, slo=CLASSES)
     url = _url(server, "/v1/models")
     new_key = "sk-rotated-0123456789"
     async with httpx.AsyncClient() as client:
@@ -261,3 +261,87 @@ async def test_v1_models_lists_only_the_models_a_tenant_may_call(
         r = await client.get(_url(server, f"/v1/models/{MODEL}"), headers=b)
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "model_not_found"
+
+
+async def test_grpc_generate_refuses_a_tenant_whose_models_leave_out_the_served_model(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """gRPC requests name no model: the served one is theirs, and a tenant whose `models`
+    leave it out is refused (PERMISSION_DENIED naming it) as over HTTP (it streamed)."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    req = router_pb2.RouterGenerateRequest(prompt_token_ids=router_pb2.TokenIds(ids=[1, 2]))
+    async with aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        md = (("authorization", f"Bearer {TEAM_B}"),)  # models: [another-model]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [c async for c in stub.Generate(req, metadata=md)]
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert MODEL in (err.value.details() or "")
+    assert m.requests("Generate") == []
+
+
+async def test_tokenize_and_detokenize_follow_the_tenants_models_and_request_rate(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path
+) -> None:
+    """`/tokenize` and `/detokenize` (tokenizer CPU, at the client's cost) apply the tenant's
+    `models` (the served one when the body names none; 403 as for completions) and count
+    against its `requestsPerMinute` (they were 200 for any tenant, without limit)."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS_YAML)
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)), slo=CLASSES)
+    a = {"authorization": f"Bearer {TEAM_A}"}  # models: [MODEL], 2 requests a minute
+    b = {"authorization": f"Bearer {TEAM_B}"}  # models: [another-model]
+    async with httpx.AsyncClient() as client:
+        for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+            for named in ({}, {"model": MODEL}):
+                r = await client.post(_url(server, path), json={**body, **named}, headers=b)
+                assert r.status_code == 403, (path, named, r.text)
+                assert r.json()["error"]["code"] == "model_not_allowed"
+                assert MODEL in r.json()["error"]["message"]
+        r = await client.post(_url(server, "/tokenize"), json={"prompt": "hi"}, headers=a)
+        assert r.status_code == 200, r.text
+        r = await client.post(_url(server, "/detokenize"), json={"tokens": [1]}, headers=a)
+        assert r.status_code == 200, r.text
+        r = await client.post(_url(server, "/tokenize"), json={"prompt": "hi"}, headers=a)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["type"] == "requests"
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "8"])
+async def test_an_invalid_max_tokens_is_the_apps_400_and_charges_no_tokens(
+    make_worker: WorkerFactory, make_router: ServerFactory, tmp_path: Path, bad: object
+) -> None:
+    """`max_tokens: 0` (or -5, 1.5) was charged the router's default budget, and refused with a
+    429 saying the request asks for that many tokens."""
+    m = await make_worker(Role.MIXED)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f'tenants:\n  - name: t\n    keys: ["{KEY}"]\n    tokensPerMinute: 10\n')
+    server = await make_router(m.address, auth=AuthSettings(key_file=str(keys)))
+    h = {"authorization": f"Bearer {KEY}"}
+    url = _url(server, "/v1/completions")
+    async with httpx.AsyncClient() as client:
+        r = await client.post(url, json=_body(max_tokens=bad), headers=h)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "max_tokens"
+        r = await client.post(url, json=_body(max_tokens=10), headers=h)
+        assert r.status_code == 200, r.text  # the bad request took none of the 10 tokens
+
+
+async def test_a_refused_path_cannot_forge_a_log_line(
+    make_router: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client without a key wrote a line of its own into the router's log with a `%0a` in
+    the path (`refused GET /v1/x` + newline + a fake ERROR record)."""
+    server = await make_router(auth=AuthSettings(key_sha256=(key_sha256_hex(KEY),)))
+    forged = "2026-11-29 07:30:00,000 ERROR router splitserve.router.auth: FORGED"
+    with caplog.at_level(logging.INFO, logger="splitserve.router.auth"):
+        async with httpx.AsyncClient() as client:
+            r = await client.get(_url(server, "/v1/x%0a" + forged.replace(" ", "%20")))
+    assert r.status_code == 401
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refused
+    assert all("\n" not in m and "FORGED" in m for m in refused), refused
