@@ -60,11 +60,14 @@ class RouterMetrics:
         )
         self.prompt_tokens = Counter(
             "splitserve_router_prompt_tokens",
-            "Prompt tokens of served requests.",
+            "Prompt tokens of requests sent to a worker, whatever their outcome.",
             registry=registry,
         )
         self.completion_tokens = Counter(
-            "splitserve_router_completion_tokens", "Tokens generated.", registry=registry
+            "splitserve_router_completion_tokens",
+            "Output tokens sent to clients, whatever the outcome (a cancelled or failed "
+            "stream's tokens too).",
+            registry=registry,
         )
         self.fallbacks = Counter(
             "splitserve_router_fallbacks",
