@@ -23,6 +23,24 @@ _E2E_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 5
 _TOKEN_BUCKETS: Final = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _STEP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _LAG_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+# A KV pull: sub-millisecond (NIXL on one node) to seconds (a cold handshake, a slow fabric).
+_KV_PULL_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.002,
+    0.0035,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
 
 
 class RouterMetrics:
@@ -286,7 +304,7 @@ class WorkerMetrics:
             "(the transfer and the source's confirmation). vLLM engine: from the decode's "
             "admission to vLLM to its KV received (block allocation, handshake, READ); the "
             "READ alone is splitserve_worker_vllm_kv_transfer_seconds.",
-            buckets=_TTFT_BUCKETS,
+            buckets=_KV_PULL_BUCKETS,
             registry=registry,
         )
 
