@@ -255,7 +255,8 @@ class WorkerMetrics:
         )
         self.tokens = Counter(
             "splitserve_worker_generated_tokens",
-            "Tokens sampled by this worker.",
+            "Output tokens this worker relayed to the router (from its engine's stream; a "
+            "token sampled after the caller cancelled is not counted).",
             registry=registry,
         )
         self.prefill_tokens = Counter(
