@@ -136,3 +136,16 @@ def test_router_pool_views_count_each_worker_once() -> None:
                 assert {"namespace", "service"} <= labels, (panel["title"], t["expr"])
                 assert {"namespace", "service"} <= set(re.findall(r"\w+", t["legendFormat"]))
     assert seen >= 2
+
+
+def test_rate_panels_have_a_per_second_unit() -> None:
+    """A panel that draws only rates (`rate(...)` summed, no ratio or quantile) is in units per
+    second; `short` (a bare count) misreads it (Overview "Tokens" did)."""
+    import re
+
+    per_second = {"ops", "reqps", "Bps", "cps", "binBps"}
+    only_rate = re.compile(r"^sum(?: by \([^)]*\))? ?\(rate\([^()]*\)\)$")
+    for d in DASHBOARDS.values():
+        for p in d.panels:
+            if all(only_rate.match(q.expr) for q in p.queries):
+                assert p.unit in per_second, (d.uid, p.title, p.unit)
