@@ -1522,12 +1522,14 @@ class NetworkPolicySpec(Model):
     router_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
     """Who may reach the router's HTTP and gRPC ports; empty: anyone (the router authenticates
     clients with API keys, `router.apiKeySecret`). The operator's pods (`operatorLabels`) may
-    reach the HTTP port either way: its control loop scrapes the routers' `/metrics`."""
+    reach the HTTP port either way: its control loop scrapes the routers' `/metrics`. A
+    Prometheus that scrapes the routers (port `http`) must be listed here too."""
     operator_labels: dict[str, str] = Field(default_factory=lambda: dict(OPERATOR_LABELS))
     """Labels of the operator's pods (any namespace): they may reach the workers' gRPC port."""
     metrics_from: list[NetworkPeer] = Field(default_factory=list, max_length=32)
     """Who may scrape the workers' metrics port; empty: anyone (metrics carry no prompt or
-    user data)."""
+    user data). Not the router's: it serves `/metrics` on its HTTP port, its API port, so with
+    a `routerFrom` a Prometheus that scrapes the routers must be listed in `routerFrom`."""
 
     @model_validator(mode="after")
     def _read_only_when_enabled(self) -> NetworkPolicySpec:

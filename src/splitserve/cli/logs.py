@@ -58,7 +58,10 @@ def setup(level: str, component: str, fmt: str = "text") -> None:
             level=level.upper(),
             format=f"%(asctime)s %(levelname)s {component} %(name)s: %(message)s",
         )
-    tracing.configure(component)  # only when OTEL_* asks for traces
+    try:
+        tracing.configure(component)  # only when OTEL_* asks for traces
+    except tracing.TracingConfigError as err:  # was a traceback
+        raise click.ClickException(str(err)) from None
     # gRPC and uvicorn are chatty at INFO; keep them at WARNING unless asked for DEBUG.
     if level.upper() != "DEBUG":
         for name in ("grpc", "uvicorn.access", "httpx"):

@@ -37,6 +37,7 @@ from splitserve.cli.slo_options import slo_args, slo_options, slo_settings
 from splitserve.cli.supervise import Supervisor, on_exit_option
 from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.core.roles import Role
+from splitserve.obs import tracing
 from splitserve.policy.batching.tokens import DEFAULT_ANSWER_TOKENS
 
 TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
@@ -455,6 +456,10 @@ def up(**opts: Any) -> None:
     `-- --dtype bfloat16 --max-num-seqs 8`).
     """
     without_torch()  # the tokenizer check below; the engines run in child processes
+    try:  # the children would each fail on it
+        tracing.check()
+    except tracing.TracingConfigError as err:
+        raise click.ClickException(str(err)) from None
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
     from splitserve.cli.autoscale_local import autoscale_usage_error

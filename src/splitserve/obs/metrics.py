@@ -23,6 +23,24 @@ _E2E_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 5
 _TOKEN_BUCKETS: Final = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _STEP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _LAG_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+# A KV pull: sub-millisecond (NIXL on one node) to seconds (a cold handshake, a slow fabric).
+_KV_PULL_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.002,
+    0.0035,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
 
 
 class RouterMetrics:
@@ -60,11 +78,14 @@ class RouterMetrics:
         )
         self.prompt_tokens = Counter(
             "splitserve_router_prompt_tokens",
-            "Prompt tokens of served requests.",
+            "Prompt tokens of requests sent to a worker, whatever their outcome.",
             registry=registry,
         )
         self.completion_tokens = Counter(
-            "splitserve_router_completion_tokens", "Tokens generated.", registry=registry
+            "splitserve_router_completion_tokens",
+            "Output tokens sent to clients, whatever the outcome (a cancelled or failed "
+            "stream's tokens too).",
+            registry=registry,
         )
         self.fallbacks = Counter(
             "splitserve_router_fallbacks",
@@ -234,7 +255,8 @@ class WorkerMetrics:
         )
         self.tokens = Counter(
             "splitserve_worker_generated_tokens",
-            "Tokens sampled by this worker.",
+            "Output tokens this worker relayed to the router (from its engine's stream; a "
+            "token sampled after the caller cancelled is not counted).",
             registry=registry,
         )
         self.prefill_tokens = Counter(
@@ -283,7 +305,7 @@ class WorkerMetrics:
             "(the transfer and the source's confirmation). vLLM engine: from the decode's "
             "admission to vLLM to its KV received (block allocation, handshake, READ); the "
             "READ alone is splitserve_worker_vllm_kv_transfer_seconds.",
-            buckets=_TTFT_BUCKETS,
+            buckets=_KV_PULL_BUCKETS,
             registry=registry,
         )
 

@@ -1,11 +1,14 @@
 """OpenTelemetry traces: off unless the standard `OTEL_*` environment variables turn them on.
 
-On when `OTEL_TRACES_EXPORTER` names an exporter (`otlp`, `console`) or an OTLP endpoint is set
-(`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), and not
-`OTEL_SDK_DISABLED=true`. The exporter is OTLP over HTTP/protobuf and reads the rest of its
-`OTEL_EXPORTER_OTLP_*` settings itself; `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` name
-the process. Off (the default), the SDK is never imported and every hook costs one attribute
-read: `span()` returns a shared do-nothing context manager and no tracer is called.
+On when `OTEL_TRACES_EXPORTER` names an exporter (`otlp`, `console`, or both comma-separated)
+or an OTLP endpoint is set (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`),
+and not `OTEL_SDK_DISABLED=true`. The OTLP exporter speaks HTTP/protobuf, or gRPC when
+`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL` says `grpc` and
+opentelemetry-exporter-otlp-proto-grpc is installed (otherwise refused, as is any other value),
+and reads the rest of its `OTEL_EXPORTER_OTLP_*` settings itself; `OTEL_SERVICE_NAME` and
+`OTEL_RESOURCE_ATTRIBUTES` name the process. Off (the default), the SDK is never imported and
+every hook costs one attribute read: `span()` returns a shared do-nothing context manager and no
+tracer is called.
 
 Context crosses processes as W3C `traceparent` (`inject` into gRPC metadata or HTTP headers,
 `extract` from them); the router accepts a client's `traceparent` header as the parent.
@@ -14,6 +17,7 @@ Context crosses processes as W3C `traceparent` (`inject` into gRPC metadata or H
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
@@ -24,17 +28,89 @@ _state: dict[str, Any] = {"tracer": None}
 Attributes = Mapping[str, str | int | float | bool]
 
 
+class TracingConfigError(ValueError):
+    """An `OTEL_*` setting splitserve cannot honour; the message is one line naming the variable."""
+
+
+_EXPORTERS: Final = ("otlp", "console")
+_HTTP: Final = "http/protobuf"
+_GRPC: Final = "grpc"
+
+
+def _names(env: Mapping[str, str]) -> list[str]:
+    raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    return [n.strip() for n in raw.split(",") if n.strip()]
+
+
 def wanted(env: Mapping[str, str] | None = None) -> bool:
     """Whether the OTEL_* environment asks for traces."""
     env = os.environ if env is None else env
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
-    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter:
-        return exporter != "none"
+    names = _names(env)
+    if names:
+        return any(n != "none" for n in names)
     return bool(
         env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     )
+
+
+def exporters(env: Mapping[str, str] | None = None) -> list[str]:
+    """The span exporters `OTEL_TRACES_EXPORTER` names (the spec's comma-separated list; `none`
+    dropped; unset: `otlp`). Raises `TracingConfigError` for a name with no exporter here."""
+    env = os.environ if env is None else env
+    names = _names(env) or ["otlp"]
+    for name in names:
+        if name not in (*_EXPORTERS, "none"):
+            raise TracingConfigError(
+                f"OTEL_TRACES_EXPORTER={env.get('OTEL_TRACES_EXPORTER', '').strip()!r}: "
+                f"no exporter {name!r}; splitserve supports otlp, console, none "
+                "(comma-separated for several)"
+            )
+    return list(dict.fromkeys(n for n in names if n != "none"))
+
+
+def _grpc_exporter() -> type[Any] | None:
+    """The OTLP gRPC span exporter class, if its package is installed."""
+    try:  # optional package, typed or not: imported by name
+        module = importlib.import_module("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+    except ImportError:
+        return None
+    exporter: type[Any] = module.OTLPSpanExporter
+    return exporter
+
+
+def otlp_protocol(env: Mapping[str, str] | None = None) -> str:
+    """`http/protobuf` (the default) or `grpc`, from `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else
+    `OTEL_EXPORTER_OTLP_PROTOCOL`. Raises `TracingConfigError` for any other value, and for `grpc`
+    without the gRPC exporter installed (the HTTP exporter would send to a gRPC port in vain)."""
+    env = os.environ if env is None else env
+    for var in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = env.get(var, "").strip().lower()
+        if not value:
+            continue
+        if value == _HTTP:
+            return value
+        if value == _GRPC:
+            if _grpc_exporter() is None:
+                raise TracingConfigError(
+                    f"{var}=grpc: the OTLP gRPC exporter is not installed "
+                    "(pip install opentelemetry-exporter-otlp-proto-grpc), or use http/protobuf"
+                )
+            return value
+        raise TracingConfigError(
+            f"{var}={value!r}: splitserve supports http/protobuf, and grpc with "
+            "opentelemetry-exporter-otlp-proto-grpc installed"
+        )
+    return _HTTP
+
+
+def check(env: Mapping[str, str] | None = None) -> None:
+    """Raise `TracingConfigError` for `OTEL_*` settings that `configure` would refuse (imports
+    nothing else): a CLI calls it before starting anything."""
+    env = os.environ if env is None else env
+    if wanted(env) and "otlp" in exporters(env):
+        otlp_protocol(env)
 
 
 def configure(service_name: str, exporter: Any = None) -> bool:
@@ -44,6 +120,8 @@ def configure(service_name: str, exporter: Any = None) -> bool:
     """
     if exporter is None and not wanted():
         return False
+    if exporter is None:
+        check()  # refuse unusable settings before building anything
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -61,17 +139,19 @@ def configure(service_name: str, exporter: Any = None) -> bool:
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
-        kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
-        if kind == "console":
-            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+        for kind in exporters():
+            if kind == "console":
+                from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        elif kind == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+                provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            elif otlp_protocol() == _GRPC:
+                grpc_exporter = _grpc_exporter()
+                assert grpc_exporter is not None  # otlp_protocol() checked
+                provider.add_span_processor(BatchSpanProcessor(grpc_exporter()))
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        else:
-            raise ValueError(f"OTEL_TRACES_EXPORTER={kind!r}: splitserve supports otlp, console")
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _state["provider"] = provider
     _state["tracer"] = provider.get_tracer("splitserve")
     return True

@@ -457,7 +457,7 @@ class Dispatch:
                 self._d.pool.ledger.drop(eid, self.request.id)
             self._d.pool.ledger.moved_to(self.request.id)  # a move never read: forget it
             outcome = outcome_of(error, ended_on_purpose=finished or self._stopped)
-            self._stats.finish(outcome, self._path_label())
+            self._stats.finish(outcome, self._path_label(), reached_worker=bool(self.endpoints))
             self._stats.log_finished(
                 self.request.id, outcome, self._path_label(), self._trace.trace_id
             )

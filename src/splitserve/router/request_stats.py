@@ -84,16 +84,21 @@ class RequestStats:
             self._child("ttft", path).observe(self.first_token_s - self.start_s)
         self.num_output_tokens += num_tokens
 
-    def finish(self, outcome: str, path: str) -> None:
+    def finish(self, outcome: str, path: str, *, reached_worker: bool = True) -> None:
+        """Count the request. Tokens count for every outcome: its prompt when it reached a
+        worker, the output tokens it sent (a cancelled or failed stream's too); latencies
+        (e2e, TPOT) only for `ok`."""
         m = self._m
         m.inflight.dec()
         self._child("requests", path, outcome).inc()
+        if reached_worker:
+            m.prompt_tokens.inc(self._num_prompt_tokens)
+        if self.num_output_tokens > 0:
+            m.completion_tokens.inc(self.num_output_tokens)
         if outcome != "ok":
             return
         now_s = self.end_s = self._clock.now_s()
         self._child("e2e", path).observe(now_s - self.start_s)
-        m.prompt_tokens.inc(self._num_prompt_tokens)
-        m.completion_tokens.inc(self.num_output_tokens)
         if self.first_token_s is not None and self.num_output_tokens > 1:
             tpot_s = self.tpot_s = (now_s - self.first_token_s) / (self.num_output_tokens - 1)
             self._child("tpot", path).observe(tpot_s)

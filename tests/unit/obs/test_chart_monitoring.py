@@ -77,7 +77,18 @@ def test_monitors_and_dashboards_when_enabled() -> None:
     assert pm["spec"]["selector"]["matchExpressions"][0]["values"] == ["operator", "worker"]
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["a", "b", "ns"]}
     assert pm["spec"]["podMetricsEndpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "15s"}
+        {
+            "port": "metrics",
+            "path": "/metrics",
+            "interval": "15s",
+            # workers carry their LLMService as `service`, like the routers' ServiceMonitor targets
+            "relabelings": [
+                {
+                    "sourceLabels": ["__meta_kubernetes_pod_label_splitserve_io_service"],
+                    "targetLabel": "service",
+                }
+            ],
+        }
     ]
     (sm,) = kinds(docs, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "router"

@@ -113,3 +113,39 @@ def test_empty_panels_say_why() -> None:
             for q in p.queries:
                 reason = p.empty_reason(q)
                 assert reason == "" or len(reason) > 20, (p.title, reason)
+
+
+def test_router_pool_views_count_each_worker_once() -> None:
+    """Every router replica reports the whole pool (`splitserve_router_endpoints`): panels take
+    the max over the routers of one service (the ServiceMonitor's `namespace`, `service` target
+    labels), never the sum, which counted each worker once per router replica."""
+    import re
+
+    name = "splitserve_router_endpoints"
+    seen = 0
+    for d in DASHBOARDS.values():
+        for panel in build(d)["panels"]:  # type: ignore[attr-defined]
+            for t in panel.get("targets", []):
+                if name not in t["expr"]:
+                    continue
+                seen += 1
+                m = re.search(r"(\w+) by \(([^)]*)\) \(" + name + r"\b", t["expr"])
+                assert m, (panel["title"], t["expr"])
+                labels = {s.strip() for s in m.group(2).split(",")}
+                assert m.group(1) == "max", (panel["title"], t["expr"])
+                assert {"namespace", "service"} <= labels, (panel["title"], t["expr"])
+                assert {"namespace", "service"} <= set(re.findall(r"\w+", t["legendFormat"]))
+    assert seen >= 2
+
+
+def test_rate_panels_have_a_per_second_unit() -> None:
+    """A panel that draws only rates (`rate(...)` summed, no ratio or quantile) is in units per
+    second; `short` (a bare count) misreads it (Overview "Tokens" did)."""
+    import re
+
+    per_second = {"ops", "reqps", "Bps", "cps", "binBps"}
+    only_rate = re.compile(r"^sum(?: by \([^)]*\))? ?\(rate\([^()]*\)\)$")
+    for d in DASHBOARDS.values():
+        for p in d.panels:
+            if all(only_rate.match(q.expr) for q in p.queries):
+                assert p.unit in per_second, (d.uid, p.title, p.unit)

@@ -94,3 +94,106 @@ def test_json_formatter_and_access_line(caplog: pytest.LogCaptureFixture) -> Non
     assert (line["slo_class"], line["path"], line["outcome"]) == ("batch", "aggregated", "ok")
     assert line["ttft_ms"] == 250.0
     assert line["ts"].endswith("Z")
+
+
+@pytest.fixture
+def no_tracing() -> Iterator[None]:
+    yield
+    tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "kinds"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, ["OTLPSpanExporter", "ConsoleSpanExporter"]),
+        ({"OTEL_TRACES_EXPORTER": " Console , none"}, ["ConsoleSpanExporter"]),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, ["OTLPSpanExporter"]),
+    ],
+)
+def test_exporter_list_is_the_spec_comma_form(
+    env: dict[str, str], kinds: list[str], monkeypatch: pytest.MonkeyPatch, no_tracing: None
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert tracing.configure("test")
+    processors = tracing._state["provider"]._active_span_processor._span_processors
+    assert [type(p.span_exporter).__name__ for p in processors] == kinds
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,jaeger"}, "OTEL_TRACES_EXPORTER"),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            },
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        ),
+    ],
+)
+def test_unusable_otel_settings_are_one_line_errors(
+    env: dict[str, str], named: str, monkeypatch: pytest.MonkeyPatch, no_tracing: None
+) -> None:
+    """Without the gRPC exporter installed, `grpc` is refused (it used to be ignored: spans went
+    over HTTP to the collector's gRPC port and were lost)."""
+    monkeypatch.setattr(tracing, "_grpc_exporter", lambda: None)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(tracing.TracingConfigError) as err:
+        tracing.check()
+    assert named in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(tracing.TracingConfigError):
+        tracing.configure("test")
+    assert not tracing.enabled()
+
+
+@pytest.mark.parametrize(
+    "var", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+)
+def test_grpc_protocol_uses_the_grpc_exporter_when_installed(
+    var: str, monkeypatch: pytest.MonkeyPatch, no_tracing: None
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    class GrpcExporter(InMemorySpanExporter):
+        pass
+
+    monkeypatch.setattr(tracing, "_grpc_exporter", lambda: GrpcExporter)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")
+    monkeypatch.setenv(var, "grpc")
+    assert tracing.configure("test")
+    processors = tracing._state["provider"]._active_span_processor._span_processors
+    assert [type(p.span_exporter) for p in processors] == [GrpcExporter]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["router", "serve", "--worker", "127.0.0.1:1"], ["worker", "serve"], ["up"]],
+)
+def test_cli_refuses_a_bad_traces_exporter_in_one_line(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, no_tracing: None
+) -> None:
+    from click.testing import CliRunner
+
+    from splitserve.cli.main import cli
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # no traceback
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "OTEL_TRACES_EXPORTER" in lines[0]

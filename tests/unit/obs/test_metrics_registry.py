@@ -64,3 +64,20 @@ def test_rules_and_dashboards_name_registered_series() -> None:
     names = exported()
     unknown = {s for e in exprs for s in SERIES.findall(e)} - names
     assert not unknown, f"series not registered in splitserve.obs.metrics: {sorted(unknown)}"
+
+
+def test_kv_pull_buckets_resolve_sub_millisecond_pulls() -> None:
+    """Simulated pulls average ~3.5 ms and NIXL pulls are sub-ms to a few ms: the histogram's
+    buckets start near 0.5 ms (they were TTFT's, from 5 ms) and still reach a few seconds."""
+    reg = CollectorRegistry()
+    WorkerMetrics(reg)
+    bounds = sorted(
+        float(s.labels["le"])
+        for fam in reg.collect()
+        if fam.name == "splitserve_worker_kv_pull_seconds"
+        for s in fam.samples
+        if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+    )
+    assert bounds[0] <= 0.0005
+    assert sum(b < 0.005 for b in bounds) >= 3  # the range simulated and NIXL pulls fall in
+    assert bounds[-1] >= 5

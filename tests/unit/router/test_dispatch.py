@@ -243,6 +243,9 @@ async def test_no_decode_worker_is_no_eligible_endpoint(
     with pytest.raises(NoEligibleEndpoint):
         await _run(stack.dispatcher.open(_request()))
     assert p.names() == []
+    # It never reached a worker: no prompt tokens counted.
+    assert stack.sample("splitserve_router_prompt_tokens_total") == 0
+    assert stack.sample("splitserve_router_completion_tokens_total") == 0
     assert (
         stack.sample(
             "splitserve_router_requests_total",
@@ -303,6 +306,11 @@ async def test_cancelling_the_consumer_cancels_prefill_and_decode_workers(
         )
         == 1
     )
+    # The tokens it did send, and its prompt (it reached the workers), count whatever the outcome.
+    sent = len(_tokens(received))
+    assert sent >= 2
+    assert stack.sample("splitserve_router_completion_tokens_total") == sent
+    assert stack.sample("splitserve_router_prompt_tokens_total") == len(PROMPT)
     assert stack.sample("splitserve_router_inflight_requests") == 0
     assert all(v.inflight == 0 for v in stack.pool.views())
 

@@ -20,7 +20,8 @@ DASHBOARD: Final = Dashboard(
                     "Desired vs current vs ready workers",
                     "Desired: what the loop wants (written when the service is Managed, "
                     "otherwise its recommendation); current: what the pool had when it decided; "
-                    "ready: the workers the router can use, by role.",
+                    "ready: the workers the router can use, by role (the max over the service's "
+                    "router replicas: each reports the whole pool).",
                     (
                         Query(
                             f"max by (service, role) ({series(O.desired)})",
@@ -31,8 +32,9 @@ DASHBOARD: Final = Dashboard(
                             "current {{service}} {{role}}",
                         ),
                         Query(
-                            f'sum by (role) ({series(R.endpoints)}{{state="ready"}})',
-                            "ready {{role}}",
+                            f"max by (namespace, service, role) "
+                            f'({series(R.endpoints)}{{state="ready"}})',
+                            "ready {{namespace}}/{{service}} {{role}}",
                         ),
                     ),
                     width=24,

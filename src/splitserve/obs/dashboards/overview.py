@@ -160,12 +160,12 @@ DASHBOARD: Final = Dashboard(
                 ),
                 Panel(
                     "Tokens",
-                    "Prompt tokens in and tokens generated per second.",
+                    "Prompt tokens in and output tokens out per second (every outcome).",
                     (
                         Query(f"sum(rate({series(R.prompt_tokens)}[{RATE}]))", "prompt"),
                         Query(f"sum(rate({series(R.completion_tokens)}[{RATE}]))", "generated"),
                     ),
-                    unit="short",
+                    unit="ops",
                     width=8,
                 ),
                 Panel(

@@ -44,8 +44,14 @@ DASHBOARD: Final = Dashboard(
                 ),
                 Panel(
                     "Workers seen by the router",
-                    "Worker endpoints the router knows, by role and state.",
-                    (Query(f"sum by (role, state) ({series(R.endpoints)})", "{{role}} {{state}}"),),
+                    "Worker endpoints the router knows, by service, role and state (the max over "
+                    "the service's router replicas: each reports the whole pool).",
+                    (
+                        Query(
+                            f"max by (namespace, service, role, state) ({series(R.endpoints)})",
+                            "{{namespace}}/{{service}} {{role}} {{state}}",
+                        ),
+                    ),
                     width=8,
                 ),
             ),

@@ -1,10 +1,12 @@
 """vLLM's own metrics, read through one mapping table into `splitserve_worker_*` names.
 
-vLLM keeps Prometheus metrics in-process (`vllm:*`, read with `vllm.v1.metrics.reader`). The
-worker never re-exports them under `vllm:`: `VLLM_METRICS` names each one we use and what it is
-called on our side, and `VllmMetricsCollector` exposes exactly those, renamed, from the worker's
-own `CollectorRegistry`. A vLLM upgrade that renames a metric shows up as a missing entry in the
-contract tests, not as a silently empty dashboard.
+vLLM keeps Prometheus metrics in-process (`vllm:*`, read with `vllm.v1.metrics.reader`).
+`VLLM_METRICS` names each one we use and what it is called on our side, and
+`VllmMetricsCollector` exposes exactly those, renamed, from the worker's own `CollectorRegistry`;
+the dashboards read these names. (`VllmNativeCollector`, below, also passes vLLM's own
+`vllm:*` series through unchanged, for tools written for `vllm serve`.) A vLLM upgrade that
+renames a metric shows up as a missing entry in the contract tests, not as a silently empty
+dashboard.
 
 Counters are exported as counters (`..._total`), gauges as gauges, histograms as summaries
 (`..._count` and `..._sum`); label sets are summed (one engine per worker).
