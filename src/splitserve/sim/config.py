@@ -302,7 +302,8 @@ class ScenarioConfig(ClusterConfig):
         default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
     )
     goodput: GoodputConfig | None = None
-    """When set, also search the highest rate meeting the first class's attainment target."""
+    """When set, also search the highest rate meeting the attainment target (`percentile`) of
+    the workload's class."""
 
     @model_validator(mode="after")
     def _workload_class_declared(self) -> ScenarioConfig:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from splitserve.api.validation import one_line, yaml_problem
 from splitserve.core.errors import ConfigError
+from splitserve.core.ids import SloClassName
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.config import (
     ClusterConfig,
@@ -115,7 +116,8 @@ def run_scenario(
     md = summary_markdown(result, slos, title=cfg.name)
     png: bytes | None = None
     if cfg.goodput is not None:
-        target = next(iter(slos.values())).percentile
+        # the workload's class: every request is of it (the first declared class was used)
+        target = slos[SloClassName(cfg.workload.slo_class)].percentile
 
         def attainment_at(rate: float) -> float:
             return overall_attainment(

@@ -477,3 +477,20 @@ def test_validate_names_the_option_of_a_run_file_it_cannot_read(
     assert flag in res.output
     assert named in res.output
     assert "Traceback" not in res.output
+
+
+def _goodput_section(cfg: dict[str, object]) -> str:
+    out = runner.run_scenario(ScenarioConfig.model_validate(cfg), None)
+    return out.markdown.split("### Goodput", 1)[1]
+
+
+def test_goodput_scores_the_workloads_class_not_the_first_declared() -> None:
+    """The search's target was the first declared class's percentile: a loose first class
+    (target 0.1) beside the workload's strict one gave a goodput far above the strict class's."""
+    strict = {"name": "strict", "ttft_ms": 50, "tpot_ms": 20, "percentile": 0.99}
+    loose = {"name": "loose", "ttft_ms": 1e5, "tpot_ms": 1e5, "percentile": 0.1}
+    work = {**SCENARIO["workload"], "slo_class": "strict"}  # type: ignore[dict-item]
+    alone = _goodput_section({**SCENARIO, "workload": work, "slo_classes": [strict]})
+    behind = _goodput_section({**SCENARIO, "workload": work, "slo_classes": [loose, strict]})
+    assert "| 0.99 |" in behind
+    assert behind == alone
