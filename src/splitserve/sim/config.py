@@ -469,7 +469,13 @@ def build_workload(
                 f"workload.trace.path {w.trace.path!r}: no request in the trace (no row with "
                 "ContextTokens and GeneratedTokens >= 1)"
             )
-        return scale_to_rate(items, rate) if rate else items
+        if not rate:
+            return items
+        try:
+            return scale_to_rate(items, rate)
+        except ValueError as err:  # was returned unscaled: every rate ran the same requests
+            key = "workload.rate_per_s" if rate_per_s is None else "goodput"
+            raise ConfigError(f"{key}: workload.trace.path {w.trace.path!r}: {err}") from err
     if rate is None:
         raise ConfigError(f"{w.arrival} arrivals need `rate_per_s`")
     arrivals: ArrivalProcess = Poisson(rate) if w.arrival == "poisson" else Gamma(rate, w.cv)

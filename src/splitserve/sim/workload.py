@@ -283,11 +283,13 @@ def _parse_timestamp(text: str) -> datetime:
 
 
 def scale_to_rate(items: Sequence[WorkItem], rate_per_s: float) -> tuple[WorkItem, ...]:
-    """Rescale arrival times so the mean arrival rate becomes `rate_per_s` (order unchanged)."""
+    """Rescale arrival times so the mean arrival rate, (n - 1) / span, becomes `rate_per_s`
+    (order unchanged). Items with no span (fewer than two, or all at one time) have no rate to
+    rescale: a ValueError (they were returned unchanged, so every rate ran the same workload)."""
     if not rate_per_s > 0:
         raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
     if len(items) < 2 or items[-1].arrival_s <= items[0].arrival_s:
-        return tuple(items)
+        raise ValueError(f"its {len(items)} request(s) arrive at once: no arrival rate to rescale")
     current = (len(items) - 1) / (items[-1].arrival_s - items[0].arrival_s)
     k = current / rate_per_s
     t0 = items[0].arrival_s

@@ -494,3 +494,36 @@ def test_goodput_scores_the_workloads_class_not_the_first_declared() -> None:
     behind = _goodput_section({**SCENARIO, "workload": work, "slo_classes": [loose, strict]})
     assert "| 0.99 |" in behind
     assert behind == alone
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        ["2023-11-16 18:15:46.68,374,44"],
+        ["2023-11-16 18:15:46.68,374,44", "2023-11-16 18:15:46.68,96,16"],
+    ],
+)
+@pytest.mark.parametrize("paced", ["goodput", "rate_per_s"])
+def test_a_trace_of_no_span_cannot_be_paced(tmp_path: Path, rows: list[str], paced: str) -> None:
+    """A trace whose rows arrive at once has no rate to rescale: every goodput probe ran the same
+    requests and the search reported 8,388,608 req/s; `rate_per_s` was silently ignored."""
+    (tmp_path / "t.csv").write_text("\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *rows]))
+    work: dict[str, object] = {"arrival": "trace", "trace": {"path": "t.csv"}}
+    change: dict[str, object] = {"goodput": SCENARIO["goodput"]}
+    if paced == "rate_per_s":
+        work["rate_per_s"] = 5.0
+        change = {}
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, workload=work, **change))])
+    assert res.exit_code == 2, res.output
+    assert f"{'workload.' if paced == 'rate_per_s' else ''}{paced}: " in res.output
+    assert "arrive at once: no arrival rate" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_goodput_search_out_of_probes_says_it_is_a_lower_bound() -> None:
+    """Attainment met at every rate: the search stopped after its probes and printed the last
+    rate as the goodput."""
+    loose = [{"name": "default", "ttft_ms": 1e9, "tpot_ms": 1e9}]
+    section = _goodput_section({**SCENARIO, "slo_classes": loose})
+    assert "| >= 4" in section
+    assert "A lower bound" in section

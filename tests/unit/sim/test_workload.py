@@ -116,6 +116,14 @@ def test_scale_to_rate() -> None:
     assert (len(scaled) - 1) / scaled[-1].arrival_s == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_scale_to_rate_refuses_items_with_no_span(rows: int) -> None:
+    # returned them unchanged: every rate of a goodput search ran the same requests
+    items = tuple(WorkItem(2.0, 8, 8) for _ in range(rows))
+    with pytest.raises(ValueError, match="arrive at once: no arrival rate"):
+        scale_to_rate(items, 10.0)
+
+
 @pytest.mark.parametrize(
     ("lines", "match"),
     [
