@@ -14,6 +14,9 @@ from splitserve.cli.numbers import FiniteFloat
 
 _POSITIVE = FiniteFloat(min=0, min_open=True)
 
+MAX_WORKERS = 10_000
+"""`--max-workers` at most: a scenario pool's replicas bound (`sim.config.MAX_REPLICAS`)."""
+
 MAX_REQUESTS = 20_000
 """`--requests` at most: the bundled Azure conversation trace (19,365 rows) fits. The search
 simulates the workload once per candidate pool size for every TP degree (about a minute per
@@ -68,6 +71,14 @@ simulates the workload once per candidate pool size for every TP degree (about a
 @click.option(
     "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Lengths' seed."
 )
+@click.option(
+    "--max-workers",
+    type=click.IntRange(min=2, max=MAX_WORKERS),
+    default=64,
+    show_default=True,
+    help="The most workers (prefill and decode together) a plan may have; a TP that needs more "
+    f"is listed as not met (at most {MAX_WORKERS}: every worker is simulated).",
+)
 def plan(
     model: str,
     hardware: str,
@@ -86,6 +97,7 @@ def plan(
     tps: str,
     per_pool_tp: bool,
     seed: int,
+    max_workers: int,
 ) -> None:
     """Search pool sizes and TP with the simulator; print the candidates and an LLMService."""
     import numpy as np
@@ -182,7 +194,9 @@ def plan(
         )
     items = with_class(items, "default")
     slo = SloTarget("default", ttft_ms / 1000, tpot_ms / 1000, percentile, attainment)
-    candidates = planner.plan(items, model, hardware, slo, degrees, per_pool=per_pool_tp)
+    candidates = planner.plan(
+        items, model, hardware, slo, degrees, limit=max_workers, per_pool=per_pool_tp
+    )
     if not candidates:
         raise click.ClickException(f"{model} fits on none of TP {tps} of {hardware}")
     click.echo("| TP (P / D) | prefill | decode | GPUs | attainment | TTFT p | TPOT p |")
@@ -190,7 +204,9 @@ def plan(
     for c in candidates:
         tp = f"{c.tps[Role.PREFILL]} / {c.tps[Role.DECODE]}"
         if c.result is None:
-            click.echo(f"| {tp} | - | - | - | target not met up to the limit | | |")
+            click.echo(
+                f"| {tp} | - | - | - | not met by {max_workers} workers (--max-workers) | | |"
+            )
             continue
         cls = c.result.classes[0]
         click.echo(
@@ -212,7 +228,21 @@ def plan(
                 f"{need:,} tokens (prompt and output), and one {model} worker at the largest "
                 f"TP searched ({top_tp} on {hardware}) holds {room:,}: no pool size can serve it"
             )
-        raise click.ClickException("no candidate met the attainment target")
+        missed = "; ".join(  # was the bare "no candidate met the attainment target"
+            f"TP {c.tps[Role.PREFILL]}"
+            + ("" if c.uniform else f" / {c.tps[Role.DECODE]}")
+            + (
+                f" missed it at P{c.pools[Role.PREFILL]}:D{c.pools[Role.DECODE]}"
+                if sum(c.pools.values()) <= max_workers
+                else ": its load is too large to size"
+            )
+            for c in candidates
+        )
+        raise click.ClickException(
+            f"no candidate met the attainment target with at most {max_workers} workers "
+            f"(--max-workers): {missed}; raise --max-workers (the search scans down from a "
+            "size that meets), or loosen the SLO or the rate"
+        )
     click.echo(
         f"\n# predicted attainment {best.result.attainment:.2%} on {len(items)} simulated "
         f"requests; P:D = {best.pools[Role.PREFILL]}:{best.pools[Role.DECODE]}"

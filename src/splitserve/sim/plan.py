@@ -5,10 +5,10 @@ For each tensor-parallel degree a model fits on — one for the whole service, o
 instance's intra-op parallelism searched separately; its inter-op / pipeline degree is not) —
 start from the autoscaler model's pool sizes for the workload's rate (prefill work from the
 prefill TP's fitted model, decode work from the decode TP's, `policy.planner.autoscaler.
-work_by_role` at the target utilisation), grow both pools until the simulated attainment meets
-the target, then scan each pool down while it still meets (Splitwise-style provisioning of the
-P:D split by simulation). The plan with the fewest GPUs wins; ties: smaller TPs. Pure: the
-caller gives the workload.
+work_by_role` at the target utilisation), grow both pools (up to a worker limit) until the
+simulated attainment meets the target, then scan each pool down while it still meets
+(Splitwise-style provisioning of the P:D split by simulation). The plan with the fewest GPUs
+wins; ties: smaller TPs. Pure: the caller gives the workload.
 
 Not searched (said so in the output): pipeline parallelism, heterogeneous hardware, mixed pools.
 A plan whose pools have different TPs needs one worker group per role, so its workers cannot
@@ -38,7 +38,7 @@ class Candidate:
     """Tensor-parallel degree per pool."""
     pools: dict[Role, int]
     result: RunResult | None
-    """None: no size up to the limit met the target."""
+    """None: no plan of at most `limit` workers met the target."""
 
     @property
     def gpus(self) -> int:
@@ -78,7 +78,10 @@ def plan(
 ) -> list[Candidate]:
     """One candidate per TP the model fits on (per (prefill, decode) TP pair with `per_pool`),
     best (fewest GPUs) first. A TP that does not divide the model's attention heads (or its KV
-    heads, as vLLM requires) is skipped like one that does not fit (`fits`)."""
+    heads, as vLLM requires) is skipped like one that does not fit (`fits`). `limit`: the most
+    workers (both pools) a plan may have, and a size simulated: a start estimate or a doubling
+    above it is scaled down to it; a candidate still missing the target there has `result`
+    None and `pools` the last size tried."""
     if not items:
         raise ValueError("the workload has no requests")
     span = items[-1].arrival_s - items[0].arrival_s
@@ -105,20 +108,24 @@ def plan(
         pre = work_by_role(ROLES, rate, stats, setup.perf_model(Role.PREFILL), targets, params)
         dec = work_by_role(ROLES, rate, stats, setup.perf_model(Role.DECODE), targets, params)
         work = {Role.PREFILL: pre[Role.PREFILL], Role.DECODE: dec[Role.DECODE]}
-        # a start past the limit is not simulated (building that many workers took minutes);
-        # nor is work too large for a float (an OverflowError from ceil, `plan --rate 1e308`)
+        # work too large for a float is not simulated (an OverflowError from ceil, `plan --rate
+        # 1e308`); a start or a doubling past the limit is cut to it (a start past it was not
+        # simulated at all, so `--rate 300 --tp 1` found nothing at 64 though P35:D22 meets)
         over = not all(math.isfinite(work[r]) for r in ROLES)
         pools = {
             r: limit + 1 if over else max(1, math.ceil(work[r] / params.target_utilization))
             for r in ROLES
         }
-        over = over or sum(pools.values()) > limit
-        result: RunResult | None = None if over else run_static(items, setup, pools)
+        result: RunResult | None = None
+        if not over:
+            pools = _at_most(pools, limit)
+            result = run_static(items, setup, pools)
         while result is not None and result.attainment < slo.attainment:
-            if sum(pools.values()) >= limit:
+            grown = _at_most({r: n * 2 for r, n in pools.items()}, limit)
+            if grown == pools:
                 result = None
                 break
-            pools = {r: n * 2 for r, n in pools.items()}
+            pools = grown
             result = run_static(items, setup, pools)
         if result is not None:
             best = min_static(items, setup, slo.attainment, pools)
@@ -128,6 +135,15 @@ def plan(
         out.append(Candidate(by_role, pools, result))
     out.sort(key=lambda c: (c.result is None, c.gpus, sorted(c.tps.values(), reverse=True)))
     return out
+
+
+def _at_most(pools: dict[Role, int], limit: int) -> dict[Role, int]:
+    """`pools`, scaled down in proportion (each at least 1) when they add up to more than
+    `limit` workers."""
+    total = sum(pools.values())
+    if total <= limit:
+        return pools
+    return {r: max(1, n * limit // total) for r, n in pools.items()}
 
 
 def service_yaml(

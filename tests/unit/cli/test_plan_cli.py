@@ -113,8 +113,9 @@ def test_a_rate_whose_work_overflows_is_no_candidate_not_a_traceback(rate: str) 
     r = CliRunner().invoke(plan, ["--rate", rate, "--requests", "10", "--tp", "1"])
     assert r.exit_code == 1, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
-    assert "target not met up to the limit" in r.output
+    assert "not met by 64 workers (--max-workers)" in r.output
     assert "no candidate met the attainment target" in r.output
+    assert "TP 1: its load is too large to size" in r.output
 
 
 @pytest.mark.parametrize("n", ["20001", "1000000000"])
@@ -149,3 +150,24 @@ def test_requests_no_worker_can_hold_are_named() -> None:
     assert r.exit_code == 1, r.output
     assert "the longest request needs KV for 1,049,224 tokens" in r.output
     assert "largest TP searched (2 on a100-80g) holds 144,000" in r.output
+
+
+def test_a_plan_cut_by_the_worker_limit_names_the_limit_and_its_flag() -> None:
+    # was "target not met up to the limit" and "no candidate met the attainment target", as if
+    # the SLO could not be met, when a hidden 64-worker cap was the cause
+    r = CliRunner().invoke(
+        plan, ["--rate", "300", "--requests", "40", "--tp", "1", "--max-workers", "4"]
+    )
+    assert r.exit_code == 1, r.output
+    assert "not met by 4 workers (--max-workers)" in r.output
+    assert "with at most 4 workers (--max-workers): TP 1 missed it at P" in r.output
+    assert "raise --max-workers" in r.output
+
+
+def test_max_workers_is_a_documented_flag() -> None:
+    r = CliRunner().invoke(plan, ["--help"])
+    assert "--max-workers" in r.output
+    assert "default: 64" in r.output
+    r = CliRunner().invoke(plan, ["--rate", "2", "--max-workers", "1"])
+    assert r.exit_code == 2, r.output
+    assert "--max-workers" in r.output
