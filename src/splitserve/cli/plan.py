@@ -26,7 +26,12 @@ simulates the workload once per candidate pool size for every TP degree (about a
 @click.command()
 @click.option("--model", default="llama-2-13b", show_default=True, help="Model preset.")
 @click.option("--hardware", default="a100-80g", show_default=True, help="Hardware preset.")
-@click.option("--source", default=None, help="Weights (HF id or path) for the printed service.")
+@click.option(
+    "--source",
+    default=None,
+    help="Weights for the printed service, as LLMService model.source takes them: a Hugging "
+    "Face id (org/name[@revision]), an absolute path, or hf://, pvc://, oci://, file://.",
+)
 @click.option("--name", default="planned", show_default=True, help="LLMService name.")
 @click.option(
     "--rate", type=_POSITIVE, default=None, help="Arrival rate (req/s); rescales a trace."
@@ -102,7 +107,7 @@ def plan(
     """Search pool sizes and TP with the simulator; print the candidates and an LLMService."""
     import numpy as np
 
-    from splitserve.api.v1alpha1 import DNS_LABEL
+    from splitserve.api.v1alpha1 import DNS_LABEL, parse_model_source
     from splitserve.core.perf import HARDWARE, MODELS
     from splitserve.core.roles import Role
     from splitserve.policy.planner.tp import split_tps
@@ -155,6 +160,20 @@ def plan(
             "with a letter, at most 63)",
             param_hint="--name",
         )
+    if source is not None:  # printed a service `operator render` refuses ('' became the preset)
+        try:
+            if not source.strip():
+                raise ValueError(f"{source!r} is empty")
+            if len(source) > 1024:
+                raise ValueError(f"{len(source)} characters, LLMService takes at most 1024")
+            parse_model_source(source)
+        except ValueError as err:
+            raise click.BadParameter(
+                str(err).removeprefix("model.source: ")
+                + " (a Hugging Face id org/name[@revision], an absolute path, or hf://, "
+                "pvc://, oci://, file://)",
+                param_hint="--source",
+            ) from err
     if trace is not None:
         ctx = click.get_current_context()
         synthetic_only = [  # the trace's lengths and arrivals are used; these were ignored

@@ -171,3 +171,35 @@ def test_max_workers_is_a_documented_flag() -> None:
     r = CliRunner().invoke(plan, ["--rate", "2", "--max-workers", "1"])
     assert r.exit_code == 2, r.output
     assert "--max-workers" in r.output
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("../../etc", "is not hf://"),  # printed; `operator render` refused the service
+        ("has space", "is not hf://"),
+        ("", "empty"),  # silently became the preset's name, without the usual warning
+        ("   ", "empty"),
+        ("x" * 1025, "at most 1024"),
+    ],
+)
+def test_a_source_llmservice_refuses_is_refused_naming_the_flag(
+    source: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def searched(*_: object, **__: object) -> None:
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr("splitserve.sim.plan.plan", searched)
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "20", "--source", source])
+    assert r.exit_code == 2, r.output
+    assert "--source" in r.output
+    assert says in r.output
+
+
+@pytest.mark.parametrize("source", ["meta-llama/Llama-2-13b-hf@main", "/models/llama", "pvc://c/d"])
+def test_a_source_llmservice_takes_is_printed(source: str) -> None:
+    r = CliRunner().invoke(
+        plan, ["--rate", "2", "--requests", "20", "--tp", "1", "--source", source]
+    )
+    assert r.exit_code == 0, r.output
+    assert f"source: {source}" in r.output
