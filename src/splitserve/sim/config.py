@@ -82,6 +82,12 @@ class PoolConfig(BaseModel):
     """A registered step policy (`policy.batching.builtin`)."""
     policy_params: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("role")
+    @classmethod
+    def _a_role(cls, value: str) -> str:
+        # was exit 1 "unknown role 'bogus'" from building the cluster, naming no file or key
+        return parse_role(value).value
+
 
 def _applicable_only(
     model: BaseModel, keys: frozenset[str], handler: SerializerFunctionWrapHandler

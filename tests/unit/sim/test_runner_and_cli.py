@@ -527,3 +527,19 @@ def test_a_goodput_search_out_of_probes_says_it_is_a_lower_bound() -> None:
     section = _goodput_section({**SCENARIO, "slo_classes": loose})
     assert "| >= 4" in section
     assert "A lower bound" in section
+
+
+def test_an_unknown_pool_role_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # was exit 1 "Error: unknown role 'bogus'", naming neither the file nor the key
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    pools = [{"name": "prefill", "role": "bogus", "replicas": 1}, SCENARIO["pools"][1]]  # type: ignore[index]
+    cfg = _scenario(tmp_path, pools=pools)
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert f"{cfg}: pools.0.role='bogus': unknown role 'bogus'" in res.output
+    assert "Traceback" not in res.output
