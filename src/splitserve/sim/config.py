@@ -397,6 +397,7 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
                 raise ConfigError(str(err)) from err
     for index, pool in enumerate(cfg.pools):
         _check_policy(index, pool)
+    _check_handoffs(cfg.pools)
     pools = tuple(
         PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
         for p in cfg.pools
@@ -429,6 +430,26 @@ def _check_policy(index: int, pool: PoolConfig) -> None:
         make_batching_policy(pool.policy, **pool.policy_params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"pools[{index}] ({pool.name}).policy_params: {err}") from err
+
+
+def _check_handoffs(pools: list[PoolConfig]) -> None:
+    """Behind a prefill pool, every decode-capable pool receives hand-offs (remote KV): one
+    whose step policy never schedules them (`runs_handoffs = False`: `tetriinfer-prefill`)
+    never finished a request (`finished 0 | in flight 200`, exit 0), so it is refused naming
+    the pool's policy."""
+    if not any(p.role == Role.PREFILL and p.replicas > 0 for p in pools):
+        return
+    for index, pool in enumerate(pools):
+        if pool.role == Role.PREFILL or pool.replicas == 0:
+            continue
+        policy = make_batching_policy(pool.policy, **pool.policy_params)
+        if not getattr(policy, "runs_handoffs", True):
+            raise ConfigError(
+                f"pools[{index}] ({pool.name}).policy: {pool.policy!r} never runs a decode "
+                f"hand-off (remote KV), so this {pool.role} pool could never finish the prefill "
+                "pool's requests; run it on a prefill pool, and a decode policy here (fcfs, "
+                "tetriinfer-decode, ...)"
+            )
 
 
 def slo_classes(cfg: ScenarioConfig) -> dict[SloClassName, SloClass]:

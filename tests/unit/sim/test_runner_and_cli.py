@@ -543,3 +543,29 @@ def test_an_unknown_pool_role_is_refused_naming_the_key(
     assert res.exit_code == 2, res.output
     assert f"{cfg}: pools.0.role='bogus': unknown role 'bogus'" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("role", ["decode", "mixed"])
+def test_a_pool_behind_prefill_whose_policy_never_runs_a_handoff_is_refused(
+    tmp_path: Path, role: str
+) -> None:
+    """`tetriinfer-prefill` schedules prompts only: on the decode side of a P/D cluster every
+    request waited for ever (`finished 0`, exit 0)."""
+    pools = [
+        SCENARIO["pools"][0],  # type: ignore[index]
+        {"name": "back", "role": role, "replicas": 1, "policy": "tetriinfer-prefill"},
+    ]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "pools[1] (back).policy: 'tetriinfer-prefill' never runs a decode hand-off" in res.output
+
+
+def test_a_prefill_only_policy_without_a_prefill_pool_still_runs(tmp_path: Path) -> None:
+    # no hand-offs: the decode worker prefills locally, and the policy runs those to the end
+    pools = [
+        {"name": "prefill", "role": "prefill", "replicas": 0},
+        {"name": "decode", "role": "decode", "replicas": 1, "policy": "tetriinfer-prefill"},
+    ]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 0, res.output
+    assert "| 40 | 40 | 0 | 0 |" in res.output
