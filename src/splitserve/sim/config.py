@@ -38,6 +38,7 @@ from splitserve.core.perf import (
 from splitserve.core.request import SloClass
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import make_batching_policy
+from splitserve.policy.planner.tp import tp_refusal
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.workload import (
@@ -396,6 +397,7 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
             except ValueError as err:
                 raise ConfigError(str(err)) from err
     for index, pool in enumerate(cfg.pools):
+        _check_tp(cfg, index, pool)
         _check_policy(index, pool)
     _check_handoffs(cfg.pools)
     pools = tuple(
@@ -420,6 +422,19 @@ def _check_can_finish(pools: Iterable[PoolSpec]) -> None:
         "pools: no decode-capable worker (a pool with role decode or mixed and replicas >= 1), "
         f"so no request could ever finish; have: {have}"
     )
+
+
+def _check_tp(cfg: ClusterConfig, index: int, pool: PoolConfig) -> None:
+    """A TP degree vLLM refuses for the model's heads (`policy.planner.tp`, the check `plan`
+    makes) is refused naming the pool (`tp: 3` on 32 heads simulated a worker vLLM never starts,
+    `tp: 1024` one sharding each head over 32 GPUs)."""
+    shape = _pick(MODELS, cfg.model, "model")
+    why = tp_refusal(shape.num_heads, shape.num_kv_heads, pool.tp)
+    if why is not None:
+        raise ConfigError(
+            f"pools[{index}] ({pool.name}).tp: {why} of {cfg.model} (vLLM would refuse it: "
+            "heads % TP == 0, and KV heads % TP == 0 or TP % KV heads == 0)"
+        )
 
 
 def _check_policy(index: int, pool: PoolConfig) -> None:

@@ -569,3 +569,29 @@ def test_a_prefill_only_policy_without_a_prefill_pool_still_runs(tmp_path: Path)
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
     assert res.exit_code == 0, res.output
     assert "| 40 | 40 | 0 | 0 |" in res.output
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "says"),
+    [
+        ("llama-2-7b", 3, "TP 3 does not divide the 32 attention heads of llama-2-7b"),
+        ("llama-2-7b", 1024, "TP 1024 does not divide the 32 attention heads"),
+        ("tiny", 8, "TP 8 does not divide the 4 attention heads"),
+    ],
+)
+def test_a_tp_vllm_refuses_is_refused_naming_the_pool(
+    tmp_path: Path, model: str, tp: int, says: str
+) -> None:
+    # simulated a worker vLLM (and `plan`) refuses
+    pools = [{**SCENARIO["pools"][0], "tp": tp}, SCENARIO["pools"][1]]  # type: ignore[index, dict-item]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, model=model, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert f"pools[0] (prefill).tp: {says}" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_tp_vllm_takes_still_runs(tmp_path: Path) -> None:
+    pools = [{**SCENARIO["pools"][0], "tp": 4}, SCENARIO["pools"][1]]  # type: ignore[index, dict-item]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 0, res.output
+
