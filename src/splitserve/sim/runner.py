@@ -162,10 +162,23 @@ def run_scenario(
         out_dir.mkdir(parents=True, exist_ok=True)
         files.append(_write(out_dir / "summary.md", md))
         files.append(_write(out_dir / "requests.csv", requests_csv(result)))
-        files.append(_write(out_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"))))
+        files.append(_write(out_dir / "config.yaml", yaml.safe_dump(_dumped(cfg, base_dir))))
         if png is not None:
             files.append(_write_bytes(out_dir / "attainment.png", png))
     return ScenarioOutput(result, md, tuple(files))
+
+
+def _dumped(cfg: ScenarioConfig, base_dir: Path) -> dict[str, Any]:
+    """The scenario as run, its file paths absolute: `config.yaml` runs again as it is from
+    the output directory (a relative `trace.path` / `latency_profile` was written as given,
+    relative to the scenario's directory, and did not)."""
+    dumped: dict[str, Any] = cfg.model_dump(mode="json")
+    if cfg.latency_profile is not None:
+        dumped["latency_profile"] = str((base_dir / cfg.latency_profile).absolute())
+    trace = dumped["workload"].get("trace")
+    if isinstance(trace, dict) and isinstance(trace.get("path"), str):
+        trace["path"] = str((base_dir / trace["path"]).absolute())
+    return dumped
 
 
 NO_GPU_MODEL: Final[dict[str, str]] = {

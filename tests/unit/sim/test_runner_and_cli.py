@@ -595,3 +595,29 @@ def test_a_tp_vllm_takes_still_runs(tmp_path: Path) -> None:
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
     assert res.exit_code == 0, res.output
 
+
+def test_the_dumped_config_runs_again_from_its_own_directory(tmp_path: Path) -> None:
+    """A relative `trace.path` / `latency_profile` was dumped as written, relative to the
+    scenario's directory, so `sim run out/config.yaml` could not find them."""
+    here = tmp_path / "scenario"
+    here.mkdir()
+    (here / "t.csv").write_text(TRACE)
+    (here / "p.csv").write_text(
+        "component,x,seconds\ngemm,1,0.002\ngemm,4096,0.05\n"
+        "prefill_attention,1,0\nprefill_attention,1e7,0.01\n"
+        "decode_attention,1,0\ndecode_attention,1e6,0.01\n"
+    )
+    raw = {k: v for k, v in SCENARIO.items() if k != "goodput"}
+    raw["latency_profile"] = "p.csv"
+    raw["workload"] = {"arrival": "trace", "trace": {"path": "t.csv", "time_scale": 0.1}}
+    (here / "s.yaml").write_text(yaml.safe_dump(raw))
+    first, again = tmp_path / "out", tmp_path / "again"
+    res = CliRunner().invoke(sim, ["run", str(here / "s.yaml"), "--out", str(first)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(sim, ["run", str(first / "config.yaml"), "--out", str(again)])
+    assert res.exit_code == 0, res.output
+    assert (again / "requests.csv").read_text() == (first / "requests.csv").read_text()
+    dumped = yaml.safe_load((first / "config.yaml").read_text())
+    assert dumped["workload"]["trace"]["path"] == str(here / "t.csv")
+    assert dumped["latency_profile"] == str(here / "p.csv")
+
