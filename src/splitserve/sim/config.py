@@ -301,6 +301,16 @@ class ClusterConfig(BaseModel):
     """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
     instead of the roofline; relative paths are resolved against the scenario file."""
 
+    @model_validator(mode="after")
+    def _pool_names_once(self) -> ClusterConfig:
+        """Workers, their records and the summary's rows go by pool name: two pools of one name
+        were accepted, their workers sharing ids (as repeated `slo_classes` names are refused)."""
+        names = [p.name for p in self.pools]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"pools: pool name {repeated[0]!r} is used more than once")
+        return self
+
 
 class ScenarioConfig(ClusterConfig):
     model_config = _STRICT

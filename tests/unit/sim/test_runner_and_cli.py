@@ -621,3 +621,14 @@ def test_the_dumped_config_runs_again_from_its_own_directory(tmp_path: Path) -> 
     assert dumped["workload"]["trace"]["path"] == str(here / "t.csv")
     assert dumped["latency_profile"] == str(here / "p.csv")
 
+
+def test_two_pools_of_one_name_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # accepted: both pools' workers were named prefill-0, prefill-1, ...
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    pools = [SCENARIO["pools"][0], {**SCENARIO["pools"][1], "name": "prefill"}]  # type: ignore[index, dict-item]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "pools: pool name 'prefill' is used more than once" in res.output
