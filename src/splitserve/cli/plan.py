@@ -154,6 +154,10 @@ def plan(
             + f" of {model} (vLLM would refuse it)"
         )
     degrees = tuple(degrees_ok)
+    for tp in degrees:  # the search skips them (`fits`); an asked-for one vanished from the table
+        why = planner.memory_misfit(model, hardware, tp)
+        if why is not None:
+            click.echo(f"# skipped {why}")
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses
         raise click.BadParameter(
             f"{name!r} is not a Kubernetes name (lower-case letters, digits and '-', starting "

@@ -59,6 +59,18 @@ def fits(model: str, hardware: str, tp: int) -> bool:
     return RooflineModel(shape, HARDWARE[hardware], tp=tp).kv_capacity_tokens() > 0
 
 
+def memory_misfit(model: str, hardware: str, tp: int) -> str | None:
+    """Why `tp` workers of `hardware` hold no KV beside the model's weights (at the 0.9 memory
+    utilisation `fits` uses); None when they do."""
+    shape, hw = MODELS[model], HARDWARE[hardware]
+    if RooflineModel(shape, hw, tp=tp).kv_capacity_tokens() > 0:
+        return None
+    return (
+        f"TP {tp}: {model}'s weights ({shape.weight_bytes / 1e9:.0f} GB) leave no KV room in "
+        f"90 % of {tp} x {hardware} ({hw.memory_bytes * tp * 0.9 / 1e9:.0f} GB)"
+    )
+
+
 def kv_room_tokens(model: str, hardware: str, tp: int) -> int:
     """The KV one simulated worker of TP `tp` holds, in tokens (as `Setup.template` sizes it): a
     request needing more (prompt and output) can never be served."""
