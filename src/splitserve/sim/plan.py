@@ -29,7 +29,7 @@ from splitserve.policy.planner.autoscaler import AutoscalerParams, Targets, work
 from splitserve.policy.planner.tp import tp_refusal
 from splitserve.sim.autoscale import ROLES, RunResult, Setup, SloTarget, run_static
 from splitserve.sim.autoscale_eval import min_static
-from splitserve.sim.workload import WorkItem
+from splitserve.sim.workload import WorkItem, arrival_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +96,12 @@ def plan(
     None and `pools` the last size tried."""
     if not items:
         raise ValueError("the workload has no requests")
-    span = items[-1].arrival_s - items[0].arrival_s
-    if not span > 0:  # was taken as 1 ns: pools for 10^9 req/s, built for ever
-        raise ValueError(
-            f"the workload's {len(items)} request(s) arrive at once: no arrival rate to size for"
-        )
-    rate = len(items) / span
+    # (n - 1) / span, as `scale_to_rate` sets it (n / span sized a 2-request workload for twice
+    # its rate); no span was taken as 1 ns: pools for 10^9 req/s, built for ever
+    try:
+        rate = arrival_rate(items)
+    except ValueError as err:
+        raise ValueError(f"the workload: {err} to size for") from None
     stats = LengthStats(
         sum(w.num_prompt_tokens for w in items) / len(items),
         sum(w.num_output_tokens for w in items) / len(items),

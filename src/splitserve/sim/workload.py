@@ -282,15 +282,25 @@ def _parse_timestamp(text: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}" if frac else head)
 
 
+def arrival_rate(items: Sequence[WorkItem]) -> float:
+    """The mean arrival rate over the items' span: (n - 1) arrivals after the first, over the
+    time from the first to the last (what `scale_to_rate` sets); a ValueError when they have no
+    span (fewer than two, or all at one time)."""
+    if len(items) < 2 or items[-1].arrival_s <= items[0].arrival_s:
+        raise ValueError(f"its {len(items)} request(s) arrive at once: no arrival rate")
+    return (len(items) - 1) / (items[-1].arrival_s - items[0].arrival_s)
+
+
 def scale_to_rate(items: Sequence[WorkItem], rate_per_s: float) -> tuple[WorkItem, ...]:
     """Rescale arrival times so the mean arrival rate, (n - 1) / span, becomes `rate_per_s`
     (order unchanged). Items with no span (fewer than two, or all at one time) have no rate to
     rescale: a ValueError (they were returned unchanged, so every rate ran the same workload)."""
     if not rate_per_s > 0:
         raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
-    if len(items) < 2 or items[-1].arrival_s <= items[0].arrival_s:
-        raise ValueError(f"its {len(items)} request(s) arrive at once: no arrival rate to rescale")
-    current = (len(items) - 1) / (items[-1].arrival_s - items[0].arrival_s)
+    try:
+        current = arrival_rate(items)
+    except ValueError as err:
+        raise ValueError(f"{err} to rescale") from None
     k = current / rate_per_s
     t0 = items[0].arrival_s
     return tuple(

@@ -164,3 +164,27 @@ def test_a_workload_arriving_at_one_instant_is_refused() -> None:
     items = (WorkItem(0.0, 1000, 200, SloClassName("default")),)
     with pytest.raises(ValueError, match="at once"):
         planner.plan(items, "llama-2-13b", "a100-80g", SloTarget("default", 2, 0.1, 0.9, 0.99))
+
+
+def test_the_plan_sizes_for_the_rate_scale_to_rate_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    # plan sized for n / span, scale_to_rate set (n - 1) / span: a 2-request workload 1 s apart
+    # was planned at 2 req/s, twice its rate
+    from splitserve.core.ids import SloClassName
+    from splitserve.sim import plan as planner
+    from splitserve.sim.autoscale import SloTarget
+    from splitserve.sim.workload import WorkItem, scale_to_rate
+
+    seen: list[float] = []
+    real = planner.work_by_role
+
+    def spy(roles: object, rate: float, *args: object) -> object:
+        seen.append(rate)
+        return real(roles, rate, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(planner, "work_by_role", spy)
+    cls = SloClassName("default")
+    items = scale_to_rate((WorkItem(0.0, 100, 20, cls), WorkItem(5.0, 100, 20, cls)), 1.0)
+    slo = SloTarget("default", 2.0, 0.1, 0.9, 0.99)
+    planner.plan(items, "tiny", "a100-80g", slo, (1,), limit=4)
+    assert seen
+    assert all(r == pytest.approx(1.0) for r in seen)
