@@ -222,8 +222,8 @@ def parse_azure_trace(
     they are returned sorted by arrival) and multiplied by `time_scale` (0.5 replays the trace
     twice as fast). `max_requests` keeps the first that many usable rows in file order. Rows
     with a zero length are skipped (the trace has some), blank lines too; anything else that is
-    not a row (an empty file, a short row, a timestamp or length that does not parse, a negative
-    length) is a ValueError naming the line.
+    not a row (an empty file, a short row, one with more values than the header, a timestamp or
+    length that does not parse, a negative length) is a ValueError naming the line.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
@@ -247,6 +247,10 @@ def parse_azure_trace(
         cols = line.strip().split(",")
         if len(cols) < width:
             raise ValueError(f"line {number}: {len(cols)} columns, the header has {len(header)}")
+        if len(cols) > len(header):  # was read as if the extra values were not there
+            raise ValueError(
+                f"line {number}: {len(cols)} values, more than the header's {len(header)} columns"
+            )
         try:
             ts = _parse_timestamp(cols[i_ts])
         except ValueError:

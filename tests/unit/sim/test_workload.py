@@ -137,6 +137,14 @@ def test_scale_to_rate_refuses_items_with_no_span(rows: int) -> None:
             ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,-4,2"],
             "line 2.*ContextTokens -4",
         ),
+        (  # read as if the extra value were not there (`sim validate` refuses it in recordings)
+            [
+                "TIMESTAMP,ContextTokens,GeneratedTokens",
+                "2023-11-16 18:15:46.0,10,44",
+                "2023-11-16 18:15:47.0,10,10,99",
+            ],
+            "line 3: 4 values, more than the header's 3 columns",
+        ),
     ],
 )
 def test_parse_azure_trace_names_the_bad_line(lines: list[str], match: str) -> None:
