@@ -222,8 +222,9 @@ def parse_azure_trace(
     they are returned sorted by arrival) and multiplied by `time_scale` (0.5 replays the trace
     twice as fast). `max_requests` keeps the first that many usable rows in file order. Rows
     with a zero length are skipped (the trace has some), blank lines too; anything else that is
-    not a row (an empty file, a short row, one with more values than the header, a timestamp or
-    length that does not parse, a negative length) is a ValueError naming the line.
+    not a row (an empty file, a header without rows, a short row, one with more values than the
+    header, a timestamp or length that does not parse, a negative length) is a ValueError naming
+    the line.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
@@ -271,8 +272,8 @@ def parse_azure_trace(
         if ctx < 1 or gen < 1:
             continue
         rows.append((ts, ctx, gen))
-    if t0 is None:
-        return ()
+    if t0 is None:  # was () as for rows all of zero length, and callers said so
+        raise ValueError("the trace has no rows, only its header")
     items = (
         WorkItem((ts - t0).total_seconds() * time_scale, ctx, gen, slo_class)
         for ts, ctx, gen in rows

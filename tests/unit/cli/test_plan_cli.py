@@ -203,3 +203,18 @@ def test_a_source_llmservice_takes_is_printed(source: str) -> None:
     )
     assert r.exit_code == 0, r.output
     assert f"source: {source}" in r.output
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["TIMESTAMP,ContextTokens,GeneratedTokens\n", "TIMESTAMP,ContextTokens,GeneratedTokens\n\n"],
+)
+def test_a_trace_with_no_rows_says_so(tmp_path: Path, text: str) -> None:
+    # said "every row has a zero length" of a file with no row
+    trace = tmp_path / "t.csv"
+    trace.write_text(text)
+    r = CliRunner().invoke(plan, ["--trace", str(trace)])
+    assert r.exit_code == 2, r.output
+    assert "--trace" in r.output
+    assert "the trace has no rows, only its header" in r.output
+    assert "zero length" not in r.output

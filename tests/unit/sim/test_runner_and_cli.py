@@ -632,3 +632,21 @@ def test_two_pools_of_one_name_are_refused(tmp_path: Path, monkeypatch: pytest.M
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
     assert res.exit_code == 2, res.output
     assert "pools: pool name 'prefill' is used more than once" in res.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "--trace"], ["run-scenario"]],
+)
+def test_a_trace_with_no_rows_says_so(tmp_path: Path, argv: list[str]) -> None:
+    """`sim bench` said "every row has a zero length" of a file with no row."""
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    if argv[0] == "bench":
+        argv = [*argv, str(tmp_path / "t.csv")]
+    else:
+        work = {"arrival": "trace", "trace": {"path": "t.csv"}}
+        argv = ["run", str(_scenario(tmp_path, workload=work))]
+    res = CliRunner().invoke(sim, argv)
+    assert res.exit_code == 2, res.output
+    assert "the trace has no rows, only its header" in res.output
+    assert "zero length" not in res.output
