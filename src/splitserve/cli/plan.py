@@ -154,8 +154,8 @@ def plan(
             + f" of {model} (vLLM would refuse it)"
         )
     degrees = tuple(degrees_ok)
-    for tp in degrees:  # the search skips them (`fits`); an asked-for one vanished from the table
-        why = planner.memory_misfit(model, hardware, tp)
+    for degree in degrees:  # the search skips them (`fits`); an asked-for one vanished unsaid
+        why = planner.memory_misfit(model, hardware, degree)
         if why is not None:
             click.echo(f"# skipped {why}")
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses

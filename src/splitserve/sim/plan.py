@@ -122,7 +122,7 @@ def plan(
         work = {Role.PREFILL: pre[Role.PREFILL], Role.DECODE: dec[Role.DECODE]}
         # work too large for a float is not simulated (an OverflowError from ceil, `plan --rate
         # 1e308`); a start or a doubling past the limit is cut to it (a start past it was not
-        # simulated at all, so `--rate 300 --tp 1` found nothing at 64 though P35:D22 meets)
+        # simulated at all: the model's estimate alone made the TP "not met")
         over = not all(math.isfinite(work[r]) for r in ROLES)
         pools = {
             r: limit + 1 if over else max(1, math.ceil(work[r] / params.target_utilization))

@@ -170,12 +170,12 @@ def test_the_plan_sizes_for_the_rate_scale_to_rate_sets(monkeypatch: pytest.Monk
     # plan sized for n / span, scale_to_rate set (n - 1) / span: a 2-request workload 1 s apart
     # was planned at 2 req/s, twice its rate
     from splitserve.core.ids import SloClassName
+    from splitserve.policy.planner.autoscaler import work_by_role as real
     from splitserve.sim import plan as planner
     from splitserve.sim.autoscale import SloTarget
     from splitserve.sim.workload import WorkItem, scale_to_rate
 
     seen: list[float] = []
-    real = planner.work_by_role
 
     def spy(roles: object, rate: float, *args: object) -> object:
         seen.append(rate)

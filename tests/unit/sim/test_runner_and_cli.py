@@ -583,7 +583,7 @@ def test_a_tp_vllm_refuses_is_refused_naming_the_pool(
     tmp_path: Path, model: str, tp: int, says: str
 ) -> None:
     # simulated a worker vLLM (and `plan`) refuses
-    pools = [{**SCENARIO["pools"][0], "tp": tp}, SCENARIO["pools"][1]]  # type: ignore[index, dict-item]
+    pools = [{**SCENARIO["pools"][0], "tp": tp}, SCENARIO["pools"][1]]  # type: ignore[index]
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, model=model, pools=pools))])
     assert res.exit_code == 2, res.output
     assert f"pools[0] (prefill).tp: {says}" in res.output
@@ -591,7 +591,7 @@ def test_a_tp_vllm_refuses_is_refused_naming_the_pool(
 
 
 def test_a_tp_vllm_takes_still_runs(tmp_path: Path) -> None:
-    pools = [{**SCENARIO["pools"][0], "tp": 4}, SCENARIO["pools"][1]]  # type: ignore[index, dict-item]
+    pools = [{**SCENARIO["pools"][0], "tp": 4}, SCENARIO["pools"][1]]  # type: ignore[index]
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
     assert res.exit_code == 0, res.output
 
@@ -628,7 +628,7 @@ def test_two_pools_of_one_name_are_refused(tmp_path: Path, monkeypatch: pytest.M
         raise AssertionError("the run started")
 
     monkeypatch.setattr(runner, "run_scenario", started)
-    pools = [SCENARIO["pools"][0], {**SCENARIO["pools"][1], "name": "prefill"}]  # type: ignore[index, dict-item]
+    pools = [SCENARIO["pools"][0], {**SCENARIO["pools"][1], "name": "prefill"}]  # type: ignore[index]
     res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
     assert res.exit_code == 2, res.output
     assert "pools: pool name 'prefill' is used more than once" in res.output
