@@ -14,6 +14,9 @@ from splitserve.cli.numbers import FiniteFloat
 
 _POSITIVE = FiniteFloat(min=0, min_open=True)
 
+MAX_WORKERS = 10_000
+"""`--max-workers` at most: a scenario pool's replicas bound (`sim.config.MAX_REPLICAS`)."""
+
 MAX_REQUESTS = 20_000
 """`--requests` at most: the bundled Azure conversation trace (19,365 rows) fits. The search
 simulates the workload once per candidate pool size for every TP degree (about a minute per
@@ -23,7 +26,12 @@ simulates the workload once per candidate pool size for every TP degree (about a
 @click.command()
 @click.option("--model", default="llama-2-13b", show_default=True, help="Model preset.")
 @click.option("--hardware", default="a100-80g", show_default=True, help="Hardware preset.")
-@click.option("--source", default=None, help="Weights (HF id or path) for the printed service.")
+@click.option(
+    "--source",
+    default=None,
+    help="Weights for the printed service, as LLMService model.source takes them: a Hugging "
+    "Face id (org/name[@revision]), an absolute path, or hf://, pvc://, oci://, file://.",
+)
 @click.option("--name", default="planned", show_default=True, help="LLMService name.")
 @click.option(
     "--rate", type=_POSITIVE, default=None, help="Arrival rate (req/s); rescales a trace."
@@ -68,6 +76,14 @@ simulates the workload once per candidate pool size for every TP degree (about a
 @click.option(
     "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Lengths' seed."
 )
+@click.option(
+    "--max-workers",
+    type=click.IntRange(min=2, max=MAX_WORKERS),
+    default=64,
+    show_default=True,
+    help="The most workers (prefill and decode together) a plan may have; a TP that needs more "
+    f"is listed as not met (at most {MAX_WORKERS}: every worker is simulated).",
+)
 def plan(
     model: str,
     hardware: str,
@@ -86,11 +102,12 @@ def plan(
     tps: str,
     per_pool_tp: bool,
     seed: int,
+    max_workers: int,
 ) -> None:
     """Search pool sizes and TP with the simulator; print the candidates and an LLMService."""
     import numpy as np
 
-    from splitserve.api.v1alpha1 import DNS_LABEL
+    from splitserve.api.v1alpha1 import DNS_LABEL, parse_model_source
     from splitserve.core.perf import HARDWARE, MODELS
     from splitserve.core.roles import Role
     from splitserve.policy.planner.tp import split_tps
@@ -137,12 +154,30 @@ def plan(
             + f" of {model} (vLLM would refuse it)"
         )
     degrees = tuple(degrees_ok)
+    for degree in degrees:  # the search skips them (`fits`); an asked-for one vanished unsaid
+        why = planner.memory_misfit(model, hardware, degree)
+        if why is not None:
+            click.echo(f"# skipped {why}")
     if len(name) > 63 or not re.fullmatch(DNS_LABEL, name):  # printed a service kubectl refuses
         raise click.BadParameter(
             f"{name!r} is not a Kubernetes name (lower-case letters, digits and '-', starting "
             "with a letter, at most 63)",
             param_hint="--name",
         )
+    if source is not None:  # printed a service `operator render` refuses ('' became the preset)
+        try:
+            if not source.strip():
+                raise ValueError(f"{source!r} is empty")
+            if len(source) > 1024:
+                raise ValueError(f"{len(source)} characters, LLMService takes at most 1024")
+            parse_model_source(source)
+        except ValueError as err:
+            raise click.BadParameter(
+                str(err).removeprefix("model.source: ")
+                + " (a Hugging Face id org/name[@revision], an absolute path, or hf://, "
+                "pvc://, oci://, file://)",
+                param_hint="--source",
+            ) from err
     if trace is not None:
         ctx = click.get_current_context()
         synthetic_only = [  # the trace's lengths and arrivals are used; these were ignored
@@ -182,7 +217,9 @@ def plan(
         )
     items = with_class(items, "default")
     slo = SloTarget("default", ttft_ms / 1000, tpot_ms / 1000, percentile, attainment)
-    candidates = planner.plan(items, model, hardware, slo, degrees, per_pool=per_pool_tp)
+    candidates = planner.plan(
+        items, model, hardware, slo, degrees, limit=max_workers, per_pool=per_pool_tp
+    )
     if not candidates:
         raise click.ClickException(f"{model} fits on none of TP {tps} of {hardware}")
     click.echo("| TP (P / D) | prefill | decode | GPUs | attainment | TTFT p | TPOT p |")
@@ -190,7 +227,9 @@ def plan(
     for c in candidates:
         tp = f"{c.tps[Role.PREFILL]} / {c.tps[Role.DECODE]}"
         if c.result is None:
-            click.echo(f"| {tp} | - | - | - | target not met up to the limit | | |")
+            click.echo(
+                f"| {tp} | - | - | - | not met by {max_workers} workers (--max-workers) | | |"
+            )
             continue
         cls = c.result.classes[0]
         click.echo(
@@ -212,7 +251,21 @@ def plan(
                 f"{need:,} tokens (prompt and output), and one {model} worker at the largest "
                 f"TP searched ({top_tp} on {hardware}) holds {room:,}: no pool size can serve it"
             )
-        raise click.ClickException("no candidate met the attainment target")
+        missed = "; ".join(  # was the bare "no candidate met the attainment target"
+            f"TP {c.tps[Role.PREFILL]}"
+            + ("" if c.uniform else f" / {c.tps[Role.DECODE]}")
+            + (
+                f" missed it at P{c.pools[Role.PREFILL]}:D{c.pools[Role.DECODE]}"
+                if sum(c.pools.values()) <= max_workers
+                else ": its load is too large to size"
+            )
+            for c in candidates
+        )
+        raise click.ClickException(
+            f"no candidate met the attainment target with at most {max_workers} workers "
+            f"(--max-workers): {missed}; raise --max-workers (the search scans down from a "
+            "size that meets), or loosen the SLO or the rate"
+        )
     click.echo(
         f"\n# predicted attainment {best.result.attainment:.2%} on {len(items)} simulated "
         f"requests; P:D = {best.pools[Role.PREFILL]}:{best.pools[Role.DECODE]}"

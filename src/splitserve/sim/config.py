@@ -38,6 +38,7 @@ from splitserve.core.perf import (
 from splitserve.core.request import SloClass
 from splitserve.core.roles import Role, parse_role
 from splitserve.policy.batching.builtin import make_batching_policy
+from splitserve.policy.planner.tp import tp_refusal
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
 from splitserve.sim.workload import (
@@ -81,6 +82,12 @@ class PoolConfig(BaseModel):
     policy: str = "fcfs"
     """A registered step policy (`policy.batching.builtin`)."""
     policy_params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("role")
+    @classmethod
+    def _a_role(cls, value: str) -> str:
+        # was exit 1 "unknown role 'bogus'" from building the cluster, naming no file or key
+        return parse_role(value).value
 
 
 def _applicable_only(
@@ -294,6 +301,16 @@ class ClusterConfig(BaseModel):
     """A profiled step-time table (CSV `component,x,seconds`, see `core.perf.table`) used
     instead of the roofline; relative paths are resolved against the scenario file."""
 
+    @model_validator(mode="after")
+    def _pool_names_once(self) -> ClusterConfig:
+        """Workers, their records and the summary's rows go by pool name: two pools of one name
+        were accepted, their workers sharing ids (as repeated `slo_classes` names are refused)."""
+        names = [p.name for p in self.pools]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"pools: pool name {repeated[0]!r} is used more than once")
+        return self
+
 
 class ScenarioConfig(ClusterConfig):
     model_config = _STRICT
@@ -302,7 +319,8 @@ class ScenarioConfig(ClusterConfig):
         default_factory=lambda: [SloConfig(ttft_ms=200.0, tpot_ms=100.0)]
     )
     goodput: GoodputConfig | None = None
-    """When set, also search the highest rate meeting the first class's attainment target."""
+    """When set, also search the highest rate meeting the attainment target (`percentile`) of
+    the workload's class."""
 
     @model_validator(mode="after")
     def _workload_class_declared(self) -> ScenarioConfig:
@@ -389,7 +407,9 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
             except ValueError as err:
                 raise ConfigError(str(err)) from err
     for index, pool in enumerate(cfg.pools):
+        _check_tp(cfg, index, pool)
         _check_policy(index, pool)
+    _check_handoffs(cfg.pools)
     pools = tuple(
         PoolSpec(PoolName(p.name), parse_role(p.role), p.replicas, worker_template(cfg, p, latency))
         for p in cfg.pools
@@ -414,6 +434,19 @@ def _check_can_finish(pools: Iterable[PoolSpec]) -> None:
     )
 
 
+def _check_tp(cfg: ClusterConfig, index: int, pool: PoolConfig) -> None:
+    """A TP degree vLLM refuses for the model's heads (`policy.planner.tp`, the check `plan`
+    makes) is refused naming the pool (`tp: 3` on 32 heads simulated a worker vLLM never starts,
+    `tp: 1024` one sharding each head over 32 GPUs)."""
+    shape = _pick(MODELS, cfg.model, "model")
+    why = tp_refusal(shape.num_heads, shape.num_kv_heads, pool.tp)
+    if why is not None:
+        raise ConfigError(
+            f"pools[{index}] ({pool.name}).tp: {why} of {cfg.model} (vLLM would refuse it: "
+            "heads % TP == 0, and KV heads % TP == 0 or TP % KV heads == 0)"
+        )
+
+
 def _check_policy(index: int, pool: PoolConfig) -> None:
     """Build a pool's step policy once, so a parameter it does not take is a `ConfigError`
     naming the pool (it was a TypeError traceback from inside the run); an unknown policy name
@@ -422,6 +455,26 @@ def _check_policy(index: int, pool: PoolConfig) -> None:
         make_batching_policy(pool.policy, **pool.policy_params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"pools[{index}] ({pool.name}).policy_params: {err}") from err
+
+
+def _check_handoffs(pools: list[PoolConfig]) -> None:
+    """Behind a prefill pool, every decode-capable pool receives hand-offs (remote KV): one
+    whose step policy never schedules them (`runs_handoffs = False`: `tetriinfer-prefill`)
+    never finished a request (`finished 0 | in flight 200`, exit 0), so it is refused naming
+    the pool's policy."""
+    if not any(p.role == Role.PREFILL and p.replicas > 0 for p in pools):
+        return
+    for index, pool in enumerate(pools):
+        if pool.role == Role.PREFILL or pool.replicas == 0:
+            continue
+        policy = make_batching_policy(pool.policy, **pool.policy_params)
+        if not getattr(policy, "runs_handoffs", True):
+            raise ConfigError(
+                f"pools[{index}] ({pool.name}).policy: {pool.policy!r} never runs a decode "
+                f"hand-off (remote KV), so this {pool.role} pool could never finish the prefill "
+                "pool's requests; run it on a prefill pool, and a decode policy here (fcfs, "
+                "tetriinfer-decode, ...)"
+            )
 
 
 def slo_classes(cfg: ScenarioConfig) -> dict[SloClassName, SloClass]:
@@ -468,7 +521,13 @@ def build_workload(
                 f"workload.trace.path {w.trace.path!r}: no request in the trace (no row with "
                 "ContextTokens and GeneratedTokens >= 1)"
             )
-        return scale_to_rate(items, rate) if rate else items
+        if not rate:
+            return items
+        try:
+            return scale_to_rate(items, rate)
+        except ValueError as err:  # was returned unscaled: every rate ran the same requests
+            key = "workload.rate_per_s" if rate_per_s is None else "goodput"
+            raise ConfigError(f"{key}: workload.trace.path {w.trace.path!r}: {err}") from err
     if rate is None:
         raise ConfigError(f"{w.arrival} arrivals need `rate_per_s`")
     arrivals: ArrivalProcess = Poisson(rate) if w.arrival == "poisson" else Gamma(rate, w.cv)

@@ -5,10 +5,10 @@ For each tensor-parallel degree a model fits on — one for the whole service, o
 instance's intra-op parallelism searched separately; its inter-op / pipeline degree is not) —
 start from the autoscaler model's pool sizes for the workload's rate (prefill work from the
 prefill TP's fitted model, decode work from the decode TP's, `policy.planner.autoscaler.
-work_by_role` at the target utilisation), grow both pools until the simulated attainment meets
-the target, then scan each pool down while it still meets (Splitwise-style provisioning of the
-P:D split by simulation). The plan with the fewest GPUs wins; ties: smaller TPs. Pure: the
-caller gives the workload.
+work_by_role` at the target utilisation), grow both pools (up to a worker limit) until the
+simulated attainment meets the target, then scan each pool down while it still meets
+(Splitwise-style provisioning of the P:D split by simulation). The plan with the fewest GPUs
+wins; ties: smaller TPs. Pure: the caller gives the workload.
 
 Not searched (said so in the output): pipeline parallelism, heterogeneous hardware, mixed pools.
 A plan whose pools have different TPs needs one worker group per role, so its workers cannot
@@ -29,7 +29,7 @@ from splitserve.policy.planner.autoscaler import AutoscalerParams, Targets, work
 from splitserve.policy.planner.tp import tp_refusal
 from splitserve.sim.autoscale import ROLES, RunResult, Setup, SloTarget, run_static
 from splitserve.sim.autoscale_eval import min_static
-from splitserve.sim.workload import WorkItem
+from splitserve.sim.workload import WorkItem, arrival_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class Candidate:
     """Tensor-parallel degree per pool."""
     pools: dict[Role, int]
     result: RunResult | None
-    """None: no size up to the limit met the target."""
+    """None: no plan of at most `limit` workers met the target."""
 
     @property
     def gpus(self) -> int:
@@ -57,6 +57,18 @@ def fits(model: str, hardware: str, tp: int) -> bool:
     if tp_refusal(shape.num_heads, shape.num_kv_heads, tp) is not None:
         return False
     return RooflineModel(shape, HARDWARE[hardware], tp=tp).kv_capacity_tokens() > 0
+
+
+def memory_misfit(model: str, hardware: str, tp: int) -> str | None:
+    """Why `tp` workers of `hardware` hold no KV beside the model's weights (at the 0.9 memory
+    utilisation `fits` uses); None when they do."""
+    shape, hw = MODELS[model], HARDWARE[hardware]
+    if RooflineModel(shape, hw, tp=tp).kv_capacity_tokens() > 0:
+        return None
+    return (
+        f"TP {tp}: {model}'s weights ({shape.weight_bytes / 1e9:.0f} GB) leave no KV room in "
+        f"90 % of {tp} x {hardware} ({hw.memory_bytes * tp * 0.9 / 1e9:.0f} GB)"
+    )
 
 
 def kv_room_tokens(model: str, hardware: str, tp: int) -> int:
@@ -78,15 +90,18 @@ def plan(
 ) -> list[Candidate]:
     """One candidate per TP the model fits on (per (prefill, decode) TP pair with `per_pool`),
     best (fewest GPUs) first. A TP that does not divide the model's attention heads (or its KV
-    heads, as vLLM requires) is skipped like one that does not fit (`fits`)."""
+    heads, as vLLM requires) is skipped like one that does not fit (`fits`). `limit`: the most
+    workers (both pools) a plan may have, and a size simulated: a start estimate or a doubling
+    above it is scaled down to it; a candidate still missing the target there has `result`
+    None and `pools` the last size tried."""
     if not items:
         raise ValueError("the workload has no requests")
-    span = items[-1].arrival_s - items[0].arrival_s
-    if not span > 0:  # was taken as 1 ns: pools for 10^9 req/s, built for ever
-        raise ValueError(
-            f"the workload's {len(items)} request(s) arrive at once: no arrival rate to size for"
-        )
-    rate = len(items) / span
+    # (n - 1) / span, as `scale_to_rate` sets it (n / span sized a 2-request workload for twice
+    # its rate); no span was taken as 1 ns: pools for 10^9 req/s, built for ever
+    try:
+        rate = arrival_rate(items)
+    except ValueError as err:
+        raise ValueError(f"the workload: {err} to size for") from None
     stats = LengthStats(
         sum(w.num_prompt_tokens for w in items) / len(items),
         sum(w.num_output_tokens for w in items) / len(items),
@@ -105,20 +120,24 @@ def plan(
         pre = work_by_role(ROLES, rate, stats, setup.perf_model(Role.PREFILL), targets, params)
         dec = work_by_role(ROLES, rate, stats, setup.perf_model(Role.DECODE), targets, params)
         work = {Role.PREFILL: pre[Role.PREFILL], Role.DECODE: dec[Role.DECODE]}
-        # a start past the limit is not simulated (building that many workers took minutes);
-        # nor is work too large for a float (an OverflowError from ceil, `plan --rate 1e308`)
+        # work too large for a float is not simulated (an OverflowError from ceil, `plan --rate
+        # 1e308`); a start or a doubling past the limit is cut to it (a start past it was not
+        # simulated at all: the model's estimate alone made the TP "not met")
         over = not all(math.isfinite(work[r]) for r in ROLES)
         pools = {
             r: limit + 1 if over else max(1, math.ceil(work[r] / params.target_utilization))
             for r in ROLES
         }
-        over = over or sum(pools.values()) > limit
-        result: RunResult | None = None if over else run_static(items, setup, pools)
+        result: RunResult | None = None
+        if not over:
+            pools = _at_most(pools, limit)
+            result = run_static(items, setup, pools)
         while result is not None and result.attainment < slo.attainment:
-            if sum(pools.values()) >= limit:
+            grown = _at_most({r: n * 2 for r, n in pools.items()}, limit)
+            if grown == pools:
                 result = None
                 break
-            pools = {r: n * 2 for r, n in pools.items()}
+            pools = grown
             result = run_static(items, setup, pools)
         if result is not None:
             best = min_static(items, setup, slo.attainment, pools)
@@ -128,6 +147,15 @@ def plan(
         out.append(Candidate(by_role, pools, result))
     out.sort(key=lambda c: (c.result is None, c.gpus, sorted(c.tps.values(), reverse=True)))
     return out
+
+
+def _at_most(pools: dict[Role, int], limit: int) -> dict[Role, int]:
+    """`pools`, scaled down in proportion (each at least 1) when they add up to more than
+    `limit` workers."""
+    total = sum(pools.values())
+    if total <= limit:
+        return pools
+    return {r: max(1, n * limit // total) for r, n in pools.items()}
 
 
 def service_yaml(

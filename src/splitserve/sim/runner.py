@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from splitserve.api.validation import one_line, yaml_problem
 from splitserve.core.errors import ConfigError
+from splitserve.core.ids import SloClassName
 from splitserve.sim.cluster import ClusterSpec, simulate
 from splitserve.sim.config import (
     ClusterConfig,
@@ -30,6 +31,7 @@ from splitserve.sim.config import (
 from splitserve.sim.metrics import SimResult, goodput, overall_attainment
 from splitserve.sim.report import (
     attainment_plot_png,
+    fmt,
     markdown_table,
     requests_csv,
     summary_markdown,
@@ -111,11 +113,15 @@ def run_scenario(
     lines = _lines(trace, base_dir, "workload.trace.path")
     spec = cluster_spec(cfg, _lines(cfg.latency_profile, base_dir, "latency_profile"))
     slos = slo_classes(cfg)
-    result = simulate(spec, build_workload(cfg.workload, lines))
+    items = build_workload(cfg.workload, lines)
+    if cfg.goodput is not None:  # refused before the run: a trace of no span cannot be paced
+        build_workload(cfg.workload, lines, cfg.goodput.low_rate)
+    result = simulate(spec, items)
     md = summary_markdown(result, slos, title=cfg.name)
     png: bytes | None = None
     if cfg.goodput is not None:
-        target = next(iter(slos.values())).percentile
+        # the workload's class: every request is of it (the first declared class was used)
+        target = slos[SloClassName(cfg.workload.slo_class)].percentile
 
         def attainment_at(rate: float) -> float:
             return overall_attainment(
@@ -130,10 +136,24 @@ def run_scenario(
             cfg.goodput.tolerance,
         )
         gpus = result.num_gpus
+        at_least = ">= " if g.lower_bound else ""
         md += "\n### Goodput\n\n" + markdown_table(
             ["goodput req/s", "per GPU req/s", "target", "probes"],
-            [[g.rate_per_s, g.rate_per_s / gpus, target, len(g.probes)]],
+            [
+                [
+                    at_least + fmt(g.rate_per_s),
+                    at_least + fmt(g.rate_per_s / gpus),
+                    target,
+                    len(g.probes),
+                ]
+            ],
         )
+        if g.lower_bound:
+            md += (
+                f"\nA lower bound: attainment still met the target at every rate probed (up "
+                f"to {fmt(g.rate_per_s)} req/s) when the search ran out of probes; the goodput "
+                "is higher, by how much is unknown.\n"
+            )
         png = attainment_plot_png(
             {cfg.name: [(r / gpus, a) for r, a in g.probes]}, target, f"{cfg.name}: SLO attainment"
         )
@@ -142,10 +162,23 @@ def run_scenario(
         out_dir.mkdir(parents=True, exist_ok=True)
         files.append(_write(out_dir / "summary.md", md))
         files.append(_write(out_dir / "requests.csv", requests_csv(result)))
-        files.append(_write(out_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"))))
+        files.append(_write(out_dir / "config.yaml", yaml.safe_dump(_dumped(cfg, base_dir))))
         if png is not None:
             files.append(_write_bytes(out_dir / "attainment.png", png))
     return ScenarioOutput(result, md, tuple(files))
+
+
+def _dumped(cfg: ScenarioConfig, base_dir: Path) -> dict[str, Any]:
+    """The scenario as run, its file paths absolute: `config.yaml` runs again as it is from
+    the output directory (a relative `trace.path` / `latency_profile` was written as given,
+    relative to the scenario's directory, and did not)."""
+    dumped: dict[str, Any] = cfg.model_dump(mode="json")
+    if cfg.latency_profile is not None:
+        dumped["latency_profile"] = str((base_dir / cfg.latency_profile).absolute())
+    trace = dumped["workload"].get("trace")
+    if isinstance(trace, dict) and isinstance(trace.get("path"), str):
+        trace["path"] = str((base_dir / trace["path"]).absolute())
+    return dumped
 
 
 NO_GPU_MODEL: Final[dict[str, str]] = {

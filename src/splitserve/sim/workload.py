@@ -222,8 +222,9 @@ def parse_azure_trace(
     they are returned sorted by arrival) and multiplied by `time_scale` (0.5 replays the trace
     twice as fast). `max_requests` keeps the first that many usable rows in file order. Rows
     with a zero length are skipped (the trace has some), blank lines too; anything else that is
-    not a row (an empty file, a short row, a timestamp or length that does not parse, a negative
-    length) is a ValueError naming the line.
+    not a row (an empty file, a header without rows, a short row, one with more values than the
+    header, a timestamp or length that does not parse, a negative length) is a ValueError naming
+    the line.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
@@ -247,6 +248,10 @@ def parse_azure_trace(
         cols = line.strip().split(",")
         if len(cols) < width:
             raise ValueError(f"line {number}: {len(cols)} columns, the header has {len(header)}")
+        if len(cols) > len(header):  # was read as if the extra values were not there
+            raise ValueError(
+                f"line {number}: {len(cols)} values, more than the header's {len(header)} columns"
+            )
         try:
             ts = _parse_timestamp(cols[i_ts])
         except ValueError:
@@ -267,8 +272,8 @@ def parse_azure_trace(
         if ctx < 1 or gen < 1:
             continue
         rows.append((ts, ctx, gen))
-    if t0 is None:
-        return ()
+    if t0 is None:  # was () as for rows all of zero length, and callers said so
+        raise ValueError("the trace has no rows, only its header")
     items = (
         WorkItem((ts - t0).total_seconds() * time_scale, ctx, gen, slo_class)
         for ts, ctx, gen in rows
@@ -282,13 +287,25 @@ def _parse_timestamp(text: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}" if frac else head)
 
 
+def arrival_rate(items: Sequence[WorkItem]) -> float:
+    """The mean arrival rate over the items' span: (n - 1) arrivals after the first, over the
+    time from the first to the last (what `scale_to_rate` sets); a ValueError when they have no
+    span (fewer than two, or all at one time)."""
+    if len(items) < 2 or items[-1].arrival_s <= items[0].arrival_s:
+        raise ValueError(f"its {len(items)} request(s) arrive at once: no arrival rate")
+    return (len(items) - 1) / (items[-1].arrival_s - items[0].arrival_s)
+
+
 def scale_to_rate(items: Sequence[WorkItem], rate_per_s: float) -> tuple[WorkItem, ...]:
-    """Rescale arrival times so the mean arrival rate becomes `rate_per_s` (order unchanged)."""
+    """Rescale arrival times so the mean arrival rate, (n - 1) / span, becomes `rate_per_s`
+    (order unchanged). Items with no span (fewer than two, or all at one time) have no rate to
+    rescale: a ValueError (they were returned unchanged, so every rate ran the same workload)."""
     if not rate_per_s > 0:
         raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
-    if len(items) < 2 or items[-1].arrival_s <= items[0].arrival_s:
-        return tuple(items)
-    current = (len(items) - 1) / (items[-1].arrival_s - items[0].arrival_s)
+    try:
+        current = arrival_rate(items)
+    except ValueError as err:
+        raise ValueError(f"{err} to rescale") from None
     k = current / rate_per_s
     t0 = items[0].arrival_s
     return tuple(

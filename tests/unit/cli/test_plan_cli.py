@@ -113,8 +113,9 @@ def test_a_rate_whose_work_overflows_is_no_candidate_not_a_traceback(rate: str) 
     r = CliRunner().invoke(plan, ["--rate", rate, "--requests", "10", "--tp", "1"])
     assert r.exit_code == 1, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
-    assert "target not met up to the limit" in r.output
+    assert "not met by 64 workers (--max-workers)" in r.output
     assert "no candidate met the attainment target" in r.output
+    assert "TP 1: its load is too large to size" in r.output
 
 
 @pytest.mark.parametrize("n", ["20001", "1000000000"])
@@ -149,3 +150,71 @@ def test_requests_no_worker_can_hold_are_named() -> None:
     assert r.exit_code == 1, r.output
     assert "the longest request needs KV for 1,049,224 tokens" in r.output
     assert "largest TP searched (2 on a100-80g) holds 144,000" in r.output
+
+
+def test_a_plan_cut_by_the_worker_limit_names_the_limit_and_its_flag() -> None:
+    # was "target not met up to the limit" and "no candidate met the attainment target", as if
+    # the SLO could not be met, when a hidden 64-worker cap was the cause
+    r = CliRunner().invoke(
+        plan, ["--rate", "300", "--requests", "40", "--tp", "1", "--max-workers", "4"]
+    )
+    assert r.exit_code == 1, r.output
+    assert "not met by 4 workers (--max-workers)" in r.output
+    assert "with at most 4 workers (--max-workers): TP 1 missed it at P" in r.output
+    assert "raise --max-workers" in r.output
+
+
+def test_max_workers_is_a_documented_flag() -> None:
+    r = CliRunner().invoke(plan, ["--help"])
+    assert "--max-workers" in r.output
+    assert "default: 64" in r.output
+    r = CliRunner().invoke(plan, ["--rate", "2", "--max-workers", "1"])
+    assert r.exit_code == 2, r.output
+    assert "--max-workers" in r.output
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("../../etc", "is not hf://"),  # printed; `operator render` refused the service
+        ("has space", "is not hf://"),
+        ("", "empty"),  # silently became the preset's name, without the usual warning
+        ("   ", "empty"),
+        ("x" * 1025, "at most 1024"),
+    ],
+)
+def test_a_source_llmservice_refuses_is_refused_naming_the_flag(
+    source: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def searched(*_: object, **__: object) -> None:
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr("splitserve.sim.plan.plan", searched)
+    r = CliRunner().invoke(plan, ["--rate", "2", "--requests", "20", "--source", source])
+    assert r.exit_code == 2, r.output
+    assert "--source" in r.output
+    assert says in r.output
+
+
+@pytest.mark.parametrize("source", ["meta-llama/Llama-2-13b-hf@main", "/models/llama", "pvc://c/d"])
+def test_a_source_llmservice_takes_is_printed(source: str) -> None:
+    r = CliRunner().invoke(
+        plan, ["--rate", "2", "--requests", "20", "--tp", "1", "--source", source]
+    )
+    assert r.exit_code == 0, r.output
+    assert f"source: {source}" in r.output
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["TIMESTAMP,ContextTokens,GeneratedTokens\n", "TIMESTAMP,ContextTokens,GeneratedTokens\n\n"],
+)
+def test_a_trace_with_no_rows_says_so(tmp_path: Path, text: str) -> None:
+    # said "every row has a zero length" of a file with no row
+    trace = tmp_path / "t.csv"
+    trace.write_text(text)
+    r = CliRunner().invoke(plan, ["--trace", str(trace)])
+    assert r.exit_code == 2, r.output
+    assert "--trace" in r.output
+    assert "the trace has no rows, only its header" in r.output
+    assert "zero length" not in r.output

@@ -43,3 +43,13 @@ def test_fits_is_false_for_a_degree_the_heads_refuse() -> None:
     assert fits("llama-2-13b", "a100-80g", 2)
     assert not fits("llama-2-13b", "a100-80g", 3)
     assert not fits("tiny", "a100-80g", 8)
+
+
+def test_a_degree_that_does_not_fit_in_memory_is_said_not_dropped() -> None:
+    # --tp 1,4 on llama-2-70b printed only the 4 / 4 row: TP 1 vanished without a word
+    r = CliRunner().invoke(
+        plan, ["--model", "llama-2-70b", "--tp", "1,4", "--rate", "1", "--requests", "20"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "# skipped TP 1: llama-2-70b's weights (138 GB) leave no KV room in 90 % of " in r.output
+    assert "| 4 / 4 |" in r.output

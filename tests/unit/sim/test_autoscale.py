@@ -188,3 +188,10 @@ def test_before_the_first_finish_the_loop_sees_no_output_length_and_acts_on_the_
     # No output length: decode is sized by what its workers hold, not by a guessed length.
     decode = [a for a in first.actions if a.startswith("decode ")]
     assert all("decode workers hold" in a for a in decode), decode
+
+
+def test_quick_help_gives_minutes_not_seconds() -> None:
+    # said "seconds, for checks": --quick --out takes about 93 s on 2 cores, step-5x-fleet 415 s
+    text = " ".join(CliRunner().invoke(sim, ["autoscale", "--help"]).output.split())
+    assert "seconds, for checks" not in text
+    assert "about 1.5 min for the four scenarios" in text

@@ -66,6 +66,15 @@ def test_goodput_brackets_the_threshold(threshold: float, tol: float) -> None:
     assert len(g.probes) <= 60
 
 
+def test_goodput_out_of_probes_while_doubling_is_a_lower_bound() -> None:
+    # the last rate probed (2**23: 8,388,608) was reported as the goodput, unmarked
+    g = goodput(lambda r: 1.0, 0.9, 1.0, 2.0, max_probes=24)
+    assert g.lower_bound
+    assert g.rate_per_s == 2.0**23
+    bisected = goodput(lambda r: 1.0 if r <= 3 else 0.0, 0.9, 1.0, 2.0)
+    assert not bisected.lower_bound
+
+
 def test_goodput_zero_when_nothing_meets() -> None:
     g = goodput(lambda r: 0.0, 0.9, 1.0, 2.0)
     assert g.rate_per_s == 0.0

@@ -477,3 +477,176 @@ def test_validate_names_the_option_of_a_run_file_it_cannot_read(
     assert flag in res.output
     assert named in res.output
     assert "Traceback" not in res.output
+
+
+def _goodput_section(cfg: dict[str, object]) -> str:
+    out = runner.run_scenario(ScenarioConfig.model_validate(cfg), None)
+    return out.markdown.split("### Goodput", 1)[1]
+
+
+def test_goodput_scores_the_workloads_class_not_the_first_declared() -> None:
+    """The search's target was the first declared class's percentile: a loose first class
+    (target 0.1) beside the workload's strict one gave a goodput far above the strict class's."""
+    strict = {"name": "strict", "ttft_ms": 50, "tpot_ms": 20, "percentile": 0.99}
+    loose = {"name": "loose", "ttft_ms": 1e5, "tpot_ms": 1e5, "percentile": 0.1}
+    work = {**SCENARIO["workload"], "slo_class": "strict"}  # type: ignore[dict-item]
+    alone = _goodput_section({**SCENARIO, "workload": work, "slo_classes": [strict]})
+    behind = _goodput_section({**SCENARIO, "workload": work, "slo_classes": [loose, strict]})
+    assert "| 0.99 |" in behind
+    assert behind == alone
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        ["2023-11-16 18:15:46.68,374,44"],
+        ["2023-11-16 18:15:46.68,374,44", "2023-11-16 18:15:46.68,96,16"],
+    ],
+)
+@pytest.mark.parametrize("paced", ["goodput", "rate_per_s"])
+def test_a_trace_of_no_span_cannot_be_paced(tmp_path: Path, rows: list[str], paced: str) -> None:
+    """A trace whose rows arrive at once has no rate to rescale: every goodput probe ran the same
+    requests and the search reported 8,388,608 req/s; `rate_per_s` was silently ignored."""
+    (tmp_path / "t.csv").write_text("\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *rows]))
+    work: dict[str, object] = {"arrival": "trace", "trace": {"path": "t.csv"}}
+    change: dict[str, object] = {"goodput": SCENARIO["goodput"]}
+    if paced == "rate_per_s":
+        work["rate_per_s"] = 5.0
+        change = {}
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, workload=work, **change))])
+    assert res.exit_code == 2, res.output
+    assert f"{'workload.' if paced == 'rate_per_s' else ''}{paced}: " in res.output
+    assert "arrive at once: no arrival rate" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_goodput_search_out_of_probes_says_it_is_a_lower_bound() -> None:
+    """Attainment met at every rate: the search stopped after its probes and printed the last
+    rate as the goodput."""
+    loose = [{"name": "default", "ttft_ms": 1e9, "tpot_ms": 1e9}]
+    section = _goodput_section({**SCENARIO, "slo_classes": loose})
+    assert "| >= 4" in section
+    assert "A lower bound" in section
+
+
+def test_an_unknown_pool_role_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # was exit 1 "Error: unknown role 'bogus'", naming neither the file nor the key
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    pools = [{"name": "prefill", "role": "bogus", "replicas": 1}, SCENARIO["pools"][1]]  # type: ignore[index]
+    cfg = _scenario(tmp_path, pools=pools)
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert f"{cfg}: pools.0.role='bogus': unknown role 'bogus'" in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("role", ["decode", "mixed"])
+def test_a_pool_behind_prefill_whose_policy_never_runs_a_handoff_is_refused(
+    tmp_path: Path, role: str
+) -> None:
+    """`tetriinfer-prefill` schedules prompts only: on the decode side of a P/D cluster every
+    request waited for ever (`finished 0`, exit 0)."""
+    pools = [
+        SCENARIO["pools"][0],  # type: ignore[index]
+        {"name": "back", "role": role, "replicas": 1, "policy": "tetriinfer-prefill"},
+    ]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "pools[1] (back).policy: 'tetriinfer-prefill' never runs a decode hand-off" in res.output
+
+
+def test_a_prefill_only_policy_without_a_prefill_pool_still_runs(tmp_path: Path) -> None:
+    # no hand-offs: the decode worker prefills locally, and the policy runs those to the end
+    pools = [
+        {"name": "prefill", "role": "prefill", "replicas": 0},
+        {"name": "decode", "role": "decode", "replicas": 1, "policy": "tetriinfer-prefill"},
+    ]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 0, res.output
+    assert "| 40 | 40 | 0 | 0 |" in res.output
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "says"),
+    [
+        ("llama-2-7b", 3, "TP 3 does not divide the 32 attention heads of llama-2-7b"),
+        ("llama-2-7b", 1024, "TP 1024 does not divide the 32 attention heads"),
+        ("tiny", 8, "TP 8 does not divide the 4 attention heads"),
+    ],
+)
+def test_a_tp_vllm_refuses_is_refused_naming_the_pool(
+    tmp_path: Path, model: str, tp: int, says: str
+) -> None:
+    # simulated a worker vLLM (and `plan`) refuses
+    pools = [{**SCENARIO["pools"][0], "tp": tp}, SCENARIO["pools"][1]]  # type: ignore[index]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, model=model, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert f"pools[0] (prefill).tp: {says}" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_tp_vllm_takes_still_runs(tmp_path: Path) -> None:
+    pools = [{**SCENARIO["pools"][0], "tp": 4}, SCENARIO["pools"][1]]  # type: ignore[index]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 0, res.output
+
+
+def test_the_dumped_config_runs_again_from_its_own_directory(tmp_path: Path) -> None:
+    """A relative `trace.path` / `latency_profile` was dumped as written, relative to the
+    scenario's directory, so `sim run out/config.yaml` could not find them."""
+    here = tmp_path / "scenario"
+    here.mkdir()
+    (here / "t.csv").write_text(TRACE)
+    (here / "p.csv").write_text(
+        "component,x,seconds\ngemm,1,0.002\ngemm,4096,0.05\n"
+        "prefill_attention,1,0\nprefill_attention,1e7,0.01\n"
+        "decode_attention,1,0\ndecode_attention,1e6,0.01\n"
+    )
+    raw = {k: v for k, v in SCENARIO.items() if k != "goodput"}
+    raw["latency_profile"] = "p.csv"
+    raw["workload"] = {"arrival": "trace", "trace": {"path": "t.csv", "time_scale": 0.1}}
+    (here / "s.yaml").write_text(yaml.safe_dump(raw))
+    first, again = tmp_path / "out", tmp_path / "again"
+    res = CliRunner().invoke(sim, ["run", str(here / "s.yaml"), "--out", str(first)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(sim, ["run", str(first / "config.yaml"), "--out", str(again)])
+    assert res.exit_code == 0, res.output
+    assert (again / "requests.csv").read_text() == (first / "requests.csv").read_text()
+    dumped = yaml.safe_load((first / "config.yaml").read_text())
+    assert dumped["workload"]["trace"]["path"] == str(here / "t.csv")
+    assert dumped["latency_profile"] == str(here / "p.csv")
+
+
+def test_two_pools_of_one_name_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # accepted: both pools' workers were named prefill-0, prefill-1, ...
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "run_scenario", started)
+    pools = [SCENARIO["pools"][0], {**SCENARIO["pools"][1], "name": "prefill"}]  # type: ignore[index]
+    res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+    assert res.exit_code == 2, res.output
+    assert "pools: pool name 'prefill' is used more than once" in res.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "--trace"], ["run-scenario"]],
+)
+def test_a_trace_with_no_rows_says_so(tmp_path: Path, argv: list[str]) -> None:
+    """`sim bench` said "every row has a zero length" of a file with no row."""
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    if argv[0] == "bench":
+        argv = [*argv, str(tmp_path / "t.csv")]
+    else:
+        work = {"arrival": "trace", "trace": {"path": "t.csv"}}
+        argv = ["run", str(_scenario(tmp_path, workload=work))]
+    res = CliRunner().invoke(sim, argv)
+    assert res.exit_code == 2, res.output
+    assert "the trace has no rows, only its header" in res.output
+    assert "zero length" not in res.output

@@ -116,6 +116,14 @@ def test_scale_to_rate() -> None:
     assert (len(scaled) - 1) / scaled[-1].arrival_s == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_scale_to_rate_refuses_items_with_no_span(rows: int) -> None:
+    # returned them unchanged: every rate of a goodput search ran the same requests
+    items = tuple(WorkItem(2.0, 8, 8) for _ in range(rows))
+    with pytest.raises(ValueError, match="arrive at once: no arrival rate"):
+        scale_to_rate(items, 10.0)
+
+
 @pytest.mark.parametrize(
     ("lines", "match"),
     [
@@ -128,6 +136,14 @@ def test_scale_to_rate() -> None:
         (  # a negative length was skipped as a zero one is
             ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,-4,2"],
             "line 2.*ContextTokens -4",
+        ),
+        (  # read as if the extra value were not there (`sim validate` refuses it in recordings)
+            [
+                "TIMESTAMP,ContextTokens,GeneratedTokens",
+                "2023-11-16 18:15:46.0,10,44",
+                "2023-11-16 18:15:47.0,10,10,99",
+            ],
+            "line 3: 4 values, more than the header's 3 columns",
         ),
     ],
 )

@@ -147,6 +147,9 @@ class TetriPrefillPolicy:
 
     name = "tetriinfer-prefill"
     steady_decode = False
+    runs_handoffs = False
+    """A decode hand-off (remote KV) is never scheduled: a decode or mixed worker running this
+    policy behind a prefill pool never finishes a request (`sim.config` refuses it)."""
 
     def __init__(self, params: TetriPrefillParams | None = None) -> None:
         self.params = params or TetriPrefillParams()
