@@ -234,6 +234,24 @@ class RouterConfig(BaseModel):
     """Find stock `vllm serve` pods by their labels (on top of `backends`); None: static only."""
 
 
+def port_clash(http_port: int, grpc_port: int | None, metrics_port: int | None) -> str | None:
+    """Each fixed port of the router once (0 and None pick or need none): a second listener on
+    one port failed at start with "address already in use" (under `up`, after every worker had
+    started)."""
+    names = {
+        "http": "the HTTP port (--port, listen.httpPort)",
+        "grpc": "the gRPC port (--grpc-port, listen.grpcPort)",
+        "metrics": "the metrics port (--metrics-port)",
+    }
+    seen: dict[int, str] = {}
+    for kind, port in (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port)):
+        if port and port in seen:
+            return f"{names[seen[port]]} and {names[kind]} are both {port}: one port each"
+        if port:
+            seen[port] = kind
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # router.yaml: the ConfigMap the operator renders (operator/render.py `router_config`)
 

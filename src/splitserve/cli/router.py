@@ -21,7 +21,7 @@ from splitserve.aio import stop_task
 from splitserve.api import v1alpha1 as v1
 from splitserve.api.auth import API_KEY, API_KEY_RULE, SECRET_KEYS, AuthSettings
 from splitserve.api.backends import HttpBackend, parse_backend_flag
-from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile
+from splitserve.api.router import DispatchSettings, RouterConfig, RouterFile, port_clash
 from splitserve.api.router_edge import EdgeSettings
 from splitserve.api.validation import one_line, validation_lines
 from splitserve.cli import logs
@@ -327,6 +327,8 @@ def serve_cmd(
         config = config.model_copy(update=update)
     except ValidationError as err:
         raise click.BadParameter(str(err)) from err
+    if why := port_clash(config.http_port, config.grpc_port, config.metrics_port):
+        raise click.UsageError(why)  # `model_copy` above does not validate
     _refuse_inert_flags(ctx, config, cold_start_max_held, early_decode)
     try:
         settle_gc = gc_tuning.enabled_from_env()

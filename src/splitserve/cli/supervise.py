@@ -79,6 +79,8 @@ class Watched:
     state: State = State.RUNNING
     started_s: float = 0.0
     restart_at_s: float = 0.0
+    killed: bool = False
+    """Killed for not getting ready in time after a restart (once per start)."""
 
 
 class Supervisor:
@@ -90,13 +92,17 @@ class Supervisor:
         policy: str,
         echo: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        ready_timeout_s: float = 600.0,
     ) -> None:
+        """`ready_timeout_s`: a restarted process not ready by then is killed, and its exit
+        handled like any other (`up --ready-timeout-s`, as for the first start)."""
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.stack = stack
         self.policy = policy
         self.echo = echo
         self.clock = clock
+        self.ready_timeout_s = ready_timeout_s
         now = clock()
         self.watched = [Watched(c, started_s=now) for c in stack.children]
 
@@ -112,10 +118,24 @@ class Supervisor:
                     w.child.info = json.loads(w.child.ready_file.read_text())
                     w.state = State.RUNNING
                     self.echo(f"{w.child.name} is ready again ({_where(w.child.info)})")
+                elif (
+                    w.state is State.STARTING
+                    and not w.killed
+                    and now - w.started_s > self.ready_timeout_s
+                ):
+                    # It hangs while starting (it stayed STARTING for good): its exit, seen on
+                    # a later tick, is handled as a crash.
+                    self.echo(
+                        f"{w.child.name} was not ready within {self.ready_timeout_s:g} s of its "
+                        "restart (--ready-timeout-s); killing it"
+                    )
+                    w.killed = True
+                    if w.child.proc is not None:
+                        w.child.proc.kill()
             elif w.state is State.WAITING and now >= w.restart_at_s:
                 self.stack.respawn(w.child)
                 w.history.restarts += 1
-                w.state, w.started_s = State.STARTING, now
+                w.state, w.started_s, w.killed = State.STARTING, now, False
         return True
 
     def _on_exit(self, w: Watched, code: int, now: float) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import click
 
-from splitserve.api.router import PlacementSettings
+from splitserve.api.router import PlacementSettings, port_clash
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
 from splitserve.cli.process import (
@@ -392,7 +392,8 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     type=FiniteFloat(min=0, min_open=True),
     default=READY_TIMEOUT_S,
     show_default=True,
-    help="How long workers and the router may take to start (vLLM on a busy CPU: more).",
+    help="How long workers and the router may take to start, and to start again after a "
+    "restart (vLLM on a busy CPU: more).",
 )
 @click.option(
     "--token-stall-timeout-s",
@@ -462,6 +463,8 @@ def up(**opts: Any) -> None:
         raise click.ClickException(str(err)) from None
     if opts["decode"] + opts["mixed"] == 0:
         raise click.UsageError("need at least one decode or mixed worker to serve requests")
+    if why := port_clash(opts["port"], opts["grpc_port"], None):
+        raise click.UsageError(why)  # before any process starts (the router failed last)
     from splitserve.cli.autoscale_local import autoscale_usage_error
 
     ctx = click.get_current_context()
@@ -544,7 +547,12 @@ def up(**opts: Any) -> None:
     click.echo(benchmark_hint(f"http://{host}:{router['port']}"))
     click.echo("press Ctrl-C to stop")
     code = 0
-    supervisor = Supervisor(stack, opts["on_exit"], lambda msg: click.echo(msg, err=True))
+    supervisor = Supervisor(
+        stack,
+        opts["on_exit"],
+        lambda msg: click.echo(msg, err=True),
+        ready_timeout_s=opts.get("ready_timeout_s") or READY_TIMEOUT_S,
+    )
     fleet, autoscaler = None, None
     try:
         if opts["autoscale"]:

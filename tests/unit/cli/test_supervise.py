@@ -169,3 +169,38 @@ def test_a_restarted_router_is_ready_again_at_its_http_address(tmp_path: Path) -
     router.ready_file.write_text(json.dumps({"host": "127.0.0.1", "port": 8000, "grpc_port": 1}))
     assert sup.tick()
     assert messages[-1] == "router is ready again (127.0.0.1:8000)"  # was "()"
+
+
+def test_a_restart_that_hangs_is_killed_after_the_ready_timeout(tmp_path: Path) -> None:
+    """--ready-timeout-s covered only the first start: a restarted process hanging while it
+    started stayed STARTING for good."""
+    now = [0.0]
+    child = _FakeChild("decode-0", tmp_path / "decode-0.ready.json")
+    kills: list[str] = []
+    child.proc = type("P", (), {"kill": lambda self: kills.append("kill")})()  # type: ignore[attr-defined]
+    stack = _FakeStack([child])
+    messages: list[str] = []
+    sup = Supervisor(
+        stack,  # type: ignore[arg-type]
+        "restart",
+        messages.append,
+        clock=lambda: now[0],
+        ready_timeout_s=10.0,
+    )
+    child.code = 1
+    assert sup.tick()
+    now[0] = 1.5
+    assert sup.tick()
+    assert sup.states() == {"decode-0": "starting"}
+    now[0] = 11.0
+    assert sup.tick()
+    assert kills == []  # 9.5 s: not yet
+    now[0] = 12.0
+    assert sup.tick()
+    assert kills == ["kill"]
+    assert "not ready within 10 s" in messages[-1]
+    assert sup.tick()
+    assert kills == ["kill"]  # once
+    child.code = -9  # the kill lands: a crash like any other, restarted after its back-off
+    assert sup.tick()
+    assert sup.states() == {"decode-0": "waiting"}

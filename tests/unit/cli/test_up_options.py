@@ -51,6 +51,8 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
         # "" silently served --model's name; " " started the stack under a blank name
         (["--served-model-name", ""], "--served-model-name"),
         (["--served-model-name", " "], "--served-model-name"),
+        # the workers started, then the router failed: address already in use
+        (["--port", "19900", "--grpc-port", "19900"], "--grpc-port"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:

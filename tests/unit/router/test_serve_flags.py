@@ -54,3 +54,18 @@ def test_non_finite_settings_are_refused_by_name(flag: str, value: str) -> None:
     assert f"Invalid value for {flag}" in output
     assert value.split("=")[0] in output
     assert "finite" in output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--port", "19900", "--grpc-port", "19900"),
+        ("--port", "19900", "--metrics-port", "19900"),
+        ("--port", "19901", "--grpc-port", "19902", "--metrics-port", "19902"),
+    ],
+)
+def test_one_port_for_two_listeners_is_refused(args: tuple[str, ...]) -> None:
+    """It started, then failed with "address already in use" on the second listener."""
+    code, output = _serve(*args)
+    assert code == 2, output
+    assert "one port each" in output
