@@ -73,9 +73,14 @@ class Profile:
         else:
             eligible = self.eligible(req, eps)
             ranked = self.picker.order(self.totals(req, eligible)) if eligible else []
-        stale = [e.id for e in eps if e.stale]
-        if not stale or len(ranked) < 2:
+        if len(ranked) < 2:
             return ranked
+        for e in eps:  # the hot path (router and simulator): no list unless one is stale
+            if e.stale:
+                break
+        else:
+            return ranked
+        stale = {e.id for e in eps if e.stale}
         return [i for i in ranked if i not in stale] + [i for i in ranked if i in stale]
 
     def _rank_fused(
