@@ -55,8 +55,26 @@ def dashboard() -> None:
     show_default=True,
     help="Prometheus' scrape interval (for $__rate_interval, as Grafana computes it).",
 )
-def render_cmd(prometheus: str, out: Path, since_s: float, scrape_interval_s: float) -> None:
+@click.option(
+    "--namespace",
+    default=None,
+    help="The dashboards' `namespace` variable: one namespace's services only (default: All).",
+)
+@click.option(
+    "--service",
+    default=None,
+    help="The dashboards' `service` variable: one LLMService's series only (default: All).",
+)
+def render_cmd(
+    prometheus: str,
+    out: Path,
+    since_s: float,
+    scrape_interval_s: float,
+    namespace: str | None,
+    service: str | None,
+) -> None:
     """Draw every dashboard's panels from PROMETHEUS' query_range API (matplotlib)."""
+    from splitserve.obs.dashboards.model import ALL, regex_value
     from splitserve.obs.render import render_all
 
     end_s = time.time()
@@ -67,6 +85,8 @@ def render_cmd(prometheus: str, out: Path, since_s: float, scrape_interval_s: fl
             start_s=end_s - since_s,
             end_s=end_s,
             scrape_interval_s=scrape_interval_s,
+            namespace=ALL if namespace is None else regex_value(namespace),
+            service=ALL if service is None else regex_value(service),
         )
     except OSError as err:
         raise click.ClickException(f"--prometheus {prometheus}: {err}") from err

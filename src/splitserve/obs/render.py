@@ -3,7 +3,9 @@
 No Grafana needed: each panel's queries are run through Prometheus' `query_range` API and drawn
 with matplotlib where the dashboard's grid puts the panel (24 columns, Grafana's grid units).
 `$__rate_interval` becomes what Grafana would use: max(4 x scrape interval, step + scrape
-interval). Stat panels are drawn as time series too (an approximation of Grafana's look).
+interval). The `namespace` and `service` variables become regexes as Grafana writes them: All is
+`.*` (which also matches series without those labels, as a local stack's are). Stat panels are
+drawn as time series too (an approximation of Grafana's look).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from splitserve.obs.dashboards import DASHBOARDS
-from splitserve.obs.dashboards.model import RATE, Dashboard, build
+from splitserve.obs.dashboards.model import ALL, Dashboard, build, substitute
 
 _LABEL = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 _UNITS = {"s": "seconds", "percentunit": "ratio", "reqps": "req/s", "Bps": "bytes/s", "ops": "/s"}
@@ -61,8 +63,11 @@ def render(
     start_s: float,
     end_s: float,
     scrape_interval_s: float = 15.0,
+    namespace: str = ALL,
+    service: str = ALL,
 ) -> Path:
-    """Draw one dashboard into `out` (a PNG file)."""
+    """Draw one dashboard into `out` (a PNG file); `namespace` and `service` are the variables'
+    values as regexes (`ALL`, or `model.regex_value` of one name)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,7 +97,8 @@ def render(
         ax.set_title(spec.title, fontsize=10, loc="left")
         drawn = 0
         for q in spec.queries:
-            for r in query_range(prometheus, q.expr.replace(RATE, window), start_s, end_s, step_s):
+            expr = substitute(q.expr, window, namespace, service)
+            for r in query_range(prometheus, expr, start_s, end_s, step_s):
                 labels: dict[str, str] = r["metric"]  # type: ignore[assignment]
                 points: Sequence[Sequence[object]] = r["values"]  # type: ignore[assignment]
                 ts = [float(str(t)) - start_s for t, _ in points]
@@ -133,6 +139,8 @@ def render_all(
     start_s: float,
     end_s: float,
     scrape_interval_s: float = 15.0,
+    namespace: str = ALL,
+    service: str = ALL,
 ) -> list[Path]:
     """Every dashboard, as `<out_dir>/<name>.png`."""
     return [
@@ -143,6 +151,8 @@ def render_all(
             start_s=start_s,
             end_s=end_s,
             scrape_interval_s=scrape_interval_s,
+            namespace=namespace,
+            service=service,
         )
         for name, board in DASHBOARDS.items()
     ]

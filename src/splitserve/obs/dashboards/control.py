@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from typing import Final
 
-from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.model import (
+    BY_SERVICE,
+    RATE,
+    Dashboard,
+    Panel,
+    Query,
+    Row,
+    quantile,
+    series,
+)
 from splitserve.obs.dashboards.sources import OPERATOR as O
 from splitserve.obs.dashboards.sources import ROUTER as R
+
+_READY = series(R.endpoints, matchers='state="ready"')
 
 DASHBOARD: Final = Dashboard(
     uid="splitserve-control",
@@ -32,8 +43,7 @@ DASHBOARD: Final = Dashboard(
                             "current {{service}} {{role}}",
                         ),
                         Query(
-                            f"max by (namespace, service, role) "
-                            f'({series(R.endpoints)}{{state="ready"}})',
+                            f"max by ({BY_SERVICE}, role) ({_READY})",
                             "ready {{namespace}}/{{service}} {{role}}",
                         ),
                     ),
@@ -49,8 +59,9 @@ DASHBOARD: Final = Dashboard(
                     "Control-loop decisions (scale-up, scale-down, flip, hold, bounds, no-signal).",
                     (
                         Query(
-                            f"sum by (kind, reason) (increase({series(O.decisions)}[{RATE}]))",
-                            "{{kind}} {{reason}}",
+                            f"sum by (service, kind, reason) "
+                            f"(increase({series(O.decisions)}[{RATE}]))",
+                            "{{service}} {{kind}} {{reason}}",
                         ),
                     ),
                 ),
@@ -93,7 +104,7 @@ DASHBOARD: Final = Dashboard(
             ),
         ),
         Row(
-            "Operator: reconciles and the Kubernetes API",
+            "Operator: reconciles and the Kubernetes API (every service)",
             (
                 Panel(
                     "Reconciles by resource and result",

@@ -7,26 +7,42 @@ from typing import Final
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.model import (
+    BY_SERVICE,
+    RATE,
+    SERVICE_LEGEND,
+    Dashboard,
+    Panel,
+    Query,
+    Row,
+    quantile,
+    series,
+)
 from splitserve.obs.dashboards.sources import ROUTER as R
 
 
 def _latency(title: str, metric: MetricWrapperBase, slo: str | None, description: str) -> Panel:
     queries = [
-        Query(quantile(q, metric, "slo_class"), f"p{round(q * 100)} {{{{slo_class}}}}")
+        Query(
+            quantile(q, metric, f"{BY_SERVICE}, slo_class"),
+            f"p{round(q * 100)} {_SVC} {{{{slo_class}}}}",
+        )
         for q in (0.5, 0.9, 0.99)
     ]
     if slo is not None:
+        target = f'slo="{slo}"'
         queries.append(
             Query(
-                f'max by (slo_class) ({series(R.slo_target)}{{slo="{slo}"}})',
-                "target {{slo_class}}",
+                f"max by ({BY_SERVICE}, slo_class) ({series(R.slo_target, matchers=target)})",
+                f"target {_SVC} {{{{slo_class}}}}",
             )
         )
     return Panel(title, description, tuple(queries), unit="s", width=8)
 
 
-_OK = f'{series(R.slo_requests)}{{result="met"}}'
+_SVC = SERVICE_LEGEND
+_OK = series(R.slo_requests, matchers='result="met"')
+_NOT_OK = series(R.requests, matchers='outcome!="ok"')
 
 DASHBOARD: Final = Dashboard(
     uid="splitserve-overview",
@@ -42,8 +58,9 @@ DASHBOARD: Final = Dashboard(
                     "and outcome.",
                     (
                         Query(
-                            f"sum by (path, outcome) (rate({series(R.requests)}[{RATE}]))",
-                            "{{path}} {{outcome}}",
+                            f"sum by ({BY_SERVICE}, path, outcome) "
+                            f"(rate({series(R.requests)}[{RATE}]))",
+                            _SVC + " {{path}} {{outcome}}",
                         ),
                     ),
                     unit="reqps",
@@ -55,8 +72,9 @@ DASHBOARD: Final = Dashboard(
                     "class; summed, the arrival rate.",
                     (
                         Query(
-                            f"sum by (slo_class, outcome) (rate({series(R.admission)}[{RATE}]))",
-                            "{{slo_class}} {{outcome}}",
+                            f"sum by ({BY_SERVICE}, slo_class, outcome) "
+                            f"(rate({series(R.admission)}[{RATE}]))",
+                            _SVC + " {{slo_class}} {{outcome}}",
                         ),
                     ),
                     unit="reqps",
@@ -67,9 +85,10 @@ DASHBOARD: Final = Dashboard(
                     "Requests in flight, and waiting in the router's EDF admission queue per "
                     "class.",
                     (
-                        Query(f"sum({series(R.inflight)})", "in flight"),
+                        Query(f"sum by ({BY_SERVICE}) ({series(R.inflight)})", f"in flight {_SVC}"),
                         Query(
-                            f"sum by (slo_class) ({series(R.queue_depth)})", "queued {{slo_class}}"
+                            f"sum by ({BY_SERVICE}, slo_class) ({series(R.queue_depth)})",
+                            f"queued {_SVC} {{{{slo_class}}}}",
                         ),
                     ),
                     width=8,
@@ -79,9 +98,8 @@ DASHBOARD: Final = Dashboard(
                     "Requests that did not finish ok, by outcome (shed, rejected, error, ...).",
                     (
                         Query(
-                            f"sum by (outcome) "
-                            f'(rate({series(R.requests)}{{outcome!="ok"}}[{RATE}]))',
-                            "{{outcome}}",
+                            f"sum by ({BY_SERVICE}, outcome) (rate({_NOT_OK}[{RATE}]))",
+                            _SVC + " {{outcome}}",
                         ),
                     ),
                     unit="reqps",
@@ -92,8 +110,9 @@ DASHBOARD: Final = Dashboard(
                     "Requests answered 503 because no worker could take them, by condition.",
                     (
                         Query(
-                            f"sum by (condition) (rate({series(R.unavailable)}[{RATE}]))",
-                            "{{condition}}",
+                            f"sum by ({BY_SERVICE}, condition) "
+                            f"(rate({series(R.unavailable)}[{RATE}]))",
+                            _SVC + " {{condition}}",
                         ),
                     ),
                     unit="reqps",
@@ -114,13 +133,14 @@ DASHBOARD: Final = Dashboard(
                     "against the class's attainment target.",
                     (
                         Query(
-                            f"sum by (slo_class) (rate({_OK}[{RATE}])) / "
-                            f"(sum by (slo_class) (rate({series(R.slo_requests)}[{RATE}])) > 0)",
-                            "attained {{slo_class}}",
+                            f"sum by ({BY_SERVICE}, slo_class) (rate({_OK}[{RATE}])) / "
+                            f"(sum by ({BY_SERVICE}, slo_class) "
+                            f"(rate({series(R.slo_requests)}[{RATE}])) > 0)",
+                            f"attained {_SVC} {{{{slo_class}}}}",
                         ),
                         Query(
-                            f"max by (slo_class) ({series(R.slo_attainment_target)})",
-                            "target {{slo_class}}",
+                            f"max by ({BY_SERVICE}, slo_class) ({series(R.slo_attainment_target)})",
+                            f"target {_SVC} {{{{slo_class}}}}",
                         ),
                     ),
                     unit="percentunit",
@@ -130,8 +150,9 @@ DASHBOARD: Final = Dashboard(
                     "Missed deadlines per second by class and which deadline (ttft / tpot).",
                     (
                         Query(
-                            f"sum by (slo_class, slo) (rate({series(R.slo_misses)}[{RATE}]))",
-                            "{{slo_class}} {{slo}}",
+                            f"sum by ({BY_SERVICE}, slo_class, slo) "
+                            f"(rate({series(R.slo_misses)}[{RATE}]))",
+                            _SVC + " {{slo_class}} {{slo}}",
                         ),
                     ),
                     unit="reqps",
@@ -154,7 +175,12 @@ DASHBOARD: Final = Dashboard(
                 Panel(
                     "Admission queue wait p90",
                     "Time requests admitted from the queue waited in it.",
-                    (Query(quantile(0.9, R.queue_wait, "slo_class"), "{{slo_class}}"),),
+                    (
+                        Query(
+                            quantile(0.9, R.queue_wait, f"{BY_SERVICE}, slo_class"),
+                            _SVC + " {{slo_class}}",
+                        ),
+                    ),
                     unit="s",
                     width=8,
                 ),
@@ -162,8 +188,14 @@ DASHBOARD: Final = Dashboard(
                     "Tokens",
                     "Prompt tokens in and output tokens out per second (every outcome).",
                     (
-                        Query(f"sum(rate({series(R.prompt_tokens)}[{RATE}]))", "prompt"),
-                        Query(f"sum(rate({series(R.completion_tokens)}[{RATE}]))", "generated"),
+                        Query(
+                            f"sum by ({BY_SERVICE}) (rate({series(R.prompt_tokens)}[{RATE}]))",
+                            f"prompt {_SVC}",
+                        ),
+                        Query(
+                            f"sum by ({BY_SERVICE}) (rate({series(R.completion_tokens)}[{RATE}]))",
+                            f"generated {_SVC}",
+                        ),
                     ),
                     unit="ops",
                     width=8,
@@ -171,7 +203,12 @@ DASHBOARD: Final = Dashboard(
                 Panel(
                     "Output length prediction error p90",
                     "abs(predicted - actual) output tokens per finished request.",
-                    (Query(quantile(0.9, R.prediction_error, "slo_class"), "{{slo_class}}"),),
+                    (
+                        Query(
+                            quantile(0.9, R.prediction_error, f"{BY_SERVICE}, slo_class"),
+                            _SVC + " {{slo_class}}",
+                        ),
+                    ),
                     width=8,
                 ),
             ),

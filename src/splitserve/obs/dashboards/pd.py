@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Final
 
-from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.model import (
+    BY_SERVICE,
+    RATE,
+    SERVICE_LEGEND,
+    Dashboard,
+    Panel,
+    Query,
+    Row,
+    quantile,
+    selector,
+    series,
+)
 from splitserve.obs.dashboards.sources import OPERATOR as O
 from splitserve.obs.dashboards.sources import ROUTER as R
 from splitserve.obs.dashboards.sources import (
@@ -16,10 +27,19 @@ from splitserve.obs.dashboards.sources import WORKER as W
 
 _BY_ROLE = f"* on (instance) group_left (role) ({series(W.role)} == 1)"
 """Joins a per-worker series with the worker's current role."""
+_FLIPS = series(O.decisions, matchers='kind="flip"')
+
+
+_SVC = SERVICE_LEGEND
 
 
 def _per_role(metric: str) -> str:
-    return f"sum by (role) ({metric} {_BY_ROLE})"
+    return f"sum by ({BY_SERVICE}, role) ({metric} {_BY_ROLE})"
+
+
+def _by_instance(name: str) -> str:
+    """Per worker: a vLLM series' rate (its name, not a metric object, see `sources`)."""
+    return f"sum by (instance) (rate({selector(name)}[{RATE}]))"
 
 
 DASHBOARD: Final = Dashboard(
@@ -33,13 +53,13 @@ DASHBOARD: Final = Dashboard(
                 Panel(
                     "Waiting requests by role",
                     "Requests waiting to be scheduled on the workers, summed per current role.",
-                    (Query(_per_role(series(W.queue)), "{{role}}"),),
+                    (Query(_per_role(series(W.queue)), _SVC + " {{role}}"),),
                     width=8,
                 ),
                 Panel(
                     "Running requests (batch) by role",
                     "Requests being computed, summed per current role.",
-                    (Query(_per_role(series(W.running)), "{{role}}"),),
+                    (Query(_per_role(series(W.running)), _SVC + " {{role}}"),),
                     width=8,
                 ),
                 Panel(
@@ -108,13 +128,12 @@ DASHBOARD: Final = Dashboard(
                     "reports them.",
                     (
                         Query(
-                            f"sum by (instance) (rate({VLLM_KV_TRANSFER_SECONDS}_sum[{RATE}])) / "
-                            f"(sum by (instance) (rate({VLLM_KV_TRANSFER_SECONDS}_count[{RATE}]))"
-                            " > 0)",
+                            f"{_by_instance(VLLM_KV_TRANSFER_SECONDS + '_sum')} / "
+                            f"({_by_instance(VLLM_KV_TRANSFER_SECONDS + '_count')} > 0)",
                             "mean {{instance}}",
                         ),
                         Query(
-                            f"sum by (instance) (rate({VLLM_KV_TRANSFER_FAILURES}[{RATE}]))",
+                            _by_instance(VLLM_KV_TRANSFER_FAILURES),
                             "failed {{instance}}",
                         ),
                     ),
@@ -131,8 +150,9 @@ DASHBOARD: Final = Dashboard(
                     "The router's placement decisions per second.",
                     (
                         Query(
-                            f"sum by (path, reason) (rate({series(R.placements)}[{RATE}]))",
-                            "{{path}} {{reason}}",
+                            f"sum by ({BY_SERVICE}, path, reason) "
+                            f"(rate({series(R.placements)}[{RATE}]))",
+                            _SVC + " {{path}} {{reason}}",
                         ),
                     ),
                     unit="reqps",
@@ -143,8 +163,9 @@ DASHBOARD: Final = Dashboard(
                     "mid-stream migration to another decode worker.",
                     (
                         Query(
-                            f"sum by (reason) (increase({series(R.fallbacks)}[{RATE}]))",
-                            "{{reason}}",
+                            f"sum by ({BY_SERVICE}, reason) "
+                            f"(increase({series(R.fallbacks)}[{RATE}]))",
+                            _SVC + " {{reason}}",
                         ),
                     ),
                 ),
@@ -153,8 +174,9 @@ DASHBOARD: Final = Dashboard(
                     "Times a worker's load report went stale: the router placed on its own view.",
                     (
                         Query(
-                            f"sum by (role) (increase({series(R.stale_fallbacks)}[{RATE}]))",
-                            "{{role}}",
+                            f"sum by ({BY_SERVICE}, role) "
+                            f"(increase({series(R.stale_fallbacks)}[{RATE}]))",
+                            _SVC + " {{role}}",
                         ),
                     ),
                     empty_in_local_stack=(
@@ -167,11 +189,13 @@ DASHBOARD: Final = Dashboard(
                     "Run-time role changes of workers (SetRole), and flips the control loop "
                     "decided.",
                     (
-                        Query(f"sum(increase({series(W.role_changes)}[{RATE}]))", "workers"),
+                        Query(
+                            f"sum by ({BY_SERVICE}) (increase({series(W.role_changes)}[{RATE}]))",
+                            f"workers {_SVC}",
+                        ),
                         # 0 rather than nothing while the loop runs but decides no flip.
                         Query(
-                            f'sum by (service) (increase({series(O.decisions)}{{kind="flip"}}'
-                            f"[{RATE}])) or sum by (service) "
+                            f"sum by (service) (increase({_FLIPS}[{RATE}])) or sum by (service) "
                             f"(increase({series(O.decisions)}[{RATE}])) * 0",
                             "decided {{service}}",
                         ),

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Final
 
-from splitserve.obs.dashboards.model import RATE, Dashboard, Panel, Query, Row, quantile, series
+from splitserve.obs.dashboards.model import (
+    BY_SERVICE,
+    RATE,
+    SERVICE_LEGEND,
+    Dashboard,
+    Panel,
+    Query,
+    Row,
+    quantile,
+    selector,
+    series,
+)
 from splitserve.obs.dashboards.sources import (
     SIM_ONLY,
     VLLM_INTER_TOKEN_SECONDS,
@@ -17,13 +28,14 @@ from splitserve.obs.dashboards.sources import (
 from splitserve.obs.dashboards.sources import WORKER as W
 
 
-def _rate(name: str) -> str:
-    return f"sum by (instance) (rate({name}[{RATE}]))"
+def _rate(series: str) -> str:
+    """Per worker: the rate of `series` (a selector)."""
+    return f"sum by (instance) (rate({series}[{RATE}]))"
 
 
 def _vllm_mean(name: str) -> str:
     """vLLM's histograms come across as `_sum` / `_count` (no buckets): their mean."""
-    return f"{_rate(name + '_sum')} / ({_rate(name + '_count')} > 0)"
+    return f"{_rate(selector(name + '_sum'))} / ({_rate(selector(name + '_count'))} > 0)"
 
 
 _STEPS = _rate(series(W.steps))
@@ -79,8 +91,9 @@ DASHBOARD: Final = Dashboard(
                     "Requests finished by the workers per second (prefill / decode / generate).",
                     (
                         Query(
-                            f"sum by (kind, outcome) (rate({series(W.requests)}[{RATE}]))",
-                            "{{kind}} {{outcome}}",
+                            f"sum by ({BY_SERVICE}, kind, outcome) "
+                            f"(rate({series(W.requests)}[{RATE}]))",
+                            SERVICE_LEGEND + " {{kind}} {{outcome}}",
                         ),
                     ),
                     unit="reqps",
@@ -136,10 +149,11 @@ DASHBOARD: Final = Dashboard(
                     "Share of looked-up prompt tokens found in the prefix cache; preemptions/s.",
                     (
                         Query(
-                            f"{_rate(VLLM_PREFIX_HITS)} / ({_rate(VLLM_PREFIX_QUERIES)} > 0)",
+                            f"{_rate(selector(VLLM_PREFIX_HITS))} / "
+                            f"({_rate(selector(VLLM_PREFIX_QUERIES))} > 0)",
                             "hit rate {{instance}}",
                         ),
-                        Query(_rate(VLLM_PREEMPTIONS), "preemptions {{instance}}"),
+                        Query(_rate(selector(VLLM_PREEMPTIONS)), "preemptions {{instance}}"),
                     ),
                     width=8,
                     empty_in_local_stack=SIM_ONLY,
