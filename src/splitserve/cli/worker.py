@@ -15,7 +15,7 @@ from splitserve.cli.tokenizer_check import load_tokenizer
 from splitserve.cli.up import answer_tokens_for, check_sim_options, tokenizer_vocab
 from splitserve.core.errors import ConfigError
 from splitserve.core.roles import Role, parse_role
-from splitserve.policy.batching.builtin import BATCHING
+from splitserve.policy.batching.builtin import BATCHING, checked_batching_policy
 from splitserve.policy.batching.tokens import (
     DEFAULT_ANSWER_SIGMA,
     DEFAULT_ANSWER_TOKENS,
@@ -359,10 +359,10 @@ def _check_batching(name: str, params: object) -> None:
     if not isinstance(params, dict):
         raise click.BadParameter("want a JSON object", param_hint="--batching-params")
     try:
-        make = BATCHING.get(name)
+        BATCHING.get(name)
     except ConfigError as err:
         raise click.BadParameter(str(err), param_hint="--batching") from err
     try:
-        make(**params)
+        checked_batching_policy(name, params)
     except (ConfigError, TypeError, ValueError) as err:
         raise click.BadParameter(f"{name}: {err}", param_hint="--batching-params") from err

@@ -37,7 +37,7 @@ from splitserve.core.perf import (
 )
 from splitserve.core.request import SloClass
 from splitserve.core.roles import Role, parse_role
-from splitserve.policy.batching.builtin import make_batching_policy
+from splitserve.policy.batching.builtin import checked_batching_policy, make_batching_policy
 from splitserve.policy.planner.tp import tp_refusal
 from splitserve.sim.cluster import ClusterSpec, KvOverlap
 from splitserve.sim.entities import PoolSpec, WorkerTemplate
@@ -452,7 +452,7 @@ def _check_policy(index: int, pool: PoolConfig) -> None:
     naming the pool (it was a TypeError traceback from inside the run); an unknown policy name
     is the registry's own `ConfigError`."""
     try:
-        make_batching_policy(pool.policy, **pool.policy_params)
+        checked_batching_policy(pool.policy, pool.policy_params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"pools[{index}] ({pool.name}).policy_params: {err}") from err
 

@@ -42,6 +42,33 @@ def test_out_of_range_values_are_refused_before_anything_starts(flag: str, value
         (["--batching-params", '{"max_num_batched_tokens": -5}'], "--batching-params", ">= 1"),
         (["--batching-params", "[1]"], "--batching-params", "JSON object"),
         (["--batching", "sarathi", "--batching-params", '{"x": 1}'], "--batching-params", "x"),
+        # a value of the wrong type: 100.5 built a policy whose load reports failed on every
+        # call; "false" (a true string) left chunking on; "8" was a str-vs-int TypeError
+        (
+            ["--batching-params", '{"max_num_batched_tokens": 100.5}'],
+            "--batching-params",
+            "max_num_batched_tokens must be an integer",
+        ),
+        (
+            ["--batching-params", '{"chunked_prefill": "false"}'],
+            "--batching-params",
+            "chunked_prefill must be true or false",
+        ),
+        (
+            ["--batching-params", '{"max_num_seqs": "8"}'],
+            "--batching-params",
+            "max_num_seqs must be an integer",
+        ),
+        (
+            ["--batching", "alise", "--batching-params", '{"num_queues": 1.5}'],
+            "--batching-params",
+            "num_queues must be an integer",
+        ),
+        (
+            ["--batching", "bros", "--batching-params", '{"ewma_alpha": "0.5"}'],
+            "--batching-params",
+            "ewma_alpha must be a number",
+        ),
     ],
 )
 def test_a_step_policy_that_cannot_be_built_is_refused_naming_the_flag(

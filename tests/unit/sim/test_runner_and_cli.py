@@ -650,3 +650,17 @@ def test_a_trace_with_no_rows_says_so(tmp_path: Path, argv: list[str]) -> None:
     assert res.exit_code == 2, res.output
     assert "the trace has no rows, only its header" in res.output
     assert "zero length" not in res.output
+
+
+def test_a_policy_param_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
+    """`chunked_prefill: "false"` (a true string) left chunking on; 100.5 tokens was accepted."""
+    for params, says in (
+        ({"chunked_prefill": "false"}, "chunked_prefill must be true or false"),
+        ({"max_num_batched_tokens": 100.5}, "max_num_batched_tokens must be an integer"),
+    ):
+        pool = {**SCENARIO["pools"][1], "policy": "fcfs", "policy_params": params}  # type: ignore[index]
+        pools = [SCENARIO["pools"][0], pool]  # type: ignore[index]
+        res = CliRunner().invoke(sim, ["run", str(_scenario(tmp_path, pools=pools))])
+        assert res.exit_code != 0, res.output
+        assert "pools[1] (decode).policy_params" in res.output
+        assert says in res.output

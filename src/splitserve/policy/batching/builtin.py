@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from splitserve.policy.batching.base import BatchingPolicy
@@ -35,3 +38,41 @@ def _make_sarathi(**params: Any) -> BatchingPolicy:
 def make_batching_policy(name: str, **params: Any) -> BatchingPolicy:
     """Build a registered step policy by name with its parameters."""
     return BATCHING.get(name)(**params)
+
+
+def checked_batching_policy(name: str, params: Mapping[str, Any]) -> BatchingPolicy:
+    """`make_batching_policy` for parameters a user wrote (JSON, YAML): each value must have its
+    field's type. Raises `ValueError` naming the field: the dataclasses check ranges, not types,
+    so `max_num_batched_tokens: 100.5` built a policy whose load reports then failed on every
+    call, and `chunked_prefill: "false"` (a true string) left chunking on."""
+    defaults = getattr(make_batching_policy(name), "params", None)  # the params' dataclass
+    if defaults is not None and dataclasses.is_dataclass(defaults):
+        hints = typing.get_type_hints(type(defaults))
+        for key, value in params.items():  # before the dataclass compares a string with 1
+            want = hints.get(key)
+            if want is not None and not _has_type(value, want):
+                raise ValueError(f"{key} must be {_type_name(want)}, got {value!r}")
+    return make_batching_policy(name, **params)
+
+
+def _has_type(value: object, want: Any) -> bool:
+    if typing.get_origin(want) in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in typing.get_args(want))
+    if want is type(None):
+        return value is None
+    if want is bool:
+        return isinstance(value, bool)
+    if want is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if want is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if want is str:
+        return isinstance(value, str)
+    return True  # containers and the rest: the dataclass's own checks
+
+
+def _type_name(want: Any) -> str:
+    if typing.get_origin(want) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(want))
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(want, "null" if want is type(None) else str(want))
