@@ -189,17 +189,23 @@ def profile(
     steps: list[ReportedStep] = []
     if from_samples is not None:
         ctx = click.get_current_context()
+        given = click.core.ParameterSource.COMMANDLINE
         measuring = [  # nothing is measured: these were ignored without a word
             p.opts[0]
             for p in ctx.command.params
-            if p.name in _MEASURING
-            and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT
+            if (
+                p.name in _MEASURING
+                and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT
+            )
+            # --tls-dir: also set by SPLITSERVE_TLS_DIR for every command; refused when given
+            or (p.name == "tls_dir" and ctx.get_parameter_source(p.name) is given)
         ]
         if measuring:
             raise click.UsageError(
                 f"{', '.join(measuring)}: measuring a worker; --from-samples measures nothing "
                 "(it rebuilds the table and fit from the samples)"
             )
+        _make_out(out_dir)
         try:
             samples = parse_samples_csv(from_samples.read_text().splitlines())
         except ValueError as err:  # a ValueError / UnicodeDecodeError traceback
@@ -228,6 +234,7 @@ def profile(
             max_num_seqs=max_num_seqs,
         )
         _check_fits(grid)
+        _make_out(out_dir)
         try:
             samples, stats, reported = asyncio.run(
                 profile_worker(
@@ -244,12 +251,20 @@ def profile(
             raise click.ClickException(str(err)) from err
         source = f"worker {address}"
         steps = [(s.index, s.start_s, s.duration_s, s.batch) for s in reported]
-    out_dir.mkdir(parents=True, exist_ok=True)
     files = _write(
         out_dir, samples, source, stats, holdout_every, from_samples, steps, _earlier(from_samples)
     )
     for path in files:
         click.echo(f"wrote {path}")
+
+
+def _make_out(out_dir: Path) -> None:
+    """`--out`, made before anything is measured (a directory it could not make was a
+    traceback after the whole measurement, which was lost)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from err
 
 
 def _check_fits(grid: ProfileGrid) -> None:

@@ -139,3 +139,33 @@ def test_every_measuring_name_is_a_profile_parameter() -> None:
     from splitserve.cli.profile import _MEASURING
 
     assert {p.name for p in profile.params} >= _MEASURING
+
+
+def test_tls_dir_beside_from_samples_is_refused(tmp_path: Path) -> None:
+    """A rebuild calls no worker: --tls-dir was accepted and did nothing (profiling.md says only
+    --out, --holdout-every and --log-level act on a rebuild)."""
+    import datetime as dt
+
+    from splitserve.security.ca import local_pki
+
+    d = _profile_dir(tmp_path, LIVE)
+    pki = local_pki(tmp_path / "pki", "svc", now=dt.datetime.now(dt.UTC))
+    argv = ["--from-samples", str(d / "samples.csv"), "--out", str(tmp_path / "o")]
+    r = CliRunner().invoke(profile, [*argv, "--tls-dir", str(pki["admin"])])
+    assert r.exit_code == 2, r.output
+    assert "--tls-dir" in r.output
+
+
+def test_an_out_it_cannot_make_is_refused_before_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The directory was made after the measurement: a traceback, and the samples lost."""
+    import splitserve.cli.profile as cli_profile
+
+    def measured(*_: object, **__: object) -> None:
+        raise AssertionError("measured before --out was made")
+
+    monkeypatch.setattr(cli_profile, "profile_worker", measured)
+    # /proc passes `OutDir`'s check for root (writable by access()) yet makes no directory
+    out = "/proc/splitserve-no-such-dir"
+    r = CliRunner().invoke(profile, ["--worker", "127.0.0.1:1", "--out", out])
+    assert r.exit_code == 2, r.output
+    assert "--out" in r.output
