@@ -325,8 +325,12 @@ def serve_cmd(
         if dispatch:
             update["dispatch"] = config.dispatch.model_copy(update=dispatch)
         config = config.model_copy(update=update)
-    except ValidationError as err:
-        raise click.BadParameter(str(err)) from err
+    except ValidationError as err:  # was pydantic's block, naming neither file nor key
+        where = config_file if config_file is not None else Path("router serve")
+        raise click.BadParameter(
+            validation_lines(where, err, secret=SECRET_KEYS),
+            param_hint="--config" if config_file is not None else None,
+        ) from None
     if why := port_clash(config.http_port, config.grpc_port, config.metrics_port):
         raise click.UsageError(why)  # `model_copy` above does not validate
     _refuse_inert_flags(ctx, config, cold_start_max_held, early_decode)

@@ -69,3 +69,18 @@ def test_one_port_for_two_listeners_is_refused(args: tuple[str, ...]) -> None:
     code, output = _serve(*args)
     assert code == 2, output
     assert "one port each" in output
+
+
+def test_slo_problems_in_router_yaml_name_the_file(tmp_path: Path) -> None:
+    """They were pydantic's block ("1 validation error for SloSettings ... For further
+    information visit ..."), naming neither the file nor --config."""
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        'model: {name: m, source: "hf://x/y"}\nengine: {kind: sim}\n'
+        "sloClasses: [{name: a, ttftMs: 100, tpotMs: 10}]\ndefaultSloClass: b\n"
+    )
+    code, output = _serve("--config", str(path))
+    assert code == 2, output
+    assert f"Invalid value for --config: {path}" in output
+    assert "default SLO class 'b' is not one of ['a']" in output
+    assert "errors.pydantic.dev" not in output
