@@ -179,6 +179,13 @@ def slo_settings(
             f"{slo_config}: unknown router keys {sorted(unknown_router)}",
             param_hint="--slo-config",
         )
+    gate_keys = {"admissionQueueCapacity", "maxOutstandingPerWorker", "unfittedPrefillsPerWorker"}
+    if router.get("admission") is False and (inert := sorted(gate_keys & set(router))):
+        raise click.BadParameter(  # the gate is off: they were accepted and never applied
+            f"{slo_config}: router: {', '.join(inert)} set the admission gate, which "
+            "`admission: false` turns off; drop one or the other",
+            param_hint="--slo-config",
+        )
     classes = []
     for i, c in enumerate(file_classes):
         try:

@@ -43,3 +43,20 @@ def test_a_bad_value_in_the_slo_config_is_one_line_per_problem(
     assert "queue_capacity" not in r.output
     for s in says:
         assert f"{path}: {s}" in r.output, r.output
+
+
+def test_admission_keys_beside_admission_false_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They were accepted and never applied: with `admission: false` the per-worker cap of 1
+    let all 12 of 12 concurrent requests through."""
+    monkeypatch.setattr(cli_router, "_serve", lambda *_: None)
+    path = tmp_path / "slo.yaml"
+    path.write_text("router: {admission: false, maxOutstandingPerWorker: 1}\n")
+    args = ["serve", "--tokenizer", str(tmp_path), "--slo-config", str(path)]
+    r = CliRunner().invoke(cli_router.router, args)
+    assert r.exit_code == 2, r.output
+    assert "maxOutstandingPerWorker" in r.output
+    assert "admission: false" in r.output
+    path.write_text("router: {admission: false}\n")  # alone: the local switch, accepted
+    assert CliRunner().invoke(cli_router.router, args).exit_code == 0
