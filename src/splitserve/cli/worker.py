@@ -213,7 +213,7 @@ def serve_cmd(
     try:
         params = json.loads(batching_params)
     except json.JSONDecodeError as err:
-        raise click.BadParameter(str(err), param_hint="--batching-params") from err
+        raise click.BadParameter(f"not JSON ({err})", param_hint="--batching-params") from err
     try:
         ids = json.loads(token_ids_file.read_text()) if token_ids_file else []
         token_ids = tuple(int(i) for i in ids)

@@ -38,7 +38,8 @@ def test_out_of_range_values_are_refused_before_anything_starts(flag: str, value
     ("args", "flag", "says"),
     [
         (["--batching", "nope"], "--batching", "valid: accelgen"),
-        (["--batching-params", '{"bogus": 1}'], "--batching-params", "bogus"),
+        (["--batching-params", '{"bogus": 1}'], "--batching-params", "unknown parameter 'bogus'"),
+        (["--batching-params", "notjson"], "--batching-params", "not JSON"),
         (["--batching-params", '{"max_num_batched_tokens": -5}'], "--batching-params", ">= 1"),
         (["--batching-params", "[1]"], "--batching-params", "JSON object"),
         (["--batching", "sarathi", "--batching-params", '{"x": 1}'], "--batching-params", "x"),

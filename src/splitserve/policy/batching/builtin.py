@@ -48,6 +48,12 @@ def checked_batching_policy(name: str, params: Mapping[str, Any]) -> BatchingPol
     defaults = getattr(make_batching_policy(name), "params", None)  # the params' dataclass
     if defaults is not None and dataclasses.is_dataclass(defaults):
         hints = typing.get_type_hints(type(defaults))
+        names = [f.name for f in dataclasses.fields(defaults)]
+        if unknown := sorted(set(params) - set(names)):  # was "__init__() got an unexpected ..."
+            raise ValueError(
+                f"unknown parameter {', '.join(map(repr, unknown))} ({name} takes "
+                f"{', '.join(names)})"
+            )
         for key, value in params.items():  # before the dataclass compares a string with 1
             want = hints.get(key)
             if want is not None and not _has_type(value, want):
