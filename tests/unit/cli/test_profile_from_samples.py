@@ -8,14 +8,17 @@ label a steps-method table "whole step periods" (the `outside` method's meaning)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from splitserve.cli.profile import profile
+from splitserve.cli.tls_option import ENV as TLS_ENV
 from splitserve.core.perf import HARDWARE, MODELS, BatchShape, RooflineModel
 from splitserve.core.perf.samples import Measurement, samples_csv
+from splitserve.security import tls
 
 
 def _samples() -> list[Measurement]:
@@ -151,7 +154,15 @@ def test_tls_dir_beside_from_samples_is_refused(tmp_path: Path) -> None:
     d = _profile_dir(tmp_path, LIVE)
     pki = local_pki(tmp_path / "pki", "svc", now=dt.datetime.now(dt.UTC))
     argv = ["--from-samples", str(d / "samples.csv"), "--out", str(tmp_path / "o")]
-    r = CliRunner().invoke(profile, [*argv, "--tls-dir", str(pki["admin"])])
+    prior = os.environ.get(TLS_ENV)
+    try:
+        r = CliRunner().invoke(profile, [*argv, "--tls-dir", str(pki["admin"])])
+    finally:  # the option configures this process's TLS as it parses: undo it for later tests
+        tls.configure(None)
+        if prior is None:
+            os.environ.pop(TLS_ENV, None)
+        else:
+            os.environ[TLS_ENV] = prior
     assert r.exit_code == 2, r.output
     assert "--tls-dir" in r.output
 
