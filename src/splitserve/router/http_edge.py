@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import orjson
 
@@ -95,6 +95,11 @@ class ConnectionCount:
 _IDLE, _HEADERS, _BODY, _SERVING = range(4)
 
 
+def _only_chunked(value: bytes) -> bool:
+    """Is a `Transfer-Encoding` value `chunked` alone (any case, optional white space)?"""
+    return value.strip().lower() == b"chunked"
+
+
 def edge_protocol(
     base: type[asyncio.Protocol], settings: EdgeSettings, count: ConnectionCount
 ) -> type[asyncio.Protocol]:
@@ -116,6 +121,11 @@ def edge_protocol(
         _edge_trailer_bytes = 0
         """The request's trailers read whole (the parser keeps them): bounded like a head."""
         _edge_counted = False
+        _edge_hosts = 0
+        """`Host` field lines of the request being read."""
+        _edge_bad: tuple[int, str, str, str] | None = None
+        """Why the request's head is refused (status, reason, message, code): the parser is
+        stopped by an exception and `send_400_response` answers with this."""
         _edge_links: list[ClientLink] | None = None
         """The `ClientLink` of each request of this connection still being answered."""
 
@@ -190,9 +200,11 @@ def edge_protocol(
         # httptools parser callbacks (the parser calls them on this object)
         def on_message_begin(self) -> None:
             self._edge_arm(header_s, _HEADERS)
+            self._edge_hosts = 0
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
+            self._edge_check_head()
             self._edge_headers_read()
             super().on_headers_complete()
             cycle = getattr(self, "cycle", None)
@@ -202,7 +214,35 @@ def edge_protocol(
         def on_header(self, name: bytes, value: bytes) -> None:
             if self._edge_phase == _BODY:  # a trailer
                 self._edge_trailer_bytes += len(name) + len(value) + 4
+            else:
+                lower = name.lower()
+                if lower == b"host":
+                    self._edge_hosts += 1
+                elif lower == b"transfer-encoding" and not _only_chunked(value):
+                    # RFC 9112 §6.1: a transfer coding the server does not understand is
+                    # answered 501 (the parser would undo `chunked` and pass gzip bytes on).
+                    coding = value.decode("latin-1").strip()
+                    self._edge_stop(
+                        501,
+                        "Not Implemented",
+                        f"Transfer-Encoding {coding!r} is not supported: only chunked",
+                        "unsupported_transfer_encoding",
+                    )
             super().on_header(name, value)
+
+        def _edge_check_head(self) -> None:
+            """RFC 9112 §3.2: a request without a Host (HTTP/1.1) or with more than one is
+            answered 400 (a proxy in front and the router could read different targets)."""
+            hosts = self._edge_hosts
+            if hosts != 1 and (hosts > 1 or self.parser.get_http_version() != "1.0"):
+                what = "has no Host header" if hosts == 0 else "has more than one Host header"
+                self._edge_stop(400, "Bad Request", f"the request {what}", "invalid_host")
+
+        def _edge_stop(self, status: int, reason: str, message: str, code: str) -> NoReturn:
+            """Refuse the request whose head is being parsed: the parser stops on the
+            exception, and uvicorn's answer to it (`send_400_response`) writes this one."""
+            self._edge_bad = (status, reason, message, code)
+            raise ValueError(message)
 
         def on_body(self, body: bytes) -> None:
             self._edge_quiet_bytes = 0
@@ -216,15 +256,17 @@ def edge_protocol(
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to bytes its parser refuses (bad framing, a bad header), as
-            the router's other refusals: an OpenAI error body, not `text/plain`."""
+            the router's other refusals: an OpenAI error body, not `text/plain`; a head the
+            edge refused (`_edge_stop`) gets that refusal."""
+            status, reason, message, code = self._edge_bad or (
+                400,
+                "Bad Request",
+                "the request is not valid HTTP/1.1 (its framing or a header)",
+                "invalid_http",
+            )
+            self._edge_bad = None
             self.transport.write(
-                error_response(
-                    400,
-                    "Bad Request",
-                    "the request is not valid HTTP/1.1 (its framing or a header)",
-                    "invalid_request_error",
-                    "invalid_http",
-                )
+                error_response(status, reason, message, "invalid_request_error", code)
             )
             self.transport.close()
 

@@ -414,3 +414,61 @@ async def test_bytes_the_parser_refuses_get_an_openai_error(make_router: ServerF
     status, answer = _status_and_body(raw)
     assert status == 400
     assert answer["error"]["code"] == "invalid_http"
+
+
+@pytest.mark.parametrize(
+    ("coding", "expected"),
+    [(b"gzip, chunked", 501), (b"deflate,chunked", 501), (b"Chunked ", 503), (b"chunked", 503)],
+)
+async def test_a_transfer_coding_other_than_chunked_is_501(
+    make_router: ServerFactory, coding: bytes, expected: int
+) -> None:
+    """RFC 9112 §6.1: a transfer coding the router does not decode is refused 501 naming it (the
+    parser undid `chunked` and passed the gzip bytes on as the body)."""
+    server = await make_router()
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    raw = await _raw(
+        server,
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: "
+        + coding
+        + b"\r\nConnection: close\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n",
+    )
+    status, answer = _status_and_body(raw)
+    assert status == expected, raw[:300]  # 503: accepted (this router has no worker)
+    if expected == 501:
+        assert answer["error"]["code"] == "unsupported_transfer_encoding"
+        assert coding.decode().strip() in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (b"POST /v1/completions HTTP/1.1\r\n", 400),  # no Host
+        (b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nHost: b\r\n", 400),
+        (b"POST /v1/completions HTTP/1.0\r\nHost: a\r\nhost: a\r\n", 400),
+        (b"POST /v1/completions HTTP/1.0\r\n", 503),  # HTTP/1.0 needs none
+        (b"POST /v1/completions HTTP/1.1\r\nHost: r\r\n", 503),
+    ],
+)
+async def test_a_request_without_one_host_is_400(
+    make_router: ServerFactory, head: bytes, expected: int
+) -> None:
+    """RFC 9112 §3.2: an HTTP/1.1 request without Host, or any with two, is answered 400."""
+    server = await make_router()
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    raw = await _raw(
+        server,
+        head
+        + b"Content-Type: application/json\r\nConnection: close\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body,
+    )
+    status, answer = _status_and_body(raw)
+    assert status == expected, raw[:300]
+    if expected == 400:
+        assert answer["error"]["code"] == "invalid_host"
+        assert "Host" in answer["error"]["message"]
