@@ -1040,7 +1040,13 @@ class SloClassSpec(Model):
                     "rule": "(has(self.ttftMs) && has(self.tpotMs))"
                     " || has(self.jobCompletionSeconds)",
                     "message": "set ttftMs and tpotMs, or jobCompletionSeconds",
-                }
+                },
+                {
+                    "rule": "!(has(self.allowOverrides) && self.allowOverrides)"
+                    " || has(self.ttftMs) || has(self.tpotMs)",
+                    "message": "allowOverrides needs ttftMs or tpotMs (an offline class has no"
+                    " latency target to override)",
+                },
             ]
         }
     )
@@ -1071,6 +1077,11 @@ class SloClassSpec(Model):
         if not online and self.job_completion_seconds is None:
             raise ValueError(
                 f"sloClasses[{self.name}]: set ttftMs and tpotMs, or jobCompletionSeconds"
+            )
+        if self.allow_overrides and self.ttft_ms is None and self.tpot_ms is None:
+            raise ValueError(
+                f"sloClasses[{self.name}]: allowOverrides needs ttftMs or tpotMs (an offline "
+                "class has no latency target to override)"
             )
         return self
 

@@ -229,3 +229,21 @@ def test_default_class_without_classes_is_the_implicit_default(
         spec["sloClasses"] = classes
     assert cel_accepts(spec) is ok
     assert pydantic_accepts(spec) is ok
+
+
+def test_allow_overrides_on_an_offline_class_is_refused_by_both() -> None:
+    """`allowOverrides: true` on a class with only `jobCompletionSeconds` did nothing: every
+    override header was then a 400 ("has no such target"). Both sides refuse it, naming it."""
+    offline = {"name": "batch", "jobCompletionSeconds": 600, "allowOverrides": True}
+    spec = decode_spec(sloClasses=[offline])
+    assert cel_accepts(spec) is False
+    assert pydantic_accepts(spec) is False
+    with pytest.raises(ValidationError, match="allowOverrides needs ttftMs or tpotMs"):
+        v1.LLMServiceSpec.model_validate(spec)
+    for ok in (
+        {**offline, "allowOverrides": False},
+        {**offline, "ttftMs": 500},
+        {"name": "chat", "ttftMs": 500, "tpotMs": 50, "allowOverrides": True},
+    ):
+        assert cel_accepts(decode_spec(sloClasses=[ok])) is True
+        assert pydantic_accepts(decode_spec(sloClasses=[ok])) is True

@@ -62,6 +62,11 @@ class SloPolicyClass:
             raise ConfigError(
                 f"SLO class {self.name!r}: set ttft and tpot targets, or a job-completion deadline"
             )
+        if self.allow_overrides and self.ttft_s is None and self.tpot_s is None:
+            raise ConfigError(
+                f"SLO class {self.name!r}: allowOverrides needs a ttft or tpot target (an "
+                "offline class has no latency target to override)"
+            )
         if not 0 < self.attainment <= 1 or not 0 < self.percentile <= 1:
             raise ConfigError(f"SLO class {self.name!r}: attainment and percentile in (0, 1]")
 

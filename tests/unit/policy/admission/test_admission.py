@@ -187,3 +187,12 @@ def test_retry_after_is_whole_seconds_within_bounds(backlog: float) -> None:
     r = gate.retry_after(backlog)
     assert r == int(r)
     assert 1.0 <= r <= 60.0
+
+
+def test_allow_overrides_without_a_latency_target_is_refused() -> None:
+    """router.yaml / --slo-class: overrides on an offline class could never act."""
+    with pytest.raises(ConfigError, match="allowOverrides needs a ttft or tpot target"):
+        SloPolicyClass(
+            "batch", ttft_s=None, tpot_s=None, job_completion_s=600, allow_overrides=True
+        )
+    SloPolicyClass("batch", ttft_s=None, tpot_s=None, job_completion_s=600)
