@@ -223,6 +223,10 @@ def slo_settings(
         if "unfittedPrefillsPerWorker" in router:  # null or 0 (the CRD's): no cap before a fit
             n = router["unfittedPrefillsPerWorker"]
             zero = type(n) is int and n == 0  # not False: a bool is refused as written
+            if type(n) is int and n < 0:
+                raise ValueError(
+                    f"router.unfittedPrefillsPerWorker: must be >= 0 (0 or null: no cap), got {n}"
+                )
             slo["unfitted_prefills_per_worker"] = None if n is None or zero else n
         return SloSettings(**slo), placement
     except ValidationError as err:  # one line per problem (was pydantic's block)

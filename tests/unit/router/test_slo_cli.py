@@ -145,6 +145,11 @@ def test_file_router_values_that_cannot_be_read_are_refused(
         ({"router": {"placementProfile": "bogus"}}, r"router\.placementProfile: 'bogus' is not"),
         ({"router": {"disaggregation": "Often"}}, r"router\.disaggregation: 'Often' is not"),
         ({"router": {"lengthPredictor": None}}, r"router\.lengthPredictor: None is not one of"),
+        # The file takes the CRD's 0 (no cap): -1 was refused as "greater than or equal to 1".
+        (
+            {"router": {"unfittedPrefillsPerWorker": -1}},
+            r"router\.unfittedPrefillsPerWorker: must be >= 0 \(0 or null: no cap\), got -1",
+        ),
     ],
 )
 def test_file_shapes_that_cannot_be_read_are_refused_naming_the_key(
