@@ -409,7 +409,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                             "targets": [f"127.0.0.1:{router['port']}"],
                             # What a PodMonitor's scrape adds, for the operator's queries
                             # (`scaling.metricsSource: Prometheus`).
-                            "labels": {"namespace": PROM_NAMESPACE, "pod": PROM_ROUTER_POD},
+                            # The chart's PodMonitor also copies the pod's service label.
+                            "labels": {
+                                "namespace": PROM_NAMESPACE,
+                                "service": PROM_SERVICE,
+                                "pod": PROM_ROUTER_POD,
+                            },
                         }
                     ],
                 },
@@ -511,7 +516,7 @@ def test_every_dashboard_query_has_data_or_a_reason(run: Run) -> None:
         for panel in board.panels:
             for q in panel.queries:
                 # The namespace / service variables at All (`.*`), as Grafana opens the boards:
-                # the router's series carry `namespace` only, the workers' neither label.
+                # the router's series carry `namespace` and `service`, the workers' neither label.
                 expr = substitute(q.expr, window)
                 values = _values(run.query(expr))
                 has_data = any(math.isfinite(v) for v in values)
