@@ -441,10 +441,14 @@ class Dispatch:
             if isinstance(err, NoEligibleEndpoint):
                 cond = unavailable_condition(self._d.pool.views())
                 self._d.metrics.unavailable.labels(cond).inc()
-                if unreachable := self._d.pool.unreachable_text():
+                if unreachable := self._d.pool.unreachable_summary():
                     error = NoEligibleEndpoint(f"{err}; {unreachable}")
                 log.warning(
-                    "request %s: no worker can take it (%s): %s", self.request.id, cond, error
+                    "request %s: no worker can take it (%s): %s%s",
+                    self.request.id,
+                    cond,
+                    err,
+                    f"; {text}" if (text := self._d.pool.unreachable_text()) else "",
                 )
                 if error is not err:
                     raise error from err

@@ -481,7 +481,7 @@ def create_app(
         num_ready = sum(1 for v in views if v.accepts_work and v.role.can_decode)
         if num_ready:
             return JSONResponse({"status": "ready", "decode_endpoints": num_ready})
-        down = pool.unreachable_text()
+        down = pool.unreachable_summary()
         why = f"no decode-capable worker is ready{'; ' + down if down else ''}"
         return ApiError(503, why, "service_unavailable").response()
 

@@ -338,11 +338,20 @@ class PoolView:
         }
 
     def unreachable_text(self) -> str:
-        """`unreachable()` for a 503 or `/ready` ("" if none)."""
+        """`unreachable()` for the router's log ("" if none): each worker and its error."""
         down = self.unreachable()
         return (
             "unreachable: " + "; ".join(f"{e} ({why})" for e, why in down.items()) if down else ""
         )
+
+    def unreachable_summary(self) -> str:
+        """`unreachable()` for a client (a 503, the open `/ready`; "" if none): how many, not
+        which. Worker addresses and connection errors are the cluster's, not a client's: the
+        router's log names them (a WARNING per worker)."""
+        n = len(self.unreachable())
+        if not n:
+            return ""
+        return f"{n} worker{'s' if n > 1 else ''} unreachable (the router's log names them)"
 
     def view(self, eid: str) -> EndpointView:
         return self._view(self._get(eid), self._clock.now_s())

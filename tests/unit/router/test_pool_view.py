@@ -270,21 +270,30 @@ async def test_a_plaintext_router_against_a_tls_worker_says_why_it_is_not_ready(
         await server.stop(None)
 
 
-async def test_the_503_and_ready_name_the_unreachable_worker(
-    pki: dict[str, Path], make_stack: StackFactory
+async def test_the_503_and_ready_count_the_unreachable_workers_and_the_log_names_them(
+    pki: dict[str, Path], make_stack: StackFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A client (the open `/ready`, a tenant's 503) learns how many workers are unreachable,
+    not their addresses or connection errors (they named both); the router's log does."""
     server, worker = await _tls_worker(pki)
     try:
         stack = await make_stack(worker, wait=False)
         await stack.pool.wait_for(lambda pv: bool(pv.unreachable()), 10)
+        caplog.clear()
         async with stack.client() as client:
             ready = await client.get("/ready")
             r = await client.post(
                 "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}
             )
+        host = worker.address.rsplit(":", 1)[0]
         for resp in (ready, r):
             assert resp.status_code == 503
             message = resp.json()["error"]["message"]
-            assert f"unreachable: {worker.address} (UNAVAILABLE" in message
+            assert "1 worker unreachable (the router's log names them)" in message
+            assert host not in message
+            assert "UNAVAILABLE" not in message
+        logged = [m for rec in caplog.records if "no worker can take" in (m := rec.getMessage())]
+        assert logged
+        assert f"unreachable: {worker.address} (UNAVAILABLE" in logged[-1]
     finally:
         await server.stop(None)
