@@ -9,9 +9,12 @@ same as `Tokenizer.encode(text, add_special_tokens=False).ids`:
 
 - only for text that is all ASCII (where Oniguruma's `\\p{L}`, `\\p{N}` and `\\s` and these
   ASCII classes agree); anything else is left to the Rust tokenizer (`encode` returns None);
-- only for a tokenizer of exactly this shape (`FastBpe.of` returns None otherwise): no
-  normalizer, a `ByteLevel` pre-tokenizer with its GPT-2 regex and no prefix space, a plain BPE
-  model (no dropout, no affixes, no byte fallback), added tokens that strip nothing;
+- only for a tokenizer of exactly these shapes (`FastBpe.of` returns None otherwise): no
+  normalizer or a Unicode normal form (NFC, NFD, NFKC, NFKD: each leaves ASCII as it is); a
+  `ByteLevel` pre-tokenizer with its GPT-2 regex and no prefix space (GPT-2, the router's
+  default tokenizer), or a `Split` by one of the known regexes of `_SPLIT_ASCII` (Llama 3,
+  Qwen2) followed by a `ByteLevel` without its regex or a prefix space; a plain BPE model (no
+  dropout, no affixes, no byte fallback), added tokens that strip nothing;
 - added tokens (special or not) split the text first, longest first, as the Rust library does.
 
 `tests/unit/router/test_fast_bpe.py` checks the equality over generated and real text.
@@ -28,6 +31,30 @@ _GPT2_ASCII: Final = re.compile(
     re.ASCII,
 )
 """The GPT-2 pre-tokenizer pattern of `ByteLevel(use_regex=True)`, its classes over ASCII."""
+
+_SPLIT_ASCII: Final = {
+    # Llama 3 (tiktoken's cl100k pattern): digits in runs of up to three.
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": re.compile(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]{1,3}"
+        r"| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        re.ASCII,
+    ),
+    # Qwen2: the same with single digits.
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": re.compile(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]"
+        r"| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        re.ASCII,
+    ),
+}
+"""The `Split` pre-tokenizer regexes served, each with its classes over ASCII (`\\p{L}` is
+A-Za-z there, `\\p{N}` 0-9, and Unicode's White_Space the six characters of `re.ASCII`'s
+`\\s`). Every ASCII character matches one of the alternatives, so `Isolated` splitting leaves no
+gap between matches: `findall` gives the same pieces."""
+
+_ASCII_IDENTITY_NORMALIZERS: Final = frozenset({"NFC", "NFD", "NFKC", "NFKD"})
+"""Normalizers that leave ASCII text unchanged."""
 
 _MAX_CACHED_WORDS: Final = 1 << 16
 _MAX_CACHED_WORD_CHARS: Final = 64
@@ -51,8 +78,9 @@ _TO_BYTE_LEVEL: Final = str.maketrans(_byte_to_char())
 class FastBpe:
     """`encode(text)` for ASCII text: the Rust tokenizer's ids, cheaper (None: not ASCII)."""
 
-    def __init__(self, model: Any, added: dict[str, int]) -> None:
+    def __init__(self, model: Any, added: dict[str, int], pattern: re.Pattern[str]) -> None:
         self._model = model
+        self._pattern = pattern
         self._added = added
         self._split = (
             re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
@@ -68,13 +96,12 @@ class FastBpe:
             cfg = json.loads(tokenizer.to_str())
         except Exception:
             return None
-        pre = cfg.get("pre_tokenizer") or {}
+        pattern = _pre_tokenizer_pattern(cfg.get("pre_tokenizer") or {})
         model = cfg.get("model") or {}
+        normalizer = cfg.get("normalizer")
         if (
-            cfg.get("normalizer") is not None
-            or pre.get("type") != "ByteLevel"
-            or pre.get("add_prefix_space") is not False
-            or pre.get("use_regex") is not True
+            (normalizer is not None and normalizer.get("type") not in _ASCII_IDENTITY_NORMALIZERS)
+            or pattern is None
             or model.get("type") != "BPE"
             or model.get("dropout") not in (None, 0.0)
             or model.get("continuing_subword_prefix")
@@ -89,7 +116,7 @@ class FastBpe:
             if not str(tok["content"]).isascii():
                 return None  # a non-ASCII added token never appears in ASCII text anyway
             added[str(tok["content"])] = int(tok["id"])
-        return cls(tokenizer.model, added)
+        return cls(tokenizer.model, added, pattern)
 
     def encode(self, text: str) -> list[int] | None:
         """The ids of `text` (no special tokens added), or None when `text` is not ASCII."""
@@ -111,7 +138,7 @@ class FastBpe:
 
     def _encode_plain(self, text: str, ids: list[int]) -> None:
         words = self._words
-        for word in _GPT2_ASCII.findall(text):
+        for word in self._pattern.findall(text):
             cached = words.get(word)
             if cached is None:
                 cached = tuple(t.id for t in self._model.tokenize(word.translate(_TO_BYTE_LEVEL)))
@@ -120,3 +147,30 @@ class FastBpe:
                         words.clear()  # bounded; refilled by the words in use
                     words[word] = cached
             ids.extend(cached)
+
+
+def _pre_tokenizer_pattern(pre: dict[str, Any]) -> re.Pattern[str] | None:
+    """The ASCII pattern that splits text as `pre` does before byte-level BPE (None: a shape
+    this path does not serve)."""
+    if pre.get("type") == "ByteLevel":
+        if pre.get("add_prefix_space") is False and pre.get("use_regex") is True:
+            return _GPT2_ASCII
+        return None
+    if pre.get("type") != "Sequence":
+        return None
+    steps = pre.get("pretokenizers") or []
+    if len(steps) != 2:
+        return None
+    split, level = steps
+    regex = (split.get("pattern") or {}).get("Regex")
+    if (
+        split.get("type") != "Split"
+        or split.get("behavior") != "Isolated"
+        or split.get("invert") is not False
+        or level.get("type") != "ByteLevel"
+        or level.get("add_prefix_space") is not False
+        or level.get("use_regex") is not False
+        or not isinstance(regex, str)
+    ):
+        return None
+    return _SPLIT_ASCII.get(regex)

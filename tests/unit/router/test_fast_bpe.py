@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from splitserve.router.fast_bpe import FastBpe
 from splitserve.router.tokenizer import BOS, END_HEADER, END_OF_TURN, START_HEADER, TextTokenizer
@@ -75,6 +75,74 @@ def test_chat_template_ids_are_unchanged_by_the_fast_path(tokenizer: TextTokeniz
     assert tokenizer.apply_chat_template(messages) == fast_ids
 
 
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Llama 3's `Split` regex, as its tokenizer.json spells it."""
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+"""Qwen2's: single digits."""
+
+
+def _split_then_bytes(
+    regex: str, *, behavior: str = "isolated", invert: bool = False, prefix_space: bool = False
+) -> Any:
+    """Llama 3's / Qwen2's pre-tokenizer shape: a regex split, then bytes without a regex."""
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior=behavior, invert=invert),  # type: ignore[arg-type]
+            pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=False),
+        ]
+    )
+
+
+def _stdlib_texts() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    names = ("ast.py", "pathlib.py", "random.py", "tokenize.py", "argparse.py", "shutil.py")
+    return [(stdlib / name).read_text(encoding="utf-8") for name in names]
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen2-nfc"])
+def split_tokenizer(request: pytest.FixtureRequest) -> Tokenizer:
+    """A BPE of Llama 3's or Qwen2's shape (ignore_merges as Llama 3's; Qwen2's NFC
+    normalizer), trained here on the standard library's text with their special tokens."""
+    regex = _LLAMA3 if request.param == "llama3" else _QWEN2
+    tok = Tokenizer(models.BPE(ignore_merges=request.param == "llama3"))
+    tok.pre_tokenizer = _split_then_bytes(regex)
+    if request.param == "qwen2-nfc":
+        tok.normalizer = normalizers.NFC()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4000,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[BOS, END_OF_TURN, START_HEADER, END_HEADER],
+        show_progress=False,
+    )
+    tok.train_from_iterator(_stdlib_texts()[:4], trainer)
+    return tok
+
+
+def test_split_shapes_get_the_rust_ids(split_tokenizer: Tokenizer) -> None:
+    """Llama 3 / Qwen2 shapes: generated pieces (digit runs, contractions in any case, CR/LF
+    runs after punctuation) and real text give exactly the Rust tokenizer's ids."""
+    bpe = FastBpe.of(split_tokenizer)
+    assert bpe is not None
+    pieces = [*_PIECES, "12345", " 1234567", "'LL", "'Ve", "!\n", ".\r\n\r\n", " \r\n", "\n\n\n"]
+    rng = random.Random(29)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        want = split_tokenizer.encode(text, add_special_tokens=False).ids
+        assert bpe.encode(text) == want, repr(text)
+    checked = 0
+    for text in _stdlib_texts():  # two files the BPE was not trained on
+        for start in range(0, len(text), 2000):
+            chunk = text[start : start + 2000]
+            if chunk.isascii():
+                assert bpe.encode(chunk) == split_tokenizer.encode(chunk).ids
+                checked += 1
+    assert checked > 40
+    assert bpe.encode("naïve") is None
+
+
 def _tokenizer(pre: Any, normalizer: Any = None) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre
@@ -89,9 +157,42 @@ def _tokenizer(pre: Any, normalizer: Any = None) -> Tokenizer:
         _tokenizer(pre_tokenizers.Metaspace()),
         _tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=True)),
         _tokenizer(pre_tokenizers.ByteLevel(use_regex=False)),
-        _tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=False), normalizers.NFC()),
+        _tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=False), normalizers.Lowercase()),
+        _tokenizer(_split_then_bytes(r"\p{L}+|\s+|.")),  # a Split regex not in the table
+        _tokenizer(_split_then_bytes(_LLAMA3, behavior="removed")),
+        _tokenizer(_split_then_bytes(_LLAMA3, invert=True)),
+        _tokenizer(_split_then_bytes(_LLAMA3, prefix_space=True)),
+        _tokenizer(
+            pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(_LLAMA3), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                ]
+            )
+        ),
+        _tokenizer(  # the regex's text as a plain string pattern
+            pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(_LLAMA3, behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
+        ),
+        _tokenizer(pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3), "isolated")])),
     ],
-    ids=["metaspace", "prefix-space", "no-regex", "normalizer"],
+    ids=[
+        "metaspace",
+        "prefix-space",
+        "no-regex",
+        "normalizer",
+        "unknown-split-regex",
+        "split-removed",
+        "split-inverted",
+        "split-prefix-space",
+        "split-then-byte-regex",
+        "split-as-string",
+        "split-alone",
+    ],
 )
 def test_other_tokenizer_shapes_get_no_fast_path(tok: Tokenizer) -> None:
     assert FastBpe.of(tok) is None
