@@ -90,7 +90,7 @@ def _split_then_bytes(
     """Llama 3's / Qwen2's pre-tokenizer shape: a regex split, then bytes without a regex."""
     return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(regex), behavior=behavior, invert=invert),  # type: ignore[arg-type]
+            pre_tokenizers.Split(Regex(regex), behavior=behavior, invert=invert),
             pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=False),
         ]
     )
