@@ -104,7 +104,10 @@ class TextTokenizer:
         """The Rust `tokenizers.Tokenizer` behind a fast HF tokenizer: called directly, it skips
         transformers' per-call Python overhead (~1 ms on a small prompt)."""
         self._bpe = FastBpe.of(self._fast) if self._fast is not None else None
-        """The same ids as `self._fast`, cheaper, for ASCII text under GPT-2-style BPE."""
+        """The same ids as `self._fast`, cheaper, for ASCII text under byte-level BPE."""
+        self._wrap = _special_wrap(self._fast) if self._bpe is not None else None
+        """The ids the post-processor puts before and after a text's own (`encode` with special
+        tokens: a BOS...), when it only wraps: the fast path's ids go between them."""
         self._plain: Any = None
         if self._fast is not None and hasattr(self._fast, "encode_special_tokens"):
             from tokenizers import Tokenizer
@@ -161,6 +164,11 @@ class TextTokenizer:
         (`add_special_tokens=False`: without the BOS / EOS it would add)."""
         if not add_special_tokens:
             return self._encode_bare(text)
+        if self._wrap is not None and self._bpe is not None:
+            ids = self._bpe.encode(text)
+            if ids is not None:
+                before, after = self._wrap
+                return [*before, *ids, *after]
         if self._fast is not None:
             return list(self._fast.encode(text, add_special_tokens=True).ids)
         return list(self._hf.encode(text, add_special_tokens=True))
@@ -267,6 +275,37 @@ class TextTokenizer:
 
 
 SpecialGroups = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+_WRAPPING_POST_PROCESSORS: Final = frozenset({"ByteLevel", "TemplateProcessing"})
+"""Post-processors that add fixed ids around a single text (ByteLevel's only trims offsets)."""
+
+
+def _special_wrap(fast: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """What `fast.encode(text, add_special_tokens=True)` adds before and after the text's own
+    ids, when that is the same for every text (None: not shown to be, or it truncates or pads):
+    found by encoding probes both ways, for a post-processor of a kind that only wraps."""
+    try:
+        cfg = json.loads(fast.to_str())
+    except Exception:
+        return None
+    post = cfg.get("post_processor")
+    steps = (post.get("processors") or [None]) if post and post["type"] == "Sequence" else [post]
+    if cfg.get("truncation") is not None or cfg.get("padding") is not None:
+        return None
+    for step in steps:
+        if step is not None and step.get("type") not in _WRAPPING_POST_PROCESSORS:
+            return None
+    wraps: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    for probe in ("a", "Hello, world!\n 12345", "x y"):
+        bare = list(fast.encode(probe, add_special_tokens=False).ids)
+        full = list(fast.encode(probe, add_special_tokens=True).ids)
+        found = [i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare]
+        if not bare or len(found) != 1:
+            return None
+        i = found[0]
+        wraps.add((tuple(full[:i]), tuple(full[i + len(bare) :])))
+    return wraps.pop() if len(wraps) == 1 else None
 
 
 def _group_by_first_char(specials: Sequence[str]) -> SpecialGroups:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 from splitserve.router.fast_bpe import FastBpe
 from splitserve.router.tokenizer import BOS, END_HEADER, END_OF_TURN, START_HEADER, TextTokenizer
@@ -196,3 +196,89 @@ def _tokenizer(pre: Any, normalizer: Any = None) -> Tokenizer:
 )
 def test_other_tokenizer_shapes_get_no_fast_path(tok: Tokenizer) -> None:
     assert FastBpe.of(tok) is None
+
+
+def test_encode_with_special_tokens_takes_the_fast_path(tokenizer: TextTokenizer) -> None:
+    """The completions route's `encode` (special tokens added): the default tokenizer adds
+    none, so the fast path's ids are the answer (it went to Rust every time)."""
+    assert tokenizer._wrap == ((), ())
+    rust = _rust(tokenizer)
+    rng = random.Random(5)
+    for _ in range(500):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 30)))
+        assert tokenizer.encode(text) == rust.encode(text, add_special_tokens=True).ids
+
+
+def _wrapped(post: Any, *, truncate: bool = False) -> TextTokenizer:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = _split_then_bytes(_LLAMA3)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[BOS, END_OF_TURN],
+        show_progress=False,
+    )
+    tok.train_from_iterator(_stdlib_texts()[:2], trainer)
+    if post is not None:
+        tok.post_processor = post(tok)
+    if truncate:
+        tok.enable_truncation(64)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=END_OF_TURN)  # type: ignore[no-untyped-call]
+    return TextTokenizer(hf)
+
+
+def _template(single: str) -> Any:
+    def make(tok: Tokenizer) -> Any:
+        specials = [(t, tok.token_to_id(t)) for t in (BOS, END_OF_TURN)]
+        return processors.TemplateProcessing(single=single, special_tokens=specials)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("post", "before", "after"),
+    [
+        (None, (), ()),
+        (_template(f"{BOS} $A"), (BOS,), ()),  # Llama 3's
+        (_template(f"$A {END_OF_TURN}"), (), (END_OF_TURN,)),
+        (
+            lambda tok: processors.Sequence(
+                [processors.ByteLevel(trim_offsets=False), _template(f"{BOS} $A")(tok)]
+            ),
+            (BOS,),
+            (),
+        ),
+    ],
+    ids=["none", "bos", "eos", "byte-level-then-bos"],
+)
+def test_a_wrapping_post_processor_keeps_the_fast_path(
+    post: Any, before: tuple[str, ...], after: tuple[str, ...]
+) -> None:
+    tokenizer = _wrapped(post)
+    rust = _rust(tokenizer)
+    ids = tuple(rust.token_to_id(t) for t in before), tuple(rust.token_to_id(t) for t in after)
+    assert tokenizer._wrap == ids
+    rng = random.Random(11)
+    for _ in range(300):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 30)))
+        assert tokenizer.encode(text) == rust.encode(text, add_special_tokens=True).ids, text
+    for text in _stdlib_texts()[2:4]:
+        chunk = text[:3000]
+        assert tokenizer.encode(chunk) == rust.encode(chunk, add_special_tokens=True).ids
+
+
+@pytest.mark.parametrize(
+    ("post", "truncate"),
+    [
+        (lambda tok: processors.BertProcessing(("x", 1), ("y", 2)), False),
+        (_template(f"{BOS} $A"), True),
+    ],
+    ids=["bert", "truncation"],
+)
+def test_other_post_processing_keeps_rust(post: Any, truncate: bool) -> None:
+    tokenizer = _wrapped(post, truncate=truncate)
+    assert tokenizer._wrap is None
+    text = "word " * 100
+    assert tokenizer.encode(text) == _rust(tokenizer).encode(text).ids
