@@ -130,6 +130,12 @@ def run(
                 f"no such file: {kubeconfig} (from --kubeconfig or $KUBECONFIG)",
                 param_hint="--kubeconfig",
             )
+    from splitserve.operator.kube import KubeconfigError, load_configuration
+
+    try:  # here, once: kopf's start-up would log it as a traceback and retry every 60 s
+        load_configuration(kubeconfig)
+    except KubeconfigError as err:
+        raise click.ClickException(str(err)) from None
     ca_namespace = None
     issuer = None
     if cert_manager_issuer:

@@ -10,6 +10,15 @@ from click.testing import CliRunner
 
 from splitserve.cli.operator import operator
 
+KUBECONFIG_OK = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+"""A kubeconfig the client loads (the server is never called: kopf is replaced)."""
+
 
 def test_needs_a_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPLITSERVE_NAMESPACE", raising=False)
@@ -37,11 +46,13 @@ def _fake_kopf(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
-def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configures_and_starts_kopf(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from splitserve.operator import handlers
 
     seen = _fake_kopf(monkeypatch)
     monkeypatch.setenv("SPLITSERVE_NAMESPACE", "ops")
+    (tmp_path / "config").write_text(KUBECONFIG_OK)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
     result = CliRunner().invoke(
         operator, ["run", "--interval", "2", "--router-image", "r:1", "--log-level", "WARNING"]
     )
@@ -92,8 +103,57 @@ def test_a_kubeconfig_list_with_one_existing_file_is_taken(
 ) -> None:
     seen = _fake_kopf(monkeypatch)
     there = tmp_path / "config"
-    there.write_text("apiVersion: v1\nkind: Config\n")
+    there.write_text(KUBECONFIG_OK)
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{there}")
     result = CliRunner().invoke(operator, ["run", "-n", "default", "--no-internal-tls"])
     assert result.exit_code == 0, result.output
     assert seen
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("garbage: [\n", "not YAML"),
+        ("apiVersion: v1\nkind: Config\nclusters: []\n", "current-context"),
+        ("- a\n- b\n", "not a kubeconfig"),
+        (KUBECONFIG_OK.replace('server: "https://127.0.0.1:6443"', "insecure: true"), "server"),
+    ],
+    ids=["not-yaml", "no-context", "a-list", "no-server"],
+)
+def test_a_kubeconfig_that_cannot_be_used_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, text: str, says: str
+) -> None:
+    """Found by the operator probe: `operator run --kubeconfig bad.yaml` started kopf, whose
+    start-up then logged a chained traceback (yaml.parser.ParserError, TypeError, ...) and
+    retried every 60 s; with no server the operator started and called nowhere."""
+    seen = _fake_kopf(monkeypatch)
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(
+        operator, ["run", "-n", "default", "--no-internal-tls", "--kubeconfig", str(path)]
+    )
+    assert result.exit_code == 1, result.output
+    assert not seen  # kopf never started
+    assert "Traceback" not in result.output
+    (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert line.startswith("Error: kubeconfig ")
+    assert str(path) in line
+    assert says in line
+
+
+def test_no_credentials_at_all_is_one_line_saying_where_it_looked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Not in a pod and no ~/.kube/config: was kopf's start-up failing with two chained
+    tracebacks ("Service host/port is not set", "No configuration found") every 60 s."""
+    seen = _fake_kopf(monkeypatch)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = CliRunner().invoke(operator, ["run", "-n", "default", "--no-internal-tls"])
+    assert result.exit_code == 1, result.output
+    assert not seen
+    (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert "no Kubernetes credentials" in line
+    assert "~/.kube/config" in line
+    assert "--kubeconfig" in line
