@@ -217,6 +217,7 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     from splitserve.api.v1alpha1 import API_VERSION
     from splitserve.api.validation import utf8_problem, yaml_problem
     from splitserve.operator.render import dump_manifests, render_documents
+    from splitserve.operator.validate import spec_errors
 
     try:
         docs = list(yaml.safe_load_all(source.read()))
@@ -226,10 +227,7 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     except yaml.YAMLError as err:
         raise click.ClickException(f"{source.name}: {yaml_problem(err)}") from None
     except ValidationError as err:
-        lines = [
-            f"  spec.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors(include_input=False)
-        ]
+        lines = [f"  {line}" for line in spec_errors(err)]
         raise click.ClickException(
             f"{source.name}: invalid LLMService:\n" + "\n".join(lines)
         ) from None

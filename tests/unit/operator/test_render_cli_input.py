@@ -19,3 +19,59 @@ def test_metadata_that_is_not_a_mapping_is_refused(tmp_path: Path, metadata: str
     assert result.exit_code == 1, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "document 0: metadata must be a mapping" in result.output
+
+
+SERVICE = """apiVersion: splitserve.io/v1alpha1
+kind: LLMService
+metadata: {name: t}
+spec:
+  model: {name: m, source: org/m}
+  engine: {kind: sim, image: x:1}
+  workerGroups: [{name: w, roles: [decode]}]
+  pools: {decode: {replicas: 1}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "kind"),
+    [
+        ("pools: {decode: {replicas: '3'}}", "spec.pools.decode.replicas", "integer"),
+        ("pools: {decode: {replicas: true}}", "spec.pools.decode.replicas", "integer"),
+        ("networkPolicy: {enabled: 'false'}", "spec.networkPolicy.enabled", "boolean"),
+        (
+            "workerGroups: [{name: w, roles: [decode], gpus: '1'}]",
+            "spec.workerGroups[0].gpus",
+            "integer",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_as_the_api_server_does(
+    tmp_path: Path, edit: str, field: str, kind: str
+) -> None:
+    """Found by the operator probe: render coerced what `kubectl apply` refuses (the CRD's
+    schema types): `replicas: '3'` rendered 3 replicas, `enabled: 'false'` no NetworkPolicy,
+    so a reviewed dry run showed objects the cluster would never get."""
+    key = edit.split(":")[0]
+    text = "\n".join(ln for ln in SERVICE.splitlines() if not ln.startswith(f"  {key}:"))
+    f = tmp_path / "svc.yaml"
+    f.write_text(f"{text}\n  {edit}\n")
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert f"{field}: must be of type {kind}" in result.output
+    assert "'3'" not in result.output  # no values echoed
+    assert "True" not in result.output
+
+
+def test_a_rule_over_the_whole_spec_names_its_field_not_spec_dot_colon(tmp_path: Path) -> None:
+    """Was `spec.: planner.mode Apply needs ...` (an empty location printed after `spec.`)."""
+    f = tmp_path / "svc.yaml"
+    f.write_text(SERVICE + "  scaling: {mode: Managed}\n  planner: {mode: Apply}\n")
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert "  spec: planner.mode Apply needs scaling.mode Manual" in result.output
+    assert "spec.:" not in result.output
+    f.write_text(SERVICE.replace("spec:\n", "spec: [1]\nx:\n", 1).split("x:\n")[0])
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert "spec.:" not in result.output
+    assert "spec: must be of type object" in result.output
