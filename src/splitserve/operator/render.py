@@ -811,7 +811,13 @@ def _type_problems(node: Mapping[str, Any], value: Any, path: str) -> Iterator[s
         return
     kind = node.get("type")
     if isinstance(kind, str) and kind in _JSON_TYPES and not _JSON_TYPES[kind](value):
-        yield f"{path}: must be of type {kind}"
+        # YAML 1.1 (PyYAML, kubectl) reads an unquoted Off / On / Yes / No as a boolean.
+        read_as = [e for e in node.get("enum", []) if yaml.safe_load(str(e)) is value]
+        hint = ""
+        if read_as:
+            word = read_as[0]
+            hint = f" (YAML reads an unquoted {word} as {str(value).lower()}: write '{word}')"
+        yield f"{path}: must be of type {kind}{hint}"
         return
     if isinstance(value, dict):
         props, extra = node.get("properties") or {}, node.get("additionalProperties")

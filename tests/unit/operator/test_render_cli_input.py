@@ -75,3 +75,14 @@ def test_a_rule_over_the_whole_spec_names_its_field_not_spec_dot_colon(tmp_path:
     assert result.exit_code == 1, result.output
     assert "spec.:" not in result.output
     assert "spec: must be of type object" in result.output
+
+
+def test_an_unquoted_off_says_yaml_read_it_as_false(tmp_path: Path) -> None:
+    """`planner: {mode: Off}` as written in the docs' table: YAML 1.1 (PyYAML, kubectl) reads
+    an unquoted Off as false, and the error named only the type."""
+    f = tmp_path / "svc.yaml"
+    f.write_text(SERVICE + "  planner: {mode: Off}\n")
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert "spec.planner.mode: must be of type string" in result.output
+    assert "YAML reads an unquoted Off as false: write 'Off'" in result.output
