@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import TextIO
 
 import click
@@ -117,6 +118,16 @@ def run(
     from splitserve.operator.reconcile import Settings
 
     own = os.environ.get("SPLITSERVE_NAMESPACE")
+    if namespaces and all_namespaces:
+        raise click.UsageError("give --namespace (repeatable) or --all-namespaces, not both")
+    for ns in namespaces:
+        if len(ns) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", ns):
+            raise click.BadParameter(
+                f"{ns!r} is not a namespace name (lower-case letters, digits and '-', at most 63)",
+                param_hint="--namespace",
+            )
+    if liveness is not None:
+        _check_liveness(liveness)
     if not namespaces and not all_namespaces:
         if not own:
             raise click.UsageError("give --namespace (repeatable) or --all-namespaces")
@@ -177,7 +188,12 @@ def run(
         from splitserve.operator.control import runtime
 
         runtime.startup().begin()  # /healthz: 503 until kopf's start-up succeeded
-        runtime.serve("0.0.0.0", metrics_port)
+        try:
+            runtime.serve("0.0.0.0", metrics_port)
+        except OSError as err:
+            raise click.BadParameter(
+                f"{metrics_port}: {err.strerror or err}", param_hint="--metrics-port"
+            ) from None
     asyncio.run(
         kopf.operator(
             registry=handlers.registry(config),
@@ -188,6 +204,31 @@ def run(
             liveness_endpoint=liveness,
         )
     )
+
+
+def _check_liveness(url: str) -> None:
+    """Refuse a `--liveness` URL kopf's health reporter cannot serve: it would fail after
+    start-up (a traceback) and the operator run on without it, restarted by the kubelet's
+    probe for ever."""
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or 80
+    except ValueError as err:
+        raise click.BadParameter(f"{url}: {err}", param_hint="--liveness") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise click.BadParameter(
+            f"{url}: an http:// URL with a host, e.g. http://0.0.0.0:8080/healthz",
+            param_hint="--liveness",
+        )
+    try:  # as kopf's server binds it (SO_REUSEADDR): a port another process listens on fails
+        with socket.socket(socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((parts.hostname, port))
+    except OSError as err:
+        raise click.BadParameter(f"{url}: {err.strerror or err}", param_hint="--liveness") from None
 
 
 @operator.command("render")

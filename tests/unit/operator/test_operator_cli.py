@@ -157,3 +157,89 @@ def test_no_credentials_at_all_is_one_line_saying_where_it_looked(
     assert "no Kubernetes credentials" in line
     assert "~/.kube/config" in line
     assert "--kubeconfig" in line
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, *args: str) -> tuple[Any, dict[str, Any]]:
+    """`operator run ARGS` with a loadable kubeconfig and kopf replaced by a recorder."""
+    seen = _fake_kopf(monkeypatch)
+    config = tmp_path / "config"
+    config.write_text(KUBECONFIG_OK)
+    argv = ["run", "--no-internal-tls", "--kubeconfig", str(config), *args]
+    return CliRunner().invoke(operator, argv), seen
+
+
+def test_all_namespaces_beside_a_namespace_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Was kopf's `TypeError: The operator can be either cluster-wide or namespaced, not
+    both.` with a traceback."""
+    result, seen = _run(monkeypatch, tmp_path, "-A", "-n", "ml")
+    assert result.exit_code == 2, result.output
+    assert "--all-namespaces" in result.output
+    assert "--namespace" in result.output
+    assert "Traceback" not in result.output
+    assert not seen
+
+
+@pytest.mark.parametrize("namespace", ["Bad_NS", "ml-*", "-x", "a" * 64])
+def test_a_namespace_that_is_not_a_namespace_name_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, namespace: str
+) -> None:
+    """Was accepted: kopf watched a namespace that cannot exist (or a kopf glob the chart never
+    passes, whose first entry then named the internal CA's namespace), and served nothing."""
+    result, seen = _run(monkeypatch, tmp_path, "-n", "ml", "-n", namespace)
+    assert result.exit_code == 2, result.output
+    assert "--namespace" in result.output
+    assert repr(namespace) in result.output
+    assert not seen
+
+
+@pytest.mark.parametrize(
+    "url", ["notaurl", "https://0.0.0.0:8080/healthz", "http://0.0.0.0:99999/healthz"]
+)
+def test_a_liveness_url_kopf_cannot_serve_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, url: str
+) -> None:
+    """Was accepted: kopf's health reporter then failed with a traceback ("Unsupported scheme",
+    "Port out of range") after start-up, and the operator ran on without its liveness
+    endpoint (or exited 1), so the kubelet's probe would restart it for ever."""
+    result, seen = _run(monkeypatch, tmp_path, "-n", "ml", "--liveness", url)
+    assert result.exit_code == 2, result.output
+    assert "--liveness" in result.output
+    assert "Traceback" not in result.output
+    assert not seen
+
+
+@pytest.mark.parametrize("flag", ["--liveness", "--metrics-port"])
+def test_a_port_in_use_is_one_line_naming_the_option(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, flag: str
+) -> None:
+    """Was `OSError: [Errno 98] Address already in use` with a traceback (--metrics-port), or
+    a failed health reporter the operator ran on without (--liveness)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        value = f"http://127.0.0.1:{port}/healthz" if flag == "--liveness" else str(port)
+        if flag == "--metrics-port":
+            from splitserve.operator.control import runtime
+
+            monkeypatch.setattr(runtime, "serve", _serve_on_loopback(runtime.serve))
+        result, seen = _run(monkeypatch, tmp_path, "-n", "ml", flag, value)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+    assert "in use" in result.output
+    assert "Traceback" not in result.output
+    assert not seen
+
+
+def _serve_on_loopback(serve: Any) -> Any:
+    """`runtime.serve` on 127.0.0.1 (the CLI binds 0.0.0.0; the test's busy socket is on the
+    loopback address, where a bind on 0.0.0.0 may still succeed on some systems)."""
+
+    def on_loopback(host: str, port: int) -> Any:
+        return serve("127.0.0.1", port)
+
+    return on_loopback
