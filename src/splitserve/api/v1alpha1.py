@@ -56,6 +56,9 @@ def service_name_problem(name: str) -> str | None:
 DNS_LABEL: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """RFC 1035 label: what Kubernetes accepts in names that become Service and Deployment names."""
 CLASS_NAME: Final = r"^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$"
+IMAGE: Final = r"^\S+$"
+"""An image reference: no whitespace (the API server refuses it at the ends, the kubelet
+anywhere: `InvalidImageName`)."""
 
 QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -284,7 +287,7 @@ class ModelCacheSpec(Model):
     the given claim's own mode applies)."""
     mount_path: str = Field("/models", min_length=2, max_length=1024, pattern=r"^/[^:]*$")
     """Where the cache is mounted in the download Job and (read-only) in worker pods."""
-    download_image: str | None = Field(None, max_length=1024)
+    download_image: str | None = Field(None, min_length=1, max_length=1024, pattern=IMAGE)
     """Image of the download Job (needs Python with `huggingface_hub`). Left out: `engine.image`."""
     download_pod: PodSettings | None = None
     """Scheduling and pod settings of the download Job (e.g. tolerations, or a `nodeSelector`
@@ -825,7 +828,7 @@ class BatchingPolicyName(StrEnum):
 class EngineSpec(Model):
     kind: EngineKind = EngineKind.VLLM
     """Which engine the workers run."""
-    image: str = Field(min_length=1, max_length=1024)
+    image: str = Field(min_length=1, max_length=1024, pattern=IMAGE)
     """Worker container image (holds splitserve and the engine)."""
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     """Kubernetes image pull policy of the worker containers."""
@@ -1226,7 +1229,7 @@ class RouterSpec(Model):
 
     replicas: int = Field(1, ge=0, le=1000)
     """Router pods (the router is stateless; scale it freely)."""
-    image: str | None = Field(None, max_length=1024)
+    image: str | None = Field(None, min_length=1, max_length=1024, pattern=IMAGE)
     """Router image. Left out: the operator's `--router-image` (the chart's splitserve image)."""
     http_port: int = Field(8000, ge=1, le=65535)
     """Port of the OpenAI-compatible HTTP API on the Service."""

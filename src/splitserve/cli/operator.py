@@ -13,6 +13,14 @@ from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.tls_option import tls_option
 
 
+def _image(value: str) -> str:
+    """An image reference for `--router-image`: not empty, no whitespace (the router
+    Deployment's container would be refused by the API server or the kubelet)."""
+    if not re.fullmatch(r"\S+", value):
+        raise click.BadParameter(f"{value!r} is not an image reference (empty or whitespace)")
+    return value
+
+
 @click.group()
 def operator() -> None:
     """The Kubernetes operator for LLMService and LLMPool."""
@@ -51,6 +59,7 @@ def operator() -> None:
     envvar="SPLITSERVE_ROUTER_IMAGE",
     default="ghcr.io/splitserve/splitserve:latest",
     show_default=True,
+    callback=lambda ctx, param, value: _image(value),
     help="Router image for LLMServices that name none.",
 )
 @click.option(
@@ -248,6 +257,7 @@ def _check_liveness(url: str) -> None:
     envvar="SPLITSERVE_ROUTER_IMAGE",
     default="ghcr.io/splitserve/splitserve:latest",
     show_default=True,
+    callback=lambda ctx, param, value: _image(value),
     help="Router image for LLMServices that name none (as the operator's --router-image).",
 )
 def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None:

@@ -86,3 +86,17 @@ def test_an_unquoted_off_says_yaml_read_it_as_false(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert "spec.planner.mode: must be of type string" in result.output
     assert "YAML reads an unquoted Off as false: write 'Off'" in result.output
+
+
+@pytest.mark.parametrize("image", ["", " ", "reg/router 1"])
+def test_a_router_image_option_with_whitespace_is_refused(tmp_path: Path, image: str) -> None:
+    """Was rendered as the router container's image (`image: ' '`), which the API server or
+    the kubelet refuses; `operator run --router-image` takes the same check."""
+    f = tmp_path / "svc.yaml"
+    f.write_text(SERVICE)
+    result = CliRunner().invoke(operator, ["render", "-f", str(f), "--router-image", image])
+    assert result.exit_code == 2, result.output
+    assert "--router-image" in result.output
+    result = CliRunner().invoke(operator, ["run", "-n", "ml", "--router-image", image])
+    assert result.exit_code == 2, result.output
+    assert "--router-image" in result.output
