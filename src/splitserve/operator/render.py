@@ -851,8 +851,18 @@ def render_documents(
             continue
         if not isinstance(doc, dict):
             raise ValueError(f"document {i}: not a Kubernetes object")
-        kind = doc.get("kind")
-        if doc.get("apiVersion") != v1.API_VERSION or kind != "LLMService":
+        kind, api_version = doc.get("kind"), doc.get("apiVersion")
+        if str(api_version).split("/")[0] == v1.GROUP:  # ours: the API server would refuse these
+            if kind == "LLMService" and api_version != v1.API_VERSION:
+                raise ValueError(
+                    f"document {i}: an LLMService of apiVersion {api_version}: this version "
+                    f"serves {v1.API_VERSION}"
+                )
+            if kind not in ("LLMService", "LLMPool"):
+                raise ValueError(
+                    f"document {i}: kind {kind} is not a {v1.GROUP} kind (LLMService, LLMPool)"
+                )
+        if api_version != v1.API_VERSION or kind != "LLMService":
             notes.append(
                 f"document {i}: skipped {doc.get('apiVersion')} {kind} (not an LLMService)"
             )

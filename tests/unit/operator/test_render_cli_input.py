@@ -100,3 +100,32 @@ def test_a_router_image_option_with_whitespace_is_refused(tmp_path: Path, image:
     result = CliRunner().invoke(operator, ["run", "-n", "ml", "--router-image", image])
     assert result.exit_code == 2, result.output
     assert "--router-image" in result.output
+
+
+@pytest.mark.parametrize(
+    ("head", "says"),
+    [
+        (
+            "apiVersion: splitserve.io/v1beta1\nkind: LLMService\n",
+            "an LLMService of apiVersion splitserve.io/v1beta1: this version serves "
+            "splitserve.io/v1alpha1",
+        ),
+        (
+            "apiVersion: splitserve.io/v1alpha1\nkind: LLMservice\n",
+            "kind LLMservice is not a splitserve.io kind (LLMService, LLMPool)",
+        ),
+    ],
+    ids=["version", "kind-typo"],
+)
+def test_a_near_miss_of_an_llmservice_is_refused_naming_what_is_wrong(
+    tmp_path: Path, head: str, says: str
+) -> None:
+    """Was "skipped splitserve.io/v1beta1 LLMService (not an LLMService)": an LLMService called
+    not an LLMService, and a typo'd kind under the group skipped like any other document (the
+    API server refuses both: no such version, no such kind)."""
+    f = tmp_path / "svc.yaml"
+    f.write_text(SERVICE.replace("apiVersion: splitserve.io/v1alpha1\nkind: LLMService\n", head))
+    result = CliRunner().invoke(operator, ["render", "-f", str(f)])
+    assert result.exit_code == 1, result.output
+    assert says in result.output
+    assert "(not an LLMService)" not in result.output
