@@ -846,6 +846,7 @@ def render_documents(
     no `LLMPool` exists yet, so each pool starts at the service's `replicas`."""
     out: list[Manifest] = []
     notes: list[str] = []
+    seen: dict[tuple[str, str], int] = {}
     for i, doc in enumerate(docs):
         if doc is None:
             continue
@@ -882,6 +883,12 @@ def render_documents(
                 f"document {i}: namespace {ns!r} is not a Kubernetes namespace name (lower-case "
                 "letters, digits and '-', at most 63)"
             )
+        if (ns, name) in seen:
+            raise ValueError(
+                f"document {i}: LLMService {ns}/{name} is also document {seen[ns, name]}: one "
+                "object, applied twice (the later replaces the earlier)"
+            )
+        seen[ns, name] = i
         problems = spec_type_problems(doc.get("spec") or {})
         if problems:  # the API server refuses these; pydantic would coerce them
             raise ValueError("invalid LLMService:\n" + "\n".join(f"  {p}" for p in problems))

@@ -129,3 +129,17 @@ def test_a_near_miss_of_an_llmservice_is_refused_naming_what_is_wrong(
     assert result.exit_code == 1, result.output
     assert says in result.output
     assert "(not an LLMService)" not in result.output
+
+
+def test_the_same_llmservice_twice_is_refused_naming_both_documents(tmp_path: Path) -> None:
+    """Was rendered twice (every object printed twice, the second set silently the one a
+    `kubectl apply` of the file would leave)."""
+    f = tmp_path / "svc.yaml"
+    f.write_text(SERVICE + "---\n" + SERVICE.replace("replicas: 1", "replicas: 2"))
+    result = CliRunner().invoke(operator, ["render", "-f", str(f), "-n", "ml"])
+    assert result.exit_code == 1, result.output
+    assert "document 1: LLMService ml/t is also document 0" in result.output
+    other = SERVICE.replace("metadata: {name: t}", "metadata: {name: t, namespace: other}")
+    f.write_text(SERVICE + "---\n" + other)
+    result = CliRunner().invoke(operator, ["render", "-f", str(f), "-n", "ml"])
+    assert result.exit_code == 0, result.output
