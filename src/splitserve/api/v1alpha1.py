@@ -826,6 +826,19 @@ class BatchingPolicyName(StrEnum):
 
 
 class EngineSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.grpcPort) ? self.grpcPort : 50051)"
+                    " != (has(self.metricsPort) ? self.metricsPort : 9090)",
+                    "message": "engine.grpcPort and engine.metricsPort are the same port: the "
+                    "worker serves each on its own",
+                }
+            ]
+        }
+    )
+
     kind: EngineKind = EngineKind.VLLM
     """Which engine the workers run."""
     image: str = Field(min_length=1, max_length=1024, pattern=IMAGE)
@@ -848,6 +861,15 @@ class EngineSpec(Model):
     request's class, priority and deadline, which the router sends with every call."""
     batching_params: str = Field("{}", max_length=65536)
     """Parameters of that step policy: a JSON object of its documented params."""
+
+    @model_validator(mode="after")
+    def _ports(self) -> EngineSpec:
+        if self.grpc_port == self.metrics_port:
+            raise ValueError(
+                f"engine.grpcPort and engine.metricsPort are the same port ({self.grpc_port}): "
+                "the worker serves each on its own"
+            )
+        return self
 
     @field_validator("batching_params")
     @classmethod
@@ -1223,6 +1245,12 @@ class RouterSpec(Model):
                     "LoadBalancer and no apiKeySecret (with keys the router still demands "
                     "them): remove it",
                 },
+                {
+                    "rule": "(has(self.httpPort) ? self.httpPort : 8000)"
+                    " != (has(self.grpcPort) ? self.grpcPort : 50050)",
+                    "message": "router.httpPort and router.grpcPort are the same port: the "
+                    "router serves each on its own (and its Service names each once)",
+                },
             ]
         }
     )
@@ -1289,6 +1317,11 @@ class RouterSpec(Model):
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> RouterSpec:
+        if self.http_port == self.grpc_port:
+            raise ValueError(
+                f"router.httpPort and router.grpcPort are the same port ({self.http_port}): the "
+                "router serves each on its own (and its Service names each once)"
+            )
         if (
             self.service_type is not ServiceType.CLUSTER_IP
             and not self.api_key_secret
@@ -1346,6 +1379,11 @@ class ScalingSpec(Model):
                     "(the routers' /metrics are scraped directly otherwise): remove it or set "
                     "metricsSource: Prometheus",
                 },
+                {
+                    "rule": "!has(self.prometheusUrl) || !self.prometheusUrl.contains('/api/v1')",
+                    "message": "prometheusUrl is Prometheus' base URL "
+                    "(http://prometheus.monitoring:9090): the operator adds /api/v1/query",
+                },
             ]
         }
     )
@@ -1360,7 +1398,7 @@ class ScalingSpec(Model):
     """The window the autoscaler's rates, percentiles and attainment are computed over."""
     metrics_source: MetricsSource = MetricsSource.ROUTER
     """Where the autoscaler reads the routers' SLO metrics."""
-    prometheus_url: str | None = Field(None, max_length=1024)
+    prometheus_url: str | None = Field(None, max_length=1024, pattern=r"^https?://[^\s?#]+$")
     """Prometheus base URL (`http://prometheus.monitoring:9090`) for `metricsSource: Prometheus`."""
     burst_weight: float = Field(1.0, ge=0, le=1)
     """Burst headroom: the pools are sized for `mean + burstWeight × (busiest − mean)` of the
@@ -1372,6 +1410,11 @@ class ScalingSpec(Model):
     def _prometheus(self) -> ScalingSpec:
         if self.metrics_source is MetricsSource.PROMETHEUS and not self.prometheus_url:
             raise ValueError("scaling: metricsSource Prometheus needs prometheusUrl")
+        if self.prometheus_url is not None and "/api/v1" in self.prometheus_url:
+            raise ValueError(
+                "scaling: prometheusUrl is Prometheus' base URL "
+                "(http://prometheus.monitoring:9090): the operator adds /api/v1/query"
+            )
         if self.prometheus_url is not None and self.metrics_source is not MetricsSource.PROMETHEUS:
             raise ValueError(
                 "scaling: prometheusUrl is read only with metricsSource Prometheus (the routers' "
