@@ -150,12 +150,6 @@ def run(
                 f"no such file: {kubeconfig} (from --kubeconfig or $KUBECONFIG)",
                 param_hint="--kubeconfig",
             )
-    from splitserve.operator.kube import KubeconfigError, load_configuration
-
-    try:  # here, once: kopf's start-up would log it as a traceback and retry every 60 s
-        load_configuration(kubeconfig)
-    except KubeconfigError as err:
-        raise click.ClickException(str(err)) from None
     ca_namespace = None
     issuer = None
     if cert_manager_issuer:
@@ -184,6 +178,12 @@ def run(
             raise click.UsageError(
                 "--internal-tls keeps its CA in the operator's namespace: set SPLITSERVE_NAMESPACE"
             )
+    from splitserve.operator.kube import KubeconfigError, load_configuration
+
+    try:  # after the usage checks, once: kopf's start-up would log a traceback every 60 s
+        load_configuration(kubeconfig)
+    except KubeconfigError as err:
+        raise click.ClickException(str(err)) from None
     kopf.configure(debug=log_level == "DEBUG", verbose=log_level in ("DEBUG", "INFO"))
     logging.getLogger().setLevel(log_level)
     config = handlers.OperatorConfig(
