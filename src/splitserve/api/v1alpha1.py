@@ -1391,7 +1391,8 @@ class ScalingSpec(Model):
     mode: ScalingMode = ScalingMode.MANAGED
     """Who owns each pool's `replicas`."""
     interval_seconds: float = Field(30.0, gt=0, le=3600)
-    """How often the autoscaler runs (Managed mode)."""
+    """How often the autoscaler's control loop runs, in every mode (Managed: it sizes the pools;
+    External, Manual: it writes each LLMPool's `status.recommendedReplicas`)."""
     scale_down_stabilization_seconds: float = Field(300.0, ge=0, le=86400)
     """The autoscaler scales down only after the lower size was wanted this long."""
     window_seconds: float = Field(60.0, gt=0, le=3600)
