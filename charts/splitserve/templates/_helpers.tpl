@@ -162,6 +162,12 @@ certificates, in every watched namespace. */}}
 {{- if and $op.certManager.enabled (not $op.internalTls) -}}
 {{- fail "operator.certManager.enabled needs operator.internalTls: true (cert-manager issues the internal TLS certificates); set internalTls or turn certManager off" -}}
 {{- end -}}
+{{- if and (not $op.certManager.enabled) (or $op.certManager.issuerRef.name (ne $op.certManager.issuerRef.kind "ClusterIssuer")) -}}
+{{- fail "operator.certManager.issuerRef is read only with operator.certManager.enabled: true (the operator's own CA issues the certificates otherwise); enable it or remove it" -}}
+{{- end -}}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- fail "serviceAccount.name is needed with serviceAccount.create: false (the account you bring); left empty, the operator's roles would be bound to the namespace's default ServiceAccount, which every pod there runs as" -}}
+{{- end -}}
 {{- if eq (int $op.metricsPort) (int .Values.monitoring.operatorMetricsPort) -}}
 {{- fail (printf "operator.metricsPort and monitoring.operatorMetricsPort are both %d: the liveness endpoint and /metrics need a port each" (int $op.metricsPort)) -}}
 {{- end -}}

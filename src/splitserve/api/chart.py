@@ -72,7 +72,7 @@ class OperatorValues(Model):
     namespace only."""
     all_namespaces: bool = False
     """Watch every namespace (cluster-wide RBAC instead of per-namespace Roles)."""
-    router_image: str = ""
+    router_image: str = Field("", max_length=1024, pattern=r"^(\S+)?$")
     """Default router image for LLMServices that name none. Empty: the operator's image."""
     internal_tls: bool = True
     """Issue and mount internal TLS certificates for every LLMService (CA in the Secret
@@ -108,6 +108,14 @@ class OperatorValues(Model):
                 "watchNamespaces is unused with allNamespaces: true (every namespace is "
                 "watched); set one of them"
             )
+        issuer = self.cert_manager.issuer_ref
+        if not self.cert_manager.enabled and (
+            issuer.name or issuer.kind is not IssuerKind.CLUSTER_ISSUER
+        ):
+            raise ValueError(
+                "certManager.issuerRef is read only with certManager.enabled: true (the "
+                "operator's own CA issues the certificates otherwise); enable it or remove it"
+            )
         if self.cert_manager.enabled and not self.internal_tls:
             raise ValueError(
                 "certManager.enabled needs internalTls: true (cert-manager issues the internal "
@@ -123,6 +131,16 @@ class ServiceAccountValues(Model):
     """ServiceAccount name. Empty: the release's full name."""
     annotations: dict[str, str] = Field(default_factory=dict)
     """Annotations of the ServiceAccount (e.g. workload identity)."""
+
+    @model_validator(mode="after")
+    def _named_when_brought(self) -> ServiceAccountValues:
+        if not self.create and not self.name:
+            raise ValueError(
+                "serviceAccount.name is needed with serviceAccount.create: false (the account "
+                "you bring); left empty, the operator's roles would be bound to the namespace's "
+                "default ServiceAccount, which every pod there runs as"
+            )
+        return self
 
 
 class RbacValues(Model):

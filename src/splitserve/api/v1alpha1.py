@@ -56,6 +56,9 @@ def service_name_problem(name: str) -> str | None:
 DNS_LABEL: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """RFC 1035 label: what Kubernetes accepts in names that become Service and Deployment names."""
 CLASS_NAME: Final = r"^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$"
+IMAGE: Final = r"^\S+$"
+"""An image reference: no whitespace (the API server refuses it at the ends, the kubelet
+anywhere: `InvalidImageName`)."""
 
 QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -284,7 +287,7 @@ class ModelCacheSpec(Model):
     the given claim's own mode applies)."""
     mount_path: str = Field("/models", min_length=2, max_length=1024, pattern=r"^/[^:]*$")
     """Where the cache is mounted in the download Job and (read-only) in worker pods."""
-    download_image: str | None = Field(None, max_length=1024)
+    download_image: str | None = Field(None, min_length=1, max_length=1024, pattern=IMAGE)
     """Image of the download Job (needs Python with `huggingface_hub`). Left out: `engine.image`."""
     download_pod: PodSettings | None = None
     """Scheduling and pod settings of the download Job (e.g. tolerations, or a `nodeSelector`
@@ -823,9 +826,22 @@ class BatchingPolicyName(StrEnum):
 
 
 class EngineSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.grpcPort) ? self.grpcPort : 50051)"
+                    " != (has(self.metricsPort) ? self.metricsPort : 9090)",
+                    "message": "engine.grpcPort and engine.metricsPort are the same port: the "
+                    "worker serves each on its own",
+                }
+            ]
+        }
+    )
+
     kind: EngineKind = EngineKind.VLLM
     """Which engine the workers run."""
-    image: str = Field(min_length=1, max_length=1024)
+    image: str = Field(min_length=1, max_length=1024, pattern=IMAGE)
     """Worker container image (holds splitserve and the engine)."""
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     """Kubernetes image pull policy of the worker containers."""
@@ -845,6 +861,15 @@ class EngineSpec(Model):
     request's class, priority and deadline, which the router sends with every call."""
     batching_params: str = Field("{}", max_length=65536)
     """Parameters of that step policy: a JSON object of its documented params."""
+
+    @model_validator(mode="after")
+    def _ports(self) -> EngineSpec:
+        if self.grpc_port == self.metrics_port:
+            raise ValueError(
+                f"engine.grpcPort and engine.metricsPort are the same port ({self.grpc_port}): "
+                "the worker serves each on its own"
+            )
+        return self
 
     @field_validator("batching_params")
     @classmethod
@@ -1231,13 +1256,19 @@ class RouterSpec(Model):
                     "LoadBalancer and no apiKeySecret (with keys the router still demands "
                     "them): remove it",
                 },
+                {
+                    "rule": "(has(self.httpPort) ? self.httpPort : 8000)"
+                    " != (has(self.grpcPort) ? self.grpcPort : 50050)",
+                    "message": "router.httpPort and router.grpcPort are the same port: the "
+                    "router serves each on its own (and its Service names each once)",
+                },
             ]
         }
     )
 
     replicas: int = Field(1, ge=0, le=1000)
     """Router pods (the router is stateless; scale it freely)."""
-    image: str | None = Field(None, max_length=1024)
+    image: str | None = Field(None, min_length=1, max_length=1024, pattern=IMAGE)
     """Router image. Left out: the operator's `--router-image` (the chart's splitserve image)."""
     http_port: int = Field(8000, ge=1, le=65535)
     """Port of the OpenAI-compatible HTTP API on the Service."""
@@ -1297,6 +1328,11 @@ class RouterSpec(Model):
 
     @model_validator(mode="after")
     def _exposed_needs_keys(self) -> RouterSpec:
+        if self.http_port == self.grpc_port:
+            raise ValueError(
+                f"router.httpPort and router.grpcPort are the same port ({self.http_port}): the "
+                "router serves each on its own (and its Service names each once)"
+            )
         if (
             self.service_type is not ServiceType.CLUSTER_IP
             and not self.api_key_secret
@@ -1354,6 +1390,11 @@ class ScalingSpec(Model):
                     "(the routers' /metrics are scraped directly otherwise): remove it or set "
                     "metricsSource: Prometheus",
                 },
+                {
+                    "rule": "!has(self.prometheusUrl) || !self.prometheusUrl.contains('/api/v1')",
+                    "message": "prometheusUrl is Prometheus' base URL "
+                    "(http://prometheus.monitoring:9090): the operator adds /api/v1/query",
+                },
             ]
         }
     )
@@ -1361,14 +1402,15 @@ class ScalingSpec(Model):
     mode: ScalingMode = ScalingMode.MANAGED
     """Who owns each pool's `replicas`."""
     interval_seconds: float = Field(30.0, gt=0, le=3600)
-    """How often the autoscaler runs (Managed mode)."""
+    """How often the autoscaler's control loop runs, in every mode (Managed: it sizes the pools;
+    External, Manual: it writes each LLMPool's `status.recommendedReplicas`)."""
     scale_down_stabilization_seconds: float = Field(300.0, ge=0, le=86400)
     """The autoscaler scales down only after the lower size was wanted this long."""
     window_seconds: float = Field(60.0, gt=0, le=3600)
     """The window the autoscaler's rates, percentiles and attainment are computed over."""
     metrics_source: MetricsSource = MetricsSource.ROUTER
     """Where the autoscaler reads the routers' SLO metrics."""
-    prometheus_url: str | None = Field(None, max_length=1024)
+    prometheus_url: str | None = Field(None, max_length=1024, pattern=r"^https?://[^\s?#]+$")
     """Prometheus base URL (`http://prometheus.monitoring:9090`) for `metricsSource: Prometheus`."""
     burst_weight: float = Field(1.0, ge=0, le=1)
     """Burst headroom: the pools are sized for `mean + burstWeight × (busiest − mean)` of the
@@ -1380,6 +1422,11 @@ class ScalingSpec(Model):
     def _prometheus(self) -> ScalingSpec:
         if self.metrics_source is MetricsSource.PROMETHEUS and not self.prometheus_url:
             raise ValueError("scaling: metricsSource Prometheus needs prometheusUrl")
+        if self.prometheus_url is not None and "/api/v1" in self.prometheus_url:
+            raise ValueError(
+                "scaling: prometheusUrl is Prometheus' base URL "
+                "(http://prometheus.monitoring:9090): the operator adds /api/v1/query"
+            )
         if self.prometheus_url is not None and self.metrics_source is not MetricsSource.PROMETHEUS:
             raise ValueError(
                 "scaling: prometheusUrl is read only with metricsSource Prometheus (the routers' "

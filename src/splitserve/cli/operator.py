@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import TextIO
 
 import click
 
 from splitserve.cli.numbers import FiniteFloat
 from splitserve.cli.tls_option import tls_option
+
+
+def _image(value: str) -> str:
+    """An image reference for `--router-image`: not empty, no whitespace (the router
+    Deployment's container would be refused by the API server or the kubelet)."""
+    if not re.fullmatch(r"\S+", value):
+        raise click.BadParameter(f"{value!r} is not an image reference (empty or whitespace)")
+    return value
 
 
 @click.group()
@@ -50,6 +59,7 @@ def operator() -> None:
     envvar="SPLITSERVE_ROUTER_IMAGE",
     default="ghcr.io/splitserve/splitserve:latest",
     show_default=True,
+    callback=lambda ctx, param, value: _image(value),
     help="Router image for LLMServices that name none.",
 )
 @click.option(
@@ -117,6 +127,16 @@ def run(
     from splitserve.operator.reconcile import Settings
 
     own = os.environ.get("SPLITSERVE_NAMESPACE")
+    if namespaces and all_namespaces:
+        raise click.UsageError("give --namespace (repeatable) or --all-namespaces, not both")
+    for ns in namespaces:
+        if len(ns) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", ns):
+            raise click.BadParameter(
+                f"{ns!r} is not a namespace name (lower-case letters, digits and '-', at most 63)",
+                param_hint="--namespace",
+            )
+    if liveness is not None:
+        _check_liveness(liveness)
     if not namespaces and not all_namespaces:
         if not own:
             raise click.UsageError("give --namespace (repeatable) or --all-namespaces")
@@ -158,6 +178,12 @@ def run(
             raise click.UsageError(
                 "--internal-tls keeps its CA in the operator's namespace: set SPLITSERVE_NAMESPACE"
             )
+    from splitserve.operator.kube import KubeconfigError, load_configuration
+
+    try:  # after the usage checks, once: kopf's start-up would log a traceback every 60 s
+        load_configuration(kubeconfig)
+    except KubeconfigError as err:
+        raise click.ClickException(str(err)) from None
     kopf.configure(debug=log_level == "DEBUG", verbose=log_level in ("DEBUG", "INFO"))
     logging.getLogger().setLevel(log_level)
     config = handlers.OperatorConfig(
@@ -171,7 +197,12 @@ def run(
         from splitserve.operator.control import runtime
 
         runtime.startup().begin()  # /healthz: 503 until kopf's start-up succeeded
-        runtime.serve("0.0.0.0", metrics_port)
+        try:
+            runtime.serve("0.0.0.0", metrics_port)
+        except OSError as err:
+            raise click.BadParameter(
+                f"{metrics_port}: {err.strerror or err}", param_hint="--metrics-port"
+            ) from None
     asyncio.run(
         kopf.operator(
             registry=handlers.registry(config),
@@ -182,6 +213,31 @@ def run(
             liveness_endpoint=liveness,
         )
     )
+
+
+def _check_liveness(url: str) -> None:
+    """Refuse a `--liveness` URL kopf's health reporter cannot serve: it would fail after
+    start-up (a traceback) and the operator run on without it, restarted by the kubelet's
+    probe for ever."""
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or 80
+    except ValueError as err:
+        raise click.BadParameter(f"{url}: {err}", param_hint="--liveness") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise click.BadParameter(
+            f"{url}: an http:// URL with a host, e.g. http://0.0.0.0:8080/healthz",
+            param_hint="--liveness",
+        )
+    try:  # as kopf's server binds it (SO_REUSEADDR): a port another process listens on fails
+        with socket.socket(socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((parts.hostname, port))
+    except OSError as err:
+        raise click.BadParameter(f"{url}: {err.strerror or err}", param_hint="--liveness") from None
 
 
 @operator.command("render")
@@ -201,6 +257,7 @@ def run(
     envvar="SPLITSERVE_ROUTER_IMAGE",
     default="ghcr.io/splitserve/splitserve:latest",
     show_default=True,
+    callback=lambda ctx, param, value: _image(value),
     help="Router image for LLMServices that name none (as the operator's --router-image).",
 )
 def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None:
@@ -211,6 +268,7 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     from splitserve.api.v1alpha1 import API_VERSION
     from splitserve.api.validation import utf8_problem, yaml_problem
     from splitserve.operator.render import dump_manifests, render_documents
+    from splitserve.operator.validate import spec_errors
 
     try:
         docs = list(yaml.safe_load_all(source.read()))
@@ -220,10 +278,7 @@ def render_cmd(source: TextIO, namespace: str | None, router_image: str) -> None
     except yaml.YAMLError as err:
         raise click.ClickException(f"{source.name}: {yaml_problem(err)}") from None
     except ValidationError as err:
-        lines = [
-            f"  spec.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors(include_input=False)
-        ]
+        lines = [f"  {line}" for line in spec_errors(err)]
         raise click.ClickException(
             f"{source.name}: invalid LLMService:\n" + "\n".join(lines)
         ) from None

@@ -62,6 +62,8 @@ Memo = MutableMapping[str, Any]
 
 SERVICES = "llmservices"
 POOLS = "llmpools"
+SERVICE_KIND: Final = (v1.API_VERSION, "LLMService")
+POOL_KIND: Final = (v1.API_VERSION, "LLMPool")
 MAX_BACKOFF_S: Final = 300.0
 """The longest a permanently failing service waits between attempts (a change retries now)."""
 MAX_SETTLE_ROUNDS: Final = 10
@@ -510,6 +512,57 @@ def pool_changed(
         pass  # logged once; the timer retries
 
 
+NOT_MANAGED: Final = "NotManaged"
+
+
+def unowned_pool(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> bool:
+    """`when` of `stray_pool`: an `LLMPool` no `LLMService` controls (the operator sets its
+    controller reference on every pool it makes)."""
+    if event.get("type") == "DELETED":
+        return False
+    refs = (body.get("metadata") or {}).get("ownerReferences") or []
+    return not any(r.get("kind") == "LLMService" and r.get("controller") for r in refs)
+
+
+def stray_pool(
+    body: kopf.Body, namespace: str | None, memo: Memo, logger: Logger, **_: Any
+) -> None:
+    """An `LLMPool` made by hand is never read: the operator creates each service's pools
+    itself. Say so on it (`Ready=False`, reason `NotManaged`) and with a Warning Event, once;
+    a pool named `<service>-<role>` of a role the service has is left alone, since the
+    service's reconcile adopts it (applied before its LLMService)."""
+    if namespace is None:
+        return
+    op = _operator(memo)
+    obj: dict[str, Any] = {"apiVersion": v1.API_VERSION, "kind": "LLMPool", **dict(body)}
+    name = str(obj["metadata"]["name"])
+    spec = obj.get("spec") or {}
+    service, role = str(spec.get("service", "")), str(spec.get("role", ""))
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    if any(c.get("reason") == NOT_MANAGED for c in conditions):
+        return
+    kube = op.kube()
+    owner = kube.get(*SERVICE_KIND, namespace, service) if service else None
+    pools = ((owner or {}).get("spec") or {}).get("pools") or {}
+    if owner is not None and name == f"{service}-{role}" and role in pools:
+        return
+    message = (
+        f"LLMPool {name} is not one the operator made: it creates each LLMService's pools "
+        "itself (`<service>-<role>`, one per role in spec.pools, owned by the service) and "
+        "reads only those, so this pool's spec.replicas sizes nothing. Delete it; for a "
+        f"{role or '<role>'} pool, set spec.pools.{role or '<role>'} on LLMService "
+        f"{service or '<service>'} and scale llmpool/{service or '<service>'}-{role or '<role>'}"
+    )
+    condition = {"type": "Ready", "status": "False", "reason": NOT_MANAGED, "message": message}
+    try:
+        kube.patch(*POOL_KIND, namespace, name, {"status": {"conditions": [condition]}}, "status")
+    except KubeError as err:
+        logger.warning("LLMPool %s: cannot say it is not managed: %s", name, err)
+        return
+    op.events.post(kube, obj, "Warning", NOT_MANAGED, message, _now())
+    logger.warning(message)
+
+
 def cache_feeder(api_version: str, kind: str) -> Callable[..., Any]:
     """A watch-event handler that keeps the store's copy of `kind` current."""
 
@@ -553,5 +606,6 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             cache_feeder(api_version, kind)
         )
     kopf.on.event(v1.GROUP, v1.VERSION, POOLS, when=replicas_changed, registry=reg)(pool_changed)
+    kopf.on.event(v1.GROUP, v1.VERSION, POOLS, when=unowned_pool, registry=reg)(stray_pool)
     kopf.daemon(*service, cancellation_timeout=10.0, registry=reg)(autoscale_loop)
     return reg

@@ -469,21 +469,56 @@ class RestKube:
         return True
 
 
+class KubeconfigError(ValueError):
+    """No usable credentials: one line saying where they were looked for and why they failed
+    (`operator run` prints it and exits; kopf's start-up logs it)."""
+
+
 def load_configuration(path: str | None) -> Any:
     """The official client's `Configuration`: from `path` when given, else in-cluster (the pod's
     ServiceAccount), else the default kubeconfig. kopf's login uses the same object, so the
-    operator's own calls and kopf's run as one identity."""
+    operator's own calls and kopf's run as one identity.
+
+    Raises:
+        KubeconfigError: none of these gives a server to call (a file that is not YAML or not
+            a kubeconfig, no current context, a context without a server, no credentials).
+    """
     import kubernetes
+    import yaml
+
+    from splitserve.api.validation import yaml_problem
 
     cfg = kubernetes.client.Configuration()
-    if path:
-        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cfg
+    if path is None or not path:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            return cfg
+        except kubernetes.config.ConfigException as err:
+            in_cluster = str(err).rstrip(".")
+        where = "~/.kube/config"
+    else:
+        where = path
     try:
-        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return cfg
+        # Without `path`: the default location (~/.kube/config; $KUBECONFIG as it was at import).
+        kubernetes.config.load_kube_config(config_file=path or None, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except yaml.YAMLError as err:
+        problem = yaml_problem(err)
+    except kubernetes.config.ConfigException as err:
+        problem = str(err).removeprefix("Invalid kube-config file. ").rstrip(".")
+    except OSError as err:  # unreadable
+        problem = f"cannot be read ({err.strerror or err})"
+    except (TypeError, AttributeError, KeyError, ValueError) as err:  # a list, a string, ...
+        problem = f"not a kubeconfig ({err})"
+    else:
+        if cfg.host:
+            return cfg
+        problem = "the current context's cluster names no server"
+    if path:
+        raise KubeconfigError(f"kubeconfig {path}: {problem}")
+    raise KubeconfigError(
+        f"no Kubernetes credentials: not in a pod ({in_cluster}), and {where}: {problem}; "
+        "give --kubeconfig or set KUBECONFIG"
+    )
 
 
 def _newer(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:

@@ -16,10 +16,11 @@ twice changes nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -784,6 +785,59 @@ _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 """A namespace name (RFC 1123 label)."""
 
 
+_JSON_TYPES: Final[Mapping[str, Callable[[Any], bool]]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+}
+
+
+@functools.cache
+def _service_spec_schema() -> Mapping[str, Any]:
+    from splitserve.api import crds
+
+    return crds.structural_schema(v1.LLMServiceSpec)
+
+
+def _type_problems(node: Mapping[str, Any], value: Any, path: str) -> Iterator[str]:
+    if value is None:  # the API server drops a null where the field is optional
+        return
+    if node.get("x-kubernetes-int-or-string"):
+        if not _JSON_TYPES["integer"](value) and not isinstance(value, str):
+            yield f"{path}: must be of type integer or string"
+        return
+    kind = node.get("type")
+    if isinstance(kind, str) and kind in _JSON_TYPES and not _JSON_TYPES[kind](value):
+        # YAML 1.1 (PyYAML, kubectl) reads an unquoted Off / On / Yes / No as a boolean.
+        read_as = [e for e in node.get("enum", []) if yaml.safe_load(str(e)) is value]
+        hint = ""
+        if read_as:
+            word = read_as[0]
+            hint = f" (YAML reads an unquoted {word} as {str(value).lower()}: write '{word}')"
+        yield f"{path}: must be of type {kind}{hint}"
+        return
+    if isinstance(value, dict):
+        props, extra = node.get("properties") or {}, node.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:  # an unknown field: the model refuses it by name
+                yield from _type_problems(sub, item, f"{path}.{key}")
+    elif isinstance(value, list) and isinstance(node.get("items"), dict):
+        for i, item in enumerate(value):
+            yield from _type_problems(node["items"], item, f"{path}[{i}]")
+
+
+def spec_type_problems(spec: Any) -> list[str]:
+    """The values of an `LLMService` spec whose JSON type the CRD's schema refuses, as the API
+    server does: `replicas: '3'`, `enabled: 'false'`, which pydantic's lax parsing would take
+    (`operator render` would show objects the cluster never gets). One line per field, naming
+    it and the type, never the value (it may be a credential)."""
+    return list(_type_problems(_service_spec_schema(), spec, "spec"))
+
+
 def render_documents(
     docs: list[Any], namespace: str | None, router_image: str, uid: str = DRY_RUN_UID
 ) -> tuple[list[Manifest], list[str]]:
@@ -792,13 +846,24 @@ def render_documents(
     no `LLMPool` exists yet, so each pool starts at the service's `replicas`."""
     out: list[Manifest] = []
     notes: list[str] = []
+    seen: dict[tuple[str, str], int] = {}
     for i, doc in enumerate(docs):
         if doc is None:
             continue
         if not isinstance(doc, dict):
             raise ValueError(f"document {i}: not a Kubernetes object")
-        kind = doc.get("kind")
-        if doc.get("apiVersion") != v1.API_VERSION or kind != "LLMService":
+        kind, api_version = doc.get("kind"), doc.get("apiVersion")
+        if str(api_version).split("/")[0] == v1.GROUP:  # ours: the API server would refuse these
+            if kind == "LLMService" and api_version != v1.API_VERSION:
+                raise ValueError(
+                    f"document {i}: an LLMService of apiVersion {api_version}: this version "
+                    f"serves {v1.API_VERSION}"
+                )
+            if kind not in ("LLMService", "LLMPool"):
+                raise ValueError(
+                    f"document {i}: kind {kind} is not a {v1.GROUP} kind (LLMService, LLMPool)"
+                )
+        if api_version != v1.API_VERSION or kind != "LLMService":
             notes.append(
                 f"document {i}: skipped {doc.get('apiVersion')} {kind} (not an LLMService)"
             )
@@ -818,6 +883,15 @@ def render_documents(
                 f"document {i}: namespace {ns!r} is not a Kubernetes namespace name (lower-case "
                 "letters, digits and '-', at most 63)"
             )
+        if (ns, name) in seen:
+            raise ValueError(
+                f"document {i}: LLMService {ns}/{name} is also document {seen[ns, name]}: one "
+                "object, applied twice (the later replaces the earlier)"
+            )
+        seen[ns, name] = i
+        problems = spec_type_problems(doc.get("spec") or {})
+        if problems:  # the API server refuses these; pydantic would coerce them
+            raise ValueError("invalid LLMService:\n" + "\n".join(f"  {p}" for p in problems))
         spec = v1.LLMServiceSpec.model_validate(doc.get("spec") or {})
         observed = Observed(ServiceRef(meta["name"], ns, uid), router_image=router_image)
         out += render(spec, observed)

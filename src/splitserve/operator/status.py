@@ -145,8 +145,26 @@ def _condition(
     )
 
 
+def _sized_to_zero_hint(service: str, mode: v1.ScalingMode, roles: list[Role]) -> str:
+    """What sizes the decode and mixed pools in `mode`, so the person knows what to change."""
+    if mode is v1.ScalingMode.MANAGED:
+        fields = " or ".join(f"spec.pools.{r.value}.minReplicas" for r in roles)
+        return (
+            f"the autoscaler starts workers when requests arrive; to keep some up, raise {fields}"
+        )
+    scale = "; ".join(
+        f"kubectl scale llmpool/{render.pool_name(service, r)} --replicas=N" for r in roles
+    )
+    who = "you" if mode is v1.ScalingMode.MANUAL else "your HPA / KEDA"
+    return f"in {mode.value} mode the LLMPools' spec.replicas decide, as {who} set them: {scale}"
+
+
 def _not_routable(
-    service: str, namespace: str, pools: Mapping[Role, v1.PoolStatus], pods: PodCounts
+    service: str,
+    namespace: str,
+    pools: Mapping[Role, v1.PoolStatus],
+    pods: PodCounts,
+    mode: v1.ScalingMode,
 ) -> tuple[bool, str, str]:
     generating = sum(p.ready for r, p in pools.items() if r.can_generate)
     if generating:
@@ -159,7 +177,7 @@ def _not_routable(
             "NoDecodeWorkers",
             "the decode and mixed pools are sized to 0: "
             + ", ".join(f"{r.value} {p.ready}/{p.desired}" for r, p in pools.items())
-            + " (raise spec.pools.decode or .mixed replicas to serve)",
+            + f" ({_sized_to_zero_hint(service, mode, [r for r in pools if r.can_generate])})",
         )
     selector = render.selector_string(render.worker_selector(service))
     if pods.total == 0:
@@ -218,7 +236,9 @@ def service_status(
     router_ready = router is not None and router.ready >= 1  # desired 0 is no router either
     if router is not None and router.ready < router.desired:
         short.append(f"router {router.ready}/{router.desired} ready")
-    blocked, nr_reason, nr_message = _not_routable(ref.name, ref.namespace, pools, pods)
+    blocked, nr_reason, nr_message = _not_routable(
+        ref.name, ref.namespace, pools, pods, spec.scaling.mode
+    )
     if not blocked and router is not None and router.desired == 0 and router.ready == 0:
         blocked, nr_reason = True, "NoRouter"
         nr_message = "spec.router.replicas is 0: no router pod serves the service"

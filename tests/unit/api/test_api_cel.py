@@ -247,3 +247,54 @@ def test_allow_overrides_on_an_offline_class_is_refused_by_both() -> None:
     ):
         assert cel_accepts(decode_spec(sloClasses=[ok])) is True
         assert pydantic_accepts(decode_spec(sloClasses=[ok])) is True
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"engine": {"image": "i", "grpcPort": 9090}}, "engine.grpcPort and engine.metricsPort"),
+        (
+            {"engine": {"image": "i", "grpcPort": 7000, "metricsPort": 7000}},
+            "engine.grpcPort and engine.metricsPort",
+        ),
+        ({"router": {"grpcPort": 8000}}, "router.httpPort and router.grpcPort"),
+        ({"router": {"httpPort": 9000, "grpcPort": 9000}}, "router.httpPort and router.grpcPort"),
+    ],
+)
+def test_two_ports_of_one_container_that_are_the_same_are_refused_by_both(
+    fields: JsonNode, says: str
+) -> None:
+    """Found by the operator probe: `engine.grpcPort: 9090` (the metrics port's default) and
+    `router.grpcPort: 8000` were accepted; the worker or router then cannot bind its second
+    port (a crash loop) and the router's Service has one port twice (the API server refuses
+    it)."""
+    spec = decode_spec(**fields)
+    assert not cel_accepts(spec), spec
+    with pytest.raises(ValidationError, match=says):
+        v1.LLMServiceSpec.model_validate(spec)
+    fine = decode_spec(engine={"image": "i", "grpcPort": 9091}, router={"grpcPort": 8001})
+    assert cel_accepts(fine)
+    assert pydantic_accepts(fine)
+
+
+@pytest.mark.parametrize(
+    "url", ["prometheus:9090", "prometheus.monitoring.svc:9090", "http://prom:9090/api/v1/query"]
+)
+def test_a_prometheus_url_the_loop_cannot_query_is_refused_by_both(url: str) -> None:
+    """Found by the operator probe: a prometheusUrl without http:// (which urllib cannot open)
+    or with the query path already in it (the loop appends /api/v1/query) was accepted; the
+    control loop then held every tick on a failed query."""
+    spec = decode_spec(scaling={"metricsSource": "Prometheus", "prometheusUrl": url})
+    with pytest.raises(ValidationError, match="prometheusUrl"):
+        v1.LLMServiceSpec.model_validate(spec)
+    schema = crds.structural_schema(v1.LLMServiceSpec)["properties"]["scaling"]
+    url_schema = schema["properties"]["prometheusUrl"]
+    import re
+
+    shape_ok = re.search(url_schema["pattern"], url) is not None
+    assert not (shape_ok and cel_accepts(spec)), spec
+    for good in ("http://prometheus.monitoring:9090", "https://thanos.example.com/prometheus/"):
+        spec = decode_spec(scaling={"metricsSource": "Prometheus", "prometheusUrl": good})
+        assert pydantic_accepts(spec), good
+        assert cel_accepts(spec), good
+        assert re.search(url_schema["pattern"], good)

@@ -82,6 +82,17 @@ CONTRADICTIONS = {
         {"operator": {"internalTls": False, "certManager": {"enabled": True}}},
         "operator.certManager.enabled",
     ),
+    # Found by the operator probe: both rendered.
+    "issuer-without-cert-manager": (  # the issuer was unused
+        ("operator.certManager.issuerRef.name=ca",),
+        {"operator": {"certManager": {"issuerRef": {"name": "ca"}}}},
+        "operator.certManager.issuerRef",
+    ),
+    "no-account-named": (  # the operator's roles were bound to the namespace's `default` account
+        ("serviceAccount.create=false",),
+        {"serviceAccount": {"create": False}},
+        "serviceAccount.name",
+    ),
     "one-port-twice": (
         ("operator.metricsPort=9000", "monitoring.operatorMetricsPort=9000"),
         {"operator": {"metricsPort": 9000}, "monitoring": {"operatorMetricsPort": 9000}},
@@ -122,3 +133,15 @@ def test_operator_pods_match_the_default_network_policy_and_pod_monitor(
     assert monitor["matchLabels"].items() <= labels.items()
     if name_override:
         assert deployment["metadata"]["name"] == f"x-{name_override}"
+
+
+@pytest.mark.parametrize("image", [" ", "reg/router 1"])
+def test_a_router_image_with_whitespace_is_refused(image: str) -> None:
+    """Found by the operator probe: `operator.routerImage=" "` rendered `--router-image= `,
+    which the operator refuses at start (a crash loop) and would have put in every router
+    Deployment before."""
+    with pytest.raises(ValidationError, match=r"router_image|routerImage"):
+        ChartValues.model_validate({"operator": {"routerImage": image}})
+    out = _template(f"operator.routerImage={image}")
+    assert out.returncode != 0, out.stdout
+    assert "routerImage" in out.stderr, out.stderr

@@ -626,3 +626,35 @@ def test_an_auth_secret_the_sim_engine_never_reads_is_refused() -> None:
         assert pydantic_accepts(ok), ok
     router = router_pod(v1.LLMServiceSpec.model_validate(hub))
     assert env_of(router["containers"][0])["HF_TOKEN"] == {"secretKeyRef": secret}
+
+
+@pytest.mark.parametrize("image", ["", " reg/vllm:7", "reg/vllm:7 ", "reg/vllm 7"])
+@pytest.mark.parametrize("field", ["engine.image", "router.image", "model.cache.downloadImage"])
+def test_an_image_that_is_empty_or_has_whitespace_is_refused_naming_the_field(
+    field: str, image: str
+) -> None:
+    """Found by the operator probe: `router.image: ""`, `engine.image: " reg/vllm:7"` and
+    `downloadImage: "reg/vllm 7"` were accepted (the API server then refused the Deployment
+    or Job, or the kubelet failed with InvalidImageName): an image reference has no
+    whitespace. Refused in the model and in the CRD's schema (the API server), naming the
+    field."""
+    import jsonschema
+    from pydantic import ValidationError
+
+    from splitserve.api import crds
+
+    model: dict[str, Any] = {"name": "m", "source": "hf://a/b@v1", "cache": {"size": "1Gi"}}
+    body: dict[str, Any] = {"model": model, "engine": {"kind": "vllm", "image": "reg/vllm:7"}}
+    where, key = field.rsplit(".", 1)
+    node = body
+    for part in where.split("."):
+        node = node.setdefault(part, {})
+    node[key] = image
+    with pytest.raises(ValidationError) as err:
+        make_spec(**body)
+    assert f"'{key}'" in str(err.value) or key in str(err.value)
+    schema = crds.structural_schema(v1.LLMServiceSpec)
+    for part in [*where.split("."), key]:
+        schema = schema["properties"][part]
+    assert jsonschema.Draft4Validator(schema).is_valid(image) is False
+    assert jsonschema.Draft4Validator(schema).is_valid("reg/vllm:7")

@@ -46,3 +46,21 @@ def test_keda_example_selects_rendered_objects(path: Path) -> None:
             assert model == served
         for service in re.findall(r'service="([^"]+)"', query):
             assert ("Service", service) in objects
+
+
+@pytest.mark.parametrize(
+    "path", [EXAMPLES / "hpa-decode.yaml", *KEDA], ids=["hpa-decode.yaml", *[p.name for p in KEDA]]
+)
+def test_autoscaler_example_bounds_are_the_pools_bounds(path: Path) -> None:
+    """Found by the operator probe: keda-router.yaml let KEDA take llama-decode down to 1
+    worker while the service it drives (llmservice-gpu.yaml) says `decode.minReplicas: 2`:
+    in External mode the HPA's bounds are the ones applied, so the example's floor was not the
+    service's."""
+    docs = list(yaml.safe_load_all((EXAMPLES / "llmservice-gpu.yaml").read_text()))
+    pools = docs[0]["spec"]["pools"]
+    scaler = yaml.safe_load(path.read_text())
+    role = scaler["spec"]["scaleTargetRef"]["name"].removeprefix(docs[0]["metadata"]["name"] + "-")
+    spec = scaler["spec"]
+    low = spec.get("minReplicas", spec.get("minReplicaCount"))
+    high = spec.get("maxReplicas", spec.get("maxReplicaCount"))
+    assert (low, high) == (pools[role]["minReplicas"], pools[role]["maxReplicas"])

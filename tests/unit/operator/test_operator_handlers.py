@@ -438,3 +438,86 @@ def test_delete_handler_removes_the_secrets_cert_manager_wrote(kube: MemoryKube)
     assert left == [("v1", "Secret", NS, "other-tls-worker")]
     deletes = [w for w in kube.writes if "tls-worker" in w]
     assert deletes == ["DELETE Certificate tiny-tls-worker", "DELETE Secret tiny-tls-worker"]
+
+
+def _pool_event(kube: MemoryKube, memo: kopf.Memo, name: str) -> bool:
+    """One watch event of LLMPool `name` through the unowned-pool handler; whether it ran."""
+    body = kube.get(v1.API_VERSION, "LLMPool", NS, name)
+    assert body is not None
+    kwargs: dict[str, Any] = {
+        "event": {"type": "ADDED", "object": body},
+        "body": kopf.Body(body),  # type: ignore[arg-type]
+        "namespace": NS,
+        "memo": object_memo(memo),
+        "logger": LOG,
+    }
+    if not handlers.unowned_pool(**kwargs):
+        return False
+    handlers.stray_pool(**kwargs)
+    return True
+
+
+def test_an_llmpool_made_by_hand_says_it_sizes_nothing(kube: MemoryKube, memo: kopf.Memo) -> None:
+    """Found by the operator probe: `kubectl apply` of an LLMPool the operator did not make (a
+    `mixed` pool the service has none of, a misnamed copy) was accepted and never read: no
+    status, no condition, no Event, while its spec.replicas sized nothing."""
+    create_service(kube)
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    for name, role in (("extra", "mixed"), ("tiny-decode2", "decode")):
+        kube.create(
+            {
+                "apiVersion": v1.API_VERSION,
+                "kind": "LLMPool",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"service": "tiny", "role": role, "replicas": 4},
+            }
+        )
+        assert _pool_event(kube, memo, name)
+        pool = kube.get(v1.API_VERSION, "LLMPool", NS, name)
+        assert pool is not None
+        [cond] = pool["status"]["conditions"]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "False", "NotManaged")
+        assert f"LLMPool {name} is not one the operator made" in cond["message"]
+        assert f"spec.pools.{role}" in cond["message"]
+        warnings = [
+            e
+            for e in kube.list("v1", "Event", NS)
+            if e["reason"] == "NotManaged" and e["involvedObject"]["name"] == name
+        ]
+        assert [e["type"] for e in warnings] == ["Warning"]
+        assert _pool_event(kube, memo, name)  # said once: the next event writes nothing
+        again = [
+            e
+            for e in kube.list("v1", "Event", NS)
+            if e["reason"] == "NotManaged" and e["involvedObject"]["name"] == name
+        ]
+        assert [e["count"] for e in again] == [1]
+    # The operator's own pools are not touched.
+    assert not _pool_event(kube, memo, "tiny-decode")
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert all(c["reason"] != "NotManaged" for c in pool["status"].get("conditions", []))
+
+
+def test_an_llmpool_made_before_its_service_is_left_to_be_adopted(
+    kube: MemoryKube, memo: kopf.Memo
+) -> None:
+    """`<service>-<role>` of a pool the service has (applied before the LLMService, as a GitOps
+    tool may): the service's reconcile adopts it; no NotManaged on it."""
+    kube.create(
+        {
+            "apiVersion": v1.API_VERSION,
+            "kind": "LLMPool",
+            "metadata": {"name": "tiny-decode", "namespace": NS},
+            "spec": {"service": "tiny", "role": "decode", "replicas": 1},
+        }
+    )
+    create_service(kube)
+    _pool_event(kube, memo, "tiny-decode")
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert "status" not in pool or not pool["status"].get("conditions")
+    handlers.reconcile_service(name="tiny", namespace=NS, memo=memo, logger=LOG)
+    pool = kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["metadata"]["ownerReferences"][0]["name"] == "tiny"

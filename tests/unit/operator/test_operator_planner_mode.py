@@ -1,7 +1,7 @@
 """`planner.mode` in the live loop against the in-memory API server: Advise reports a plan
 (status.decisions, an Event) and writes nothing else; Apply (with `scaling.mode: Manual`) writes
-it to `spec.pools`; Off does nothing; Apply with another scaling mode is refused by validation;
-no plan without signals."""
+it to the LLMPools and `spec.pools`; Off does nothing; Apply with another scaling mode is
+refused by validation; no plan without signals."""
 
 from __future__ import annotations
 
@@ -103,3 +103,26 @@ def test_plan_is_within_bounds_and_grows_with_the_rate() -> None:
             assert p.recommended >= last[role]
             last[role] = p.recommended
     assert last == {Role.PREFILL: 5, Role.DECODE: 5}
+
+
+def test_an_applied_plan_reaches_the_llmpools_that_size_manual_mode() -> None:
+    """Found by the operator probe: Apply wrote the plan to `spec.pools.<role>.replicas` only,
+    which Manual mode does not apply once the pools exist (their `spec.replicas` decides): the
+    next reconcile said `SpecApplied=False PoolReplicasDecide` ("spec.pools.prefill.replicas
+    (N) is not applied") and no worker moved. Now the pools get the plan too, so the reconcile
+    sizes the Deployments from it and the spec is applied as written."""
+    env = planner_env("Apply", "Manual")
+    result = env.tick(n=300, prompt=2000, output=200)
+    assert result.plan_applied
+    want = {r.value: p.recommended for r, p in result.plan.pools.items()}
+    assert want != {"prefill": 1, "decode": 1}
+    pools = {
+        r: env.kube.get(v1.API_VERSION, "LLMPool", "default", f"svc-{r}")["spec"]["replicas"]
+        for r in want
+    }
+    assert pools == want
+    env.reconcile()
+    applied = env.condition("SpecApplied")
+    assert (applied["status"], applied["reason"]) == ("True", "AsSpecified"), applied
+    deployment = env.kube.get("apps/v1", "Deployment", "default", "svc-w")
+    assert deployment["spec"]["replicas"] == sum(want.values())

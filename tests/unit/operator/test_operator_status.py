@@ -138,3 +138,37 @@ def test_pools_sized_to_zero_say_so() -> None:
     assert "sized to 0" in c["NotRoutable"].message
     assert "quota" not in c["NotRoutable"].message
     assert c["Ready"].reason == "NoDecodeWorkers"
+
+
+@pytest.mark.parametrize(
+    ("mode", "says", "not_says"),
+    [
+        ("Manual", "kubectl scale llmpool/tiny-decode --replicas=N", "minReplicas"),
+        ("External", "kubectl scale llmpool/tiny-decode --replicas=N", "raise spec.pools"),
+        ("Managed", "raise spec.pools.decode.minReplicas", "kubectl scale"),
+    ],
+)
+def test_pools_sized_to_zero_say_what_sizes_them_in_each_mode(
+    mode: str, says: str, not_says: str
+) -> None:
+    """Found by the operator probe: "raise spec.pools.decode or .mixed replicas to serve" in
+    every mode, but in Manual and External mode the LLMPool's spec.replicas decides (a raised
+    spec.pools value is not applied: SpecApplied=False PoolReplicasDecide), and in Managed the
+    autoscaler starts workers when requests arrive and takes a raised replicas back to
+    minReplicas."""
+    spec = SPEC.model_copy(update={"scaling": v1.ScalingSpec(mode=v1.ScalingMode(mode))})
+    st = status.service_status(
+        spec=spec,
+        ref=REF,
+        desired={Role.PREFILL: 0, Role.DECODE: 0},
+        workers=[],
+        pods=status.PodCounts(),
+        router=ROUTER_OK,
+        previous=None,
+        now="t1",
+        generation=3,
+    )
+    message = conds(st)["NotRoutable"].message
+    assert "sized to 0" in message
+    assert says in message
+    assert not_says not in message

@@ -199,11 +199,19 @@ def test_render_cli_refuses_a_name_the_api_server_refuses(
     assert "apiVersion" not in result.stdout
 
 
-@pytest.mark.parametrize("text", ["", "apiVersion: splitserve.io/v1alpha1\nkind: LLMServic\n"])
-def test_render_cli_refuses_a_file_without_an_llmservice(tmp_path: Path, text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "no LLMService"),
+        ("apiVersion: splitserve.io/v1alpha1\nkind: LLMServic\n", "kind LLMServic is not a"),
+    ],
+)
+def test_render_cli_refuses_a_file_without_an_llmservice(
+    tmp_path: Path, text: str, needle: str
+) -> None:
     # printed nothing and exit 0 (a typo in kind: only a note on stderr)
     f = tmp_path / "x.yaml"
     f.write_text(text)
     result = CliRunner().invoke(operator, ["render", "-f", str(f)])
     assert result.exit_code == 1, result.output
-    assert "no LLMService" in result.output
+    assert needle in result.output

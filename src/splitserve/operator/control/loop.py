@@ -384,7 +384,7 @@ class Controller:
         )
         result = TickResult(decision, flips, obs, interval_s=sc.interval_seconds)
         self._act(spec, svc, pool_objs, decision, result)
-        self._planner(spec, svc, obs, st, params, now, result)
+        self._planner(spec, svc, pool_objs, obs, st, params, now, result)
         self._report(spec, svc, obs, decision, flips, st, result)
         st.last_tick_s = self.clock()
         st.interval_s = sc.interval_seconds
@@ -484,6 +484,7 @@ class Controller:
         self,
         spec: v1.LLMServiceSpec,
         svc: Obj,
+        pool_objs: Mapping[Role, Obj],
         obs: Observation,
         st: _ServiceState,
         params: AutoscalerParams,
@@ -491,9 +492,10 @@ class Controller:
         result: TickResult,
     ) -> None:
         """`planner.mode`: Advise makes a plan every `planner.intervalSeconds` and reports it
-        (status.decisions, an Event); Apply also writes it to `spec.pools.<role>.replicas`
-        (only with `scaling.mode: Manual`, which the spec's validation requires). Without usable
-        signals there is no plan; the next tick tries again."""
+        (status.decisions, an Event); Apply also writes it to each `LLMPool`'s `spec.replicas`
+        (what Manual mode sizes from) and to `spec.pools.<role>.replicas` (only with
+        `scaling.mode: Manual`, which the spec's validation requires). Without usable signals
+        there is no plan; the next tick tries again."""
         mode = spec.planner.mode
         if mode is v1.PlannerMode.OFF:
             st.last_plan_s = None
@@ -507,13 +509,25 @@ class Controller:
         result.plan = plan
         if mode is not v1.PlannerMode.APPLY or spec.scaling.mode is not v1.ScalingMode.MANUAL:
             return
+        md = svc["metadata"]
+        # Manual mode sizes each pool from its LLMPool's spec.replicas (spec.pools only seeds a
+        # new pool): the plan goes there, as `kubectl scale` would, and to spec.pools, so the
+        # service says what runs (written there only, it was never applied).
+        for role, p in plan.pools.items():
+            obj = pool_objs.get(role)
+            if obj is not None and (obj.get("spec") or {}).get("replicas") != p.recommended:
+                pool_name = render.pool_name(md["name"], role)
+                self.kube.patch(
+                    *POOL, md["namespace"], pool_name, {"spec": {"replicas": p.recommended}}
+                )
+                result.wrote.append(f"plan {pool_name} spec.replicas={p.recommended}")
         changes = {
             r.value: {"replicas": p.recommended}
             for r, p in plan.pools.items()
-            if p.recommended != p.current
+            if getattr(spec.pools, r.value) is not None
+            and getattr(spec.pools, r.value).replicas != p.recommended
         }
         if changes:
-            md = svc["metadata"]
             self.kube.patch(*SERVICE, md["namespace"], md["name"], {"spec": {"pools": changes}})
             result.wrote.append(
                 "plan spec.pools " + ", ".join(f"{r}={c['replicas']}" for r, c in changes.items())
