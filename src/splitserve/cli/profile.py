@@ -209,7 +209,11 @@ def profile(
         try:
             samples = parse_samples_csv(from_samples.read_text().splitlines())
         except ValueError as err:  # a ValueError / UnicodeDecodeError traceback
-            raise click.BadParameter(str(err), param_hint="--from-samples") from err
+            raise click.BadParameter(f"{from_samples}: {err}", param_hint="--from-samples") from err
+        if not samples:  # was exit 1, "cannot build a table: no usable samples", no file named
+            raise click.BadParameter(
+                f"{from_samples}: holds no samples", param_hint="--from-samples"
+            )
         source = f"samples from {from_samples}"
     else:
         if not address:
