@@ -7,6 +7,7 @@ label a steps-method table "whole step periods" (the `outside` method's meaning)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -242,3 +243,25 @@ def test_a_samples_file_without_samples_is_refused_naming_it(tmp_path: Path, tex
     assert r.exit_code == 2, r.output
     assert "holds no samples" in r.output
     assert "samples.csv" in r.output
+
+
+def test_samples_that_all_took_no_time_are_kept_and_the_reason_is_said(tmp_path: Path) -> None:
+    """A sim worker started with --sim-time-scale 0 prices every step 0 s: the live run measured
+    every cell, then failed with 'cannot build a table: no usable samples (all empty or
+    non-positive)' and wrote nothing, the measurement lost."""
+    import click
+
+    from splitserve.cli.profile import _write
+    from splitserve.worker.profiler import ProfileStats
+
+    zero = [dataclasses.replace(m, seconds=0.0) for m in _samples()]
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = [(1, 10.0, 0.0, BatchShape(decode_contexts=(64,)))]
+    with pytest.raises(click.ClickException) as err:
+        _write(out, zero, "worker x", ProfileStats(), 4, steps=steps)
+    assert "took 0 s" in err.value.message
+    assert "--sim-time-scale 0" in err.value.message
+    assert str(out / "samples.csv") in err.value.message
+    assert len((out / "samples.csv").read_text().splitlines()) == len(zero) + 1
+    assert (out / "steps.csv").exists()
