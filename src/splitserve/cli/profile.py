@@ -209,7 +209,11 @@ def profile(
         try:
             samples = parse_samples_csv(from_samples.read_text().splitlines())
         except ValueError as err:  # a ValueError / UnicodeDecodeError traceback
-            raise click.BadParameter(str(err), param_hint="--from-samples") from err
+            raise click.BadParameter(f"{from_samples}: {err}", param_hint="--from-samples") from err
+        if not samples:  # was exit 1, "cannot build a table: no usable samples", no file named
+            raise click.BadParameter(
+                f"{from_samples}: holds no samples", param_hint="--from-samples"
+            )
         source = f"samples from {from_samples}"
     else:
         if not address:
@@ -322,11 +326,27 @@ def _write(
     steps: list[ReportedStep] | None = None,
     earlier: dict[str, object] | None = None,
 ) -> list[Path]:
+    files = [out_dir / "samples.csv", out_dir / "profile.csv", out_dir / "fit.json"]
+    if from_samples is None or from_samples.resolve() != files[0].resolve():
+        # First: a measurement the table cannot be built from is kept (it was lost)
+        files[0].write_text("\n".join(samples_csv(samples)) + "\n")
+    if steps:
+        files.append(out_dir / "steps.csv")
+        files[-1].write_text("\n".join(steps_csv(steps)) + "\n")
     try:
         table = build_table(samples)
         ev = evaluate(samples, holdout_every)
     except ValueError as err:
-        raise click.ClickException(f"cannot build a table: {err}") from err
+        why = str(err)
+        if samples and all(m.seconds == 0 for m in samples):
+            why = (
+                f"every one of the {len(samples)} samples took 0 s (a sim worker started with "
+                "--sim-time-scale 0 prices every step 0 s: profile one with a time scale > 0)"
+            )
+        kept = ", ".join(str(f) for f in (files[0], *files[3:]))
+        raise click.ClickException(
+            f"cannot build a table: {why}; the samples are in {kept}"
+        ) from err
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     earlier = earlier or {}
     method = stats.method if stats is not None else str(earlier.get("method") or "")
@@ -334,9 +354,6 @@ def _write(
         f"splitserve profile of {source}, {stamp}" + (f" (method {method})" if method else ""),
         _SECONDS.get(method, _SECONDS[""]),
     ]
-    files = [out_dir / "samples.csv", out_dir / "profile.csv", out_dir / "fit.json"]
-    if from_samples is None or from_samples.resolve() != files[0].resolve():
-        files[0].write_text("\n".join(samples_csv(samples)) + "\n")
     files[1].write_text("\n".join(table_csv(table, notes)) + "\n")
     summary = ev.summary()
     if stats is not None:
@@ -353,8 +370,6 @@ def _write(
         summary |= {k: earlier[k] for k in _CARRIED if k in earlier}
     if steps:
         summary["steps"] = fit_steps(steps, table.model) | {"dropped": _dropped(stats)}
-        files.append(out_dir / "steps.csv")
-        files[-1].write_text("\n".join(steps_csv(steps)) + "\n")
     summary["source"] = source
     summary["samples"] = len(samples)
     files[2].write_text(json.dumps(_finite(summary), indent=2) + "\n")

@@ -223,8 +223,8 @@ def validate_cmd(
             "--speed-trace and --run-steps both scale the steps: give one, not both "
             "(--run-steps has each worker's speed over the run)"
         )
-    try:
-        runner.load_cluster(cluster_file)
+    try:  # the profile and pools too (a bad latency_profile was exit 1, after the checks)
+        runner.cluster_of(runner.load_cluster(cluster_file), cluster_file.parent)
     except ConfigError as err:  # was pydantic's block, or a YAML parser traceback
         raise click.BadParameter(str(err), param_hint="--cluster") from err
     _check_recording(recording)

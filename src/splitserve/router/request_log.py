@@ -1,17 +1,19 @@
 """Router-side per-request log: one JSON line per finished request, for `splitserve sim validate`.
 
 Turned on by `SPLITSERVE_REQUEST_LOG=<path>` in the router's environment (or a `RequestLog`
-handed to `RouterServer`); appends to the file, one line per request that produced a final
-chunk or failed, flushed per line. The format (documented in docs/simulator.md, read back by
-`splitserve.sim.validate`):
+handed to `RouterServer`); appends to the file, one line per request that produced its final
+chunk (outcome `ok`), flushed per line. A request that failed or was cancelled (the client left)
+is not written: its load on the workers is not in a replay of the log (the router's
+`splitserve_router_requests_total` counts them by outcome). The format (documented in
+docs/simulator.md, read back by `splitserve.sim.validate`):
 
     {"id": "...", "arrival_s": 12.345, "prompt_tokens": 512, "output_tokens": 64,
-     "ttft_s": 0.081, "tpot_s": 0.0213, "latency_s": 1.423, "path": "pd", "outcome": "ok"}
+     "ttft_s": 0.081, "tpot_s": 0.0213, "latency_s": 1.423, "path": "disaggregated",
+     "outcome": "ok"}
 
 `arrival_s` is the router clock's reading when the request was built (only differences matter);
 `ttft_s` is arrival to the first token leaving the dispatcher; `tpot_s` is (latency - ttft) /
-(output_tokens - 1), null for one-token outputs; times are seconds. A failed or cancelled request
-is written with its outcome and nulls where nothing was measured.
+(output_tokens - 1), null for one-token outputs; times are seconds.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from splitserve.core.perf import (
     LinkedModel,
     OverheadModel,
     RooflineModel,
+    TimeScaledModel,
     build_latency_model,
     kv_link,
     parse_profile_csv,
@@ -403,9 +404,11 @@ def cluster_spec(cfg: ClusterConfig, profile_lines: Iterable[str] | None = None)
             raise ConfigError(f"bad latency profile: {err}") from err
         if cfg.kv_link is not None:
             try:
-                latency = LinkedModel(latency, kv_link(cfg.kv_link), cfg.time_scale)
+                latency = LinkedModel(latency, kv_link(cfg.kv_link))
             except ValueError as err:
                 raise ConfigError(str(err)) from err
+        if cfg.time_scale != 1:  # was ignored for a profile's steps (a named model takes it)
+            latency = TimeScaledModel(latency, cfg.time_scale)
     for index, pool in enumerate(cfg.pools):
         _check_tp(cfg, index, pool)
         _check_policy(index, pool)

@@ -95,14 +95,22 @@ def _lines(path_text: str | None, base: Path, key: str = "") -> list[str] | None
     path = Path(path_text)
     if not path.is_absolute():
         path = base / path
+    where = "" if Path(path_text).is_absolute() else " (relative to the file's directory)"
     try:
-        with path.open() as f:
+        with path.open(encoding="utf-8") as f:
             return f.readlines()
     except OSError as err:  # was a FileNotFoundError / IsADirectoryError traceback
+        raise ConfigError(f"{key} {path_text!r} ({path}): {err.strerror or err}{where}") from None
+    except UnicodeDecodeError as err:  # was "'utf-8' codec can't decode ...", naming no file
         raise ConfigError(
-            f"{key} {path_text!r} ({path}): {err.strerror or err}"
-            + ("" if Path(path_text).is_absolute() else " (relative to the file's directory)")
+            f"{key} {path_text!r} ({path}): not UTF-8 text (byte {err.start}){where}"
         ) from None
+
+
+def cluster_of(cfg: ClusterConfig, base_dir: Path) -> ClusterSpec:
+    """The cluster `cfg` describes, its `latency_profile` read relative to `base_dir`: a
+    `ConfigError` for a profile that cannot be read or parsed, or pools it cannot run."""
+    return cluster_spec(cfg, _lines(cfg.latency_profile, base_dir, "latency_profile"))
 
 
 def run_scenario(
@@ -111,7 +119,7 @@ def run_scenario(
     """Simulate the scenario at its configured rate (and search goodput if asked)."""
     trace = cfg.workload.trace.path if cfg.workload.trace else None
     lines = _lines(trace, base_dir, "workload.trace.path")
-    spec = cluster_spec(cfg, _lines(cfg.latency_profile, base_dir, "latency_profile"))
+    spec = cluster_of(cfg, base_dir)
     slos = slo_classes(cfg)
     items = build_workload(cfg.workload, lines)
     if cfg.goodput is not None:  # refused before the run: a trace of no span cannot be paced
@@ -257,7 +265,7 @@ def run_validation(
     if speed_trace is not None and run_steps is not None:
         raise ValueError("give either a speed trace or the run's steps, not both")
     cfg = load_cluster(cluster)
-    spec = cluster_spec(cfg, _lines(cfg.latency_profile, cluster.parent, "latency_profile"))
+    spec = cluster_of(cfg, cluster.parent)
     with recording.open() as f:
         rec = parse_recording(f)
     speed = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -100,13 +101,27 @@ def parse_speed_trace(lines: Iterable[str]) -> SpeedTrace:
                 raise ValueError(
                     f"speed trace line {number}: needs reference_start_s and reference_end_s"
                 ) from err
+            if not all(math.isfinite(v) for v in window):  # JSON's NaN / Infinity parse
+                raise ValueError(
+                    f"speed trace line {number}: reference_start_s and reference_end_s must be "
+                    f"finite numbers, got {window[0]} and {window[1]}"
+                )
+            if window[0] > window[1]:
+                raise ValueError(
+                    f"speed trace line {number}: reference_start_s {window[0]} is after "
+                    f"reference_end_s {window[1]}"
+                )
             continue
         try:
             t, p = float(row["t_s"]), float(row["probe_s"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"speed trace line {number}: needs numbers t_s and probe_s") from err
-        if p <= 0:
-            raise ValueError(f"speed trace line {number}: probe_s must be > 0")
+        if not math.isfinite(t):  # a NaN time sorted anywhere
+            raise ValueError(f"speed trace line {number}: t_s must be a finite number, got {t}")
+        if not (math.isfinite(p) and p > 0):  # a NaN probe priced every step NaN
+            raise ValueError(
+                f"speed trace line {number}: probe_s must be a finite number > 0, got {p}"
+            )
         samples.append((t, p))
     if not samples:
         raise ValueError("speed trace has no probes")

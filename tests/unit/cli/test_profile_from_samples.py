@@ -7,6 +7,7 @@ label a steps-method table "whole step periods" (the `outside` method's meaning)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -180,3 +181,87 @@ def test_an_out_it_cannot_make_is_refused_before_measuring(monkeypatch: pytest.M
     r = CliRunner().invoke(profile, ["--worker", "127.0.0.1:1", "--out", out])
     assert r.exit_code == 2, r.output
     assert "--out" in r.output
+
+
+def _edit(row: str, column: str, value: str) -> str:
+    from splitserve.core.perf.samples import SAMPLE_COLUMNS
+
+    parts = row.split(",")
+    parts[SAMPLE_COLUMNS.index(column)] = value
+    return ",".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("seconds", "nan"),  # the row was dropped without a word
+        ("seconds", "inf"),
+        ("seconds", "-0.01"),
+        ("spread_s", "nan"),
+        ("batch_size", "-4"),  # a cell of its own, '16 samples in 9 cells' from 8
+        ("batch_size", "0"),
+        ("prompt_tokens", "0"),
+        ("rep", "-1"),
+        ("new_tokens", "999"),  # derived from chunks / contexts: a changed value was ignored
+        ("prefill_work", "1.5"),
+        ("decode_context_sum", "7"),
+        ("chunks", "-64:0"),
+        ("chunks", "64:x"),
+    ],
+)
+def test_a_sample_with_a_bad_value_is_refused_naming_its_line_and_column(
+    tmp_path: Path, column: str, value: str
+) -> None:
+    d = _profile_dir(tmp_path, None)
+    lines = (d / "samples.csv").read_text().splitlines()
+    lines[1] = _edit(lines[1], column, value)  # line 2: a prefill sample (1 x 64)
+    (d / "samples.csv").write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(profile, ["--from-samples", str(d / "samples.csv"), "--out", str(d)])
+    assert r.exit_code == 2, r.output
+    assert "--from-samples" in r.output
+    assert f"line 2: {column}" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_a_decode_sample_with_contexts_other_than_its_batch_is_refused(tmp_path: Path) -> None:
+    d = _profile_dir(tmp_path, None)
+    lines = (d / "samples.csv").read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("decode,4,"))
+    lines[at] = _edit(_edit(lines[at], "contexts", "64;64"), "decode_context_sum", "128")
+    (d / "samples.csv").write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(profile, ["--from-samples", str(d / "samples.csv"), "--out", str(d)])
+    assert r.exit_code == 2, r.output
+    assert f"line {at + 1}: contexts" in r.output
+
+
+@pytest.mark.parametrize("text", ["", "kind,batch_size\n# nothing\n"])
+def test_a_samples_file_without_samples_is_refused_naming_it(tmp_path: Path, text: str) -> None:
+    # was exit 1: "cannot build a table: no usable samples (all empty or non-positive)"
+    src = tmp_path / "samples.csv"
+    src.write_text(text)
+    r = CliRunner().invoke(profile, ["--from-samples", str(src), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2, r.output
+    assert "holds no samples" in r.output
+    assert "samples.csv" in r.output
+
+
+def test_samples_that_all_took_no_time_are_kept_and_the_reason_is_said(tmp_path: Path) -> None:
+    """A sim worker started with --sim-time-scale 0 prices every step 0 s: the live run measured
+    every cell, then failed with 'cannot build a table: no usable samples (all empty or
+    non-positive)' and wrote nothing, the measurement lost."""
+    import click
+
+    from splitserve.cli.profile import _write
+    from splitserve.worker.profiler import ProfileStats
+
+    zero = [dataclasses.replace(m, seconds=0.0) for m in _samples()]
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = [(1, 10.0, 0.0, BatchShape(decode_contexts=(64,)))]
+    with pytest.raises(click.ClickException) as err:
+        _write(out, zero, "worker x", ProfileStats(), 4, steps=steps)
+    assert "took 0 s" in err.value.message
+    assert "--sim-time-scale 0" in err.value.message
+    assert str(out / "samples.csv") in err.value.message
+    assert len((out / "samples.csv").read_text().splitlines()) == len(zero) + 1
+    assert (out / "steps.csv").exists()

@@ -172,3 +172,25 @@ def test_tetriinfer_v100_model_against_the_papers_own_prefill_interference() -> 
     for o, w, p in zip(ours, whole, paper, strict=True):
         assert abs(o / p - 1) <= 0.25
         assert abs(o / p - 1) < abs(w / p - 1)
+
+
+PROFILE = [
+    "component,x,seconds",
+    *(f"{c},1,0.001\n{c},4096,0.01" for c in ("gemm", "prefill_attention", "decode_attention")),
+]
+
+
+@pytest.mark.parametrize("link", [None, "nixl-loopback-cpu"])
+def test_time_scale_multiplies_a_profile_as_it_does_a_named_model(link: str | None) -> None:
+    """`time_scale: 2` beside `latency_profile` was ignored for the steps (a run priced exactly
+    as at 1) while a named model's steps doubled; with `kv_link` only the transfer was scaled."""
+    from splitserve.core.perf import BatchShape
+
+    lines = "\n".join(PROFILE).splitlines()
+    extra = {"kv_link": link} if link else {}
+    one = cluster_spec(ScenarioConfig.model_validate({**BASE, **extra}), lines)
+    two = cluster_spec(ScenarioConfig.model_validate({**BASE, **extra, "time_scale": 2}), lines)
+    batch = BatchShape(prefill_chunks=((512, 0),), decode_contexts=(100, 900))
+    a, b = one.pools[0].worker.latency, two.pools[0].worker.latency
+    assert b.step_s(batch) == pytest.approx(2 * a.step_s(batch))
+    assert b.kv_transfer_s(1 << 20) == pytest.approx(2 * a.kv_transfer_s(1 << 20))

@@ -278,6 +278,57 @@ def test_a_file_the_scenario_names_that_cannot_be_read_is_named(
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("key", ["trace", "latency_profile"])
+def test_a_file_the_scenario_names_that_is_not_utf8_is_named(tmp_path: Path, key: str) -> None:
+    # was `Error: 'utf-8' codec can't decode byte 0xff ...`, naming neither key nor file
+    (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00gemm,1,0.01\n")
+    if key == "trace":
+        cfg = _scenario(tmp_path, workload={"arrival": "trace", "trace": {"path": "bin.csv"}})
+        named = "workload.trace.path"
+    else:
+        cfg = _scenario(tmp_path, latency_profile="bin.csv")
+        named = "latency_profile"
+    res = CliRunner().invoke(sim, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert f"{named} 'bin.csv'" in res.output
+    assert "UTF-8" in res.output
+    assert "Traceback" not in res.output
+
+
+PROFILE_ROWS = [
+    "component,x,seconds",
+    "gemm,1,0.010",
+    "gemm,512,0.050",
+    "prefill_attention,1000,0.001",
+    "decode_attention,1000,0.002",
+]
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_latency_profile_with_a_nan_is_refused_naming_its_line(
+    tmp_path: Path, command: str
+) -> None:
+    """A NaN in `seconds` priced every step NaN: `sim run` finished every request with no
+    latency and 0 % attainment, and said nothing."""
+    (tmp_path / "p.csv").write_text("\n".join([*PROFILE_ROWS, "gemm,128,nan"]) + "\n")
+    cfg = _scenario(tmp_path, latency_profile="p.csv")
+    if command == "run":
+        argv = ["run", str(cfg)]
+    else:
+        rec = tmp_path / "run.jsonl"
+        row = {"arrival_s": 0, "prompt_tokens": 16, "output_tokens": 4}
+        rec.write_text(json.dumps({**row, "ttft_s": 0.05, "latency_s": 0.2}) + "\n")
+        cluster = yaml.safe_load(cfg.read_text())
+        for key in ("workload", "slo_classes", "name"):
+            cluster.pop(key, None)
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+        argv = ["validate", str(rec), "--cluster", str(tmp_path / "c.yaml")]
+    res = CliRunner().invoke(sim, argv)
+    assert res.exit_code == 2, res.output
+    assert "line 6: seconds must be a finite number >= 0, got 'nan'" in res.output
+    assert "Traceback" not in res.output
+
+
 @pytest.mark.parametrize("text", ["a: [\n", "model: tiny\nbogus: 1\n"])
 def test_validate_names_a_bad_cluster_file(tmp_path: Path, text: str) -> None:
     rec, cluster = tmp_path / "run.jsonl", tmp_path / "c.yaml"

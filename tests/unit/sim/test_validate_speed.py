@@ -95,11 +95,24 @@ def test_factor_is_the_local_median_over_the_reference() -> None:
         ([], "no probes"),
         (["{nope"], "line 1: not JSON"),
         (['{"t_s": 1}'], "line 1: needs numbers"),
-        (['{"t_s": 1, "probe_s": 0}'], "probe_s must be > 0"),
+        (['{"t_s": 1, "probe_s": 0}'], "probe_s must be a finite number > 0"),
         (['{"t_s": 1, "probe_s": 1}', '{"reference_start_s": 5}'], "line 2: needs"),
         (
             ['{"t_s": 1, "probe_s": 1}', '{"reference_start_s": 5, "reference_end_s": 6}'],
             "no probe inside the reference window",
+        ),
+        # NaN / Infinity parse as JSON numbers: a NaN probe priced every step NaN (a report of
+        # '-' and '+nan %' with no error), a NaN time sorted anywhere
+        (['{"t_s": 1, "probe_s": NaN}'], "line 1: probe_s must be a finite number > 0"),
+        (['{"t_s": 1, "probe_s": Infinity}'], "line 1: probe_s must be a finite number > 0"),
+        (['{"t_s": NaN, "probe_s": 1}'], "line 1: t_s must be a finite number"),
+        (
+            ['{"t_s": 1, "probe_s": 1}', '{"reference_start_s": NaN, "reference_end_s": 6}'],
+            "line 2: reference_start_s and reference_end_s must be finite",
+        ),
+        (
+            ['{"t_s": 1, "probe_s": 1}', '{"reference_start_s": 6, "reference_end_s": 0}'],
+            "line 2: reference_start_s 6.0 is after reference_end_s 0.0",
         ),
     ],
 )

@@ -10,6 +10,7 @@ from splitserve.core.perf.catalog import (
     LinkedModel,
     OverheadModel,
     RescaledModel,
+    TimeScaledModel,
     build_latency_model,
 )
 from splitserve.core.perf.distserve import DistServeModel
@@ -42,6 +43,7 @@ __all__ = [
     "RescaledModel",
     "RooflineModel",
     "StepSample",
+    "TimeScaledModel",
     "VidurModel",
     "build_latency_model",
     "fit",

@@ -19,6 +19,7 @@ others.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -60,6 +61,30 @@ class LinkedModel:
 
     def kv_transfer_s(self, num_bytes: int) -> float:
         return self.link.transfer_s(num_bytes) * self.time_scale
+
+
+@dataclass(frozen=True, slots=True)
+class TimeScaledModel:
+    """Any latency model with its steps and KV transfers multiplied by `time_scale` (the
+    scenario's `time_scale`, which the named models take when built; a profile is read as
+    measured and scaled here)."""
+
+    base: LatencyModel
+    time_scale: float
+
+    def __post_init__(self) -> None:
+        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ValueError(f"time scale must be a finite number > 0, got {self.time_scale}")
+
+    @property
+    def ready(self) -> bool:
+        return self.base.ready
+
+    def step_s(self, batch: BatchShape) -> float:
+        return self.base.step_s(batch) * self.time_scale
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return self.base.kv_transfer_s(num_bytes) * self.time_scale
 
 
 @dataclass(frozen=True, slots=True)

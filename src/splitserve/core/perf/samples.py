@@ -410,31 +410,96 @@ def samples_csv(samples: Iterable[Measurement]) -> list[str]:
 
 
 def parse_samples_csv(lines: Iterable[str]) -> list[Measurement]:
+    """The samples `samples_csv` wrote. A row that is not one is a ValueError naming its line
+    and column: counts are whole numbers (batch size and prompt tokens >= 1), seconds and spread
+    finite and >= 0, a prefill sample's chunks are its batch of `prompt_tokens`-token chunks, a
+    decode sample's contexts one per request, and the derived columns (`new_tokens`,
+    `prefill_work`, `decode_context_sum`) agree with them (they were ignored, so an edited one
+    changed nothing without a word; a NaN or negative `seconds` dropped its sample)."""
     out: list[Measurement] = []
-    for raw in lines:
+    for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith(("#", "kind,")):
             continue
         parts = line.split(",")
         if len(parts) != len(SAMPLE_COLUMNS) or parts[0] not in ("prefill", "decode"):
-            raise ValueError(f"bad sample row {line!r}; want {','.join(SAMPLE_COLUMNS)}")
-        chunks = tuple(
-            (int(n), int(ctx)) for n, ctx in (c.split(":") for c in parts[9].split(";") if c)
-        )
-        contexts = tuple(int(c) for c in parts[10].split(";") if c)
-        kind: ProbeKind = "prefill" if parts[0] == "prefill" else "decode"
-        out.append(
-            Measurement(
-                kind,
-                int(parts[1]),
-                int(parts[2]),
-                int(parts[3]),
-                BatchShape(chunks, contexts),
-                float(parts[7]),
-                float(parts[8]),
+            raise ValueError(
+                f"line {number}: bad sample row {line!r}; want {','.join(SAMPLE_COLUMNS)}"
             )
-        )
+        out.append(_sample_row(dict(zip(SAMPLE_COLUMNS, parts, strict=True)), number))
     return out
+
+
+def _sample_row(row: dict[str, str], number: int) -> Measurement:
+    def bad(column: str, want: str) -> ValueError:
+        return ValueError(f"line {number}: {column} {want}, got {row[column]!r}")
+
+    def count(column: str, least: int) -> int:
+        try:
+            value = int(row[column])
+        except ValueError:
+            raise bad(column, f"must be a whole number >= {least}") from None
+        if value < least:
+            raise bad(column, f"must be a whole number >= {least}")
+        return value
+
+    def seconds(column: str) -> float:
+        try:
+            value = float(row[column])
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise bad(column, "must be finite and >= 0")
+        return value
+
+    def ints(text: str, column: str, least: int) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(";") if v)
+        except ValueError:
+            raise bad(column, f"must be whole numbers >= {least}") from None
+        if any(v < least for v in values):
+            raise bad(column, f"must be whole numbers >= {least}")
+        return values
+
+    kind: ProbeKind = "prefill" if row["kind"] == "prefill" else "decode"
+    batch_size = count("batch_size", 1)
+    prompt_tokens = count("prompt_tokens", 1)
+    rep = count("rep", 0)
+    chunks: list[tuple[int, int]] = []
+    for chunk in row["chunks"].split(";"):
+        if not chunk:
+            continue
+        n, sep, ctx = chunk.partition(":")
+        pair = ints(f"{n};{ctx}", "chunks", 0) if sep else ()
+        if len(pair) != 2 or pair[0] < 1:
+            raise bad("chunks", "must be NEW:CONTEXT pairs (NEW >= 1, CONTEXT >= 0) split by ';'")
+        chunks.append((pair[0], pair[1]))
+    contexts = ints(row["contexts"], "contexts", 0)
+    if kind == "prefill" and (chunks != [(prompt_tokens, 0)] * batch_size or contexts):
+        raise bad("chunks", f"of a prefill sample must be {batch_size} x {prompt_tokens}:0")
+    if kind == "decode" and (chunks or len(contexts) != batch_size):
+        raise bad("contexts", f"of a decode sample must be {batch_size} contexts")
+    batch = BatchShape(tuple(chunks), contexts)
+    if count("new_tokens", 0) != batch.num_new_tokens:
+        raise bad("new_tokens", f"must be the batch's {batch.num_new_tokens}")
+    work = prefill_attention_work(batch)
+    try:
+        stated = float(row["prefill_work"])
+    except ValueError:
+        stated = math.nan
+    if not math.isclose(stated, work, rel_tol=1e-9, abs_tol=1e-9):
+        raise bad("prefill_work", f"must be the batch's {work!r}")
+    if count("decode_context_sum", 0) != sum(contexts):
+        raise bad("decode_context_sum", f"must be the batch's {sum(contexts)}")
+    return Measurement(
+        kind,
+        batch_size,
+        prompt_tokens,
+        rep,
+        batch,
+        seconds("seconds"),
+        seconds("spread_s"),
+    )
 
 
 # -- worker-reported steps ----------------------------------------------------------------------

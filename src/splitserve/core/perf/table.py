@@ -16,6 +16,7 @@ Pure: parsing takes lines, never paths. Curves must be non-decreasing, so the mo
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -147,21 +148,37 @@ def _monotone(ys: Iterable[float]) -> list[float]:
     return out
 
 
+def _number(text: str, name: str, number: int, line: str) -> float:
+    """A finite number >= 0 (NaN would price every step NaN; a negative one bends the curve)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"line {number}: {name} must be a finite number >= 0, got {text!r} (row {line!r})"
+        )
+    return value
+
+
 def parse_profile_csv(lines: Iterable[str], overhead_s: float = 0.0) -> ProfiledModel:
     """Rows `component,x,seconds` (header optional); components: gemm, prefill_attention,
-    decode_attention. Duplicate xs are averaged."""
+    decode_attention. Duplicate xs are averaged. x and seconds must be finite numbers >= 0
+    (ValueError naming the line)."""
     points: dict[str, dict[float, list[float]]] = {c: {} for c in COMPONENTS}
-    for raw in lines:
+    for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith("#") or line.lower().startswith("component"):
             continue
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 3 or parts[0] not in points:
             raise ValueError(
-                f"bad profile row {line!r}; want component,x,seconds with component "
-                f"in {', '.join(COMPONENTS)}"
+                f"line {number}: bad profile row {line!r}; want component,x,seconds with "
+                f"component in {', '.join(COMPONENTS)}"
             )
-        points[parts[0]].setdefault(float(parts[1]), []).append(float(parts[2]))
+        x = _number(parts[1], "x", number, line)
+        seconds = _number(parts[2], "seconds", number, line)
+        points[parts[0]].setdefault(x, []).append(seconds)
     curves: dict[str, ProfileCurve] = {}
     for comp, by_x in points.items():
         if not by_x:

@@ -162,6 +162,8 @@ class AccelGenParams:
             raise ValueError("max_budget_tokens must be >= min_budget_tokens")
         if self.gamma_s < 0 or self.urgent_margin < 0 or self.pivot_time_s < 0:
             raise ValueError("gamma_s, urgent_margin and pivot_time_s must be >= 0")
+        if self.preempt_max_s < 0 or not 0 <= self.preempt_prob <= 1:
+            raise ValueError("preempt_max_s must be >= 0 and preempt_prob in [0, 1]")
         if self.t_max_window < 1 or self.long_prompt_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("t_max_window, long_prompt_tokens and max_num_seqs must be >= 1")
         if not self.slo_classes:

@@ -107,6 +107,8 @@ class AliseParams:
             raise ValueError("aging_s, decode_s_per_step and pcie_bytes_per_s must be > 0")
         if self.prefill_s_per_token < 0 or self.decode_s_per_context_token < 0:
             raise ValueError("time coefficients must be >= 0")
+        if self.kv_bytes_per_token < 1:
+            raise ValueError("kv_bytes_per_token must be >= 1")
         if min(self.max_output_tokens, self.max_num_batched_tokens, self.max_num_seqs) < 1:
             raise ValueError("max_output_tokens, max_num_batched_tokens, max_num_seqs must be >= 1")
         if self.preemption not in ("recompute", "swap"):

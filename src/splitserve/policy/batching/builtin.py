@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -58,6 +59,8 @@ def checked_batching_policy(name: str, params: Mapping[str, Any]) -> BatchingPol
             want = hints.get(key)
             if want is not None and not _has_type(value, want):
                 raise ValueError(f"{key} must be {_type_name(want)}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):  # NaN passed every range
+                raise ValueError(f"{key} must be a finite number, got {value!r}")
     return make_batching_policy(name, **params)
 
 

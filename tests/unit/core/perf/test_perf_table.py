@@ -92,3 +92,31 @@ def test_kv_transfer_follows_the_link() -> None:
     assert TABLE.kv_transfer_s(25 * 10**9) == pytest.approx(
         ROOF.kv_transfer_s(25 * 10**9), rel=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        ("gemm,128,nan", "seconds"),
+        ("gemm,128,inf", "seconds"),
+        ("gemm,128,-0.01", "seconds"),
+        ("gemm,128,abc", "seconds"),
+        ("gemm,nan,0.02", "x"),
+        ("gemm,-128,0.02", "x"),
+        ("gemm,,0.02", "x"),
+        ("decode_attention,1000,", "seconds"),
+    ],
+)
+def test_parse_profile_csv_refuses_a_bad_number_naming_its_line(row: str, why: str) -> None:
+    """A NaN seconds priced every step NaN (a run of 0 % attainment and no latencies), a
+    negative one was silently raised to its neighbour, a negative x moved the curve."""
+    rows = [
+        "component,x,seconds",
+        "gemm,1,0.010",
+        "gemm,512,0.050",
+        "prefill_attention,1000,0.001",
+        "decode_attention,1000,0.002",
+        row,
+    ]
+    with pytest.raises(ValueError, match=rf"line 6: {why} .*{row.split(',')[0]}"):
+        parse_profile_csv(rows)
