@@ -255,6 +255,9 @@ def _reconcile(
         queued,
         flip.FlipParams(spec.flipping.enabled, spec.flipping.max_concurrent),
     )
+    stuck = _flipping_disabled(spec, observed_workers, desired, namespace)
+    if stuck is not None:
+        overrides.insert(0, ("FlippingDisabled", stuck))  # it explains a pool left short
     for reason in plan.reasons:
         log.info("%s/%s: %s", namespace, name, reason)
         if reason.startswith(("assign ", "flip ")):
@@ -463,6 +466,38 @@ def _bounds_edited(manifest: Obj, live: Obj | None) -> str | None:
     )
 
 
+def _flipping_disabled(
+    spec: v1.LLMServiceSpec,
+    workers: Sequence[flip.WorkerObs],
+    desired: Mapping[Role, int],
+    namespace: str,
+) -> str | None:
+    """Why a pool stays short with `flipping.enabled: false`, if it does: another role holds
+    workers beyond its pool that could take the short role, and only a flip would move them (the
+    group's size already counts them, so no new pod starts)."""
+    if spec.flipping.enabled:
+        return None
+    have = dict.fromkeys(desired, 0)
+    for w in workers:
+        if w.counts_as in have:
+            have[w.counts_as] += 1
+    short = [r for r in desired if have[r] < desired[r]]
+    over = {r for r in desired if have[r] > desired[r]}
+    movable = sorted(
+        w.name for w in workers if w.counts_as in over and any(r in w.allowed for r in short)
+    )
+    if not short or not movable:
+        return None
+    wanted = ", ".join(f"{r.value} {have[r]}/{desired[r]}" for r in short)
+    return (
+        f"{wanted}: {', '.join(movable)} serve(s) a role beyond its pool and could take it, "
+        "but spec.flipping.enabled is false, so they are neither moved nor replaced (their "
+        "group's size already counts them). Set spec.flipping.enabled: true, or delete such a "
+        f"pod (kubectl delete pod -n {namespace} {movable[0]}): its replacement takes the "
+        "missing role"
+    )
+
+
 def _overrides(
     spec: v1.LLMServiceSpec,
     service: str,
@@ -500,7 +535,7 @@ def _overrides(
 WARNING_REASONS: Final = frozenset(
     {*status.HINTS, "InvalidSpec", "Forbidden", "Invalid", "BadRequest", "NotFound", "Conflict"}
     | {"ApiError", "ServerError", "TooManyRequests", "ScaleReverted", "BoundsReverted"}
-    | {"PoolReplicasDecide", "PoolsNotSized", "GroupServesNoPool"}
+    | {"PoolReplicasDecide", "PoolsNotSized", "GroupServesNoPool", "FlippingDisabled"}
 )
 
 

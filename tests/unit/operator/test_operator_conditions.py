@@ -132,3 +132,29 @@ def test_decisions_and_flip_steps_are_events() -> None:
         "relabel",
         "unfence",
     }
+
+
+def test_a_pool_short_while_flipping_is_off_says_which_worker_could_move() -> None:
+    """Found by the operator probe: with `flipping.enabled: false`, `kubectl scale` prefill
+    1 -> 0 and decode 2 -> 3 left the group at 3 pods, one of them a surplus prefill worker,
+    for ever: `Degraded` said "decode 2/3 ready" and nothing said why or what to do."""
+    world = World(flipping={"enabled": False})
+    world.tick(6)
+    (prefill,) = [p for p, r in world.roles().items() if r == "prefill"]
+    world.scale("prefill", 0)
+    world.scale("decode", 3)
+    world.tick()
+    world.clock.t += 5  # past the 2 s window that makes two scales one change
+    world.tick(6)
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "FlippingDisabled")
+    assert "decode 2/3" in applied["message"]
+    assert prefill in applied["message"]
+    assert "spec.flipping.enabled" in applied["message"]
+    assert f"kubectl delete pod -n {NS} {prefill}" in applied["message"]
+    assert ("Warning", "FlippingDisabled") in {(t, r) for t, r, _ in events(world.kube)}
+    # The way out it names: the replacement pod is assigned the missing role.
+    world.kube.delete("v1", "Pod", NS, prefill)
+    world.tick(6)
+    assert sorted(r or "-" for r in world.roles().values()) == ["decode", "decode", "decode"]
+    assert conditions(world.kube)["SpecApplied"]["reason"] != "FlippingDisabled"
