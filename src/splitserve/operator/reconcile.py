@@ -220,6 +220,7 @@ def _reconcile(
     observed = render.Observed(
         service=ref,
         pool_replicas=pool_replicas,
+        recreate=_deleted_pools(spec, name, pools, previous, event, decisions),
         router_image=settings.router_image,
         internal_tls=pki is not None,
     )
@@ -464,6 +465,36 @@ def _bounds_edited(manifest: Obj, live: Obj | None) -> str | None:
         f"LLMPool {name} {edits} {verb} put back to {back}: a pool's bounds come from the "
         f"LLMService's spec.pools.{role}; edit the LLMService to change them"
     )
+
+
+def _deleted_pools(
+    spec: v1.LLMServiceSpec,
+    service: str,
+    pools: Mapping[Role, Obj],
+    previous: v1.LLMServiceStatus | None,
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> dict[Role, int]:
+    """{role: last size} of the pools someone deleted (Manual, External): the status still has
+    them, the API server not. Recreated at the service's initial `replicas`, a pool scaled to 4
+    would drop to 2 workers unasked; it comes back at its last size, said in an Event."""
+    if spec.scaling.mode is v1.ScalingMode.MANAGED or previous is None:
+        return {}
+    out: dict[Role, int] = {}
+    for last in previous.pools:
+        pool = getattr(spec.pools, last.role.value, None)
+        if pool is None or last.role in pools:
+            continue
+        out[last.role] = last.desired
+        message = (
+            f"LLMPool {render.pool_name(service, last.role)} was deleted: recreated at its last "
+            f"size {last.desired}, not spec.pools.{last.role.value}.replicas ({pool.replicas}), "
+            f"which sizes a new pool only (in {spec.scaling.mode.value} mode the pool decides: "
+            f"kubectl scale llmpool/{render.pool_name(service, last.role)} --replicas=N)"
+        )
+        event("Warning", "PoolRecreated", message)
+        decisions.append(message)
+    return out
 
 
 def _flipping_disabled(

@@ -158,3 +158,30 @@ def test_a_pool_short_while_flipping_is_off_says_which_worker_could_move() -> No
     world.tick(6)
     assert sorted(r or "-" for r in world.roles().values()) == ["decode", "decode", "decode"]
     assert conditions(world.kube)["SpecApplied"]["reason"] != "FlippingDisabled"
+
+
+def test_a_deleted_llmpool_comes_back_at_its_last_size_and_says_so() -> None:
+    """Found by the operator probe: in Manual mode, `kubectl delete llmpool tiny-decode` after
+    `kubectl scale --replicas=4` recreated the pool at spec.pools.decode.replicas (2) and the
+    group shrank from 5 workers to 3, with no Event. Now it comes back at its last size (4),
+    with a Warning Event and a decision naming both numbers."""
+    world = World()
+    world.tick(6)
+    world.scale("decode", 4)
+    world.tick()
+    world.clock.t += 5
+    world.tick(6)
+    assert sorted(r or "-" for r in world.roles().values()).count("decode") == 4
+    world.kube.delete(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    world.tick()
+    world.clock.t += 5
+    world.tick(6)
+    pool = world.kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 4
+    assert sorted(r or "-" for r in world.roles().values()).count("decode") == 4
+    [(kind, message)] = [(t, m) for t, r, m in events(world.kube) if r == "PoolRecreated"]
+    assert kind == "Warning"
+    assert "LLMPool tiny-decode was deleted" in message
+    assert "last size 4" in message
+    assert "spec.pools.decode.replicas (2)" in message
