@@ -547,12 +547,17 @@ def _overrides(
             have = int(pool["spec"].get("replicas", 0))
             if have != pool_spec.replicas:
                 pool_name = render.pool_name(service, role)
+                how = (
+                    f"kubectl scale llmpool/{pool_name} --replicas=N"
+                    if mode is v1.ScalingMode.MANUAL
+                    else "set by your HPA / KEDA, whose minReplicas / maxReplicas bound it"
+                )
                 out.append(
                     (
                         "PoolReplicasDecide",
                         f"spec.pools.{role.value}.replicas ({pool_spec.replicas}) is not applied: "
                         f"in {mode.value} mode LLMPool {pool_name}'s spec.replicas ({have}) "
-                        f"decides (kubectl scale llmpool/{pool_name} --replicas=N)",
+                        f"decides ({how})",
                     )
                 )
     # A revert stays explained until the service changes.

@@ -185,3 +185,19 @@ def test_a_deleted_llmpool_comes_back_at_its_last_size_and_says_so() -> None:
     assert "LLMPool tiny-decode was deleted" in message
     assert "last size 4" in message
     assert "spec.pools.decode.replicas (2)" in message
+
+
+def test_external_mode_names_the_autoscaler_not_kubectl_scale() -> None:
+    """Found by the operator probe: in External mode PoolReplicasDecide told the person to run
+    `kubectl scale llmpool/...`, which the HPA / KEDA that owns the pool undoes at its next
+    sync."""
+    world = World(scaling={"mode": "External"})
+    world.tick(3)
+    world.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": {"decode": {"replicas": 4}}}}
+    )
+    world.tick()
+    applied = conditions(world.kube)["SpecApplied"]
+    assert applied["reason"] == "PoolReplicasDecide"
+    assert "your HPA / KEDA" in applied["message"]
+    assert "kubectl scale" not in applied["message"]
