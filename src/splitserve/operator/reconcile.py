@@ -220,6 +220,7 @@ def _reconcile(
     observed = render.Observed(
         service=ref,
         pool_replicas=pool_replicas,
+        recreate=_deleted_pools(spec, name, pools, previous, event, decisions),
         router_image=settings.router_image,
         internal_tls=pki is not None,
     )
@@ -255,6 +256,9 @@ def _reconcile(
         queued,
         flip.FlipParams(spec.flipping.enabled, spec.flipping.max_concurrent),
     )
+    stuck = _flipping_disabled(spec, observed_workers, desired, namespace)
+    if stuck is not None:
+        overrides.insert(0, ("FlippingDisabled", stuck))  # it explains a pool left short
     for reason in plan.reasons:
         log.info("%s/%s: %s", namespace, name, reason)
         if reason.startswith(("assign ", "flip ")):
@@ -463,6 +467,68 @@ def _bounds_edited(manifest: Obj, live: Obj | None) -> str | None:
     )
 
 
+def _deleted_pools(
+    spec: v1.LLMServiceSpec,
+    service: str,
+    pools: Mapping[Role, Obj],
+    previous: v1.LLMServiceStatus | None,
+    event: Callable[[EventType, str, str], None],
+    decisions: list[str],
+) -> dict[Role, int]:
+    """{role: last size} of the pools someone deleted (Manual, External): the status still has
+    them, the API server not. Recreated at the service's initial `replicas`, a pool scaled to 4
+    would drop to 2 workers unasked; it comes back at its last size, said in an Event."""
+    if spec.scaling.mode is v1.ScalingMode.MANAGED or previous is None:
+        return {}
+    out: dict[Role, int] = {}
+    for last in previous.pools:
+        pool = getattr(spec.pools, last.role.value, None)
+        if pool is None or last.role in pools:
+            continue
+        out[last.role] = last.desired
+        message = (
+            f"LLMPool {render.pool_name(service, last.role)} was deleted: recreated at its last "
+            f"size {last.desired}, not spec.pools.{last.role.value}.replicas ({pool.replicas}), "
+            f"which sizes a new pool only (in {spec.scaling.mode.value} mode the pool decides: "
+            f"kubectl scale llmpool/{render.pool_name(service, last.role)} --replicas=N)"
+        )
+        event("Warning", "PoolRecreated", message)
+        decisions.append(message)
+    return out
+
+
+def _flipping_disabled(
+    spec: v1.LLMServiceSpec,
+    workers: Sequence[flip.WorkerObs],
+    desired: Mapping[Role, int],
+    namespace: str,
+) -> str | None:
+    """Why a pool stays short with `flipping.enabled: false`, if it does: another role holds
+    workers beyond its pool that could take the short role, and only a flip would move them (the
+    group's size already counts them, so no new pod starts)."""
+    if spec.flipping.enabled:
+        return None
+    have = dict.fromkeys(desired, 0)
+    for w in workers:
+        if w.counts_as in have:
+            have[w.counts_as] += 1
+    short = [r for r in desired if have[r] < desired[r]]
+    over = {r for r in desired if have[r] > desired[r]}
+    movable = sorted(
+        w.name for w in workers if w.counts_as in over and any(r in w.allowed for r in short)
+    )
+    if not short or not movable:
+        return None
+    wanted = ", ".join(f"{r.value} {have[r]}/{desired[r]}" for r in short)
+    return (
+        f"{wanted}: {', '.join(movable)} serve(s) a role beyond its pool and could take it, "
+        "but spec.flipping.enabled is false, so they are neither moved nor replaced (their "
+        "group's size already counts them). Set spec.flipping.enabled: true, or delete such a "
+        f"pod (kubectl delete pod -n {namespace} {movable[0]}): its replacement takes the "
+        "missing role"
+    )
+
+
 def _overrides(
     spec: v1.LLMServiceSpec,
     service: str,
@@ -481,12 +547,17 @@ def _overrides(
             have = int(pool["spec"].get("replicas", 0))
             if have != pool_spec.replicas:
                 pool_name = render.pool_name(service, role)
+                how = (
+                    f"kubectl scale llmpool/{pool_name} --replicas=N"
+                    if mode is v1.ScalingMode.MANUAL
+                    else "set by your HPA / KEDA, whose minReplicas / maxReplicas bound it"
+                )
                 out.append(
                     (
                         "PoolReplicasDecide",
                         f"spec.pools.{role.value}.replicas ({pool_spec.replicas}) is not applied: "
                         f"in {mode.value} mode LLMPool {pool_name}'s spec.replicas ({have}) "
-                        f"decides (kubectl scale llmpool/{pool_name} --replicas=N)",
+                        f"decides ({how})",
                     )
                 )
     # A revert stays explained until the service changes.
@@ -500,7 +571,7 @@ def _overrides(
 WARNING_REASONS: Final = frozenset(
     {*status.HINTS, "InvalidSpec", "Forbidden", "Invalid", "BadRequest", "NotFound", "Conflict"}
     | {"ApiError", "ServerError", "TooManyRequests", "ScaleReverted", "BoundsReverted"}
-    | {"PoolReplicasDecide", "PoolsNotSized", "GroupServesNoPool"}
+    | {"PoolReplicasDecide", "PoolsNotSized", "GroupServesNoPool", "FlippingDisabled"}
 )
 
 

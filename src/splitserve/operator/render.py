@@ -56,6 +56,9 @@ class Observed:
     service: ServiceRef
     pool_replicas: Mapping[Role, int] = field(default_factory=dict)
     """`spec.replicas` of the `LLMPool`s that exist."""
+    recreate: Mapping[Role, int] = field(default_factory=dict)
+    """Manual, External: the last size of a pool that existed and was deleted (status), which
+    it is recreated at instead of the service's initial `replicas`."""
     router_image: str = "ghcr.io/splitserve/splitserve:latest"
     """The router image for services that name none (the operator's `--router-image`)."""
     internal_tls: bool = True
@@ -192,8 +195,10 @@ def desired_replicas(spec: v1.LLMServiceSpec, observed: Observed) -> dict[Role, 
     """
     out: dict[Role, int] = {}
     for role, pool in spec.pools.items():
-        if spec.scaling.mode is v1.ScalingMode.MANAGED or role not in observed.pool_replicas:
+        if spec.scaling.mode is v1.ScalingMode.MANAGED:
             n = pool.replicas
+        elif role not in observed.pool_replicas:
+            n = observed.recreate.get(role, pool.replicas)
         else:
             n = observed.pool_replicas[role]
         out[role] = max(0, n)
@@ -344,8 +349,10 @@ def llm_pool(spec: v1.LLMServiceSpec, observed: Observed, role: Role) -> Manifes
     pool = getattr(spec.pools, role.value)
     body: dict[str, Any] = {"service": ref.name, "role": role.value}
     # Managed: the operator owns replicas. Otherwise only the initial value, at creation.
-    if spec.scaling.mode is v1.ScalingMode.MANAGED or role not in observed.pool_replicas:
+    if spec.scaling.mode is v1.ScalingMode.MANAGED:
         body["replicas"] = pool.replicas
+    elif role not in observed.pool_replicas:
+        body["replicas"] = observed.recreate.get(role, pool.replicas)
     body["minReplicas"] = pool.min_replicas
     if pool.max_replicas is not None:
         body["maxReplicas"] = pool.max_replicas

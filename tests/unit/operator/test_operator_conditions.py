@@ -132,3 +132,72 @@ def test_decisions_and_flip_steps_are_events() -> None:
         "relabel",
         "unfence",
     }
+
+
+def test_a_pool_short_while_flipping_is_off_says_which_worker_could_move() -> None:
+    """Found by the operator probe: with `flipping.enabled: false`, `kubectl scale` prefill
+    1 -> 0 and decode 2 -> 3 left the group at 3 pods, one of them a surplus prefill worker,
+    for ever: `Degraded` said "decode 2/3 ready" and nothing said why or what to do."""
+    world = World(flipping={"enabled": False})
+    world.tick(6)
+    (prefill,) = [p for p, r in world.roles().items() if r == "prefill"]
+    world.scale("prefill", 0)
+    world.scale("decode", 3)
+    world.tick()
+    world.clock.t += 5  # past the 2 s window that makes two scales one change
+    world.tick(6)
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "FlippingDisabled")
+    assert "decode 2/3" in applied["message"]
+    assert prefill in applied["message"]
+    assert "spec.flipping.enabled" in applied["message"]
+    assert f"kubectl delete pod -n {NS} {prefill}" in applied["message"]
+    assert ("Warning", "FlippingDisabled") in {(t, r) for t, r, _ in events(world.kube)}
+    # The way out it names: the replacement pod is assigned the missing role.
+    world.kube.delete("v1", "Pod", NS, prefill)
+    world.tick(6)
+    assert sorted(r or "-" for r in world.roles().values()) == ["decode", "decode", "decode"]
+    assert conditions(world.kube)["SpecApplied"]["reason"] != "FlippingDisabled"
+
+
+def test_a_deleted_llmpool_comes_back_at_its_last_size_and_says_so() -> None:
+    """Found by the operator probe: in Manual mode, `kubectl delete llmpool tiny-decode` after
+    `kubectl scale --replicas=4` recreated the pool at spec.pools.decode.replicas (2) and the
+    group shrank from 5 workers to 3, with no Event. Now it comes back at its last size (4),
+    with a Warning Event and a decision naming both numbers."""
+    world = World()
+    world.tick(6)
+    world.scale("decode", 4)
+    world.tick()
+    world.clock.t += 5
+    world.tick(6)
+    assert sorted(r or "-" for r in world.roles().values()).count("decode") == 4
+    world.kube.delete(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    world.tick()
+    world.clock.t += 5
+    world.tick(6)
+    pool = world.kube.get(v1.API_VERSION, "LLMPool", NS, "tiny-decode")
+    assert pool is not None
+    assert pool["spec"]["replicas"] == 4
+    assert sorted(r or "-" for r in world.roles().values()).count("decode") == 4
+    [(kind, message)] = [(t, m) for t, r, m in events(world.kube) if r == "PoolRecreated"]
+    assert kind == "Warning"
+    assert "LLMPool tiny-decode was deleted" in message
+    assert "last size 4" in message
+    assert "spec.pools.decode.replicas (2)" in message
+
+
+def test_external_mode_names_the_autoscaler_not_kubectl_scale() -> None:
+    """Found by the operator probe: in External mode PoolReplicasDecide told the person to run
+    `kubectl scale llmpool/...`, which the HPA / KEDA that owns the pool undoes at its next
+    sync."""
+    world = World(scaling={"mode": "External"})
+    world.tick(3)
+    world.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": {"decode": {"replicas": 4}}}}
+    )
+    world.tick()
+    applied = conditions(world.kube)["SpecApplied"]
+    assert applied["reason"] == "PoolReplicasDecide"
+    assert "your HPA / KEDA" in applied["message"]
+    assert "kubectl scale" not in applied["message"]

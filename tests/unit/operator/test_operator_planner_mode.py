@@ -116,13 +116,15 @@ def test_an_applied_plan_reaches_the_llmpools_that_size_manual_mode() -> None:
     assert result.plan_applied
     want = {r.value: p.recommended for r, p in result.plan.pools.items()}
     assert want != {"prefill": 1, "decode": 1}
-    pools = {
-        r: env.kube.get(v1.API_VERSION, "LLMPool", "default", f"svc-{r}")["spec"]["replicas"]
-        for r in want
-    }
+    pools = {}
+    for r in want:
+        pool = env.kube.get(v1.API_VERSION, "LLMPool", "default", f"svc-{r}")
+        assert pool is not None
+        pools[r] = pool["spec"]["replicas"]
     assert pools == want
     env.reconcile()
     applied = env.condition("SpecApplied")
     assert (applied["status"], applied["reason"]) == ("True", "AsSpecified"), applied
     deployment = env.kube.get("apps/v1", "Deployment", "default", "svc-w")
+    assert deployment is not None
     assert deployment["spec"]["replicas"] == sum(want.values())
