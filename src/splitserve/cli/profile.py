@@ -379,6 +379,8 @@ def _write(
         f"fit MAPE {_pct(ev.fit_mape_heldout)} held out"
         + ("" if ev.fit.ready else f" (fit not ready: {ev.fit.reason})")
     )
+    for note in stats.notes if stats is not None else ():  # were in fit.json alone
+        click.echo(f"note: {note}")
     if steps:
         st = summary["steps"]
         assert isinstance(st, dict)

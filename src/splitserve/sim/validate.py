@@ -298,7 +298,7 @@ class Validation:
                     "measured ms",
                     "simulated ms",
                     "error",
-                    f"within {target * 100:.0f} %",
+                    f"within {target * 100:.4g} %",
                 ],
                 rows,
             ),

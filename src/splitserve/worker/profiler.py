@@ -347,10 +347,20 @@ class Profiler:
             self.stats.probes += 1
             mark = len(self.steps)
             gate = asyncio.create_task(self._generate(self._prompt(self.stats.gate_tokens), 1))
-            await asyncio.sleep(self._gate_delay_s)
-            probes = [asyncio.create_task(self._generate(self._prompt(n), 1)) for _ in range(b)]
-            gate_call = await gate
-            calls = await asyncio.gather(*probes)
+            probes: list[asyncio.Task[_Call]] = []
+            try:
+                await asyncio.sleep(self._gate_delay_s)
+                probes = [asyncio.create_task(self._generate(self._prompt(n), 1)) for _ in range(b)]
+                gate_call = await gate
+                calls = await asyncio.gather(*probes)
+            except BaseException:
+                # The worker failed (or the run was stopped): end the calls still running and
+                # collect them, so none is left failing unawaited ('Task exception was never
+                # retrieved' and a traceback per probe after the error).
+                for task in (gate, *probes):
+                    task.cancel()
+                await asyncio.gather(gate, *probes, return_exceptions=True)
+                raise
             firsts = sorted(c.first_s for c in calls)
             # All probes end with one step; the client reads their answers one after another,
             # so the first answer is the best estimate of the step's end.

@@ -265,3 +265,17 @@ def test_samples_that_all_took_no_time_are_kept_and_the_reason_is_said(tmp_path:
     assert str(out / "samples.csv") in err.value.message
     assert len((out / "samples.csv").read_text().splitlines()) == len(zero) + 1
     assert (out / "steps.csv").exists()
+
+
+def test_the_run_s_notes_are_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell the engine never ran as one step (its probes rejected every time) was left out
+    of the table with '2 samples in 2 cells' on the console and the reason only in fit.json."""
+    from splitserve.cli.profile import _write
+    from splitserve.worker.profiler import ProfileStats
+
+    stats = ProfileStats(notes=["prefill probe 1x4096 (rep 0) rejected 4 times"])
+    out = tmp_path / "out"
+    out.mkdir()
+    _write(out, _samples(), "worker x", stats, 4)
+    printed = capsys.readouterr().out
+    assert "note: prefill probe 1x4096 (rep 0) rejected 4 times" in printed

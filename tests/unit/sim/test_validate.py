@@ -87,6 +87,14 @@ def test_a_slower_model_shows_up_as_positive_error() -> None:
     assert "| no |" in v.markdown()
 
 
+@pytest.mark.parametrize(("target", "says"), [(0.05, "5"), (0.001, "0.1"), (0.125, "12.5")])
+def test_the_report_names_the_target_it_scored(target: float, says: str) -> None:
+    # `--target 0.001` was headed "within 0 %"
+    cfg = ClusterConfig.model_validate(CLUSTER)
+    v = replay(cluster_spec(cfg), parse_recording(_recording_of(cfg)))
+    assert f"| within {says} % |" in v.markdown(target)
+
+
 def test_router_request_log_is_a_recording(tmp_path: Path) -> None:
     log = RequestLog(tmp_path / "r.jsonl")
     log.record("a", 10.0, 12, 5, 10.2, 11.0, "pd", "ok")

@@ -412,3 +412,45 @@ async def test_rejected_prefill_probes_never_delay_past_the_gates_step(
     assert profiler.stats.rejected == 12
     assert profiler.stats.gate_tokens == 2048  # doubled once, then held at the budget
     assert profiler._gate_delay_s <= 0.5 * 0.008  # half the 2048-token gate's step
+
+
+async def test_a_worker_that_dies_during_a_prefill_probe_leaves_no_task_unretrieved() -> None:
+    """The worker killed mid-run: the gate's call failed, the probe calls started beside it
+    were never awaited, and after the one-line error asyncio logged 'Task exception was never
+    retrieved' with a traceback per probe."""
+    import gc
+
+    started: list[int] = []
+
+    class _Gone:
+        def Generate(self, *_: Any, **__: Any) -> Any:  # noqa: N802 - the gRPC stub's name
+            started.append(1)
+
+            async def fail() -> Any:
+                await asyncio.sleep(0.01 * len(started))
+                raise ProfileError("the worker refused a probe: UNAVAILABLE: Socket closed")
+                yield  # an async generator, as the stub's streaming call
+
+            return fail()
+
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
+    try:
+        prof = Profiler(cast(Any, _Gone()), TINY)
+        prof.stats.gate_tokens = 64
+        prof._wait_idle = _no_wait  # type: ignore[method-assign]
+        with pytest.raises(ProfileError, match="UNAVAILABLE"):
+            await prof._prefill_probe(4, 16, 0)
+        await asyncio.sleep(0.1)  # the probe calls, had they been left running, end here
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(old)
+    assert len(started) == 5  # the gate and four probes were sent
+    assert unretrieved == []
+
+
+async def _no_wait() -> None:
+    return None
