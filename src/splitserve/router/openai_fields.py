@@ -526,7 +526,7 @@ def structured_outputs(req: wire.SamplingFields) -> str:
                 f"response_format.type must be text, json_object or json_schema, got {kind!r}",
                 param="response_format",
             )
-    if not so:
+    if not so and req.structured_outputs is None:
         return ""
     kinds = [k for k in GUIDES if so.get(k) is not None]
     if len(kinds) != 1:
