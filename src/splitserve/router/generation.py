@@ -95,6 +95,10 @@ class TextChunk:
     path: str = ""
     logprobs: tuple[TokenLogprobs, ...] = ()
     """With `GenerationParams.logprobs`: one per token of `token_ids`."""
+    stop_reason: str | int | None = None
+    """On the last chunk, as vLLM's `stop_reason`: the stop string that ended the answer, or
+    the id of the `stop_token_ids` token that did; None for anything else (a length cut, an
+    end-of-text token)."""
 
 
 class _Running:
@@ -375,6 +379,10 @@ class Generator:
         )
         stops = StopStrings(stop) if stop else None
         stop_ids = frozenset(request.sampling.stop_token_ids)
+        # The client's stop_token_ids (vLLM's `stop_reason` names them; end of text it does not)
+        ended_by_id = stop_ids
+        if not request.sampling.ignore_eos:
+            ended_by_id = stop_ids - frozenset(self.tokenizer.stop_token_ids)
         # Output tokens whose text cannot end a stop string yet (`min_tokens`, as vLLM).
         guard_left = request.sampling.min_tokens if stops is not None else 0
         if lane is not None and stops is None:
@@ -452,7 +460,15 @@ class Generator:
                         continue
                     usage = Usage(request.num_prompt_tokens, dispatch.num_output_tokens)
                     path = dispatch.path.value if dispatch.path is not None else ""
-                    final = TextChunk(text, chunk.token_ids, reason, usage, path, chunk.logprobs)
+                    why: str | int | None = None
+                    if stops is not None and stops.hit is not None:
+                        why = stops.hit
+                    elif reason is FinishReason.STOP and ids != chunk.token_ids:
+                        last = chunk.token_ids[-1]  # a stop token: its text was left out
+                        why = last if last in ended_by_id else None
+                    final = TextChunk(
+                        text, chunk.token_ids, reason, usage, path, chunk.logprobs, why
+                    )
                     break
         finally:
             self._running.discard(running)

@@ -293,7 +293,13 @@ class OpenAiApi:
             message, finish = tools.answer(text, wire.finish_name(last.finish_reason))
             whole = orjson.dumps(
                 fmt.response(
-                    text, last.finish_reason, last.usage, lp, message=message, finish=finish
+                    text,
+                    last.finish_reason,
+                    last.usage,
+                    lp,
+                    message=message,
+                    finish=finish,
+                    stop_reason=last.stop_reason,
                 )
             )
             return Response(whole, media_type="application/json", headers=headers)

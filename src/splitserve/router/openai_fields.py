@@ -82,7 +82,8 @@ COMMON: Final[dict[str, Field]] = {
         "acts",
         "acts",
         "Stop strings, matched by the router on the detokenized text. An empty string is a 400 "
-        "(as vLLM).",
+        "(as vLLM). The choice's `stop_reason` (vLLM's extension) is the string that ended the "
+        "answer.",
     ),
     "n": Field("acts", "acts", "Only 1; more is refused (400)."),
     "stream": _ACTS,
@@ -131,7 +132,8 @@ COMMON: Final[dict[str, Field]] = {
         "acts",
         "acts",
         "Added to the model's end-of-text tokens (also with `ignore_eos`). As in vLLM, the "
-        "stop token's text is left out of the answer; it counts in `usage`.",
+        "stop token's text is left out of the answer; it counts in `usage`; the choice's "
+        "`stop_reason` is its id (null for an end-of-text token, as vLLM).",
     ),
     "response_format": _refused_by_sim(
         _NO_GUIDED,
@@ -526,7 +528,7 @@ def structured_outputs(req: wire.SamplingFields) -> str:
                 f"response_format.type must be text, json_object or json_schema, got {kind!r}",
                 param="response_format",
             )
-    if not so:
+    if not so and req.structured_outputs is None:
         return ""
     kinds = [k for k in GUIDES if so.get(k) is not None]
     if len(kinds) != 1:

@@ -314,12 +314,15 @@ class Formatter:
         logprobs: dict[str, Any] | None = None,
         body: dict[str, Any] | None = None,
         finish: str | None = None,
+        stop_reason: str | int | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "logprobs": logprobs,
             "finish_reason": finish or finish_name(reason),
         }
+        if reason is not None:  # vLLM's extension: what stopped it (a stop string or token id)
+            choice["stop_reason"] = stop_reason
         if not self.chat:
             choice["text"] = text
         elif stream:
@@ -342,11 +345,18 @@ class Formatter:
         *,
         message: dict[str, Any] | None = None,
         finish: str | None = None,
+        stop_reason: str | int | None = None,
     ) -> dict[str, Any]:
         """The whole non-streamed response (`message`, `finish`: a chat message and finish
-        reason other than the text's, e.g. with tool calls)."""
+        reason other than the text's, e.g. with tool calls; `stop_reason`: vLLM's)."""
         choice = self._choice(
-            text, reason, stream=False, logprobs=logprobs, body=message, finish=finish
+            text,
+            reason,
+            stream=False,
+            logprobs=logprobs,
+            body=message,
+            finish=finish,
+            stop_reason=stop_reason,
         )
         return {
             **self._head,
@@ -371,11 +381,18 @@ class Formatter:
         logprobs: dict[str, Any] | None = None,
         delta: dict[str, Any] | None = None,
         finish: str | None = None,
+        stop_reason: str | int | None = None,
     ) -> dict[str, Any]:
         """A streamed chunk (`delta`, `finish`: a chat delta and finish reason other than the
-        text's, e.g. with tool calls)."""
+        text's, e.g. with tool calls; `stop_reason`: vLLM's, on the last one)."""
         choice = self._choice(
-            text, reason, stream=True, logprobs=logprobs, body=delta, finish=finish
+            text,
+            reason,
+            stream=True,
+            logprobs=logprobs,
+            body=delta,
+            finish=finish,
+            stop_reason=stop_reason,
         )
         body: dict[str, Any] = {
             **self._head,

@@ -139,6 +139,7 @@ async def stream_body(
                         finish=None
                         if tools is None or not final
                         else tools.finish(wire.finish_name(chunk.finish_reason)),
+                        stop_reason=chunk.stop_reason,
                     )
                     if final:
                         tail = sse(body)
@@ -148,7 +149,14 @@ async def stream_body(
                 if chunk.text:
                     yield fmt.delta_event(chunk.text, with_usage=include_usage)
             else:
-                tail = sse(fmt.chunk(chunk.text, chunk.finish_reason, with_usage=include_usage))
+                tail = sse(
+                    fmt.chunk(
+                        chunk.text,
+                        chunk.finish_reason,
+                        with_usage=include_usage,
+                        stop_reason=chunk.stop_reason,
+                    )
+                )
             chunk = None if final else await anext(chunks, None)
         if include_usage and usage is not None:
             tail += sse(fmt.usage_chunk(usage))

@@ -140,6 +140,40 @@ async def _serve(conn: Connection, model_dir: str, nixl_port: int, address: str)
                     if len(got) == 1:
                         assert await engine.cancel(cmd[1].id)
                 value = (got, engine.in_flight, await engine.cancel(cmd[1].id))
+            elif op == "prefill_cancel_late":  # cancelled once vLLM finished it, unread
+                # cmd[2] "task": the Prefill call's task is cancelled (the router dropped the
+                # call); "cancel": a Cancel comes. Both while vLLM's finished output (KV held
+                # for a decode) waits on the loop, which this blocks until the engine thread
+                # dispatched it. Then: the vLLM requests and free blocks once settled.
+                req, how = cmd[1], cmd[2]
+                dispatched = engine.generated_tokens
+                task = asyncio.create_task(engine.prefill(req))
+                await asyncio.sleep(0)  # the task submits it and waits for its result
+                assert req.id in engine._streams
+                until = time.monotonic() + 60
+                # Blocking the loop on purpose: vLLM finishes it, nobody reads it yet.
+                while engine.generated_tokens == dispatched and time.monotonic() < until:
+                    time.sleep(0.005)  # noqa: ASYNC251
+                time.sleep(0.05)  # noqa: ASYNC251
+                if how == "task":
+                    task.cancel()
+                else:
+                    await engine.cancel(req.id)
+                ended = await asyncio.gather(task, return_exceptions=True)
+                until = time.monotonic() + 10  # well inside vLLM's 30 s lease
+                while True:
+                    state = await engine.kv_state()
+                    mine = [r for r in state["requests"] if r.startswith(f"{req.id}-")]
+                    if not mine or time.monotonic() > until:
+                        break
+                    await asyncio.sleep(0.05)
+                value = {
+                    "result": repr(ended[0])[:200],
+                    "vllm_requests": mine,
+                    "free_blocks": state["free_blocks"],
+                    "held_here": state["held_here"],
+                    "num_kv_held": engine.load().num_kv_held,
+                }
             elif op == "endpoint":
                 value = engine.kv_endpoint()
             elif op == "warm":

@@ -355,6 +355,26 @@ def test_a_cancelled_held_prefill_leaves_nothing_held_in_vllm(
     assert prefill.call("cancel", RequestId("drop")) is False
 
 
+@pytest.mark.parametrize("how", ["task", "cancel"])
+def test_a_prefill_cancelled_after_vllm_finished_it_leaves_nothing_held(
+    engines: tuple[EngineProc, EngineProc], how: str
+) -> None:
+    """A client gone while its prompt is computed: the router drops the Prefill call and sends
+    Cancel. When that lands after vLLM's step finished the prefill (its KV held under a lease
+    for a decode) and before the worker read the result, vLLM's abort skips the finished
+    request: its blocks stayed held for the whole 30 s lease, uncounted by the worker (seen with
+    `make run`: "Releasing expired KV blocks ... retrieved by 0 remote worker(s)")."""
+    prefill, _ = engines
+    idle = prefill.call("kv_state")
+    rid = f"late-{how}"
+    got = prefill.call("prefill_cancel_late", _request(rid, [1, *range(20, 320)], 4), how)
+    assert got["vllm_requests"] == [], got
+    assert got["free_blocks"] >= idle["free_blocks"], (idle, got)
+    assert rid not in got["held_here"], got
+    assert got["num_kv_held"] == 0, got
+    assert "Cancelled" in got["result"] or "cancelled" in got["result"], got
+
+
 def test_held_kv_nobody_reads_backs_off_and_a_late_read_still_completes(
     engines: tuple[EngineProc, EngineProc],
 ) -> None:

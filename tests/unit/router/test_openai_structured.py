@@ -52,6 +52,8 @@ def test_guides_map_to_vllms_params(extra: dict[str, Any], want: dict[str, Any] 
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        # No constraint at all: vLLM refuses it ("none are specified"); it was dropped here.
+        ({"structured_outputs": {}}, "structured_outputs"),
         ({"structured_outputs": {"disable_any_whitespace": False}}, "structured_outputs"),
         (
             {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},

@@ -187,6 +187,10 @@ class _Stream:
     mode: str
     num_out: int = 0
     submitted_s: float = field(default_factory=time.monotonic)
+    internal: str | None = None
+    """vLLM's id of the request (`add_request` appends to ours), set on the engine thread."""
+    cancelled: bool = False
+    """`cancel` took it while it ran (its result may still come: it is not the caller's)."""
 
     def put(self, item: _Item) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -332,7 +336,9 @@ class VllmEngine:
             if self._streams.get(request.id) is stream:
                 del self._streams[request.id]
                 if out.finish_reason is None:  # cancelled or failed while running: drop it
-                    self._abort(request.id)
+                    self._abort(request.id, stream)
+        if stream.cancelled:  # its KV lease, if vLLM had finished it, ends in `_abort`
+            raise EngineError(f"prefill of {request.id!r} was cancelled")
         if first is None:
             raise EngineError(
                 f"prefill of {request.id!r} ended without a token ({out.finish_reason})"
@@ -481,7 +487,8 @@ class VllmEngine:
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return held is not None
-        self._abort(request_id)
+        stream.cancelled = True
+        self._abort(request_id, stream)
         stream.queue.put_nowait(_Out((), FinishReason.CANCELLED))
         return True
 
@@ -671,6 +678,7 @@ class VllmEngine:
             except Exception as e:  # vLLM refused it (too long, bad parameters, ...)
                 stream.put(_Out((), FinishReason.ERROR, error=f"{type(e).__name__}: {e}"))
                 return
+            stream.internal = rid if internal is None else str(internal)
             if self._trace is not None:
                 self._trace.added(rid, rid if internal is None else str(internal))
             if mode == "decode" and self._history is not None:
@@ -775,9 +783,22 @@ class VllmEngine:
         except Exception:  # vLLM frees it at the source anyway (after the read, or the lease)
             log.warning("could not release KV of %s at %s", kv.source_request_id, kv.source_address)
 
-    def _abort(self, rid: RequestId) -> None:
-        if self._engine is not None and not self._stopping.is_set():
-            self._commands.put(lambda engine: engine.abort_request([str(rid)]))
+    def _abort(self, rid: RequestId, stream: _Stream | None = None) -> None:
+        """Abort `rid` in vLLM, on the engine thread. For a prefill (`stream`), also end the
+        send lease vLLM took if its step finished the request before the abort got there (the
+        result on its way, unread): vLLM's abort skips finished requests, and the KV blocks
+        stayed held for the whole lease with nobody to pull them."""
+        if self._engine is None or self._stopping.is_set():
+            return
+        prefill = stream is not None and stream.mode == "prefill" and self.config.kv_connector
+
+        def abort(engine: Any) -> None:
+            engine.abort_request([str(rid)])
+            if prefill and stream is not None and stream.internal is not None:
+                core = engine.engine_core.engine_core
+                expire_send(core.scheduler, _nixl_worker(), stream.internal)
+
+        self._commands.put(abort)
 
     def _expire_send(self, internal: str) -> None:
         if self._engine is None or self._stopping.is_set() or not self.config.kv_connector:
