@@ -1790,6 +1790,10 @@ class PoolStatus(Model):
     """Pods labelled with the role, ready and not fenced: what the router can use."""
     flipping: int = 0
     """Pods being moved into or out of the role."""
+    spec_replicas: int | None = None
+    """The `spec.pools.<role>.replicas` the pool was sized from, or last had as its size
+    (Manual, External: an edit of it since, while the pool's size differs, is not applied and is
+    said: `SpecApplied=False`, `PoolReplicasDecide`). Managed: the spec's value."""
 
 
 class RoleSummary(Model):

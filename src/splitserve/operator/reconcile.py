@@ -225,7 +225,10 @@ def _reconcile(
         internal_tls=pki is not None,
     )
     desired = render.desired_replicas(spec, observed)
-    overrides = _overrides(spec, name, pools, previous, svc["metadata"].get("generation"))
+    acknowledged, unapplied = _acknowledged(spec, pools, previous, observed.recreate)
+    overrides = _overrides(
+        spec, name, pools, unapplied, previous, svc["metadata"].get("generation")
+    )
     overrides += render.group_coverage_problems(spec, desired)
 
     # Roles first: pods marked as surplus before a Deployment shrinks are the ones it deletes.
@@ -364,6 +367,7 @@ def _reconcile(
         decisions=decisions,
         artifact=artifact,
         overrides=overrides,
+        spec_replicas=acknowledged,
     )
     _post_transitions(previous, new_status, event)
     _write_status(kube, svc, new_status)
@@ -529,37 +533,69 @@ def _flipping_disabled(
     )
 
 
+def _acknowledged(
+    spec: v1.LLMServiceSpec,
+    pools: Mapping[Role, Obj],
+    previous: v1.LLMServiceStatus | None,
+    recreate: Mapping[Role, int],
+) -> tuple[dict[Role, int], list[Role]]:
+    """({role: the `spec.pools.<role>.replicas` the pool acknowledges}, [roles whose spec value
+    is not applied]) — the pure half of `PoolReplicasDecide`.
+
+    Manual / External: the pool's own `spec.replicas` decides once it exists, so it moving
+    (`kubectl scale`, an HPA / KEDA) is normal operation, not a spec left unapplied. What is
+    not applied is a person's later edit of the service's value: flagged while it differs from
+    the value the pool was created from (or last acknowledged) and from the pool's size. The
+    pool reaching the spec's value acknowledges it. A status without the value (an older
+    operator's) acknowledges the spec as it is. Managed: the spec is applied, so acknowledged.
+    """
+    acks: dict[Role, int] = {}
+    unapplied: list[Role] = []
+    before = {p.role: p.spec_replicas for p in (previous.pools if previous else [])}
+    for role, pool_spec in spec.pools.items():
+        want = pool_spec.replicas
+        prior = before.get(role)
+        pool = pools.get(role)
+        if spec.scaling.mode is v1.ScalingMode.MANAGED or prior is None:
+            acks[role] = want
+        elif pool is None:  # created from the spec, or recreated at its last size
+            acks[role] = prior if role in recreate else want
+        elif want == prior or want == int(pool["spec"].get("replicas", 0)):
+            acks[role] = want
+        else:
+            acks[role] = prior
+            unapplied.append(role)
+    return acks, unapplied
+
+
 def _overrides(
     spec: v1.LLMServiceSpec,
     service: str,
     pools: Mapping[Role, Obj],
+    unapplied: Sequence[Role],
     previous: v1.LLMServiceStatus | None,
     generation: int | None,
 ) -> list[tuple[str, str]]:
     """What a person set that the operator does not apply, and why (`SpecApplied=False`)."""
     out: list[tuple[str, str]] = []
     mode = spec.scaling.mode
-    if mode is not v1.ScalingMode.MANAGED:
-        for role, pool_spec in spec.pools.items():
-            pool = pools.get(role)
-            if pool is None:
-                continue
-            have = int(pool["spec"].get("replicas", 0))
-            if have != pool_spec.replicas:
-                pool_name = render.pool_name(service, role)
-                how = (
-                    f"kubectl scale llmpool/{pool_name} --replicas=N"
-                    if mode is v1.ScalingMode.MANUAL
-                    else "set by your HPA / KEDA, whose minReplicas / maxReplicas bound it"
-                )
-                out.append(
-                    (
-                        "PoolReplicasDecide",
-                        f"spec.pools.{role.value}.replicas ({pool_spec.replicas}) is not applied: "
-                        f"in {mode.value} mode LLMPool {pool_name}'s spec.replicas ({have}) "
-                        f"decides ({how})",
-                    )
-                )
+    for role in unapplied:
+        pool_spec = getattr(spec.pools, role.value)
+        have = int(pools[role]["spec"].get("replicas", 0))
+        pool_name = render.pool_name(service, role)
+        how = (
+            f"kubectl scale llmpool/{pool_name} --replicas=N"
+            if mode is v1.ScalingMode.MANUAL
+            else "set by your HPA / KEDA, whose minReplicas / maxReplicas bound it"
+        )
+        out.append(
+            (
+                "PoolReplicasDecide",
+                f"spec.pools.{role.value}.replicas ({pool_spec.replicas}) is not applied: "
+                f"in {mode.value} mode LLMPool {pool_name}'s spec.replicas ({have}) "
+                f"decides ({how})",
+            )
+        )
     # A revert stays explained until the service changes.
     for c in previous.conditions if previous else []:
         kept = c.type == "SpecApplied" and c.reason in ("ScaleReverted", "BoundsReverted")

@@ -224,11 +224,16 @@ def service_status(
     decisions: Sequence[str] = (),
     artifact: v1.ArtifactStatus | None = None,
     overrides: Sequence[tuple[str, str]] = (),
+    spec_replicas: Mapping[Role, int] | None = None,
 ) -> v1.LLMServiceStatus:
     """`overrides`: (reason, message) per change a person made that the operator does not
-    honour (`SpecApplied=False`)."""
+    honour (`SpecApplied=False`); `spec_replicas`: {role: the `spec.pools.<role>.replicas`
+    the pool acknowledges} (`PoolStatus.spec_replicas`)."""
     prev = previous or v1.LLMServiceStatus()
     pools = pool_statuses(desired, workers)
+    for role, acked in (spec_replicas or {}).items():
+        if role in pools:
+            pools[role] = pools[role].model_copy(update={"spec_replicas": acked})
     summary = v1.RoleSummary(**{r.value: f"{p.ready}/{p.desired}" for r, p in pools.items()})
     short = [
         f"{r.value} {p.ready}/{p.desired} ready" for r, p in pools.items() if p.ready < p.desired

@@ -201,3 +201,128 @@ def test_external_mode_names_the_autoscaler_not_kubectl_scale() -> None:
     assert applied["reason"] == "PoolReplicasDecide"
     assert "your HPA / KEDA" in applied["message"]
     assert "kubectl scale" not in applied["message"]
+
+
+def _resize(world: World, role: str, n: int) -> None:
+    """`/scale` of the pool (an HPA, KEDA or `kubectl scale`), past the coalescing window."""
+    world.scale(role, n)
+    world.tick()
+    world.clock.t += 5
+    world.tick(2)
+
+
+def _warnings(kube: MemoryKube, reason: str) -> list[str]:
+    """Each time a Warning with `reason` was posted (a repeat bumps one Event's `count`)."""
+    return [
+        o["message"]
+        for k, o in sorted(kube.objects.items())
+        if k[1] == "Event" and o["type"] == "Warning" and o["reason"] == reason
+        for _ in range(int(o.get("count", 1)))
+    ]
+
+
+def _acknowledged(kube: MemoryKube) -> dict[str, int | None]:
+    svc = kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    return {p["role"]: p.get("specReplicas") for p in svc["status"]["pools"]}
+
+
+def test_external_mode_an_autoscaler_moving_the_pool_is_normal_operation() -> None:
+    """Found by the operator probe: every HPA / KEDA scale of an External pool set
+    `SpecApplied=False PoolReplicasDecide` and posted a Warning Event, though nobody's spec was
+    left unapplied; only a person's later edit of spec.pools.<role>.replicas is."""
+    world = World(scaling={"mode": "External"})
+    world.tick(3)
+    assert _acknowledged(world.kube) == {"prefill": 1, "decode": 2}
+    _resize(world, "decode", 4)  # the HPA, through /scale
+    _resize(world, "decode", 3)
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("True", "AsSpecified")
+    assert [m for t, _, m in events(world.kube) if t == "Warning"] == []
+    assert sorted(r or "-" for r in world.roles().values()).count("decode") == 3
+    # Idle again: the acknowledged value did not change, so nothing is written.
+    world.kube.writes.clear()
+    world.tick(2)
+    assert world.kube.writes == []
+
+
+def test_external_mode_flags_a_persons_later_edit_of_spec_replicas_once() -> None:
+    world = World(scaling={"mode": "External"})
+    world.tick(3)
+    _resize(world, "decode", 4)  # the HPA
+    world.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": {"decode": {"replicas": 6}}}}
+    )
+    world.tick(3)
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "PoolReplicasDecide")
+    assert "spec.pools.decode.replicas (6) is not applied" in applied["message"]
+    assert "LLMPool tiny-decode's spec.replicas (4) decides" in applied["message"]
+    [warning] = _warnings(world.kube, "PoolReplicasDecide")
+    assert "spec.pools.decode.replicas" in warning
+    assert "HPA / KEDA" in warning
+    assert _acknowledged(world.kube)["decode"] == 2  # still the value the pool came from
+    _resize(world, "decode", 5)  # the HPA moves on: still not the spec's value, still said
+    assert conditions(world.kube)["SpecApplied"]["reason"] == "PoolReplicasDecide"
+    assert len(_warnings(world.kube, "PoolReplicasDecide")) == 1
+    _resize(world, "decode", 6)  # the pool reaches the spec's value: acknowledged
+    assert conditions(world.kube)["SpecApplied"]["status"] == "True"
+    assert _acknowledged(world.kube)["decode"] == 6
+    _resize(world, "decode", 3)  # and the HPA moving it later is normal operation again
+    assert conditions(world.kube)["SpecApplied"]["status"] == "True"
+    assert len(_warnings(world.kube, "PoolReplicasDecide")) == 1
+
+
+def test_external_mode_reverting_the_edit_clears_the_condition() -> None:
+    world = World(scaling={"mode": "External"})
+    world.tick(3)
+    _resize(world, "decode", 4)
+    for n in (7, 2):  # an edit, then back to the value the pool was created from
+        world.kube.patch(
+            v1.API_VERSION,
+            "LLMService",
+            NS,
+            "tiny",
+            {"spec": {"pools": {"decode": {"replicas": n}}}},
+        )
+        world.tick(2)
+        status = conditions(world.kube)["SpecApplied"]["status"]
+        assert status == ("False" if n == 7 else "True")
+
+
+def test_manual_mode_kubectl_scale_of_the_pool_leaves_the_spec_applied() -> None:
+    """Manual mode's documented way to size a pool (`kubectl scale llmpool/...`) set
+    `SpecApplied=False PoolReplicasDecide` with a Warning, like an HPA in External mode."""
+    world = World()
+    world.tick(3)
+    _resize(world, "decode", 4)
+    assert sorted(r or "-" for r in world.roles().values()).count("decode") == 4
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("True", "AsSpecified")
+    assert _warnings(world.kube, "PoolReplicasDecide") == []
+    # A person's edit of the service's value after that is still said, naming kubectl scale.
+    world.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"spec": {"pools": {"decode": {"replicas": 3}}}}
+    )
+    world.tick()
+    applied = conditions(world.kube)["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "PoolReplicasDecide")
+    assert "kubectl scale llmpool/tiny-decode" in applied["message"]
+    assert len(_warnings(world.kube, "PoolReplicasDecide")) == 1
+
+
+def test_a_status_without_the_acknowledged_value_acknowledges_the_spec() -> None:
+    """A status an older operator wrote has no `specReplicas`: the pool's size differing from
+    the spec then is not taken for an edit (it is most likely an autoscaler's)."""
+    world = World(scaling={"mode": "External"})
+    world.tick(3)
+    world.scale("decode", 4)
+    svc = world.kube.get(v1.API_VERSION, "LLMService", NS, "tiny")
+    assert svc is not None
+    pools = [{k: v for k, v in p.items() if k != "specReplicas"} for p in svc["status"]["pools"]]
+    world.kube.patch(
+        v1.API_VERSION, "LLMService", NS, "tiny", {"status": {"pools": pools}}, "status"
+    )
+    world.tick(2)
+    assert conditions(world.kube)["SpecApplied"]["status"] == "True"
+    assert _acknowledged(world.kube) == {"prefill": 1, "decode": 2}
