@@ -44,6 +44,17 @@ TLS_ENV: Final = "SPLITSERVE_TLS_DIR"
 _PORT: Final = click.IntRange(0, 65535)
 READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "120"))
 """How long `up` waits for each process's ready file (env override: vLLM on a loaded machine)."""
+VLLM_READY_TIMEOUT_S = float(os.environ.get("SPLITSERVE_UP_READY_TIMEOUT_S", "600"))
+"""The same for `--engine vllm`: a vLLM worker on CPU loads torch, profiles its memory and warms
+up (~1-2 min on a quiet 2-core machine, past 120 s on a busy one: `make run` failed there)."""
+
+
+def ready_timeout_s(opts: Mapping[str, Any]) -> float:
+    """`--ready-timeout-s`, or the engine's default when it is not given."""
+    given = opts.get("ready_timeout_s")
+    if given:
+        return float(given)
+    return VLLM_READY_TIMEOUT_S if opts.get("engine") == "vllm" else READY_TIMEOUT_S
 STOP_TIMEOUT_S = 10.0
 ROUTER_STOP_TIMEOUT_S = 40.0
 """How long `up` lets its router drain before stopping the workers: the router's default
@@ -141,7 +152,10 @@ class Stack:
                     pending.remove(child)
             if pending and time.monotonic() > deadline:
                 names = ", ".join(c.name for c in pending)
-                raise click.ClickException(f"not ready after {timeout_s:g} s: {names}")
+                raise click.ClickException(
+                    f"not ready after {timeout_s:g} s: {names} (their logs say how far they got; "
+                    "a slow or busy machine needs more: --ready-timeout-s)"
+                )
             time.sleep(0.05)
 
     def first_exited(self) -> Child | None:
@@ -243,7 +257,7 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             )
             for n, (role, name) in enumerate(names)
         ]
-        stack.wait_ready(workers, opts.get("ready_timeout_s") or READY_TIMEOUT_S)
+        stack.wait_ready(workers, ready_timeout_s(opts))
         router_args = [
             "router",
             "serve",
@@ -282,7 +296,7 @@ def start_stack(opts: dict[str, Any], run_dir: Path, tokenizer_dir: Path) -> Sta
             for w in workers:
                 router_args += ["--worker", w.info["address"]]
         router = stack.spawn("router", router_args, {TLS_ENV: str(pki["router"])})
-        stack.wait_ready([router], opts.get("ready_timeout_s") or READY_TIMEOUT_S)
+        stack.wait_ready([router], ready_timeout_s(opts))
     except BaseException:
         stack.stop()
         raise
@@ -390,10 +404,10 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
 @click.option(
     "--ready-timeout-s",
     type=FiniteFloat(min=0, min_open=True),
-    default=READY_TIMEOUT_S,
-    show_default=True,
+    default=None,
     help="How long workers and the router may take to start, and to start again after a "
-    "restart (vLLM on a busy CPU: more).",
+    f"restart [default: {READY_TIMEOUT_S:g} s; {VLLM_READY_TIMEOUT_S:g} s with --engine vllm; "
+    "env SPLITSERVE_UP_READY_TIMEOUT_S sets both].",
 )
 @click.option(
     "--token-stall-timeout-s",
@@ -551,7 +565,7 @@ def up(**opts: Any) -> None:
         stack,
         opts["on_exit"],
         lambda msg: click.echo(msg, err=True),
-        ready_timeout_s=opts.get("ready_timeout_s") or READY_TIMEOUT_S,
+        ready_timeout_s=ready_timeout_s(opts),
     )
     fleet, autoscaler = None, None
     try:

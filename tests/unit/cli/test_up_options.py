@@ -108,3 +108,26 @@ def test_the_ready_timeout_message_shows_the_timeout_given(tmp_path: Path) -> No
     child = Child("worker-0", [], tmp_path / "w.log", tmp_path / "w.ready")
     with pytest.raises(click.ClickException, match=r"not ready after 0\.001 s: worker-0"):
         Stack(tmp_path).wait_ready([child], 0.001)
+
+
+def test_the_ready_timeout_defaults_by_engine_and_the_message_says_how_to_raise_it(
+    tmp_path: Path,
+) -> None:
+    """`make run` with vLLM on a busy 2-core machine failed with "not ready after 120 s" (a
+    vLLM worker on CPU takes 1-2 min to start there): vLLM's default is longer, and the message
+    names the option."""
+    from splitserve.cli.up import (
+        READY_TIMEOUT_S,
+        VLLM_READY_TIMEOUT_S,
+        Child,
+        Stack,
+        ready_timeout_s,
+    )
+
+    assert VLLM_READY_TIMEOUT_S > READY_TIMEOUT_S
+    assert ready_timeout_s({"engine": "vllm", "ready_timeout_s": None}) == VLLM_READY_TIMEOUT_S
+    assert ready_timeout_s({"engine": "sim", "ready_timeout_s": None}) == READY_TIMEOUT_S
+    assert ready_timeout_s({"engine": "vllm", "ready_timeout_s": 5.0}) == 5.0
+    child = Child("worker-0", [], tmp_path / "w.log", tmp_path / "w.ready")
+    with pytest.raises(click.ClickException, match=r"--ready-timeout-s"):
+        Stack(tmp_path).wait_ready([child], 0.001)
