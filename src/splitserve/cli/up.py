@@ -55,6 +55,8 @@ def ready_timeout_s(opts: Mapping[str, Any]) -> float:
     if given:
         return float(given)
     return VLLM_READY_TIMEOUT_S if opts.get("engine") == "vllm" else READY_TIMEOUT_S
+
+
 STOP_TIMEOUT_S = 10.0
 ROUTER_STOP_TIMEOUT_S = 40.0
 """How long `up` lets its router drain before stopping the workers: the router's default
