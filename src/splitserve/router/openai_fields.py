@@ -68,7 +68,9 @@ COMMON: Final[dict[str, Field]] = {
     "max_tokens": Field(
         "acts",
         "acts",
-        "Absent: until end of text or the context limit (`router.default_max_tokens` caps it).",
+        "Absent: chat runs until end of text or the context limit (`router.default_max_tokens` "
+        "caps it); a completion stops at 16 tokens (OpenAI's and vLLM's default; `null`: as "
+        "chat).",
     ),
     "temperature": _SAMPLER,
     "top_p": _SAMPLER,

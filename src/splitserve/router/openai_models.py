@@ -40,6 +40,10 @@ class StreamOptions(_Wire):
     """vLLM's extension: every chunk carries the usage so far (with `include_usage`)."""
 
 
+COMPLETION_MAX_TOKENS: Final = 16
+"""`/v1/completions` without `max_tokens` (OpenAI's default, and vLLM's)."""
+
+
 class SamplingFields(_Wire):
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -109,6 +113,8 @@ class SamplingFields(_Wire):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
+    # OpenAI's and vLLM's completions default when absent; `null`: as chat's absent one.
+    max_tokens: int | None = Field(COMPLETION_MAX_TOKENS, ge=1)
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None

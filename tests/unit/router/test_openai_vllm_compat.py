@@ -351,18 +351,29 @@ async def test_defaults_that_ask_for_nothing_are_accepted(
 
 
 async def test_no_max_tokens_means_up_to_the_context_limit(
-    make_worker: WorkerFactory, make_stack: StackFactory
+    make_worker: WorkerFactory, make_stack: StackFactory, tokenizer: TextTokenizer
 ) -> None:
+    """As vLLM: a chat request without `max_tokens`, or a completion with `max_tokens: null`,
+    runs to end of text or the context limit (the service's `default_max_tokens` caps it); a
+    completion without `max_tokens` gets OpenAI's and vLLM's default, 16 (it ran to the context
+    limit: `vllm serve` on the same model stops at 16)."""
     w = await make_worker(Role.MIXED)
     stack = await make_stack(w, max_model_len=300, default_max_tokens=None)
     capped = await make_stack(w, max_model_len=300, default_max_tokens=7)
+    bodies = [
+        ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": None}),
+        ("/v1/chat/completions", {"messages": CHAT}),
+        ("/v1/completions", {"prompt": [1, 2, 3]}),
+    ]
     for s in (stack, capped):
         async with s.client() as client:
-            r = await client.post("/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3]})
-            assert r.status_code == 200, r.text
-    first, second = w.requests("Generate")
-    assert first.sampling.max_tokens == 297  # vLLM's default: until EOS or the context limit
-    assert second.sampling.max_tokens == 7  # the service-level cap
+            for path, body in bodies:
+                r = await client.post(path, json={"model": MODEL, **body})
+                assert r.status_code == 200, r.text
+    limits = [req.sampling.max_tokens for req in w.requests("Generate")]
+    chat_limit = 300 - len(tokenizer.apply_chat_template(CHAT))
+    assert limits[:3] == [297, chat_limit, 16]  # to the context limit, as vLLM; 16, as vLLM
+    assert limits[3:] == [7, 7, 16]  # the service-level cap; 16 is below it anyway
 
 
 def _events(body: str) -> list[Any]:
