@@ -238,7 +238,7 @@ def serve_cmd(
             "--sim-answer-tokens 0",
             param_hint="--sim-answer-tokens",
         )
-    _check_batching(batching, params)
+    _check_batching(batching, params, parsed_role)
     if engine == "vllm" and tokenizer:  # vLLM loads it at start-up: a traceback there
         load_tokenizer(tokenizer, "--tokenizer")
     if engine == "sim":  # the same refusals as `up`, naming the flag (they were tracebacks)
@@ -353,9 +353,12 @@ def _check_engine_flags(engine: str) -> None:
         )
 
 
-def _check_batching(name: str, params: object) -> None:
+def _check_batching(name: str, params: object, role: Role) -> None:
     """Build the step policy once, so an unknown name or parameter is refused naming the flag
-    before anything starts (it was a ConfigError / TypeError traceback from the engine)."""
+    before anything starts (it was a ConfigError / TypeError traceback from the engine); and
+    refuse a policy this worker could not serve with: one that never runs the decode hand-offs
+    a decode or mixed worker receives (a request then hung for ever), or a simulator-only mode
+    (an oracle reading true output lengths a live worker does not have)."""
     if not isinstance(params, dict):
         raise click.BadParameter("want a JSON object", param_hint="--batching-params")
     try:
@@ -363,6 +366,15 @@ def _check_batching(name: str, params: object) -> None:
     except ConfigError as err:
         raise click.BadParameter(str(err), param_hint="--batching") from err
     try:
-        checked_batching_policy(name, params)
+        policy = checked_batching_policy(name, params)
     except (ConfigError, TypeError, ValueError) as err:
         raise click.BadParameter(f"{name}: {err}", param_hint="--batching-params") from err
+    if role is not Role.PREFILL and not getattr(policy, "runs_handoffs", True):
+        raise click.BadParameter(
+            f"{name} never runs a decode hand-off (remote KV), which a {role} worker receives "
+            "behind prefill workers: its requests would never finish; run it with --role "
+            "prefill, and a decode policy here (fcfs, tetriinfer-decode, ...)",
+            param_hint="--batching",
+        )
+    if why := getattr(policy, "simulator_only", None):
+        raise click.BadParameter(f"{name}: {why}", param_hint="--batching-params")

@@ -40,6 +40,20 @@ def test_out_of_range_values_are_refused_before_anything_starts(flag: str, value
         (["--batching", "nope"], "--batching", "valid: accelgen"),
         (["--batching-params", '{"bogus": 1}'], "--batching-params", "unknown parameter 'bogus'"),
         (["--batching-params", "notjson"], "--batching-params", "not JSON"),
+        # A decode / mixed worker behind prefill workers receives hand-offs this policy never
+        # schedules: the request hung (curl timed out); the simulator refused the same set-up.
+        (
+            ["--role", "decode", "--batching", "tetriinfer-prefill"],
+            "--batching",
+            "never runs a decode hand-off",
+        ),
+        (["--role", "mixed", "--batching", "tetriinfer-prefill"], "--batching", "--role prefill"),
+        # The oracle reads true lengths: a live worker quietly gated on max_tokens instead.
+        (
+            ["--batching", "pastfuture", "--batching-params", '{"admission": "oracle"}'],
+            "--batching-params",
+            "only the simulator knows",
+        ),
         (["--batching-params", '{"max_num_batched_tokens": -5}'], "--batching-params", ">= 1"),
         (["--batching-params", "[1]"], "--batching-params", "JSON object"),
         (["--batching", "sarathi", "--batching-params", '{"x": 1}'], "--batching-params", "x"),

@@ -150,6 +150,13 @@ class PastFuturePolicy:
 
     def __init__(self, params: PastFutureParams | None = None) -> None:
         self.params = params or PastFutureParams()
+        self.simulator_only: str | None = (
+            "admission 'oracle' reads each request's true output length, which only the "
+            "simulator knows (a live worker would gate on max_tokens or a prediction)"
+            if self.params.admission == "oracle"
+            else None
+        )
+        """Why this policy runs only in the simulator (None: it runs live too)."""
         p = self.params
         cold = p.max_output_tokens if p.cold_start_tokens is None else p.cold_start_tokens
         self.history = HistoryWindow(p.window_requests, cold)
