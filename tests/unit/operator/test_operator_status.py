@@ -118,11 +118,10 @@ def test_no_router_is_not_ready_and_not_routable() -> None:
     assert "spec.router.replicas is 0" in c["NotRoutable"].message
 
 
-def test_pools_sized_to_zero_say_so() -> None:
-    """Scale-to-zero said "matched 0 pods ... check ... for quota, image or scheduling errors"
-    (a new-user probe): the pods are missing on purpose."""
-    st = status.service_status(
-        spec=SPEC,
+def _sized_to_zero(spec: v1.LLMServiceSpec) -> v1.LLMServiceStatus:
+    """The status of `spec` with both pools sized to 0 and no workers."""
+    return status.service_status(
+        spec=spec,
         ref=REF,
         desired={Role.PREFILL: 0, Role.DECODE: 0},
         workers=[],
@@ -132,7 +131,12 @@ def test_pools_sized_to_zero_say_so() -> None:
         now="t1",
         generation=3,
     )
-    c = conds(st)
+
+
+def test_pools_sized_to_zero_say_so() -> None:
+    """Scale-to-zero said "matched 0 pods ... check ... for quota, image or scheduling errors"
+    (a new-user probe): the pods are missing on purpose."""
+    c = conds(_sized_to_zero(SPEC))
     assert c["NotRoutable"].status is v1.ConditionStatus.TRUE
     assert c["NotRoutable"].reason == "NoDecodeWorkers"
     assert "sized to 0" in c["NotRoutable"].message
@@ -157,17 +161,7 @@ def test_pools_sized_to_zero_say_what_sizes_them_in_each_mode(
     autoscaler starts workers when requests arrive and takes a raised replicas back to
     minReplicas."""
     spec = SPEC.model_copy(update={"scaling": v1.ScalingSpec(mode=v1.ScalingMode(mode))})
-    st = status.service_status(
-        spec=spec,
-        ref=REF,
-        desired={Role.PREFILL: 0, Role.DECODE: 0},
-        workers=[],
-        pods=status.PodCounts(),
-        router=ROUTER_OK,
-        previous=None,
-        now="t1",
-        generation=3,
-    )
+    st = _sized_to_zero(spec)
     message = conds(st)["NotRoutable"].message
     assert "sized to 0" in message
     assert says in message
