@@ -360,7 +360,7 @@ async def test_no_max_tokens_means_up_to_the_context_limit(
     w = await make_worker(Role.MIXED)
     stack = await make_stack(w, max_model_len=300, default_max_tokens=None)
     capped = await make_stack(w, max_model_len=300, default_max_tokens=7)
-    bodies = [
+    bodies: list[tuple[str, dict[str, Any]]] = [
         ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": None}),
         ("/v1/chat/completions", {"messages": CHAT}),
         ("/v1/completions", {"prompt": [1, 2, 3]}),
