@@ -62,11 +62,11 @@ def front_protocol(edge: type[asyncio.Protocol], hot: dict[str, Handler]) -> typ
 
     class FrontProtocol(edge):  # type: ignore[valid-type,misc]
         def on_headers_complete(self) -> None:
-            self._edge_check_head()
             handler = handlers.get(self.url)
             if handler is None or not self._front_takes():
-                super().on_headers_complete()
+                super().on_headers_complete()  # (its head checks included)
                 return
+            self._edge_check_head()
             self._edge_headers_read()
             scope = self.scope
             scope["method"] = "POST"

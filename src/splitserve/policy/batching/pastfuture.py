@@ -150,19 +150,22 @@ class PastFuturePolicy:
 
     def __init__(self, params: PastFutureParams | None = None) -> None:
         self.params = params or PastFutureParams()
-        self.simulator_only: str | None = (
-            "admission 'oracle' reads each request's true output length, which only the "
-            "simulator knows (a live worker would gate on max_tokens or a prediction)"
-            if self.params.admission == "oracle"
-            else None
-        )
-        """Why this policy runs only in the simulator (None: it runs live too)."""
         p = self.params
         cold = p.max_output_tokens if p.cold_start_tokens is None else p.cold_start_tokens
         self.history = HistoryWindow(p.window_requests, cold)
         self._rng = random.Random(p.seed)
         self._steps = 0
         self._finishes = FinishTracker()
+
+    @property
+    def simulator_only(self) -> str | None:
+        """Why this policy runs only in the simulator (None: it runs live too)."""
+        if self.params.admission != "oracle":
+            return None
+        return (
+            "admission 'oracle' reads each request's true output length, which only the "
+            "simulator knows (a live worker would gate on max_tokens or a prediction)"
+        )
 
     def observe_finished(self, num_output_tokens: int) -> None:
         """Feed a finished request's output length (when `learn_from_views` is off)."""
