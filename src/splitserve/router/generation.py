@@ -23,6 +23,7 @@ from splitserve.router.dispatch import Chunk, Dispatcher
 from splitserve.router.errors import InvalidRequest, RouterShuttingDown
 from splitserve.router.fast_lane import FastLane, enabled_from_env
 from splitserve.router.request_log import RequestLog
+from splitserve.router.request_stats import outcome_of
 from splitserve.router.stops import StopStrings
 from splitserve.router.tokenizer import (
     MESSAGE_CHARS,
@@ -135,7 +136,7 @@ class Generator:
         (`router.fast_lane`); None: `SPLITSERVE_ROUTER_FAST_LANE` (default on)."""
         self.fast_lane = enabled_from_env() if fast_lane is None else fast_lane
         self.request_log = request_log
-        """When set, each completed request is written to it (`router.request_log`)."""
+        """When set, each request is written to it when it ends (`router.request_log`)."""
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
         self.clock = clock
@@ -470,6 +471,15 @@ class Generator:
                         text, chunk.token_ids, reason, usage, path, chunk.logprobs, why
                     )
                     break
+        except BaseException as err:
+            if self.request_log is not None:  # its load until now is in a replay too
+                self.request_log.record(
+                    request.id, request.arrival_s, request.num_prompt_tokens,
+                    dispatch.num_output_tokens, first_token_s, self.clock.now_s(),
+                    dispatch.path.value if dispatch.path is not None else "",
+                    outcome_of(err, ended_on_purpose=False),
+                )  # fmt: skip
+            raise
         finally:
             self._running.discard(running)
             if not self._running:

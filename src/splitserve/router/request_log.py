@@ -1,10 +1,11 @@
 """Router-side per-request log: one JSON line per finished request, for `splitserve sim validate`.
 
 Turned on by `SPLITSERVE_REQUEST_LOG=<path>` in the router's environment (or a `RequestLog`
-handed to `RouterServer`); appends to the file, one line per request that produced its final
-chunk (outcome `ok`), flushed per line. A request that failed or was cancelled (the client left)
-is not written: its load on the workers is not in a replay of the log (the router's
-`splitserve_router_requests_total` counts them by outcome). The format (documented in
+handed to `RouterServer`); appends to the file, one line per request when it ends, flushed per
+line: outcome `ok` when it produced its final chunk, else the `splitserve_router_requests_total`
+outcome (`cancelled`: the client left; `error`, `timeout`, `unavailable`, `shed`, ...) with the
+tokens it had produced by then (`splitserve.sim.validate` replays those with one token or more
+as load, not scored: they kept the workers busy until then). The format (documented in
 docs/simulator.md, read back by `splitserve.sim.validate`):
 
     {"id": "...", "arrival_s": 12.345, "prompt_tokens": 512, "output_tokens": 64,

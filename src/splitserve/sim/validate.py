@@ -9,7 +9,8 @@ Required fields per request: `arrival_s`, `prompt_tokens`, `output_tokens`, `ttf
 `latency_s`; `tpot_s` is empty / null for one-token outputs (and is derived from latency and
 TTFT when absent; when given, `ttft_s + tpot_s * (output_tokens - 1)` may not pass `latency_s` by
 more than `tpot_tolerance_s`); `id` and `outcome` are optional (rows whose outcome is not `ok`
-are skipped and counted). Pure: takes lines, returns values; the runner reads and writes files.
+are replayed as load, not scored, when they produced a token: `LoadOnly`; else skipped and
+counted). Pure: takes lines, returns values; the runner reads and writes files.
 """
 
 from __future__ import annotations
@@ -46,10 +47,26 @@ class Recorded:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadOnly:
+    """A request that did not end `ok` (cancelled by its client, failed, timed out) after it
+    had produced tokens: it loaded the workers until then, so the replay runs it, with the
+    tokens the router saw, but it is not scored. Approximation, stated: a cancelled request's
+    engine may have made a token or two more before the cancel reached it."""
+
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Recording:
     requests: tuple[Recorded, ...]
     skipped: int
-    """Rows left out because their outcome was not `ok`."""
+    """Rows left out: their outcome was not `ok` and they produced no token (whether their
+    prefill ran is not recorded)."""
+    load_only: tuple[LoadOnly, ...] = ()
+    """Rows whose outcome was not `ok` after one token or more: replayed, not scored."""
 
 
 def _num(row: dict[str, object], key: str, line: int) -> float:
@@ -158,6 +175,7 @@ def parse_recording(lines: Iterable[str]) -> Recording:
                 )
             rows.append(dict(r))
     out: list[Recorded] = []
+    load: list[LoadOnly] = []
     skipped = 0
     for i, (n, row) in enumerate(zip(line_of, rows, strict=True), 1):  # n: the file's line
         unknown = [k for k in row if k not in _FIELDS]
@@ -167,7 +185,23 @@ def parse_recording(lines: Iterable[str]) -> Recording:
                 f"{', '.join(_FIELDS)})"
             )
         if str(row.get("outcome") or "ok") != "ok":
-            skipped += 1
+            made = _num(row, "output_tokens", n)
+            if made != int(made) or made >= MAX_TOKENS:
+                raise ValueError(
+                    f"recording line {n}: 'output_tokens' must be a whole number below "
+                    f"{MAX_TOKENS}; got {made:g}"
+                )
+            if made == 0:
+                skipped += 1
+                continue
+            load.append(
+                LoadOnly(
+                    str(row.get("id") or f"line{i}"),
+                    _num(row, "arrival_s", n),
+                    _tokens(row, "prompt_tokens", n),
+                    int(made),
+                )
+            )
             continue
         arrival = _num(row, "arrival_s", n)
         prompt = _tokens(row, "prompt_tokens", n)
@@ -198,7 +232,8 @@ def parse_recording(lines: Iterable[str]) -> Recording:
     if not out:
         raise ValueError("the recording holds no completed (`ok`) requests")
     out.sort(key=lambda r: r.arrival_s)
-    return Recording(tuple(out), skipped)
+    load.sort(key=lambda r: r.arrival_s)
+    return Recording(tuple(out), skipped, tuple(load))
 
 
 def _median_error(metric: str, error: float) -> str:
@@ -243,6 +278,8 @@ class Validation:
     skipped: int
     unfinished: int
     """Requests the simulation did not finish (none expected: it runs until all are done)."""
+    load_only: int = 0
+    """Requests replayed as load only (`LoadOnly`)."""
 
     def values(self, metric: str, simulated: bool) -> list[float]:
         return [
@@ -289,7 +326,8 @@ class Validation:
             for r in self.rows()
         ]
         out = [
-            f"{len(self.pairs)} requests replayed ({self.skipped} not ok skipped, "
+            f"{len(self.pairs)} requests replayed ({self.load_only} more replayed as load "
+            f"only: not ok after their first token; {self.skipped} not ok skipped, "
             f"{self.unfinished} unfinished in the simulation)\n\n",
             markdown_table(
                 [
@@ -361,8 +399,12 @@ def replay(
     the replay; in the recorded runs the next request arrived 0.23-1.0 s later, so nothing
     queued behind it."""
     reqs = recording.requests
-    t0 = reqs[0].arrival_s
-    items = tuple(WorkItem(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in reqs)
+    # the scored requests and those replayed as load only, in arrival order
+    every: list[Recorded | LoadOnly] = sorted(
+        (*reqs, *recording.load_only), key=lambda r: r.arrival_s
+    )
+    t0 = every[0].arrival_s
+    items = tuple(WorkItem(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in every)
     if side_by_side_transfers:
         loop = Simulator()
         cluster = SideBySideTransfers(
@@ -387,14 +429,18 @@ def replay(
         )
     pairs: list[Pair] = []
     unfinished = 0
-    for k, (rec, sim) in enumerate(zip(reqs, result.requests, strict=True)):
+    first = True
+    for rec, sim in zip(every, result.requests, strict=True):
+        if not isinstance(rec, Recorded):
+            continue
+        extra = request_overhead_s + (first_request_extra_s if first else 0.0)
+        first = False
         ttft, e2e = sim.ttft_s, sim.e2e_s
         if ttft is None or e2e is None:
             unfinished += 1
             continue
-        extra = request_overhead_s + (first_request_extra_s if k == 0 else 0.0)
         pairs.append(Pair(rec, ttft + extra, sim.tpot_s, e2e + extra))
-    return Validation(tuple(pairs), recording.skipped, unfinished)
+    return Validation(tuple(pairs), recording.skipped, unfinished, len(recording.load_only))
 
 
 def per_request_errors(v: Validation, metric: str) -> Sequence[float]:

@@ -2,7 +2,8 @@
 
 Invariants: a recording made from a simulation replays on the same cluster with zero error; the
 router's request log is a valid recording; JSON lines and CSV read the same; rows that are not
-`ok` are skipped and counted; malformed rows fail with the line number.
+`ok` are replayed as load when they made a token, else skipped and counted; malformed rows fail
+with the line number.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def test_csv_and_json_lines_read_the_same() -> None:
         "y,0.5,10,3,0.1,0.2,0.5,error",
     ]
     rec = parse_recording(csv_lines)
-    assert rec.skipped == 1
+    assert rec.skipped == 0
+    assert [(r.id, r.output_tokens) for r in rec.load_only] == [("y", 3)]
     assert rec.requests[0].tpot_s == pytest.approx(0.2)  # derived: (0.5 - 0.1) / 2
     js = parse_recording(
         [
@@ -206,3 +208,21 @@ def test_validate_command(tmp_path: Path) -> None:
     )
     assert res.exit_code != 0
     assert "workload" in res.output
+
+
+def test_a_request_that_was_not_ok_is_replayed_as_load_not_scored() -> None:
+    """A client that left after 40 tokens kept the decode worker busy until then: the replay
+    runs it (the request behind it is slower than without it) but scores only `ok` rows; one
+    that failed before its first token is skipped and counted."""
+    cfg = ClusterConfig.model_validate(CLUSTER)
+    ok = _recording_of(cfg, n=6)
+    left = {"id": "left", "arrival_s": 99.99, "prompt_tokens": 3000, "output_tokens": 40,
+            "ttft_s": None, "latency_s": 2.0, "outcome": "cancelled"}  # fmt: skip
+    never = {"id": "never", "arrival_s": 100.0, "prompt_tokens": 3000, "output_tokens": 0,
+             "ttft_s": None, "latency_s": 0.1, "outcome": "unavailable"}  # fmt: skip
+    alone = replay(cluster_spec(cfg), parse_recording([*ok, json.dumps(never)]))
+    loaded = replay(cluster_spec(cfg), parse_recording([*ok, json.dumps(left), json.dumps(never)]))
+    assert [p.recorded.id for p in loaded.pairs] == [p.recorded.id for p in alone.pairs]
+    assert (alone.skipped, alone.load_only, loaded.skipped, loaded.load_only) == (1, 0, 1, 1)
+    assert loaded.pairs[0].ttft_s > alone.pairs[0].ttft_s
+    assert "1 more replayed as load only" in loaded.markdown()
