@@ -124,7 +124,10 @@ def plan(
         raise click.BadParameter(
             f"unknown hardware; valid: {', '.join(sorted(HARDWARE))}", param_hint="--hardware"
         )
-    entries = [x.strip() for x in tps.split(",") if x.strip()]
+    entries = [x.strip() for x in tps.split(",")]
+    if any(entries) and not all(entries):  # `1,,4` was planned as 1,4
+        raise click.BadParameter(f"an empty degree in {tps!r} (e.g. 1,2,4,8)", param_hint="--tp")
+    entries = [x for x in entries if x]
     if not entries:
         raise click.BadParameter(f"no TP degree in {tps!r} (e.g. 1,2,4,8)", param_hint="--tp")
     for entry in entries:  # name the bad entry: "1,0" is not "no degree >= 1"

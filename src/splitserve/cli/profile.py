@@ -44,9 +44,13 @@ from splitserve.worker.profiler import (
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
-    """`64,256` -> (64, 256); anything else is refused naming `flag` (it named no flag)."""
+    """`64,256` -> (64, 256); anything else is refused naming `flag` (it named no flag), an
+    empty item too (`128,,512` was read as 128,512)."""
+    items = text.split(",")
+    if any(v.strip() for v in items) and not all(v.strip() for v in items):
+        raise click.BadParameter(f"an empty item in {text!r}", param_hint=flag)
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in items if v.strip())
     except ValueError as err:
         raise click.BadParameter(
             f"want comma-separated integers, got {text!r}", param_hint=flag

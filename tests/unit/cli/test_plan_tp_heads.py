@@ -53,3 +53,13 @@ def test_a_degree_that_does_not_fit_in_memory_is_said_not_dropped() -> None:
     assert r.exit_code == 0, r.output
     assert "# skipped TP 1: llama-2-70b's weights (138 GB) leave no KV room in 90 % of " in r.output
     assert "| 4 / 4 |" in r.output
+
+
+def test_an_empty_degree_in_the_list_is_refused() -> None:
+    """`--tp 1,,4` (a degree lost in a script) was planned as 1,4."""
+    r = CliRunner().invoke(
+        plan, ["--model", "tiny", "--rate", "2", "--requests", "20", "--tp", "1,,4"]
+    )
+    assert r.exit_code == 2, r.output
+    assert "--tp" in r.output
+    assert "empty" in r.output

@@ -40,3 +40,20 @@ def test_a_grid_with_no_probe_that_fits_is_refused_naming_the_flags(
     assert r.exit_code == 2, r.output
     for name in names:
         assert name in r.output, r.output
+
+
+@pytest.mark.parametrize("value", ["128,,512", "128,", ",128", "128, ,512"])
+def test_an_empty_item_in_a_size_list_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """`--prefill-tokens 128,,512` (a value lost in a script) was profiled as 128,512."""
+
+    async def connected(*_: object, **__: object) -> None:
+        raise AssertionError("the worker was contacted")
+
+    monkeypatch.setattr(cli_profile, "profile_worker", connected)
+    argv = ["--worker", "127.0.0.1:1", "--out", str(tmp_path / "p"), "--prefill-tokens", value]
+    r = CliRunner().invoke(cli_profile.profile, argv)
+    assert r.exit_code == 2, r.output
+    assert "--prefill-tokens" in r.output
+    assert "empty" in r.output
