@@ -365,20 +365,30 @@ class Generator:
         return FastLane() if self.fast_lane else None
 
     async def stream(
-        self, request: Request, stop: Sequence[str] = (), lane: FastLane | None = None
+        self,
+        request: Request,
+        stop: Sequence[str] = (),
+        lane: FastLane | None = None,
+        *,
+        include_stop: bool = False,
+        skip_special: bool = True,
     ) -> AsyncGenerator[TextChunk, None]:
         """Run `request`; yield text as it becomes final. Close early to cancel the request.
 
         `lane`: mid-stream chunks may be handled in the worker link's reader (`fast_lane`);
-        not with stop strings, which are matched here.
+        not with stop strings, which are matched here. `include_stop`: the text ends with the
+        stop string or stop token that ended it (vLLM's `include_stop_str_in_output`);
+        `skip_special`: special tokens' text is left out (vLLM's `skip_special_tokens`).
 
         Raises whatever `Dispatch.chunks()` raises (placement, rejection, worker failures).
         """
         dispatch = self.dispatcher.open(request)
         detok = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids[-INITIAL_CONTEXT_TOKENS:]
+            self.tokenizer,
+            request.prompt_token_ids[-INITIAL_CONTEXT_TOKENS:],
+            skip_special_tokens=skip_special,
         )
-        stops = StopStrings(stop) if stop else None
+        stops = StopStrings(stop, include=include_stop) if stop else None
         stop_ids = frozenset(request.sampling.stop_token_ids)
         # The client's stop_token_ids (vLLM's `stop_reason` names them; end of text it does not)
         ended_by_id = stop_ids
@@ -417,7 +427,8 @@ class Generator:
                         first_token_s = self.clock.now_s()
                     reason = chunk.finish_reason
                     ids = chunk.token_ids
-                    if reason is FinishReason.STOP and ids and ids[-1] in stop_ids:
+                    by_token = reason is FinishReason.STOP and bool(ids) and ids[-1] in stop_ids
+                    if by_token and not include_stop:
                         # As vLLM's detokenizer (stop-terminated, `include_stop_str_in_output`
                         # off): the stop token's text is left out; it counts in the usage.
                         ids = ids[:-1]
@@ -464,8 +475,8 @@ class Generator:
                     why: str | int | None = None
                     if stops is not None and stops.hit is not None:
                         why = stops.hit
-                    elif reason is FinishReason.STOP and ids != chunk.token_ids:
-                        last = chunk.token_ids[-1]  # a stop token: its text was left out
+                    elif by_token and reason is FinishReason.STOP:
+                        last = chunk.token_ids[-1]  # a stop token (its text left out or not)
                         why = last if last in ended_by_id else None
                     final = TextChunk(
                         text, chunk.token_ids, reason, usage, path, chunk.logprobs, why

@@ -279,7 +279,13 @@ class OpenAiApi:
     ) -> Response | SseResponse | EdgeSseResponse:
         headers = {_ID_HEADER: client_id} if client_id is not None else None
         lane = self.generator.lane() if req.stream else None  # `fast_lane`
-        chunks = self.generator.stream(request, req.stop_strings(), lane)
+        chunks = self.generator.stream(
+            request,
+            req.stop_strings(),
+            lane,
+            include_stop=req.include_stop_str_in_output,
+            skip_special=req.skip_special_tokens,
+        )
         if not req.stream:
             try:
                 text, last = await unless_disconnected(http, collect(chunks))

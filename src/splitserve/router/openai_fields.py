@@ -134,8 +134,23 @@ COMMON: Final[dict[str, Field]] = {
         "acts",
         "acts",
         "Added to the model's end-of-text tokens (also with `ignore_eos`). As in vLLM, the "
-        "stop token's text is left out of the answer; it counts in `usage`; the choice's "
-        "`stop_reason` is its id (null for an end-of-text token, as vLLM).",
+        "stop token's text is left out of the answer (kept with `include_stop_str_in_output`); "
+        "it counts in `usage`; the choice's `stop_reason` is its id (null for an end-of-text "
+        "token, as vLLM).",
+    ),
+    "include_stop_str_in_output": Field(
+        "acts",
+        "acts",
+        "As vLLM: the text ends with the stop string that matched, or the stop token's text "
+        "(empty for special tokens unless `skip_special_tokens` is false). Applied by the "
+        "router's detokenizer; the tokens and `usage` do not change.",
+    ),
+    "skip_special_tokens": Field(
+        "acts",
+        "acts",
+        "As vLLM (default true): `false` keeps special tokens' text (end of text, ...) in the "
+        "answer. Applied by the router's detokenizer; log probabilities' token strings keep "
+        "special tokens either way, as vLLM's do.",
     ),
     "response_format": _refused_by_sim(
         _NO_GUIDED,

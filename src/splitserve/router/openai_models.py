@@ -77,6 +77,11 @@ class SamplingFields(_Wire):
     """Only these token ids may be generated."""
     stop_token_ids: list[int] | None = None
     """vLLM's extension: more token ids that end the completion (besides end of text)."""
+    include_stop_str_in_output: bool = False
+    """vLLM's extension: the text ends with the stop string (or stop token's text) that
+    ended it."""
+    skip_special_tokens: bool = True
+    """vLLM's extension: `false` keeps special tokens' text (end of text, ...) in the answer."""
     # Refused for now (400 naming the field and the engine): see `openai_fields`.
     response_format: dict[str, Any] | None = None
     """Structured output (`json_object`, `json_schema`)."""

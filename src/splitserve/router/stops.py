@@ -23,8 +23,11 @@ from collections.abc import Iterable
 class StopStrings:
     """Cuts a text stream at the first stop string."""
 
-    def __init__(self, stops: Iterable[str]) -> None:
+    def __init__(self, stops: Iterable[str], *, include: bool = False) -> None:
+        """`include`: the text ends with the stop string that matched (vLLM's
+        `include_stop_str_in_output`); else just before it."""
         self.stops: tuple[str, ...] = tuple(dict.fromkeys(s for s in stops if s))
+        self._include = include
         self._longest = max((len(s) for s in self.stops), default=0)
         self._buf = ""
         self._guard = 0
@@ -78,4 +81,4 @@ class StopStrings:
     def _cut(self, buf: str, match: tuple[int, str]) -> str:
         self._buf = ""
         self.hit = match[1]
-        return buf[: match[0]]
+        return buf[: match[0] + (len(match[1]) if self._include else 0)]
