@@ -286,9 +286,11 @@ class OpenAiApi:
             include_stop=req.include_stop_str_in_output,
             skip_special=req.skip_special_tokens,
         )
+        if req.return_token_ids:
+            fmt.with_token_ids(request.prompt_token_ids)
         if not req.stream:
             try:
-                text, last = await unless_disconnected(http, collect(chunks))
+                text, last = await unless_disconnected(http, collect(chunks, all_ids=fmt.token_ids))
             except ClientGone:
                 log.info("client left before %s finished", request.id)
                 return Response(status_code=499)
@@ -306,6 +308,7 @@ class OpenAiApi:
                     message=message,
                     finish=finish,
                     stop_reason=last.stop_reason,
+                    token_ids=last.token_ids,
                 )
             )
             return Response(whole, media_type="application/json", headers=headers)

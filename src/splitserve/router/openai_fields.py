@@ -145,6 +145,13 @@ COMMON: Final[dict[str, Field]] = {
         "(empty for special tokens unless `skip_special_tokens` is false). Applied by the "
         "router's detokenizer; the tokens and `usage` do not change.",
     ),
+    "return_token_ids": Field(
+        "acts",
+        "acts",
+        "As vLLM: the prompt's token ids (`prompt_token_ids`: on the choice for completions, at "
+        "the top for chat; in a stream on the first chunk only) and the answer's (`token_ids` "
+        "on the choice: every token, a stop token included; in a stream each chunk's own).",
+    ),
     "skip_special_tokens": Field(
         "acts",
         "acts",

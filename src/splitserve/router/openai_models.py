@@ -9,6 +9,7 @@ dicts shaped like OpenAI's, so the official client parses them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import orjson
@@ -82,6 +83,8 @@ class SamplingFields(_Wire):
     ended it."""
     skip_special_tokens: bool = True
     """vLLM's extension: `false` keeps special tokens' text (end of text, ...) in the answer."""
+    return_token_ids: bool | None = None
+    """vLLM's extension: the prompt's and the answer's token ids with the text."""
     # Refused for now (400 naming the field and the engine): see `openai_fields`.
     response_format: dict[str, Any] | None = None
     """Structured output (`json_object`, `json_schema`)."""
@@ -288,6 +291,21 @@ class Formatter:
         self.logprobs: LogprobsFormatter | None = None
         """Set when the request asked for log probabilities (`with_logprobs`)."""
         self._sent_chars = 0
+        self.token_ids = False
+        """The answer's token ids go on every choice (vLLM's `return_token_ids`)."""
+        self._prompt_ids: list[int] | None = None
+        """The prompt's token ids, until a body has carried them."""
+
+    def with_token_ids(self, prompt_token_ids: Sequence[int]) -> None:
+        """Put the prompt's token ids on the first body (on its choice for completions, at its
+        top for chat, as vLLM) and each chunk's token ids on its choice."""
+        self.token_ids = True
+        self._prompt_ids = list(prompt_token_ids)
+
+    def _take_prompt_ids(self, body: dict[str, Any], choice: dict[str, Any]) -> None:
+        if self._prompt_ids is not None:
+            (body if self.chat else choice)["prompt_token_ids"] = self._prompt_ids
+            self._prompt_ids = None
 
     def with_logprobs(self, top: int | None, tokenizer: Any) -> None:
         """Put log probabilities on every choice (`top`: None, none were asked for)."""
@@ -326,6 +344,7 @@ class Formatter:
         body: dict[str, Any] | None = None,
         finish: str | None = None,
         stop_reason: str | int | None = None,
+        token_ids: Sequence[int] = (),
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
@@ -334,6 +353,8 @@ class Formatter:
         }
         if reason is not None:  # vLLM's extension: what stopped it (a stop string or token id)
             choice["stop_reason"] = stop_reason
+        if self.token_ids:
+            choice["token_ids"] = list(token_ids)
         if not self.chat:
             choice["text"] = text
         elif stream:
@@ -357,9 +378,11 @@ class Formatter:
         message: dict[str, Any] | None = None,
         finish: str | None = None,
         stop_reason: str | int | None = None,
+        token_ids: Sequence[int] = (),
     ) -> dict[str, Any]:
         """The whole non-streamed response (`message`, `finish`: a chat message and finish
-        reason other than the text's, e.g. with tool calls; `stop_reason`: vLLM's)."""
+        reason other than the text's, e.g. with tool calls; `stop_reason`: vLLM's;
+        `token_ids`: the answer's, shown with `with_token_ids`)."""
         choice = self._choice(
             text,
             reason,
@@ -368,13 +391,16 @@ class Formatter:
             body=message,
             finish=finish,
             stop_reason=stop_reason,
+            token_ids=token_ids,
         )
-        return {
+        out = {
             **self._head,
             "object": self._object(stream=False),
             "choices": [choice],
             "usage": usage_body(usage),
         }
+        self._take_prompt_ids(out, choice)
+        return out
 
     def role_chunk(self, *, with_usage: bool, usage: Usage | None = None) -> dict[str, Any]:
         """The first chat chunk, naming the role (as OpenAI sends it)."""
@@ -393,9 +419,11 @@ class Formatter:
         delta: dict[str, Any] | None = None,
         finish: str | None = None,
         stop_reason: str | int | None = None,
+        token_ids: Sequence[int] = (),
     ) -> dict[str, Any]:
         """A streamed chunk (`delta`, `finish`: a chat delta and finish reason other than the
-        text's, e.g. with tool calls; `stop_reason`: vLLM's, on the last one)."""
+        text's, e.g. with tool calls; `stop_reason`: vLLM's, on the last one; `token_ids`: the
+        chunk's, shown with `with_token_ids`)."""
         choice = self._choice(
             text,
             reason,
@@ -404,6 +432,7 @@ class Formatter:
             body=delta,
             finish=finish,
             stop_reason=stop_reason,
+            token_ids=token_ids,
         )
         body: dict[str, Any] = {
             **self._head,
@@ -412,6 +441,7 @@ class Formatter:
         }
         if with_usage:
             body["usage"] = None if usage is None else usage_body(usage)
+        self._take_prompt_ids(body, choice)
         return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

@@ -65,20 +65,22 @@ async def unless_disconnected(request: HttpRequest, work: Awaitable[T]) -> T:
                     await t
 
 
-async def collect(chunks: AsyncGenerator[TextChunk, None]) -> tuple[str, TextChunk]:
-    """The whole text and the final chunk (with usage; with log probabilities, it carries every
-    token of the answer and their log probabilities)."""
+async def collect(
+    chunks: AsyncGenerator[TextChunk, None], *, all_ids: bool = False
+) -> tuple[str, TextChunk]:
+    """The whole text and the final chunk (with usage; with log probabilities, or `all_ids`,
+    it carries every token of the answer, and their log probabilities)."""
     parts: list[str] = []
     ids: list[int] = []
     logprobs: list[TokenLogprobs] = []
     async with contextlib.aclosing(chunks) as stream:
         async for chunk in stream:
             parts.append(chunk.text)
-            if chunk.logprobs:
+            if chunk.logprobs or all_ids:
                 ids.extend(chunk.token_ids)
                 logprobs.extend(chunk.logprobs)
             if chunk.finish_reason is not None:
-                if logprobs:
+                if logprobs or all_ids:
                     chunk = dataclasses.replace(
                         chunk, token_ids=tuple(ids), logprobs=tuple(logprobs)
                     )
@@ -114,20 +116,24 @@ async def stream_body(
             yield sse(fmt.role_chunk(with_usage=include_usage, usage=first_usage))
         chunk: TextChunk | None = first
         with_logprobs = fmt.logprobs is not None
-        if lane is not None and continuous_usage is None and not with_logprobs and tools is None:
+        with_ids = fmt.token_ids
+        built = continuous_usage is not None or with_logprobs or with_ids or tools is not None
+        if lane is not None and not built:
             lane.fmt, lane.with_usage = fmt, include_usage
         while chunk is not None:
             num_out += len(chunk.token_ids)
             final = chunk.finish_reason is not None
             usage = chunk.usage or usage
-            if continuous_usage is not None or with_logprobs or tools is not None:
+            if built:
                 # Tokens whose text is held back (a possible stop string, or tool-call markup
-                # still being read) still send their log probabilities, in an empty chunk.
+                # still being read) still send their log probabilities and ids, in an empty
+                # chunk.
                 so_far = None
                 if continuous_usage is not None:
                     so_far = chunk.usage or Usage(continuous_usage, num_out)
                 delta = None if tools is None else tools.delta(chunk.text, final=final)
-                if (chunk.text if delta is None else delta) or final or chunk.logprobs:
+                text_out = chunk.text if delta is None else delta
+                if text_out or final or chunk.logprobs or (with_ids and chunk.token_ids):
                     lp = fmt.logprobs_of(chunk, stream=True)
                     body = fmt.chunk(
                         chunk.text,
@@ -140,6 +146,7 @@ async def stream_body(
                         if tools is None or not final
                         else tools.finish(wire.finish_name(chunk.finish_reason)),
                         stop_reason=chunk.stop_reason,
+                        token_ids=chunk.token_ids,
                     )
                     if final:
                         tail = sse(body)

@@ -114,3 +114,68 @@ async def test_the_fields_are_booleans(
         )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(x[6:]) for x in text.splitlines() if x.startswith("data: {")]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+async def test_return_token_ids_gives_the_prompt_s_and_the_answer_s_ids(
+    make_worker: WorkerFactory, make_stack: StackFactory, tokenizer: TextTokenizer, chat: bool
+) -> None:
+    """vLLM's `return_token_ids` (RL frameworks read it): the prompt's ids (on the choice for
+    completions, at the top for chat; in a stream on the first chunk only) and the answer's ids,
+    the stop token included (a stream: each chunk's own). Without it neither is sent."""
+    completion = [*tokenizer.encode("Hello world. And more", add_special_tokens=False)]
+    eos = tokenizer.stop_token_ids[0]
+    w = await make_worker(Role.MIXED, completion=[*completion, eos, 7, 7])
+    stack = await make_stack(w)
+    if chat:
+        route = "/v1/chat/completions"
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    else:
+        route = "/v1/completions"
+        body = {"model": MODEL, "prompt": "Say it"}
+    body |= {"max_tokens": 30, "stop": ["."], "return_token_ids": True}
+    async with stack.client() as client:
+        r = await client.post(route, json=body)
+        s = await client.post(route, json={**body, "stream": True})
+        plain = await client.post(route, json={**body, "return_token_ids": False, "stream": True})
+        plain_whole = await client.post(route, json={**body, "return_token_ids": False})
+    assert r.status_code == s.status_code == 200, (r.text, s.text)
+    [gen] = w.requests("Generate")[:1]
+    prompt = list(gen.prompt_token_ids)
+    answer = completion[: completion.index(tokenizer.encode(".", add_special_tokens=False)[0]) + 1]
+    whole = r.json()
+    choice = whole["choices"][0]
+    assert choice["token_ids"] == answer  # up to the token that completed the stop string
+    assert (whole if chat else choice)["prompt_token_ids"] == prompt
+    events = _events(s.text)
+    first, *rest = events
+    holder = first if chat else first["choices"][0]
+    assert holder["prompt_token_ids"] == prompt
+    assert all("prompt_token_ids" not in e and "prompt_token_ids" not in e["choices"][0]
+               for e in rest)  # fmt: skip
+    assert [t for e in events for t in e["choices"][0].get("token_ids") or ()] == answer
+    for e in [*_events(plain.text), plain_whole.json()]:
+        assert "prompt_token_ids" not in e
+        assert "token_ids" not in e["choices"][0]
+        assert "prompt_token_ids" not in e["choices"][0]
+
+
+async def test_return_token_ids_with_a_stop_token_includes_it(
+    make_worker: WorkerFactory, make_stack: StackFactory, tokenizer: TextTokenizer
+) -> None:
+    completion = tokenizer.encode("Hello world", add_special_tokens=False)
+    eos = tokenizer.stop_token_ids[0]
+    w = await make_worker(Role.MIXED, completion=[*completion, eos, 7])
+    stack = await make_stack(w)
+    body = {"model": MODEL, "prompt": "Say it", "max_tokens": 30, "return_token_ids": True}
+    async with stack.client() as client:
+        r = await client.post("/v1/completions", json=body)
+        s = await client.post("/v1/completions", json={**body, "stream": True})
+    assert r.json()["choices"][0]["token_ids"] == [*completion, eos]
+    assert r.json()["choices"][0]["text"] == "Hello world"
+    streamed = [t for e in _events(s.text) for t in e["choices"][0].get("token_ids") or ()]
+    assert streamed == [*completion, eos]
