@@ -46,6 +46,7 @@ from splitserve.router.generation import GenerationParams, Generator
 from splitserve.router.http_sse import EdgeSseResponse, stream_of
 from splitserve.router.openai_errors import ApiError, api_error_from
 from splitserve.router.openai_fields import (
+    PRIORITY_REFUSED,
     refusal,
     requested_logprobs,
     sampler_knobs,
@@ -206,6 +207,8 @@ class OpenAiApi:
             )
         if req.n not in (None, 1):
             raise ApiError(400, "only n=1 is supported", param="n")
+        if req.priority:
+            raise ApiError(400, f"priority: {PRIORITY_REFUSED}", param="priority")
         refused = refusal(req, self.pool.engines())
         if refused is not None:
             raise refused

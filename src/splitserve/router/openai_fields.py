@@ -63,6 +63,11 @@ def _refused_by_sim(why: str, note: str) -> Field:
     return Field("acts", "refused", note, why)
 
 
+PRIORITY_REFUSED: Final = (
+    "splitserve orders requests by SLO class, not by vLLM's per-request priority: send the "
+    "`x-slo-class` header (each class has a priority, docs/slo.md)"
+)
+
 COMMON: Final[dict[str, Field]] = {
     "model": Field("acts", "acts", "Must be the served name; another name is a 404."),
     "max_tokens": Field(
@@ -144,6 +149,10 @@ COMMON: Final[dict[str, Field]] = {
         "As vLLM: the text ends with the stop string that matched, or the stop token's text "
         "(empty for special tokens unless `skip_special_tokens` is false). Applied by the "
         "router's detokenizer; the tokens and `usage` do not change.",
+    ),
+    "priority": _refused(
+        PRIORITY_REFUSED,
+        "`0` (vLLM's default) is accepted; any other value is a 400 whatever the engine.",
     ),
     "return_token_ids": Field(
         "acts",

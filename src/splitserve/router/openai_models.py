@@ -85,6 +85,8 @@ class SamplingFields(_Wire):
     """vLLM's extension: `false` keeps special tokens' text (end of text, ...) in the answer."""
     return_token_ids: bool | None = None
     """vLLM's extension: the prompt's and the answer's token ids with the text."""
+    priority: int = Field(0, ge=-(2**63), lt=2**63)
+    """vLLM's priority-scheduler field: only 0 (splitserve orders requests by SLO class)."""
     # Refused for now (400 naming the field and the engine): see `openai_fields`.
     response_format: dict[str, Any] | None = None
     """Structured output (`json_object`, `json_schema`)."""

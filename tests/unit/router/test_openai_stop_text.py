@@ -179,3 +179,24 @@ async def test_return_token_ids_with_a_stop_token_includes_it(
     assert r.json()["choices"][0]["text"] == "Hello world"
     streamed = [t for e in _events(s.text) for t in e["choices"][0].get("token_ids") or ()]
     assert streamed == [*completion, eos]
+
+
+@pytest.mark.parametrize(("priority", "status"), [(0, 200), (1, 400), (-5, 400)])
+async def test_priority_zero_is_accepted_and_any_other_is_refused_naming_the_slo_header(
+    make_worker: WorkerFactory, make_stack: StackFactory, priority: int, status: int
+) -> None:
+    """vLLM's `priority` orders requests only under its priority scheduler; splitserve orders
+    them by SLO class. 0 (vLLM's default, which some clients always send) asks for nothing;
+    another value is a 400 that says what to use instead (it was refused as unknown, even 0)."""
+    w = await make_worker(Role.MIXED)
+    stack = await make_stack(w)
+    async with stack.client() as client:
+        r = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 3, "priority": priority},
+        )
+    assert r.status_code == status, r.text
+    if status == 400:
+        err = r.json()["error"]
+        assert err["param"] == "priority"
+        assert "x-slo-class" in err["message"]
