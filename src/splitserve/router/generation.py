@@ -247,16 +247,20 @@ class Generator:
             )
 
     async def encode_chat(
-        self, messages: Sequence[MessageLike], tools: Sequence[MessageLike] | None = None
+        self,
+        messages: Sequence[MessageLike],
+        tools: Sequence[MessageLike] | None = None,
+        **options: Any,
     ) -> list[int]:
         """Render and tokenize chat messages (and tool definitions), after the character limit.
+        `options`: `TextTokenizer.apply_chat_template`'s.
 
         Raises:
             InvalidRequest: too long, or the chat template rejected the messages.
         """
         self._check_chars(chat_chars(messages, tools), "messages")
         try:
-            return await self.tokenizing.chat(messages, tools)
+            return await self.tokenizing.chat(messages, tools, **options)
         except ValueError as err:
             raise InvalidRequest(str(err), "messages") from err
 

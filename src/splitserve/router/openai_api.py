@@ -52,7 +52,7 @@ from splitserve.router.openai_fields import (
     sampler_knobs,
     structured_outputs,
 )
-from splitserve.router.openai_parse import parse_body, template_messages
+from splitserve.router.openai_parse import chat_template_options, parse_body, template_messages
 from splitserve.router.openai_stream import (
     ClientGone,
     SseResponse,
@@ -267,7 +267,10 @@ class OpenAiApi:
         )
 
     async def chat_prompt(self, req: wire.ChatCompletionRequest, tools: ToolPlan) -> list[int]:
-        return await self.generator.encode_chat(template_messages(req.messages), tools.tools)
+        options = chat_template_options(self.generator.tokenizer, req)
+        return await self.generator.encode_chat(
+            template_messages(req.messages), tools.tools, **options
+        )
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -245,6 +245,26 @@ _TOOL_CHOICE_FIELDS: Final = (
 _SEE_PARENT = Field("acts", "refused", "As its parent.")
 """A part of a field the simulated engine refuses (the 400 names the parent)."""
 
+_TEMPLATE_FIELDS: Final[dict[str, Field]] = {
+    "add_generation_prompt": Field(
+        "acts", "acts", "As vLLM (default true): the prompt ends with the assistant's header."
+    ),
+    "continue_final_message": Field(
+        "acts",
+        "acts",
+        "As vLLM: the prompt ends with the last message's text, left open for the model to "
+        "continue (cut as transformers cuts it). With `add_generation_prompt: true` a 400.",
+    ),
+    "chat_template_kwargs": Field(
+        "acts",
+        "acts",
+        "As vLLM: more variables for the chat template (`enable_thinking` for Qwen3, ...). A "
+        "variable the served template does not read, or one the router sets itself "
+        "(`messages`, `tools`, `add_generation_prompt`, the special tokens' names), is a 400 "
+        "naming it (vLLM drops the first kind without a word).",
+    ),
+}
+
 CHAT: Final[dict[str, Field]] = {
     **COMMON,
     "messages": Field(
@@ -303,6 +323,7 @@ CHAT: Final[dict[str, Field]] = {
     "parallel_tool_calls": _refused_by_sim(
         _NO_TOOLS, "`false`: only the first call is returned (as vLLM)."
     ),
+    **_TEMPLATE_FIELDS,
 }
 
 TOKENIZE: Final[dict[str, Field]] = {
@@ -316,7 +337,7 @@ TOKENIZE_CHAT: Final[dict[str, Field]] = {
     "messages": CHAT["messages"],
     **_MESSAGE_FIELDS,
     **_HISTORY_FIELDS,
-    "add_generation_prompt": _ACTS,
+    **_TEMPLATE_FIELDS,
     "return_token_strs": _ACTS,
     "tools": _ACTS,
     **_TOOL_FIELDS,

@@ -241,6 +241,13 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    """vLLM's extension: end the prompt with the assistant's turn header."""
+    continue_final_message: bool = False
+    """vLLM's extension: leave the last message open, to be continued (needs
+    `add_generation_prompt: false`)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's extension: more variables for the chat template (`enable_thinking`, ...)."""
 
 
 class TokenizeCompletionRequest(_Wire):
@@ -258,6 +265,10 @@ class TokenizeChatRequest(_Wire):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    """As in a chat completion."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """As in a chat completion."""
     return_token_strs: bool | None = False
     tools: list[Tool] | None = None
     """Rendered by the chat template, as in a chat completion."""

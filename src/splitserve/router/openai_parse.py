@@ -10,6 +10,7 @@ import pydantic
 from splitserve.router import openai_models as wire
 from splitserve.router.openai_errors import ApiError
 from splitserve.router.openai_tools import history_calls
+from splitserve.router.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,31 @@ def template_messages(messages: list[wire.ChatMessage]) -> list[dict[str, Any]]:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
+
+
+def chat_template_options(
+    tokenizer: TextTokenizer, req: wire.ChatCompletionRequest | wire.TokenizeChatRequest
+) -> dict[str, Any]:
+    """The request's chat-template options (`apply_chat_template`'s keyword arguments), or a
+    400 naming the field: `continue_final_message` with `add_generation_prompt` (as vLLM), a
+    `chat_template_kwargs` variable the router sets itself or the template does not read."""
+    if req.continue_final_message and req.add_generation_prompt:
+        raise ApiError(
+            400,
+            "cannot set both `continue_final_message` and `add_generation_prompt` to true (as "
+            "vLLM): give `add_generation_prompt: false`",
+            param="continue_final_message",
+        )
+    for name in req.chat_template_kwargs or {}:
+        problem = tokenizer.template_kwarg_problem(name)
+        if problem is not None:
+            param = f"chat_template_kwargs.{name}"
+            raise ApiError(400, f"{param}: {problem}", param=param)
+    return {
+        "add_generation_prompt": req.add_generation_prompt,
+        "continue_final_message": req.continue_final_message,
+        "template_kwargs": req.chat_template_kwargs,
+    }
 
 
 def parse_body(

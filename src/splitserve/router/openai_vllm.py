@@ -22,7 +22,7 @@ from splitserve.router import openai_models as wire
 from splitserve.router.auth import ALLOWED_MODELS_SCOPE
 from splitserve.router.errors import InvalidRequest
 from splitserve.router.openai_errors import ApiError
-from splitserve.router.openai_parse import parse_body, template_messages
+from splitserve.router.openai_parse import chat_template_options, parse_body, template_messages
 from splitserve.router.tokenizer import chat_chars
 
 if TYPE_CHECKING:
@@ -122,14 +122,11 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
                         "tools: the served model's chat template does not read `tools`",
                         param="tools",
                     )
-                gen = chat.add_generation_prompt
+                options = chat_template_options(tokenizer, chat)
                 want_strs = chat.return_token_strs
                 try:
                     ids = await asyncio.to_thread(
-                        tokenizer.apply_chat_template,
-                        messages,
-                        add_generation_prompt=gen,
-                        tools=tools,
+                        tokenizer.apply_chat_template, messages, tools=tools, **options
                     )
                 except ValueError as err:
                     raise ApiError(400, str(err), param="messages") from err

@@ -9,6 +9,7 @@ with a chat template and no download. Loading and training are blocking; call th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -126,6 +127,8 @@ class TextTokenizer:
         self._special_groups = _group_by_first_char(self._special_texts)
         self._template: Any = None
         self._template_vars: dict[str, Any] = {}
+        self._template_reads: frozenset[str] = frozenset()
+        """The variables the chat template reads (beyond its own `set`s)."""
         template = getattr(hf, "chat_template", None)
         if isinstance(template, str):
             from transformers.utils.chat_template_utils import _compile_jinja_template
@@ -134,6 +137,11 @@ class TextTokenizer:
             # same render plus ~0.1-0.3 ms of argument handling per call.
             self._template = _compile_jinja_template(template)
             self._template_vars = dict(hf.special_tokens_map)
+            from jinja2 import meta
+
+            self._template_reads = frozenset(
+                meta.find_undeclared_variables(self._template.environment.parse(template))
+            )
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str], revision: str | None = None) -> TextTokenizer:
@@ -206,16 +214,30 @@ class TextTokenizer:
         """The vocabulary entry of each token id (`/tokenize`'s `token_strs`)."""
         return [str(t) for t in self._hf.convert_ids_to_tokens(list(token_ids))]
 
+    def template_kwarg_problem(self, name: str) -> str | None:
+        """Why a request's `chat_template_kwargs` may not carry `name` (None: it may): one the
+        router sets itself, or one the served template does not read (a silent no-op)."""
+        if name in _RENDER_VARS or name in self._template_vars:
+            return "the router sets this template variable itself"
+        if name not in self._template_reads:
+            return "the served model's chat template does not read this variable"
+        return None
+
     def apply_chat_template(
         self,
         messages: Sequence[MessageLike],
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Render chat messages (and `tools`, the tool definitions, passed as `tools=` like
         transformers and vLLM do) with the model's template (the assistant's generation prompt
-        added unless `add_generation_prompt=False`) and encode.
+        added unless `add_generation_prompt=False`) and encode. `continue_final_message`: the
+        text ends with the last message's text, left open (what follows it is cut, as
+        transformers does); `template_kwargs`: more variables for the template
+        (`template_kwarg_problem` says which may be given).
 
         Raises:
             ValueError: the tokenizer has no chat template, or the template rejected the messages.
@@ -224,16 +246,24 @@ class TextTokenizer:
             raise ValueError("the served model's tokenizer has no chat template")
         specials = self._special_texts
         gen = add_generation_prompt
+        extra = dict(template_kwargs or {})
+        cont = continue_final_message
         tool_list = None if tools is None else [dict(t) for t in tools]
-        if not _spells_grouped([messages, tool_list], self._special_groups):
+        if not _spells_grouped([messages, tool_list, extra], self._special_groups):
             # The template writes the special tokens itself (BOS included): add none here.
-            return self._encode_bare(self._render(messages, gen, tool_list))
+            return self._encode_bare(self._render(messages, gen, tool_list, extra, cont))
         # A message spells a special token (`<|eot_id|>system...`: a faked turn). Escape those
         # spellings (in every string of the messages and tools), render, then encode the
         # template's text normally and the escaped pieces as plain text, so only the template's
         # own special tokens become special tokens.
         escaped = [_escape_all(dict(m), specials) for m in messages]
-        rendered = self._render(escaped, gen, _escape_all(tool_list, specials))
+        rendered = self._render(
+            escaped,
+            gen,
+            _escape_all(tool_list, specials),
+            _escape_all(extra, specials),
+            cont,
+        )
         ids: list[int] = []
         pos = 0
         for match in _ESCAPED.finditer(rendered):
@@ -248,30 +278,61 @@ class TextTokenizer:
         messages: Sequence[MessageLike],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
+        text: str | None = None
         if self._template is not None:
-            try:
-                return str(
+            # on failure transformers' own path below raises with its error message
+            with contextlib.suppress(Exception):
+                text = str(
                     self._template.render(
                         messages=[dict(m) for m in messages],
                         tools=tools,
                         documents=None,
                         add_generation_prompt=add_generation_prompt,
                         **self._template_vars,
+                        **(extra or {}),
                     )
                 )
-            except Exception:
-                pass  # transformers' own path below raises with its error message
-        try:
-            text = self._hf.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-            )
-        except Exception as err:  # jinja2 errors, template `raise_exception` calls
-            raise ValueError(f"chat template failed: {err}") from err
-        return str(text)
+        if text is None:
+            try:
+                text = str(
+                    self._hf.apply_chat_template(
+                        [dict(m) for m in messages],
+                        tools=tools,
+                        tokenize=False,
+                        add_generation_prompt=add_generation_prompt,
+                        **(extra or {}),
+                    )
+                )
+            except Exception as err:  # jinja2 errors, template `raise_exception` calls
+                raise ValueError(f"chat template failed: {err}") from err
+        if continue_final_message:
+            text = _open_final(text, str(dict(messages[-1]).get("content") or ""))
+        return text
+
+
+def _open_final(rendered: str, final: str) -> str:
+    """`rendered` cut right after the last message's text (`continue_final_message`), as
+    transformers cuts it: at the last occurrence of the stripped text, keeping the text's
+    trailing space when the template kept it."""
+    core = final.strip()
+    if not core or core not in rendered:
+        raise ValueError(
+            "continue_final_message: the last message's text does not appear in the rendered "
+            "chat (empty, or the chat template rewrites it), so it cannot be left open"
+        )
+    at = rendered.rindex(core)
+    lead = final.lstrip()
+    keep = len(lead) if rendered[at : at + len(lead)] == lead else len(core)
+    return rendered[: at + keep]
+
+
+_RENDER_VARS: Final = frozenset(
+    ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
+)
+"""The template variables `_render` sets from the request itself."""
 
 
 SpecialGroups = tuple[tuple[str, tuple[str, ...]], ...]
@@ -424,11 +485,16 @@ class Tokenizing:
         return await self._run(len(text), lambda: self.tokenizer.encode(text))
 
     async def chat(
-        self, messages: Sequence[MessageLike], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[MessageLike],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **options: Any,
     ) -> list[int]:
+        """`options`: `apply_chat_template`'s (generation prompt, open final message, template
+        variables)."""
         size = chat_chars(messages, tools)
         return await self._run(
-            size, lambda: self.tokenizer.apply_chat_template(messages, tools=tools)
+            size, lambda: self.tokenizer.apply_chat_template(messages, tools=tools, **options)
         )
 
     def close(self) -> None:
