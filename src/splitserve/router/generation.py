@@ -215,10 +215,13 @@ class Generator:
                 param,
             )
 
-    async def encode(self, text: str, param: str = "prompt") -> list[int]:
-        """Tokenize a prompt (off the event loop when long), after the character limit."""
+    async def encode(
+        self, text: str, param: str = "prompt", *, add_special_tokens: bool = True
+    ) -> list[int]:
+        """Tokenize a prompt (off the event loop when long), after the character limit
+        (`add_special_tokens=False`: without the start token the tokenizer adds)."""
         self._check_chars(len(text), param)
-        return await self.tokenizing.encode(text)
+        return await self.tokenizing.encode(text, add_special_tokens=add_special_tokens)
 
     def count_refused(self, slo_class: str | None) -> None:
         """Count a request refused before dispatch (outcome `rejected`, path `none`), labelled

@@ -253,7 +253,7 @@ class OpenAiApi:
                 raise ApiError(400, "only one prompt per request is supported", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return await self.generator.encode(prompt)
+            return await self.generator.encode(prompt, add_special_tokens=req.add_special_tokens)
         return list(prompt)
 
     def tool_plan(self, req: wire.ChatCompletionRequest) -> ToolPlan:

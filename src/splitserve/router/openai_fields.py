@@ -196,6 +196,12 @@ COMPLETION: Final[dict[str, Field]] = {
         "One prompt: text or token ids (a list of one is accepted). A token id outside the "
         "tokenizer's vocabulary is a 400 naming it.",
     ),
+    "add_special_tokens": Field(
+        "acts",
+        "acts",
+        "As vLLM (default true): `false` encodes a text prompt without the tokens the "
+        "tokenizer adds (a start token); token-id prompts are sent as given either way.",
+    ),
     "echo": _refused("echo is not supported", "`false` is accepted."),
     "logprobs": _refused_by_sim(
         _NO_LOGPROBS,

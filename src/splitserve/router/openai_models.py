@@ -126,6 +126,9 @@ class CompletionRequest(SamplingFields):
     # OpenAI's and vLLM's completions default when absent; `null`: as chat's absent one.
     max_tokens: int | None = Field(COMPLETION_MAX_TOKENS, ge=1)
     echo: bool | None = False
+    add_special_tokens: bool = True
+    """vLLM's extension: `false` encodes a text prompt without the tokens the tokenizer adds
+    (a start token)."""
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)

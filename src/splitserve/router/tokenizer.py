@@ -481,8 +481,11 @@ class Tokenizing:
             return fn()
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def encode(self, text: str) -> list[int]:
-        return await self._run(len(text), lambda: self.tokenizer.encode(text))
+    async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        tok = self.tokenizer
+        if add_special_tokens:
+            return await self._run(len(text), lambda: tok.encode(text))
+        return await self._run(len(text), lambda: tok.encode(text, add_special_tokens=False))
 
     async def chat(
         self,
