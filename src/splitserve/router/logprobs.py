@@ -37,8 +37,10 @@ class _Decoder(Protocol):
 class LogprobsFormatter:
     """The `logprobs` body of each chunk (or of the whole answer) of one response."""
 
-    def __init__(self, tokenizer: _Decoder, *, chat: bool, top: int) -> None:
+    def __init__(self, tokenizer: _Decoder, *, chat: bool, top: int, as_ids: bool = False) -> None:
+        """`as_ids`: a token's string is `token_id:N` (vLLM's `return_tokens_as_token_ids`)."""
         self.tokenizer = tokenizer
+        self.as_ids = as_ids
         self.chat = chat
         self.top = top
         """Chat: `top_logprobs`; completions: `logprobs`."""
@@ -49,9 +51,12 @@ class LogprobsFormatter:
     def token(self, token_id: int) -> str:
         s = self._strings.get(token_id)
         if s is None:
-            s = self._strings[token_id] = self.tokenizer.decode(
-                [token_id], skip_special_tokens=False
-            )
+            if self.as_ids:
+                s = self._strings[token_id] = f"token_id:{token_id}"
+            else:
+                s = self._strings[token_id] = self.tokenizer.decode(
+                    [token_id], skip_special_tokens=False
+                )
         return s
 
     def body(

@@ -246,6 +246,45 @@ class OpenAiApi:
             )
         return value.strip()  # optional whitespace around a field value is not part of it
 
+    def truncated(self, req: wire.SamplingFields, prompt: list[int]) -> list[int]:
+        """The prompt's last `truncate_prompt_tokens` tokens (vLLM's; -1: the context's
+        length), or a 400 naming the field."""
+        k = req.truncate_prompt_tokens
+        if k is None:
+            return prompt
+        limit = self.generator.max_model_len
+        if k == -1:
+            k = limit
+        elif k < 1:
+            raise ApiError(
+                400,
+                f"truncate_prompt_tokens: must be -1 or at least 1, got {k}",
+                param="truncate_prompt_tokens",
+            )
+        elif k > limit:
+            raise ApiError(
+                400,
+                f"truncate_prompt_tokens ({k}) is greater than max_model_len ({limit}); use a "
+                "value at most max_model_len, or -1 for it",
+                param="truncate_prompt_tokens",
+            )
+        return prompt[-k:]
+
+    def logprobs_format(
+        self, fmt: wire.Formatter, req: wire.SamplingFields, params: GenerationParams
+    ) -> None:
+        """Log probabilities as the request asked for them (`return_tokens_as_token_ids`
+        without them is a 400: it would do nothing)."""
+        as_ids = bool(req.return_tokens_as_token_ids)
+        if as_ids and params.logprobs is None:
+            raise ApiError(
+                400,
+                "return_tokens_as_token_ids: only with logprobs (it names the tokens of the "
+                "log probabilities)",
+                param="return_tokens_as_token_ids",
+            )
+        fmt.with_logprobs(params.logprobs, self.generator.tokenizer, as_ids=as_ids)
+
     async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
         prompt: Any = req.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
@@ -445,8 +484,9 @@ def create_app(
             api.check_common(req)
             params = api.params(req, req.max_tokens, http)
             prompt = await api.completion_prompt(req)
+            prompt = api.truncated(req, prompt)
             fmt = formatter(chat=False)
-            fmt.with_logprobs(params.logprobs, generator.tokenizer)
+            api.logprobs_format(fmt, req, params)
             request = generator.build_request(fmt.response_id, prompt, params)
         except ApiError as err:
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
@@ -470,8 +510,9 @@ def create_app(
             if tools.guide:  # a forced tool choice: guided by the tools' schema
                 params = dataclasses.replace(params, structured_outputs=tools.guide)
             prompt = await api.chat_prompt(req, tools)
+            prompt = api.truncated(req, prompt)
             fmt = formatter(chat=True)
-            fmt.with_logprobs(params.logprobs, generator.tokenizer)
+            api.logprobs_format(fmt, req, params)
             try:
                 request = generator.build_request(fmt.response_id, prompt, params)
             except InvalidRequest as err:  # name the field the client sent

@@ -150,6 +150,19 @@ COMMON: Final[dict[str, Field]] = {
         "(empty for special tokens unless `skip_special_tokens` is false). Applied by the "
         "router's detokenizer; the tokens and `usage` do not change.",
     ),
+    "truncate_prompt_tokens": Field(
+        "acts",
+        "acts",
+        "As vLLM: only the prompt's last k tokens are sent (for chat, of the rendered "
+        "messages); -1: the context's length. 0, below -1 or above the context is a 400.",
+    ),
+    "return_tokens_as_token_ids": Field(
+        "acts",
+        "acts",
+        "As vLLM: the log probabilities' token strings are `token_id:N` (their `bytes` and "
+        "completions' `text_offset` are those strings'). Without log probabilities a 400 (it "
+        "would do nothing).",
+    ),
     "priority": _refused(
         PRIORITY_REFUSED,
         "`0` (vLLM's default) is accepted; any other value is a 400 whatever the engine.",

@@ -85,6 +85,10 @@ class SamplingFields(_Wire):
     """vLLM's extension: `false` keeps special tokens' text (end of text, ...) in the answer."""
     return_token_ids: bool | None = None
     """vLLM's extension: the prompt's and the answer's token ids with the text."""
+    truncate_prompt_tokens: int | None = Field(None, ge=-(2**63), lt=2**63)
+    """vLLM's extension: keep only the prompt's last k tokens (-1: the context's length)."""
+    return_tokens_as_token_ids: bool | None = None
+    """vLLM's extension: log probabilities name tokens as `token_id:N`."""
     priority: int = Field(0, ge=-(2**63), lt=2**63)
     """vLLM's priority-scheduler field: only 0 (splitserve orders requests by SLO class)."""
     # Refused for now (400 naming the field and the engine): see `openai_fields`.
@@ -323,10 +327,11 @@ class Formatter:
             (body if self.chat else choice)["prompt_token_ids"] = self._prompt_ids
             self._prompt_ids = None
 
-    def with_logprobs(self, top: int | None, tokenizer: Any) -> None:
-        """Put log probabilities on every choice (`top`: None, none were asked for)."""
+    def with_logprobs(self, top: int | None, tokenizer: Any, *, as_ids: bool = False) -> None:
+        """Put log probabilities on every choice (`top`: None, none were asked for; `as_ids`:
+        tokens named `token_id:N`)."""
         if top is not None:
-            self.logprobs = LogprobsFormatter(tokenizer, chat=self.chat, top=top)
+            self.logprobs = LogprobsFormatter(tokenizer, chat=self.chat, top=top, as_ids=as_ids)
 
     def logprobs_of(self, chunk: TextChunk, *, stream: bool) -> dict[str, Any] | None:
         """The `logprobs` of a chunk's tokens (None when none were asked for)."""
