@@ -306,7 +306,10 @@ class OpenAiApi:
         )
 
     async def chat_prompt(self, req: wire.ChatCompletionRequest, tools: ToolPlan) -> list[int]:
-        options = chat_template_options(self.generator.tokenizer, req)
+        gen = self.generator
+        options = chat_template_options(
+            gen.tokenizer, req, allow_unknown=gen.edge.allow_unknown_fields
+        )
         return await self.generator.encode_chat(
             template_messages(req.messages), tools.tools, **options
         )

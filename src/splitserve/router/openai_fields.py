@@ -280,7 +280,8 @@ _TEMPLATE_FIELDS: Final[dict[str, Field]] = {
         "As vLLM: more variables for the chat template (`enable_thinking` for Qwen3, ...). A "
         "variable the served template does not read, or one the router sets itself "
         "(`messages`, `tools`, `add_generation_prompt`, the special tokens' names), is a 400 "
-        "naming it (vLLM drops the first kind without a word).",
+        "naming it (vLLM drops the first kind without a word; with "
+        "`edge.allow_unknown_fields` the router drops it too).",
     ),
 }
 

@@ -37,11 +37,15 @@ def template_messages(messages: list[wire.ChatMessage]) -> list[dict[str, Any]]:
 
 
 def chat_template_options(
-    tokenizer: TextTokenizer, req: wire.ChatCompletionRequest | wire.TokenizeChatRequest
+    tokenizer: TextTokenizer,
+    req: wire.ChatCompletionRequest | wire.TokenizeChatRequest,
+    *,
+    allow_unknown: bool = False,
 ) -> dict[str, Any]:
     """The request's chat-template options (`apply_chat_template`'s keyword arguments), or a
     400 naming the field: `continue_final_message` with `add_generation_prompt` (as vLLM), a
-    `chat_template_kwargs` variable the router sets itself or the template does not read."""
+    `chat_template_kwargs` variable the router sets itself or the template does not read (with
+    `allow_unknown`, `edge.allow_unknown_fields`, one it does not read is dropped instead)."""
     if req.continue_final_message and req.add_generation_prompt:
         raise ApiError(
             400,
@@ -49,15 +53,28 @@ def chat_template_options(
             "vLLM): give `add_generation_prompt: false`",
             param="continue_final_message",
         )
-    for name in req.chat_template_kwargs or {}:
-        problem = tokenizer.template_kwarg_problem(name)
-        if problem is not None:
-            param = f"chat_template_kwargs.{name}"
-            raise ApiError(400, f"{param}: {problem}", param=param)
+    kwargs = dict(req.chat_template_kwargs or {})
+    for name in list(kwargs):
+        param = f"chat_template_kwargs.{name}"
+        if tokenizer.template_sets(name):
+            raise ApiError(
+                400, f"{param}: the router sets this template variable itself", param=param
+            )
+        if not tokenizer.template_reads(name):
+            if allow_unknown:
+                log.debug("dropped %s: the chat template does not read it", param)
+                del kwargs[name]
+                continue
+            raise ApiError(
+                400,
+                f"{param}: the served model's chat template does not read this variable "
+                "(edge.allow_unknown_fields drops such variables instead)",
+                param=param,
+            )
     return {
         "add_generation_prompt": req.add_generation_prompt,
         "continue_final_message": req.continue_final_message,
-        "template_kwargs": req.chat_template_kwargs,
+        "template_kwargs": kwargs,
     }
 
 

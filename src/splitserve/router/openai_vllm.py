@@ -122,7 +122,7 @@ def add_vllm_routes(app: FastAPI, api: OpenAiApi, *, root: str) -> None:
                         "tools: the served model's chat template does not read `tools`",
                         param="tools",
                     )
-                options = chat_template_options(tokenizer, chat)
+                options = chat_template_options(tokenizer, chat, allow_unknown=allow)
                 want_strs = chat.return_token_strs
                 try:
                     ids = await asyncio.to_thread(

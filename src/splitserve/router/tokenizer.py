@@ -214,14 +214,13 @@ class TextTokenizer:
         """The vocabulary entry of each token id (`/tokenize`'s `token_strs`)."""
         return [str(t) for t in self._hf.convert_ids_to_tokens(list(token_ids))]
 
-    def template_kwarg_problem(self, name: str) -> str | None:
-        """Why a request's `chat_template_kwargs` may not carry `name` (None: it may): one the
-        router sets itself, or one the served template does not read (a silent no-op)."""
-        if name in _RENDER_VARS or name in self._template_vars:
-            return "the router sets this template variable itself"
-        if name not in self._template_reads:
-            return "the served model's chat template does not read this variable"
-        return None
+    def template_sets(self, name: str) -> bool:
+        """Does the router set template variable `name` itself (so a request may not)?"""
+        return name in _RENDER_VARS or name in self._template_vars
+
+    def template_reads(self, name: str) -> bool:
+        """Does the served chat template read variable `name` (else giving it does nothing)?"""
+        return name in self._template_reads
 
     def apply_chat_template(
         self,
@@ -237,7 +236,7 @@ class TextTokenizer:
         added unless `add_generation_prompt=False`) and encode. `continue_final_message`: the
         text ends with the last message's text, left open (what follows it is cut, as
         transformers does); `template_kwargs`: more variables for the template
-        (`template_kwarg_problem` says which may be given).
+        (`template_sets` / `template_reads` say which may be given).
 
         Raises:
             ValueError: the tokenizer has no chat template, or the template rejected the messages.

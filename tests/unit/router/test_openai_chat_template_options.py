@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from splitserve.api.router_edge import EdgeSettings
 from splitserve.core.roles import Role
 from splitserve.router.tokenizer import TextTokenizer, build_default_tokenizer
 from tests.unit.router.conftest import MODEL, StackFactory, WorkerFactory
@@ -139,3 +140,26 @@ async def test_tokenize_takes_the_same_options(
     assert tokenizer.decode(r.json()["tokens"]).endswith("/no_think")
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "continue_final_message"
+
+
+async def test_with_unknown_fields_allowed_a_variable_the_template_does_not_read_is_dropped(
+    make_worker: WorkerFactory, make_stack: StackFactory
+) -> None:
+    """`edge.allow_unknown_fields` (for clients that send vendor extras to every model) drops
+    such a variable as vLLM does; one the router sets is still a 400."""
+    w = await make_worker(Role.MIXED)
+    stack = await make_stack(w)
+    stack.generator.edge = EdgeSettings(allow_unknown_fields=True)
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    async with stack.client() as client:
+        plain = await client.post("/v1/chat/completions", json=body)
+        dropped = await client.post(
+            "/v1/chat/completions", json={**body, "chat_template_kwargs": {"reasoning": "low"}}
+        )
+        reserved = await client.post(
+            "/v1/chat/completions", json={**body, "chat_template_kwargs": {"messages": []}}
+        )
+    assert plain.status_code == dropped.status_code == 200, dropped.text
+    first, second = w.requests("Generate")
+    assert first.prompt_token_ids == second.prompt_token_ids
+    assert reserved.status_code == 400
