@@ -275,6 +275,12 @@ class OpenAiApi:
     ) -> None:
         """Log probabilities as the request asked for them (`return_tokens_as_token_ids`
         without them is a 400: it would do nothing)."""
+        if isinstance(req, wire.CompletionRequest) and req.echo and params.logprobs is not None:
+            raise ApiError(
+                400,
+                "echo: not with logprobs (the prompt's log probabilities are not computed)",
+                param="echo",
+            )
         as_ids = bool(req.return_tokens_as_token_ids)
         if as_ids and params.logprobs is None:
             raise ApiError(
@@ -284,6 +290,16 @@ class OpenAiApi:
                 param="return_tokens_as_token_ids",
             )
         fmt.with_logprobs(params.logprobs, self.generator.tokenizer, as_ids=as_ids)
+
+    def echo_text(self, req: wire.CompletionRequest, prompt: list[int]) -> str:
+        """What `echo` puts before the answer: a text prompt as sent; token ids (or a prompt
+        `truncate_prompt_tokens` cut) decoded, special tokens kept (what was sent)."""
+        text: Any = req.prompt
+        if isinstance(text, list) and text and isinstance(text[0], str):
+            text = text[0]
+        if isinstance(text, str) and req.truncate_prompt_tokens is None:
+            return text
+        return self.generator.tokenizer.decode(prompt, skip_special_tokens=False)
 
     async def completion_prompt(self, req: wire.CompletionRequest) -> list[int]:
         prompt: Any = req.prompt
@@ -324,7 +340,10 @@ class OpenAiApi:
         fmt: wire.Formatter,
         client_id: str | None,
         tools: ToolPlan = NO_TOOLS,
+        *,
+        echo: str = "",
     ) -> Response | SseResponse | EdgeSseResponse:
+        """Answer `request`; `echo`: text put before the answer's (completions' `echo`)."""
         headers = {_ID_HEADER: client_id} if client_id is not None else None
         lane = self.generator.lane() if req.stream else None  # `fast_lane`
         chunks = self.generator.stream(
@@ -345,6 +364,7 @@ class OpenAiApi:
             except SplitserveError as err:
                 return _with_headers(api_error_from(err).response(), headers)
             assert last.usage is not None
+            text = echo + text
             lp = fmt.logprobs_of(last, stream=False)
             message, finish = tools.answer(text, wire.finish_name(last.finish_reason))
             whole = orjson.dumps(
@@ -370,6 +390,8 @@ class OpenAiApi:
         except SplitserveError as err:
             await chunks.aclose()
             return _with_headers(api_error_from(err).response(), headers)
+        if echo:
+            first = dataclasses.replace(first, text=echo + first.text)
         continuous = request.num_prompt_tokens if req.continuous_usage else None
         body = stream_body(
             fmt,
@@ -491,11 +513,12 @@ def create_app(
             fmt = formatter(chat=False)
             api.logprobs_format(fmt, req, params)
             request = generator.build_request(fmt.response_id, prompt, params)
+            echo = api.echo_text(req, prompt) if req.echo else ""
         except ApiError as err:
             return api.reject(err, client_id, http.headers.get(_SLO_HEADER))
         except InvalidRequest as err:
             return api.reject(api_error_from(err), client_id, http.headers.get(_SLO_HEADER))
-        return await api.serve(http, request, req, fmt, client_id)
+        return await api.serve(http, request, req, fmt, client_id, echo=echo)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(http: HttpRequest) -> Response | SseResponse | EdgeSseResponse:

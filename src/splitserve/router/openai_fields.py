@@ -215,7 +215,14 @@ COMPLETION: Final[dict[str, Field]] = {
         "As vLLM (default true): `false` encodes a text prompt without the tokens the "
         "tokenizer adds (a start token); token-id prompts are sent as given either way.",
     ),
-    "echo": _refused("echo is not supported", "`false` is accepted."),
+    "echo": Field(
+        "acts",
+        "acts",
+        "The answer's text starts with the prompt's: a text prompt as sent, a token-id prompt "
+        "(or one cut by `truncate_prompt_tokens`: what was sent) decoded, special tokens kept; "
+        "in a stream, on the first chunk. With `logprobs` a 400 (the prompt's log "
+        "probabilities are not computed).",
+    ),
     "logprobs": _refused_by_sim(
         _NO_LOGPROBS,
         "0-20: each token's log probability and the `logprobs` most likely tokens at its "
@@ -426,8 +433,6 @@ def _used(req: wire.SamplingFields) -> Iterator[str]:
 
 def _used_first(req: wire.SamplingFields) -> str | None:
     if isinstance(req, wire.CompletionRequest):
-        if req.echo:
-            return "echo"
         if req.suffix:
             return "suffix"
         if (req.best_of or 1) > 1:
@@ -460,7 +465,6 @@ _REFUSABLE: Final = frozenset(
         "tools",
         "tool_choice",
         "parallel_tool_calls",
-        "echo",
         "suffix",
         "best_of",
     )

@@ -274,7 +274,6 @@ async def test_bad_sampling_values_are_400(
         ("chat", {"logprobs": True}, "logprobs"),
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
         ("completion", {"logprobs": 1}, "logprobs"),
-        ("completion", {"echo": True}, "echo"),
         (
             "chat",
             {
