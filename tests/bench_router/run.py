@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -36,6 +37,7 @@ from typing import Any
 import grpc
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.cli.process import die_with_parent
 from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
 from tests.bench_router import loadgen, loadproc
 from tests.bench_router.layout import Budget, Layout, backend_counts, format_cores, make_layout
@@ -101,11 +103,13 @@ class Procs:
         """Start `args` pinned to `core` (one core or a set; `os.sched_setaffinity` in the
         child, inherited by everything it starts), output to `<name>.log`."""
         cores = {core} if isinstance(core, int) else set(core)
+
+        def setup() -> None:
+            os.sched_setaffinity(0, cores)
+            die_with_parent()  # a bench killed outright (SIGKILL) left its children running
+
         with (self.logs / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen(
-                args, stdout=out, stderr=out, env=env,
-                preexec_fn=lambda: os.sched_setaffinity(0, cores),
-            )  # fmt: skip
+            proc = subprocess.Popen(args, stdout=out, stderr=out, env=env, preexec_fn=setup)
         self.procs.append(proc)
         self.named[name] = proc
         return proc
@@ -336,7 +340,9 @@ def measure(
     cpu0 = _cpu_s(pid)
     spy = None
     if py_spy is not None:
-        suffix = "svg" if flame_format == "flamegraph" else "txt"
+        suffix = {"flamegraph": "svg", "speedscope": "json", "chrometrace": "json"}.get(
+            flame_format, "txt"
+        )
         svg = out_dir / f"flame-{name}.{suffix}"
         spy = subprocess.Popen(
             [py_spy, "record", "-o", str(svg), "--pid", str(pid), "--duration", "8", "-r", "200",
@@ -379,17 +385,43 @@ def _pct(cpu_s: float, wall_s: float) -> float:
     return round(100 * cpu_s / max(wall_s, 1e-9), 1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def _at_least(low: float, kind: Callable[[str], float] = int, above: bool = False) -> Any:
+    """An argparse type: a finite `kind` >= `low` (> `low` with `above`). A rate of 0 or below,
+    a prompt of no tokens or a negative stream count ran as nothing (a row of nan, a skipped
+    part), a saturation of 0 s divided by zero, nan skipped every part."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'>' if above else '>='} {low:g}")
+        return value
+
+    return convert
+
+
+FLAME_FORMATS = ("flamegraph", "raw", "speedscope", "chrometrace")
+"""py-spy's `--format` values this bench writes a file for (another made py-spy exit at once,
+unseen: its output goes nowhere, and the report had no flame graph)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_router.run")
     parser.add_argument("--vllm-router", default=None, help="vllm-router executable (peer)")
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--out", default="out/bench-router.md")
     parser.add_argument(
         "--json", default=None, help="every figure as JSON (default: --out with .json)"
     )
-    parser.add_argument("--prompt-tokens", type=int, nargs="*", default=[200, 1024])
+    parser.add_argument("--prompt-tokens", type=_at_least(1), nargs="*", default=[200, 1024])
     parser.add_argument(
-        "--rates", type=int, nargs="*", default=list(RATES), help="Poisson rates (none: skip)"
+        "--rates",
+        type=_at_least(1),
+        nargs="*",
+        default=list(RATES),
+        help="Poisson rates (none: skip)",
     )
     parser.add_argument(
         "--scaling",
@@ -422,7 +454,10 @@ def main() -> None:
         "prefill / decode pair per backend core",
     )
     parser.add_argument(
-        "--sat-s", type=float, default=10.0, help="length of each scale-out saturation run"
+        "--sat-s",
+        type=_at_least(0, float, above=True),
+        default=10.0,
+        help="length of each scale-out saturation run",
     )
     parser.add_argument(
         "--peer-scaling",
@@ -433,7 +468,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--budget-s",
-        type=float,
+        type=_at_least(0, float, above=True),
         default=None,
         help="wall-clock cap for the whole run: parts that would not fit are skipped (in this "
         "order of priority: the first prompt's splitserve row, the scale-out figure, the peer's "
@@ -441,12 +476,15 @@ def main() -> None:
     )
     parser.add_argument(
         "--slow-streams",
-        type=int,
+        type=_at_least(0),
         default=10000,
         help="concurrent slow streams held open on one router process for its RSS (0: skip)",
     )
     parser.add_argument(
-        "--flame-format", default="flamegraph", help="py-spy output format (flamegraph, raw)"
+        "--flame-format",
+        default="flamegraph",
+        choices=FLAME_FORMATS,
+        help="py-spy output format",
     )
     parser.add_argument(
         "--router-src",
@@ -457,7 +495,7 @@ def main() -> None:
     parser.add_argument(
         "--logs", default=None, help="write the tail of every process's log here at the end"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     scale = sorted(set(args.scale or ([1, 2] if args.scaling else [])))
     if any(n < 1 for n in scale):
         parser.error("--scale: process counts must be >= 1")

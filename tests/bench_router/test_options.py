@@ -1,0 +1,120 @@
+"""`make bench-router` / `bench-router-streams` options (`BENCH_ROUTER_ARGS`,
+`BENCH_STREAMS_ARGS`) and their processes: a bad value is a one-line usage error before anything
+starts, and the processes a bench starts die with it, even when it is killed outright.
+
+Each command runs in a child whose first start of a process (`run.start_workers`, `streams.run`)
+exits 7, so a value that was not refused shows as exit 7 and nothing is started either way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+GUARD = """
+import sys
+from tests.bench_router import run, streams
+def started(*a, **k):
+    sys.exit(7)
+run.start_workers = started
+streams.run = started
+sys.argv = [{module!r}, *sys.argv[1:]]
+from tests.bench_router import {module} as m
+m.main()
+"""
+
+
+def _bench(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-c", GUARD.format(module=module), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--rates", "0"], "--rates"),  # ran as a row of nan
+        (["--rates", "100", "-50"], "--rates"),
+        (["--prompt-tokens", "0"], "--prompt-tokens"),
+        (["--sat-s", "0"], "--sat-s"),
+        (["--budget-s", "nan"], "--budget-s"),  # skipped every part
+        (["--slow-streams", "-1"], "--slow-streams"),
+        (["--flame-format", "svg"], "--flame-format"),  # py-spy failed unseen: no flame graph
+    ],
+)
+def test_bench_router_refuses_bad_values(args: list[str], flag: str, tmp_path: Path) -> None:
+    done = _bench("run", "--out", str(tmp_path / "r.md"), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: argument {flag}" in done.stderr.splitlines()[-1]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the streams bench needs 2 cores")
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--count", "0"], "--count"),
+        (["--ramp-per-s", "0"], "--ramp-per-s"),  # a ZeroDivisionError
+        (["--interval-s", "-1"], "--interval-s"),
+    ],
+)
+def test_bench_router_streams_refuses_bad_values(
+    args: list[str], flag: str, tmp_path: Path
+) -> None:
+    done = _bench("streams", "--out", str(tmp_path / "s.md"), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: argument {flag}" in done.stderr.splitlines()[-1]
+
+
+SPAWN = """
+import sys, time
+from pathlib import Path
+from tests.bench_router.run import Procs
+procs = Procs(Path(sys.argv[1]))
+child = procs.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"], 0)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_bench_killed_outright_takes_its_processes_with_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    bench = subprocess.Popen(
+        [sys.executable, "-c", SPAWN, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert bench.stdout is not None
+    child = int(bench.stdout.readline())
+    try:
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "a process of the bench outlived it"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
