@@ -118,3 +118,18 @@ def test_operator_idle_counts_a_put_as_a_write() -> None:
     row = idle.summary(calls, 1, 60.0)
     assert row["writes_per_min"] == 2.0
     assert row["requests_per_min"] == 3.0
+
+
+def test_make_bench_slo_builds_the_venv_on_a_fresh_checkout(tmp_path: Path) -> None:
+    # bench-slo alone had no $(STAMP) prerequisite: on a fresh checkout it ran
+    # .venv/bin/python, which did not exist yet (every other bench target builds it first)
+    tree, _ = _tree(tmp_path)
+    fresh = tmp_path / "fresh-venv"
+    done = _make(tree, "-n", "bench-slo", f"VENV={fresh}")
+    assert done.returncode == 0, done.stderr
+    commands = done.stdout.splitlines()
+    builds = [i for i, c in enumerate(commands) if f"-m venv {fresh}" in c]
+    runs = [i for i, c in enumerate(commands) if "splitserve.cli.bench_slo" in c]
+    assert builds, done.stdout
+    assert runs, done.stdout
+    assert builds[0] < runs[0]
