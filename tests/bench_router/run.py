@@ -456,8 +456,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--sat-s",
         type=_at_least(0, float, above=True),
-        default=10.0,
-        help="length of each scale-out saturation run",
+        default=None,
+        help="length of each scale-out saturation run (default 10; with --scale or --scaling)",
     )
     parser.add_argument(
         "--peer-scaling",
@@ -482,9 +482,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--flame-format",
-        default="flamegraph",
+        default=None,
         choices=FLAME_FORMATS,
-        help="py-spy output format",
+        help="py-spy output format (default flamegraph; with --py-spy)",
     )
     parser.add_argument(
         "--router-src",
@@ -499,6 +499,15 @@ def main(argv: list[str] | None = None) -> None:
     scale = sorted(set(args.scale or ([1, 2] if args.scaling else [])))
     if any(n < 1 for n in scale):
         parser.error("--scale: process counts must be >= 1")
+    # options that act on a part not asked for were ignored (--scale-only measured nothing)
+    if args.scale_only and not scale:
+        parser.error("--scale-only: give the process counts with --scale (or --scaling)")
+    if args.sat_s is not None and not scale:
+        parser.error("--sat-s: acts on the scale-out figure; give --scale (or --scaling)")
+    if args.flame_format is not None and not args.py_spy:
+        parser.error("--flame-format: acts on the flame graphs; give --py-spy")
+    args.sat_s = 10.0 if args.sat_s is None else args.sat_s
+    args.flame_format = args.flame_format or "flamegraph"
     try:
         layout = make_layout(
             sorted(_START_CPUS), max(scale, default=1),
@@ -616,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
                     # it stops for the scale-out and starts again for the rows after it.
                     terminate(router)
                 extra["scaling"] = scaling(procs, work, all_workers, tok_dir, prompt, layout,
-                                           scale, args.sat_s, budget)  # fmt: skip
+                                           scale, args.sat_s, budget, router_env)  # fmt: skip
                 print(json.dumps(extra["scaling"]), flush=True)
                 save("scaling")
             if peer is not None:
@@ -758,19 +767,21 @@ def scaling(
     counts: list[int],
     sat_s: float,
     budget: Budget,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The scale-out figure: for each N of `counts`, `router serve --processes N` (N = 1: one
-    plain process), process i pinned to router core i, saturated by c = 32 x N closed-loop
-    clients (one load generator process per load core) for `sat_s` seconds. Per N: req/s, its
-    ratio to N = 1, router CPU per request, each process's share of the router CPU (balance),
-    and the busiest backend's and the load generators' CPU use (a bottleneck outside the
-    router shows there). When the router's cores are shared (`layout.overlaps`, e.g. on 2
-    cores) the figure is a lower bound on what free cores would give."""
+    plain process; with `env`, e.g. `--router-src`'s tree, which it ignored before), process i
+    pinned to router core i, saturated by c = 32 x N closed-loop clients (one load generator
+    process per load core) for `sat_s` seconds. Per N: req/s, its ratio to N = 1, router CPU
+    per request, each process's share of the router CPU (balance), and the busiest backend's
+    and the load generators' CPU use (a bottleneck outside the router shows there). When the
+    router's cores are shared (`layout.overlaps`, e.g. on 2 cores) the figure is a lower bound
+    on what free cores would give."""
     runs: list[dict[str, Any]] = []
     for n in counts:
         if not budget.allows(f"scale-out, {n} router process(es)", sat_s + 20):
             continue
-        runs.append(_scale_run(procs, work, workers, tok_dir, prompt, layout, n, sat_s))
+        runs.append(_scale_run(procs, work, workers, tok_dir, prompt, layout, n, sat_s, env))
         print(json.dumps(runs[-1]), flush=True)
     base = next((r["rps"] for r in runs if r["processes"] == 1), None)
     for r in runs:
@@ -788,12 +799,13 @@ def _scale_run(
     layout: Layout,
     n: int,
     sat_s: float,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     port = _free_port()
     ready = work / f"router-{n}proc.json"
     more = ["--processes", str(n), "--ready-file", str(ready)] if n > 1 else []
     cores = layout.router[:n]
-    sup = procs.spawn(f"router-{n}proc", _router_args(workers, tok_dir, port, *more), cores)
+    sup = procs.spawn(f"router-{n}proc", _router_args(workers, tok_dir, port, *more), cores, env)
     try:
         pids = [sup.pid]
         if n > 1:

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_router import run
+from tests.bench_router.layout import Budget, Layout
+
 REPO = Path(__file__).resolve().parents[2]
 
 GUARD = """
@@ -53,12 +56,46 @@ def _bench(module: str, *args: str) -> subprocess.CompletedProcess[str]:
         (["--budget-s", "nan"], "--budget-s"),  # skipped every part
         (["--slow-streams", "-1"], "--slow-streams"),
         (["--flame-format", "svg"], "--flame-format"),  # py-spy failed unseen: no flame graph
+        # options for a part that is not run were ignored
+        (["--scale-only"], "--scale-only"),  # without --scale: measured nothing
+        (["--sat-s", "5"], "--sat-s"),  # without --scale
+        (["--flame-format", "raw"], "--flame-format"),  # without --py-spy
     ],
 )
 def test_bench_router_refuses_bad_values(args: list[str], flag: str, tmp_path: Path) -> None:
     done = _bench("run", "--out", str(tmp_path / "r.md"), *args)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert f"error: argument {flag}" in done.stderr.splitlines()[-1]
+    last = done.stderr.splitlines()[-1]
+    assert f"error: argument {flag}" in last or f"error: {flag}:" in last
+
+
+class _StartedError(Exception):
+    pass
+
+
+class _Procs:
+    """Records what `_scale_run` starts, and stops it there."""
+
+    def __init__(self) -> None:
+        self.env: dict[str, str] | None = None
+
+    def spawn(
+        self, name: str, args: list[str], core: object, env: dict[str, str] | None = None
+    ) -> None:
+        self.env = env
+        raise _StartedError
+
+
+def test_the_scale_out_runs_the_router_src_tree(tmp_path: Path) -> None:
+    # `--router-src OLD --scale 1 2` measured this tree's router in the scale-out figure (only
+    # the per-router rows ran OLD's): a before / after comparison compared a tree with itself
+    procs = _Procs()
+    env = {"PYTHONPATH": "/old/src"}
+    layout = Layout((0,), (1,), (1,))
+    with pytest.raises(_StartedError):
+        run.scaling(procs, tmp_path, ["127.0.0.1:1"], tmp_path, "hi", layout, [1], 1.0,  # type: ignore[arg-type]
+                    Budget(None, time.monotonic), env)  # fmt: skip
+    assert procs.env == env
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the streams bench needs 2 cores")
