@@ -69,6 +69,27 @@ def test_bench_router_refuses_bad_values(args: list[str], flag: str, tmp_path: P
     assert f"error: argument {flag}" in last or f"error: {flag}:" in last
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--rounds", "0"], "--rounds"),  # ran no round
+        (["--concurrency", "0"], "--concurrency"),
+        (["--count", "-1"], "--count"),
+        (["--b-backend", "fake"], "--b-backend"),  # without --own-workers: sim, silently
+        (["--a-env", "X=1"], "--a-env"),  # without --a-src: no router A
+        (["--c-arg=--link"], "--c-arg"),  # without --c-src: no router C
+        (["--a-src", "", "--a-env", "NOEQUALS"], "--a-env"),  # set NOEQUALS to ""
+        (["--a-src", "", "--spy-a"], "--spy-a"),  # without --py-spy
+        (["--low-count", "10"], "--low-count"),  # at the default concurrency 32
+    ],
+)
+def test_bench_router_ab_refuses_bad_and_ignored_options(args: list[str], flag: str) -> None:
+    done = _bench("ab", *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert f"error: argument {flag}" in last or f"error: {flag}:" in last
+
+
 class _StartedError(Exception):
     pass
 
