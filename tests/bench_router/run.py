@@ -87,6 +87,15 @@ def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
         proc.wait(5)
 
 
+_LOGS: dict[int, Path] = {}
+"""Each started process's log (pid -> path), for the messages of a start-up that failed (they
+said "see logs" without saying where: the run's temporary directory was printed nowhere)."""
+
+
+def _log_of(proc: subprocess.Popen[bytes] | None) -> str:
+    return str(_LOGS.get(proc.pid, "its log")) if proc is not None else "its log"
+
+
 class Procs:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
@@ -110,6 +119,7 @@ class Procs:
 
         with (self.logs / f"{name}.log").open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=out, env=env, preexec_fn=setup)
+        _LOGS[proc.pid] = self.logs / f"{name}.log"
         self.procs.append(proc)
         self.named[name] = proc
         return proc
@@ -157,14 +167,17 @@ def start_fake_backends(procs: Procs, layout: Layout, count: int) -> list[tuple[
     """`count` fake OpenAI processes, each serving a prefill and a decode port, one per backend
     core (round robin): [(prefill port, decode port)]."""
     pairs = []
+    started = []
     for i in range(count):
         fake_p, fake_d = _free_port(), _free_port()
-        procs.spawn(f"fake-openai-{i}", [sys.executable, "-m", "tests.bench_router.fake_openai",
-                                         str(fake_p), str(fake_d)],
-                    layout.worker_core_of(i))  # fmt: skip
+        started.append(procs.spawn(
+            f"fake-openai-{i}",
+            [sys.executable, "-m", "tests.bench_router.fake_openai", str(fake_p), str(fake_d)],
+            layout.worker_core_of(i),
+        ))  # fmt: skip
         pairs.append((fake_p, fake_d))
-    for _, fake_d in pairs:
-        _wait_http(fake_d)
+    for (_, fake_d), proc in zip(pairs, started, strict=True):
+        _wait_http(fake_d, proc=proc)
     return pairs
 
 
@@ -197,8 +210,11 @@ def start_peer(
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> Any:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{path.name}: not ready (see the logs beside it)")
+        if proc.poll() is not None:
+            raise SystemExit(f"{path.name}: its process exited with {proc.returncode} "
+                             f"(see {_log_of(proc)})")  # fmt: skip
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{path.name}: not written in {timeout_s:g} s (see {_log_of(proc)})")
         time.sleep(0.1)
     return json.loads(path.read_text())
 
@@ -255,7 +271,9 @@ def _wait_http(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"port {port}: its process exited with {proc.returncode} (see logs)")
+            raise SystemExit(
+                f"port {port}: its process exited with {proc.returncode} (see {_log_of(proc)})"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
                 s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -264,7 +282,7 @@ def _wait_http(
         except OSError:
             pass
         time.sleep(0.2)
-    raise SystemExit(f"port {port} never answered {path}")
+    raise SystemExit(f"port {port} never answered {path} (see {_log_of(proc)})")
 
 
 def chat_body(model: str, prompt: str, max_tokens: int = TOKENS) -> bytes:

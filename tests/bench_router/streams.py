@@ -253,7 +253,7 @@ def run(
         snaps.mkdir(exist_ok=True)
         args = [args[0], "-m", "tests.bench_router.traced_router", str(snaps), *args[3:]]
     router = procs.spawn("router-streams", args, ROUTER_CORE)
-    _wait_http(port, "/ready")
+    _wait_http(port, "/ready", proc=router)  # a router that failed to start: at once, not 120 s
     time.sleep(1.0)
     idle_mb = _rss_mb(router.pid)
     checkpoints = sorted({c for c in CHECKPOINTS if c < count} | {count})

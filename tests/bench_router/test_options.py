@@ -176,3 +176,28 @@ def test_a_bench_killed_outright_takes_its_processes_with_it(tmp_path: Path) -> 
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("wait", ["http", "file"])
+def test_a_process_that_fails_to_start_is_named_with_its_log(tmp_path: Path, wait: str) -> None:
+    # the message said "(see logs)" / "(see the logs beside it)": the run's temporary directory
+    # was printed nowhere
+    procs = run.Procs(tmp_path)
+    boom = [sys.executable, "-c", "import sys; print('no such model'); sys.exit(3)"]
+    proc = procs.spawn("worker-0", boom, 0)
+    try:
+
+        def started() -> None:
+            if wait == "http":
+                run._wait_http(run._free_port(), proc=proc, timeout_s=20)
+            else:
+                run._wait_file(tmp_path / "worker-0.json", proc, timeout_s=20)
+
+        with pytest.raises(SystemExit) as exit_:
+            started()
+        message = str(exit_.value)
+        assert "exited with 3" in message
+        assert str(tmp_path / "worker-0.log") in message
+        assert "no such model" in (tmp_path / "worker-0.log").read_text()
+    finally:
+        procs.stop()
