@@ -313,7 +313,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"{cls:<12} {name:<7} {_pct(c['attainment']):>7} {c['goodput_rps']:>10.2f} "
                 f"{_pct(c['shed_fraction']):>6}"
             )
-    print(f"(written to {args.out})")
+    # the run directory was printed nowhere: a default one (a new temporary directory) held
+    # the outcomes the docs point to and could not be found
+    print(f"(written to {args.out}; each request's outcome: {args.work}/*/outcomes.json)")
 
 
 def _pct(value: float | None) -> str:

@@ -83,3 +83,21 @@ def test_summarize_leaves_attainment_open_when_nothing_arrived() -> None:
     assert table["interactive"]["attainment"] is None
     assert table["batch"]["attainment"] == 0.0
     assert table["batch"]["shed_fraction"] == 1.0
+
+
+def test_the_report_says_where_the_outcomes_are(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/benchmarks.md: "each request's outcome in the run directory", a temporary directory
+    # by default that the run printed nowhere
+    def knee_at_once(slo: bool, rate: float, args: argparse.Namespace, tag: str) -> dict[str, Any]:
+        outs = [bench_slo.Outcome("interactive", 200, ttft_s=9.0)]
+        return {"router": "slo" if slo else "wave-1", "rate_rps": rate,
+                "classes": bench_slo.summarize(outs, 1.0)}  # fmt: skip
+
+    monkeypatch.setattr(bench_slo, "run", knee_at_once)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bench_slo.main(["--rates", "1", "--out", str(tmp_path / "o.json")])
+    (work,) = tmp_path.glob("bench-slo-*")
+    out = capsys.readouterr().out
+    assert f"{work}/*/outcomes.json" in out
