@@ -44,6 +44,10 @@ CLASSES: dict[str, dict[str, Any]] = {
     "batch": {"ttftMs": 8000, "tpotMs": 1000, "sheddable": True, "attainment": 0.5},
 }
 SHARE = {"interactive": 0.3, "batch": 0.7}
+FAILED = 599
+"""The status of a request that failed after its status line: the connection broke, or the
+stream ended in an error event (a 200 then; it was counted as meeting its SLO when its first
+token came in time)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,8 @@ async def one(client: httpx.AsyncClient, base: str, a: Arrival, slo: bool) -> Ou
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
+                if event.get("error"):
+                    return Outcome(a.slo_class, FAILED)
                 if event.get("usage"):
                     n = int(event["usage"]["completion_tokens"])
                 if not event.get("choices"):
@@ -165,7 +171,7 @@ async def one(client: httpx.AsyncClient, base: str, a: Arrival, slo: bool) -> Ou
                     first = now
                 last = now
     except httpx.HTTPError:
-        return Outcome(a.slo_class, 599)
+        return Outcome(a.slo_class, FAILED)
     ttft = None if first is None else first - sent
     tpot = None if first is None or last is None or n < 2 else (last - first) / (n - 1)
     return Outcome(a.slo_class, 200, ttft, tpot, n)

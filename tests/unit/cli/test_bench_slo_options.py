@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from splitserve.cli import bench_slo
@@ -101,3 +102,23 @@ def test_the_report_says_where_the_outcomes_are(
     (work,) = tmp_path.glob("bench-slo-*")
     out = capsys.readouterr().out
     assert f"{work}/*/outcomes.json" in out
+
+
+async def test_a_stream_that_ends_in_an_error_event_is_a_failure() -> None:
+    # the router answers a failure after the first token with an error event (the status line
+    # is sent): the bench skipped it (no "choices"), so the request met its SLO on its TTFT
+    body = (
+        b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n'
+        b'data: {"error": {"message": "no decode worker could finish", "type": "x"}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    arrival = bench_slo.Arrival(0.0, "interactive", 4, 8)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        outcome = await bench_slo.one(client, "http://router/v1", arrival, slo=True)
+    assert outcome.status == bench_slo.FAILED
+    assert not outcome.met()
+    assert bench_slo.summarize([outcome], 1.0)["interactive"]["errors"] == 1
