@@ -23,6 +23,9 @@ T = TypeVar("T")
 
 CAP_GRACE_S = 5.0
 """How long past its `max_s` a run waits for the requests in flight (normally milliseconds)."""
+ERROR_EVENT = b'data: {"error"'
+"""How a stream that failed after its status line ends (an OpenAI error event, then `[DONE]`);
+such a request is an error ("error event"), not a finished one (it was counted as done)."""
 UNFINISHED = "unfinished at the cap"
 """The status of a request cut at the cap (before, a closed loop waited for it forever and an
 open loop dropped it from every count: its p99 and errors were of the finished requests)."""
@@ -118,6 +121,7 @@ class _Conn:
             result.statuses[status] = result.statuses.get(status, 0) + 1
             return False
         first: float | None = None
+        failed = False
         buf = b""
         while True:
             data = await self.reader.read(65536)
@@ -127,12 +131,16 @@ class _Conn:
             if first is None and b"data: " in data:
                 first = time.perf_counter()
             buf = buf[-32:] + data
+            failed = failed or ERROR_EVENT in buf
             if b"data: [DONE]" in buf:
                 end = time.perf_counter()
                 break
         # the chunked terminator may trail the [DONE] event in a later read
         if not buf.endswith(b"0\r\n\r\n"):
             await self.reader.readuntil(b"0\r\n\r\n")
+        if failed:
+            _error(result, "error event")
+            return True
         assert first is not None
         result.ttft_s.append(first - start)
         result.e2e_s.append(end - start)

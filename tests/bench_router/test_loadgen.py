@@ -14,17 +14,27 @@ import pytest
 from tests.bench_router import loadgen
 from tests.bench_router.loadgen import UNFINISHED
 
-SSE = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    b"7\r\ndata: 1\r\n12\r\ndata: [DONE]\r\n\r\n\r\n0\r\n\r\n"
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _sse(*events: bytes) -> bytes:
+    """A chunked SSE response: one chunk per event, then the terminator."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e) + 2, e + b"\n\n") for e in events)
+    return HEAD + body + b"0\r\n\r\n"
+
+
+SSE = _sse(b"data: 1", b"data: [DONE]")
+ERROR_SSE = _sse(
+    b"data: 1", b'data: {"error": {"message": "no decode worker could finish"}}', b"data: [DONE]"
 )
 
 
 class Server:
-    """Answers each request with a two-event stream, or (`stall_after` answered requests on)
-    with the response head and then nothing."""
+    """Answers each request with a two-event stream (`answer`), or (`stall_after` answered
+    requests on) with the response head and then nothing."""
 
     def __init__(self, stall_after: int | None = None) -> None:
+        self.answer = SSE
         self.stall_after = stall_after
         self.received = 0
         self.port = 0
@@ -41,10 +51,10 @@ class Server:
                 await reader.readexactly(length)
                 self.received += 1
                 if self.stall_after is not None and self.received > self.stall_after:
-                    writer.write(SSE.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n")
+                    writer.write(HEAD)
                     await reader.read()  # nothing more, until the client hangs up
                     return
-                writer.write(SSE)
+                writer.write(self.answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -93,3 +103,13 @@ async def test_open_loop_counts_requests_unfinished_at_its_cap(server: Server) -
     assert result.done == 3
     assert result.done + result.errors == 10 == server.received
     assert result.statuses == {UNFINISHED: 7}
+
+
+async def test_a_stream_ending_in_an_error_event_is_an_error(server: Server) -> None:
+    # the router's answer to a failure after the first token: an error event, then [DONE];
+    # it was counted as a finished request (req/s, TTFT) and not as an error
+    server.answer = ERROR_SSE
+    result = await loadgen.closed_loop(server.port, _raw(server.port), 2, 10, 30)
+    assert result.done == 0
+    assert result.statuses == {"error event": 10}
+    assert result.errors == 10 == server.received
