@@ -79,7 +79,7 @@ def test_make_bench_operator_idle_shows_its_usage_error(tmp_path: Path) -> None:
     [
         (["--services", "0"], "--services"),  # a ZeroDivisionError after settling
         (["--window", "0"], "--window"),  # the same
-        (["--window", "-5"], "--window"),  # a ValueError (a negative sleep)
+        (["--window", "-5"], "--window"),  # negative requests / min (-5.5: a ValueError)
         (["--window", "nan"], "--window"),
         (["--interval", "0"], "--interval"),
         (["--settle-timeout", "-1"], "--settle-timeout"),
