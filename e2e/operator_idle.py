@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -40,6 +41,8 @@ from splitserve.policy.planner.signals import WorkerLoad  # noqa: E402
 NS = "default"
 CONTROL_INTERVAL_S = 30.0
 """`scaling.intervalSeconds`'s default: how often the control loop ticks."""
+WRITES = ("POST", "PATCH", "PUT", "DELETE")
+"""The methods that write (the settle wait counted PUT, the window's count did not)."""
 
 
 def body(name: str) -> dict[str, Any]:
@@ -156,7 +159,7 @@ def settle(server: KmockServer, kube: RestKube, n: int, interval_s: float, timeo
     while time.monotonic() < deadline:
         server.archive()
         calls = [c for c in server.calls() if ours(c)]
-        writes = [c for c in calls if c.method in ("POST", "PATCH", "PUT", "DELETE")]
+        writes = [c for c in calls if c.method in WRITES]
         observed = sum(1 for svc in kube.list(v1.API_VERSION, "LLMService", NS) if _observed(svc))
         if len(writes) != last_writes or observed < n:
             recent = [f"{c.method} {c.path}" for c in writes[max(last_writes, 0) :]][-5:]
@@ -183,7 +186,7 @@ def _observed(svc: dict[str, Any]) -> bool:
 
 def summary(during: list[Any], n: int, window_s: float) -> dict[str, float]:
     per_min = 60.0 / window_s
-    writes = [c for c in during if c.method in ("POST", "PATCH", "DELETE")]
+    writes = [c for c in during if c.method in WRITES]
     watches = [c for c in during if c.params.get("watch") in ("true", "1")]
     return {
         "requests_per_min": len(during) * per_min,
@@ -193,16 +196,56 @@ def summary(during: list[Any], n: int, window_s: float) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def _number(low: float, strict: bool) -> Any:
+    """An argparse type: a finite number above `low` (`strict`) or at least `low`."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a finite number {'>' if strict else '>='} {low:g}"
+            )
+        return value
+
+    return convert
+
+
+def _services(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A bad option is a one-line usage error before anything starts (`--services 0` and
+    `--window 0` were a ZeroDivisionError after the settle wait; a negative window a
+    ValueError)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--services", type=int, nargs="+", default=[1, 10, 100])
-    parser.add_argument("--window", type=float, default=60.0, help="seconds counted")
-    parser.add_argument("--interval", type=float, default=5.0, help="the operator's --interval")
+    parser.add_argument("--services", type=_services, nargs="+", default=[1, 10, 100])
+    parser.add_argument(
+        "--window", type=_number(0, strict=True), default=60.0, help="seconds counted"
+    )
+    parser.add_argument(
+        "--interval",
+        type=_number(0, strict=True),
+        default=5.0,
+        help="the operator's --interval",
+    )
     parser.add_argument("--no-cache", action="store_true", help="every read is a request")
     parser.add_argument(
-        "--settle-timeout", type=float, default=300.0, help="seconds to wait for the idle state"
+        "--settle-timeout",
+        type=_number(0, strict=False),
+        default=300.0,
+        help="seconds to wait for the idle state",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     print(
         "| services | cache | requests / min | per service / min | writes / min "

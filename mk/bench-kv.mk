@@ -33,6 +33,9 @@ KVBENCH_ARGS ?=
 KVBENCH_VENV ?= .venv-vllm
 
 .PHONY: bench-kv
+# pipefail: a failed run ends `make bench-kv` with its status (`| tee` returned tee's 0)
+bench-kv: SHELL := /bin/bash
+bench-kv: .SHELLFLAGS := -o pipefail -c
 bench-kv: $(KVBENCH_VENV)/.installed
 	@mkdir -p out
 	OMP_NUM_THREADS=1 $(KVBENCH_VENV)/bin/python -m splitserve.worker.vllm_adapter.kvbench \

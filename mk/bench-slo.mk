@@ -3,5 +3,5 @@
 # summarised in docs/benchmarks.md. BENCH_SLO_ARGS passes options (--rates, --duration, ...).
 .PHONY: bench-slo
 BENCH_SLO_ARGS ?=
-bench-slo:
+bench-slo: $(STAMP)
 	$(PY) -m splitserve.cli.bench_slo $(BENCH_SLO_ARGS)

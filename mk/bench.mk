@@ -35,6 +35,9 @@ compiled-check: $(STAMP)
 	then $(MAKE) --no-print-directory golden-compiled; \
 	else echo "compiled-build check skipped: no C compiler or no Python headers here"; fi
 
+# `| tee` keeps the table on screen; pipefail keeps a failed run's status (tee's 0 hid it).
+bench: SHELL := /bin/bash
+bench: .SHELLFLAGS := -o pipefail -c
 bench: $(STAMP)
 	@mkdir -p out
 	$(MAKE) --no-print-directory bench-pure | tee out/bench-sim.md

@@ -11,4 +11,4 @@ OPERATOR_BENCH_ARGS ?= --services 1 10 100 --window 60 --settle-timeout 300
 .PHONY: bench-operator-idle
 
 bench-operator-idle: $(STAMP)
-	@$(PY) e2e/operator_idle.py $(OPERATOR_BENCH_ARGS) 2>/dev/null
+	@$(PY) e2e/operator_idle.py $(OPERATOR_BENCH_ARGS)

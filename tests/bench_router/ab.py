@@ -65,6 +65,7 @@ from tests.bench_router.run import (
     LOAD_CORE,
     ROUTER_CORE,
     Procs,
+    _at_least,
     _cpu_s,
     _free_port,
     _router_args,
@@ -80,8 +81,32 @@ from tests.bench_router.run import (
 )
 
 
+def ignored_options(args: argparse.Namespace) -> str:
+    """The first option given for a part this run does not have (each was ignored: a router's
+    flags without its --X-src, --X-backend without --own-workers, ...), or ""."""
+    for who, src in (("a", args.a_src), ("c", args.c_src)):
+        for what in ("env", "arg", "python", "backend"):
+            value = getattr(args, f"{who}_{what}")
+            if value and src is None:
+                return f"--{who}-{what}: router {who.upper()} runs only with --{who}-src"
+    for who in "abc":
+        if getattr(args, f"{who}_backend") and not args.own_workers:
+            return f"--{who}-backend: acts with --own-workers (shared workers use --backend)"
+    for who in "abc":
+        for kv in getattr(args, f"{who}_env"):
+            if "=" not in kv or not kv.partition("=")[0]:
+                return f"--{who}-env: {kv!r} is not K=V"
+    if args.spy_a and args.a_src is None:
+        return "--spy-a: router A runs only with --a-src"
+    if args.spy_a and not args.py_spy:
+        return "--spy-a: acts with --py-spy"
+    if args.low_count is not None and min(args.concurrency) >= 32:
+        return "--low-count: acts on a --concurrency under 32"
+    return ""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_router.ab")
     parser.add_argument(
         "--a-src",
         default=None,
@@ -106,7 +131,10 @@ def main() -> None:
             help=f"interpreter of router {who.upper()} (default: this one; workers stay on it)",
         )
     parser.add_argument(
-        "--b-processes", type=int, default=1, help="router B as `--processes N` on both cores"
+        "--b-processes",
+        type=_at_least(1),
+        default=1,
+        help="router B as `--processes N` on both cores",
     )
     parser.add_argument(
         "--own-workers",
@@ -124,7 +152,7 @@ def main() -> None:
         parser.add_argument(f"--{who}-backend", choices=BACKENDS, default=None)
     parser.add_argument(
         "--concurrency",
-        type=int,
+        type=_at_least(1),
         nargs="+",
         default=[32],
         help="closed-loop concurrencies measured each round (the first c=1 TTFT run aside)",
@@ -137,16 +165,18 @@ def main() -> None:
         "routers, all on the load core (run.py's --backends; default: one of each). Not with "
         "--own-workers",
     )
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--count", type=int, default=1500, help="requests per c=32 round")
+    parser.add_argument("--rounds", type=_at_least(1), default=4)
+    parser.add_argument("--count", type=_at_least(1), default=1500, help="requests per c=32 round")
     parser.add_argument(
         "--low-count",
-        type=int,
+        type=_at_least(1),
         default=None,
         help="requests per run at a --concurrency under 32 (default: --count)",
     )
-    parser.add_argument("--prompt-tokens", type=int, default=200)
-    parser.add_argument("--max-tokens", type=int, default=16, help="streamed tokens per request")
+    parser.add_argument("--prompt-tokens", type=_at_least(1), default=200)
+    parser.add_argument(
+        "--max-tokens", type=_at_least(1), default=16, help="streamed tokens per request"
+    )
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--spy-out", default="out/ab-spy-b.txt")
     parser.add_argument("--spy-a", action="store_true", help="profile router A instead of B")
@@ -154,6 +184,9 @@ def main() -> None:
         "--vllm-router", default=None, help="also vllm-router (P/D over fake backends) as V"
     )
     args = parser.parse_args()
+    unused = ignored_options(args)
+    if unused:
+        parser.error(unused)
     if args.backends is not None and args.own_workers:
         parser.error("--backends: only with shared workers (not with --own-workers)")
     if args.backends is not None and args.backends < 1:

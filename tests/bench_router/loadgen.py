@@ -2,7 +2,9 @@
 
 Closed loop (`concurrency` clients, each on its own keep-alive connection, one request at a
 time) or open loop (Poisson arrivals at `rate` per second, each on a free keep-alive connection
-or a new one). Both stop after `count` requests or `max_s` seconds, whichever comes first.
+or a new one). Both stop sending after `count` requests or `max_s` seconds, whichever comes
+first; a request still in flight `grace_s` (`CAP_GRACE_S`) after `max_s` is cut and counted as an
+error (`UNFINISHED`), so a stalled server cannot hold a run past its cap.
 TTFT is the time from sending a request to its first SSE event; E2E to `data: [DONE]`.
 Raw asyncio streams, so the generator's own cost per request stays small.
 """
@@ -18,6 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+CAP_GRACE_S = 5.0
+"""How long past its `max_s` a run waits for the requests in flight (normally milliseconds)."""
+ERROR_EVENT = b'data: {"error"'
+"""How a stream that failed after its status line ends (an OpenAI error event, then `[DONE]`);
+such a request is an error ("error event"), not a finished one (it was counted as done)."""
+UNFINISHED = "unfinished at the cap"
+"""The status of a request cut at the cap (before, a closed loop waited for it forever and an
+open loop dropped it from every count: its p99 and errors were of the finished requests)."""
 
 
 @dataclass
@@ -110,6 +121,7 @@ class _Conn:
             result.statuses[status] = result.statuses.get(status, 0) + 1
             return False
         first: float | None = None
+        failed = False
         buf = b""
         while True:
             data = await self.reader.read(65536)
@@ -119,12 +131,16 @@ class _Conn:
             if first is None and b"data: " in data:
                 first = time.perf_counter()
             buf = buf[-32:] + data
+            failed = failed or ERROR_EVENT in buf
             if b"data: [DONE]" in buf:
                 end = time.perf_counter()
                 break
         # the chunked terminator may trail the [DONE] event in a later read
         if not buf.endswith(b"0\r\n\r\n"):
             await self.reader.readuntil(b"0\r\n\r\n")
+        if failed:
+            _error(result, "error event")
+            return True
         assert first is not None
         result.ttft_s.append(first - start)
         result.e2e_s.append(end - start)
@@ -134,7 +150,33 @@ class _Conn:
         self.writer.close()
 
 
-async def closed_loop(port: int, raw: bytes, concurrency: int, count: int, max_s: float) -> Result:
+def _error(result: Result, status: str) -> None:
+    result.errors += 1
+    result.statuses[status] = result.statuses.get(status, 0) + 1
+
+
+async def _until(tasks: list[asyncio.Task[None]], timeout_s: float) -> None:
+    """Wait for `tasks` at most `timeout_s`, then cancel the rest (each counts its request as
+    `UNFINISHED`); a task's own error is raised."""
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for task in done:
+        task.result()
+
+
+async def closed_loop(
+    port: int,
+    raw: bytes,
+    concurrency: int,
+    count: int,
+    max_s: float,
+    grace_s: float = CAP_GRACE_S,
+) -> Result:
     result = Result()
     issued = 0
     deadline = time.perf_counter() + max_s
@@ -142,43 +184,54 @@ async def closed_loop(port: int, raw: bytes, concurrency: int, count: int, max_s
     async def client() -> None:
         nonlocal issued
         conn = await _Conn.open(port)
-        while issued < count and time.perf_counter() < deadline:
-            issued += 1
-            try:
-                ok = await conn.stream(raw, result)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
-                result.errors += 1
-                name = type(err).__name__
-                result.statuses[name] = result.statuses.get(name, 0) + 1
-                ok = False
-            if not ok:
-                conn.close()
-                conn = await _Conn.open(port)
-        conn.close()
+        try:
+            while issued < count and time.perf_counter() < deadline:
+                issued += 1
+                try:
+                    ok = await conn.stream(raw, result)
+                except asyncio.CancelledError:
+                    _error(result, UNFINISHED)
+                    raise
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
+                    _error(result, type(err).__name__)
+                    ok = False
+                if not ok:
+                    conn.close()
+                    conn = await _Conn.open(port)
+        finally:
+            conn.close()
 
     result.started_s = time.monotonic()
     start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await _until([asyncio.create_task(client()) for _ in range(concurrency)], max_s + grace_s)
     result.wall_s = time.perf_counter() - start
     return result
 
 
-async def open_loop(port: int, raw: bytes, rate: float, count: int, max_s: float) -> Result:
+async def open_loop(
+    port: int, raw: bytes, rate: float, count: int, max_s: float, grace_s: float = CAP_GRACE_S
+) -> Result:
     result = Result()
     idle: list[_Conn] = []
     rng = random.Random(1)
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: list[asyncio.Task[None]] = []
 
     async def one() -> None:
-        conn = idle.pop() if idle else await _Conn.open(port)
+        conn = None
         try:
+            conn = idle.pop() if idle else await _Conn.open(port)
             ok = await conn.stream(raw, result)
-        except (OSError, asyncio.IncompleteReadError):
-            result.errors += 1
+        except asyncio.CancelledError:
+            _error(result, UNFINISHED)
+            if conn is not None:
+                conn.close()
+            raise
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
+            _error(result, type(err).__name__)
             ok = False
-        if ok:
+        if ok and conn is not None:
             idle.append(conn)
-        else:
+        elif conn is not None:
             conn.close()
 
     start = time.perf_counter()
@@ -190,11 +243,8 @@ async def open_loop(port: int, raw: bytes, rate: float, count: int, max_s: float
             await asyncio.sleep(delay)
         if time.perf_counter() - start > max_s:
             break
-        task = asyncio.create_task(one())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=max_s)
+        tasks.append(asyncio.create_task(one()))
+    await _until(tasks, start + max_s + grace_s - time.perf_counter())
     result.wall_s = time.perf_counter() - start
     for conn in idle:
         conn.close()

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -36,6 +37,7 @@ from typing import Any
 import grpc
 
 from splitserve._gen.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from splitserve.cli.process import die_with_parent
 from splitserve.router.tokenizer import TextTokenizer, default_tokenizer_dir
 from tests.bench_router import loadgen, loadproc
 from tests.bench_router.layout import Budget, Layout, backend_counts, format_cores, make_layout
@@ -85,6 +87,15 @@ def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
         proc.wait(5)
 
 
+_LOGS: dict[int, Path] = {}
+"""Each started process's log (pid -> path), for the messages of a start-up that failed (they
+said "see logs" without saying where: the run's temporary directory was printed nowhere)."""
+
+
+def _log_of(proc: subprocess.Popen[bytes] | None) -> str:
+    return str(_LOGS.get(proc.pid, "its log")) if proc is not None else "its log"
+
+
 class Procs:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
@@ -101,11 +112,14 @@ class Procs:
         """Start `args` pinned to `core` (one core or a set; `os.sched_setaffinity` in the
         child, inherited by everything it starts), output to `<name>.log`."""
         cores = {core} if isinstance(core, int) else set(core)
+
+        def setup() -> None:
+            os.sched_setaffinity(0, cores)
+            die_with_parent()  # a bench killed outright (SIGKILL) left its children running
+
         with (self.logs / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen(
-                args, stdout=out, stderr=out, env=env,
-                preexec_fn=lambda: os.sched_setaffinity(0, cores),
-            )  # fmt: skip
+            proc = subprocess.Popen(args, stdout=out, stderr=out, env=env, preexec_fn=setup)
+        _LOGS[proc.pid] = self.logs / f"{name}.log"
         self.procs.append(proc)
         self.named[name] = proc
         return proc
@@ -153,14 +167,17 @@ def start_fake_backends(procs: Procs, layout: Layout, count: int) -> list[tuple[
     """`count` fake OpenAI processes, each serving a prefill and a decode port, one per backend
     core (round robin): [(prefill port, decode port)]."""
     pairs = []
+    started = []
     for i in range(count):
         fake_p, fake_d = _free_port(), _free_port()
-        procs.spawn(f"fake-openai-{i}", [sys.executable, "-m", "tests.bench_router.fake_openai",
-                                         str(fake_p), str(fake_d)],
-                    layout.worker_core_of(i))  # fmt: skip
+        started.append(procs.spawn(
+            f"fake-openai-{i}",
+            [sys.executable, "-m", "tests.bench_router.fake_openai", str(fake_p), str(fake_d)],
+            layout.worker_core_of(i),
+        ))  # fmt: skip
         pairs.append((fake_p, fake_d))
-    for _, fake_d in pairs:
-        _wait_http(fake_d)
+    for (_, fake_d), proc in zip(pairs, started, strict=True):
+        _wait_http(fake_d, proc=proc)
     return pairs
 
 
@@ -193,8 +210,11 @@ def start_peer(
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> Any:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{path.name}: not ready (see the logs beside it)")
+        if proc.poll() is not None:
+            raise SystemExit(f"{path.name}: its process exited with {proc.returncode} "
+                             f"(see {_log_of(proc)})")  # fmt: skip
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{path.name}: not written in {timeout_s:g} s (see {_log_of(proc)})")
         time.sleep(0.1)
     return json.loads(path.read_text())
 
@@ -251,7 +271,9 @@ def _wait_http(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"port {port}: its process exited with {proc.returncode} (see logs)")
+            raise SystemExit(
+                f"port {port}: its process exited with {proc.returncode} (see {_log_of(proc)})"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
                 s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -260,7 +282,7 @@ def _wait_http(
         except OSError:
             pass
         time.sleep(0.2)
-    raise SystemExit(f"port {port} never answered {path}")
+    raise SystemExit(f"port {port} never answered {path} (see {_log_of(proc)})")
 
 
 def chat_body(model: str, prompt: str, max_tokens: int = TOKENS) -> bytes:
@@ -336,7 +358,9 @@ def measure(
     cpu0 = _cpu_s(pid)
     spy = None
     if py_spy is not None:
-        suffix = "svg" if flame_format == "flamegraph" else "txt"
+        suffix = {"flamegraph": "svg", "speedscope": "json", "chrometrace": "json"}.get(
+            flame_format, "txt"
+        )
         svg = out_dir / f"flame-{name}.{suffix}"
         spy = subprocess.Popen(
             [py_spy, "record", "-o", str(svg), "--pid", str(pid), "--duration", "8", "-r", "200",
@@ -379,17 +403,43 @@ def _pct(cpu_s: float, wall_s: float) -> float:
     return round(100 * cpu_s / max(wall_s, 1e-9), 1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def _at_least(low: float, kind: Callable[[str], float] = int, above: bool = False) -> Any:
+    """An argparse type: a finite `kind` >= `low` (> `low` with `above`). A rate of 0 or below,
+    a prompt of no tokens or a negative stream count ran as nothing (a row of nan, a skipped
+    part), a saturation of 0 s divided by zero, nan skipped every part."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'>' if above else '>='} {low:g}")
+        return value
+
+    return convert
+
+
+FLAME_FORMATS = ("flamegraph", "raw", "speedscope", "chrometrace")
+"""py-spy's `--format` values this bench writes a file for (another made py-spy exit at once,
+unseen: its output goes nowhere, and the report had no flame graph)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_router.run")
     parser.add_argument("--vllm-router", default=None, help="vllm-router executable (peer)")
     parser.add_argument("--py-spy", default=None)
     parser.add_argument("--out", default="out/bench-router.md")
     parser.add_argument(
         "--json", default=None, help="every figure as JSON (default: --out with .json)"
     )
-    parser.add_argument("--prompt-tokens", type=int, nargs="*", default=[200, 1024])
+    parser.add_argument("--prompt-tokens", type=_at_least(1), nargs="*", default=[200, 1024])
     parser.add_argument(
-        "--rates", type=int, nargs="*", default=list(RATES), help="Poisson rates (none: skip)"
+        "--rates",
+        type=_at_least(1),
+        nargs="*",
+        default=list(RATES),
+        help="Poisson rates (none: skip)",
     )
     parser.add_argument(
         "--scaling",
@@ -422,7 +472,10 @@ def main() -> None:
         "prefill / decode pair per backend core",
     )
     parser.add_argument(
-        "--sat-s", type=float, default=10.0, help="length of each scale-out saturation run"
+        "--sat-s",
+        type=_at_least(0, float, above=True),
+        default=None,
+        help="length of each scale-out saturation run (default 10; with --scale or --scaling)",
     )
     parser.add_argument(
         "--peer-scaling",
@@ -433,7 +486,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--budget-s",
-        type=float,
+        type=_at_least(0, float, above=True),
         default=None,
         help="wall-clock cap for the whole run: parts that would not fit are skipped (in this "
         "order of priority: the first prompt's splitserve row, the scale-out figure, the peer's "
@@ -441,12 +494,15 @@ def main() -> None:
     )
     parser.add_argument(
         "--slow-streams",
-        type=int,
+        type=_at_least(0),
         default=10000,
         help="concurrent slow streams held open on one router process for its RSS (0: skip)",
     )
     parser.add_argument(
-        "--flame-format", default="flamegraph", help="py-spy output format (flamegraph, raw)"
+        "--flame-format",
+        default=None,
+        choices=FLAME_FORMATS,
+        help="py-spy output format (default flamegraph; with --py-spy)",
     )
     parser.add_argument(
         "--router-src",
@@ -457,10 +513,19 @@ def main() -> None:
     parser.add_argument(
         "--logs", default=None, help="write the tail of every process's log here at the end"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     scale = sorted(set(args.scale or ([1, 2] if args.scaling else [])))
     if any(n < 1 for n in scale):
         parser.error("--scale: process counts must be >= 1")
+    # options that act on a part not asked for were ignored (--scale-only measured nothing)
+    if args.scale_only and not scale:
+        parser.error("--scale-only: give the process counts with --scale (or --scaling)")
+    if args.sat_s is not None and not scale:
+        parser.error("--sat-s: acts on the scale-out figure; give --scale (or --scaling)")
+    if args.flame_format is not None and not args.py_spy:
+        parser.error("--flame-format: acts on the flame graphs; give --py-spy")
+    args.sat_s = 10.0 if args.sat_s is None else args.sat_s
+    args.flame_format = args.flame_format or "flamegraph"
     try:
         layout = make_layout(
             sorted(_START_CPUS), max(scale, default=1),
@@ -578,7 +643,7 @@ def main() -> None:
                     # it stops for the scale-out and starts again for the rows after it.
                     terminate(router)
                 extra["scaling"] = scaling(procs, work, all_workers, tok_dir, prompt, layout,
-                                           scale, args.sat_s, budget)  # fmt: skip
+                                           scale, args.sat_s, budget, router_env)  # fmt: skip
                 print(json.dumps(extra["scaling"]), flush=True)
                 save("scaling")
             if peer is not None:
@@ -720,19 +785,21 @@ def scaling(
     counts: list[int],
     sat_s: float,
     budget: Budget,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The scale-out figure: for each N of `counts`, `router serve --processes N` (N = 1: one
-    plain process), process i pinned to router core i, saturated by c = 32 x N closed-loop
-    clients (one load generator process per load core) for `sat_s` seconds. Per N: req/s, its
-    ratio to N = 1, router CPU per request, each process's share of the router CPU (balance),
-    and the busiest backend's and the load generators' CPU use (a bottleneck outside the
-    router shows there). When the router's cores are shared (`layout.overlaps`, e.g. on 2
-    cores) the figure is a lower bound on what free cores would give."""
+    plain process; with `env`, e.g. `--router-src`'s tree, which it ignored before), process i
+    pinned to router core i, saturated by c = 32 x N closed-loop clients (one load generator
+    process per load core) for `sat_s` seconds. Per N: req/s, its ratio to N = 1, router CPU
+    per request, each process's share of the router CPU (balance), and the busiest backend's
+    and the load generators' CPU use (a bottleneck outside the router shows there). When the
+    router's cores are shared (`layout.overlaps`, e.g. on 2 cores) the figure is a lower bound
+    on what free cores would give."""
     runs: list[dict[str, Any]] = []
     for n in counts:
         if not budget.allows(f"scale-out, {n} router process(es)", sat_s + 20):
             continue
-        runs.append(_scale_run(procs, work, workers, tok_dir, prompt, layout, n, sat_s))
+        runs.append(_scale_run(procs, work, workers, tok_dir, prompt, layout, n, sat_s, env))
         print(json.dumps(runs[-1]), flush=True)
     base = next((r["rps"] for r in runs if r["processes"] == 1), None)
     for r in runs:
@@ -750,12 +817,13 @@ def _scale_run(
     layout: Layout,
     n: int,
     sat_s: float,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     port = _free_port()
     ready = work / f"router-{n}proc.json"
     more = ["--processes", str(n), "--ready-file", str(ready)] if n > 1 else []
     cores = layout.router[:n]
-    sup = procs.spawn(f"router-{n}proc", _router_args(workers, tok_dir, port, *more), cores)
+    sup = procs.spawn(f"router-{n}proc", _router_args(workers, tok_dir, port, *more), cores, env)
     try:
         pids = [sup.pid]
         if n > 1:

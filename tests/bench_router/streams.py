@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -46,6 +47,7 @@ from tests.bench_router.run import (
     LOAD_CORE,
     ROUTER_CORE,
     Procs,
+    _at_least,
     _cpu_s,
     _free_port,
     _router_args,
@@ -251,7 +253,7 @@ def run(
         snaps.mkdir(exist_ok=True)
         args = [args[0], "-m", "tests.bench_router.traced_router", str(snaps), *args[3:]]
     router = procs.spawn("router-streams", args, ROUTER_CORE)
-    _wait_http(port, "/ready")
+    _wait_http(port, "/ready", proc=router)  # a router that failed to start: at once, not 120 s
     time.sleep(1.0)
     idle_mb = _rss_mb(router.pid)
     checkpoints = sorted({c for c in CHECKPOINTS if c < count} | {count})
@@ -325,17 +327,19 @@ def report_lines(ss: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--count", type=int, default=10000)
-    parser.add_argument("--ramp-per-s", type=float, default=150.0)
-    parser.add_argument("--settle-s", type=float, default=3.0)
-    parser.add_argument("--interval-s", type=float, default=20.0)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench_router.streams")
+    parser.add_argument("--count", type=_at_least(1), default=10000)
+    parser.add_argument("--ramp-per-s", type=_at_least(0, float, above=True), default=150.0)
+    parser.add_argument("--settle-s", type=_at_least(0, float), default=3.0)
+    parser.add_argument("--interval-s", type=_at_least(0, float, above=True), default=20.0)
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--out", default="out/bench-router-streams.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs 2 cores (router on one, client and backend on the other)")
+    # a plain `kill` stops the router and the backend too (the finally below; they were left)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.sched_setaffinity(0, {LOAD_CORE})
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     cache = Path(os.environ.get("SPLITSERVE_CACHE_DIR", work / "cache"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +37,17 @@ from typing import Any
 import httpx
 import yaml
 
+from splitserve.cli.process import die_with_parent
+
 CLASSES: dict[str, dict[str, Any]] = {
     "interactive": {"ttftMs": 2000, "tpotMs": 200, "priority": 10, "attainment": 0.9},
     "batch": {"ttftMs": 8000, "tpotMs": 1000, "sheddable": True, "attainment": 0.5},
 }
 SHARE = {"interactive": 0.3, "batch": 0.7}
+FAILED = 599
+"""The status of a request that failed after its status line: the connection broke, or the
+stream ended in an error event (a 200 then; it was counted as meeting its SLO when its first
+token came in time)."""
 
 
 @dataclass(frozen=True)
@@ -104,14 +112,18 @@ class Stack:
         ]  # fmt: skip
         env = dict(os.environ, SPLITSERVE_CACHE_DIR=str(run_dir.parent / "cache"))
         self.log = (run_dir / "up.log").open("w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # `up` stops its workers and router when this process dies, even by SIGKILL (it was
+        # left running with them when the bench was killed)
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+        )
 
     def base_url(self, timeout_s: float = 600) -> str:
         ready = self.run_dir / "up" / "router.ready.json"
         deadline = time.monotonic() + timeout_s
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"splitserve up did not start (see {self.run_dir}/up.log)")
+                raise SystemExit(f"splitserve up did not start (see {self.run_dir}/up.log)")
             time.sleep(0.2)
         info = json.loads(ready.read_text())
         return f"http://127.0.0.1:{info['port']}/v1"
@@ -148,6 +160,8 @@ async def one(client: httpx.AsyncClient, base: str, a: Arrival, slo: bool) -> Ou
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
+                if event.get("error"):
+                    return Outcome(a.slo_class, FAILED)
                 if event.get("usage"):
                     n = int(event["usage"]["completion_tokens"])
                 if not event.get("choices"):
@@ -157,7 +171,7 @@ async def one(client: httpx.AsyncClient, base: str, a: Arrival, slo: bool) -> Ou
                     first = now
                 last = now
     except httpx.HTTPError:
-        return Outcome(a.slo_class, 599)
+        return Outcome(a.slo_class, FAILED)
     ttft = None if first is None else first - sent
     tpot = None if first is None or last is None or n < 2 else (last - first) / (n - 1)
     return Outcome(a.slo_class, 200, ttft, tpot, n)
@@ -178,17 +192,19 @@ async def drive(base: str, seq: list[Arrival], slo: bool) -> list[Outcome]:
         return list(await asyncio.gather(*tasks))
 
 
-def summarize(outs: list[Outcome], duration_s: float) -> dict[str, dict[str, float]]:
-    table = {}
+def summarize(outs: list[Outcome], duration_s: float) -> dict[str, dict[str, float | None]]:
+    """Per class; `attainment` and `shed_fraction` are None when none of the class arrived (it
+    read 0 %: a run too short for any arrival "dropped below the target")."""
+    table: dict[str, dict[str, float | None]] = {}
     for cls in CLASSES:
         mine = [o for o in outs if o.slo_class == cls]
         n = len(mine) or 1
         met = sum(o.met() for o in mine)
         table[cls] = {
             "arrived": len(mine),
-            "attainment": met / n,
+            "attainment": met / n if mine else None,
             "goodput_rps": met / duration_s,
-            "shed_fraction": sum(o.status == 429 for o in mine) / n,
+            "shed_fraction": sum(o.status == 429 for o in mine) / n if mine else None,
             "errors": sum(o.status not in (200, 429) for o in mine),
         }
     return table
@@ -214,25 +230,70 @@ def run(slo: bool, rate: float, args: argparse.Namespace, tag: str) -> dict[str,
     return result
 
 
+def _positive(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    """An argparse type: comma-separated rates > 0 (a negative one looped forever drawing
+    arrivals, 0 was a ZeroDivisionError, a word a traceback)."""
+    try:
+        return [_positive(r.strip()) for r in text.split(",")]
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}" if "," in text else str(err)) from None
+
+
+def find_knee(
+    rates: list[float], run_at: Callable[[float], dict[str, Any]], duration_s: float
+) -> tuple[float, list[dict[str, Any]]]:
+    """Run the wave-1 router at each rate until its interactive attainment drops below the
+    target: (that rate, the runs). A run in which no interactive request arrived stops the
+    sweep with a message (it read 0 % and was taken for the knee)."""
+    target = CLASSES["interactive"]["attainment"]
+    sweep = []
+    for rate in rates:
+        r = run_at(rate)
+        sweep.append(r)
+        attainment = r["classes"]["interactive"]["attainment"]
+        if attainment is None:
+            raise SystemExit(
+                f"no interactive request arrived at {rate:g} req/s in {duration_s:g} s of "
+                "arrivals: raise --duration or --rates"
+            )
+        if attainment < target:
+            return rate, sweep
+    raise SystemExit("the wave-1 router never dropped below the target: raise --rates")
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rates", default="0.5,1,1.5,2,2.5,3,4", help="wave-1 sweep, requests/s")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
-    p.add_argument("--time-scale", type=float, default=4.0, help="sim engine slow-down")
+    p = argparse.ArgumentParser(
+        prog="python -m splitserve.cli.bench_slo", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--rates",
+        type=_rates,
+        default=[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0],
+        help="wave-1 sweep, requests/s, comma-separated",
+    )
+    p.add_argument("--duration", type=_positive, default=60.0, help="seconds of arrivals per run")
+    p.add_argument("--time-scale", type=_positive, default=4.0, help="sim engine slow-down")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="build/bench-slo.json")
-    p.add_argument("--work", default=tempfile.mkdtemp(prefix="bench-slo-"))
+    p.add_argument("--work", default=None, help="run directories (default: a new temporary one)")
     args = p.parse_args(argv)
+    if args.work is None:  # made at parse time before, so every --help left one behind
+        args.work = tempfile.mkdtemp(prefix="bench-slo-")
     target = CLASSES["interactive"]["attainment"]
-    sweep, knee = [], None
-    for rate in (float(r) for r in args.rates.split(",")):
-        r = run(False, rate, args, f"wave1-{rate}")
-        sweep.append(r)
-        if r["classes"]["interactive"]["attainment"] < target:
-            knee = rate
-            break
-    if knee is None:
-        raise SystemExit("the wave-1 router never dropped below the target: raise --rates")
+    knee, sweep = find_knee(
+        args.rates, lambda rate: run(False, rate, args, f"wave1-{rate}"), args.duration
+    )
     over = 1.5 * knee
     a = run(False, over, args, "wave1-over")
     b = run(True, over, args, "slo-over")
@@ -255,11 +316,19 @@ def main(argv: list[str] | None = None) -> None:
         for name, r in (("wave-1", a), ("slo", b)):
             c = r["classes"][cls]
             print(
-                f"{cls:<12} {name:<7} {c['attainment']:>7.1%} {c['goodput_rps']:>10.2f} "
-                f"{c['shed_fraction']:>6.1%}"
+                f"{cls:<12} {name:<7} {_pct(c['attainment']):>7} {c['goodput_rps']:>10.2f} "
+                f"{_pct(c['shed_fraction']):>6}"
             )
-    print(f"(written to {args.out})")
+    # the run directory was printed nowhere: a default one (a new temporary directory) held
+    # the outcomes the docs point to and could not be found
+    print(f"(written to {args.out}; each request's outcome: {args.work}/*/outcomes.json)")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 if __name__ == "__main__":
+    # a plain `kill` stops the stack too (the finally in `run`; `up` was left running)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()

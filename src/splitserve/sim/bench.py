@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -191,6 +192,17 @@ def run_suite(
 ) -> list[BenchReport]:
     """Each router mode `repeat` times, interleaved (mode A, mode B, mode A, ...), one parse."""
     items, parse_s = load_trace(trace, max_requests)
+    return suite_items(items, parse_s, num_workers, report_intervals_s, repeat)
+
+
+def suite_items(
+    items: tuple[WorkItem, ...],
+    parse_s: float,
+    num_workers: int = 16,
+    report_intervals_s: Sequence[float] = (0.0,),
+    repeat: int = 1,
+) -> list[BenchReport]:
+    """`run_suite` on items already parsed (in `parse_s` seconds)."""
     return [
         replace(run_items(items, num_workers, interval), parse_s=parse_s)
         for _ in range(repeat)
@@ -203,19 +215,50 @@ def bundled_conv_trace() -> Path:
     return bundled_trace("conv")
 
 
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (a value outside was clamped or ignored)."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"{low} to {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{value} is not in the range {bounds}")
+        return value
+
+    return convert
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    """`make bench`'s command line; a bad option is a one-line usage error (exit 2) naming it,
+    as in `splitserve sim bench` (they were clamped, ignored or a traceback)."""
     parser = argparse.ArgumentParser(prog="python -m splitserve.sim.bench", description=__doc__)
     parser.add_argument("--trace", type=Path, default=None, help="default: bundled conv trace")
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument(
+        "--workers", type=_int_in(2, 10_000), default=16, help="2 to 10000 (half prefill)"
+    )
+    parser.add_argument("--max-requests", type=_int_in(1), default=None)
     parser.add_argument(
         "--report-interval",
-        type=float,
+        type=_seconds,
         action="append",
         default=None,
         help="router load-report interval in s (0 = exact); repeat for several rows",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved")
+    parser.add_argument("--repeat", type=_int_in(1), default=1, help="runs per mode, interleaved")
     parser.add_argument(
         "--print-modules",
         action="store_true",
@@ -226,12 +269,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(" ".join(name.replace(".", "/") + ".py" for name in COMPILED_MODULES))
         return
     trace = args.trace if args.trace is not None else bundled_conv_trace()
-    reports = run_suite(
-        trace,
+    try:
+        items, parse_s = load_trace(trace, args.max_requests)
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        parser.error(f"argument --trace: {trace}: {err}")
+    if not items:
+        parser.error(f"argument --trace: {trace}: no requests (every row has a zero length)")
+    reports = suite_items(
+        items,
+        parse_s,
         args.workers,
-        args.max_requests,
         args.report_interval if args.report_interval else (0.0,),
-        max(1, args.repeat),
+        args.repeat,
     )
     print(markdown_table(HEADERS, [r.row() for r in reports]), end="")
 

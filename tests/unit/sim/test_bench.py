@@ -118,3 +118,51 @@ def test_events_compare_and_hash_by_value() -> None:
     assert repr(a) == (
         f"Event(time_s=1.0, kind={EventKind.ARRIVAL!r}, seq=3, target=-1, payload=7)"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--repeat", "0"], "--repeat"),  # was run once
+        (["--workers", "1"], "--workers"),  # was run with 2 (the row said 2)
+        (["--workers", "10001"], "--workers"),
+        (["--report-interval", "-1"], "--report-interval"),  # was the exact mode
+        (["--report-interval", "nan"], "--report-interval"),
+        (["--max-requests", "0"], "--max-requests"),  # was a traceback: "no rows"
+        (["--workers", "x"], "--workers"),
+    ],
+)
+def test_main_refuses_out_of_range_options_naming_them(
+    trace: Path, argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--trace", str(trace), *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {names}" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "No such file"),  # the file is missing
+        ("", "empty"),
+        ("a,b\n1,2\n", "not an Azure LLM trace header"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,0,5\n", "no requests"),
+    ],
+)
+def test_main_refuses_a_bad_trace_in_one_line(
+    tmp_path: Path, text: str | None, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.csv"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:  # each was a traceback
+        bench.main(["--trace", str(path), "--max-requests", "5"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --trace" in err
+    assert says in err
+    assert str(path) in err
+    assert "Traceback" not in err
