@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
@@ -62,6 +62,17 @@ class SloSettings(BaseModel):
     all, more free places than requests admitted but not yet placed, a worker having this many
     places less its requests in flight or reserved; None: always room then (every arrival is
     admitted until a rate is fitted)."""
+
+    @field_validator(
+        "queue_capacity",
+        "max_outstanding_per_worker",
+        "unfitted_prefills_per_worker",
+        "max_backlog_fraction",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return v1.not_a_bool(value)
 
     @model_validator(mode="after")
     def _check_classes(self) -> SloSettings:
