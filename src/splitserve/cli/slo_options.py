@@ -159,8 +159,13 @@ def slo_settings(
     placement_profile: str | None,
     disaggregation: str | None,
     placement: PlacementSettings,
+    base: SloSettings | None = None,
 ) -> tuple[SloSettings | None, PlacementSettings]:
-    """(SLO settings or None when no SLO option was given, placement settings)."""
+    """(SLO settings or None when no SLO option was given, placement settings).
+
+    `base`: the settings the options override (`router serve --config`'s): the options replace
+    what they set (classes given replace its classes; a default class alone picks one of them)
+    and it keeps the rest. None: the defaults."""
     file: dict[str, Any] = {}
     if slo_config is not None:
         data = read_yaml(slo_config, "--slo-config")
@@ -235,7 +240,13 @@ def slo_settings(
             return None, placement
         # The file's values go to SloSettings as written, so pydantic refuses what it cannot
         # read ("maybe", 2.7) instead of bool() / int() turning "false" into True or 2.7 into 2.
-        slo: dict[str, Any] = {"classes": tuple(classes), "default_class": default}
+        slo: dict[str, Any] = {}
+        if base is not None:  # was dropped: --slo-class reset the file's queue capacity, ...
+            slo = {name: getattr(base, name) for name in SloSettings.model_fields}
+        if classes or base is None:
+            slo["classes"], slo["default_class"] = tuple(classes), default
+        elif default is not None:  # one of the base's classes
+            slo["default_class"] = default
         if "lengthPredictor" in router:
             slo["length_predictor"] = _file_enum(v1.LengthPredictor, router, "lengthPredictor")
         if "admissionQueueCapacity" in router:
