@@ -77,8 +77,10 @@ class SloSettings(BaseModel):
     @model_validator(mode="after")
     def _check_classes(self) -> SloSettings:
         names = [c.name for c in self.classes]
-        if len(set(names)) != len(names):
-            raise ValueError("slo classes: names must be unique")
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(
+                f"SLO class {', '.join(map(repr, twice))} declared twice (names must be unique)"
+            )
         if self.default_class is not None and self.default_class not in (names or ["default"]):
             raise ValueError(
                 f"default SLO class {self.default_class!r} is not one of {names or ['default']}"

@@ -239,3 +239,14 @@ def test_a_key_given_twice_in_the_file_is_refused(tmp_path: Path, text: str, mes
     f.write_text(text)
     with pytest.raises(click.BadParameter, match=message):
         slo_settings([], None, f, None, None, PlacementSettings())
+
+
+def test_a_class_declared_twice_is_named(tmp_path: Path) -> None:
+    """Was "(top level): Value error, slo classes: names must be unique": which one?"""
+    f = tmp_path / "slo.yaml"
+    f.write_text("sloClasses: [{name: chat, ttftMs: 500, tpotMs: 50}]\n")
+    with pytest.raises(click.BadParameter) as err:
+        slo_settings(["chat:ttftMs=100,tpotMs=10"], None, f, None, None, PlacementSettings())
+    message = err.value.format_message()
+    assert "SLO class 'chat' declared twice" in message
+    assert "Value error" not in message  # pydantic's wording, as `one_line` drops it
