@@ -622,15 +622,17 @@ def pd_mode_usage_error(prefill: int, placement: PlacementSettings) -> str | Non
     if mode is v1.Disaggregation.NEVER and prefill > 0:
         workers = "worker" if prefill == 1 else "workers"
         return (
-            f"disaggregation Never serves every request aggregated on decode / mixed workers: "
+            "--disaggregation Never (or --slo-config's router.disaggregation) serves every "
+            "request aggregated on decode / mixed workers: "
             f"the {prefill} prefill {workers} would never get a request (--prefill defaults to "
             "1; --autoscale keeps at least --autoscale-min); give --prefill 0, or choose Auto"
         )
     splitwise = placement.profile is v1.PlacementProfile.SPLITWISE
     if mode is v1.Disaggregation.ALWAYS and prefill == 0 and not splitwise:
         return (
-            "disaggregation Always splits prefill from decode, but --prefill 0 starts no prefill "
-            "worker: every request would run aggregated (reason no_prefill_worker); give "
+            "--disaggregation Always (or --slo-config's router.disaggregation) splits prefill "
+            "from decode, but --prefill 0 starts no prefill worker: every request would run "
+            "aggregated (reason no_prefill_worker); give "
             "--prefill 1 or more, or choose Auto or Never"
         )
     return None
