@@ -1082,7 +1082,7 @@ class SloClassSpec(Model):
                     " latency target to override)",
                 },
             ]
-        }
+        },
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=CLASS_NAME)

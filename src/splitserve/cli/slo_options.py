@@ -131,8 +131,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            if isinstance(key, str) and key in seen:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):  # (an unhashable key is yaml's own error below)
+                continue
+            if key in seen:
                 raise _KeyGivenTwice(key, key_node.start_mark.line + 1)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -143,7 +145,7 @@ def read_yaml(path: Path, flag: str) -> Any:
     in one mapping, is a usage error naming `flag`, the file and the line (it was yaml's or the
     codec's traceback; a repeated key's last value won)."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as err:
         raise click.BadParameter(f"{path}: {utf8_problem(err)}", param_hint=flag) from None
     except _KeyGivenTwice as err:

@@ -8,6 +8,7 @@ request aggregated (`placements_total{reason="no_prefill_worker"}`), the mode do
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def _never_start(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("up would have started the stack")
 
     monkeypatch.setattr(up_cli, "start_stack", start)
-    monkeypatch.setattr(up_cli.signal, "signal", lambda *_: None)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # `up` sets SIGINT / SIGTERM
 
 
 @pytest.mark.parametrize(

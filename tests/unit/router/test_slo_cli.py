@@ -193,7 +193,8 @@ def test_an_infinite_target_is_refused_naming_the_key(tmp_path: Path) -> None:
         parse_slo_class("a:ttftMs=inf,tpotMs=50")
     f = tmp_path / "slo.yaml"
     f.write_text("sloClasses:\n  - {name: a, ttftMs: 500, tpotMs: .inf}\n")
-    with pytest.raises(click.BadParameter, match=r"sloClasses\.0\.tpotMs: Input should be a finite"):
+    finite = r"sloClasses\.0\.tpotMs: Input should be a finite"
+    with pytest.raises(click.BadParameter, match=finite):
         slo_settings([], None, f, None, None, PlacementSettings())
 
 
