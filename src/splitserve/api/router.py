@@ -315,6 +315,17 @@ class AdmissionFile(FileModel):
     cold_start_max_held: int = Field(1024, ge=0, le=1_000_000)
     """`DispatchSettings.cold_start_max_held`: the requests held so at most."""
 
+    @field_validator(
+        "queue_capacity",
+        "unfitted_prefills_per_worker",
+        "cold_start_wait_seconds",
+        "cold_start_max_held",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return v1.not_a_bool(value)
+
 
 class PoolFile(FileModel):
     """`pool`: how the router reaches its workers (the service's `router.workerLink`)."""
