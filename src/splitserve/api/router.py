@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from splitserve.api import v1alpha1 as v1
@@ -63,11 +63,24 @@ class SloSettings(BaseModel):
     places less its requests in flight or reserved; None: always room then (every arrival is
     admitted until a rate is fitted)."""
 
+    @field_validator(
+        "queue_capacity",
+        "max_outstanding_per_worker",
+        "unfitted_prefills_per_worker",
+        "max_backlog_fraction",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return v1.not_a_bool(value)
+
     @model_validator(mode="after")
     def _check_classes(self) -> SloSettings:
         names = [c.name for c in self.classes]
-        if len(set(names)) != len(names):
-            raise ValueError("slo classes: names must be unique")
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(
+                f"SLO class {', '.join(map(repr, twice))} declared twice (names must be unique)"
+            )
         if self.default_class is not None and self.default_class not in (names or ["default"]):
             raise ValueError(
                 f"default SLO class {self.default_class!r} is not one of {names or ['default']}"
@@ -301,6 +314,17 @@ class AdmissionFile(FileModel):
     worker to become ready (0: a 503 at once)."""
     cold_start_max_held: int = Field(1024, ge=0, le=1_000_000)
     """`DispatchSettings.cold_start_max_held`: the requests held so at most."""
+
+    @field_validator(
+        "queue_capacity",
+        "unfitted_prefills_per_worker",
+        "cold_start_wait_seconds",
+        "cold_start_max_held",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return v1.not_a_bool(value)
 
 
 class PoolFile(FileModel):

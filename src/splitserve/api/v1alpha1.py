@@ -83,6 +83,14 @@ Quantity = Annotated[
 """A Kubernetes resource quantity (`2`, `500m`, `16Gi`), checked by pattern; int-or-string."""
 
 
+def not_a_bool(value: Any) -> Any:
+    """`value`, unless it is a boolean: a `before` validator for a number field (pydantic reads
+    `true` as 1 there, so a YAML file's `ttftMs: true` was a 1 ms target)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, not a boolean ({str(value).lower()})")
+    return value
+
+
 class Model(BaseModel):
     """Base of every API model: frozen, strict about unknown fields, camelCase on the wire."""
 
@@ -1059,6 +1067,7 @@ class SloClassSpec(Model):
     """A class of requests with latency targets (online) or a completion deadline (offline)."""
 
     model_config = ConfigDict(
+        allow_inf_nan=False,  # `ttftMs: .inf` passed gt=0, then failed in the router's start
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
@@ -1073,7 +1082,7 @@ class SloClassSpec(Model):
                     " latency target to override)",
                 },
             ]
-        }
+        },
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=CLASS_NAME)
@@ -1095,6 +1104,19 @@ class SloClassSpec(Model):
     allow_overrides: bool = False
     """Clients may set their own targets with `x-slo-ttft-ms` / `x-slo-tpot-ms`, within 1/4x to
     4x of this class's targets. False: those headers are a 400 for this class."""
+
+    @field_validator(
+        "ttft_ms",
+        "tpot_ms",
+        "percentile",
+        "attainment",
+        "job_completion_seconds",
+        "priority",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return not_a_bool(value)
 
     @model_validator(mode="after")
     def _targets(self) -> SloClassSpec:

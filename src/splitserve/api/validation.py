@@ -39,7 +39,7 @@ def validation_lines(
         if names and loc and loc[0] in names:
             loc[0] = names[loc[0]]
         key = prefix + ".".join(loc) or "(top level)"
-        line = f"{path}: {key}: {e['msg']}"
+        line = f"{path}: {key}: {str(e['msg']).removeprefix('Value error, ')}"
         value = e.get("input")
         if loc and not hidden and isinstance(value, str | int | float | bool):
             line += f" (got {value!r})"

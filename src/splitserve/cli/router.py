@@ -304,6 +304,7 @@ def serve_cmd(
             placement_profile,
             disaggregation,
             config.placement,
+            config.slo,
         )
         update: dict[str, Any] = {"placement": placement}
         auth = auth_settings(

@@ -119,13 +119,37 @@ def slo_args(opts: dict[str, Any]) -> list[str]:
     return args
 
 
+class _KeyGivenTwice(yaml.YAMLError):
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(f"line {line}: {key} given twice (YAML keeps only the last)")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a mapping key given twice (safe_load keeps the last value:
+    a file's first `sloClasses:`, or a class's first `ttftMs:`, was lost without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):  # (an unhashable key is yaml's own error below)
+                continue
+            if key in seen:
+                raise _KeyGivenTwice(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path, flag: str) -> Any:
-    """A YAML file's content; one that is not UTF-8 text or not YAML is a usage error naming
-    `flag`, the file and the line (it was yaml's or the codec's traceback)."""
+    """A YAML file's content; one that is not UTF-8 text or not YAML, or that gives a key twice
+    in one mapping, is a usage error naming `flag`, the file and the line (it was yaml's or the
+    codec's traceback; a repeated key's last value won)."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as err:
         raise click.BadParameter(f"{path}: {utf8_problem(err)}", param_hint=flag) from None
+    except _KeyGivenTwice as err:
+        raise click.BadParameter(f"{path}: {err}", param_hint=flag) from None
     except yaml.YAMLError as err:
         raise click.BadParameter(f"{path}: {yaml_problem(err)}", param_hint=flag) from None
 
@@ -137,8 +161,13 @@ def slo_settings(
     placement_profile: str | None,
     disaggregation: str | None,
     placement: PlacementSettings,
+    base: SloSettings | None = None,
 ) -> tuple[SloSettings | None, PlacementSettings]:
-    """(SLO settings or None when no SLO option was given, placement settings)."""
+    """(SLO settings or None when no SLO option was given, placement settings).
+
+    `base`: the settings the options override (`router serve --config`'s): the options replace
+    what they set (classes given replace its classes; a default class alone picks one of them)
+    and it keeps the rest. None: the defaults."""
     file: dict[str, Any] = {}
     if slo_config is not None:
         data = read_yaml(slo_config, "--slo-config")
@@ -150,7 +179,8 @@ def slo_settings(
                 f"{slo_config}: unknown keys {sorted(unknown)}", param_hint="--slo-config"
             )
         file = data
-    router_value = file.get("router") or {}
+    router_value = file.get("router")  # `router:` with no value: none (`[]`, `0`: refused)
+    router_value = {} if router_value is None else router_value
     if not isinstance(router_value, dict):  # was dict("abc")'s traceback
         raise click.BadParameter(
             f"{slo_config}: router: must be a mapping of router settings, got "
@@ -158,7 +188,8 @@ def slo_settings(
             param_hint="--slo-config",
         )
     router = dict(router_value)
-    file_classes = file.get("sloClasses") or []
+    file_classes = file.get("sloClasses")
+    file_classes = [] if file_classes is None else file_classes
     if not isinstance(file_classes, list):  # was iterating an int
         raise click.BadParameter(
             f"{slo_config}: sloClasses: must be a list of classes, got "
@@ -211,7 +242,13 @@ def slo_settings(
             return None, placement
         # The file's values go to SloSettings as written, so pydantic refuses what it cannot
         # read ("maybe", 2.7) instead of bool() / int() turning "false" into True or 2.7 into 2.
-        slo: dict[str, Any] = {"classes": tuple(classes), "default_class": default}
+        slo: dict[str, Any] = {}
+        if base is not None:  # was dropped: --slo-class reset the file's queue capacity, ...
+            slo = {name: getattr(base, name) for name in SloSettings.model_fields}
+        if classes or base is None:
+            slo["classes"], slo["default_class"] = tuple(classes), default
+        elif default is not None:  # one of the base's classes
+            slo["default_class"] = default
         if "lengthPredictor" in router:
             slo["length_predictor"] = _file_enum(v1.LengthPredictor, router, "lengthPredictor")
         if "admissionQueueCapacity" in router:

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import click
 
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings, port_clash
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
@@ -490,7 +491,7 @@ def up(**opts: Any) -> None:
 
     if why := autoscale_usage_error(opts, given):
         raise click.UsageError(why)
-    slo_settings(  # refuse bad SLO options here, before any process starts
+    _, placement = slo_settings(  # refuse bad SLO options here, before any process starts
         opts["slo_classes"],
         opts["default_slo_class"],
         opts["slo_config"],
@@ -498,6 +499,8 @@ def up(**opts: Any) -> None:
         opts["disaggregation"],
         PlacementSettings(),
     )
+    if why := pd_mode_usage_error(opts["prefill"], placement):
+        raise click.UsageError(why)
     check_sim_options(opts, given)
     opts["engine_args"] = checked_engine_args(opts)
     os.environ["SPLITSERVE_LOG_FORMAT"] = opts["log_format"]  # the children's --log-format
@@ -608,6 +611,31 @@ _SIM_OPTIONS: Final = (
     "sim_kv_blocks",
     "sim_answer_tokens",
 )
+
+
+def pd_mode_usage_error(prefill: int, placement: PlacementSettings) -> str | None:
+    """Why the P/D mode (`--disaggregation`, or `router.disaggregation` in `--slo-config`) could
+    not act on the workers `up` starts (None: it can). `Never` sends no request to a prefill
+    worker; `Always` has none to split onto without one (but `splitwise`'s prompt pool borrows
+    decode and mixed workers)."""
+    mode = placement.disaggregation
+    if mode is v1.Disaggregation.NEVER and prefill > 0:
+        workers = "worker" if prefill == 1 else "workers"
+        return (
+            "--disaggregation Never (or --slo-config's router.disaggregation) serves every "
+            "request aggregated on decode / mixed workers: "
+            f"the {prefill} prefill {workers} would never get a request (--prefill defaults to "
+            "1; --autoscale keeps at least --autoscale-min); give --prefill 0, or choose Auto"
+        )
+    splitwise = placement.profile is v1.PlacementProfile.SPLITWISE
+    if mode is v1.Disaggregation.ALWAYS and prefill == 0 and not splitwise:
+        return (
+            "--disaggregation Always (or --slo-config's router.disaggregation) splits prefill "
+            "from decode, but --prefill 0 starts no prefill worker: every request would run "
+            "aggregated (reason no_prefill_worker); give "
+            "--prefill 1 or more, or choose Auto or Never"
+        )
+    return None
 
 
 def check_sim_options(opts: dict[str, Any], given: Callable[[str], bool]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from splitserve.cli.router import serve_cmd
@@ -41,3 +42,20 @@ def test_an_unknown_engine_kind_is_refused(tmp_path: Path) -> None:
     lines = [line for line in r.output.splitlines() if str(path) in line]
     assert any("engine.kind" in line and "'simm'" in line for line in lines), r.output
     assert "'vllm' or 'sim'" in r.output
+
+
+def test_a_boolean_admission_number_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`admission: {queueCapacity: true}` was a queue of one request (pydantic reads true as 1)."""
+    from splitserve.cli import router as cli_router
+
+    monkeypatch.setattr(cli_router, "_serve", lambda *_: None)  # were it accepted: no serving
+    path = tmp_path / "router.yaml"
+    for key in ("queueCapacity", "unfittedPrefillsPerWorker", "coldStartMaxHeld"):
+        path.write_text(f"model: {{name: m, source: x}}\nadmission: {{{key}: true}}\n")
+        args = ["--config", str(path), "--worker", "127.0.0.1:1", "--tokenizer", str(tmp_path)]
+        r = CliRunner().invoke(serve_cmd, args)
+        assert r.exit_code == 2, r.output
+        assert f"admission.{key}" in r.output
+        assert "not a boolean" in r.output

@@ -142,6 +142,13 @@ def test_file_router_values_that_cannot_be_read_are_refused(
         ({"router": "abc"}, r"router: must be a mapping of router settings, got str"),
         ({"router": [1, 2]}, r"router: must be a mapping of router settings, got list"),
         ({"sloClasses": 5}, r"sloClasses: must be a list of classes, got int"),
+        # Empty values of the wrong type were taken as "none given" (`or []`), silently.
+        ({"router": []}, r"router: must be a mapping of router settings, got list"),
+        ({"router": 0}, r"router: must be a mapping of router settings, got int"),
+        ({"router": ""}, r"router: must be a mapping of router settings, got str"),
+        ({"sloClasses": {}}, r"sloClasses: must be a list of classes, got dict"),
+        ({"sloClasses": ""}, r"sloClasses: must be a list of classes, got str"),
+        ({"sloClasses": 0}, r"sloClasses: must be a list of classes, got int"),
         ({"router": {"placementProfile": "bogus"}}, r"router\.placementProfile: 'bogus' is not"),
         ({"router": {"disaggregation": "Often"}}, r"router\.disaggregation: 'Often' is not"),
         ({"router": {"lengthPredictor": None}}, r"router\.lengthPredictor: None is not one of"),
@@ -177,3 +184,70 @@ def test_a_default_class_without_classes_names_the_implicit_one() -> None:
     settings, _ = slo_settings([], "default", None, None, None, PlacementSettings())
     assert settings is not None
     assert settings.default_class == "default"
+
+
+def test_an_infinite_target_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """`ttftMs=inf` (flag) or `ttftMs: .inf` (file) passed `gt=0` and stopped the router with a
+    traceback from `SloPolicyClass` (`up`: after its workers had started)."""
+    with pytest.raises(click.BadParameter, match=r"ttftMs='inf'"):
+        parse_slo_class("a:ttftMs=inf,tpotMs=50")
+    f = tmp_path / "slo.yaml"
+    f.write_text("sloClasses:\n  - {name: a, ttftMs: 500, tpotMs: .inf}\n")
+    finite = r"sloClasses\.0\.tpotMs: Input should be a finite"
+    with pytest.raises(click.BadParameter, match=finite):
+        slo_settings([], None, f, None, None, PlacementSettings())
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"router": {"admissionQueueCapacity": True}}, r"router\.admissionQueueCapacity"),
+        ({"router": {"maxOutstandingPerWorker": True}}, r"router\.maxOutstandingPerWorker"),
+        ({"router": {"unfittedPrefillsPerWorker": True}}, r"router\.unfittedPrefillsPerWorker"),
+        ({"sloClasses": [{"name": "a", "ttftMs": True, "tpotMs": 50}]}, r"sloClasses\.0\.ttftMs"),
+        (
+            {"sloClasses": [{"name": "a", "ttftMs": 9, "tpotMs": 5, "priority": True}]},
+            r"sloClasses\.0\.priority",
+        ),
+    ],
+)
+def test_a_boolean_where_a_number_is_wanted_is_refused(
+    tmp_path: Path, data: dict[str, object], key: str
+) -> None:
+    """`admissionQueueCapacity: true` was a queue of 1, `ttftMs: true` a 1 ms target."""
+    f = tmp_path / "slo.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(click.BadParameter, match=key + r": .*not a boolean"):
+        slo_settings([], None, f, None, None, PlacementSettings())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "sloClasses: []\nrouter: {}\nsloClasses: [{name: a, ttftMs: 5, tpotMs: 5}]\n",
+            r"line 3: sloClasses given twice",
+        ),
+        (
+            "sloClasses:\n  - name: a\n    ttftMs: 500\n    tpotMs: 50\n    ttftMs: 5\n",
+            r"line 5: ttftMs given twice",
+        ),
+    ],
+)
+def test_a_key_given_twice_in_the_file_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    """YAML's last value won silently (the first list of classes, or the first target, lost)."""
+    f = tmp_path / "slo.yaml"
+    f.write_text(text)
+    with pytest.raises(click.BadParameter, match=message):
+        slo_settings([], None, f, None, None, PlacementSettings())
+
+
+def test_a_class_declared_twice_is_named(tmp_path: Path) -> None:
+    """Was "(top level): Value error, slo classes: names must be unique": which one?"""
+    f = tmp_path / "slo.yaml"
+    f.write_text("sloClasses: [{name: chat, ttftMs: 500, tpotMs: 50}]\n")
+    with pytest.raises(click.BadParameter) as err:
+        slo_settings(["chat:ttftMs=100,tpotMs=10"], None, f, None, None, PlacementSettings())
+    message = err.value.format_message()
+    assert "SLO class 'chat' declared twice" in message
+    assert "Value error" not in message  # pydantic's wording, as `one_line` drops it

@@ -71,8 +71,10 @@ REASONS = (
     "prefill_would_miss_ttft",
     "pull_would_miss_tpot",
     "split",
+    "same_worker",
 )
-"""Every `Placement.reason` the decider gives (bounded metric label values)."""
+"""Every `Placement.reason` the deciders give (bounded metric label values); `same_worker`:
+`SplitwiseDecider`, the prompt and token machine coincide (the request runs there whole)."""
 
 
 @dataclass(frozen=True, slots=True)

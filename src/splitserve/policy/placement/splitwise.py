@@ -193,9 +193,7 @@ class SplitwiseDecider(PdDecider):
     def place(self, req: RequestView, eps: Sequence[EndpointView]) -> Placement:
         placement = super().place(req, eps)
         if placement.path is Path.DISAGGREGATED and placement.prefill[0] == placement.decode[0]:
-            return Placement(
-                Path.AGGREGATED, placement.decode, reason="prompt and token machine coincide"
-            )
+            return Placement(Path.AGGREGATED, placement.decode, reason="same_worker")
         return placement
 
 

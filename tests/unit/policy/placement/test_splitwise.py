@@ -26,7 +26,7 @@ from splitserve.core.ids import EndpointId, RequestId
 from splitserve.core.roles import Role
 from splitserve.policy.placement import FILTERS, SCORERS, Path, PluginSpec, ProfileSpec
 from splitserve.policy.placement.base import EndpointView, RequestView
-from splitserve.policy.placement.decider import PdDeciderParams
+from splitserve.policy.placement.decider import REASONS, PdDeciderParams
 from splitserve.policy.placement.profile import build_profile
 from splitserve.policy.placement.splitwise import (
     Phase,
@@ -146,6 +146,10 @@ def test_decider_picks_both_machines_and_runs_whole_when_they_coincide() -> None
     placed = decider.place(req(), [ep("m0", Role.MIXED)])
     assert placed.path is Path.AGGREGATED
     assert placed.decode[0] == "m0"
+    # a bounded metric label (`splitserve_router_placements_total{reason}`); it was the
+    # sentence "prompt and token machine coincide" on the live router's /metrics
+    assert placed.reason == "same_worker"
+    assert placed.reason in REASONS
 
 
 def test_registered_and_buildable() -> None:
