@@ -88,6 +88,20 @@ def scripted_logprobs(token: int, top: int) -> common_pb2.TokenLogprobs:
     return common_pb2.TokenLogprobs(token_ids=ids, logprobs=lps, rank=top + 1)
 
 
+def scripted_prompt_logprobs(prompt: Sequence[int], top: int) -> list[common_pb2.TokenLogprobs]:
+    """Made-up prompt log probabilities: none at the first position; at position i the prompt
+    token (log probability -2 - i / 100, rank 7) then tokens 3, 4, ... (-0.1, -0.2, ...)."""
+    out = [common_pb2.TokenLogprobs()]
+    for i, token in enumerate(prompt[1:], 1):
+        ids, lps = [token], [-2.0 - i / 100]
+        for j in range(top):
+            if 3 + j != token:
+                ids.append(3 + j)
+                lps.append(-0.1 * (j + 1))
+        out.append(common_pb2.TokenLogprobs(token_ids=ids, logprobs=lps, rank=7))
+    return out
+
+
 @dataclass
 class FakeWorker(worker_pb2_grpc.WorkerServicer):
     script: Script = field(default_factory=Script)
@@ -210,6 +224,12 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             resp.first_token_logprobs.CopyFrom(
                 scripted_logprobs(first, request.sampling.top_logprobs)
             )
+        if request.sampling.prompt_logprobs:
+            resp.prompt_logprobs.extend(
+                scripted_prompt_logprobs(
+                    request.prompt_token_ids, request.sampling.prompt_top_logprobs
+                )
+            )
         if request.sampling.max_tokens <= 1 or first in request.sampling.stop_token_ids:
             stop = first in request.sampling.stop_token_ids
             resp.finish_reason = (
@@ -260,6 +280,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         self._record("Generate", request)
         start = self._start_index(request.prompt_token_ids)
+        first = True
         async for chunk in self._tokens(
             context,
             start,
@@ -268,6 +289,13 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             self.script.generate_abort,
             request.sampling,
         ):
+            if first and request.sampling.prompt_logprobs:
+                chunk.prompt_logprobs.extend(
+                    scripted_prompt_logprobs(
+                        request.prompt_token_ids, request.sampling.prompt_top_logprobs
+                    )
+                )
+            first = False
             yield chunk
 
     async def Multiplex(  # noqa: N802

@@ -59,6 +59,10 @@ class SamplingSpec:
     likely tokens at its position (vLLM's `SamplingParams.logprobs`)."""
     structured_outputs: str = ""
     """Guided decoding: vLLM's `StructuredOutputsParams` as a JSON object; empty: none."""
+    prompt_logprobs: int | None = None
+    """None: none. k >= 0: each prompt token's log probability (after the first) and the k
+    most likely tokens at its position (vLLM's `SamplingParams.prompt_logprobs`), returned
+    with the first token."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -80,6 +84,8 @@ class SamplingSpec:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,9 @@ class Chunk:
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
     """With `SamplingSpec.logprobs`: one per token of `token_ids`."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """With `SamplingSpec.prompt_logprobs`, on the first chunk: one per prompt token (None for
+    the first)."""
 
 
 _T = TypeVar("_T")
@@ -644,7 +647,8 @@ class Dispatch:
         logprobs: tuple[TokenLogprobs, ...] = ()
         if first.HasField("first_token_logprobs"):
             logprobs = (messages.logprobs_from_pb(first.first_token_logprobs),)
-        return first, Chunk((first.first_token_id,), reason, logprobs)
+        prompt = messages.prompt_logprobs_from_pb(first.prompt_logprobs)
+        return first, Chunk((first.first_token_id,), reason, logprobs, prompt)
 
     def _open_early(self, placement: Placement) -> None:
         """`DispatchSettings.early_decode`: send the Decode to the first decode candidate now,
@@ -865,7 +869,12 @@ class Dispatch:
                                 else ()
                             )
                             emitted.extend(tokens)
-                            yield Chunk(tokens, reason, logprobs)
+                            prompt = (
+                                messages.prompt_logprobs_from_pb(pb.prompt_logprobs)
+                                if pb.prompt_logprobs
+                                else ()
+                            )
+                            yield Chunk(tokens, reason, logprobs, prompt)
                         if reason is not None:
                             return
                 except aio.AioRpcError as err:

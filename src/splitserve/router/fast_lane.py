@@ -104,6 +104,7 @@ class FastLane:
             or sub is not self.sub
             or chunk.finish_reason != _UNFINISHED
             or chunk.logprobs
+            or chunk.prompt_logprobs
             or not chunk.token_ids
             or not out.writable
         ):

@@ -73,6 +73,9 @@ class GenerationParams:
     """None: no log probabilities; k: each token's and the k most likely (`SamplingSpec`)."""
     structured_outputs: str = ""
     """Guided decoding (vLLM's `StructuredOutputsParams` as JSON); empty: none."""
+    prompt_logprobs: int | None = None
+    """None: none; k: each prompt token's log probability and the k most likely
+    (`SamplingSpec.prompt_logprobs`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class TextChunk:
     """On the last chunk, as vLLM's `stop_reason`: the stop string that ended the answer, or
     the id of the `stop_token_ids` token that did; None for anything else (a length cut, an
     end-of-text token)."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """On the last chunk, with `SamplingSpec.prompt_logprobs`: one per prompt token (None for
+    the first), as the engine that ran the prompt gave them."""
 
 
 class _Running:
@@ -324,6 +330,7 @@ class Generator:
                 allowed_token_ids=knobs.allowed_token_ids,
                 logprobs=params.logprobs,
                 structured_outputs=params.structured_outputs,
+                prompt_logprobs=params.prompt_logprobs,
             )
         except ValueError as err:
             raise InvalidRequest(str(err)) from err
@@ -409,6 +416,7 @@ class Generator:
             dispatch.lane = lane
         final: TextChunk | None = None
         first_token_s: float | None = None
+        prompt_lp: tuple[TokenLogprobs | None, ...] = ()
         running = _Running()
         self._running.add(running)
         self._idle.clear()
@@ -432,6 +440,9 @@ class Generator:
                         break
                     if first_token_s is None and chunk.token_ids:
                         first_token_s = self.clock.now_s()
+                        # the prompt's log probabilities come with the first token (a later
+                        # run over a longer prompt, a takeover, is not the client's prompt)
+                        prompt_lp = chunk.prompt_logprobs
                     reason = chunk.finish_reason
                     ids = chunk.token_ids
                     by_token = reason is FinishReason.STOP and bool(ids) and ids[-1] in stop_ids
@@ -486,7 +497,7 @@ class Generator:
                         last = chunk.token_ids[-1]  # a stop token (its text left out or not)
                         why = last if last in ended_by_id else None
                     final = TextChunk(
-                        text, chunk.token_ids, reason, usage, path, chunk.logprobs, why
+                        text, chunk.token_ids, reason, usage, path, chunk.logprobs, why, prompt_lp
                     )
                     break
         except BaseException as err:

@@ -128,3 +128,60 @@ class LogprobsFormatter:
             "tokens": tokens,
             "top_logprobs": top,
         }
+
+    def echoed(
+        self,
+        prompt_ids: Sequence[int],
+        prompt: Sequence[TokenLogprobs | None],
+        token_ids: Sequence[int],
+        logprobs: Sequence[TokenLogprobs],
+    ) -> dict[str, Any]:
+        """Completions with `echo`: the prompt's tokens, then the answer's, in one body, as
+        vLLM writes it (a prompt position without log probabilities, the first, has null
+        `token_logprobs` and `top_logprobs`)."""
+        if len(prompt) != len(prompt_ids):
+            raise ValueError(
+                f"{len(prompt_ids)} prompt tokens but {len(prompt)} log-probability entries"
+            )
+        self._offset = 0
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for token_id, lp in zip(prompt_ids, prompt, strict=True):
+            token = self.token(token_id)
+            tokens.append(token)
+            token_logprobs.append(None if lp is None else self._sampled(token_id, lp))
+            top.append(None if lp is None else dict(self._entries(lp)[: self.top + 1]))
+            offsets.append(self._offset)
+            self._offset += len(token)
+        rest = self._completion(token_ids, logprobs)
+        return {
+            "text_offset": offsets + rest["text_offset"],
+            "token_logprobs": token_logprobs + rest["token_logprobs"],
+            "tokens": tokens + rest["tokens"],
+            "top_logprobs": top + rest["top_logprobs"],
+        }
+
+    def prompt_body(
+        self, prompt_ids: Sequence[int], prompt: Sequence[TokenLogprobs | None]
+    ) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's `prompt_logprobs`: per prompt position, null (the first) or `{token id:
+        {logprob, rank, decoded_token}}`, the prompt's token first, then the most likely by
+        rank."""
+        out: list[dict[str, dict[str, Any]] | None] = []
+        for token_id, lp in zip(prompt_ids, prompt, strict=True):
+            if lp is None:
+                out.append(None)
+                continue
+            ranks = (r for r in range(1, len(lp.token_ids) + 2) if r != lp.rank)
+            entry: dict[str, dict[str, Any]] = {}
+            for i, (t, v) in enumerate(zip(lp.token_ids, lp.logprobs, strict=True)):
+                rank = lp.rank if i == 0 and t == token_id else next(ranks)
+                entry[str(t)] = {
+                    "logprob": max(v, _FLOOR),
+                    "rank": rank,
+                    "decoded_token": self.token(t),
+                }
+            out.append(entry)
+        return out

@@ -45,11 +45,21 @@ def sampling(req: Request, max_tokens: int) -> common_pb2.SamplingParams:
         logprobs=s.logprobs is not None,
         top_logprobs=s.logprobs or 0,
         structured_outputs=s.structured_outputs,
+        prompt_logprobs=s.prompt_logprobs is not None,
+        prompt_top_logprobs=s.prompt_logprobs or 0,
     )
 
 
 def logprobs_from_pb(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:
     return TokenLogprobs(tuple(pb.token_ids), tuple(pb.logprobs), pb.rank)
+
+
+def prompt_logprobs_from_pb(
+    pbs: Sequence[common_pb2.TokenLogprobs],
+) -> tuple[TokenLogprobs | None, ...]:
+    """A prompt's log probabilities (`TokenChunk.prompt_logprobs`): an empty entry is None
+    (the first position: nothing precedes it)."""
+    return tuple(logprobs_from_pb(pb) if pb.token_ids else None for pb in pbs)
 
 
 def prefill(

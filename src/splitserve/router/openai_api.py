@@ -224,8 +224,9 @@ class OpenAiApi:
             stop=self.generator.check_stops(req.stop_strings()),
             ignore_eos=req.ignore_eos,
             sampler=sampler_knobs(req),
-            logprobs=requested_logprobs(req),
+            logprobs=(logprobs := requested_logprobs(req)),
             structured_outputs=structured_outputs(req),
+            prompt_logprobs=_prompt_logprobs(req, logprobs),
             slo_class=self.slo_header(http),
             slo_overrides=_slo_overrides(http),
         )
@@ -271,14 +272,28 @@ class OpenAiApi:
         return prompt[-k:]
 
     def logprobs_format(
-        self, fmt: wire.Formatter, req: wire.SamplingFields, params: GenerationParams
+        self,
+        fmt: wire.Formatter,
+        req: wire.SamplingFields,
+        params: GenerationParams,
+        prompt: list[int],
     ) -> None:
         """Log probabilities as the request asked for them (`return_tokens_as_token_ids`
-        without them is a 400: it would do nothing)."""
-        if isinstance(req, wire.CompletionRequest) and req.echo and params.logprobs is not None:
+        without them is a 400: it would do nothing); the prompt's too (`prompt_logprobs`, or
+        completions' `echo` with `logprobs`), not streamed."""
+        echoed = isinstance(req, wire.CompletionRequest) and bool(req.echo)
+        echoed = echoed and params.logprobs is not None
+        if req.stream and req.prompt_logprobs is not None:
             raise ApiError(
                 400,
-                "echo: not with logprobs (the prompt's log probabilities are not computed)",
+                "prompt_logprobs: not available with `stream: true` (as vLLM)",
+                param="prompt_logprobs",
+            )
+        if req.stream and echoed:
+            raise ApiError(
+                400,
+                "echo: with logprobs only without `stream` (the prompt's log probabilities come "
+                "in the whole answer)",
                 param="echo",
             )
         as_ids = bool(req.return_tokens_as_token_ids)
@@ -290,6 +305,14 @@ class OpenAiApi:
                 param="return_tokens_as_token_ids",
             )
         fmt.with_logprobs(params.logprobs, self.generator.tokenizer, as_ids=as_ids)
+        if params.prompt_logprobs is not None:
+            fmt.with_prompt_logprobs(
+                prompt,
+                self.generator.tokenizer,
+                echoed=echoed,
+                field=req.prompt_logprobs is not None,
+                as_ids=as_ids,
+            )
 
     def echo_text(self, req: wire.CompletionRequest, prompt: list[int]) -> str:
         """What `echo` puts before the answer: a text prompt as sent; token ids (or a prompt
@@ -364,6 +387,16 @@ class OpenAiApi:
             except SplitserveError as err:
                 return _with_headers(api_error_from(err).response(), headers)
             assert last.usage is not None
+            if fmt.prompt is not None and len(last.prompt_logprobs) != len(fmt.prompt):
+                return _with_headers(
+                    ApiError(
+                        502,
+                        "the worker returned no log probabilities for the prompt "
+                        f"({len(last.prompt_logprobs)} for {len(fmt.prompt)} tokens)",
+                        "bad_gateway",
+                    ).response(),
+                    headers,
+                )
             text = echo + text
             lp = fmt.logprobs_of(last, stream=False)
             message, finish = tools.answer(text, wire.finish_name(last.finish_reason))
@@ -377,6 +410,7 @@ class OpenAiApi:
                     finish=finish,
                     stop_reason=last.stop_reason,
                     token_ids=last.token_ids,
+                    prompt_logprobs=last.prompt_logprobs,
                 )
             )
             return Response(whole, media_type="application/json", headers=headers)
@@ -511,7 +545,7 @@ def create_app(
             prompt = await api.completion_prompt(req)
             prompt = api.truncated(req, prompt)
             fmt = formatter(chat=False)
-            api.logprobs_format(fmt, req, params)
+            api.logprobs_format(fmt, req, params, prompt)
             request = generator.build_request(fmt.response_id, prompt, params)
             echo = api.echo_text(req, prompt) if req.echo else ""
         except ApiError as err:
@@ -538,7 +572,7 @@ def create_app(
             prompt = await api.chat_prompt(req, tools)
             prompt = api.truncated(req, prompt)
             fmt = formatter(chat=True)
-            api.logprobs_format(fmt, req, params)
+            api.logprobs_format(fmt, req, params, prompt)
             try:
                 request = generator.build_request(fmt.response_id, prompt, params)
             except InvalidRequest as err:  # name the field the client sent
@@ -585,6 +619,17 @@ def create_app(
 
 
 Handler = Callable[[HttpRequest], Awaitable[Response | SseResponse | EdgeSseResponse]]
+
+
+def _prompt_logprobs(req: wire.SamplingFields, logprobs: int | None) -> int | None:
+    """How many most likely tokens per prompt position the engine is asked for (None: no
+    prompt log probabilities): `prompt_logprobs`, or completions' `echo` with `logprobs` (as
+    vLLM)."""
+    if req.prompt_logprobs is not None:
+        return req.prompt_logprobs
+    if isinstance(req, wire.CompletionRequest) and req.echo and logprobs is not None:
+        return logprobs
+    return None
 
 
 class EdgeApp:

@@ -150,6 +150,14 @@ COMMON: Final[dict[str, Field]] = {
         "(empty for special tokens unless `skip_special_tokens` is false). Applied by the "
         "router's detokenizer; the tokens and `usage` do not change.",
     ),
+    "prompt_logprobs": _refused_by_sim(
+        _NO_LOGPROBS,
+        "0-20, as vLLM: each prompt token's log probability and the k most likely tokens at its "
+        "position, as `prompt_logprobs` (on the choice for completions, at the top for chat: "
+        "null for the first position, then `{token id: {logprob, rank, decoded_token}}`). Not "
+        "with `stream` (a 400, as vLLM). Computed by the worker that runs the prompt (the "
+        "prefill worker in P/D).",
+    ),
     "truncate_prompt_tokens": Field(
         "acts",
         "acts",
@@ -220,8 +228,10 @@ COMPLETION: Final[dict[str, Field]] = {
         "acts",
         "The answer's text starts with the prompt's: a text prompt as sent, a token-id prompt "
         "(or one cut by `truncate_prompt_tokens`: what was sent) decoded, special tokens kept; "
-        "in a stream, on the first chunk. With `logprobs` a 400 (the prompt's log "
-        "probabilities are not computed).",
+        "in a stream, on the first chunk. With `logprobs` (what lm-eval's loglikelihood tasks "
+        "send), `logprobs` opens with the prompt's tokens (the first with null "
+        "`token_logprobs` / `top_logprobs`), as vLLM; not streamed (a 400), and the simulated "
+        "engine refuses `logprobs`.",
     ),
     "logprobs": _refused_by_sim(
         _NO_LOGPROBS,
@@ -421,6 +431,8 @@ def _used(req: wire.SamplingFields) -> Iterator[str]:
         yield "response_format"
     if _set(req.structured_outputs):
         yield "structured_outputs"
+    if req.prompt_logprobs is not None:
+        yield "prompt_logprobs"
     if isinstance(req, wire.CompletionRequest) and req.logprobs is not None:
         yield "logprobs"
     if isinstance(req, wire.ChatCompletionRequest):
@@ -467,6 +479,7 @@ _REFUSABLE: Final = frozenset(
         "parallel_tool_calls",
         "suffix",
         "best_of",
+        "prompt_logprobs",
     )
 )
 """The top-level fields `_used` reads (besides the chat messages' `tool_calls` and

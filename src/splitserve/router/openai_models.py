@@ -16,7 +16,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from splitserve.core.request import FinishReason
+from splitserve.core.request import FinishReason, TokenLogprobs
 from splitserve.router.generation import TextChunk, Usage
 from splitserve.router.logprobs import MAX_LOGPROBS, LogprobsFormatter
 
@@ -85,6 +85,9 @@ class SamplingFields(_Wire):
     """vLLM's extension: `false` keeps special tokens' text (end of text, ...) in the answer."""
     return_token_ids: bool | None = None
     """vLLM's extension: the prompt's and the answer's token ids with the text."""
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    """vLLM's extension: each prompt token's log probability and the k most likely tokens at
+    its position (not with `stream`)."""
     truncate_prompt_tokens: int | None = Field(None, ge=-(2**63), lt=2**63)
     """vLLM's extension: keep only the prompt's last k tokens (-1: the context's length)."""
     return_tokens_as_token_ids: bool | None = None
@@ -315,6 +318,32 @@ class Formatter:
         """The answer's token ids go on every choice (vLLM's `return_token_ids`)."""
         self._prompt_ids: list[int] | None = None
         """The prompt's token ids, until a body has carried them."""
+        self.prompt: list[int] | None = None
+        """The prompt's token ids, when the answer shows the prompt's log probabilities
+        (`with_prompt_logprobs`)."""
+        self.prompt_in_logprobs = False
+        """Completions' `echo` with `logprobs`: the prompt's tokens open the `logprobs`."""
+        self._prompt_lps: LogprobsFormatter | None = None
+        self.prompt_field = False
+        """The answer carries vLLM's `prompt_logprobs` field."""
+
+    def with_prompt_logprobs(
+        self,
+        prompt_token_ids: Sequence[int],
+        tokenizer: Any,
+        *,
+        echoed: bool,
+        field: bool,
+        as_ids: bool,
+    ) -> None:
+        """Show the prompt's log probabilities: as `prompt_logprobs` (vLLM's field; on the
+        choice for completions, at the top for chat), or with `echoed` (completions' `echo`
+        with `logprobs`) at the head of `logprobs` (`with_logprobs` first); `field`: also as
+        `prompt_logprobs`."""
+        self.prompt = list(prompt_token_ids)
+        self.prompt_in_logprobs = echoed
+        self.prompt_field = field
+        self._prompt_lps = LogprobsFormatter(tokenizer, chat=self.chat, top=0, as_ids=as_ids)
 
     def with_token_ids(self, prompt_token_ids: Sequence[int]) -> None:
         """Put the prompt's token ids on the first body (on its choice for completions, at its
@@ -337,6 +366,11 @@ class Formatter:
         """The `logprobs` of a chunk's tokens (None when none were asked for)."""
         if self.logprobs is None:
             return None
+        if self.prompt_in_logprobs and self.prompt is not None and not stream:
+            self._sent_chars += len(chunk.text)
+            return self.logprobs.echoed(
+                self.prompt, chunk.prompt_logprobs, chunk.token_ids, chunk.logprobs
+            )
         start = self._sent_chars if stream else None
         self._sent_chars += len(chunk.text)
         return self.logprobs.body(chunk.token_ids, chunk.logprobs, start)
@@ -400,6 +434,7 @@ class Formatter:
         finish: str | None = None,
         stop_reason: str | int | None = None,
         token_ids: Sequence[int] = (),
+        prompt_logprobs: Sequence[TokenLogprobs | None] = (),
     ) -> dict[str, Any]:
         """The whole non-streamed response (`message`, `finish`: a chat message and finish
         reason other than the text's, e.g. with tool calls; `stop_reason`: vLLM's;
@@ -421,6 +456,10 @@ class Formatter:
             "usage": usage_body(usage),
         }
         self._take_prompt_ids(out, choice)
+        if self._prompt_lps is not None and self.prompt is not None and self.prompt_field:
+            (out if self.chat else choice)["prompt_logprobs"] = self._prompt_lps.prompt_body(
+                self.prompt, prompt_logprobs
+            )
         return out
 
     def role_chunk(self, *, with_usage: bool, usage: Usage | None = None) -> dict[str, Any]:

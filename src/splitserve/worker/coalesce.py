@@ -31,11 +31,12 @@ def merge(deltas: deque[TokenDelta]) -> TokenDelta:
     ids: list[int] = []
     logprobs: list[TokenLogprobs] = []
     last = deltas[-1]
+    prompt = deltas[0].prompt_logprobs  # only a stream's first delta carries them
     while deltas:
         delta = deltas.popleft()
         ids.extend(delta.token_ids)
         logprobs.extend(delta.logprobs)
-    return TokenDelta(tuple(ids), last.finish_reason, last.error, tuple(logprobs))
+    return TokenDelta(tuple(ids), last.finish_reason, last.error, tuple(logprobs), prompt)
 
 
 async def coalesce(stream: AsyncIterator[TokenDelta]) -> AsyncGenerator[TokenDelta, None]:

@@ -30,6 +30,8 @@ class PrefillOutcome:
     prefill_s: float = 0.0
     first_logprobs: TokenLogprobs | None = None
     """The first token's log probabilities, when the request asked for them."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """With `SamplingSpec.prompt_logprobs`: one per prompt token (None for the first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,9 @@ class TokenDelta:
     error: str | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
     """With `SamplingSpec.logprobs`: one per token of `token_ids`; else empty."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """With `SamplingSpec.prompt_logprobs`, on the first delta: one per prompt token (None for
+    the first); else empty."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -113,11 +113,19 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingSpec:
         allowed_token_ids=tuple(pb.allowed_token_ids),
         logprobs=pb.top_logprobs if pb.logprobs else None,
         structured_outputs=pb.structured_outputs,
+        prompt_logprobs=pb.prompt_top_logprobs if pb.prompt_logprobs else None,
     )
 
 
 def logprobs_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprobs:
     return common_pb2.TokenLogprobs(token_ids=lp.token_ids, logprobs=lp.logprobs, rank=lp.rank)
+
+
+def prompt_logprobs_to_pb(
+    lps: Sequence[TokenLogprobs | None],
+) -> list[common_pb2.TokenLogprobs]:
+    """A prompt's log probabilities; a position without any (the first) is an empty entry."""
+    return [common_pb2.TokenLogprobs() if lp is None else logprobs_to_pb(lp) for lp in lps]
 
 
 def kv_to_pb(kv: KvHandle) -> common_pb2.KvHandle:
@@ -329,6 +337,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             num_prompt_tokens=req.num_prompt_tokens,
             queue_s=out.queue_s,
             prefill_s=out.prefill_s,
+            prompt_logprobs=prompt_logprobs_to_pb(out.prompt_logprobs),
             first_token_logprobs=(
                 logprobs_to_pb(out.first_logprobs) if out.first_logprobs is not None else None
             ),
@@ -458,6 +467,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         num_prompt_tokens=req.num_prompt_tokens,
                         error=delta.error or "",
                         logprobs=[logprobs_to_pb(lp) for lp in delta.logprobs],
+                        prompt_logprobs=prompt_logprobs_to_pb(delta.prompt_logprobs),
                     )
             except (CapacityError, KvTransferError, ValueError) as err:
                 outcome = "rejected"

@@ -246,6 +246,10 @@ class SimEngine:
             raise ValueError(
                 "sampling.logprobs: the simulated engine has no token distribution to report"
             )
+        if request.sampling.prompt_logprobs is not None:
+            raise ValueError(
+                "sampling.prompt_logprobs: the simulated engine has no token distribution to report"
+            )
         if request.sampling.structured_outputs:
             raise ValueError(
                 "sampling.structured_outputs: the simulated engine's synthetic tokens cannot "

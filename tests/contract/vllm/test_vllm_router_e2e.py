@@ -286,6 +286,82 @@ SCHEMA = {
 }
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_vllm_does(
+    stack: dict[str, Proc], model_dir: Path
+) -> None:
+    """What lm-eval's loglikelihood tasks send (token prompt, `echo`, `logprobs: 1`,
+    `max_tokens: 1`), through the router in P/D: `logprobs` opens with the prompt's tokens, the
+    first with null values; the others equal the prompt log probabilities of the same request
+    run aggregated on one worker; and one of them equals the log probability vLLM gives that
+    token when it is sampled after the prompt's head (`allowed_token_ids` forcing it; vLLM's
+    logprobs are the raw model's), so the values are the model's, not only self-consistent."""
+    from splitserve._gen.v1 import worker_pb2, worker_pb2_grpc
+    from splitserve.router.tokenizer import TextTokenizer
+
+    tokenizer = TextTokenizer.from_dir(model_dir)
+    ids = tokenizer.encode(PROMPT)
+    n = len(ids)
+    decode_metrics = stack["decode"].info["metrics_port"]
+    pulls = _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count")
+    client = _client(stack)
+    comp = client.completions.create(
+        model=MODEL, prompt=[ids], max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    lp = comp.choices[0].logprobs
+    assert lp is not None
+    assert lp.token_logprobs is not None
+    assert lp.top_logprobs is not None
+    assert len(lp.token_logprobs) == n + 1
+    assert lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None
+    scored = lp.token_logprobs[1:n]
+    assert all(v is not None and v <= 0 for v in scored)
+    went_pd = _metric(decode_metrics, "splitserve_worker_vllm_kv_transfer_seconds_count")
+
+    with grpc.insecure_channel(str(stack["decode"].info["address"])) as ch:
+        stub = worker_pb2_grpc.WorkerStub(ch)
+        chunks = list(
+            stub.Generate(
+                worker_pb2.GenerateRequest(
+                    request_id=f"agg-plp-{time.monotonic_ns()}",
+                    prompt_token_ids=ids,
+                    sampling=common_pb2.SamplingParams(
+                        max_tokens=1,
+                        temperature=0.0,
+                        prompt_logprobs=True,
+                        prompt_top_logprobs=1,
+                    ),
+                ),
+                timeout=120,
+            )
+        )
+        k = n // 2
+        forced = list(
+            stub.Generate(
+                worker_pb2.GenerateRequest(
+                    request_id=f"forced-{time.monotonic_ns()}",
+                    prompt_token_ids=ids[:k],
+                    sampling=common_pb2.SamplingParams(
+                        max_tokens=1,
+                        temperature=0.0,
+                        logprobs=True,
+                        allowed_token_ids=[ids[k]],
+                    ),
+                ),
+                timeout=120,
+            )
+        )
+    agg = chunks[0].prompt_logprobs
+    assert len(agg) == n
+    assert not agg[0].token_ids
+    assert [e.token_ids[0] for e in agg[1:]] == ids[1:]
+    assert scored == pytest.approx([e.logprobs[0] for e in agg[1:]], abs=1e-3)
+    [sampled] = [e for c in forced for e in c.logprobs]
+    assert sampled.token_ids[0] == ids[k]
+    assert lp.token_logprobs[k] == pytest.approx(sampled.logprobs[0], abs=1e-3)
+    assert went_pd in (pulls, pulls + 1)  # P/D or, for a one-token answer, the prefill alone
+
+
 def test_json_schema_in_pd_equals_aggregated_and_parses(
     stack: dict[str, Proc], model_dir: Path
 ) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asplitserve/v1/common.proto\x12\rsplitserve.v1\"\xfb\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\r\n\x05top_k\x18\x07 \x01(\x05\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12@\n\nlogit_bias\x18\x0c \x03(\x0b\x32,.splitserve.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x11\n\tbad_words\x18\x0e \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x0f \x03(\r\x12\x0e\n\x06seeded\x18\x10 \x01(\x08\x12\x10\n\x08logprobs\x18\x11 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x12 \x01(\r\x12\x1a\n\x12structured_outputs\x18\x13 \x01(\t\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"B\n\rTokenLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"i\n\nSloContext\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x15\n\rttft_budget_s\x18\x02 \x01(\x01\x12\x15\n\rtpot_target_s\x18\x03 \x01(\x01\x12\x1b\n\x13\x63ompletion_budget_s\x18\x04 \x01(\x01\"\x8c\x01\n\x08KvHandle\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x19\n\x11source_request_id\x18\x03 \x01(\t\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x11\n\tnum_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bparams_json\x18\x06 \x01(\t\"\xc1\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x32\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.splitserve.v1.TokenLogprobs\"\xf1\x02\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.splitserve.v1.Role\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x15\n\rkv_block_size\x18\x07 \x01(\r\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\"\n\x1anum_pending_prefill_tokens\x18\t \x01(\x04\x12\x13\n\x0bnum_kv_held\x18\n \x01(\r\x12\x0b\n\x03seq\x18\x0b \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x0c \x01(\t\x12\r\n\x05model\x18\r \x01(\t\x12\x11\n\tlink_port\x18\x0e \x01(\r\x12\x18\n\x10kv_pulled_tokens\x18\x0f \x01(\x04\x12\x17\n\x0fkv_pull_seconds\x18\x10 \x01(\x01*O\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x12\x0e\n\nROLE_MIXED\x10\x03*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asplitserve/v1/common.proto\x12\rsplitserve.v1\"\xb1\x04\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\r\n\x05top_k\x18\x07 \x01(\x05\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12@\n\nlogit_bias\x18\x0c \x03(\x0b\x32,.splitserve.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x11\n\tbad_words\x18\x0e \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x0f \x03(\r\x12\x0e\n\x06seeded\x18\x10 \x01(\x08\x12\x10\n\x08logprobs\x18\x11 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x12 \x01(\r\x12\x1a\n\x12structured_outputs\x18\x13 \x01(\t\x12\x17\n\x0fprompt_logprobs\x18\x14 \x01(\x08\x12\x1b\n\x13prompt_top_logprobs\x18\x15 \x01(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"B\n\rTokenLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"i\n\nSloContext\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x15\n\rttft_budget_s\x18\x02 \x01(\x01\x12\x15\n\rtpot_target_s\x18\x03 \x01(\x01\x12\x1b\n\x13\x63ompletion_budget_s\x18\x04 \x01(\x01\"\x8c\x01\n\x08KvHandle\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x19\n\x11source_request_id\x18\x03 \x01(\t\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x11\n\tnum_bytes\x18\x05 \x01(\x04\x12\x13\n\x0bparams_json\x18\x06 \x01(\t\"\xf8\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x32\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.splitserve.v1.TokenLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.splitserve.v1.TokenLogprobs\"\xf1\x02\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.splitserve.v1.Role\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x15\n\rkv_block_size\x18\x07 \x01(\r\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\"\n\x1anum_pending_prefill_tokens\x18\t \x01(\x04\x12\x13\n\x0bnum_kv_held\x18\n \x01(\r\x12\x0b\n\x03seq\x18\x0b \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x0c \x01(\t\x12\r\n\x05model\x18\r \x01(\t\x12\x11\n\tlink_port\x18\x0e \x01(\r\x12\x18\n\x10kv_pulled_tokens\x18\x0f \x01(\x04\x12\x17\n\x0fkv_pull_seconds\x18\x10 \x01(\x01*O\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x12\x0e\n\nROLE_MIXED\x10\x03*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,22 +34,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=1441
-  _globals['_ROLE']._serialized_end=1520
-  _globals['_FINISHREASON']._serialized_start=1523
-  _globals['_FINISHREASON']._serialized_end=1672
+  _globals['_ROLE']._serialized_start=1550
+  _globals['_ROLE']._serialized_end=1629
+  _globals['_FINISHREASON']._serialized_start=1632
+  _globals['_FINISHREASON']._serialized_end=1781
   _globals['_SAMPLINGPARAMS']._serialized_start=46
-  _globals['_SAMPLINGPARAMS']._serialized_end=553
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=505
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=553
-  _globals['_TOKENLOGPROBS']._serialized_start=555
-  _globals['_TOKENLOGPROBS']._serialized_end=621
-  _globals['_SLOCONTEXT']._serialized_start=623
-  _globals['_SLOCONTEXT']._serialized_end=728
-  _globals['_KVHANDLE']._serialized_start=731
-  _globals['_KVHANDLE']._serialized_end=871
-  _globals['_TOKENCHUNK']._serialized_start=874
-  _globals['_TOKENCHUNK']._serialized_end=1067
-  _globals['_LOADREPORT']._serialized_start=1070
-  _globals['_LOADREPORT']._serialized_end=1439
+  _globals['_SAMPLINGPARAMS']._serialized_end=607
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=559
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=607
+  _globals['_TOKENLOGPROBS']._serialized_start=609
+  _globals['_TOKENLOGPROBS']._serialized_end=675
+  _globals['_SLOCONTEXT']._serialized_start=677
+  _globals['_SLOCONTEXT']._serialized_end=782
+  _globals['_KVHANDLE']._serialized_start=785
+  _globals['_KVHANDLE']._serialized_end=925
+  _globals['_TOKENCHUNK']._serialized_start=928
+  _globals['_TOKENCHUNK']._serialized_end=1176
+  _globals['_LOADREPORT']._serialized_start=1179
+  _globals['_LOADREPORT']._serialized_end=1548
 # @@protoc_insertion_point(module_scope)

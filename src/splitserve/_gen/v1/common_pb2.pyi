@@ -109,6 +109,8 @@ class SamplingParams(_message.Message):
     LOGPROBS_FIELD_NUMBER: _builtins.int
     TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     STRUCTURED_OUTPUTS_FIELD_NUMBER: _builtins.int
+    PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     temperature: _builtins.float
     top_p: _builtins.float
@@ -137,6 +139,11 @@ class SamplingParams(_message.Message):
     """Guided decoding: vLLM's StructuredOutputsParams as a JSON object ({"json": schema},
     {"json_object": true}, {"regex": ...}, {"choice": [...]}, {"grammar": ...}); empty: none.
     """
+    prompt_logprobs: _builtins.bool
+    """Return the prompt tokens' log probabilities with the first token (vLLM's
+    SamplingParams.prompt_logprobs), each with the prompt_top_logprobs most likely tokens.
+    """
+    prompt_top_logprobs: _builtins.int
     @_builtins.property
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -169,10 +176,12 @@ class SamplingParams(_message.Message):
         logprobs: _builtins.bool = ...,
         top_logprobs: _builtins.int = ...,
         structured_outputs: _builtins.str = ...,
+        prompt_logprobs: _builtins.bool = ...,
+        prompt_top_logprobs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_token_ids", b"allowed_token_ids", "bad_words", b"bad_words", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "seeded", b"seeded", "stop_token_ids", b"stop_token_ids", "structured_outputs", b"structured_outputs", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_token_ids", b"allowed_token_ids", "bad_words", b"bad_words", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompt_logprobs", b"prompt_logprobs", "prompt_top_logprobs", b"prompt_top_logprobs", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "seeded", b"seeded", "stop_token_ids", b"stop_token_ids", "structured_outputs", b"structured_outputs", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -295,6 +304,7 @@ class TokenChunk(_message.Message):
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     finish_reason: Global___FinishReason.ValueType
     """UNSPECIFIED on every chunk but the last."""
@@ -307,6 +317,12 @@ class TokenChunk(_message.Message):
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprobs]:
         """With sampling.logprobs: one entry per token of token_ids, in order."""
 
+    @_builtins.property
+    def prompt_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprobs]:
+        """With sampling.prompt_logprobs, on the first chunk: one entry per prompt token, the first
+        empty (nothing precedes it), each with that prompt token first.
+        """
+
     def __init__(
         self,
         *,
@@ -316,10 +332,11 @@ class TokenChunk(_message.Message):
         num_prompt_tokens: _builtins.int = ...,
         error: _builtins.str = ...,
         logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
+        prompt_logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "num_prompt_tokens", b"num_prompt_tokens", "request_id", b"request_id", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "num_prompt_tokens", b"num_prompt_tokens", "prompt_logprobs", b"prompt_logprobs", "request_id", b"request_id", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -70,6 +70,7 @@ class PrefillResponse(_message.Message):
     QUEUE_S_FIELD_NUMBER: _builtins.int
     PREFILL_S_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     first_token_id: _builtins.int
     finish_reason: _common_pb2.FinishReason.ValueType
@@ -85,6 +86,10 @@ class PrefillResponse(_message.Message):
     def first_token_logprobs(self) -> _common_pb2.TokenLogprobs:
         """With sampling.logprobs: the first token's log probabilities."""
 
+    @_builtins.property
+    def prompt_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]:
+        """With sampling.prompt_logprobs: as TokenChunk.prompt_logprobs."""
+
     def __init__(
         self,
         *,
@@ -96,10 +101,11 @@ class PrefillResponse(_message.Message):
         queue_s: _builtins.float = ...,
         prefill_s: _builtins.float = ...,
         first_token_logprobs: _common_pb2.TokenLogprobs | None = ...,
+        prompt_logprobs: _abc.Iterable[_common_pb2.TokenLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["first_token_logprobs", b"first_token_logprobs", "kv", b"kv"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_id", b"first_token_id", "first_token_logprobs", b"first_token_logprobs", "kv", b"kv", "num_prompt_tokens", b"num_prompt_tokens", "prefill_s", b"prefill_s", "queue_s", b"queue_s", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_id", b"first_token_id", "first_token_logprobs", b"first_token_logprobs", "kv", b"kv", "num_prompt_tokens", b"num_prompt_tokens", "prefill_s", b"prefill_s", "prompt_logprobs", b"prompt_logprobs", "queue_s", b"queue_s", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

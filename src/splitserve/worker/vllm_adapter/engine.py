@@ -203,6 +203,7 @@ class _Out:
     kv_transfer_params: Mapping[str, Any] | None = None
     error: str | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
 
 
 _Item = _Out
@@ -321,12 +322,14 @@ class VllmEngine:
         stream = self._submit(request, "prefill", max_tokens=1, kv_params=params)
         first: int | None = None
         first_logprobs: TokenLogprobs | None = None
+        prompt: tuple[TokenLogprobs | None, ...] = ()
         out = _Out((), None)
         try:
             while True:
                 out = await stream.queue.get()
                 if out.error:
                     raise EngineError(out.error)
+                prompt = prompt or out.prompt_logprobs
                 if out.token_ids and first is None:
                     first = out.token_ids[0]
                     first_logprobs = out.logprobs[0] if out.logprobs else None
@@ -373,6 +376,7 @@ class VllmEngine:
             queue_s=queue_s,
             prefill_s=prefill_s,
             first_logprobs=first_logprobs,
+            prompt_logprobs=prompt,
         )
 
     def decode(
@@ -727,6 +731,7 @@ class VllmEngine:
         source = pulled
         trace = self._trace if pulled is not None else None
         release: KvHandle | None = None  # pulled KV to free at its source after the yield
+        prompt: tuple[TokenLogprobs | None, ...] = ()  # held until a delta is yielded
         try:
             while True:
                 out = await stream.queue.get()
@@ -752,11 +757,15 @@ class VllmEngine:
                 if out.error:
                     yield TokenDelta(ids, FinishReason.ERROR, out.error, out.logprobs)
                     return
+                prompt = prompt or out.prompt_logprobs
                 if ids or out.finish_reason is not None:
                     if trace is not None:
                         trace.mark(str(rid), "yield")
                         trace = None
-                    yield TokenDelta(ids, out.finish_reason, logprobs=out.logprobs)
+                    yield TokenDelta(
+                        ids, out.finish_reason, logprobs=out.logprobs, prompt_logprobs=prompt
+                    )
+                    prompt = ()
                 if release is not None:
                     self._release(release)
                     release = None
@@ -986,7 +995,8 @@ class VllmEngine:
         self.generated_tokens += len(ids)
         logprobs = token_logprobs(completion.logprobs) if completion is not None else ()
         kvp = out.kv_transfer_params if out.finished else None
-        stream.put(_Out(ids, reason, kvp, logprobs=logprobs))
+        prompt = prompt_logprobs(getattr(out, "prompt_logprobs", None))
+        stream.put(_Out(ids, reason, kvp, logprobs=logprobs, prompt_logprobs=prompt))
 
     def _read_load(self, sched: Any) -> LoadSnapshot:
         pool = sched.kv_cache_manager.block_pool
@@ -1149,7 +1159,19 @@ def sampling_kwargs(s: SamplingSpec, max_tokens: int, continued: bool = False) -
         "bad_words": list(s.bad_words) or None,
         "allowed_token_ids": list(s.allowed_token_ids) or None,
         "logprobs": s.logprobs,
+        # The prompt's, from the run that computes the prompt (a continued decode has it
+        # from its prefill: vLLM would score the prompt's last position alone).
+        "prompt_logprobs": None if continued else s.prompt_logprobs,
     }
+
+
+def prompt_logprobs(positions: Any) -> tuple[TokenLogprobs | None, ...]:
+    """vLLM's prompt logprobs (per prompt position, None for the first, else `{token_id:
+    Logprob}` with the prompt's own token first) as `TokenLogprobs`; () when none were asked
+    for (or this output is not the first)."""
+    if not positions:
+        return ()
+    return tuple(None if p is None else token_logprobs([p])[0] for p in positions)
 
 
 def token_logprobs(positions: Any) -> tuple[TokenLogprobs, ...]:
