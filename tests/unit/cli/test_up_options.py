@@ -53,6 +53,12 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--served-model-name", " "], "--served-model-name"),
         # the workers started, then the router failed: address already in use
         (["--port", "19900", "--grpc-port", "19900"], "--grpc-port"),
+        # the loop's thread died on an OverflowError traceback once the stack was up
+        (["--autoscale", "--autoscale-interval-s", "1e12"], "--autoscale-interval-s"),
+        # every tick's sizing ran for ever on the forecast 1e300 s ahead
+        (["--autoscale", "--autoscale-horizon-s", "1e300"], "--autoscale-horizon-s"),
+        (["--autoscale", "--autoscale-window-s", "1e300"], "--autoscale-window-s"),
+        (["--autoscale", "--autoscale-stabilization-s", "1e300"], "--autoscale-stabilization-s"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:
