@@ -603,6 +603,8 @@ def up(**opts: Any) -> None:
             "stopping: the router finishes the requests in flight (up to its drain grace, "
             "30 s by default), then the workers stop; Ctrl-C again to stop at once"
         )
+        if fleet is not None:
+            fleet.close()
         if autoscaler is not None:
             autoscaler.stop()
         stack.stop()

@@ -6,14 +6,17 @@ restart."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from splitserve.cli.autoscale_local import ProcessFleet
+from splitserve.cli.autoscale_local import FleetError, ProcessFleet
 from splitserve.cli.supervise import State
 from splitserve.cli.up import Child
 from splitserve.core.roles import Role
@@ -219,3 +222,61 @@ def test_starting_sizes_within_the_autoscale_bounds_pass() -> None:
     assert "--decode 3 is above --autoscale-max 2" in str(
         autoscale_usage_error({**opts, "autoscale_max": 2})
     )
+
+
+def test_a_worker_the_loop_s_thread_starts_outlives_that_thread(
+    fleet: tuple[ProcessFleet, Any],
+) -> None:
+    """A worker asks for SIGTERM when its parent *thread* ends (`die_with_parent`): one the
+    loop's thread started was terminated as soon as `up` stopped that thread on Ctrl-C, before
+    the router drained the requests running on it. Now the main loop (`poll()`, the fleet's
+    thread) starts it; a real process, as `up` starts it (`Child.start`)."""
+    f, (stack, _, _) = fleet
+    started: list[Child] = []
+
+    def spawn(name: str, role: Role) -> Child:
+        child = stack.add(name, role.value, None)
+        child.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+        child.start(dict(os.environ))
+        started.append(child)
+        return child
+
+    f._spawn = spawn
+    names: list[str] = []
+    loop = threading.Thread(target=lambda: names.append(f.start(Role.DECODE)))
+    loop.start()
+    deadline = time.monotonic() + 20
+    while loop.is_alive() and time.monotonic() < deadline:
+        f.poll()  # up's main loop
+        time.sleep(0.01)
+    loop.join()
+    try:
+        assert names == ["decode-2"]
+        time.sleep(0.5)  # the kernel's SIGTERM, had the thread been its parent
+        assert started[0].exited() is None, "the worker died with the loop's thread"
+    finally:
+        for child in started:
+            assert child.proc is not None
+            child.proc.kill()
+            child.proc.wait()
+
+
+def test_no_worker_starts_once_up_is_stopping(fleet: tuple[ProcessFleet, Any]) -> None:
+    """After `close()` (up stopping its stack) a start from the loop's thread is refused, so no
+    worker is started behind the stack's stop and left running."""
+    f, (stack, _, _) = fleet
+    f.close()
+    errors: list[Exception] = []
+
+    def start() -> None:
+        try:
+            f.start(Role.DECODE)
+        except FleetError as err:
+            errors.append(err)
+
+    loop = threading.Thread(target=start)
+    loop.start()
+    loop.join(20)
+    f.poll()
+    assert [str(e) for e in errors] == ["decode-2 not started: up is stopping"]
+    assert [c.name for c in stack.children] == ["prefill-0", "decode-1"]
