@@ -16,6 +16,7 @@ from the file, wait again, then SIGTERM. A flip: fence, drain, `SetRole`, resume
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -449,13 +450,27 @@ class ProcessFleet:
         self.echo(f"autoscale: {name} drained and stopped")
 
     def set_role(self, name: str, role: Role) -> None:
-        from splitserve.operator.workers import GrpcWorkerClient
+        from splitserve.operator.workers import GrpcWorkerClient, WorkerCallError
 
         m = self.members[name]
         address = self._fence_and_drain(name, m)
         client = GrpcWorkerClient()
-        client.set_role(address, role)
-        client.resume(address)
+        try:
+            client.set_role(address, role)
+            client.resume(address)
+        except WorkerCallError as err:
+            # Given up as the operator abandons a flip: the worker keeps its role and is
+            # unfenced (it was left fenced, out of the router for good, while the loop counted
+            # it in its pool). A worker that died meanwhile restarts in its old role.
+            with contextlib.suppress(WorkerCallError):
+                client.set_role(address, m.role)
+                client.resume(address)
+            with self.lock:
+                m.fenced = False
+            self.publish(wait=False)
+            raise FleetError(
+                f"{name}: flip to {role.value} failed ({err}); it stays {m.role.value}"
+            ) from err
         with self.lock:
             old, m.role, m.fenced = m.role, role, False
             _set_role_arg(m.child.args, role)  # a restart keeps the new role

@@ -280,3 +280,27 @@ def test_no_worker_starts_once_up_is_stopping(fleet: tuple[ProcessFleet, Any]) -
     f.poll()
     assert [str(e) for e in errors] == ["decode-2 not started: up is stopping"]
     assert [c.name for c in stack.children] == ["prefill-0", "decode-1"]
+
+
+def test_a_flip_whose_worker_does_not_answer_set_role_leaves_it_unfenced_in_its_role(
+    fleet: tuple[ProcessFleet, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed in the middle of its flip (after the drain, before SetRole): the flip
+    failed with the worker left fenced in the workers file, so the router never sent the
+    restarted worker anything while the loop counted it in its pool. Now the flip is given up
+    as the operator abandons one: the worker is unfenced and keeps its role."""
+    from splitserve.operator.workers import WorkerCallError
+
+    def set_role(self: FakeClient, address: str, role: Role) -> None:
+        raise WorkerCallError(f"{address}: connection refused")
+
+    monkeypatch.setattr(FakeClient, "set_role", set_role)
+    f, (stack, _, path) = fleet
+    with pytest.raises(FleetError, match="decode-1: flip to prefill failed"):
+        f.set_role("decode-1", Role.PREFILL)
+    workers = {w["address"]: w for w in json.loads(path.read_text())["workers"]}
+    assert workers["127.0.0.1:2"]["fenced"] is False
+    assert workers["127.0.0.1:2"]["role"] == "decode"
+    assert {w.name: w.role for w in f.workers()}["decode-1"] is Role.DECODE
+    child = next(c for c in stack.children if c.name == "decode-1")
+    assert child.args[child.args.index("--role") + 1] == "decode"
