@@ -444,9 +444,11 @@ class ProcessFleet:
         self._fence_and_drain(name, m)
         with self.lock:
             del self.members[name]
-        self.publish()
-        with self.lock:
-            self._terminate(m.child)
+        try:
+            self.publish()
+        finally:  # fenced and drained: stopped even if the router did not confirm its removal
+            with self.lock:
+                self._terminate(m.child)
         self.echo(f"autoscale: {name} drained and stopped")
 
     def set_role(self, name: str, role: Role) -> None:

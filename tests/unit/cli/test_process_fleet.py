@@ -304,3 +304,29 @@ def test_a_flip_whose_worker_does_not_answer_set_role_leaves_it_unfenced_in_its_
     assert {w.name: w.role for w in f.workers()}["decode-1"] is Role.DECODE
     child = next(c for c in stack.children if c.name == "decode-1")
     assert child.args[child.args.index("--role") + 1] == "decode"
+
+
+def test_a_drained_worker_is_stopped_even_when_the_router_does_not_acknowledge_its_removal(
+    fleet: tuple[ProcessFleet, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router not applying the file without the drained worker (busy, restarting) failed
+    the stop after the worker had left the fleet: its process kept running, watched and
+    restarted by the supervisor, in no pool and in no router. Now it is stopped anyway (it is
+    fenced and drained: the router sends it nothing) and the error is still reported."""
+    f, (stack, supervisor, _) = fleet
+    supervisor.watched[:] = ["prefill-0", "decode-1"]
+    publish = f.publish
+    waited: list[bool] = []
+
+    def slow_router(wait: bool = True) -> None:
+        publish(wait=False)
+        waited.append(wait)
+        if wait and len(waited) > 1:  # the fence is applied; the removal is not
+            raise FleetError("the router did not apply workers.json in 10 s")
+
+    monkeypatch.setattr(f, "publish", slow_router)
+    with pytest.raises(FleetError, match="did not apply"):
+        f.stop("prefill-0")
+    assert [c.name for c in stack.children] == ["decode-1"]
+    assert supervisor.watched == ["decode-1"]
+    assert [w.name for w in f.workers()] == ["decode-1"]
