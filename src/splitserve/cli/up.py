@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import click
 
+from splitserve.api import v1alpha1 as v1
 from splitserve.api.router import PlacementSettings, port_clash
 from splitserve.cli import logs
 from splitserve.cli.numbers import FiniteFloat, NonBlank
@@ -500,7 +501,7 @@ def up(**opts: Any) -> None:
 
     if why := autoscale_usage_error(opts, given):
         raise click.UsageError(why)
-    slo_settings(  # refuse bad SLO options here, before any process starts
+    _, placement = slo_settings(  # refuse bad SLO options here, before any process starts
         opts["slo_classes"],
         opts["default_slo_class"],
         opts["slo_config"],
@@ -508,6 +509,14 @@ def up(**opts: Any) -> None:
         opts["disaggregation"],
         PlacementSettings(),
     )
+    if opts["autoscale"] and placement.disaggregation is v1.Disaggregation.NEVER:
+        raise click.UsageError(
+            "--autoscale sizes a prefill pool for the prompts and a decode pool for the "
+            "answers; with disaggregation Never (--disaggregation or --slo-config's "
+            "router.disaggregation) every request runs whole on a decode worker, so the loop "
+            "would start prefill workers that get no work and size decode for half of its work; "
+            "use Auto or Always with --autoscale, or run Never without it"
+        )
     check_sim_options(opts, given)
     opts["engine_args"] = checked_engine_args(opts)
     os.environ["SPLITSERVE_LOG_FORMAT"] = opts["log_format"]  # the children's --log-format
