@@ -235,7 +235,7 @@ def test_a_worker_the_loop_s_thread_starts_outlives_that_thread(
     started: list[Child] = []
 
     def spawn(name: str, role: Role) -> Child:
-        child = stack.add(name, role.value, None)
+        child: Child = stack.add(name, role.value, None)
         child.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
         child.start(dict(os.environ))
         started.append(child)
