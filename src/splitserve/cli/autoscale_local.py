@@ -16,13 +16,16 @@ from the file, wait again, then SIGTERM. A flip: fence, drain, `SetRole`, resume
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -251,6 +254,12 @@ class ProcessFleet:
     `lock` guards the stack's and the supervisor's lists: `up`'s main loop holds it around
     `poll()` and `Supervisor.tick()`; the fleet holds it only while changing them, never while
     it waits for a drain.
+
+    Worker processes are started in the thread that made the fleet (`up`'s main thread, at its
+    next `poll()`), not in the loop's: a child asks the kernel for SIGTERM when its parent
+    *thread* ends (`process.die_with_parent`), so workers the loop's thread started were
+    terminated the moment `up` stopped that thread on Ctrl-C, before the router had drained
+    the requests running on them (and whenever that thread died).
     """
 
     def __init__(
@@ -274,6 +283,10 @@ class ProcessFleet:
         self.drain_timeout_s = drain_timeout_s
         self.clock = clock
         self.lock = threading.RLock()
+        self._owner = threading.get_ident()
+        self._calls: deque[tuple[Callable[[], Child], Future[Child]]] = deque()
+        self._calls_lock = threading.Lock()
+        self._closed = False
         self.members: dict[str, _Member] = {}
         for child in stack.children:
             role = _role_arg(child.args)
@@ -337,16 +350,58 @@ class ProcessFleet:
                 self._next += 1
             name = f"{role.value}-{self._next}"
             self._next += 1
-            child = self._spawn(name, role)
+        child = self._in_owner_thread(lambda: self._spawn(name, role), name)
+        with self.lock:
             self.members[name] = _Member(child, role, serving=False)
         self.echo(f"autoscale: starting {name}")
         return name
 
+    def close(self) -> None:
+        """`up` is stopping: no worker starts from here on (a start waiting for the main loop
+        is refused, so none is left running after the stack stopped)."""
+        with self._calls_lock:
+            self._closed = True
+            calls, self._calls = list(self._calls), deque()
+        for _, future in calls:
+            future.cancel()
+
+    def _in_owner_thread(self, spawn: Callable[[], Child], name: str) -> Child:
+        """`spawn()` run in the fleet's thread: at once from it, else at its next `poll()`."""
+        if threading.get_ident() == self._owner:
+            return spawn()
+        future: Future[Child] = Future()
+        with self._calls_lock:
+            if self._closed:
+                raise FleetError(f"{name} not started: up is stopping")
+            self._calls.append((spawn, future))
+        try:
+            return future.result(timeout=self.ack_timeout_s)
+        except CancelledError:
+            raise FleetError(f"{name} not started: up is stopping") from None
+        except TimeoutError:
+            if future.cancel():
+                raise FleetError(
+                    f"{name} not started: up's main loop did not start it in "
+                    f"{self.ack_timeout_s:g} s"
+                ) from None
+            return future.result()
+
     def poll(self) -> None:
-        """Started workers that became ready join the router (and the supervisor); ones that
-        exited before they were ready are dropped. Called often by `up`'s main loop."""
+        """Workers the loop asked for are started; started workers that became ready join the
+        router (and the supervisor); ones that exited before they were ready are dropped.
+        Called often by `up`'s main loop, in the thread that made the fleet."""
         from splitserve.cli.supervise import State
 
+        while True:
+            with self._calls_lock:
+                if not self._calls:
+                    break
+                spawn, future = self._calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(spawn())
+                except Exception as err:
+                    future.set_exception(err)
         with self.lock:
             changed = False
             for name, m in list(self.members.items()):
@@ -389,19 +444,35 @@ class ProcessFleet:
         self._fence_and_drain(name, m)
         with self.lock:
             del self.members[name]
-        self.publish()
-        with self.lock:
-            self._terminate(m.child)
+        try:
+            self.publish()
+        finally:  # fenced and drained: stopped even if the router did not confirm its removal
+            with self.lock:
+                self._terminate(m.child)
         self.echo(f"autoscale: {name} drained and stopped")
 
     def set_role(self, name: str, role: Role) -> None:
-        from splitserve.operator.workers import GrpcWorkerClient
+        from splitserve.operator.workers import GrpcWorkerClient, WorkerCallError
 
         m = self.members[name]
         address = self._fence_and_drain(name, m)
         client = GrpcWorkerClient()
-        client.set_role(address, role)
-        client.resume(address)
+        try:
+            client.set_role(address, role)
+            client.resume(address)
+        except WorkerCallError as err:
+            # Given up as the operator abandons a flip: the worker keeps its role and is
+            # unfenced (it was left fenced, out of the router for good, while the loop counted
+            # it in its pool). A worker that died meanwhile restarts in its old role.
+            with contextlib.suppress(WorkerCallError):
+                client.set_role(address, m.role)
+                client.resume(address)
+            with self.lock:
+                m.fenced = False
+            self.publish(wait=False)
+            raise FleetError(
+                f"{name}: flip to {role.value} failed ({err}); it stays {m.role.value}"
+            ) from err
         with self.lock:
             old, m.role, m.fenced = m.role, role, False
             _set_role_arg(m.child.args, role)  # a restart keeps the new role

@@ -20,10 +20,10 @@ class FiniteFloat(click.FloatRange):
     """`click.FloatRange` (bounds optional) that also refuses nan, inf and -inf."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        rv = super().convert(value, param, ctx)
-        if not math.isfinite(rv):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):  # before the range: "inf is not finite", not "above max"
             self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return rv
+        return super().convert(number, param, ctx)
 
 
 class NonBlank(click.types.StringParamType):

@@ -427,7 +427,7 @@ def _progress_to_stderr() -> Callable[[str], None]:
 @click.option(
     "--cold-start",
     "cold_start_s",
-    type=FiniteFloat(0.0),
+    type=FiniteFloat(0.0, 3600.0),
     default=None,
     help="Diagnostic: the workers' cold start in seconds (default: the evaluation's, 20); "
     "loop, oracle and static runs all use it.",
@@ -435,7 +435,7 @@ def _progress_to_stderr() -> Callable[[str], None]:
 @click.option(
     "--stabilization",
     "stabilization_s",
-    type=FiniteFloat(0.0),
+    type=FiniteFloat(0.0, 86400.0),
     default=None,
     help="Diagnostic: the loop's scale-down stabilization window in seconds (default: the "
     "evaluation's, 120).",

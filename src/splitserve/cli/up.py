@@ -433,24 +433,34 @@ def internal_pki(run_dir: Path) -> dict[str, Path]:
     help="Run the control loop: start, stop (drained first) and flip workers from the load "
     "and the SLO classes (docs/autoscaling.md). --engine sim only.",
 )
-@click.option("--autoscale-interval-s", type=FiniteFloat(min=0.1), default=10.0, show_default=True)
+# Bounded as the operator's scaling.intervalSeconds / windowSeconds /
+# scaleDownStabilizationSeconds: an interval of 1e12 s killed the loop's thread with an
+# OverflowError traceback after the stack was up (up kept serving without a loop), a horizon of
+# 1e300 s made every tick's forecast astronomical and the sizing never returned.
+@click.option(
+    "--autoscale-interval-s",
+    type=FiniteFloat(min=0.1, max=3600),
+    default=10.0,
+    show_default=True,
+    help="How often the loop observes and acts.",
+)
 @click.option(
     "--autoscale-stabilization-s",
-    type=FiniteFloat(min=0),
+    type=FiniteFloat(min=0, max=86400),
     default=60.0,
     show_default=True,
     help="Scale down only to the largest size recommended over this long.",
 )
 @click.option(
     "--autoscale-window-s",
-    type=FiniteFloat(min=1),
+    type=FiniteFloat(min=1, max=3600),
     default=30.0,
     show_default=True,
     help="What each observation of the router's metrics covers.",
 )
 @click.option(
     "--autoscale-horizon-s",
-    type=FiniteFloat(min=0),
+    type=FiniteFloat(min=0, max=3600),
     default=30.0,
     show_default=True,
     help="How far ahead the arrival rate is forecast (at least one interval).",
@@ -499,6 +509,14 @@ def up(**opts: Any) -> None:
         opts["disaggregation"],
         PlacementSettings(),
     )
+    if opts["autoscale"] and placement.disaggregation is v1.Disaggregation.NEVER:
+        raise click.UsageError(
+            "--autoscale sizes a prefill pool for the prompts and a decode pool for the "
+            "answers; with disaggregation Never (--disaggregation or --slo-config's "
+            "router.disaggregation) every request runs whole on a decode worker, so the loop "
+            "would start prefill workers that get no work and size decode for half of its work; "
+            "use Auto or Always with --autoscale, or run Never without it"
+        )
     if why := pd_mode_usage_error(opts["prefill"], placement):
         raise click.UsageError(why)
     check_sim_options(opts, given)
@@ -596,6 +614,8 @@ def up(**opts: Any) -> None:
             "stopping: the router finishes the requests in flight (up to its drain grace, "
             "30 s by default), then the workers stop; Ctrl-C again to stop at once"
         )
+        if fleet is not None:
+            fleet.close()
         if autoscaler is not None:
             autoscaler.stop()
         stack.stop()

@@ -6,14 +6,17 @@ restart."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from splitserve.cli.autoscale_local import ProcessFleet
+from splitserve.cli.autoscale_local import FleetError, ProcessFleet
 from splitserve.cli.supervise import State
 from splitserve.cli.up import Child
 from splitserve.core.roles import Role
@@ -219,3 +222,111 @@ def test_starting_sizes_within_the_autoscale_bounds_pass() -> None:
     assert "--decode 3 is above --autoscale-max 2" in str(
         autoscale_usage_error({**opts, "autoscale_max": 2})
     )
+
+
+def test_a_worker_the_loop_s_thread_starts_outlives_that_thread(
+    fleet: tuple[ProcessFleet, Any],
+) -> None:
+    """A worker asks for SIGTERM when its parent *thread* ends (`die_with_parent`): one the
+    loop's thread started was terminated as soon as `up` stopped that thread on Ctrl-C, before
+    the router drained the requests running on it. Now the main loop (`poll()`, the fleet's
+    thread) starts it; a real process, as `up` starts it (`Child.start`)."""
+    f, (stack, _, _) = fleet
+    started: list[Child] = []
+
+    def spawn(name: str, role: Role) -> Child:
+        child: Child = stack.add(name, role.value, None)
+        child.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+        child.start(dict(os.environ))
+        started.append(child)
+        return child
+
+    f._spawn = spawn
+    names: list[str] = []
+    loop = threading.Thread(target=lambda: names.append(f.start(Role.DECODE)))
+    loop.start()
+    deadline = time.monotonic() + 20
+    while loop.is_alive() and time.monotonic() < deadline:
+        f.poll()  # up's main loop
+        time.sleep(0.01)
+    loop.join()
+    try:
+        assert names == ["decode-2"]
+        time.sleep(0.5)  # the kernel's SIGTERM, had the thread been its parent
+        assert started[0].exited() is None, "the worker died with the loop's thread"
+    finally:
+        for child in started:
+            assert child.proc is not None
+            child.proc.kill()
+            child.proc.wait()
+
+
+def test_no_worker_starts_once_up_is_stopping(fleet: tuple[ProcessFleet, Any]) -> None:
+    """After `close()` (up stopping its stack) a start from the loop's thread is refused, so no
+    worker is started behind the stack's stop and left running."""
+    f, (stack, _, _) = fleet
+    f.close()
+    errors: list[Exception] = []
+
+    def start() -> None:
+        try:
+            f.start(Role.DECODE)
+        except FleetError as err:
+            errors.append(err)
+
+    loop = threading.Thread(target=start)
+    loop.start()
+    loop.join(20)
+    f.poll()
+    assert [str(e) for e in errors] == ["decode-2 not started: up is stopping"]
+    assert [c.name for c in stack.children] == ["prefill-0", "decode-1"]
+
+
+def test_a_flip_whose_worker_does_not_answer_set_role_leaves_it_unfenced_in_its_role(
+    fleet: tuple[ProcessFleet, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed in the middle of its flip (after the drain, before SetRole): the flip
+    failed with the worker left fenced in the workers file, so the router never sent the
+    restarted worker anything while the loop counted it in its pool. Now the flip is given up
+    as the operator abandons one: the worker is unfenced and keeps its role."""
+    from splitserve.operator.workers import WorkerCallError
+
+    def set_role(self: FakeClient, address: str, role: Role) -> None:
+        raise WorkerCallError(f"{address}: connection refused")
+
+    monkeypatch.setattr(FakeClient, "set_role", set_role)
+    f, (stack, _, path) = fleet
+    with pytest.raises(FleetError, match="decode-1: flip to prefill failed"):
+        f.set_role("decode-1", Role.PREFILL)
+    workers = {w["address"]: w for w in json.loads(path.read_text())["workers"]}
+    assert workers["127.0.0.1:2"]["fenced"] is False
+    assert workers["127.0.0.1:2"]["role"] == "decode"
+    assert {w.name: w.role for w in f.workers()}["decode-1"] is Role.DECODE
+    child = next(c for c in stack.children if c.name == "decode-1")
+    assert child.args[child.args.index("--role") + 1] == "decode"
+
+
+def test_a_drained_worker_is_stopped_even_when_the_router_does_not_acknowledge_its_removal(
+    fleet: tuple[ProcessFleet, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router not applying the file without the drained worker (busy, restarting) failed
+    the stop after the worker had left the fleet: its process kept running, watched and
+    restarted by the supervisor, in no pool and in no router. Now it is stopped anyway (it is
+    fenced and drained: the router sends it nothing) and the error is still reported."""
+    f, (stack, supervisor, _) = fleet
+    supervisor.watched[:] = ["prefill-0", "decode-1"]
+    publish = f.publish
+    waited: list[bool] = []
+
+    def slow_router(wait: bool = True) -> None:
+        publish(wait=False)
+        waited.append(wait)
+        if wait and len(waited) > 1:  # the fence is applied; the removal is not
+            raise FleetError("the router did not apply workers.json in 10 s")
+
+    monkeypatch.setattr(f, "publish", slow_router)
+    with pytest.raises(FleetError, match="did not apply"):
+        f.stop("prefill-0")
+    assert [c.name for c in stack.children] == ["decode-1"]
+    assert supervisor.watched == ["decode-1"]
+    assert [w.name for w in f.workers()] == ["decode-1"]

@@ -53,6 +53,14 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--served-model-name", " "], "--served-model-name"),
         # the workers started, then the router failed: address already in use
         (["--port", "19900", "--grpc-port", "19900"], "--grpc-port"),
+        # the loop's thread died on an OverflowError traceback once the stack was up
+        (["--autoscale", "--autoscale-interval-s", "1e12"], "--autoscale-interval-s"),
+        # every tick's sizing ran for ever on the forecast 1e300 s ahead
+        (["--autoscale", "--autoscale-horizon-s", "1e300"], "--autoscale-horizon-s"),
+        (["--autoscale", "--autoscale-window-s", "1e300"], "--autoscale-window-s"),
+        (["--autoscale", "--autoscale-stabilization-s", "1e300"], "--autoscale-stabilization-s"),
+        # every request ran whole on a decode worker: the loop started prefill workers for it
+        (["--autoscale", "--disaggregation", "Never"], "--disaggregation"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:
@@ -131,3 +139,18 @@ def test_the_ready_timeout_defaults_by_engine_and_the_message_says_how_to_raise_
     child = Child("worker-0", [], tmp_path / "w.log", tmp_path / "w.ready")
     with pytest.raises(click.ClickException, match=r"--ready-timeout-s"):
         Stack(tmp_path).wait_ready([child], 0.001)
+
+
+def test_autoscale_with_disaggregation_never_from_the_slo_config_is_refused(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "slo.yaml"
+    config.write_text("router:\n  disaggregation: Never\n")
+    result = CliRunner().invoke(
+        up, ["--run-dir", str(tmp_path), "--autoscale", "--slo-config", str(config)]
+    )
+    assert not isinstance(result.exception, StackStartedError), "it started the stack"
+    assert result.exit_code == 2, result.output
+    assert "disaggregation Never" in result.output
+    plain = CliRunner().invoke(up, ["--run-dir", str(tmp_path), "--slo-config", str(config)])
+    assert isinstance(plain.exception, StackStartedError)  # Never without --autoscale: fine

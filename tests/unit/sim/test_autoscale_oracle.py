@@ -235,3 +235,23 @@ def test_cli_diagnostics_reach_the_setup_and_are_refused_where_they_cannot_act(
         assert refused.exit_code != 0
         assert "--cold-start" in refused.output
     assert set(ROLES) == {P, D}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--cold-start", "1e300"), ("--stabilization", "1e300")]
+)
+def test_diagnostic_times_beyond_an_hour_or_a_day_are_refused(
+    flag: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--cold-start 1e300` ran the evaluation and printed an oracle of 8e299 GPU-h and a
+    300-digit ratio; now a cold start over an hour, or a stabilization window over a day (the
+    operator's bound), is refused naming the flag, before anything runs."""
+
+    def fake_run(*args: object, **kw: object) -> object:
+        raise AssertionError("the evaluation ran")
+
+    monkeypatch.setattr(autoscale_eval, "run", fake_run)
+    out = CliRunner().invoke(sim, ["autoscale", "--scenario", "step-5x", flag, value])
+    assert out.exit_code == 2, out.output
+    assert f"Invalid value for '{flag}'" in out.output
+    assert "range" in out.output
