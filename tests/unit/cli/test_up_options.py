@@ -152,5 +152,8 @@ def test_autoscale_with_disaggregation_never_from_the_slo_config_is_refused(
     assert not isinstance(result.exception, StackStartedError), "it started the stack"
     assert result.exit_code == 2, result.output
     assert "disaggregation Never" in result.output
-    plain = CliRunner().invoke(up, ["--run-dir", str(tmp_path), "--slo-config", str(config)])
-    assert isinstance(plain.exception, StackStartedError)  # Never without --autoscale: fine
+    plain = CliRunner().invoke(
+        up, ["--run-dir", str(tmp_path), "--slo-config", str(config), "--prefill", "0"]
+    )
+    # Never without --autoscale (and without the prefill worker it would leave idle): fine
+    assert isinstance(plain.exception, StackStartedError)
