@@ -45,6 +45,8 @@ CLASSES: dict[str, dict[str, Any]] = {
 }
 SHARE = {"interactive": 0.3, "batch": 0.7}
 FAILED = 599
+UNFINISHED = 598
+"""A request still running `--grace` seconds after the run's last arrival: cut, an error."""
 """The status of a request that failed after its status line: the connection broke, or the
 stream ended in an error event (a 200 then; it was counted as meeting its SLO when its first
 token came in time)."""
@@ -177,7 +179,11 @@ async def one(client: httpx.AsyncClient, base: str, a: Arrival, slo: bool) -> Ou
     return Outcome(a.slo_class, 200, ttft, tpot, n)
 
 
-async def drive(base: str, seq: list[Arrival], slo: bool) -> list[Outcome]:
+async def drive(
+    base: str, seq: list[Arrival], slo: bool, grace_s: float = 120.0
+) -> list[Outcome]:
+    """Send `seq` at its arrival times; the outcomes in its order. Bounded: what still runs
+    `grace_s` after the last arrival is cut and counted `UNFINISHED`."""
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         for i in range(4):  # warm-up (connections, first calls, the latency model), not counted
@@ -189,7 +195,15 @@ async def drive(base: str, seq: list[Arrival], slo: bool) -> list[Outcome]:
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(client, base, a, slo)))
-        return list(await asyncio.gather(*tasks))
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return [
+            t.result() if not t.cancelled() else Outcome(a.slo_class, UNFINISHED)
+            for t, a in zip(tasks, seq, strict=True)
+        ]
 
 
 def summarize(outs: list[Outcome], duration_s: float) -> dict[str, dict[str, float | None]]:
@@ -215,7 +229,7 @@ def run(slo: bool, rate: float, args: argparse.Namespace, tag: str) -> dict[str,
     stack = Stack(slo, args.time_scale, Path(args.work) / tag)
     try:
         base = stack.base_url()
-        outs = asyncio.run(drive(base, seq, slo))
+        outs = asyncio.run(drive(base, seq, slo, args.grace))
     finally:
         stack.stop()
     (stack.run_dir / "outcomes.json").write_text(
@@ -284,6 +298,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--duration", type=_positive, default=60.0, help="seconds of arrivals per run")
     p.add_argument("--time-scale", type=_positive, default=4.0, help="sim engine slow-down")
+    p.add_argument(
+        "--grace",
+        type=_positive,
+        default=120.0,
+        help="seconds a run waits after its last arrival; what still runs is cut (an error)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="build/bench-slo.json")
     p.add_argument("--work", default=None, help="run directories (default: a new temporary one)")

@@ -122,3 +122,46 @@ async def test_a_stream_that_ends_in_an_error_event_is_a_failure() -> None:
     assert outcome.status == bench_slo.FAILED
     assert not outcome.met()
     assert bench_slo.summarize([outcome], 1.0)["interactive"]["errors"] == 1
+
+
+async def test_a_request_still_running_after_the_grace_is_cut_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run is bounded: a stream that stalls is cut `grace_s` after the last arrival and
+    counted as unfinished (an error), not waited for up to httpx's 300 s read timeout."""
+    import asyncio
+    import time
+
+    async def fake_one(
+        client: httpx.AsyncClient, base: str, a: bench_slo.Arrival, slo: bool
+    ) -> bench_slo.Outcome:
+        if a.slo_class == "interactive":
+            await asyncio.sleep(3600)  # a stalled stream
+        return bench_slo.Outcome(a.slo_class, 200, 0.01, 0.01, a.max_tokens)
+
+    monkeypatch.setattr(bench_slo, "one", fake_one)
+    seq = [
+        bench_slo.Arrival(0.0, "interactive", 16, 4),
+        bench_slo.Arrival(0.01, "batch", 16, 4),
+    ]
+    t0 = time.monotonic()
+    outs = await bench_slo.drive("http://127.0.0.1:1", seq, True, grace_s=0.2)
+    assert time.monotonic() - t0 < 30
+    assert [(o.slo_class, o.status) for o in outs] == [
+        ("interactive", bench_slo.UNFINISHED),
+        ("batch", 200),
+    ]
+    table = bench_slo.summarize(outs, 1.0)
+    assert table["interactive"]["errors"] == 1
+    assert table["interactive"]["attainment"] == 0.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_bad_grace_is_refused(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_slo, "run", _no_run)
+    with pytest.raises(SystemExit) as err:
+        bench_slo.main(["--grace", value, "--work", tempfile.mkdtemp()])
+    assert err.value.code == 2
+    assert "--grace" in capsys.readouterr().err
