@@ -179,9 +179,7 @@ async def one(client: httpx.AsyncClient, base: str, a: Arrival, slo: bool) -> Ou
     return Outcome(a.slo_class, 200, ttft, tpot, n)
 
 
-async def drive(
-    base: str, seq: list[Arrival], slo: bool, grace_s: float = 120.0
-) -> list[Outcome]:
+async def drive(base: str, seq: list[Arrival], slo: bool, grace_s: float = 120.0) -> list[Outcome]:
     """Send `seq` at its arrival times; the outcomes in its order. Bounded: what still runs
     `grace_s` after the last arrival is cut and counted `UNFINISHED`."""
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
