@@ -1063,6 +1063,12 @@ class Pools(Model):
         return self
 
 
+RESERVED_CLASS_MESSAGE: Final = (
+    "the class name 'other' is reserved: the router's metrics count requests that name an "
+    "undeclared class under it"
+)
+
+
 class SloClassSpec(Model):
     """A class of requests with latency targets (online) or a completion deadline (offline)."""
 
@@ -1081,6 +1087,7 @@ class SloClassSpec(Model):
                     "message": "allowOverrides needs ttftMs or tpotMs (an offline class has no"
                     " latency target to override)",
                 },
+                {"rule": "self.name != 'other'", "message": RESERVED_CLASS_MESSAGE},
             ]
         },
     )
@@ -1117,6 +1124,13 @@ class SloClassSpec(Model):
     @classmethod
     def _a_number(cls, value: Any) -> Any:
         return not_a_bool(value)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value == "other":
+            raise ValueError(RESERVED_CLASS_MESSAGE)
+        return value
 
     @model_validator(mode="after")
     def _targets(self) -> SloClassSpec:

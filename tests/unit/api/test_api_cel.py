@@ -298,3 +298,17 @@ def test_a_prometheus_url_the_loop_cannot_query_is_refused_by_both(url: str) -> 
         assert pydantic_accepts(spec), good
         assert cel_accepts(spec), good
         assert re.search(url_schema["pattern"], good)
+
+
+def test_a_class_named_other_is_refused_by_both() -> None:
+    """`other` is the metric label of requests naming an undeclared class: a class named so
+    had its requests counted together with those (the live SLO probe, 2026-11-29)."""
+    other = {"name": "other", "ttftMs": 500, "tpotMs": 50}
+    spec = decode_spec(sloClasses=[other], defaultSloClass="other")
+    assert cel_accepts(spec) is False
+    assert pydantic_accepts(spec) is False
+    with pytest.raises(ValidationError, match="'other' is reserved"):
+        v1.LLMServiceSpec.model_validate(spec)
+    ok = decode_spec(sloClasses=[{**other, "name": "others"}], defaultSloClass="others")
+    assert cel_accepts(ok) is True
+    assert pydantic_accepts(ok) is True
