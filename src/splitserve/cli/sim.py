@@ -473,6 +473,10 @@ def autoscale_cmd(
     def lines(kind: str) -> list[str]:
         return bundled_trace(kind).read_text().splitlines()
 
+    for flag, given in (("--scenario", scenarios), ("--variant", variants)):
+        twice = sorted({g for g in given if given.count(g) > 1})
+        if twice:  # was run (and printed) once per mention
+            raise click.BadParameter(f"{', '.join(twice)} given twice", param_hint=flag)
     names = scenarios or autoscale_eval.SCENARIOS
     if variants and not ablation:
         raise click.UsageError("--variant needs --ablation")

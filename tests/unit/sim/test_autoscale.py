@@ -125,6 +125,24 @@ def test_cli_rejects_unknown_scenario() -> None:
     assert "nope" in result.output
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--scenario", "step-5x"), ("--variant", "no burst")])
+def test_cli_refuses_a_repeated_name(
+    flag: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--scenario step-5x --scenario step-5x` ran and printed the scenario twice."""
+
+    def no_run(*_: object, **__: object) -> autoscale_eval.Report:
+        raise AssertionError("the evaluation ran")
+
+    monkeypatch.setattr(autoscale_eval, "run", no_run)
+    monkeypatch.setattr(autoscale_eval, "run_ablation", no_run, raising=False)
+    argv = ["autoscale", "--ablation", flag, value, flag, value]
+    result = CliRunner().invoke(sim, argv)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+    assert "twice" in result.output
+
+
 def test_cli_burst_weight_acts_and_shortfall_refuses_it() -> None:
     out = CliRunner().invoke(
         sim,
