@@ -60,6 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from statistics import NormalDist
+from typing import Final
 
 from splitserve.core.roles import Role
 from splitserve.policy.planner.aladdin import (
@@ -330,11 +331,37 @@ def erlang_c(servers: int, offered: float) -> float:
         return 0.0
     if offered >= servers:
         return 1.0
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = offered * b / (k + offered * b)
+    b = erlang_b(servers, offered)
     rho = offered / servers
     return b / (1 - rho * (1 - b))
+
+
+_FLUID_START: Final = 12.0
+"""`erlang_b` starts its recursion this many √a below the load `a` (from the fluid value)."""
+_NEGLIGIBLE_B: Final = 1e-40
+"""`erlang_b` stops once the blocking probability is below this (it only falls further)."""
+
+
+def erlang_b(servers: int, offered: float) -> float:
+    """Erlang B (blocking probability of M/M/c/c) by its recursion `B(k) = a·B(k−1) /
+    (k + a·B(k−1))`, B(0) = 1.
+
+    Exact to float precision but not O(c) for large loads: 12√a below `min(a, c)` servers B
+    is the fluid `1 − k/a` to within O(1/√a), and the recursion contracts any error there by
+    `∏ k/a <= e^{−72}` by the time it reaches `min(a, c)`, so it starts there from the fluid
+    value; and
+    once B falls below 1e-40 (it only falls with k) the rest is 0 for every use here. A
+    forecast of 10⁶ req/s made a tick take tens of seconds with the full recursion (the local
+    loop's probe, 2026-11-29)."""
+    a = offered
+    k0 = int(min(a, servers) - _FLUID_START * math.sqrt(a)) if a > 4 * _FLUID_START**2 else 0
+    k0 = max(k0, 0)
+    b = 1.0 - k0 / a if k0 else 1.0
+    for k in range(k0 + 1, servers + 1):
+        b = a * b / (k + a * b)
+        if b < _NEGLIGIBLE_B:
+            return 0.0
+    return b
 
 
 def pool_wait_quantile(

@@ -25,6 +25,7 @@ from splitserve.policy.planner.autoscaler import (
     Decision,
     Kind,
     decide,
+    erlang_b,
     erlang_c,
     live_params,
     pool_wait_quantile,
@@ -47,6 +48,24 @@ def test_erlang_c_matches_the_formula(c: int, a: float) -> None:
     assert erlang_c(1, 0.5) == pytest.approx(0.5)  # one server: waits with probability ρ
     assert erlang_c(3, 3.0) == 1.0  # at capacity
     assert erlang_c(3, 0.0) == 0.0
+
+
+def _erlang_b_full(c: int, a: float) -> float:
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    return b
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.floats(0.1, 3e4), st.floats(0.02, 3.0))
+def test_erlang_b_equals_the_full_recursion(a: float, ratio: float) -> None:
+    """`erlang_b` starts the recursion near the load from the fluid value and stops once B is
+    negligible (a forecast of 10^6 req/s made every tick take tens of seconds): the same
+    value as the recursion from 0 for light, critical and heavy loads alike."""
+    c = max(1, int(a * ratio))
+    want = _erlang_b_full(c, a)
+    assert erlang_b(c, a) == pytest.approx(want, rel=1e-9, abs=1e-39)
 
 
 @settings(max_examples=200, deadline=None)
