@@ -109,17 +109,19 @@ class LogprobsFormatter:
         return {"content": content}
 
     def _completion(
-        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs]
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs | None]
     ) -> dict[str, Any]:
+        """Completions' shape; a position without log probabilities (an echoed prompt's first)
+        has null `token_logprobs` and `top_logprobs`, as vLLM writes it."""
         tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top: list[dict[str, float]] = []
+        token_logprobs: list[float | None] = []
+        top: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for token_id, lp in zip(token_ids, logprobs, strict=True):
             token = self.token(token_id)
             tokens.append(token)
-            token_logprobs.append(self._sampled(token_id, lp))
-            top.append(dict(self._entries(lp)[: self.top + 1]))
+            token_logprobs.append(None if lp is None else self._sampled(token_id, lp))
+            top.append(None if lp is None else dict(self._entries(lp)[: self.top + 1]))
             offsets.append(self._offset)
             self._offset += len(token)
         return {
@@ -137,31 +139,13 @@ class LogprobsFormatter:
         logprobs: Sequence[TokenLogprobs],
     ) -> dict[str, Any]:
         """Completions with `echo`: the prompt's tokens, then the answer's, in one body, as
-        vLLM writes it (a prompt position without log probabilities, the first, has null
-        `token_logprobs` and `top_logprobs`)."""
+        vLLM writes it (the prompt's first position has no log probabilities)."""
         if len(prompt) != len(prompt_ids):
             raise ValueError(
                 f"{len(prompt_ids)} prompt tokens but {len(prompt)} log-probability entries"
             )
         self._offset = 0
-        tokens: list[str] = []
-        token_logprobs: list[float | None] = []
-        top: list[dict[str, float] | None] = []
-        offsets: list[int] = []
-        for token_id, lp in zip(prompt_ids, prompt, strict=True):
-            token = self.token(token_id)
-            tokens.append(token)
-            token_logprobs.append(None if lp is None else self._sampled(token_id, lp))
-            top.append(None if lp is None else dict(self._entries(lp)[: self.top + 1]))
-            offsets.append(self._offset)
-            self._offset += len(token)
-        rest = self._completion(token_ids, logprobs)
-        return {
-            "text_offset": offsets + rest["text_offset"],
-            "token_logprobs": token_logprobs + rest["token_logprobs"],
-            "tokens": tokens + rest["tokens"],
-            "top_logprobs": top + rest["top_logprobs"],
-        }
+        return self._completion([*prompt_ids, *token_ids], [*prompt, *logprobs])
 
     def prompt_body(
         self, prompt_ids: Sequence[int], prompt: Sequence[TokenLogprobs | None]
